@@ -1,0 +1,268 @@
+"""One error hierarchy with stable codes.
+
+Where LSF has a code for a condition we use its name, number and message, so scripts
+written for ``bresize`` keep working (reference/lsf-resizable-jobs.md). Library code
+raises these; only the command lines and the REST layer turn them into messages,
+exit codes and HTTP statuses.
+"""
+
+from __future__ import annotations
+
+
+class ResizeError(Exception):
+    """Base of every error the plugin raises on purpose.
+
+    ``code`` is stable (``LSBE_*`` where LSF has one, else ``XCE_RESIZE_*``),
+    ``lsf_number`` is LSF's numeric code or ``None``, ``http_status`` what the REST API
+    answers. ``detail`` adds our own explanation after LSF's message.
+    """
+
+    code = "XCE_RESIZE_ERROR"
+    lsf_number: int | None = None
+    message = "Resize request failed"
+    http_status = 400
+
+    def __init__(self, detail: str | None = None) -> None:
+        self.detail = detail
+        super().__init__(self.text)
+
+    @property
+    def text(self) -> str:
+        return f"{self.message}: {self.detail}" if self.detail else self.message
+
+
+# The LSF conditions, one class each, in the order of the reference table.
+
+
+class NotifyCmdTooLong(ResizeError):
+    """LSF LSBE_RESIZE_NOTIFY_CMD_LEN (356)."""
+
+    code = "LSBE_RESIZE_NOTIFY_CMD_LEN"
+    lsf_number = 356
+    message = "Job notify command must be less than 4096"
+
+
+class JobNotResizable(ResizeError):
+    """LSF LSBE_JOB_RESIZABLE (357)."""
+
+    code = "LSBE_JOB_RESIZABLE"
+    lsf_number = 357
+    message = "Job is not resizable"
+    http_status = 409
+
+
+class BadReleaseHostSpec(ResizeError):
+    """LSF LSBE_RESIZE_RELEASE_HOSTSPEC (358)."""
+
+    code = "LSBE_RESIZE_RELEASE_HOSTSPEC"
+    lsf_number = 358
+    message = "Incorrect host specified for release"
+
+
+class ResizeInProgress(ResizeError):
+    """LSF LSBE_RESIZE_EVENT_INPROGRESS (361)."""
+
+    code = "LSBE_RESIZE_EVENT_INPROGRESS"
+    lsf_number = 361
+    message = "Request rejected. There is a resize request in progress"
+    http_status = 409
+
+
+class NoActiveRequest(ResizeError):
+    """LSF LSBE_RESIZE_NO_ACTIVE_REQUEST (363)."""
+
+    code = "LSBE_RESIZE_NO_ACTIVE_REQUEST"
+    lsf_number = 363
+    message = "No pending resize request"
+    http_status = 409
+
+
+class HostNotInAlloc(ResizeError):
+    """LSF LSBE_HOST_NOT_IN_ALLOC (364)."""
+
+    code = "LSBE_HOST_NOT_IN_ALLOC"
+    lsf_number = 364
+    message = "Specified hosts not part of the job's allocation"
+
+
+class BadHost(ResizeError):
+    """LSF LSBE_RESIZE_BAD_HOST (372)."""
+
+    code = "LSBE_RESIZE_BAD_HOST"
+    lsf_number = 372
+    message = "Invalid host name"
+
+
+class PendingRequest(ResizeError):
+    """LSF LSBE_RESIZE_PENDING_REQUEST (374)."""
+
+    code = "LSBE_RESIZE_PENDING_REQUEST"
+    lsf_number = 374
+    message = "Cannot resize job because there is a pending resize request"
+    http_status = 409
+
+
+class ReleaseFirstHost(ResizeError):
+    """LSF LSBE_RESIZE_RELEASE_FRISTHOST_4SLOTS (666)."""
+
+    code = "LSBE_RESIZE_RELEASE_FRISTHOST_4SLOTS"
+    lsf_number = 666
+    message = "Cannot release all tasks from the first execution host"
+
+
+class BadSlots(ResizeError):
+    """LSF LSBE_RESIZE_BAD_SLOTS_4SLOTS (667)."""
+
+    code = "LSBE_RESIZE_BAD_SLOTS_4SLOTS"
+    lsf_number = 667
+    message = "Incorrect number of tasks specified"
+
+
+class ReleaseNoop(ResizeError):
+    """LSF LSBE_RESIZE_RELEASE_NOOP_4SLOTS (668)."""
+
+    code = "LSBE_RESIZE_RELEASE_NOOP_4SLOTS"
+    lsf_number = 668
+    message = "No tasks released"
+
+
+class RequestNotEnabled(ResizeError):
+    """LSF LSBE_RESIZE_REQUEST (754)."""
+
+    code = "LSBE_RESIZE_REQUEST"
+    lsf_number = 754
+    message = "bresize request is not enabled"
+    http_status = 403
+
+
+class NoJob(ResizeError):
+    """LSF LSBE_NO_JOB."""
+
+    code = "LSBE_NO_JOB"
+    message = "No matching job found"
+    http_status = 404
+
+
+class NotStarted(ResizeError):
+    """LSF LSBE_NOT_STARTED."""
+
+    code = "LSBE_NOT_STARTED"
+    message = "Job has not started yet"
+    http_status = 409
+
+
+class JobFinished(ResizeError):
+    """LSF LSBE_JOB_FINISH."""
+
+    code = "LSBE_JOB_FINISH"
+    message = "Job has already finished"
+    http_status = 409
+
+
+class PermissionDenied(ResizeError):
+    """LSF LSBE_PERMISSION."""
+
+    code = "LSBE_PERMISSION"
+    message = "User permission denied"
+    http_status = 403
+
+
+class BadJobId(ResizeError):
+    """LSF LSBE_BAD_JOBID."""
+
+    code = "LSBE_BAD_JOBID"
+    message = "Bad jobId"
+
+
+class NotAuthenticated(ResizeError):
+    """No or unknown credentials (REST 401)."""
+
+    code = "XCE_RESIZE_NOT_AUTHENTICATED"
+    message = "Authentication required"
+    http_status = 401
+
+
+class SizeOutOfRange(ResizeError):
+    """A resize would leave the job outside ``min_tasks..max_tasks``."""
+
+    code = "XCE_RESIZE_SIZE_OUT_OF_RANGE"
+    message = "Requested size is outside the job's task range"
+    http_status = 409
+
+
+class PolicyRejected(ResizeError):
+    """A site policy (``xce_resize_validate``) refused the request; detail is its message."""
+
+    code = "XCE_RESIZE_POLICY"
+    message = "Rejected by site policy"
+    http_status = 409
+
+
+class InvalidRequest(ResizeError):
+    """A request body or option that does not make sense (not an LSF condition)."""
+
+    code = "XCE_RESIZE_INVALID_REQUEST"
+    message = "Invalid resize request"
+    http_status = 400
+
+
+class UsageError(ResizeError):
+    """Bad command-line syntax; the command exits 2 without contacting the controller."""
+
+    code = "XCE_RESIZE_USAGE"
+    message = "Usage error"
+    http_status = 400
+
+
+class ConfigError(ResizeError):
+    """A configuration, scenario or policy file is wrong; detail names file and reason."""
+
+    code = "XCE_RESIZE_CONFIG"
+    message = "Configuration error"
+    http_status = 500
+
+
+class JournalError(ResizeError):
+    """The journal cannot be used (corrupt, newer schema, unreadable); names the file."""
+
+    code = "XCE_RESIZE_JOURNAL"
+    message = "Journal error"
+    http_status = 503
+
+
+class FencedError(JournalError):
+    """A newer controller has started on this state directory; this one must stop."""
+
+    code = "XCE_RESIZE_FENCED"
+    message = "Controller fenced by a newer epoch"
+
+
+ERRORS: tuple[type[ResizeError], ...] = (
+    NotifyCmdTooLong,
+    JobNotResizable,
+    BadReleaseHostSpec,
+    ResizeInProgress,
+    NoActiveRequest,
+    HostNotInAlloc,
+    BadHost,
+    PendingRequest,
+    ReleaseFirstHost,
+    BadSlots,
+    ReleaseNoop,
+    RequestNotEnabled,
+    NoJob,
+    NotStarted,
+    JobFinished,
+    PermissionDenied,
+    BadJobId,
+    NotAuthenticated,
+    SizeOutOfRange,
+    PolicyRejected,
+    InvalidRequest,
+    UsageError,
+    ConfigError,
+    JournalError,
+    FencedError,
+)
+
+BY_CODE: dict[str, type[ResizeError]] = {e.code: e for e in ERRORS}

@@ -1,0 +1,302 @@
+"""The contract: host hooks (grouped by controller phase) and site policy hooks.
+
+This module is the single source of the hook reference (docs/hooks.md is checked
+against it by a test). Host hooks are called by XCE, or by the embedded controller, with
+a :class:`~xce_resize_plugin.host.Controller`; policy hooks are called by the plugin
+and implemented by sites (built-in defaults are registered ``trylast``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import pluggy
+
+if TYPE_CHECKING:
+    from .accounting import Usage
+    from .host import ClusterView, Controller, Principal, TaskEvent
+    from .models import JobInfo, ResizeRecord, ResizeRequest, Task
+    from .placement import GrowHostView
+    from .status import ResizeStatus
+
+hookspec = pluggy.HookspecMarker("xce")
+
+# -------------------------------------------------------------------------
+# lifecycle
+# -------------------------------------------------------------------------
+
+
+@hookspec
+def xce_controller_start(controller: Controller) -> None:
+    """The controller has started (or taken over after a failover).
+
+    :param controller: the host controller.
+
+    The plugin opens its journal under ``controller.state_dir``, increments the epoch
+    (fencing any older controller), recovers the live jobs' state and re-issues the
+    effects of in-flight changes (docs/failover.md). A corrupt or newer-schema journal
+    raises :class:`~xce_resize_plugin.errors.JournalError`: the host must not start.
+
+    Implemented by: the resize plugin.
+    """
+
+
+@hookspec
+def xce_controller_stop(controller: Controller) -> None:
+    """The controller is stopping cleanly: the plugin closes its journal.
+
+    :param controller: the host controller.
+
+    Implemented by: the resize plugin.
+    """
+
+
+# -------------------------------------------------------------------------
+# submission
+# -------------------------------------------------------------------------
+
+
+@hookspec
+def xce_job_validate(controller: Controller, job: JobInfo) -> None:
+    """Check a job's resize options at submission; raise to reject the submission.
+
+    :param controller: the host controller.
+    :param job: the job as submitted (state ``PEND``).
+
+    Raises :class:`~xce_resize_plugin.errors.ResizeError` for min > max, ptile < 1, a
+    notification command of 4096 bytes or more.
+
+    Implemented by: the resize plugin.
+    """
+
+
+# -------------------------------------------------------------------------
+# requests (the REST routes and the embedded controller's command paths)
+# -------------------------------------------------------------------------
+
+
+@hookspec(firstresult=True)
+def xce_resize_request(
+    controller: Controller, principal: Principal, job_id: str, request: ResizeRequest
+) -> ResizeStatus | None:
+    """Submit a grow, release or cancel for a job; return its state once durable.
+
+    :param controller: the host controller.
+    :param principal: who asks.
+    :param job_id: the job to resize.
+    :param request: a :class:`~xce_resize_plugin.models.GrowRequest`,
+        :class:`~xce_resize_plugin.models.ReleaseRequest` or
+        :class:`~xce_resize_plugin.models.CancelRequest`.
+
+    firstresult: the resize plugin answers. Raises a
+    :class:`~xce_resize_plugin.errors.ResizeError` (with LSF's code) on rejection, in
+    which case nothing changed.
+
+    Implemented by: the resize plugin.
+    """
+
+
+@hookspec(firstresult=True)
+def xce_resize_status(controller: Controller, job_id: str) -> ResizeStatus | None:
+    """The job's resize state: allocation, pending grow, change in flight, bounds.
+
+    :param controller: the host controller.
+    :param job_id: the job.
+
+    firstresult: the resize plugin answers; ``None`` for a job the host does not know.
+
+    Implemented by: the resize plugin.
+    """
+
+
+# -------------------------------------------------------------------------
+# scheduler
+# -------------------------------------------------------------------------
+
+
+@hookspec
+def xce_sched_cycle(controller: Controller, cluster: ClusterView) -> None:
+    """Place pending grow requests on this cycle's free slots.
+
+    :param controller: the host controller.
+    :param cluster: the cycle's free-slot view, after the host placed its queue.
+
+    The host calls it once per scheduling cycle, after its own pass over pending jobs
+    (so a grow never takes slots ahead of a queued job). Placed grows reserve their
+    slots through ``controller.reserve_slots`` before this hook returns.
+
+    Implemented by: the resize plugin.
+    """
+
+
+# -------------------------------------------------------------------------
+# dispatch
+# -------------------------------------------------------------------------
+
+
+@hookspec
+def xce_dispatch_cycle(controller: Controller) -> None:
+    """Advance in-flight changes: run notifications, launch and stop tasks, commit.
+
+    :param controller: the host controller.
+
+    Implemented by: the resize plugin.
+    """
+
+
+# -------------------------------------------------------------------------
+# events
+# -------------------------------------------------------------------------
+
+
+@hookspec
+def xce_task_event(controller: Controller, event: TaskEvent) -> None:
+    """A task started, failed to start, or exited.
+
+    :param controller: the host controller.
+    :param event: what happened to which task.
+
+    Implemented by: the resize plugin.
+    """
+
+
+@hookspec
+def xce_notify_done(
+    controller: Controller, job_id: str, attempt: int, status: int | None, reason: str
+) -> None:
+    """A notification command started by ``controller.run_notification`` finished.
+
+    :param controller: the host controller.
+    :param job_id: the job.
+    :param attempt: the attempt number given to ``run_notification``.
+    :param status: its exit status, ``None`` when it timed out or could not run.
+    :param reason: a short explanation for the logs (``timeout``, ``exit 3``).
+
+    Implemented by: the resize plugin.
+    """
+
+
+@hookspec
+def xce_job_end(controller: Controller, job_id: str) -> None:
+    """The job finished (DONE or EXIT): cancel its pending grow, abort in-flight work.
+
+    :param controller: the host controller.
+    :param job_id: the job.
+
+    The host frees the job's committed allocation itself; the plugin frees the slots
+    it reserved for a grow in flight.
+
+    Implemented by: the resize plugin.
+    """
+
+
+# -------------------------------------------------------------------------
+# accounting
+# -------------------------------------------------------------------------
+
+
+@hookspec(firstresult=True)
+def xce_acct_usage(controller: Controller, job_id: str, now: float) -> Usage | None:
+    """The job's allocation timeline up to ``now`` and its resize records.
+
+    :param controller: the host controller.
+    :param job_id: the job.
+    :param now: the end of the timeline for a running job.
+
+    firstresult: the resize plugin answers for every job the host knows.
+
+    Implemented by: the resize plugin.
+    """
+
+
+# -------------------------------------------------------------------------
+# REST
+# -------------------------------------------------------------------------
+
+
+@hookspec
+def xce_rest_routes(controller: Controller) -> Sequence[Any]:
+    """ASGI routes the host mounts under its API (``/v1/jobs/{id}/resize...``).
+
+    :param controller: the host controller.
+
+    Implemented by: the resize plugin.
+    """
+
+
+# -------------------------------------------------------------------------
+# policy (plugin -> site). First non-None result wins; built-ins are trylast.
+# -------------------------------------------------------------------------
+
+
+@hookspec(firstresult=True)
+def xce_resize_select_release(
+    job: JobInfo, candidates: Sequence[Task], count: int
+) -> Sequence[int] | None:
+    """Choose which task ids a count-based shrink releases.
+
+    :param job: the job.
+    :param candidates: the tasks that may be released (task 0 is never among them).
+    :param count: how many to release.
+
+    firstresult: return exactly ``count`` ids from ``candidates``, or ``None`` to let a
+    later implementation decide. Default: newest tasks first.
+
+    Implemented by: sites; built-in default in ``default_policies``.
+    """
+
+
+@hookspec(firstresult=True)
+def xce_resize_order_grow_hosts(job: JobInfo, hosts: GrowHostView) -> Iterable[str] | None:
+    """The order in which a grow tries hosts.
+
+    :param job: the job.
+    :param hosts: the cycle's hosts with their free slots and the job's tasks there.
+
+    firstresult: return host names (may be lazy; only as many are read as the grow
+    needs). Hosts not returned are not used. Default: hosts already in the allocation
+    first, then most free slots, then name.
+
+    Implemented by: sites; built-in default in ``default_policies``.
+    """
+
+
+@hookspec(firstresult=True)
+def xce_resize_authorize(principal: Principal, job: JobInfo, action: str) -> bool | None:
+    """Whether ``principal`` may perform ``action`` (grow, release, cancel, view) on ``job``.
+
+    :param principal: who asks.
+    :param job: the job.
+    :param action: ``grow``, ``release``, ``cancel`` or ``view``.
+
+    firstresult: ``True`` allows, ``False`` denies, ``None`` defers. Default: the owner,
+    an administrator, or the job's own token.
+
+    Implemented by: sites; built-in default in ``default_policies``.
+    """
+
+
+@hookspec
+def xce_resize_validate(job: JobInfo, request: ResizeRequest) -> None:
+    """Extra site rules; raise :class:`~xce_resize_plugin.errors.PolicyRejected` to refuse.
+
+    :param job: the job.
+    :param request: the request as received, before any change.
+
+    Every implementation is called; any exception rejects the request (its message is
+    the site's). Nothing changes on rejection.
+
+    Implemented by: sites.
+    """
+
+
+@hookspec
+def xce_resize_committed(job: JobInfo, change: ResizeRecord) -> None:
+    """Notification after every committed allocation change.
+
+    :param job: the job, with its new allocation.
+    :param change: the resize record written for it.
+
+    Implemented by: sites (e.g. to inform an external accounting system).
+    """

@@ -1,0 +1,105 @@
+"""What the plugin needs from its host: the controller and cluster protocols.
+
+XCE (or the embedded controller) passes an object satisfying :class:`Controller` to
+every host hook. Every method that changes something is idempotent per task id, because
+after a failover the plugin re-issues the effects of in-flight changes (docs/failover.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import pluggy
+from attrs import frozen
+
+from .models import JobInfo, Task
+
+
+@frozen
+class Principal:
+    """Who is asking: a user name, whether the host counts them as an administrator,
+    and for a job token the job it belongs to (``job_id``)."""
+
+    name: str
+    admin: bool = False
+    job_id: str | None = None
+
+
+@frozen
+class TaskEvent:
+    """A task's life as the host saw it: ``started``, ``start_failed``, ``exited``.
+
+    ``exited`` covers a task stopped at the plugin's request and one that ended or was
+    lost on its own; ``status`` is the exit status where there is one.
+    """
+
+    job_id: str
+    task_id: int
+    kind: str
+    status: int | None = None
+    reason: str = ""
+
+
+@runtime_checkable
+class Controller(Protocol):
+    """The host controller as the plugin sees it (docs/host-integration.md)."""
+
+    @property
+    def plugin_manager(self) -> pluggy.PluginManager:
+        """The manager the host calls the hooks through; the plugin calls policies on it."""
+
+    @property
+    def config(self) -> Mapping[str, Any]:
+        """The ``[resize]`` section of the controller configuration."""
+
+    @property
+    def state_dir(self) -> Path:
+        """A local directory the plugin owns for its journal (``state_dir/resize``)."""
+
+    def now(self) -> float:
+        """The controller clock in seconds (simulated or wall)."""
+
+    def get_job(self, job_id: str) -> JobInfo | None:
+        """The job's current view, or ``None`` when the host does not know it."""
+
+    def slot_headroom(self, user: str) -> int | None:
+        """Slots ``user`` may still take under limits and quotas (``None``: unlimited)."""
+
+    def reserve_slots(self, job_id: str, tasks: Sequence[Task]) -> None:
+        """Charge the job for these tasks' slots (limits, quotas, host usage) from now."""
+
+    def free_slots(self, job_id: str, task_ids: Sequence[int]) -> None:
+        """Stop charging the job for these tasks' slots; unknown ids are ignored."""
+
+    def launch_tasks(self, job_id: str, tasks: Sequence[Task], env: Mapping[str, str]) -> None:
+        """Start these tasks (already reserved); report through ``xce_task_event``.
+
+        A task id that was launched before is not launched again.
+        """
+
+    def stop_tasks(self, job_id: str, task_ids: Sequence[int], grace: float) -> None:
+        """SIGTERM, ``grace`` seconds, SIGKILL; report ``exited`` through ``xce_task_event``."""
+
+    def run_notification(
+        self,
+        job_id: str,
+        attempt: int,
+        host: str,
+        command: str,
+        env: Mapping[str, str],
+        timeout: float,
+    ) -> None:
+        """Run ``command`` on ``host`` as the job owner; report via ``xce_notify_done``."""
+
+    def commit_allocation(self, job_id: str, tasks: Sequence[Task], version: int) -> None:
+        """The job's allocation is now ``tasks``: update its record, env and hostfile."""
+
+
+@runtime_checkable
+class ClusterView(Protocol):
+    """The scheduler cycle's free-slot view handed to ``xce_sched_cycle``."""
+
+    def free_slots(self) -> Mapping[str, int]:
+        """Free slots per host, in the cluster's host order, as of this cycle."""
