@@ -182,14 +182,6 @@ class NotAuthenticated(ResizeError):
     http_status = 401
 
 
-class SizeOutOfRange(ResizeError):
-    """A resize would leave the job outside ``min_tasks..max_tasks``."""
-
-    code = "XCE_RESIZE_SIZE_OUT_OF_RANGE"
-    message = "Requested size is outside the job's task range"
-    http_status = 409
-
-
 class PolicyRejected(ResizeError):
     """A site policy (``xce_resize_validate``) refused the request; detail is its message."""
 
@@ -256,7 +248,6 @@ ERRORS: tuple[type[ResizeError], ...] = (
     PermissionDenied,
     BadJobId,
     NotAuthenticated,
-    SizeOutOfRange,
     PolicyRejected,
     InvalidRequest,
     UsageError,

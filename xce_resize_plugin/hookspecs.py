@@ -216,7 +216,7 @@ def xce_acct_usage(controller: Controller, job_id: str, now: float) -> Usage | N
 
 
 @hookspec
-def xce_rest_routes(controller: Controller) -> Sequence[Any]:
+def xce_rest_routes(controller: Controller) -> Sequence[Any]:  # type: ignore[empty-body]
     """ASGI routes the host mounts under its API (``/v1/jobs/{id}/resize...``).
 
     :param controller: the host controller.

@@ -1,0 +1,121 @@
+"""The cattrs converters: the journal's encoding and the JSON API's, kept apart from the
+models (DESIGN §3).
+
+Facts are encoded as compact JSON objects tagged with ``"type"`` (the class name), so
+``journal export`` writes readable JSON lines and a newer fact type is recognisable.
+Decoding rejects unknown keys; :func:`structure_or_error` turns cattrs' nested errors
+into one ``InvalidRequest`` whose message lists each problem as ``… @ $.path``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any, TypeVar
+
+import cattrs
+from cattrs.preconf.json import make_converter
+from cattrs.strategies import configure_tagged_union
+
+from . import errors
+from .models import FACT_TYPES, Fact, GrowRequest, ReleaseRequest, ResizeState, Task
+
+T = TypeVar("T")
+
+
+def _make_journal_converter() -> cattrs.Converter:
+    conv = make_converter(forbid_extra_keys=True)
+    # Tasks are the bulk of every record: [id, host] instead of {"id":…, "host":…}.
+    conv.register_unstructure_hook(Task, lambda t: [t.id, t.host])
+    conv.register_structure_hook(Task, lambda v, _: Task(int(v[0]), str(v[1])))
+    configure_tagged_union(Fact, conv, tag_name="type")
+    return conv
+
+
+def _strict(kind: type) -> Any:
+    # cattrs would coerce "3" to 3, 2.5 to 2 and 1 to True; API input must say what it means.
+    def check(value: Any, _: Any) -> Any:
+        if type(value) is not kind:
+            raise TypeError(f"expected {kind.__name__}, got {type(value).__name__} {value!r}")
+        return value
+
+    return check
+
+
+def _make_api_converter() -> cattrs.Converter:
+    conv = make_converter(forbid_extra_keys=True)
+    for kind in (int, str, bool):
+        conv.register_structure_hook(kind, _strict(kind))
+    conv.register_unstructure_hook(Task, lambda t: {"id": t.id, "host": t.host})
+    return conv
+
+
+JOURNAL = _make_journal_converter()
+API = _make_api_converter()
+
+
+def encode_fact(fact: Fact) -> bytes:
+    return json.dumps(JOURNAL.unstructure(fact, Fact), separators=(",", ":")).encode()
+
+
+def decode_fact(data: bytes) -> Fact:
+    fact: Fact = JOURNAL.structure(json.loads(data), Fact)  # type: ignore[arg-type]
+    return fact
+
+
+def encode_state(state: ResizeState) -> bytes:
+    return json.dumps(JOURNAL.unstructure(state), separators=(",", ":")).encode()
+
+
+def decode_state(data: bytes) -> ResizeState:
+    return JOURNAL.structure(json.loads(data), ResizeState)
+
+
+def structure_or_error(data: Any, cls: type[T], what: str) -> T:
+    """Structure API input, or raise InvalidRequest naming every bad field."""
+    try:
+        return API.structure(data, cls)
+    except Exception as exc:  # cattrs raises ClassValidationError and plain errors
+        problems = (
+            cattrs.transform_error(exc, path="$")
+            if isinstance(exc, cattrs.BaseValidationError)
+            else [str(exc)]
+        )
+        raise errors.InvalidRequest(f"{what}: " + "; ".join(problems)) from None
+
+
+def grow_from_json(data: Mapping[str, Any]) -> GrowRequest:
+    """The REST/scenario grow body: ``tasks`` (max), optional ``min_tasks``, options."""
+    body = dict(_object(data, "grow"))
+    if "tasks" not in body:
+        raise errors.InvalidRequest("grow: missing 'tasks' @ $.tasks")
+    tasks = body.pop("tasks")
+    body["max_add"] = tasks
+    body["min_add"] = body.pop("min_tasks", tasks)
+    return structure_or_error(body, GrowRequest, "grow")
+
+
+def release_from_json(data: Mapping[str, Any]) -> ReleaseRequest:
+    """The REST/scenario release body: one of spec, hosts, task_ids, count, and options."""
+    body = dict(_object(data, "release"))
+    return structure_or_error(body, ReleaseRequest, "release")
+
+
+def _object(data: Any, what: str) -> Mapping[str, Any]:
+    if not isinstance(data, Mapping):
+        raise errors.InvalidRequest(f"{what}: expected a JSON object, got {type(data).__name__}")
+    return data
+
+
+__all__ = [
+    "API",
+    "FACT_TYPES",
+    "JOURNAL",
+    "decode_fact",
+    "decode_state",
+    "encode_fact",
+    "encode_state",
+    "grow_from_json",
+    "release_from_json",
+    "structure_or_error",
+]

@@ -1,0 +1,38 @@
+"""Built-in site policies, registered ``trylast`` so a site's own hooks come first.
+
+Each answers the policy question the way LSF users expect when nobody configured
+anything (DESIGN §4). A site overrides one by implementing the same hook in a policy
+file (docs/admin-guide.md; examples in hooks/).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from . import hookimpl
+from .host import Principal
+from .models import JobInfo, Task
+from .placement import GrowHostView, default_grow_order
+
+
+@hookimpl(trylast=True)
+def xce_resize_select_release(
+    job: JobInfo, candidates: Sequence[Task], count: int
+) -> Sequence[int] | None:
+    """Newest tasks first: they hold the least state and were the last to be promised."""
+    newest = sorted(candidates, key=lambda t: t.id, reverse=True)
+    return [t.id for t in newest[:count]]
+
+
+@hookimpl(trylast=True)
+def xce_resize_order_grow_hosts(job: JobInfo, hosts: GrowHostView) -> Iterable[str] | None:
+    """The job's own hosts first (by its grow_hosts rule), then most free slots, then name."""
+    return default_grow_order(job, hosts)
+
+
+@hookimpl(trylast=True)
+def xce_resize_authorize(principal: Principal, job: JobInfo, action: str) -> bool | None:
+    """The owner, an administrator, or the job's own token (for that job only)."""
+    if principal.job_id is not None:
+        return principal.job_id == job.id
+    return principal.admin or principal.name == job.user

@@ -1,0 +1,128 @@
+"""The hook implementations the host calls: thin, each delegates to the runtime.
+
+Registered by the host through the entry point ``xce.plugins: resize``. The plugin keeps
+one :class:`~xce_resize_plugin.runtime.Runtime` per controller object, made at
+``xce_controller_start`` and dropped at ``xce_controller_stop``. Why a weak mapping
+keyed by the controller rather than state on this module: a process may host several
+controllers (tests, a simulation comparing two runs), and a crashed one that is simply
+dropped must not keep its journal handle alive.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+from . import engine, hookimpl
+from .accounting import Usage
+from .errors import ResizeError
+from .host import ClusterView, Controller, Principal, TaskEvent
+from .models import JobInfo, ResizeRequest
+from .runtime import Runtime
+from .status import ResizeStatus
+
+_RUNTIMES: weakref.WeakKeyDictionary[Any, Runtime] = weakref.WeakKeyDictionary()
+
+
+class NotStartedError(ResizeError):
+    """A hook was called before ``xce_controller_start`` for this controller."""
+
+    code = "XCE_RESIZE_NOT_STARTED"
+    message = "The resize plugin was not started for this controller"
+    http_status = 503
+
+
+def runtime_of(controller: Controller) -> Runtime:
+    try:
+        return _RUNTIMES[controller]
+    except KeyError:
+        raise NotStartedError("call xce_controller_start first") from None
+
+
+# lifecycle
+
+
+@hookimpl
+def xce_controller_start(controller: Controller) -> None:
+    old = _RUNTIMES.pop(controller, None)
+    if old is not None:
+        old.stop()
+    runtime = Runtime(controller)
+    _RUNTIMES[controller] = runtime
+    try:
+        runtime.start()
+    except BaseException:
+        _RUNTIMES.pop(controller, None)
+        runtime.stop()
+        raise
+
+
+@hookimpl
+def xce_controller_stop(controller: Controller) -> None:
+    runtime = _RUNTIMES.pop(controller, None)
+    if runtime is not None:
+        runtime.stop()
+
+
+# submission
+
+
+@hookimpl
+def xce_job_validate(controller: Controller, job: JobInfo) -> None:
+    engine.check_job_options(job)
+
+
+# requests
+
+
+@hookimpl
+def xce_resize_request(
+    controller: Controller, principal: Principal, job_id: str, request: ResizeRequest
+) -> ResizeStatus | None:
+    return runtime_of(controller).request(principal, job_id, request)
+
+
+@hookimpl
+def xce_resize_status(controller: Controller, job_id: str) -> ResizeStatus | None:
+    return runtime_of(controller).status(job_id)
+
+
+# scheduler and dispatch
+
+
+@hookimpl
+def xce_sched_cycle(controller: Controller, cluster: ClusterView) -> None:
+    runtime_of(controller).sched_cycle(cluster)
+
+
+@hookimpl
+def xce_dispatch_cycle(controller: Controller) -> None:
+    runtime_of(controller).dispatch_cycle()
+
+
+# events
+
+
+@hookimpl
+def xce_task_event(controller: Controller, event: TaskEvent) -> None:
+    runtime_of(controller).task_event(event)
+
+
+@hookimpl
+def xce_notify_done(
+    controller: Controller, job_id: str, attempt: int, status: int | None, reason: str
+) -> None:
+    runtime_of(controller).notify_done(job_id, attempt, status, reason)
+
+
+@hookimpl
+def xce_job_end(controller: Controller, job_id: str) -> None:
+    runtime_of(controller).job_end(job_id)
+
+
+# accounting
+
+
+@hookimpl
+def xce_acct_usage(controller: Controller, job_id: str, now: float) -> Usage | None:
+    return runtime_of(controller).usage(job_id, now)

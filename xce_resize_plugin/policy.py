@@ -1,0 +1,44 @@
+"""The engine's view of site policy, forwarded to the policy hooks.
+
+Typed forwarding methods around ``pm.hook`` (as tox 4 does) so that every call site is
+checked by mypy, and so that a site hook that raises something unexpected becomes a
+clear ``PolicyRejected`` instead of a 500.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import pluggy
+
+from .errors import PolicyRejected, ResizeError
+from .host import Principal
+from .models import JobInfo, ResizeRequest, Task
+from .placement import GrowHostView, default_grow_order
+
+
+class HookPolicy:
+    """Implements :class:`xce_resize_plugin.engine.Policy` through the policy hooks."""
+
+    def __init__(self, pm: pluggy.PluginManager) -> None:
+        self._hook = pm.hook
+
+    def authorize(self, principal: Principal, job: JobInfo, action: str) -> bool:
+        result = self._hook.xce_resize_authorize(principal=principal, job=job, action=action)
+        return bool(result)
+
+    def validate(self, job: JobInfo, request: ResizeRequest) -> None:
+        try:
+            self._hook.xce_resize_validate(job=job, request=request)
+        except ResizeError:
+            raise
+        except Exception as exc:  # a site rule's own exception carries the site's message
+            raise PolicyRejected(str(exc) or type(exc).__name__) from exc
+
+    def select_release(self, job: JobInfo, candidates: Sequence[Task], count: int) -> Sequence[int]:
+        result = self._hook.xce_resize_select_release(job=job, candidates=candidates, count=count)
+        return list(result) if result is not None else []
+
+    def order_grow_hosts(self, job: JobInfo, hosts: GrowHostView) -> Iterable[str]:
+        result = self._hook.xce_resize_order_grow_hosts(job=job, hosts=hosts)
+        return result if result is not None else default_grow_order(job, hosts)

@@ -1,0 +1,305 @@
+"""The plugin's per-controller runtime: journal, live states, and the effects it orders.
+
+Every transition follows the same path (DESIGN §6): the engine decides facts from the
+current state; the facts and the new materialised state are written in one journal
+transaction; only once that is durable does the cache change and the host get told
+what to do (reserve, launch, stop, notify, commit). A crash anywhere leaves either the
+old state or the new one in the journal, and recovery re-issues the effects of the new
+one (all idempotent on the host), so nothing is lost or done twice.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+
+from . import config as config_mod
+from . import converters, engine
+from .accounting import Usage, usage_of_job, usage_of_state
+from .errors import InvalidRequest, NoJob
+from .host import ClusterView, Controller, Principal, TaskEvent
+from .journal import Entry, Journal
+from .models import (
+    Fact,
+    JobInfo,
+    Phase,
+    ResizeRequest,
+    ResizeState,
+    Task,
+    format_hosts,
+    host_counts,
+)
+from .placement import FreeSlotIndex, GrowHostView
+from .policy import HookPolicy
+from .status import ResizeStatus
+
+#: LSF's notification exit values (reference: not documented by LSF; we use 0 and 1).
+NOTIFY_OK, NOTIFY_FAIL = "0", "1"
+
+
+def allocation_env(tasks: Sequence[Task], version: int) -> dict[str, str]:
+    """The allocation as tasks and notification commands see it (LSF and XCE names)."""
+    mcpu = format_hosts(tasks)
+    return {
+        "XCE_HOSTS": mcpu,
+        "LSB_MCPU_HOSTS": mcpu,
+        "LSB_HOSTS": " ".join(t.host for t in tasks),
+        "XCE_ALLOC_VERSION": str(version),
+        "LSB_RESIZABLE": "Y",
+    }
+
+
+class Runtime:
+    """Resize state of one controller. The hooks in :mod:`.plugin` delegate here."""
+
+    def __init__(self, controller: Controller) -> None:
+        self.controller = controller
+        values = config_mod.check(controller.config)
+        self.settings = config_mod.settings(controller.config)
+        self.policy = HookPolicy(controller.plugin_manager)
+        self.journal = Journal.open(
+            controller.state_dir / "resize",
+            map_size=values["journal_map_size"],
+            sync=values["journal_sync"],
+        )
+        self.states: dict[str, ResizeState] = {}
+        # Why one lock: decisions read the state they change; group commit across
+        # concurrent requesters is the journal's GroupCommitter's job (live controller).
+        self._lock = threading.RLock()
+
+    # --- lifecycle -----------------------------------------------------------------
+
+    def start(self) -> None:
+        """Fence older controllers, load live jobs, resume their in-flight changes."""
+        self.journal.start()
+        for job_id, data in self.journal.live_states():
+            self.states[job_id] = converters.decode_state(data)
+        now = self.controller.now()
+        for state in list(self.states.values()):
+            self._execute(engine.resume_effects(state))
+            self._transition(state.job_id, engine.decide_recover(state, now))
+
+    def stop(self) -> None:
+        self.journal.close()
+
+    # --- requests --------------------------------------------------------------------
+
+    def request(self, principal: Principal, job_id: str, request: ResizeRequest) -> ResizeStatus:
+        with self._lock:
+            job = self._job(job_id)
+            state = self.states.get(job_id)
+            facts = engine.decide_request(
+                state,
+                job,
+                principal,
+                request,
+                self.controller.now(),
+                self.policy,
+                self.settings,
+            )
+            self._transition(job_id, facts)
+            status = self.status(job_id)
+            assert status is not None
+            return status
+
+    def status(self, job_id: str) -> ResizeStatus | None:
+        state = self.states.get(job_id)
+        if state is None:
+            job = self.controller.get_job(job_id)
+            if job is None:
+                return None
+            stored = self.journal.state(job_id)
+            if stored is None:
+                return ResizeStatus(job.id, Phase.IDLE, job.tasks, job.min_tasks, job.max_tasks, 0)
+            state = converters.decode_state(stored)
+        change = state.change
+        return ResizeStatus(
+            job_id=state.job_id,
+            phase=state.phase,
+            tasks=state.tasks,
+            min_tasks=state.min_tasks,
+            max_tasks=state.max_tasks,
+            version=state.version,
+            pending=state.pending,
+            in_flight=change.kind if change else None,
+            in_flight_tasks=change.tasks if change else (),
+        )
+
+    def _job(self, job_id: str) -> JobInfo:
+        if not job_id or len(job_id) > 64:
+            raise InvalidRequest(f"bad job id {job_id!r}")
+        job = self.controller.get_job(job_id)
+        if job is None:
+            raise NoJob(f"job {job_id}")
+        return job
+
+    # --- scheduler and dispatch ------------------------------------------------------
+
+    def sched_cycle(self, cluster: ClusterView) -> None:
+        with self._lock:
+            pending = [s for s in self.states.values() if s.phase is Phase.GROW_PENDING]
+            if not pending:
+                return  # the common case: no index built, no cost to the host's cycle
+            index = FreeSlotIndex(cluster.free_slots())
+            now = self.controller.now()
+            # Grows are placed first come, first served, like the host's own queue.
+            for state in sorted(pending, key=lambda s: (_requested_at(s), s.job_id)):
+                job = self.controller.get_job(state.job_id)
+                if job is None:
+                    continue
+                view = GrowHostView(index, host_counts(state.tasks))
+                headroom = self.controller.slot_headroom(state.user)
+                facts = engine.decide_placement(state, job, view, headroom, self.policy, now)
+                if facts:
+                    for host, n in host_counts(_placed_tasks(facts)).items():
+                        index.take(host, n)
+                    self._transition(state.job_id, facts)
+
+    def dispatch_cycle(self) -> None:
+        with self._lock:
+            now = self.controller.now()
+            for state in [s for s in self.states.values() if s.change is not None]:
+                self._transition(state.job_id, engine.decide_dispatch(state, now))
+
+    # --- events ----------------------------------------------------------------------
+
+    def task_event(self, event: TaskEvent) -> None:
+        with self._lock:
+            state = self.states.get(event.job_id)
+            if state is None:
+                return
+            facts = engine.decide_task_event(
+                state,
+                event.task_id,
+                event.kind,
+                event.reason,
+                self.controller.now(),
+                self.settings,
+            )
+            self._transition(event.job_id, facts)
+
+    def notify_done(self, job_id: str, attempt: int, status: int | None, reason: str) -> None:
+        with self._lock:
+            state = self.states.get(job_id)
+            if state is None:
+                return
+            facts = engine.decide_notify_done(
+                state, attempt, status, reason, self.controller.now(), self.settings
+            )
+            self._transition(job_id, facts)
+
+    def job_end(self, job_id: str) -> None:
+        with self._lock:
+            state = self.states.get(job_id)
+            if state is None:
+                return
+            self._transition(job_id, engine.decide_job_end(state, self.controller.now()))
+
+    def usage(self, job_id: str, now: float) -> Usage | None:
+        state = self.states.get(job_id)
+        if state is None:
+            stored = self.journal.state(job_id)
+            if stored is not None:
+                state = converters.decode_state(stored)
+        if state is not None:
+            return usage_of_state(state, now)
+        job = self.controller.get_job(job_id)
+        return usage_of_job(job, now) if job is not None else None
+
+    # --- the one path every change takes ---------------------------------------------
+
+    def _transition(self, job_id: str, facts: Sequence[Fact]) -> None:
+        if not facts:
+            return
+        before = self.states.get(job_id)
+        state = before
+        steps: list[tuple[ResizeState | None, Fact, ResizeState]] = []
+        for fact in facts:
+            new = engine.evolve(state, fact)
+            steps.append((state, fact, new))
+            state = new
+        assert state is not None
+        self.journal.commit(
+            [
+                Entry(
+                    job_id=job_id,
+                    facts=tuple(converters.encode_fact(f) for f in facts),
+                    state=converters.encode_state(state),
+                    ended_at=state.ended_at,
+                )
+            ]
+        )
+        if state.live:
+            self.states[job_id] = state
+        else:
+            self.states.pop(job_id, None)
+        for old, fact, new in steps:
+            self._execute(engine.effects(old, fact, new))
+
+    def _execute(self, effects: Sequence[engine.Effect]) -> None:
+        ctl = self.controller
+        for effect in effects:
+            if isinstance(effect, engine.Reserve):
+                if effect.tasks:
+                    ctl.reserve_slots(effect.job_id, effect.tasks)
+            elif isinstance(effect, engine.Free):
+                if effect.task_ids:
+                    ctl.free_slots(effect.job_id, effect.task_ids)
+            elif isinstance(effect, engine.Launch):
+                if effect.tasks:
+                    state = self.states[effect.job_id]
+                    after = state.tasks + effect.tasks
+                    ctl.launch_tasks(
+                        effect.job_id, effect.tasks, allocation_env(after, state.version + 1)
+                    )
+            elif isinstance(effect, engine.Stop):
+                if effect.task_ids:
+                    ctl.stop_tasks(effect.job_id, effect.task_ids, self.settings.stop_grace)
+            elif isinstance(effect, engine.Notify):
+                self._notify(effect)
+            elif isinstance(effect, engine.CommitAllocation):
+                ctl.commit_allocation(effect.job_id, effect.tasks, effect.version)
+                if effect.record is not None:
+                    job = ctl.get_job(effect.job_id)
+                    if job is not None:
+                        ctl.plugin_manager.hook.xce_resize_committed(job=job, change=effect.record)
+
+    def _notify(self, effect: engine.Notify) -> None:
+        ctl = self.controller
+        job = ctl.get_job(effect.job_id)
+        state = self.states.get(effect.job_id)
+        if job is None or state is None or not state.tasks:
+            return
+        env: dict[str, str] = dict(job.env)
+        env.update(allocation_env(effect.after, state.version + 1))
+        env.update(
+            {
+                "LSB_JOBID": job.id,
+                "XCE_JOB_ID": job.id,
+                "LSB_RESIZE_EVENT": effect.kind.value,
+                "LSB_RESIZE_HOSTS": format_hosts(effect.delta),
+                "LSB_RESIZE_NOTIFY_OK": NOTIFY_OK,
+                "LSB_RESIZE_NOTIFY_FAIL": NOTIFY_FAIL,
+            }
+        )
+        ctl.run_notification(
+            effect.job_id,
+            effect.attempt,
+            state.tasks[0].host,
+            effect.command,
+            env,
+            self.settings.notify_timeout,
+        )
+
+
+def _requested_at(state: ResizeState) -> float:
+    return state.pending.requested_at if state.pending is not None else 0.0
+
+
+def _placed_tasks(facts: Sequence[Fact]) -> tuple[Task, ...]:
+    out: tuple[Task, ...] = ()
+    for fact in facts:
+        tasks = getattr(fact, "tasks", None)
+        if tasks is not None:
+            out += tasks
+    return out
