@@ -1,0 +1,457 @@
+"""The resize state machine, decision by decision (DESIGN §5), without a host."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import pytest
+
+from xce_resize_plugin import default_policies, engine, errors
+from xce_resize_plugin.host import Principal
+from xce_resize_plugin.models import (
+    CancelRequest,
+    ChangeKind,
+    Committed,
+    Fact,
+    GrowCancelled,
+    GrowPlaced,
+    GrowRequest,
+    GrowRequested,
+    GrowReverted,
+    JobEnded,
+    JobInfo,
+    JobState,
+    NotifyDone,
+    NotifyStarted,
+    Phase,
+    ReleaseAccepted,
+    ReleaseRequest,
+    ResizeRequest,
+    ResizeState,
+    Task,
+    TasksLaunched,
+    TaskStarted,
+    TaskStartFailed,
+    TaskStopped,
+)
+from xce_resize_plugin.placement import FreeSlotIndex, GrowHostView
+
+SETTINGS = engine.Settings(notify_max_failures=2)
+OWNER = Principal("alice")
+
+
+class DefaultPolicy:
+    """The built-in policies, called directly (what the hooks give with no site policy)."""
+
+    def __init__(self, reject: str | None = None) -> None:
+        self.reject = reject
+
+    def authorize(self, principal: Principal, job: JobInfo, action: str) -> bool:
+        return bool(default_policies.xce_resize_authorize(principal, job, action))
+
+    def validate(self, job: JobInfo, request: ResizeRequest) -> None:
+        if self.reject:
+            raise errors.PolicyRejected(self.reject)
+
+    def select_release(self, job: JobInfo, candidates: Sequence[Task], count: int) -> Sequence[int]:
+        result = default_policies.xce_resize_select_release(job, candidates, count)
+        assert result is not None
+        return result
+
+    def order_grow_hosts(self, job: JobInfo, hosts: GrowHostView) -> Iterable[str]:
+        result = default_policies.xce_resize_order_grow_hosts(job, hosts)
+        assert result is not None
+        return result
+
+
+POLICY = DefaultPolicy()
+
+
+def job(
+    tasks: dict[str, int] | None = None, *, state: JobState = JobState.RUN, **kw: object
+) -> JobInfo:
+    alloc = tasks if tasks is not None else {"hA": 2, "hB": 2}
+    flat = [h for h, n in alloc.items() for _ in range(n)]
+    fields: dict[str, object] = {
+        "id": "101",
+        "user": "alice",
+        "state": state,
+        "min_tasks": 1,
+        "max_tasks": 8,
+        "tasks": tuple(Task(i, h) for i, h in enumerate(flat)),
+        "resizable": True,
+        "start_time": 0.0,
+    }
+    fields.update(kw)
+    return JobInfo(**fields)  # type: ignore[arg-type]
+
+
+def run(state: ResizeState | None, facts: list[Fact]) -> ResizeState:
+    for fact in facts:
+        state = engine.evolve(state, fact)
+    assert state is not None
+    return state
+
+
+def request(
+    state: ResizeState | None,
+    j: JobInfo,
+    req: ResizeRequest,
+    at: float = 1.0,
+    principal: Principal = OWNER,
+    policy: DefaultPolicy = POLICY,
+) -> tuple[ResizeState, list[Fact]]:
+    facts = engine.decide_request(state, j, principal, req, at, policy, SETTINGS)
+    return run(state, facts), facts
+
+
+def place(state: ResizeState, j: JobInfo, free: dict[str, int], at: float = 2.0) -> list[Fact]:
+    view = GrowHostView(FreeSlotIndex(free), {h: n for h, n in _counts(state.tasks).items()})
+    return engine.decide_placement(state, j, view, None, POLICY, at)
+
+
+def _counts(tasks: Iterable[Task]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for t in tasks:
+        out[t.host] = out.get(t.host, 0) + 1
+    return out
+
+
+# --- requests ------------------------------------------------------------------------
+
+
+def test_grow_request_pends_and_caps_max_at_max_tasks() -> None:
+    j = job()
+    state, facts = request(None, j, GrowRequest(2, 10))
+    assert state.phase is Phase.GROW_PENDING
+    assert isinstance(facts[-1], GrowRequested)
+    assert state.pending is not None and (state.pending.min_add, state.pending.max_add) == (2, 4)
+
+
+@pytest.mark.parametrize(
+    ("jstate", "resizable", "code"),
+    [
+        (JobState.PEND, True, "LSBE_NOT_STARTED"),
+        (JobState.DONE, True, "LSBE_JOB_FINISH"),
+        (JobState.EXIT, True, "LSBE_JOB_FINISH"),
+        (JobState.RUN, False, "LSBE_JOB_RESIZABLE"),
+    ],
+)
+def test_grow_rejected_by_job_state(jstate: JobState, resizable: bool, code: str) -> None:
+    with pytest.raises(errors.ResizeError) as exc:
+        request(None, job(state=jstate, resizable=resizable), GrowRequest(1, 1))
+    assert exc.value.code == code
+
+
+def test_grow_beyond_max_tasks_rejected() -> None:
+    with pytest.raises(errors.BadSlots, match="cannot add at least 5"):
+        request(None, job(), GrowRequest(5, 6))
+
+
+def test_grow_bad_counts_and_notify_options() -> None:
+    with pytest.raises(errors.BadSlots):
+        request(None, job(), GrowRequest(3, 2))
+    with pytest.raises(errors.InvalidRequest, match="mutually exclusive"):
+        request(None, job(), GrowRequest(1, 1, notify_cmd="x", no_notify=True))
+    with pytest.raises(errors.NotifyCmdTooLong):
+        request(None, job(), GrowRequest(1, 1, notify_cmd="x" * 4096))
+
+
+def test_grow_not_enabled() -> None:
+    with pytest.raises(errors.RequestNotEnabled):
+        engine.decide_request(
+            None,
+            job(),
+            OWNER,
+            GrowRequest(1, 1),
+            1.0,
+            POLICY,
+            engine.Settings(allow_grow=False),
+        )
+
+
+def test_second_request_needs_c_and_c_replaces() -> None:
+    j = job()
+    state, _ = request(None, j, GrowRequest(1, 1))
+    with pytest.raises(errors.PendingRequest):
+        request(state, j, GrowRequest(2, 2))
+    with pytest.raises(errors.PendingRequest):
+        request(state, j, ReleaseRequest(spec="hB"))
+    state, facts = request(state, j, GrowRequest(2, 3, cancel_pending=True))
+    assert [type(f) for f in facts] == [GrowCancelled, GrowRequested]
+    assert state.pending is not None and state.pending.max_add == 3
+
+
+def test_cancel() -> None:
+    j = job()
+    with pytest.raises(errors.NoActiveRequest):
+        request(None, j, CancelRequest())
+    state, _ = request(None, j, GrowRequest(1, 1))
+    state, _ = request(state, j, CancelRequest())
+    assert state.phase is Phase.IDLE and state.pending is None
+    with pytest.raises(errors.NoActiveRequest):
+        request(state, j, CancelRequest())
+
+
+def test_permission() -> None:
+    j = job()
+    with pytest.raises(errors.PermissionDenied):
+        request(None, j, GrowRequest(1, 1), principal=Principal("mallory"))
+    with pytest.raises(errors.PermissionDenied):
+        request(None, j, GrowRequest(1, 1), principal=Principal("alice", job_id="999"))
+    request(None, j, GrowRequest(1, 1), principal=Principal("root", admin=True))
+    request(None, j, GrowRequest(1, 1), principal=Principal("x", job_id="101"))
+
+
+def test_site_validation_rejects_with_its_message() -> None:
+    with pytest.raises(errors.PolicyRejected, match="powers of two"):
+        request(None, job(), GrowRequest(1, 1), policy=DefaultPolicy("powers of two"))
+
+
+def test_release_forms() -> None:
+    j = job({"hA": 2, "hB": 2, "hC": 1})
+    _, facts = request(None, j, ReleaseRequest(spec="hB"))
+    assert isinstance(facts[-1], ReleaseAccepted)
+    assert [t.id for t in facts[-1].tasks] == [2, 3]
+    _, facts = request(None, j, ReleaseRequest(count=2))
+    assert [t.id for t in facts[-1].tasks] == [3, 4]  # newest first by default
+    _, facts = request(None, j, ReleaseRequest(task_ids=(1,)))
+    assert [t.id for t in facts[-1].tasks] == [1]
+    _, facts = request(None, j, ReleaseRequest(hosts={"hB": 1}))
+    assert [t.id for t in facts[-1].tasks] == [3]
+
+
+def test_release_rules() -> None:
+    j = job({"hA": 2, "hB": 2}, min_tasks=2)
+    with pytest.raises(errors.BadSlots, match="below min_tasks"):
+        request(None, j, ReleaseRequest(spec="all"))
+    with pytest.raises(errors.InvalidRequest, match="exactly one"):
+        request(None, j, ReleaseRequest(spec="hB", count=1))
+    with pytest.raises(errors.BadSlots):
+        request(None, j, ReleaseRequest(count=4))
+    with pytest.raises(errors.HostNotInAlloc):
+        request(None, j, ReleaseRequest(spec="hZ"))
+
+
+def test_release_with_c_cancels_pending_grow() -> None:
+    j = job()
+    state, _ = request(None, j, GrowRequest(1, 1))
+    state, facts = request(state, j, ReleaseRequest(spec="hB", cancel_pending=True))
+    assert [type(f) for f in facts] == [GrowCancelled, ReleaseAccepted]
+    assert state.pending is None and state.phase is Phase.SHRINK_STOPPING
+
+
+def test_anything_while_in_flight_is_refused() -> None:
+    j = job(notify_cmd="true")
+    state, _ = request(None, j, ReleaseRequest(spec="hB"))
+    assert state.phase is Phase.SHRINK_NOTIFYING
+    for req in (
+        GrowRequest(1, 1),
+        ReleaseRequest(spec="1*hA"),
+        GrowRequest(1, 1, cancel_pending=True),
+    ):
+        with pytest.raises(errors.ResizeInProgress):
+            request(state, j, req)
+
+
+# --- grow life cycle -----------------------------------------------------------------
+
+
+def test_grow_with_notification_commits_after_tasks_start() -> None:
+    j = job(notify_cmd="echo hi")
+    state, _ = request(None, j, GrowRequest(1, 3))
+    facts = place(state, j, {"hA": 0, "hB": 1, "hC": 4})
+    assert isinstance(facts[0], GrowPlaced)
+    # the job's own hosts first, then most free: hB gets 1, hC 2
+    assert [(t.id, t.host) for t in facts[0].tasks] == [(4, "hB"), (5, "hC"), (6, "hC")]
+    state = run(state, facts)
+    assert state.phase is Phase.GROW_NOTIFYING
+    assert len(state.held) == 7  # charged from the reservation on
+    effects = engine.effects(None, facts[0], state)
+    assert effects == [engine.Reserve("101", facts[0].tasks)]
+    facts = engine.decide_dispatch(state, 3.0)
+    assert isinstance(facts[0], NotifyStarted) and facts[0].attempt == 1
+    state = run(state, facts)
+    assert engine.decide_dispatch(state, 3.0) == []  # not started twice
+    facts = engine.decide_notify_done(state, 1, 0, "", 4.0, SETTINGS)
+    state = run(state, facts)
+    assert state.phase is Phase.GROW_STARTING
+    facts = engine.decide_dispatch(state, 4.0)
+    assert isinstance(facts[0], TasksLaunched)
+    before = state
+    state = run(state, facts)
+    assert engine.effects(before, facts[0], state) == [engine.Launch("101", state.change.tasks)]  # type: ignore[union-attr]
+    for tid in (4, 5):
+        state = run(state, engine.decide_task_event(state, tid, "started", "", 5.0, SETTINGS))
+    assert state.phase is Phase.GROW_STARTING
+    facts = engine.decide_task_event(state, 6, "started", "", 6.0, SETTINGS)
+    assert [type(f) for f in facts] == [TaskStarted, Committed]
+    state = run(state, facts)
+    assert state.phase is Phase.IDLE and len(state.tasks) == 7 and state.version == 1
+    rec = state.records[-1]
+    assert rec.kind is ChangeKind.GROW and len(rec.before) == 4 and len(rec.delta) == 3
+
+
+def test_grow_below_min_places_nothing() -> None:
+    j = job()
+    state, _ = request(None, j, GrowRequest(3, 4))
+    assert place(state, j, {"hA": 1, "hB": 1}) == []
+
+
+def test_failed_notification_returns_grow_to_pending_then_gives_up() -> None:
+    j = job(notify_cmd="false")
+    state, _ = request(None, j, GrowRequest(1, 1))
+    for attempt in (1, 2):
+        state = run(state, place(state, j, {"hA": 2}))
+        state = run(state, engine.decide_dispatch(state, 3.0))
+        assert state.change is not None and state.change.attempt == attempt
+        # a late answer of an earlier attempt is ignored
+        assert engine.decide_notify_done(state, attempt - 1, 0, "", 4.0, SETTINGS) == []
+        facts = engine.decide_notify_done(state, attempt, 1, "", 4.0, SETTINGS)
+        assert isinstance(facts[0], NotifyDone) and not facts[0].ok
+        before = state
+        state = run(state, facts)
+        assert engine.effects(before, facts[0], state) == [
+            engine.Free("101", tuple(t.id for t in before.change.tasks))  # type: ignore[union-attr]
+        ]
+        assert len(state.held) == 4
+    assert state.phase is Phase.IDLE and state.pending is None  # max failures = 2
+
+
+def test_timeout_counts_as_failure() -> None:
+    j = job(notify_cmd="sleep 100")
+    state, _ = request(None, j, GrowRequest(1, 1))
+    state = run(state, place(state, j, {"hA": 2}))
+    state = run(state, engine.decide_dispatch(state, 3.0))
+    state = run(state, engine.decide_notify_done(state, 1, None, "timeout", 4.0, SETTINGS))
+    assert state.phase is Phase.GROW_PENDING and state.pending is not None
+    assert state.pending.failures == 1
+
+
+def test_task_start_failures_free_slots_and_commit_the_rest() -> None:
+    j = job()
+    state, _ = request(None, j, GrowRequest(1, 2, no_notify=True))
+    state = run(state, place(state, j, {"hC": 2}))
+    state = run(state, engine.decide_dispatch(state, 3.0))
+    facts = engine.decide_task_event(state, 4, "start_failed", "no binary", 4.0, SETTINGS)
+    assert [type(f) for f in facts] == [TaskStartFailed]
+    state = run(state, facts)
+    assert len(state.held) == 5
+    state = run(state, engine.decide_task_event(state, 5, "started", "", 5.0, SETTINGS))
+    assert state.phase is Phase.IDLE and [t.id for t in state.tasks] == [0, 1, 2, 3, 5]
+
+
+def test_all_task_starts_failing_reverts_to_pending() -> None:
+    j = job()
+    state, _ = request(None, j, GrowRequest(1, 1, no_notify=True))
+    state = run(state, place(state, j, {"hC": 2}))
+    state = run(state, engine.decide_dispatch(state, 3.0))
+    facts = engine.decide_task_event(state, 4, "start_failed", "", 4.0, SETTINGS)
+    assert [type(f) for f in facts] == [TaskStartFailed, GrowReverted]
+    state = run(state, facts)
+    assert state.phase is Phase.GROW_PENDING and len(state.held) == 4
+
+
+# --- shrink life cycle ---------------------------------------------------------------
+
+
+def test_shrink_stops_tasks_before_freeing_and_commits() -> None:
+    j = job(notify_cmd="true")
+    state, _ = request(None, j, ReleaseRequest(spec="hB"))
+    state = run(state, engine.decide_dispatch(state, 2.0))
+    state = run(state, engine.decide_notify_done(state, 1, 0, "", 3.0, SETTINGS))
+    assert state.phase is Phase.SHRINK_STOPPING
+    assert len(state.held) == 4  # nothing freed before the processes are gone
+    facts = engine.decide_dispatch(state, 3.0)
+    before = state
+    state = run(state, facts)
+    assert engine.effects(before, facts[0], state) == [engine.Stop("101", (2, 3))]
+    facts = engine.decide_task_event(state, 2, "exited", "", 4.0, SETTINGS)
+    assert engine.effects(state, facts[0], run(state, facts)) == [engine.Free("101", (2,))]
+    state = run(state, facts)
+    assert len(state.held) == 3
+    facts = engine.decide_task_event(state, 3, "exited", "", 5.0, SETTINGS)
+    assert [type(f) for f in facts] == [TaskStopped, Committed]
+    state = run(state, facts)
+    assert [t.host for t in state.tasks] == ["hA", "hA"] and state.phase is Phase.IDLE
+
+
+def test_failed_shrink_notification_leaves_allocation() -> None:
+    j = job(notify_cmd="false")
+    state, _ = request(None, j, ReleaseRequest(count=1))
+    state = run(state, engine.decide_dispatch(state, 2.0))
+    state = run(state, engine.decide_notify_done(state, 1, 1, "", 3.0, SETTINGS))
+    assert state.phase is Phase.IDLE and len(state.tasks) == 4 and state.version == 0
+
+
+# --- job end, recovery, timeline -------------------------------------------------------
+
+
+def test_job_end_cancels_pending_and_frees_in_flight_reservation() -> None:
+    j = job(notify_cmd="true")
+    state, _ = request(None, j, GrowRequest(1, 2))
+    facts = engine.decide_job_end(state, 5.0)
+    assert [type(f) for f in facts] == [GrowCancelled, JobEnded]
+    state2, _ = request(None, j, GrowRequest(1, 2))
+    state2 = run(state2, place(state2, j, {"hC": 4}))
+    facts = engine.decide_job_end(state2, 5.0)
+    ended = run(state2, facts)
+    assert not ended.live and ended.held == ()
+    assert engine.effects(state2, facts[-1], ended) == [engine.Free("101", (4, 5))]
+
+
+def test_recovery_reruns_a_running_notification() -> None:
+    j = job(notify_cmd="true")
+    state, _ = request(None, j, GrowRequest(1, 1))
+    state = run(state, place(state, j, {"hC": 4}))
+    assert engine.decide_recover(state, 3.0) == []  # not started: dispatch will start it
+    state = run(state, engine.decide_dispatch(state, 3.0))
+    facts = engine.decide_recover(state, 9.0)
+    assert isinstance(facts[0], NotifyStarted) and facts[0].attempt == 2
+    resumed = engine.resume_effects(state)
+    assert engine.Reserve("101", state.held) in resumed
+
+
+def test_charges_timeline() -> None:
+    j = job({"hA": 2})
+    state, _ = request(None, j, GrowRequest(2, 2, no_notify=True), at=10.0)
+    state = run(state, place(state, j, {"hB": 2}, at=20.0))
+    state = run(state, engine.decide_dispatch(state, 20.0))
+    for tid in (2, 3):
+        state = run(state, engine.decide_task_event(state, tid, "started", "", 25.0, SETTINGS))
+    assert state.charges == ((0.0, 2), (20.0, 4))
+
+
+def test_replay_equals_incremental_state() -> None:
+    j = job(notify_cmd="true")
+    log: list[Fact] = []
+    state, facts = request(None, j, GrowRequest(1, 2))
+    log += facts
+    for step in (
+        lambda s: place(s, j, {"hC": 4}),
+        lambda s: engine.decide_dispatch(s, 3.0),
+        lambda s: engine.decide_notify_done(s, 1, 0, "", 4.0, SETTINGS),
+        lambda s: engine.decide_dispatch(s, 4.0),
+        lambda s: engine.decide_task_event(s, 4, "started", "", 5.0, SETTINGS),
+        lambda s: engine.decide_task_event(s, 5, "started", "", 5.0, SETTINGS),
+    ):
+        facts = step(state)
+        log += facts
+        state = run(state, facts)
+    assert engine.replay(log) == state
+    assert state.version == 1
+
+
+def test_evolve_rejects_facts_for_untracked_jobs() -> None:
+    with pytest.raises(ValueError, match="untracked"):
+        engine.evolve(None, GrowCancelled("1", 0.0, "cancel"))
+
+
+def test_job_options_checked_at_submit() -> None:
+    engine.check_job_options(job())
+    with pytest.raises(errors.BadSlots):
+        engine.check_job_options(job(min_tasks=5, max_tasks=4))
+    with pytest.raises(errors.InvalidRequest):
+        engine.check_job_options(job(ptile=0))
+    with pytest.raises(errors.NotifyCmdTooLong):
+        engine.check_job_options(job(notify_cmd="y" * 5000))
