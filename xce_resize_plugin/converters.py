@@ -58,8 +58,18 @@ def encode_fact(fact: Fact) -> bytes:
     return json.dumps(JOURNAL.unstructure(fact, Fact), separators=(",", ":")).encode()
 
 
+def _describe(exc: Exception) -> str:
+    if isinstance(exc, cattrs.BaseValidationError):
+        return "; ".join(cattrs.transform_error(exc, path="$", format_exception=_format))
+    return f"{type(exc).__name__}: {exc}"
+
+
 def decode_fact(data: bytes) -> Fact:
-    fact: Fact = JOURNAL.structure(json.loads(data), Fact)  # type: ignore[arg-type]
+    """Decode a stored fact; a record that does not decode is a JournalError."""
+    try:
+        fact: Fact = JOURNAL.structure(json.loads(data), Fact)  # type: ignore[arg-type]
+    except Exception as exc:
+        raise errors.JournalError(f"undecodable fact: {_describe(exc)}") from None
     return fact
 
 
@@ -68,7 +78,11 @@ def encode_state(state: ResizeState) -> bytes:
 
 
 def decode_state(data: bytes) -> ResizeState:
-    return JOURNAL.structure(json.loads(data), ResizeState)
+    """Decode a stored state; a record that does not decode is a JournalError."""
+    try:
+        return JOURNAL.structure(json.loads(data), ResizeState)
+    except Exception as exc:
+        raise errors.JournalError(f"undecodable job state: {_describe(exc)}") from None
 
 
 def structure_or_error(data: Any, cls: type[T], what: str) -> T:
@@ -76,12 +90,14 @@ def structure_or_error(data: Any, cls: type[T], what: str) -> T:
     try:
         return API.structure(data, cls)
     except Exception as exc:  # cattrs raises ClassValidationError and plain errors
-        problems = (
-            cattrs.transform_error(exc, path="$")
-            if isinstance(exc, cattrs.BaseValidationError)
-            else [str(exc)]
-        )
-        raise errors.InvalidRequest(f"{what}: " + "; ".join(problems)) from None
+        raise errors.InvalidRequest(f"{what}: {_describe(exc)}") from None
+
+
+def _format(exc: BaseException, type_: Any) -> str:
+    # Our strict hooks say what was wrong with the value; keep their words.
+    if isinstance(exc, TypeError) and str(exc).startswith("expected "):
+        return str(exc)
+    return cattrs.v.format_exception(exc, type_)
 
 
 def grow_from_json(data: Mapping[str, Any]) -> GrowRequest:
@@ -92,7 +108,14 @@ def grow_from_json(data: Mapping[str, Any]) -> GrowRequest:
     tasks = body.pop("tasks")
     body["max_add"] = tasks
     body["min_add"] = body.pop("min_tasks", tasks)
-    return structure_or_error(body, GrowRequest, "grow")
+    try:
+        return structure_or_error(body, GrowRequest, "grow")
+    except errors.InvalidRequest as exc:
+        # Name the fields as the caller wrote them, not as the model calls them.
+        text = (
+            (exc.detail or "").replace("$.max_add", "$.tasks").replace("$.min_add", "$.min_tasks")
+        )
+        raise errors.InvalidRequest(text) from None
 
 
 def release_from_json(data: Mapping[str, Any]) -> ReleaseRequest:

@@ -1,0 +1,51 @@
+"""Site policy: jobs may only be resized to a power-of-two number of tasks.
+
+Why a site wants it: many FFT and multigrid codes decompose their domain by halving and
+cannot use 6 or 12 ranks. A grow must ask for an exact count (``bresize request 4``,
+not ``2,4``), because a partial grant could land on any size in between; a release must
+leave a power of two.
+
+Enable with ``[resize] policy_files = ["hooks/power_of_two.py"]``.
+"""
+
+from __future__ import annotations
+
+from xce_resize_plugin import hookimpl
+from xce_resize_plugin.errors import PolicyRejected
+from xce_resize_plugin.models import GrowRequest, JobInfo, ReleaseRequest, ResizeRequest
+from xce_resize_plugin.releasespec import (
+    parse_release_spec,
+    resolve_host_counts,
+    resolve_release,
+    resolve_task_ids,
+)
+
+
+def _power_of_two(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
+def _released(job: JobInfo, request: ReleaseRequest) -> int:
+    if request.count is not None:
+        return request.count
+    if request.task_ids is not None:
+        return len(resolve_task_ids(request.task_ids, job.tasks))
+    if request.hosts is not None:
+        return len(resolve_host_counts(request.hosts, job.tasks))
+    assert request.spec is not None
+    return len(resolve_release(parse_release_spec(request.spec), job.tasks))
+
+
+@hookimpl
+def xce_resize_validate(job: JobInfo, request: ResizeRequest) -> None:
+    current = len(job.tasks)
+    if isinstance(request, GrowRequest):
+        if request.min_add != request.max_add:
+            raise PolicyRejected("this site allows only exact grows (bresize request N)")
+        after = current + request.max_add
+    elif isinstance(request, ReleaseRequest):
+        after = current - _released(job, request)
+    else:
+        return
+    if not _power_of_two(after):
+        raise PolicyRejected(f"job sizes must be powers of two: {current} -> {after} tasks")

@@ -1,0 +1,37 @@
+"""The [resize] section: defaults, and every bad value named."""
+
+from __future__ import annotations
+
+import pytest
+
+from xce_resize_plugin import config, errors
+
+
+def test_defaults() -> None:
+    values = config.check({})
+    assert values["notify_timeout"] == 60.0 and values["notify_max_failures"] == 3
+    s = config.settings({"notify_max_failures": 5, "stop_grace": 0})
+    assert s.notify_max_failures == 5 and s.stop_grace == 0.0
+
+
+@pytest.mark.parametrize(
+    ("section", "expect"),
+    [
+        ({"notify_timout": 5}, "unknown key 'notify_timout'"),
+        ({"notify_timeout": "5"}, "notify_timeout must be int or float"),
+        ({"notify_timeout": 0}, "notify_timeout must be at least"),
+        ({"notify_max_failures": 0}, "notify_max_failures must be at least 1"),
+        ({"notify_max_failures": 2.5}, "notify_max_failures must be int"),
+        ({"allow_grow": 1}, "allow_grow must be bool"),
+        ({"stop_grace": True}, "stop_grace must be int or float"),
+        ({"policy_files": "x.py"}, "policy_files must be list"),
+    ],
+)
+def test_bad_values_are_named(section: dict[str, object], expect: str) -> None:
+    with pytest.raises(errors.ConfigError, match=expect):
+        config.check(section)
+
+
+def test_not_a_table() -> None:
+    with pytest.raises(errors.ConfigError, match="must be a table"):
+        config.check([])  # type: ignore[arg-type]

@@ -1,0 +1,111 @@
+"""Journal encoding round trips; API decoding is strict and names the bad field."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from xce_resize_plugin import converters, errors
+from xce_resize_plugin.models import (
+    FACT_TYPES,
+    ChangeKind,
+    GrowPlaced,
+    GrowRequest,
+    NotifyDone,
+    ReleaseAccepted,
+    ResizeRecord,
+    ResizeState,
+    Task,
+)
+
+times = st.floats(0, 1e9, allow_nan=False)
+tasks = st.lists(
+    st.builds(Task, st.integers(0, 10_000), st.sampled_from(["hA", "hB", "node-007"])),
+    max_size=6,
+).map(tuple)
+
+
+@given(st.one_of(*(st.builds(t, at=times) for t in FACT_TYPES)))
+def test_every_fact_round_trips(fact: object) -> None:
+    data = converters.encode_fact(fact)  # type: ignore[arg-type]
+    assert converters.decode_fact(data) == fact
+    assert json.loads(data)["type"] == type(fact).__name__
+
+
+@given(tasks, tasks, times)
+def test_state_round_trips(before: tuple[Task, ...], delta: tuple[Task, ...], t: float) -> None:
+    rec = ResizeRecord(t, ChangeKind.GROW, before, delta, before + delta, 3)
+    state = ResizeState("1", "u", 1, 9, before, 0.0, records=(rec,), charges=((0.0, 1), (t, 2)))
+    assert converters.decode_state(converters.encode_state(state)) == state
+
+
+def test_fact_encoding_is_compact_json() -> None:
+    data = converters.encode_fact(GrowPlaced("5", 1.5, (Task(4, "hB"),)))
+    assert json.loads(data) == {
+        "type": "GrowPlaced",
+        "job_id": "5",
+        "at": 1.5,
+        "tasks": [[4, "hB"]],
+    }
+
+
+def test_unknown_keys_in_stored_facts_are_rejected() -> None:
+    data = json.dumps(
+        {
+            "type": "NotifyDone",
+            "job_id": "1",
+            "at": 0,
+            "attempt": 1,
+            "ok": True,
+            "status": 0,
+            "surprise": 1,
+        }
+    ).encode()
+    with pytest.raises(errors.JournalError, match="surprise"):
+        converters.decode_fact(data)
+    assert converters.decode_fact(converters.encode_fact(NotifyDone("1", 0, 1, True, 0))).ok
+
+
+def test_grow_body() -> None:
+    assert converters.grow_from_json({"tasks": 4}) == GrowRequest(4, 4)
+    assert converters.grow_from_json({"tasks": 4, "min_tasks": 2, "no_notify": True}) == (
+        GrowRequest(2, 4, no_notify=True)
+    )
+
+
+@pytest.mark.parametrize(
+    ("body", "expect"),
+    [
+        ({}, r"missing 'tasks'"),
+        ({"tasks": "4"}, r"expected int, got str"),
+        ({"tasks": 2.5}, r"expected int, got float"),
+        ({"tasks": True}, r"expected int, got bool"),
+        ({"tasks": 2, "color": "red"}, r"color"),
+        ({"tasks": 2, "no_notify": "yes"}, r"expected bool"),
+        ([1, 2], r"expected a JSON object"),
+    ],
+)
+def test_bad_grow_bodies_are_named(body: object, expect: str) -> None:
+    with pytest.raises(errors.InvalidRequest, match=expect):
+        converters.grow_from_json(body)  # type: ignore[arg-type]
+
+
+def test_release_body() -> None:
+    assert converters.release_from_json({"spec": "all ~hB"}).spec == "all ~hB"
+    assert converters.release_from_json({"task_ids": [3, 4]}).task_ids == (3, 4)
+    assert converters.release_from_json({"hosts": {"hB": None, "hC": 2}}).hosts == {
+        "hB": None,
+        "hC": 2,
+    }
+    with pytest.raises(errors.InvalidRequest, match=r"\$\.count"):
+        converters.release_from_json({"count": "2"})
+    with pytest.raises(errors.InvalidRequest, match="bogus"):
+        converters.release_from_json({"count": 2, "bogus": 1})
+
+
+def test_release_accepted_round_trip() -> None:
+    fact = ReleaseAccepted("1", 2.0, (Task(3, "hB"),), None, "alice", cancelled_pending=True)
+    assert converters.decode_fact(converters.encode_fact(fact)) == fact

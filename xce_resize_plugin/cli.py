@@ -1,0 +1,144 @@
+"""``xce-resize``: the demo, scenarios and journal maintenance.
+
+Library code raises; this module alone turns errors into messages and exit codes:
+0 success, 1 a check found problems, 2 bad usage or input (the message names what).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+from . import __version__
+from .errors import ResizeError
+
+EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE = 0, 1, 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="xce-resize",
+        description="Job resize for XCE: demo, scenarios, journal maintenance.",
+    )
+    p.add_argument("-V", "--version", action="version", version=f"xce-resize {__version__}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    demo = sub.add_parser("demo", help="run the built-in scenario and show its timeline")
+    demo.add_argument("--json", action="store_true", help="print the result as JSON")
+
+    sc = sub.add_parser("scenario", help="run scenario files in simulated time")
+    sc_sub = sc.add_subparsers(dest="action", required=True, metavar="ACTION")
+    run = sc_sub.add_parser("run", help="run one TOML scenario")
+    run.add_argument("file", type=Path)
+    run.add_argument("--json", action="store_true", help="print the result as JSON")
+    run.add_argument(
+        "--state-dir", type=Path, help="keep the controller's and the plugin's state here"
+    )
+
+    jr = sub.add_parser("journal", help="check, export and compact a resize journal")
+    jr_sub = jr.add_subparsers(dest="action", required=True, metavar="ACTION")
+    verify = jr_sub.add_parser("verify", help="check CRCs, structure and replay")
+    verify.add_argument("dir", type=Path)
+    verify.add_argument("--json", action="store_true")
+    export = jr_sub.add_parser("export", help="write every fact as JSON lines")
+    export.add_argument("dir", type=Path)
+    export.add_argument("-o", "--output", type=Path, help="file to write (default: stdout)")
+    compact = jr_sub.add_parser(
+        "compact", help="drop finished jobs' history (export it first; controller stopped)"
+    )
+    compact.add_argument("dir", type=Path)
+    compact.add_argument("--keep-days", type=float, required=True)
+    compact.add_argument("--now", type=float, help="the current time (default: the clock)")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return _dispatch(args, sys.stdout)
+    except ResizeError as exc:
+        print(f"xce-resize: {exc.text}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("xce-resize: interrupted", file=sys.stderr)
+        return 130
+
+
+def _dispatch(args: argparse.Namespace, out: TextIO) -> int:
+    if args.command == "demo":
+        from .embedded import demo
+
+        return demo.main(out, as_json=args.json)
+    if args.command == "scenario":
+        return _scenario(args, out)
+    return _journal(args, out)
+
+
+def _scenario(args: argparse.Namespace, out: TextIO) -> int:
+    from .embedded import scenario, scenario_file
+
+    spec = scenario_file.load(args.file)
+    if args.state_dir is not None:
+        result = scenario.run(spec, args.state_dir)
+    else:
+        with tempfile.TemporaryDirectory(prefix="xce-resize-") as tmp:
+            result = scenario.run(spec, Path(tmp))
+    if args.json:
+        json.dump(result.to_json(), out, indent=2, sort_keys=False)
+        out.write("\n")
+    else:
+        out.write(result.timeline())
+    return EXIT_OK
+
+
+def _journal(args: argparse.Namespace, out: TextIO) -> int:
+    from . import audit, journal
+
+    if args.action == "verify":
+        report = journal.verify(args.dir)
+        problems = list(report.problems)
+        if report.ok:
+            problems += audit.replay_problems(args.dir)
+        doc: dict[str, Any] = {
+            "ok": not problems,
+            "problems": problems,
+            "facts": report.facts,
+            "live": report.live,
+            "done": report.done,
+            "epoch": report.epoch,
+            "last_seq": report.last_seq,
+        }
+        if args.json:
+            json.dump(doc, out, indent=2)
+            out.write("\n")
+        else:
+            state = "OK" if not problems else f"{len(problems)} problem(s)"
+            out.write(
+                f"{args.dir}: {state} — {report.facts} facts, {report.live} live jobs, "
+                f"{report.done} finished, epoch {report.epoch}, last seq {report.last_seq}\n"
+            )
+            for line in problems:
+                out.write(f"  {line}\n")
+        return EXIT_OK if not problems else EXIT_PROBLEMS
+    if args.action == "export":
+        if args.output is None:
+            n = journal.export(args.dir, out)
+        else:
+            with args.output.open("w") as fh:
+                n = journal.export(args.dir, fh)
+        print(f"exported {n} facts", file=sys.stderr)
+        return EXIT_OK
+    now = args.now if args.now is not None else time.time()
+    removed = journal.compact(args.dir, args.keep_days, now)
+    out.write(f"removed {removed} facts of jobs finished more than {args.keep_days:g} days ago\n")
+    return EXIT_OK
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
