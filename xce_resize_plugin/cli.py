@@ -72,9 +72,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _dispatch(args: argparse.Namespace, out: TextIO) -> int:
     if args.command == "demo":
-        from .embedded import demo
+        from .embedded.demo import main as run_demo
 
-        return demo.main(out, as_json=args.json)
+        return run_demo(out, as_json=args.json)
     if args.command == "scenario":
         return _scenario(args, out)
     return _journal(args, out)

@@ -184,8 +184,10 @@ def xce_job_end(controller: Controller, job_id: str) -> None:
     :param controller: the host controller.
     :param job_id: the job.
 
-    The host frees the job's committed allocation itself; the plugin frees the slots
-    it reserved for a grow in flight.
+    The host frees every slot charged to the job — its allocation and any reservation
+    the plugin made — so that slots never outlive a job even when the controller died
+    between the job's end and the plugin's own ``free_slots`` (which it also issues;
+    both are idempotent).
 
     Implemented by: the resize plugin.
     """

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from attrs import frozen
 
-from .models import ChangeKind, Phase, PendingGrow, Task
+from .models import ChangeKind, PendingGrow, Phase, Task
 
 
 @frozen

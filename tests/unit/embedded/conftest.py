@@ -1,0 +1,259 @@
+"""Fixtures for the embedded controller's tests: plugin managers and test plugins.
+
+The test plugins talk to the controller only through the host contract, like the real
+plugin: :class:`Recorder` records every host hook call (and the controller state the
+call saw), :class:`ToyResizer` is a minimal but correct resize plugin (reserve in the
+scheduler cycle, launch/stop in the dispatch cycle, commit on the task events, free
+its reservation at job end) so that the controller's side can be tested without the
+real engine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pluggy
+import pytest
+
+import xce_resize_plugin.hookspecs
+from xce_resize_plugin import hookimpl
+from xce_resize_plugin.embedded import EmbeddedController
+from xce_resize_plugin.host import ClusterView, Controller, TaskEvent
+from xce_resize_plugin.models import JobInfo, Task
+
+
+def make_pm(*plugins: object) -> pluggy.PluginManager:
+    pm = pluggy.PluginManager("xce")
+    pm.add_hookspecs(xce_resize_plugin.hookspecs)
+    for plugin in plugins:
+        pm.register(plugin)
+    return pm
+
+
+class Recorder:
+    """Records host hook calls as tuples; ``inside`` is true while a hook runs (so a
+    nested hook call, i.e. re-entry, is visible as ``nested`` in the record)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[Any, ...]] = []
+        self.inside = False
+        self.nested: list[str] = []
+        self.on_job_end: Callable[[Controller, str], None] | None = None
+        self.end_snapshots: dict[str, tuple[dict[str, dict[str, int]], dict[int, str]]] = {}
+
+    def _enter(self, name: str) -> None:
+        if self.inside:
+            self.nested.append(name)
+        self.inside = True
+
+    @hookimpl
+    def xce_controller_start(self, controller: Controller) -> None:
+        self.calls.append(("start", controller.now()))
+
+    @hookimpl
+    def xce_controller_stop(self, controller: Controller) -> None:
+        self.calls.append(("stop", controller.now()))
+
+    @hookimpl
+    def xce_job_validate(self, controller: Controller, job: JobInfo) -> None:
+        self.calls.append(("validate", job.id, job.state.value))
+
+    @hookimpl
+    def xce_sched_cycle(self, controller: Controller, cluster: ClusterView) -> None:
+        self._enter("sched")
+        self.calls.append(("sched", controller.now(), dict(cluster.free_slots())))
+        self.inside = False
+
+    @hookimpl
+    def xce_dispatch_cycle(self, controller: Controller) -> None:
+        self._enter("dispatch")
+        self.calls.append(("dispatch", controller.now()))
+        self.inside = False
+
+    @hookimpl
+    def xce_task_event(self, controller: Controller, event: TaskEvent) -> None:
+        self._enter("task_event")
+        self.calls.append(("task", event.job_id, event.task_id, event.kind, controller.now()))
+        self.inside = False
+
+    @hookimpl
+    def xce_notify_done(
+        self, controller: Controller, job_id: str, attempt: int, status: int | None, reason: str
+    ) -> None:
+        self._enter("notify_done")
+        self.calls.append(("notify", job_id, attempt, status, reason, controller.now()))
+        self.inside = False
+
+    @hookimpl
+    def xce_job_end(self, controller: Controller, job_id: str) -> None:
+        self._enter("job_end")
+        job = controller.get_job(job_id)
+        assert job is not None
+        self.calls.append(("end", job_id, job.state.value, controller.now()))
+        ctl: Any = controller
+        held = {t.id: t.host for t in ctl.job(job_id).held}
+        self.end_snapshots[job_id] = (ctl.hosts_view(), held)
+        if self.on_job_end is not None:
+            self.on_job_end(controller, job_id)
+        self.inside = False
+
+    def names(self, *skip: str) -> list[str]:
+        return [c[0] for c in self.calls if c[0] not in skip]
+
+
+class ToyResizer:
+    """A minimal resize plugin: ``grow(job, n)`` and ``release(job, task_ids)``.
+
+    Grow: reserve ``n`` slots in host order (respecting ptile and headroom) in the
+    scheduler cycle, launch them in the dispatch cycle, commit when all started (tasks
+    that failed to start are freed and left out). Release: stop the tasks in the
+    dispatch cycle, free each slot on ``exited``, commit when all are gone.
+    """
+
+    def __init__(self, grace: float = 10.0) -> None:
+        self.grace = grace
+        self.wants: dict[str, int] = {}
+        self.releases: dict[str, tuple[int, ...]] = {}
+        self.reserved: dict[str, list[Task]] = {}
+        self.launched: set[str] = set()
+        self.started: dict[str, set[int]] = {}
+        self.failed: dict[str, set[int]] = {}
+        self.stopping: dict[str, set[int]] = {}
+        self.version: dict[str, int] = {}
+        self.next_id: dict[str, int] = {}
+        self.events: list[TaskEvent] = []
+        self.in_call = False
+        self.reentered = False
+
+    def grow(self, job_id: str, n: int) -> None:
+        self.wants[job_id] = n
+
+    def release(self, job_id: str, task_ids: tuple[int, ...]) -> None:
+        self.releases[job_id] = task_ids
+
+    @hookimpl
+    def xce_sched_cycle(self, controller: Controller, cluster: ClusterView) -> None:
+        for job_id, n in sorted(self.wants.items()):
+            job = controller.get_job(job_id)
+            if job is None or job.state.value != "RUN" or job_id in self.reserved:
+                continue
+            room = controller.slot_headroom(job.user)
+            if room is not None:
+                n = min(n, room)
+            per_host: dict[str, int] = {}
+            for t in job.tasks:
+                per_host[t.host] = per_host.get(t.host, 0) + 1
+            nid = self.next_id.get(job_id, max(t.id for t in job.tasks) + 1)
+            tasks: list[Task] = []
+            for host, free in cluster.free_slots().items():
+                take = free
+                if job.ptile is not None:
+                    take = min(take, job.ptile - per_host.get(host, 0))
+                for _ in range(max(0, min(take, n - len(tasks)))):
+                    tasks.append(Task(nid, host))
+                    nid += 1
+            if len(tasks) < n:
+                continue
+            controller.reserve_slots(job_id, tasks)
+            self.next_id[job_id] = nid
+            self.reserved[job_id] = tasks
+            del self.wants[job_id]
+
+    @hookimpl
+    def xce_dispatch_cycle(self, controller: Controller) -> None:
+        self.in_call = True
+        for job_id, tasks in sorted(self.reserved.items()):
+            if job_id not in self.launched:
+                self.launched.add(job_id)
+                controller.launch_tasks(job_id, tasks, {"XCE_GROW": "1"})
+        for job_id, ids in sorted(self.releases.items()):
+            if job_id not in self.stopping:
+                self.stopping[job_id] = set(ids)
+                controller.stop_tasks(job_id, ids, self.grace)
+        self.in_call = False
+
+    @hookimpl
+    def xce_task_event(self, controller: Controller, event: TaskEvent) -> None:
+        if self.in_call:
+            self.reentered = True
+        self.events.append(event)
+        job_id = event.job_id
+        if job_id in self.reserved:
+            ids = {t.id for t in self.reserved[job_id]}
+            if event.task_id in ids:
+                if event.kind == "started":
+                    self.started.setdefault(job_id, set()).add(event.task_id)
+                elif event.kind == "start_failed":
+                    self.failed.setdefault(job_id, set()).add(event.task_id)
+                    controller.free_slots(job_id, [event.task_id])
+                done = self.started.get(job_id, set()) | self.failed.get(job_id, set())
+                if done >= ids:
+                    self._commit_grow(controller, job_id)
+        if job_id in self.stopping and event.kind == "exited":
+            pending = self.stopping[job_id]
+            if event.task_id in pending:
+                controller.free_slots(job_id, [event.task_id])
+                pending.discard(event.task_id)
+                if not pending:
+                    job = controller.get_job(job_id)
+                    assert job is not None
+                    gone = set(self.releases.pop(job_id))
+                    del self.stopping[job_id]
+                    self._commit(controller, job_id, [t for t in job.tasks if t.id not in gone])
+
+    def _commit_grow(self, controller: Controller, job_id: str) -> None:
+        job = controller.get_job(job_id)
+        assert job is not None
+        added = [t for t in self.reserved.pop(job_id) if t.id in self.started.get(job_id, set())]
+        self.launched.discard(job_id)
+        self.started.pop(job_id, None)
+        self.failed.pop(job_id, None)
+        if added:
+            self._commit(controller, job_id, list(job.tasks) + added)
+
+    def _commit(self, controller: Controller, job_id: str, tasks: list[Task]) -> None:
+        version = self.version.get(job_id, 0) + 1
+        self.version[job_id] = version
+        controller.commit_allocation(job_id, tasks, version)
+
+    @hookimpl
+    def xce_job_end(self, controller: Controller, job_id: str) -> None:
+        tasks = self.reserved.pop(job_id, None)
+        if tasks:
+            controller.free_slots(job_id, [t.id for t in tasks])
+        self.wants.pop(job_id, None)
+        self.launched.discard(job_id)
+        self.releases.pop(job_id, None)
+        self.stopping.pop(job_id, None)
+
+
+@pytest.fixture
+def recorder() -> Recorder:
+    return Recorder()
+
+
+CtlFactory = Callable[..., EmbeddedController]
+
+
+@pytest.fixture
+def make_ctl(tmp_path: Path) -> Iterator[CtlFactory]:
+    """Build controllers on ``tmp_path`` (closed at teardown); plugins as positional
+    args, controller options as keywords. Default: hosts h1..h3 with 4 slots, a
+    non-durable LMDB store, strict invariants."""
+    made: list[EmbeddedController] = []
+
+    def factory(*plugins: object, **kwargs: Any) -> EmbeddedController:
+        kwargs.setdefault("hosts", {"h1": 4, "h2": 4, "h3": 4})
+        kwargs.setdefault("durable", False)
+        kwargs.setdefault("strict", True)
+        state_dir = kwargs.pop("state_dir", tmp_path / "state")
+        pm = kwargs.pop("pm", None) or make_pm(*plugins)
+        ctl = EmbeddedController(pm, state_dir, **kwargs)
+        made.append(ctl)
+        return ctl
+
+    yield factory
+    for ctl in made:
+        ctl.close()

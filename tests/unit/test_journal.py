@@ -1,0 +1,707 @@
+"""The LMDB journal: real LMDB files in tmp_path, no mocks."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import zlib
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import lmdb
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from xce_resize_plugin.errors import FencedError, JournalError
+from xce_resize_plugin.journal import (
+    SCHEMA,
+    Entry,
+    GroupCommitter,
+    Journal,
+    compact,
+    export,
+    verify,
+)
+
+DAY = 86400.0
+
+
+@pytest.fixture
+def jdir(tmp_path: Path) -> Path:
+    return tmp_path / "journal"
+
+
+@pytest.fixture
+def journal(jdir: Path) -> Iterator[Journal]:
+    # sync=False: durability is not what these tests look at, and fsyncs cost time.
+    with Journal.open(jdir, sync=False) as j:
+        j.start()
+        yield j
+
+
+def data_file(jdir: Path) -> str:
+    return str((jdir / "data.mdb").absolute())
+
+
+def raw_env(jdir: Path) -> lmdb.Environment:
+    """The journal's environment opened directly, to damage it the way a disk would."""
+    return lmdb.open(str(jdir), max_dbs=8)
+
+
+def seal(body: bytes) -> bytes:
+    return zlib.crc32(body).to_bytes(4, "big") + body
+
+
+# --------------------------------------------------------------------------- basics
+
+
+def test_round_trip(journal: Journal) -> None:
+    seqs = journal.commit(
+        [
+            Entry("1", (b"grow-requested", b"placed"), b"state-1a"),
+            Entry("2", (b"release",), b"state-2"),
+        ]
+    )
+    assert seqs == [1, 2, 3]
+    assert list(journal.facts()) == [
+        (1, "1", b"grow-requested"),
+        (2, "1", b"placed"),
+        (3, "2", b"release"),
+    ]
+    assert list(journal.facts(start=3)) == [(3, "2", b"release")]
+    assert list(journal.job_facts("1")) == [(1, b"grow-requested"), (2, b"placed")]
+    assert list(journal.job_facts("unknown")) == []
+    assert dict(journal.live_states()) == {"1": b"state-1a", "2": b"state-2"}
+    assert journal.state("1") == b"state-1a"
+    assert journal.state("unknown") is None
+    assert journal.last_seq == 3
+    stats = journal.stats()
+    assert stats["facts"] == 3 and stats["index"] == 3 and stats["jobs"] == 2
+    assert stats["done"] == 0 and stats["last_seq"] == 3 and stats["epoch"] == 1
+    assert stats["map_size"] >= 64 * 1024 * 1024
+
+
+def test_data_survives_reopen_and_seqs_continue(jdir: Path) -> None:
+    with Journal.open(jdir) as j:
+        assert j.start() == 1
+        assert j.commit([Entry("a", (b"x", b"y"), b"s1")]) == [1, 2]
+        assert j.commit([Entry("b", (b"z",), b"s2"), Entry("a", (), b"s3")]) == [3]
+    with Journal.open(jdir) as j:
+        assert j.start() == 2
+        assert j.epoch == 2
+        assert j.last_seq == 3
+        assert j.commit([Entry("a", (b"w",), b"s4")]) == [4]
+        assert [seq for seq, _, _ in j.facts()] == [1, 2, 3, 4]
+        assert j.state("a") == b"s4"
+
+
+def test_state_only_entry_and_empty_commit(journal: Journal) -> None:
+    assert journal.commit([]) == []
+    assert journal.commit([Entry("a", (), b"only-state")]) == []
+    assert journal.state("a") == b"only-state"
+    assert journal.last_seq == 0
+
+
+def test_live_to_done_and_back(journal: Journal) -> None:
+    journal.commit([Entry("a", (b"f1",), b"running"), Entry("b", (b"g1",), b"running")])
+    journal.commit([Entry("a", (b"f2",), b"finished", ended_at=1000.5)])
+    assert dict(journal.live_states()) == {"b": b"running"}
+    assert journal.state("a") == b"finished"
+    assert journal.ended_at("a") == 1000.5
+    assert journal.ended_at("b") is None
+    stats = journal.stats()
+    assert (stats["jobs"], stats["done"]) == (1, 1)
+    # A job coming back to life (e.g. requeued) leaves `done` again.
+    journal.commit([Entry("a", (), b"requeued")])
+    assert dict(journal.live_states()) == {"a": b"requeued", "b": b"running"}
+    assert journal.ended_at("a") is None
+    assert journal.stats()["done"] == 0
+    assert list(journal.job_facts("a")) == [(1, b"f1"), (3, b"f2")]
+
+
+def test_prefix_job_ids_keep_their_own_facts(journal: Journal) -> None:
+    journal.commit([Entry("1", (b"one",), b""), Entry("10", (b"ten",), b"")])
+    journal.commit([Entry("1\x01", (b"odd",), b""), Entry("1", (b"one-again",), b"")])
+    assert [p for _, p in journal.job_facts("1")] == [b"one", b"one-again"]
+    assert [p for _, p in journal.job_facts("10")] == [b"ten"]
+
+
+def test_iterators_span_many_chunks(journal: Journal) -> None:
+    # More rows than one read transaction takes (1024), to cover the resumption.
+    for start in range(0, 3000, 500):
+        journal.commit(
+            [Entry(f"job{i:05d}", (b"f%d" % i,), b"s") for i in range(start, start + 500)]
+        )
+    journal.commit([Entry("job00000", tuple(b"g%d" % i for i in range(2500)), b"s")])
+    assert [seq for seq, _, _ in journal.facts()] == list(range(1, 5501))
+    assert len(dict(journal.live_states())) == 3000
+    assert [p for _, p in journal.job_facts("job00000")][:2] == [b"f0", b"g0"]
+    assert len(list(journal.job_facts("job00000"))) == 2501
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error"),
+    [
+        ({"job_id": ""}, ValueError),
+        ({"job_id": "a\0b"}, ValueError),
+        ({"job_id": "x" * 501}, ValueError),
+        ({"job_id": 7}, TypeError),
+        ({"facts": ("text",)}, TypeError),
+        ({"state": "text"}, TypeError),
+        ({"ended_at": float("nan")}, ValueError),
+        ({"ended_at": True}, ValueError),
+    ],
+)
+def test_entry_validation(kwargs: dict[str, object], error: type[Exception]) -> None:
+    args: dict[str, object] = {"job_id": "j", "facts": (b"f",), "state": b"s"} | kwargs
+    with pytest.raises(error):
+        Entry(**args)  # type: ignore[arg-type]
+
+
+def test_entry_accepts_a_list_of_facts() -> None:
+    assert Entry("j", [b"a", b"b"], b"s").facts == (b"a", b"b")
+
+
+def test_commit_requires_start(jdir: Path) -> None:
+    with Journal.open(jdir, sync=False) as j:
+        assert j.epoch == 0
+        with pytest.raises(JournalError, match="start"):
+            j.commit([Entry("a", (b"x",), b"s")])
+
+
+def test_readonly_handle_refuses_writes(jdir: Path) -> None:
+    with Journal.open(jdir) as j:
+        j.start()
+        j.commit([Entry("a", (b"x",), b"s")])
+    with Journal.open(jdir, readonly=True) as ro:
+        assert list(ro.facts()) == [(1, "a", b"x")]
+        with pytest.raises(JournalError, match="read-only"):
+            ro.start()
+        with pytest.raises(JournalError, match="read-only"):
+            ro.commit([Entry("a", (b"y",), b"s")])
+
+
+def test_handles_in_one_process_share_the_environment(jdir: Path) -> None:
+    with Journal.open(jdir) as rw:
+        rw.start()
+        rw.commit([Entry("a", (b"x",), b"s")])
+        with Journal.open(jdir, readonly=True) as ro:
+            assert ro.last_seq == 1
+        rw.commit([Entry("a", (b"y",), b"s")])  # closing `ro` left `rw` working
+        assert rw.last_seq == 2
+    with (
+        Journal.open(jdir, readonly=True),
+        pytest.raises(JournalError, match="read-only in this process"),
+    ):
+        Journal.open(jdir)
+
+
+def test_closed_handle_raises(jdir: Path) -> None:
+    j = Journal.open(jdir)
+    j.close()
+    j.close()
+    with pytest.raises(JournalError, match="closed"):
+        _ = j.last_seq
+
+
+def test_readonly_open_of_missing_journal(tmp_path: Path) -> None:
+    missing = tmp_path / "nothing"
+    with pytest.raises(JournalError, match="does not exist") as err:
+        Journal.open(missing, readonly=True)
+    assert str(missing / "data.mdb") in str(err.value)
+    assert not missing.exists()
+
+
+# --------------------------------------------------------------------------- fencing
+
+
+def test_fencing_between_two_handles(jdir: Path) -> None:
+    old = Journal.open(jdir)
+    new = Journal.open(jdir)
+    try:
+        assert old.start() == 1
+        old.commit([Entry("a", (b"x",), b"s1")])
+        assert new.start() == 2
+        with pytest.raises(FencedError) as err:
+            old.commit([Entry("a", (b"stale",), b"stale-state"), Entry("b", (b"y",), b"s")])
+        message = str(err.value)
+        assert data_file(jdir) in message
+        assert "epoch 1" in message and "epoch 2" in message
+        # Nothing of the fenced transaction was written.
+        assert new.last_seq == 1
+        assert list(new.facts()) == [(1, "a", b"x")]
+        assert new.state("a") == b"s1" and new.state("b") is None
+        assert new.commit([Entry("a", (b"z",), b"s2")]) == [2]
+    finally:
+        old.close()
+        new.close()
+
+
+def test_fencing_by_another_process(jdir: Path) -> None:
+    with Journal.open(jdir) as j:
+        j.start()
+        j.commit([Entry("a", (b"x",), b"s")])
+        script = (
+            "import sys; from xce_resize_plugin.journal import Journal\n"
+            "with Journal.open(sys.argv[1]) as j: print(j.start())\n"
+        )
+        out = subprocess.run(
+            [sys.executable, "-c", script, str(jdir)], capture_output=True, text=True, check=True
+        )
+        assert out.stdout.strip() == "2"
+        with pytest.raises(FencedError, match="epoch 2"):
+            j.commit([Entry("a", (b"y",), b"s")])
+        assert j.last_seq == 1
+
+
+# --------------------------------------------------------------------------- map growth
+
+
+def test_map_grows_and_retries_the_whole_transaction(jdir: Path) -> None:
+    with Journal.open(jdir, map_size=64 * 1024, sync=False) as j:
+        j.start()
+        before = j.stats()["map_size"]
+        # ~3 MB in one transaction, far beyond the map, then several smaller ones.
+        big = [
+            Entry(f"j{i}", tuple(os.urandom(300) for _ in range(10)), b"s" * 300)
+            for i in range(1000)
+        ]
+        seqs = j.commit(big)
+        assert seqs == list(range(1, 10001))
+        for round_ in range(5):
+            j.commit([Entry(f"k{round_}", (os.urandom(4000),), os.urandom(2000))])
+        stats = j.stats()
+        assert stats["map_size"] > before
+        assert stats["facts"] == stats["index"] == 10005
+        assert stats["jobs"] == 1005
+        assert [p for _, p in j.job_facts("j999")] == list(big[999].facts)
+        assert j.state("j5") == b"s" * 300
+    assert verify(jdir).ok
+
+
+def test_iteration_survives_map_growth(jdir: Path) -> None:
+    with Journal.open(jdir, map_size=64 * 1024, sync=False) as j:
+        j.start()
+        j.commit([Entry(f"j{i:04d}", (b"%d" % i,), b"s") for i in range(3000)])
+        size = j.stats()["map_size"]
+        it = j.facts()
+        head = [next(it) for _ in range(10)]
+        j.commit([Entry("big", tuple(os.urandom(500) for _ in range(4000)), b"s")])
+        assert j.stats()["map_size"] > size
+        rest = list(it)
+        assert [seq for seq, _, _ in head + rest] == list(range(1, 7001))
+
+
+def test_reader_adopts_a_map_grown_by_another_process(jdir: Path) -> None:
+    with Journal.open(jdir, map_size=64 * 1024) as j:
+        j.start()
+        j.commit([Entry("a", (b"x",), b"s")])
+        script = (
+            "import os, sys\n"
+            "from xce_resize_plugin.journal import Entry, Journal\n"
+            "with Journal.open(sys.argv[1], map_size=64 * 1024, sync=False) as j:\n"
+            "    j.start()\n"
+            "    j.commit([Entry('b', tuple(os.urandom(1000) for _ in range(2000)), b's')])\n"
+        )
+        subprocess.run([sys.executable, "-c", script, str(jdir)], check=True)
+        assert j.last_seq == 2001
+        assert sum(1 for _ in j.facts()) == 2001
+
+
+# --------------------------------------------------------------------------- damage
+
+
+def make_journal(jdir: Path, jobs: int = 300) -> None:
+    with Journal.open(jdir, sync=False) as j:
+        j.start()
+        j.commit(
+            [Entry(f"job{i}", (os.urandom(200), os.urandom(200)), b"s" * 100) for i in range(jobs)]
+        )
+
+
+def damage_garbage(path: Path) -> None:
+    path.write_bytes(os.urandom(50_000))
+
+
+def damage_overwrite_head(path: Path) -> None:
+    with path.open("r+b") as f:
+        f.write(b"\xa5" * 8192)
+
+
+def damage_truncate_half(path: Path) -> None:
+    os.truncate(path, path.stat().st_size // 2)
+
+
+def damage_truncate_tiny(path: Path) -> None:
+    os.truncate(path, 100)
+
+
+def damage_truncate_empty(path: Path) -> None:
+    os.truncate(path, 0)
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        damage_garbage,
+        damage_overwrite_head,
+        damage_truncate_half,
+        damage_truncate_tiny,
+        damage_truncate_empty,
+    ],
+)
+@pytest.mark.parametrize("readonly", [False, True])
+def test_damaged_file_is_refused_with_its_name(
+    jdir: Path, damage: Callable[[Path], None], readonly: bool
+) -> None:
+    make_journal(jdir)
+    damage(jdir / "data.mdb")
+    size = (jdir / "data.mdb").stat().st_size
+    with pytest.raises(JournalError) as err:
+        Journal.open(jdir, readonly=readonly)
+    assert data_file(jdir) in str(err.value)
+    # Never a silent reset: the file is left as it was.
+    assert (jdir / "data.mdb").stat().st_size == size
+
+
+def test_garbage_file_in_a_fresh_directory(jdir: Path) -> None:
+    jdir.mkdir()
+    (jdir / "data.mdb").write_bytes(b"this is not an LMDB file\n" * 400)
+    with pytest.raises(JournalError, match="not a usable LMDB environment") as err:
+        Journal.open(jdir)
+    assert data_file(jdir) in str(err.value)
+
+
+def test_other_lmdb_environment_is_not_a_journal(jdir: Path) -> None:
+    env = lmdb.open(str(jdir))
+    with env.begin(write=True) as txn:
+        txn.put(b"key", b"value")
+    env.close()
+    with pytest.raises(JournalError, match="not a journal") as err:
+        Journal.open(jdir)
+    assert data_file(jdir) in str(err.value)
+
+
+def test_newer_schema_is_refused(jdir: Path) -> None:
+    make_journal(jdir, jobs=3)
+    env = raw_env(jdir)
+    meta = env.open_db(b"meta", create=False)
+    with env.begin(write=True) as txn:
+        txn.put(b"schema", (SCHEMA + 1).to_bytes(8, "big"), db=meta)
+    env.close()
+    for readonly in (False, True):
+        with pytest.raises(JournalError, match="newer") as err:
+            Journal.open(jdir, readonly=readonly)
+        assert data_file(jdir) in str(err.value)
+    with pytest.raises(JournalError, match="newer"):
+        verify(jdir)
+
+
+def flip_byte(jdir: Path, db_name: bytes, key: bytes, offset: int = 10) -> None:
+    env = raw_env(jdir)
+    db = env.open_db(db_name, create=False)
+    with env.begin(write=True) as txn:
+        stored = txn.get(key, db=db)
+        assert stored is not None
+        value = bytearray(stored)
+        value[offset] ^= 0x40
+        txn.put(key, bytes(value), db=db)
+    env.close()
+
+
+def test_flipped_byte_in_a_fact_names_the_seq(jdir: Path) -> None:
+    make_journal(jdir, jobs=3)
+    flip_byte(jdir, b"facts", (4).to_bytes(8, "big"), offset=50)
+    with Journal.open(jdir, readonly=True) as j:
+        it = j.facts()
+        assert [seq for seq, _, _ in (next(it), next(it), next(it))] == [1, 2, 3]
+        with pytest.raises(JournalError, match=r"fact 4: CRC mismatch") as err:
+            next(it)
+        assert data_file(jdir) in str(err.value)
+        with pytest.raises(JournalError, match="fact 4"):
+            list(j.job_facts("job1"))
+        assert list(j.job_facts("job0")) != []
+
+
+def test_flipped_byte_in_a_state_names_the_job(jdir: Path) -> None:
+    make_journal(jdir, jobs=3)
+    flip_byte(jdir, b"jobs", b"job2", offset=6)
+    with Journal.open(jdir, readonly=True) as j:
+        with pytest.raises(JournalError, match="job2") as err:
+            list(j.live_states())
+        assert "CRC" in str(err.value) and data_file(jdir) in str(err.value)
+        with pytest.raises(JournalError, match="job2"):
+            j.state("job2")
+        assert j.state("job1") == b"s" * 100
+
+
+# --------------------------------------------------------------------------- group commit
+
+
+def test_group_commit_many_threads(jdir: Path) -> None:
+    threads_n, per_thread = 16, 20
+    with Journal.open(jdir) as j:  # durable: the batching comes from waiting on fsync
+        j.start()
+        results: dict[int, list[list[int]]] = {}
+        errors: list[BaseException] = []
+        barrier = threading.Barrier(threads_n)
+        with GroupCommitter(j) as gc:
+
+            def worker(t: int) -> None:
+                try:
+                    barrier.wait()
+                    results[t] = [
+                        gc.submit(
+                            Entry(f"t{t}", (b"%d-%d-a" % (t, i), b"%d-%d-b" % (t, i)), b"%d" % i)
+                        )
+                        for i in range(per_thread)
+                    ]
+                except BaseException as exc:  # pragma: no cover - reported below
+                    errors.append(exc)
+
+            threads = [threading.Thread(target=worker, args=(t,)) for t in range(threads_n)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+            assert not errors
+            assert gc.entries == threads_n * per_thread
+            assert gc.transactions < threads_n * per_thread
+        all_seqs = [seq for seqs in results.values() for pair in seqs for seq in pair]
+        assert sorted(all_seqs) == list(range(1, 2 * threads_n * per_thread + 1))
+        facts = {seq: (job, payload) for seq, job, payload in j.facts()}
+        for t, seqs in results.items():
+            for i, (a, b) in enumerate(seqs):
+                assert b == a + 1  # one entry's facts stay together
+                assert facts[a] == (f"t{t}", b"%d-%d-a" % (t, i))
+                assert facts[b] == (f"t{t}", b"%d-%d-b" % (t, i))
+            assert j.state(f"t{t}") == b"%d" % (per_thread - 1)
+
+
+def test_group_commit_error_reaches_every_caller_of_the_batch(jdir: Path) -> None:
+    callers = 8
+    with Journal.open(jdir, sync=False) as j, Journal.open(jdir, sync=False) as newer:
+        j.start()
+        newer.start()  # fences `j`: every commit of `j` fails from now on
+        gc = GroupCommitter(j)
+        outcomes: list[BaseException | list[int]] = []
+        lock = threading.Lock()
+        submitting = threading.Barrier(callers + 1)
+
+        def worker(i: int) -> None:
+            submitting.wait()
+            try:
+                result: BaseException | list[int] = gc.submit(Entry(f"j{i}", (b"x",), b"s"))
+            except BaseException as exc:
+                result = exc
+            with lock:
+                outcomes.append(result)
+
+        # Hold the journal's writer lock while everyone submits: the writer thread stalls
+        # on its first batch and the other submissions queue up for one more batch.
+        with j._shared.write_lock:
+            threads = [threading.Thread(target=worker, args=(i,)) for i in range(callers)]
+            for thread in threads:
+                thread.start()
+            submitting.wait()
+            time.sleep(0.2)
+        for thread in threads:
+            thread.join()
+        gc.close()
+        assert len(outcomes) == callers
+        assert all(isinstance(o, FencedError) for o in outcomes), outcomes
+        assert len({id(o) for o in outcomes}) < callers  # shared by a batch's callers
+        assert gc.transactions < callers
+        assert gc.entries == 0
+        assert newer.last_seq == 0
+
+
+def test_group_commit_close(jdir: Path) -> None:
+    with Journal.open(jdir, sync=False) as j:
+        j.start()
+        gc = GroupCommitter(j, max_batch=2)
+        assert gc.submit(Entry("a", (b"x", b"y"), b"s")) == [1, 2]
+        gc.close()
+        gc.close()
+        with pytest.raises(JournalError, match="closed"):
+            gc.submit(Entry("a", (b"z",), b"s"))
+        with pytest.raises(TypeError):
+            GroupCommitter(j).submit("not an entry")  # type: ignore[arg-type]
+        with pytest.raises(ValueError):
+            GroupCommitter(j, max_batch=0)
+
+
+# --------------------------------------------------------------------------- tools
+
+
+def test_verify_good_journal(jdir: Path) -> None:
+    make_journal(jdir, jobs=50)
+    with Journal.open(jdir, sync=False) as j:
+        j.start()
+        j.commit([Entry("job1", (b"end",), b"done", ended_at=5.0)])
+    report = verify(jdir)
+    assert report.ok, report.problems
+    assert (report.facts, report.live, report.done) == (101, 49, 1)
+    assert (report.epoch, report.last_seq) == (2, 101)
+
+
+def test_verify_reports_damage_without_raising(jdir: Path) -> None:
+    make_journal(jdir, jobs=10)
+    flip_byte(jdir, b"facts", (3).to_bytes(8, "big"), offset=40)  # bad CRC
+    flip_byte(jdir, b"jobs", b"job7", offset=5)
+    env = raw_env(jdir)
+    dbs = {name: env.open_db(name, create=False) for name in (b"facts", b"index", b"done")}
+    with env.begin(write=True) as txn:
+        txn.delete((5).to_bytes(8, "big"), db=dbs[b"facts"])  # fact lost, index row dangles
+        txn.delete(b"job4\0" + (9).to_bytes(8, "big"), db=dbs[b"index"])  # fact without index
+        txn.put(b"job9\0" + (1).to_bytes(8, "big"), b"", db=dbs[b"index"])  # wrong owner
+        txn.put(b"job8", seal(b"\0" * 8 + b"x"), db=dbs[b"done"])  # both live and done
+    env.close()
+    report = verify(jdir)
+    assert not report.ok
+    text = "\n".join(report.problems)
+    assert "fact 3: CRC mismatch" in text
+    assert "job 'job2' lists fact 5, which does not exist" in text
+    assert "fact 9: job 'job4' has no index row" in text
+    assert "job 'job9' lists fact 1, which belongs to 'job0'" in text
+    assert "job 'job8' is both live and done" in text
+    assert "live state of job b'job7'" in text
+    assert "19 kept + 0 compacted != last_seq 20; missing: 5" in text
+    assert (report.facts, report.live, report.done, report.last_seq) == (19, 10, 1, 20)
+
+
+def test_verify_reports_page_damage(jdir: Path) -> None:
+    marker = b"MARKER-7f3a" * 8
+    with Journal.open(jdir, sync=False) as j:
+        j.start()
+        j.commit([Entry(f"job{i}", (os.urandom(200),), b"s") for i in range(200)])
+        j.commit([Entry("marked", (marker,), b"s")])
+    path = jdir / "data.mdb"
+    content = path.read_bytes()
+    assert content.count(marker) == 1
+    page = content.index(marker) // 4096
+    with path.open("r+b") as f:  # scribble over the header of the leaf page holding it
+        f.seek(page * 4096)
+        f.write(b"\xff" * 16)
+    report = verify(jdir)
+    assert not report.ok
+    assert report.problems[0].startswith("structure:")
+
+
+def test_verify_raises_only_when_unopenable(tmp_path: Path) -> None:
+    with pytest.raises(JournalError):
+        verify(tmp_path / "missing")
+    garbage = tmp_path / "garbage"
+    garbage.mkdir()
+    (garbage / "data.mdb").write_bytes(os.urandom(20_000))
+    with pytest.raises(JournalError) as err:
+        verify(garbage)
+    assert str(garbage / "data.mdb") in str(err.value)
+
+
+def test_export_writes_json_lines(jdir: Path) -> None:
+    with Journal.open(jdir, sync=False) as j:
+        j.start()
+        j.commit(
+            [
+                Entry("a", (json.dumps({"type": "grow", "add": 4}).encode(), b"\xff\x00"), b"s"),
+                Entry("b", (b"NaN", "é".encode(), b'"text"'), b"s"),
+            ]
+        )
+    out = io.StringIO()
+    assert export(jdir, out) == 5
+    lines = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert lines == [
+        {"seq": 1, "job": "a", "fact": {"type": "grow", "add": 4}},
+        {"seq": 2, "job": "a", "fact": {"hex": "ff00"}},
+        {"seq": 3, "job": "b", "fact": {"hex": b"NaN".hex()}},
+        {"seq": 4, "job": "b", "fact": {"hex": "é".encode().hex()}},
+        {"seq": 5, "job": "b", "fact": "text"},
+    ]
+
+
+def test_compact_removes_only_old_finished_jobs(jdir: Path) -> None:
+    now = 1_700_000_000.0
+    with Journal.open(jdir, sync=False) as j:
+        j.start()
+        j.commit([Entry("live", (b"l1",), b"s"), Entry("old", (b"o1", b"o2"), b"s")])
+        j.commit([Entry("recent", (b"r1",), b"s"), Entry("old", (b"o3",), b"s")])
+        j.commit([Entry("old", (b"o4",), b"end", ended_at=now - 30 * DAY)])
+        j.commit([Entry("recent", (b"r2",), b"end", ended_at=now - 1 * DAY)])
+        j.commit([Entry("live", (b"l2",), b"s2")])
+    assert compact(jdir, keep_days=7, now=now) == 4
+    with Journal.open(jdir, readonly=True) as j:
+        assert [(job, p) for _, job, p in j.facts()] == [
+            ("live", b"l1"),
+            ("recent", b"r1"),
+            ("recent", b"r2"),
+            ("live", b"l2"),
+        ]
+        assert list(j.job_facts("old")) == []
+        assert j.state("old") is None
+        assert j.state("recent") == b"end"
+        assert dict(j.live_states()) == {"live": b"s2"}
+        stats = j.stats()
+        assert (stats["index"], stats["done"], stats["removed"], stats["last_seq"]) == (4, 1, 4, 8)
+    report = verify(jdir)
+    assert report.ok, report.problems
+    assert compact(jdir, keep_days=7, now=now) == 0
+    assert compact(jdir, keep_days=0, now=now) == 2
+    assert verify(jdir).ok
+    # Sequence numbers are never reused after compaction.
+    with Journal.open(jdir, sync=False) as j:
+        j.start()
+        assert j.commit([Entry("new", (b"n",), b"s")]) == [9]
+
+
+def test_compact_needs_an_existing_journal(tmp_path: Path) -> None:
+    with pytest.raises(JournalError, match="does not exist"):
+        compact(tmp_path / "none", keep_days=1, now=0)
+    assert not (tmp_path / "none").exists()
+
+
+# --------------------------------------------------------------------------- property
+
+
+job_ids = st.sampled_from(["1", "10", "1\x01", "a b", "é"]) | st.text(
+    alphabet=st.characters(codec="utf-8", exclude_characters="\0"), min_size=1, max_size=6
+)
+entries = st.builds(
+    Entry,
+    job_id=job_ids,
+    facts=st.lists(st.binary(max_size=80), max_size=4).map(tuple),
+    state=st.binary(max_size=40),
+    ended_at=st.none() | st.floats(0, 2e9),
+)
+
+
+@settings(max_examples=75, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.lists(entries, max_size=6), max_size=8))
+def test_property_reads_return_what_was_committed(commits: list[list[Entry]]) -> None:
+    with tempfile.TemporaryDirectory() as tmp, Journal.open(tmp, sync=False, map_size=1 << 16) as j:
+        j.start()
+        committed: list[tuple[str, bytes]] = []
+        last: dict[str, Entry] = {}
+        for batch in commits:
+            seqs = j.commit(batch)
+            assert seqs == list(range(len(committed) + 1, len(committed) + len(seqs) + 1))
+            for entry in batch:
+                committed.extend((entry.job_id, fact) for fact in entry.facts)
+                last[entry.job_id] = entry
+        assert list(j.facts()) == [(i + 1, job, p) for i, (job, p) in enumerate(committed)]
+        for job_id, entry in last.items():
+            expected = [(i + 1, p) for i, (job, p) in enumerate(committed) if job == job_id]
+            assert list(j.job_facts(job_id)) == expected
+            assert j.state(job_id) == entry.state
+            assert j.ended_at(job_id) == entry.ended_at
+        assert dict(j.live_states()) == {
+            job_id: e.state for job_id, e in last.items() if e.ended_at is None
+        }
+        assert j.last_seq == len(committed)

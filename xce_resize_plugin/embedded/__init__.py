@@ -1,0 +1,74 @@
+"""The embedded controller: the host side of the plugin contract (DESIGN §8).
+
+A small, faithful XCE controller for the demo, the tests, what-if scenarios and trace
+simulation: ordered hosts with slots, FCFS + EASY backfill, a discrete event loop in
+simulated time, its own state in LMDB, and the host hooks called in XCE's order. The
+plugin is reached only through the hooks; nothing in the plugin depends on this
+package.
+
+Modules: :mod:`.cluster` (hosts, slots, limits), :mod:`.jobs` (job records and views),
+:mod:`.scheduler` (FCFS + EASY), :mod:`.events` (timeline and plugin event queue),
+:mod:`.runners` (clock, task and notification runners), :mod:`.store` (LMDB / memory),
+:mod:`.controller` (:class:`EmbeddedController`).
+"""
+
+from .cluster import Cluster
+from .controller import EmbeddedController, SimClusterView, parse_tasks
+from .errors import (
+    ContractViolation,
+    EmbeddedError,
+    InvariantViolation,
+    SettleLoopError,
+    StoreError,
+    SubmissionRejected,
+    UnknownJob,
+)
+from .jobs import JobView, NotificationLog, TaskState, VersionRecord
+from .runners import (
+    Clock,
+    NotificationRequest,
+    NotificationResult,
+    NotificationRunner,
+    ScriptedNotificationRunner,
+    SimClock,
+    SimTaskRunner,
+    SubprocessNotificationRunner,
+    TaskFaults,
+    TaskReporter,
+    TaskRunner,
+)
+from .scheduler import Reservation
+from .store import LmdbStore, MemoryStore, Store
+
+__all__ = [
+    "Clock",
+    "Cluster",
+    "ContractViolation",
+    "EmbeddedController",
+    "EmbeddedError",
+    "InvariantViolation",
+    "JobView",
+    "LmdbStore",
+    "MemoryStore",
+    "NotificationLog",
+    "NotificationRequest",
+    "NotificationResult",
+    "NotificationRunner",
+    "Reservation",
+    "ScriptedNotificationRunner",
+    "SettleLoopError",
+    "SimClock",
+    "SimClusterView",
+    "SimTaskRunner",
+    "Store",
+    "StoreError",
+    "SubmissionRejected",
+    "SubprocessNotificationRunner",
+    "TaskFaults",
+    "TaskReporter",
+    "TaskRunner",
+    "TaskState",
+    "UnknownJob",
+    "VersionRecord",
+    "parse_tasks",
+]

@@ -1,0 +1,1108 @@
+"""The embedded controller: the host side of the plugin contract, in simulated time.
+
+:class:`EmbeddedController` satisfies :class:`~xce_resize_plugin.host.Controller` and
+calls the host hooks the way XCE does (docs/host-integration.md):
+
+- ``xce_controller_start`` once its own state is loaded (constructor or :meth:`start`);
+- ``xce_job_validate`` before a job is accepted (an exception rejects it, no change);
+- per scheduling cycle, its own FCFS + EASY pass over the pending jobs, **then**
+  ``xce_sched_cycle`` with the free slots left, then ``xce_dispatch_cycle``;
+- ``xce_task_event`` / ``xce_notify_done`` for what the plugin started, delivered as
+  queued events after the plugin's hook returned, never from inside a call the plugin
+  made;
+- ``xce_job_end`` after a job's committed allocation has been freed, its tasks stopped
+  and its state set; then the job must hold no slot (a checked invariant).
+
+Time is simulated: a discrete event loop (:meth:`run`) moves the clock from instant to
+instant; at each instant :meth:`settle` repeats the cycles and delivers events until
+nothing changes. Every call that changes state bumps a change counter, which is how
+"nothing changes" is detected, and writes the changed records to the store, so a new
+controller on the same ``state_dir`` finds jobs, slots, task states and the clock.
+
+What the driver (a test, the demo, the scenario runner) uses: :meth:`submit`,
+:meth:`kill`, :meth:`at`, :meth:`run`, :meth:`advance`, :meth:`settle`, the resize
+forwarding methods (:meth:`request_resize`, :meth:`resize_status`,
+:meth:`acct_usage`), the views (:meth:`jobs`, :meth:`job`, :meth:`hosts_view`,
+:meth:`users_view`, :meth:`notifications`, :meth:`check_invariants`) and fault
+injection (:attr:`faults`, :meth:`inject_task_exit`).
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from functools import partial
+from pathlib import Path
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, Literal, cast
+
+import pluggy
+
+from ..host import Principal, TaskEvent
+from ..models import GrowHosts, JobInfo, JobState, Task
+from .cluster import Cluster
+from .errors import (
+    ContractViolation,
+    EmbeddedError,
+    InvariantViolation,
+    SettleLoopError,
+    SubmissionRejected,
+    UnknownJob,
+)
+from .events import EventQueue, NotifyDone, Timeline
+from .jobs import (
+    JobRecord,
+    JobView,
+    NotificationLog,
+    TaskRecord,
+    TaskState,
+    VersionRecord,
+    job_id_key,
+)
+from .runners import (
+    NotificationRequest,
+    NotificationResult,
+    NotificationRunner,
+    SettableClock,
+    SimClock,
+    SimTaskRunner,
+    SubprocessNotificationRunner,
+    TaskFaults,
+    TaskRunner,
+)
+from .scheduler import PendingJob, Reservation, RunningJob, can_ever_fit, easy_pass
+from .store import LmdbStore, MemoryStore, Store
+
+if TYPE_CHECKING:
+    from ..models import ResizeRequest
+    from ..status import ResizeStatus
+
+log = logging.getLogger(__name__)
+
+HostSpec = Mapping[str, int] | Sequence[tuple[str, int]]
+TasksSpec = int | str | tuple[int, int]
+
+#: Task states whose process may still be alive.
+_LIVE = (TaskState.STARTING, TaskState.RUNNING, TaskState.STOPPING)
+
+
+def parse_tasks(spec: TasksSpec) -> tuple[int, int]:
+    """``-n`` as bsub takes it: ``4`` -> (4, 4), ``"2,8"`` / ``(2, 8)`` -> (2, 8)."""
+    if isinstance(spec, bool):
+        raise SubmissionRejected(f"bad task count {spec!r}")
+    if isinstance(spec, int):
+        return spec, spec
+    if isinstance(spec, tuple):
+        lo, hi = spec
+        return int(lo), int(hi)
+    parts = str(spec).split(",")
+    try:
+        if len(parts) == 1:
+            n = int(parts[0])
+            return n, n
+        if len(parts) == 2:
+            return int(parts[0]), int(parts[1])
+    except ValueError:
+        pass
+    raise SubmissionRejected(f"bad task count {spec!r} (expected N or MIN,MAX)")
+
+
+class SimClusterView:
+    """The ``cluster`` handed to ``xce_sched_cycle``: free slots per host, in host
+    order, read live (slots the plugin reserves during the cycle disappear from it).
+
+    With ``protect`` (the controller's ``protect_reservation`` option) and a blocked
+    queue head, a host offers only the slots the head does not need at its shadow
+    time, so a grow cannot delay the head; see :mod:`.scheduler`.
+    """
+
+    def __init__(
+        self,
+        cluster: Cluster,
+        reservation: Reservation | None = None,
+        free_at_pass: Mapping[str, int] | None = None,
+    ) -> None:
+        self._cluster = cluster
+        self._reservation = reservation
+        self._free_at_pass = dict(free_at_pass or {})
+
+    def free_slots(self) -> dict[str, int]:
+        free = self._cluster.free_slots()
+        res = self._reservation
+        if res is None:
+            return free
+        offered: dict[str, int] = {}
+        for host, n in free.items():
+            # Slots taken since the pass already came out of the extra slots.
+            taken = max(0, self._free_at_pass.get(host, n) - n)
+            offered[host] = max(0, min(n, res.extra.get(host, 0) - taken))
+        return offered
+
+
+class EmbeddedController:
+    """A small, faithful XCE controller in simulated time (see the module docstring).
+
+    :param plugin_manager: the manager the hooks are called through (with or without
+        the resize plugin registered; with none, hooks return ``None``/``[]``).
+    :param state_dir: the controller's state directory: its own state in
+        ``state_dir/embedded``, the plugin's journal in ``state_dir/resize``.
+    :param hosts: host name -> slots, in host order. May be omitted when restarting on
+        an existing ``state_dir`` (the saved hosts are used).
+    :param config: the ``[resize]`` section handed to the plugin.
+    :param user_slots: per-user slot limits (``[limits] user_slots``).
+    :param store: ``"lmdb"`` (default), ``"memory"``, or a :class:`Store` object (pass
+        the same :class:`MemoryStore` to a new controller to restart from it).
+    :param durable: fsync every LMDB write (set ``False`` for long simulations).
+    :param clock: the simulated clock (default: a new :class:`SimClock` at 0, or the
+        saved time on restart).
+    :param task_runner: default :class:`SimTaskRunner` with ``faults``.
+    :param notification_runner: default :class:`SubprocessNotificationRunner`.
+    :param faults: fault injection for the default task runner.
+    :param strict: raise :class:`InvariantViolation` when a job still holds slots after
+        ``xce_job_end`` (tests); otherwise the slots are reclaimed and the problem is
+        kept for :meth:`check_invariants` (production).
+    :param protect_reservation: offer the plugin only slots the blocked queue head does
+        not need (see :class:`SimClusterView`); default ``False``: all free slots.
+    :param settle_cap: cycles per instant before :class:`SettleLoopError`.
+    :param autostart: call :meth:`start` from the constructor.
+    """
+
+    def __init__(
+        self,
+        plugin_manager: pluggy.PluginManager,
+        state_dir: str | Path,
+        hosts: HostSpec | None = None,
+        *,
+        config: Mapping[str, Any] | None = None,
+        user_slots: Mapping[str, int] | None = None,
+        store: Literal["lmdb", "memory"] | Store = "lmdb",
+        durable: bool = True,
+        clock: SettableClock | None = None,
+        task_runner: TaskRunner | None = None,
+        notification_runner: NotificationRunner | None = None,
+        faults: TaskFaults | None = None,
+        strict: bool = False,
+        protect_reservation: bool = False,
+        settle_cap: int = 10_000,
+        autostart: bool = True,
+    ) -> None:
+        self._pm = plugin_manager
+        self._state_dir = Path(state_dir)
+        self._state_dir.mkdir(parents=True, exist_ok=True)
+        self._work_dir = self._state_dir / "embedded-work"
+        if store == "lmdb":
+            self._store: Store = LmdbStore(self._state_dir / "embedded", durable=durable)
+        elif store == "memory":
+            self._store = MemoryStore()
+        elif isinstance(store, str):
+            raise ValueError(f"unknown store {store!r} (lmdb or memory)")
+        else:
+            self._store = store
+        snapshot = self._store.load()
+        saved: Mapping[str, Any] = snapshot.meta if snapshot else {}
+
+        if hosts is None:
+            if "hosts" not in saved:
+                raise ValueError("hosts are required for a new state directory")
+            hosts = [(str(h), int(n)) for h, n in saved["hosts"]]
+        if user_slots is None:
+            user_slots = dict(saved.get("user_slots", {}))
+        if config is None:
+            config = dict(saved.get("config", {}))
+        self._config: Mapping[str, Any] = MappingProxyType(dict(config))
+        self._cluster = Cluster(hosts, user_slots)
+
+        self._clock: SettableClock = clock if clock is not None else SimClock()
+        if "clock" in saved and saved["clock"] > self._clock.now():
+            self._clock.advance_to(float(saved["clock"]))
+        self._next_id = int(saved.get("next_job_id", 101))
+
+        self._runner: TaskRunner = task_runner if task_runner is not None else SimTaskRunner(faults)
+        self._runner.bind(self)
+        self._notifier: NotificationRunner = (
+            notification_runner
+            if notification_runner is not None
+            else SubprocessNotificationRunner()
+        )
+        self.strict = strict
+        self.protect_reservation = protect_reservation
+        self.settle_cap = settle_cap
+
+        self._jobs: dict[str, JobRecord] = {}
+        self._queue: list[tuple[tuple[float, tuple[int, int, str]], str]] = []
+        self._running: dict[str, JobRecord] = {}
+        self._future: dict[str, JobRecord] = {}
+        self._timeline = Timeline()
+        self._events = EventQueue()
+        self._changes = 0
+        self._queue_epoch = 0
+        self._last_pass: tuple[int, int, float] | None = None
+        self._reservation: Reservation | None = None
+        self._free_at_pass: dict[str, int] = {}
+        self._problems: list[str] = []
+        self._rejections: list[tuple[float, str, str]] = []
+        self._dirty: set[str] = set()
+        self._meta_dirty = True
+        self._saved_clock = self._clock.now()
+        self._hook_depth = 0
+        self._started = False
+        self._closed = False
+
+        if snapshot is not None:
+            self._restore(snapshot.jobs)
+        self._flush()
+        if autostart:
+            self.start()
+
+    # =================================================================================
+    # the Controller protocol (what the plugin sees)
+    # =================================================================================
+
+    @property
+    def plugin_manager(self) -> pluggy.PluginManager:
+        return self._pm
+
+    @property
+    def config(self) -> Mapping[str, Any]:
+        """The ``[resize]`` section (read-only)."""
+        return self._config
+
+    @property
+    def state_dir(self) -> Path:
+        return self._state_dir
+
+    def now(self) -> float:
+        return self._clock.now()
+
+    def get_job(self, job_id: str) -> JobInfo | None:
+        job = self._jobs.get(job_id)
+        return None if job is None else job.info()
+
+    def slot_headroom(self, user: str) -> int | None:
+        return self._cluster.headroom(user)
+
+    def reserve_slots(self, job_id: str, tasks: Sequence[Task]) -> None:
+        job = self._job(job_id)
+        if job.state is not JobState.RUN:
+            raise ContractViolation(f"reserve_slots: job {job_id} is {job.state.value}, not RUN")
+        if self._cluster.reserve(job_id, list(tasks)):
+            self._changed(job_id)
+        self._flush()
+
+    def free_slots(self, job_id: str, task_ids: Sequence[int]) -> None:
+        self._job(job_id)
+        if self._cluster.free(job_id, list(task_ids)):
+            self._changed(job_id)
+        self._flush()
+
+    def launch_tasks(self, job_id: str, tasks: Sequence[Task], env: Mapping[str, str]) -> None:
+        job = self._job(job_id)
+        held = self._cluster.held(job_id)
+        for task in tasks:
+            rec = job.task_states.get(task.id)
+            if rec is not None:
+                if rec.host != task.host:
+                    raise ContractViolation(
+                        f"launch_tasks: job {job_id} task {task.id} is on {rec.host}, "
+                        f"not {task.host}"
+                    )
+                self._rereport(job_id, task.id, rec)
+                continue
+            if job.state is not JobState.RUN:
+                job.task_states[task.id] = TaskRecord(
+                    task.host, TaskState.FAILED, self.now(), reason="job not running"
+                )
+                self._changed(job_id)
+                self._events.put(
+                    TaskEvent(job_id, task.id, "start_failed", None, "job not running")
+                )
+                continue
+            if held.get(task.id) != task.host:
+                raise ContractViolation(
+                    f"launch_tasks: job {job_id} task {task.id} on {task.host} is not reserved"
+                )
+            job.task_states[task.id] = TaskRecord(task.host, TaskState.STARTING, self.now())
+            self._changed(job_id)
+            self._runner.start(job_id, task, dict(env))
+        self._flush()
+
+    def stop_tasks(self, job_id: str, task_ids: Sequence[int], grace: float) -> None:
+        job = self._job(job_id)
+        for tid in task_ids:
+            rec = job.task_states.get(tid)
+            if rec is None:
+                self._events.put(TaskEvent(job_id, tid, "exited", None, "no such task"))
+            elif rec.state in (TaskState.STARTING, TaskState.RUNNING):
+                rec.state = TaskState.STOPPING
+                rec.stop_since = self.now()
+                rec.grace = grace
+                self._changed(job_id)
+                self._runner.stop(job_id, tid, grace, rec.stop_since)
+            elif rec.state is TaskState.STOPPING:
+                continue  # its exit will be reported
+            else:
+                self._events.put(TaskEvent(job_id, tid, "exited", rec.status, rec.reason))
+        self._flush()
+
+    def run_notification(
+        self,
+        job_id: str,
+        attempt: int,
+        host: str,
+        command: str,
+        env: Mapping[str, str],
+        timeout: float,
+    ) -> None:
+        job = self._job(job_id)
+        self._changed(job_id)  # notification started
+        request = NotificationRequest(
+            job_id, attempt, host, command, dict(env), timeout, self._work_dir / job_id
+        )
+        done = partial(self._notification_done, request, self.now())
+        if job.finished:
+            done(NotificationResult(None, "job finished"))
+        else:
+            self._notifier.run(request, done)
+        self._flush()
+
+    def commit_allocation(self, job_id: str, tasks: Sequence[Task], version: int) -> None:
+        job = self._job(job_id)
+        new = tuple(tasks)
+        if job.state is not JobState.RUN:
+            # A commit re-issued after the job ended changes nothing any more.
+            log.info("commit_allocation v%s for %s job %s ignored", version, job.state, job_id)
+            return
+        if version <= job.version:
+            if version == job.version and new != job.tasks:
+                raise ContractViolation(
+                    f"commit_allocation: job {job_id} version {version} committed "
+                    "twice with different tasks"
+                )
+            return  # a re-issue after a failover
+        if not new:
+            raise ContractViolation(f"commit_allocation: job {job_id}: empty allocation")
+        held = self._cluster.held(job_id)
+        for task in new:
+            if held.get(task.id) != task.host:
+                raise ContractViolation(
+                    f"commit_allocation: job {job_id} task {task.id} on {task.host} is not reserved"
+                )
+        job.tasks = new
+        job.version = version
+        job.versions.append(VersionRecord(version, self.now(), new))
+        self._changed(job_id)
+        self._flush()
+
+    # =================================================================================
+    # TaskReporter (what the task runner calls back on)
+    # =================================================================================
+
+    def at(self, time: float, fn: Callable[[], None]) -> None:
+        """Run ``fn`` at simulated ``time`` (not before now) from the event loop.
+
+        Callbacks are inputs of the driver and are not saved: after a restart they
+        must be registered again.
+        """
+        if time < self.now():
+            raise ValueError(f"at({time}): the clock is already at {self.now()}")
+        self._timeline.at(time, fn)
+
+    def task_started(self, job_id: str, task_id: int) -> None:
+        rec = self._live_task(job_id, task_id)
+        if rec is None or rec.state is not TaskState.STARTING:
+            return
+        rec.state = TaskState.RUNNING
+        rec.since = self.now()
+        self._changed(job_id)
+        self._events.put(TaskEvent(job_id, task_id, "started"))
+
+    def task_start_failed(self, job_id: str, task_id: int, reason: str) -> None:
+        rec = self._live_task(job_id, task_id)
+        if rec is None or rec.state is not TaskState.STARTING:
+            return
+        rec.state = TaskState.FAILED
+        rec.since = self.now()
+        rec.reason = reason
+        self._changed(job_id)
+        self._events.put(TaskEvent(job_id, task_id, "start_failed", None, reason))
+
+    def task_exited(self, job_id: str, task_id: int, status: int | None, reason: str) -> None:
+        rec = self._live_task(job_id, task_id)
+        if rec is None:
+            return
+        rec.state = TaskState.EXITED
+        rec.since = self.now()
+        rec.status = status
+        rec.reason = reason
+        rec.stop_since = rec.grace = None
+        self._changed(job_id)
+        self._events.put(TaskEvent(job_id, task_id, "exited", status, reason))
+
+    def _live_task(self, job_id: str, task_id: int) -> TaskRecord | None:
+        """The task's record if its process may still be alive (reports about tasks the
+        job's end already took down are stale and dropped)."""
+        job = self._jobs.get(job_id)
+        if job is None or job.finished:
+            return None
+        rec = job.task_states.get(task_id)
+        return rec if rec is not None and rec.state in _LIVE else None
+
+    def _rereport(self, job_id: str, task_id: int, rec: TaskRecord) -> None:
+        """Tell the plugin again what became of a task it launches a second time."""
+        if rec.state in (TaskState.RUNNING, TaskState.STOPPING):
+            self._events.put(TaskEvent(job_id, task_id, "started"))
+        elif rec.state is TaskState.EXITED:
+            self._events.put(TaskEvent(job_id, task_id, "exited", rec.status, rec.reason))
+        elif rec.state is TaskState.FAILED:
+            self._events.put(TaskEvent(job_id, task_id, "start_failed", None, rec.reason))
+        # STARTING: the runner's report is still to come.
+
+    def _notification_done(
+        self, request: NotificationRequest, started: float, result: NotificationResult
+    ) -> None:
+        job = self._jobs[request.job_id]
+        job.notifications.append(
+            NotificationLog(
+                request.job_id,
+                request.attempt,
+                request.host,
+                request.command,
+                started,
+                result.status,
+                result.reason,
+                result.stdout,
+                result.stderr,
+                result.elapsed,
+            )
+        )
+        self._changed(request.job_id)
+        self._events.put(NotifyDone(request.job_id, request.attempt, result.status, result.reason))
+
+    # =================================================================================
+    # lifecycle
+    # =================================================================================
+
+    def start(self) -> None:
+        """Call ``xce_controller_start``, then report job ends a crash left unreported."""
+        if self._started:
+            return
+        self._top_level("start")
+        self._started = True
+        self._hook("xce_controller_start", controller=self)
+        for job in self._ordered_jobs():
+            if job.finished and not job.end_reported:
+                self._report_end(job)
+        self._flush()
+
+    def stop(self) -> None:
+        """A clean stop: ``xce_controller_stop``, then close the store."""
+        self._top_level("stop")
+        if self._started:
+            self._hook("xce_controller_stop", controller=self)
+            self._started = False
+        self.close()
+
+    def close(self) -> None:
+        """Release the store without calling any hook (what a crash leaves behind)."""
+        if not self._closed:
+            self._flush()
+            self._closed = True
+            self._store.close()
+
+    # =================================================================================
+    # driver inputs
+    # =================================================================================
+
+    def submit(
+        self,
+        user: str,
+        n: TasksSpec | None = None,
+        *,
+        runtime: float | None = None,
+        estimate: float | None = None,
+        ptile: int | None = None,
+        resizable: bool = False,
+        grow_hosts: GrowHosts | str = GrowHosts.PREFER_EXISTING,
+        notify_cmd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        alloc: Mapping[str, int] | Sequence[tuple[str, int]] | None = None,
+        job_id: str | None = None,
+        submit_time: float | None = None,
+    ) -> str:
+        """Submit a job; return its id.
+
+        :param n: ``-n``: ``4``, ``"2,8"`` or ``(2, 8)``; default 1 (or the size of
+            ``alloc``).
+        :param runtime: simulated seconds from start to DONE (``None``: until killed).
+        :param estimate: the user's runtime estimate, used by backfilling instead of
+            ``runtime`` when given.
+        :param alloc: start at arrival on exactly these hosts (``{host: tasks}`` in
+            allocation order), bypassing the queue; rejected if it does not fit.
+        :param job_id: the id (default: the next free number from 101).
+        :param submit_time: arrival time (default now). A later time schedules the
+            arrival: validation happens then, and a rejection is recorded in
+            :attr:`rejections` instead of raised.
+
+        Raises :class:`SubmissionRejected` (the host's checks) or whatever
+        ``xce_job_validate`` raised; nothing changes then.
+        """
+        self._top_level("submit")
+        now = self.now()
+        arrival = now if submit_time is None else float(submit_time)
+        if arrival < now:
+            raise SubmissionRejected(f"submit time {arrival} is before now ({now})")
+        pairs = None
+        if alloc is not None:
+            pairs = tuple(
+                (str(h), int(c))
+                for h, c in (alloc.items() if isinstance(alloc, Mapping) else alloc)
+            )
+        if n is None:
+            n = sum(c for _, c in pairs) if pairs else 1
+        min_tasks, max_tasks = parse_tasks(n)
+        if job_id is None:
+            job_id = self._allocate_id()
+        elif job_id in self._jobs or job_id in self._future:
+            raise SubmissionRejected(f"job id {job_id} is already in use")
+        record = JobRecord(
+            id=str(job_id),
+            user=user,
+            min_tasks=min_tasks,
+            max_tasks=max_tasks,
+            submit_time=arrival,
+            runtime=runtime,
+            estimate=estimate,
+            ptile=ptile,
+            resizable=resizable,
+            grow_hosts=GrowHosts(grow_hosts),
+            notify_cmd=notify_cmd,
+            env=dict(env or {}),
+            alloc=pairs,
+        )
+        if arrival > now:
+            self._future[record.id] = record
+            self._timeline.at(arrival, partial(self._arrive, record.id))
+        else:
+            self._accept(record)
+        return record.id
+
+    def kill(self, job_id: str, reason: str = "killed") -> bool:
+        """End a job as EXIT (``bkill``); ``False`` if it had already finished.
+
+        A job whose arrival is still scheduled is simply not submitted.
+        """
+        self._top_level("kill")
+        if self._future.pop(job_id, None) is not None:
+            return True
+        job = self._job(job_id)
+        if job.finished:
+            return False
+        self._end_job(job, JobState.EXIT, reason)
+        return True
+
+    def inject_task_exit(
+        self, job_id: str, task_id: int, status: int | None = 1, reason: str = "task failed"
+    ) -> None:
+        """Fault injection: a task's process dies on its own (reported as ``exited``;
+        its slot stays charged, as on a real host, until someone frees it)."""
+        self._top_level("inject_task_exit")
+        job = self._job(job_id)
+        rec = job.task_states.get(task_id)
+        if rec is None or rec.state not in _LIVE:
+            raise ValueError(f"job {job_id} task {task_id} is not running")
+        self.task_exited(job_id, task_id, status, reason)
+        self._flush()
+
+    @property
+    def faults(self) -> TaskFaults:
+        """The simulated task runner's fault injection (start failures, stop delays)."""
+        if not isinstance(self._runner, SimTaskRunner):
+            raise TypeError("fault injection needs the simulated task runner")
+        return self._runner.faults
+
+    # -- the resize command paths (what REST / bresize reach in XCE) ------------------
+
+    def request_resize(
+        self, principal: Principal, job_id: str, request: ResizeRequest
+    ) -> ResizeStatus | None:
+        """Forward a grow, release or cancel to ``xce_resize_request``."""
+        self._top_level("request_resize")
+        result = self._hook(
+            "xce_resize_request",
+            controller=self,
+            principal=principal,
+            job_id=job_id,
+            request=request,
+        )
+        return cast("ResizeStatus | None", result)
+
+    def resize_status(self, job_id: str) -> ResizeStatus | None:
+        """``xce_resize_status`` for a job."""
+        self._top_level("resize_status")
+        return cast(
+            "ResizeStatus | None", self._hook("xce_resize_status", controller=self, job_id=job_id)
+        )
+
+    def acct_usage(self, job_id: str) -> Any:
+        """``xce_acct_usage`` for a job up to now (the plugin's ``Usage``)."""
+        self._top_level("acct_usage")
+        return self._hook("xce_acct_usage", controller=self, job_id=job_id, now=self.now())
+
+    # =================================================================================
+    # time
+    # =================================================================================
+
+    def settle(self) -> None:
+        """Cycle until nothing changes at this instant.
+
+        One cycle: the host's FCFS + EASY pass, ``xce_sched_cycle``,
+        ``xce_dispatch_cycle``, then delivery of the queued plugin events. A cycle that
+        changed nothing ends the instant; :attr:`settle_cap` cycles raise
+        :class:`SettleLoopError` (a plugin that keeps changing something).
+        """
+        self._top_level("settle")
+        for _ in range(self.settle_cap):
+            before = self._changes
+            self._host_pass()
+            self._hook(
+                "xce_sched_cycle",
+                controller=self,
+                cluster=SimClusterView(
+                    self._cluster,
+                    self._reservation if self.protect_reservation else None,
+                    self._free_at_pass,
+                ),
+            )
+            self._hook("xce_dispatch_cycle", controller=self)
+            self._deliver()
+            if self._changes == before:
+                return
+        raise SettleLoopError(
+            f"t={self.now()}: still changing after {self.settle_cap} cycles "
+            f"({len(self._events)} events queued)"
+        )
+
+    def run(self, until: float | None = None) -> None:
+        """The discrete event loop: settle now, then jump from instant to instant
+        (arrivals, job ends, task exits, :meth:`at` callbacks), settling after each,
+        up to ``until`` inclusive (the clock ends at ``until``) or until nothing is
+        scheduled any more (``until=None``)."""
+        self._top_level("run")
+        if until is not None and until < self.now():
+            raise ValueError(f"run(until={until}): the clock is already at {self.now()}")
+        self.settle()
+        while True:
+            t = self._timeline.next_time()
+            if t is None or (until is not None and t > until):
+                break
+            self._advance_clock(t)
+            for fn in self._timeline.pop_at(t):
+                fn()
+            self._flush()
+            self.settle()
+        if until is not None and until > self.now():
+            self._advance_clock(until)
+            self.settle()
+
+    def advance(self, seconds: float) -> None:
+        """:meth:`run` for ``seconds`` of simulated time."""
+        self.run(until=self.now() + seconds)
+
+    def _advance_clock(self, t: float) -> None:
+        self._clock.advance_to(t)
+        self._meta_dirty = True
+        self._flush()
+
+    # =================================================================================
+    # views
+    # =================================================================================
+
+    def jobs(self) -> list[JobView]:
+        """Every known job, in queue order (submit time, then job id)."""
+        return [job.view(self._cluster.held(job.id)) for job in self._ordered_jobs()]
+
+    def job(self, job_id: str) -> JobView:
+        job = self._job(job_id)
+        return job.view(self._cluster.held(job_id))
+
+    def hosts_view(self) -> dict[str, dict[str, int]]:
+        """``{host: {"slots": n, "used": m}}`` in host order."""
+        return {
+            host: {"slots": slots, "used": self._cluster.used(host)}
+            for host, slots in self._cluster.hosts.items()
+        }
+
+    def users_view(self) -> dict[str, dict[str, int]]:
+        """``{user: {"slots_in_use": n}}`` for users holding slots or with a limit."""
+        in_use = self._cluster.users_in_use()
+        users = sorted(set(in_use) | set(self._cluster.user_limits))
+        return {u: {"slots_in_use": in_use.get(u, 0)} for u in users}
+
+    def notifications(self, job_id: str | None = None) -> list[NotificationLog]:
+        """Notification runs with their output: one job's, or all in job order."""
+        if job_id is not None:
+            return list(self._job(job_id).notifications)
+        return [n for job in self._ordered_jobs() for n in job.notifications]
+
+    @property
+    def rejections(self) -> list[tuple[float, str, str]]:
+        """``(time, job_id, reason)`` of scheduled arrivals that were rejected."""
+        return list(self._rejections)
+
+    @property
+    def reservation(self) -> Reservation | None:
+        """The blocked queue head's reservation as of the last scheduler pass."""
+        return self._reservation
+
+    @property
+    def changes(self) -> int:
+        """The change counter (bumped by every state-changing call)."""
+        return self._changes
+
+    @property
+    def queued_events(self) -> int:
+        """Plugin events waiting for delivery."""
+        return len(self._events)
+
+    @property
+    def next_time(self) -> float | None:
+        """The next scheduled instant (``None``: nothing scheduled)."""
+        return self._timeline.next_time()
+
+    def check_invariants(self) -> list[str]:
+        """Problems found now, plus those recorded earlier (empty list: all good).
+
+        Checked: no host over its slots and the ledger's counters consistent (per host
+        and per user); pending and finished jobs hold no slot; a running job's
+        committed allocation is held, starts with task 0, stays within
+        ``min_tasks..max_tasks`` and respects ``ptile`` (held slots per host); every
+        live task process runs on a slot its job holds; finished jobs have no live
+        task.
+        """
+        problems = list(self._problems)
+        problems.extend(self._cluster.check())
+        for job in self._ordered_jobs():
+            held = self._cluster.held(job.id)
+            if job.state is not JobState.RUN:
+                if held:
+                    problems.append(
+                        f"job {job.id} is {job.state.value} but holds {len(held)} slot(s)"
+                    )
+                live = [tid for tid, r in job.task_states.items() if r.state in _LIVE]
+                if live:
+                    problems.append(f"job {job.id} is {job.state.value} with live tasks {live}")
+                continue
+            if not job.tasks or job.tasks[0].id != 0:
+                problems.append(f"job {job.id}: allocation does not start with task 0")
+            if not job.min_tasks <= len(job.tasks) <= job.max_tasks:
+                problems.append(
+                    f"job {job.id}: {len(job.tasks)} tasks outside {job.min_tasks}..{job.max_tasks}"
+                )
+            for task in job.tasks:
+                if held.get(task.id) != task.host:
+                    problems.append(f"job {job.id}: committed task {task.id} is not held")
+            if job.ptile is not None:
+                for host, n in self._cluster.job_host_counts(job.id).items():
+                    if n > job.ptile:
+                        problems.append(f"job {job.id}: {n} slots on {host} > ptile {job.ptile}")
+            for tid, rec in job.task_states.items():
+                if rec.state in _LIVE and held.get(tid) != rec.host:
+                    problems.append(
+                        f"job {job.id}: task {tid} is {rec.state.value} without a held slot"
+                    )
+        return problems
+
+    # =================================================================================
+    # internals: jobs
+    # =================================================================================
+
+    def _job(self, job_id: str) -> JobRecord:
+        job = self._jobs.get(job_id)
+        if job is None:
+            raise UnknownJob(f"no job {job_id}")
+        return job
+
+    def _ordered_jobs(self) -> list[JobRecord]:
+        return sorted(self._jobs.values(), key=lambda j: (j.submit_time, job_id_key(j.id)))
+
+    def _allocate_id(self) -> str:
+        while str(self._next_id) in self._jobs or str(self._next_id) in self._future:
+            self._next_id += 1
+        job_id = str(self._next_id)
+        self._next_id += 1
+        self._meta_dirty = True
+        return job_id
+
+    def _arrive(self, job_id: str) -> None:
+        record = self._future.pop(job_id, None)
+        if record is None:
+            return  # killed before it arrived
+        try:
+            self._accept(record)
+        except Exception as exc:  # any validation error rejects, as for submit()
+            self._rejections.append((self.now(), job_id, f"{type(exc).__name__}: {exc}"))
+            log.info("job %s rejected at arrival: %s", job_id, exc)
+
+    def _accept(self, record: JobRecord) -> None:
+        """Validate and admit an arriving job (queue it, or start it on its ``alloc``)."""
+        self._hook("xce_job_validate", controller=self, job=record.info())
+        placement = self._host_checks(record)
+        self._jobs[record.id] = record
+        self._cluster.register_job(record.id, record.user)
+        self._changed(record.id)
+        if placement is not None:
+            self._start_job(record, placement)
+        else:
+            bisect.insort(self._queue, (self._queue_key(record), record.id))
+            self._queue_epoch += 1
+        self._flush()
+
+    def _host_checks(self, job: JobRecord) -> tuple[tuple[str, int], ...] | None:
+        """The host's own submission checks; return the explicit placement if any."""
+        if not job.user:
+            raise SubmissionRejected("a job needs a user")
+        if job.min_tasks < 1 or job.min_tasks > job.max_tasks:
+            raise SubmissionRejected(f"bad task range {job.min_tasks},{job.max_tasks}")
+        if job.ptile is not None and job.ptile < 1:
+            raise SubmissionRejected(f"bad ptile {job.ptile}")
+        for name, value in (("runtime", job.runtime), ("estimate", job.estimate)):
+            if value is not None and not (value >= 0 and math.isfinite(value)):
+                raise SubmissionRejected(f"bad {name} {value}")
+        limit = self._cluster.user_limits.get(job.user)
+        if not can_ever_fit(self._cluster.hosts, job.min_tasks, job.ptile, limit):
+            raise SubmissionRejected(
+                f"job {job.id} can never start: {job.min_tasks} task(s)"
+                + (f" with ptile {job.ptile}" if job.ptile else "")
+                + f" on {self._cluster.capacity} slot(s)"
+                + (f" under user {job.user}'s limit of {limit}" if limit is not None else "")
+            )
+        if job.alloc is None:
+            return None
+        free = self._cluster.free_slots()
+        total = 0
+        for host, count in job.alloc:
+            if not self._cluster.has_host(host):
+                raise SubmissionRejected(f"alloc: unknown host {host!r}")
+            if count < 1:
+                raise SubmissionRejected(f"alloc: bad task count {count} on {host}")
+            if job.ptile is not None and count > job.ptile:
+                raise SubmissionRejected(f"alloc: {count} tasks on {host} exceed ptile {job.ptile}")
+            if count > free[host]:
+                raise SubmissionRejected(
+                    f"alloc does not fit: {count} tasks on {host}, {free[host]} free"
+                )
+            total += count
+        if len({h for h, _ in job.alloc}) != len(job.alloc):
+            raise SubmissionRejected("alloc: a host is listed twice")
+        if not job.min_tasks <= total <= job.max_tasks:
+            raise SubmissionRejected(
+                f"alloc has {total} tasks, outside {job.min_tasks}..{job.max_tasks}"
+            )
+        headroom = self._cluster.headroom(job.user)
+        if headroom is not None and total > headroom:
+            raise SubmissionRejected(
+                f"alloc does not fit: user {job.user} may take {headroom} more slot(s)"
+            )
+        return job.alloc
+
+    @staticmethod
+    def _queue_key(job: JobRecord) -> tuple[float, tuple[int, int, str]]:
+        return (job.submit_time, job_id_key(job.id))
+
+    def _dequeue(self, job: JobRecord) -> None:
+        entry = (self._queue_key(job), job.id)
+        i = bisect.bisect_left(self._queue, entry)
+        if i < len(self._queue) and self._queue[i] == entry:
+            del self._queue[i]
+            self._queue_epoch += 1
+
+    def _start_job(self, job: JobRecord, placement: Iterable[tuple[str, int]]) -> None:
+        """Start ``job``: tasks 0..n-1 in allocation order, charged and running now."""
+        now = self.now()
+        tasks = tuple(
+            Task(tid, host)
+            for tid, host in enumerate(h for h, count in placement for _ in range(count))
+        )
+        self._cluster.reserve(job.id, tasks)
+        self._dequeue(job)
+        job.state = JobState.RUN
+        job.start_time = now
+        job.tasks = tasks
+        job.version = 0
+        job.versions = [VersionRecord(0, now, tasks)]
+        job.task_states = {t.id: TaskRecord(t.host, TaskState.RUNNING, now) for t in tasks}
+        self._running[job.id] = job
+        self._schedule_end(job)
+        self._changed(job.id)
+
+    def _schedule_end(self, job: JobRecord) -> None:
+        end = job.planned_end()
+        if end is not None:
+            self._timeline.at(max(end, self.now()), partial(self._end_due, job.id))
+
+    def _end_due(self, job_id: str) -> None:
+        job = self._jobs.get(job_id)
+        if job is not None and job.state is JobState.RUN:
+            self._end_job(job, JobState.DONE, "done")
+
+    def _end_job(self, job: JobRecord, state: JobState, reason: str) -> None:
+        """Free the committed allocation, stop the tasks, set the state, then tell the
+        plugin (``xce_job_end``) and check that the job holds nothing any more."""
+        now = self.now()
+        was_pending = job.state is JobState.PEND
+        job.state = state
+        job.end_time = now
+        job.exit_reason = reason
+        for rec in job.task_states.values():
+            if rec.state in _LIVE:
+                rec.state = TaskState.EXITED
+                rec.since = now
+                rec.reason = "job ended"
+                rec.stop_since = rec.grace = None
+        if was_pending:
+            self._dequeue(job)
+        self._cluster.free(job.id, [t.id for t in job.tasks])
+        self._running.pop(job.id, None)
+        self._changed(job.id)
+        self._flush()
+        self._report_end(job)
+
+    def _report_end(self, job: JobRecord) -> None:
+        self._hook("xce_job_end", controller=self, job_id=job.id)
+        leftover = self._cluster.held(job.id)
+        job.end_reported = True
+        self._changed(job.id)
+        if leftover:
+            problem = (
+                f"job {job.id} still held {len(leftover)} slot(s) after xce_job_end: "
+                + ", ".join(f"{tid}@{host}" for tid, host in leftover.items())
+            )
+            self._problems.append(problem)
+            # Reclaim them so the simulation goes on with a correct ledger; the leak is
+            # on record for check_invariants().
+            self._cluster.free_job(job.id)
+            self._flush()
+            if self.strict:
+                raise InvariantViolation(problem)
+            log.warning("%s", problem)
+        self._flush()
+
+    # =================================================================================
+    # internals: scheduling and delivery
+    # =================================================================================
+
+    def _host_pass(self) -> None:
+        """The host's FCFS + EASY pass, skipped when neither the queue nor the free
+        slots nor the clock changed since the last one (it would decide the same)."""
+        if not self._queue:
+            self._reservation = None
+            return
+        sig = (self._cluster.free_epoch, self._queue_epoch, self.now())
+        if sig == self._last_pass:
+            return
+        now = self.now()
+        pending = [self._pending_view(self._jobs[job_id]) for _, job_id in self._queue]
+        running = (
+            RunningJob(j.id, j.expected_end(), self._cluster.job_host_counts(j.id))
+            for j in self._running.values()
+        )
+        free = self._cluster.free_slots()
+        result = easy_pass(now, pending, running, free, self._cluster.headroom)
+        for start in result.starts:
+            self._start_job(self._jobs[start.job_id], start.placement)
+        self._reservation = result.reservation
+        self._free_at_pass = self._cluster.free_slots()
+        self._last_pass = (self._cluster.free_epoch, self._queue_epoch, now)
+        self._flush()
+
+    @staticmethod
+    def _pending_view(job: JobRecord) -> PendingJob:
+        return PendingJob(job.id, job.user, job.min_tasks, job.max_tasks, job.ptile, job.duration)
+
+    def _deliver(self) -> None:
+        for event in self._events.drain():
+            self._changes += 1
+            if isinstance(event, TaskEvent):
+                self._hook("xce_task_event", controller=self, event=event)
+            else:
+                self._hook(
+                    "xce_notify_done",
+                    controller=self,
+                    job_id=event.job_id,
+                    attempt=event.attempt,
+                    status=event.status,
+                    reason=event.reason,
+                )
+
+    def _hook(self, name: str, **kwargs: Any) -> Any:
+        """Call a host hook: state saved first (a plugin crash loses nothing), and the
+        depth tracked so the plugin cannot re-enter the driver API from inside."""
+        self._flush()
+        self._hook_depth += 1
+        try:
+            return getattr(self._pm.hook, name)(**kwargs)
+        finally:
+            self._hook_depth -= 1
+            self._flush()
+
+    def _top_level(self, what: str) -> None:
+        if self._hook_depth:
+            raise ContractViolation(f"{what}() called from inside a hook")
+        if self._closed:
+            raise EmbeddedError(f"{what}(): the controller is closed")
+
+    # =================================================================================
+    # internals: persistence
+    # =================================================================================
+
+    def _changed(self, job_id: str) -> None:
+        self._changes += 1
+        self._dirty.add(job_id)
+
+    def _meta(self) -> dict[str, Any]:
+        return {
+            "clock": self.now(),
+            "next_job_id": self._next_id,
+            "hosts": [[h, n] for h, n in self._cluster.hosts.items()],
+            "user_slots": self._cluster.user_limits,
+            "config": dict(self._config),
+        }
+
+    def _flush(self) -> None:
+        if self._closed:
+            return
+        if self.now() != self._saved_clock:
+            self._meta_dirty = True
+        if not self._dirty and not self._meta_dirty:
+            return
+        jobs = [
+            (self._jobs[j], self._cluster.held(j)) for j in sorted(self._dirty) if j in self._jobs
+        ]
+        self._store.write(self._meta() if self._meta_dirty else None, jobs)
+        self._dirty.clear()
+        self._meta_dirty = False
+        self._saved_clock = self.now()
+
+    def _restore(self, saved: Iterable[tuple[JobRecord, dict[int, str]]]) -> None:
+        """Rebuild the ledger, queue, running set and timeline from saved records."""
+        records = sorted(saved, key=lambda item: (item[0].submit_time, job_id_key(item[0].id)))
+        for job, held in records:
+            self._jobs[job.id] = job
+            self._cluster.restore(job.id, job.user, held)
+            if job.state is JobState.PEND:
+                bisect.insort(self._queue, (self._queue_key(job), job.id))
+            elif job.state is JobState.RUN:
+                self._running[job.id] = job
+                self._schedule_end(job)
+        # Task processes do not wait for the controller: re-arm the exits of tasks that
+        # were being stopped, and report launches the crash interrupted as failed.
+        for job, _ in records:
+            if job.finished:
+                continue
+            for tid, rec in job.task_states.items():
+                if rec.state is TaskState.STOPPING and rec.stop_since is not None:
+                    self._runner.stop(job.id, tid, rec.grace or 0.0, rec.stop_since)
+                elif rec.state is TaskState.STARTING:
+                    self.task_start_failed(job.id, tid, "controller restarted during launch")
