@@ -22,6 +22,7 @@ from .journal import Entry, Journal
 from .models import (
     Fact,
     JobInfo,
+    JobState,
     Phase,
     ResizeRequest,
     ResizeState,
@@ -76,6 +77,13 @@ class Runtime:
             self.states[job_id] = converters.decode_state(data)
         now = self.controller.now()
         for state in list(self.states.values()):
+            job = self.controller.get_job(state.job_id)
+            if job is None or job.state in (JobState.DONE, JobState.EXIT):
+                # The job ended while no controller ran the plugin (or its end was never
+                # reported): end the resize state now rather than re-reserve slots for a
+                # job that holds none. A later xce_job_end is then a no-op.
+                self._transition(state.job_id, engine.decide_job_end(state, now))
+                continue
             self._execute(engine.resume_effects(state))
             self._transition(state.job_id, engine.decide_recover(state, now))
 

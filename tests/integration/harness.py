@@ -1,0 +1,72 @@
+"""A small harness: the embedded controller in simulated time with the real plugin."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from xce_resize_plugin.embedded import EmbeddedController
+from xce_resize_plugin.host import Principal
+from xce_resize_plugin.journal import Journal
+from xce_resize_plugin.manager import get_plugin_manager
+from xce_resize_plugin.models import ResizeRequest
+from xce_resize_plugin.status import ResizeStatus
+
+HOSTS = [("hA", 4), ("hB", 4), ("hC", 4), ("hD", 4)]
+
+
+class Harness:
+    def __init__(
+        self,
+        state_dir: Path,
+        hosts: Sequence[tuple[str, int]] = HOSTS,
+        config: Mapping[str, Any] | None = None,
+        user_slots: Mapping[str, int] | None = None,
+        **kw: Any,
+    ) -> None:
+        self.state_dir = state_dir
+        self.config = dict(config or {})
+        self.hosts = list(hosts)
+        self.user_slots = dict(user_slots or {})
+        self.kw = kw
+        self.ctl = self._make()
+
+    def _make(self) -> EmbeddedController:
+        pm = get_plugin_manager(self.config, entry_points=False)
+        return EmbeddedController(
+            pm,
+            self.state_dir,
+            hosts=self.hosts,
+            config=self.config,
+            user_slots=self.user_slots,
+            durable=False,
+            **self.kw,
+        )
+
+    def crash_and_restart(self) -> EmbeddedController:
+        """Drop the controller without any stop hook, then start a new one on its state."""
+        self.ctl.close()
+        self.ctl = self._make()
+        return self.ctl
+
+    def request(
+        self, user: str, job_id: str, req: ResizeRequest, admin: bool = False
+    ) -> ResizeStatus:
+        status = self.ctl.request_resize(Principal(user, admin=admin), job_id, req)
+        assert status is not None
+        self.ctl.settle()
+        return status
+
+    def journal_seq(self) -> int:
+        with Journal.open(self.state_dir / "resize", readonly=True) as journal:
+            return journal.last_seq
+
+    def snapshot(self) -> tuple[Any, ...]:
+        """What must not change when a request is rejected."""
+        return (
+            self.journal_seq(),
+            self.ctl.hosts_view(),
+            self.ctl.users_view(),
+            [(j.id, j.tasks, j.held, j.version) for j in self.ctl.jobs()],
+        )

@@ -1,0 +1,255 @@
+"""One test per hook (docs test: every hook has a test), through the embedded controller
+with the real plugin and a real LMDB journal."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from xce_resize_plugin import errors, plugin
+from xce_resize_plugin.embedded import EmbeddedController, SubmissionRejected
+from xce_resize_plugin.host import Principal
+from xce_resize_plugin.journal import Journal
+from xce_resize_plugin.manager import get_plugin_manager
+from xce_resize_plugin.models import (
+    CancelRequest,
+    GrowRequest,
+    JobState,
+    Phase,
+    ReleaseRequest,
+)
+
+from .harness import Harness
+
+HOOKS = Path(__file__).resolve().parents[2] / "hooks"
+
+
+def started(tmp_path: Path, **kw: object) -> Harness:
+    h = Harness(tmp_path, **kw)  # type: ignore[arg-type]
+    h.ctl.submit("alice", "1,8", runtime=1000, resizable=True, alloc={"hA": 2}, job_id="1")
+    h.ctl.settle()
+    return h
+
+
+# --- lifecycle ---------------------------------------------------------------------
+
+
+def test_hook_xce_controller_start(tmp_path: Path) -> None:
+    h = started(tmp_path)
+    h.request("alice", "1", GrowRequest(1, 1))
+    with Journal.open(tmp_path / "resize", readonly=True) as j:
+        first_epoch = j.stats()["epoch"]
+    h.crash_and_restart()
+    with Journal.open(tmp_path / "resize", readonly=True) as j:
+        assert j.stats()["epoch"] == first_epoch + 1
+    assert h.ctl.job("1").state is JobState.RUN
+    assert len(h.ctl.job("1").tasks) == 3  # the grow survived the crash
+
+
+def test_hook_xce_controller_start_refuses_a_corrupt_journal(tmp_path: Path) -> None:
+    h = started(tmp_path)
+    h.request("alice", "1", GrowRequest(1, 1))
+    h.ctl.stop()
+    data = tmp_path / "resize" / "data.mdb"
+    data.write_bytes(b"\0garbage" * 64)
+    with pytest.raises(errors.JournalError, match=str(data)):
+        EmbeddedController(get_plugin_manager({}, entry_points=False), tmp_path, durable=False)
+
+
+def test_hook_xce_controller_stop(tmp_path: Path) -> None:
+    h = started(tmp_path)
+    h.ctl.stop()
+    with pytest.raises(plugin.NotStartedError):
+        plugin.runtime_of(h.ctl)
+
+
+# --- submission, requests -------------------------------------------------------------
+
+
+def test_hook_xce_job_validate(tmp_path: Path) -> None:
+    h = Harness(tmp_path)
+    with pytest.raises(errors.NotifyCmdTooLong):
+        h.ctl.submit("alice", 2, notify_cmd="x" * 4096)
+    with pytest.raises((errors.ResizeError, SubmissionRejected)):
+        h.ctl.submit("alice", 2, ptile=0)
+    assert h.ctl.jobs() == []
+
+
+def test_hook_xce_resize_request(tmp_path: Path) -> None:
+    h = started(tmp_path, hosts=[("hA", 2)])
+    status = h.request("alice", "1", GrowRequest(1, 2))
+    assert status.phase is Phase.GROW_PENDING
+    before = h.snapshot()
+    for req, exc in [
+        (GrowRequest(1, 1), errors.PendingRequest),
+        (CancelRequest(), None),
+    ]:
+        if exc is None:
+            h.request("alice", "1", req)
+        else:
+            with pytest.raises(exc):
+                h.request("alice", "1", req)
+            assert h.snapshot() == before  # a rejection changes nothing
+    with pytest.raises(errors.NoJob):
+        h.request("alice", "99", GrowRequest(1, 1))
+
+
+def test_hook_xce_resize_status(tmp_path: Path) -> None:
+    h = started(tmp_path, hosts=[("hA", 2)])
+    status = h.ctl.resize_status("1")
+    assert status is not None and status.phase is Phase.IDLE and len(status.tasks) == 2
+    h.request("alice", "1", GrowRequest(1, 3))
+    status = h.ctl.resize_status("1")
+    assert status is not None and status.pending is not None and status.pending.max_add == 3
+    assert h.ctl.resize_status("nope") is None
+
+
+# --- scheduler, dispatch, events --------------------------------------------------------
+
+
+def test_hook_xce_sched_cycle(tmp_path: Path) -> None:
+    h = started(tmp_path, hosts=[("hA", 2), ("hB", 4)], user_slots={"alice": 5})
+    h.ctl.submit("bob", 4, runtime=50, alloc={"hB": 4}, job_id="2")
+    h.ctl.settle()
+    h.request("alice", "1", GrowRequest(2, 4))
+    assert h.ctl.job("1").tasks == h.ctl.job("1").held and len(h.ctl.job("1").tasks) == 2
+    h.ctl.run(until=50)
+    # placed when bob's job ended; capped by alice's limit of 5 slots
+    job = h.ctl.job("1")
+    assert [t.host for t in job.tasks] == ["hA", "hA", "hB", "hB", "hB"]
+    assert h.ctl.users_view()["alice"]["slots_in_use"] == 5
+
+
+def test_hook_xce_dispatch_cycle(tmp_path: Path) -> None:
+    h = started(tmp_path)
+    h.ctl.submit("bob", 1, runtime=10, alloc={"hD": 1}, job_id="2")
+    h.request(
+        "alice", "1", GrowRequest(2, 2, notify_cmd="echo $LSB_RESIZE_EVENT $LSB_RESIZE_HOSTS")
+    )
+    notes = h.ctl.notifications("1")
+    assert len(notes) == 1 and notes[0].status == 0
+    assert notes[0].stdout.strip() == "grow hA 2"  # the job's own host first
+    assert len(h.ctl.job("1").tasks) == 4
+
+
+def test_hook_xce_task_event(tmp_path: Path) -> None:
+    h = started(tmp_path)
+    h.ctl.faults.fail_starts.add(("1", 2))
+    h.request("alice", "1", GrowRequest(1, 2, no_notify=True))
+    job = h.ctl.job("1")
+    assert [t.id for t in job.tasks] == [0, 1, 3]  # task 2 failed to start, slot freed
+    assert job.held == job.tasks
+
+
+def test_hook_xce_notify_done(tmp_path: Path) -> None:
+    h = started(tmp_path, config={"notify_max_failures": 2})
+    h.request("alice", "1", GrowRequest(1, 1, notify_cmd="exit 1"))
+    status = h.ctl.resize_status("1")
+    # failed twice in the same instant (the grow is re-placed at once) and given up
+    assert status is not None and status.phase is Phase.IDLE and status.pending is None
+    assert len(h.ctl.notifications("1")) == 2
+    assert h.ctl.job("1").held == h.ctl.job("1").tasks
+
+
+def test_hook_xce_notify_done_timeout(tmp_path: Path) -> None:
+    h = started(tmp_path, config={"notify_timeout": 0.2, "notify_max_failures": 1})
+    h.request("alice", "1", ReleaseRequest(count=1, notify_cmd="sleep 5"))
+    note = h.ctl.notifications("1")[0]
+    assert note.status is None and "timeout" in note.reason
+    assert len(h.ctl.job("1").tasks) == 2  # a failed shrink leaves the allocation
+
+
+def test_hook_xce_job_end(tmp_path: Path) -> None:
+    h = started(tmp_path, hosts=[("hA", 2), ("hB", 2)])
+    h.ctl.faults.stop_delay = 0
+    h.ctl.submit("bob", 2, runtime=100, alloc={"hB": 2}, job_id="2")
+    h.request("alice", "1", GrowRequest(1, 1))
+    h.ctl.kill("1")
+    h.ctl.settle()
+    assert h.ctl.resize_status("1") is not None
+    assert h.ctl.users_view().get("alice", {"slots_in_use": 0})["slots_in_use"] == 0
+    h.ctl.run(until=150)
+    assert h.ctl.hosts_view()["hB"]["used"] == 0  # the cancelled grow never took bob's slots
+    assert h.ctl.check_invariants() == []
+
+
+# --- accounting --------------------------------------------------------------------------
+
+
+def test_hook_xce_acct_usage(tmp_path: Path) -> None:
+    h = started(tmp_path, hosts=[("hA", 2), ("hB", 4)])
+    h.ctl.run(until=100)
+    h.request("alice", "1", GrowRequest(2, 2, no_notify=True))
+    h.ctl.run(until=300)
+    h.request("alice", "1", ReleaseRequest(spec="hB", no_notify=True))
+    h.ctl.run(until=500)
+    usage = h.ctl.acct_usage("1")
+    assert usage.slot_seconds == 2 * 100 + 4 * 200 + 2 * 200
+    assert [r.kind.value for r in usage.records] == ["grow", "shrink"]
+    h.ctl.submit("bob", 1, runtime=10, job_id="2")
+    h.ctl.run(until=600)
+    assert h.ctl.acct_usage("2").slot_seconds == 10  # a job that never resized
+
+
+# --- policy hooks -------------------------------------------------------------------------
+
+
+def test_hook_xce_resize_select_release(tmp_path: Path) -> None:
+    config = {"policy_files": [str(HOOKS / "free_whole_hosts.py")]}
+    h = Harness(tmp_path, config=config)
+    h.ctl.submit("alice", "1,8", runtime=99, resizable=True, alloc={"hA": 2, "hB": 1, "hC": 2})
+    h.ctl.settle()
+    job_id = h.ctl.jobs()[0].id
+    h.request("alice", job_id, ReleaseRequest(count=1, no_notify=True))
+    # the default takes the newest task (4, on hC); the site policy empties hB instead
+    assert [t.id for t in h.ctl.job(job_id).tasks] == [0, 1, 3, 4]
+
+
+def test_hook_xce_resize_order_grow_hosts(tmp_path: Path) -> None:
+    h = started(
+        tmp_path,
+        hosts=[("hA", 2), ("hB", 4), ("hC", 1)],
+        config={"policy_files": [str(HOOKS / "pack_grow_hosts.py")]},
+    )
+    h.request("alice", "1", GrowRequest(1, 1, no_notify=True))
+    assert h.ctl.job("1").tasks[-1].host == "hC"  # best fit, not the emptiest hB
+
+
+def test_hook_xce_resize_authorize(tmp_path: Path) -> None:
+    h = started(tmp_path)
+    before = h.snapshot()
+    with pytest.raises(errors.PermissionDenied):
+        h.request("mallory", "1", GrowRequest(1, 1))
+    assert h.snapshot() == before
+    h.request("root", "1", GrowRequest(1, 1), admin=True)
+    assert h.ctl.job("1").tasks[-1].id == 2
+
+
+def test_hook_xce_resize_validate(tmp_path: Path) -> None:
+    h = started(tmp_path, config={"policy_files": [str(HOOKS / "power_of_two.py")]})
+    before = h.snapshot()
+    with pytest.raises(errors.PolicyRejected, match="powers of two"):
+        h.request("alice", "1", GrowRequest(1, 1))
+    assert h.snapshot() == before
+    h.request("alice", "1", GrowRequest(2, 2, no_notify=True))
+    assert len(h.ctl.job("1").tasks) == 4
+
+
+def test_hook_xce_resize_committed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    log = tmp_path / "log.csv"
+    monkeypatch.setenv("XCE_RESIZE_LOG", str(log))
+    h = started(tmp_path / "state", config={"policy_files": [str(HOOKS / "resize_log.py")]})
+    h.request("alice", "1", GrowRequest(2, 2, no_notify=True))
+    h.request("alice", "1", ReleaseRequest(count=1, no_notify=True))
+    lines = log.read_text().splitlines()
+    assert lines[0].startswith("time,job,user,type") and len(lines) == 3
+    assert lines[1].split(",")[3] == "grow" and lines[2].split(",")[3] == "shrink"
+
+
+def test_principal_of_a_job_token_is_limited_to_its_job(tmp_path: Path) -> None:
+    h = started(tmp_path)
+    h.ctl.submit("alice", 1, runtime=100, resizable=True, alloc={"hC": 1}, job_id="2")
+    with pytest.raises(errors.PermissionDenied):
+        h.ctl.request_resize(Principal("alice", job_id="2"), "1", GrowRequest(1, 1))
+    h.ctl.request_resize(Principal("alice", job_id="1"), "1", GrowRequest(1, 1))
