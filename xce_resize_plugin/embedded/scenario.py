@@ -19,7 +19,7 @@ from attrs import evolve, frozen
 
 from .. import bresize, converters
 from ..bresize_args import Command, to_request
-from ..errors import InvalidRequest, ResizeError
+from ..errors import ConfigError, InvalidRequest, ResizeError
 from ..host import Principal
 from ..journal import Journal
 from ..manager import get_plugin_manager
@@ -103,7 +103,12 @@ def _record_json(rec: Any) -> dict[str, Any]:
 class _Runner:
     def __init__(self, scenario: Scenario, state_dir: Path) -> None:
         self.scenario = scenario
-        pm = get_plugin_manager(scenario.resize, base_dir=scenario.path.parent, entry_points=False)
+        try:
+            pm = get_plugin_manager(
+                scenario.resize, base_dir=scenario.path.parent, entry_points=False
+            )
+        except ConfigError as exc:
+            raise ConfigError(f"{scenario.path}: {exc.detail}") from exc
         self.ctl = EmbeddedController(
             pm,
             state_dir,

@@ -15,6 +15,7 @@ from typing import Any
 
 from attrs import field, frozen
 
+from .. import config
 from ..errors import ConfigError
 from ..models import GrowHosts
 
@@ -114,11 +115,13 @@ def parse(data: Mapping[str, Any], path: Path) -> Scenario:
     if not isinstance(admins, list) or not all(isinstance(a, str) for a in admins):
         raise where.error("users.admins", "must be a list of user names")
     resize = dict(_table(where, data, "resize"))
-    files = resize.get("policy_files")
-    if isinstance(files, list):
-        resize["policy_files"] = [
-            str((path.parent / f).resolve()) if isinstance(f, str) else f for f in files
-        ]
+    config.check(resize, where=f"{path}: [resize]")
+    resize["policy_files"] = [
+        str((path.parent / f).resolve()) for f in resize.get("policy_files", [])
+    ]
+    for file in resize["policy_files"]:
+        if not Path(file).is_file():
+            raise where.error("resize.policy_files", f"{file}: no such file")
     sc = _table(where, data, "scenario")
     _only(where, "scenario", sc, {"until"})
     until = sc.get("until")

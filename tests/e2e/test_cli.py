@@ -1,0 +1,247 @@
+"""The command lines as a user runs them: real processes, exit codes, messages."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+DATA = ROOT / "tests" / "data"
+
+
+def run(
+    *args: str, cwd: Path | None = None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "xce_resize_plugin", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env={**os.environ, **(env or {})},
+        timeout=120,
+    )
+
+
+def scenario_json(path: Path) -> dict[str, Any]:
+    proc = run("scenario", "run", str(path), "--json")
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)  # type: ignore[no-any-return]
+
+
+def test_demo_shows_the_whole_story() -> None:
+    proc = run("demo")
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    for expected in [
+        "grow of 2..4 tasks pending",
+        "pending grow cancelled",
+        "placed, slots reserved: hostB 4",
+        "app: grow of hostB 4",
+        "User permission denied",
+        "shrink committed",
+        "Cannot release all tasks from the first execution host",
+        "JOB_RESIZE",
+        "1700 slot-seconds",
+    ]:
+        assert expected in out, expected
+
+
+def test_demo_json() -> None:
+    proc = run("demo", "--json")
+    doc = json.loads(proc.stdout)
+    job = doc["jobs"]["101"]
+    assert job["state"] == "DONE" and job["slot_seconds"] == 1700
+    assert [r["type"] for r in job["resize_records"]] == ["grow", "shrink", "shrink"]
+
+
+def test_scenario_json_shape_and_outcomes() -> None:
+    doc = scenario_json(DATA / "scenarios" / "grow_limits.toml")
+    assert set(doc) >= {"commands", "jobs", "hosts", "users"}
+    c1, c2, c3 = doc["commands"]
+    assert c1 == {
+        "at": 5.0,
+        "user": "carol",
+        "argv": ["request", "1,8", "221"],
+        "exit": 0,
+        "code": None,
+        "message": "",
+    }
+    assert c2["exit"] == 0
+    # dave's grow failed its notification twice and was given up: nothing to cancel
+    assert (c3["exit"], c3["code"]) == (255, "LSBE_RESIZE_NO_ACTIVE_REQUEST")
+    job = doc["jobs"]["221"]
+    # new-only, ptile 2, carol's limit of 7 slots: 5 more tasks on hosts other than n1
+    assert job["hosts"] == {"n1": 2, "n2": 2, "n3": 2, "n4": 1}
+    assert job["tasks"]["0"] == "n1" and job["pending_grow"] is None
+    assert doc["users"]["carol"]["slots_in_use"] == 0  # the job ended at t=500
+    assert doc["hosts"]["n1"] == {"slots": 4, "used": 0}
+    assert job["slot_seconds"] == 2 * 5 + 7 * 495
+    dave = doc["jobs"]["222"]
+    assert dave["hosts"] == {"n4": 1} and dave["resize_records"] == []
+
+
+def test_scenario_until_stops_the_clock(tmp_path: Path) -> None:
+    text = (DATA / "scenarios" / "grow_limits.toml").read_text()
+    path = tmp_path / "s.toml"
+    path.write_text(text.replace("[resize]", "[scenario]\nuntil = 100\n\n[resize]"))
+    doc = scenario_json(path)
+    assert doc["end_time"] == 100
+    assert doc["jobs"]["221"]["state"] == "RUN"
+    assert doc["users"]["carol"]["slots_in_use"] == 7
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("[cluster]\n", "cluster.hosts: missing"),
+        ("[cluster]\nhosts = { a = 0 }\n", "cluster.hosts.a: must be at least 1"),
+        (
+            "[cluster]\nhosts = { a = 2 }\n[[jobs]]\nuser = 'u'\ntasks = '3,x'\n",
+            'jobs[0].tasks: must be N or "MIN,MAX"',
+        ),
+        (
+            "[cluster]\nhosts = { a = 2 }\n[[jobs]]\nuser = 'u'\nalloc = { b = 1 }\n",
+            "jobs[0].alloc.b: no such host",
+        ),
+        (
+            "[cluster]\nhosts = { a = 2 }\n[[commands]]\nat = 1\nuser = 'u'\n",
+            "commands[0]: give exactly one of bresize or resize",
+        ),
+        (
+            "[cluster]\nhosts = { a = 2 }\n[[commands]]\nuser = 'u'\nbresize = \"request '1\"\n",
+            "commands[0].bresize: cannot be split like a shell",
+        ),
+        (
+            "[cluster]\nhosts = { a = 2 }\n[resize]\nnotify_timout = 3\n",
+            "unknown key 'notify_timout'",
+        ),
+        (
+            "[cluster]\nhosts = { a = 2 }\n[resize]\npolicy_files = ['nope.py']\n",
+            "nope.py: no such file",
+        ),
+        ("[clster]\n", "clster: unknown section"),
+        ("not toml [", "not valid TOML"),
+    ],
+)
+def test_bad_scenarios_are_named(tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text(text)
+    proc = run("scenario", "run", str(path))
+    assert proc.returncode == 2
+    assert message in proc.stderr and str(path) in proc.stderr
+    assert proc.stdout == ""
+
+
+def test_scenario_with_a_policy_file(tmp_path: Path) -> None:
+    path = tmp_path / "p2.toml"
+    path.write_text(
+        f"""
+[cluster]
+hosts = {{ a = 8, b = 8 }}
+[resize]
+policy_files = ["{ROOT / "hooks" / "power_of_two.py"}"]
+[[jobs]]
+user = "u"
+tasks = "1,16"
+resizable = true
+alloc = {{ a = 4 }}
+runtime = 50
+[[commands]]
+at = 1
+user = "u"
+bresize = "request 2 101"
+[[commands]]
+at = 2
+user = "u"
+bresize = "request 4 101"
+"""
+    )
+    doc = scenario_json(path)
+    rejected, accepted = doc["commands"]
+    assert rejected["exit"] == 255 and rejected["code"] == "XCE_RESIZE_POLICY"
+    assert "powers of two: 4 -> 6" in rejected["message"]
+    assert accepted["exit"] == 0
+    assert sum(doc["jobs"]["101"]["hosts"].values()) == 8
+
+
+def test_usage_errors_exit_2_and_api_errors_in_scenarios(tmp_path: Path) -> None:
+    path = tmp_path / "u.toml"
+    path.write_text(
+        """
+[cluster]
+hosts = { a = 4 }
+[[jobs]]
+user = "u"
+tasks = "1,4"
+resizable = true
+alloc = { a = 2 }
+[[commands]]
+user = "u"
+bresize = "request -rnc x -rncn 1 101"
+[[commands]]
+user = "u"
+resize = { op = "grow", job = "101", tasks = "2" }
+[[commands]]
+user = "u"
+resize = { op = "release", job = "101", spec = "a", count = 1 }
+[[commands]]
+user = "u"
+resize = { op = "grow", job = "101", tasks = 1, min_tasks = 1 }
+"""
+    )
+    doc = scenario_json(path)
+    usage, bad_type, two_forms, ok = doc["commands"]
+    assert usage["exit"] == 2 and "mutually exclusive" in usage["message"]
+    assert bad_type["exit"] == 2 and "$.tasks" in bad_type["message"]
+    assert two_forms["exit"] == 255 and "exactly one of" in two_forms["message"]
+    assert ok["exit"] == 0
+    assert doc["jobs"]["101"]["hosts"] == {"a": 3}
+
+
+def test_journal_commands(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    proc = run(
+        "scenario", "run", str(DATA / "scenarios" / "grow_limits.toml"), "--state-dir", str(state)
+    )
+    assert proc.returncode == 0, proc.stderr
+    journal = state / "resize"
+    proc = run("journal", "verify", str(journal), "--json")
+    report = json.loads(proc.stdout)
+    assert proc.returncode == 0 and report["ok"] and report["facts"] > 5
+    proc = run("journal", "export", str(journal))
+    lines = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert lines[0]["seq"] == 1 and lines[0]["fact"]["type"] == "JobTracked"
+    assert len(lines) == report["facts"]
+    proc = run("journal", "compact", str(journal), "--keep-days", "1", "--now", "1e9")
+    assert proc.returncode == 0 and "removed" in proc.stdout
+    proc = run("journal", "verify", str(journal), "--json")
+    assert json.loads(proc.stdout)["facts"] == 0
+
+
+def test_journal_verify_reports_damage(tmp_path: Path) -> None:
+    import lmdb
+
+    state = tmp_path / "state"
+    run("scenario", "run", str(DATA / "scenarios" / "grow_limits.toml"), "--state-dir", str(state))
+    env = lmdb.open(str(state / "resize"), max_dbs=8)
+    facts = env.open_db(b"facts")
+    with env.begin(write=True, db=facts) as txn:
+        key = (3).to_bytes(8, "big")
+        value = bytearray(txn.get(key))
+        value[-2] ^= 0x55  # one flipped bit pattern inside the payload
+        txn.put(key, bytes(value))
+    env.close()
+    proc = run("journal", "verify", str(state / "resize"))
+    assert proc.returncode == 1
+    assert "fact 3: CRC mismatch" in proc.stdout and "1 problem" in proc.stdout
+
+
+def test_version() -> None:
+    proc = run("--version")
+    assert proc.returncode == 0 and "xce-resize" in proc.stdout
