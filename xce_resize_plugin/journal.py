@@ -105,6 +105,8 @@ _CHUNK: Final = 1024
 _MAX_REMAPS: Final = 32
 #: Problems listed by :func:`verify` before it only counts the rest.
 _MAX_PROBLEMS: Final = 200
+#: Missing sequence ranges shown in :func:`verify`'s continuity problem.
+_MAX_GAPS: Final = 10
 
 _T = TypeVar("_T")
 if TYPE_CHECKING:
@@ -245,52 +247,53 @@ class Entry:
 # --------------------------------------------------------------------------- sharing
 
 
-class _MapLock:
-    """Shared by every transaction of this process on one environment; exclusive to remap.
+class _TurnLock:
+    """A mutex granted in arrival order: the lock of one environment in this process.
 
-    LMDB may change the map size only while this process has no transaction open: a
-    read in another thread (py-lmdb drops the GIL inside LMDB) would be left reading an
-    unmapped region. No user code runs while the shared side is held (iterators yield
-    between transactions), so the exclusive side is always granted eventually. Waiting
-    remaps take precedence over new transactions so a busy reader cannot starve them.
+    Every piece of LMDB work on the environment (one read chunk, one whole write
+    transaction, a remap, the close) takes a turn. py-lmdb serialises its calls on an
+    environment anyway (an internal lock per environment), but that lock is not fair:
+    threads that read in a tight loop can keep a writer out indefinitely (seen with
+    three readers: a commit did not get its turn within minutes). Handing the lock over
+    in arrival order bounds every wait by the work queued ahead of it (a reader waits
+    at most for the write transaction in progress, fsync included). Holding the turn
+    also means no transaction of this process is open, which LMDB requires for changing
+    the map size. Other processes are not affected: LMDB readers never block writers.
     """
 
     def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._active = 0
-        self._waiting = 0
-        self._remapping = False
+        self._guard = threading.Lock()
+        self._queue: deque[threading.Lock] = deque()
+        self._held = False
 
-    @contextlib.contextmanager
-    def shared(self) -> Iterator[None]:
-        with self._cond:
-            while self._remapping or self._waiting:
-                self._cond.wait()
-            self._active += 1
+    def __enter__(self) -> None:
+        with self._guard:
+            if not self._held:
+                self._held = True
+                return
+            turn = threading.Lock()
+            turn.acquire()
+            self._queue.append(turn)
         try:
-            yield
-        finally:
-            with self._cond:
-                self._active -= 1
-                if not self._active:
-                    self._cond.notify_all()
+            turn.acquire()  # released by the previous holder, who hands its turn over
+        except BaseException:  # e.g. KeyboardInterrupt while waiting
+            with self._guard:
+                if turn in self._queue:
+                    self._queue.remove(turn)  # never reached: just leave the line
+                else:
+                    self._pass_on()  # the turn was handed over already: pass it on
+            raise
 
-    @contextlib.contextmanager
-    def exclusive(self) -> Iterator[None]:
-        with self._cond:
-            self._waiting += 1
-            try:
-                while self._remapping or self._active:
-                    self._cond.wait()
-            finally:
-                self._waiting -= 1
-            self._remapping = True
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._remapping = False
-                self._cond.notify_all()
+    def __exit__(self, *exc: object) -> None:
+        with self._guard:
+            self._pass_on()
+
+    def _pass_on(self) -> None:
+        # Called with the guard held by the holder of the turn.
+        if self._queue:
+            self._queue.popleft().release()  # still held: now by the next in line
+        else:
+            self._held = False
 
 
 @attrs.define(eq=False)
@@ -304,10 +307,7 @@ class _SharedEnv:
     sync: bool
     dbs: dict[str, _Db]
     users: int = 0
-    # Serialises this process's write transactions, so that a map growth (which needs
-    # no write transaction open) happens between two of them, never during one.
-    write_lock: threading.Lock = attrs.field(factory=threading.Lock)
-    map_lock: _MapLock = attrs.field(factory=_MapLock)
+    turn: _TurnLock = attrs.field(factory=_TurnLock)
 
 
 _REGISTRY: dict[tuple[int, int], _SharedEnv] = {}
@@ -336,23 +336,45 @@ def _acquire(path: Path, *, map_size: int, sync: bool, readonly: bool) -> _Share
             shared = _open_env(path, data_file, map_size=map_size, sync=sync, readonly=readonly)
             _REGISTRY[shared.key] = shared
         elif shared.readonly and not readonly:
-            raise JournalError(
-                f"{data_file}: already open read-only in this process; "
-                "close that handle before opening it for writing"
-            )
+            _reopen_writable(shared, path, data_file, map_size=map_size, sync=sync)
         shared.users += 1
         return shared
 
 
+def _reopen_writable(
+    shared: _SharedEnv, path: Path, data_file: Path, *, map_size: int, sync: bool
+) -> None:
+    """Swap a read-only environment for a writable one under its existing handles.
+
+    The files cannot be opened twice in one process, so the read-only environment is
+    closed and the same files opened for writing; the read-only handles keep working
+    (they refuse writes themselves). Called with the registry lock held.
+    """
+    with shared.turn:
+        shared.env.close()
+        try:
+            fresh = _open_env(path, data_file, map_size=map_size, sync=sync, readonly=False)
+        except BaseException:
+            # Give the existing handles their environment back before reporting.
+            with contextlib.suppress(JournalError):
+                old = _open_env(path, data_file, map_size=map_size, sync=sync, readonly=True)
+                shared.env, shared.dbs = old.env, old.dbs
+            raise
+        shared.env, shared.dbs, shared.readonly, shared.sync = fresh.env, fresh.dbs, False, sync
+
+
 def _release(shared: _SharedEnv) -> None:
+    # Closed under the registry lock: an open() racing with the last close() must find
+    # either the registered environment or none at all, never one still closing (which
+    # py-lmdb would refuse as "already open in this process").
     with _REGISTRY_LOCK:
         shared.users -= 1
         if shared.users:
             return
         if _REGISTRY.get(shared.key) is shared:
             del _REGISTRY[shared.key]
-    with shared.map_lock.exclusive():
-        shared.env.close()
+        with shared.turn:
+            shared.env.close()
 
 
 def _open_env(
@@ -489,9 +511,11 @@ def _open_dbs(env: lmdb.Environment, data_file: Path, *, readonly: bool) -> dict
 class Journal:
     """A handle on the journal in one directory. Thread-safe; create with :meth:`open`.
 
-    Writes are serialised (LMDB has a single writer); reads run concurrently, each in
-    its own short read transaction. Iterators read in chunks of short transactions, so a
-    commit made while iterating may or may not be seen by the rest of the iteration.
+    Within this process, the work on one environment is done one transaction at a time
+    in arrival order (see :class:`_TurnLock`); other processes read concurrently.
+    Iterators read in chunks of short transactions and yield between them, so no caller
+    code ever runs inside a transaction, and a commit made while iterating may or may
+    not be seen by the rest of the iteration.
     """
 
     def __init__(self, shared: _SharedEnv, *, readonly: bool, sync: bool) -> None:
@@ -743,7 +767,7 @@ class Journal:
             if not key.startswith(prefix):
                 break
             if len(key) != len(prefix) + _U64.size:
-                continue  # another job whose id merely starts like this one; cannot happen
+                continue  # not this job's: job ids hold no NUL, so only a foreign key could
             seq_key = key[len(prefix) :]
             rows.append((_U64.unpack(seq_key)[0], txn.get(seq_key, db=facts)))
             if len(rows) >= _CHUNK:
@@ -764,11 +788,11 @@ class Journal:
             out["epoch"] = self._get_meta(txn, _EPOCH_KEY)
             raw = txn.get(_REMOVED_KEY, db=self._db(_META))
             out["removed"] = _U64.unpack(raw)[0] if raw is not None and len(raw) == 8 else 0
+            out["map_size"] = self._shared.env.info()["map_size"]
             return out
 
         out = self._read(collect)
         out["handle_epoch"] = self._epoch
-        out["map_size"] = self._env.info()["map_size"]
         try:
             out["file_size"] = os.stat(self._file).st_size
         except OSError:
@@ -783,10 +807,6 @@ class Journal:
         if shared is None:
             raise JournalError(f"{self._file}: the journal handle is closed")
         return shared
-
-    @property
-    def _env(self) -> lmdb.Environment:
-        return self._shared.env
 
     def _db(self, name: str) -> _Db:
         return self._shared.dbs[name]
@@ -808,16 +828,16 @@ class Journal:
     def _read(self, fn: Callable[[_Txn], _T]) -> _T:
         """Run ``fn`` in a read transaction; the values it returns are copies (bytes)."""
         shared = self._shared
-        for _ in range(_MAX_REMAPS):
-            with shared.map_lock.shared():
+        with shared.turn:
+            for _ in range(_MAX_REMAPS):
                 try:
                     with shared.env.begin(buffers=False) as txn:
                         return fn(txn)
                 except lmdb.MapResizedError:
-                    pass  # another process grew the map: adopt its size below, retry
+                    # Another process grew the map: adopt its size, then try again.
+                    self._remap(shared, 0)
                 except lmdb.Error as exc:
                     raise self._fail("read the journal", exc) from exc
-            self._adopt_map_size(shared)
         raise JournalError(f"{self._file}: the map keeps changing size under this reader")
 
     def _write(self, fn: Callable[[_Txn], _T]) -> _T:
@@ -827,56 +847,43 @@ class Journal:
         doubled and ``fn`` run again from the start on a new transaction.
         """
         shared = self._shared
-        with shared.write_lock:
+        with shared.turn:
             for _ in range(_MAX_REMAPS):
-                grow = False
-                with shared.map_lock.shared():
-                    try:
-                        txn = shared.env.begin(write=True)
-                    except lmdb.MapResizedError:
-                        txn = None
-                    except lmdb.Error as exc:
-                        raise self._fail("begin a write transaction", exc) from exc
-                    if txn is not None:
-                        try:
-                            result = fn(txn)
-                            txn.commit()
-                        except lmdb.MapFullError:
-                            _abort(txn)
-                            grow = True
-                        except lmdb.Error as exc:
-                            _abort(txn)
-                            raise self._fail("write the journal", exc) from exc
-                        except BaseException:
-                            _abort(txn)
-                            raise
-                        else:
-                            if self._sync and not shared.sync:
-                                # The environment was opened without sync by another
-                                # handle; this one promised durability, so flush now.
-                                shared.env.sync(True)
-                            return result
-                if grow:
-                    self._grow_map(shared)
-                else:
-                    self._adopt_map_size(shared)
-            raise JournalError(f"{self._file}: a transaction does not fit even after growing")
+                try:
+                    txn = shared.env.begin(write=True)
+                except lmdb.MapResizedError:
+                    self._remap(shared, 0)
+                    continue
+                except lmdb.Error as exc:
+                    raise self._fail("begin a write transaction", exc) from exc
+                try:
+                    result = fn(txn)
+                    txn.commit()
+                except lmdb.MapFullError:
+                    _abort(txn)
+                    old = shared.env.info()["map_size"]
+                    self._remap(shared, old * 2)
+                    log.info("%s: map full, grown from %d to %d bytes", self._file, old, old * 2)
+                    continue
+                except lmdb.Error as exc:
+                    _abort(txn)
+                    raise self._fail("write the journal", exc) from exc
+                except BaseException:
+                    _abort(txn)
+                    raise
+                if self._sync and not shared.sync:
+                    # The environment was opened without sync by another handle; this
+                    # one promised durability, so flush before returning.
+                    shared.env.sync(True)
+                return result
+        raise JournalError(f"{self._file}: a transaction does not fit even after growing")
 
-    def _grow_map(self, shared: _SharedEnv) -> None:
-        with shared.map_lock.exclusive():
-            old = shared.env.info()["map_size"]
-            try:
-                shared.env.set_mapsize(old * 2)
-            except lmdb.Error as exc:
-                raise self._fail(f"grow the map beyond {old} bytes", exc) from exc
-        log.info("%s: map full, grown from %d to %d bytes", self._file, old, old * 2)
-
-    def _adopt_map_size(self, shared: _SharedEnv) -> None:
-        with shared.map_lock.exclusive():
-            try:
-                shared.env.set_mapsize(0)
-            except lmdb.Error as exc:
-                raise self._fail("adopt the map size grown by another process", exc) from exc
+    def _remap(self, shared: _SharedEnv, size: int) -> None:
+        """Set the map size (0: adopt the size another process set); caller holds the turn."""
+        try:
+            shared.env.set_mapsize(size)
+        except lmdb.Error as exc:
+            raise self._fail(f"set the map size to {size or 'the current size'}", exc) from exc
 
     def _scan(self, db_name: str, start: bytes) -> Iterator[tuple[bytes, bytes]]:
         """Every ``(key, value)`` from ``start`` on, read in chunks of short transactions."""
@@ -1180,7 +1187,7 @@ def _verify_txn(journal: Journal, txn: _Txn, problems: _Problems) -> tuple[int, 
             continue
         (seq,) = _U64.unpack(key)
         n_facts += 1
-        if seq > expected:
+        if seq > expected and len(gaps) <= _MAX_GAPS:  # compaction may leave very many
             gaps.append(f"{expected}..{seq - 1}" if seq - 1 > expected else str(expected))
         expected = seq + 1
         if seq > last_seq:
@@ -1192,12 +1199,12 @@ def _verify_txn(journal: Journal, txn: _Txn, problems: _Problems) -> tuple[int, 
             continue
         if txn.get(_index_prefix(_job_key(job_id)) + key, db=index_db) is None:
             problems.add(f"fact {seq}: job {job_id!r} has no index row for it")
-    if last_seq > expected - 1:
+    if last_seq > expected - 1 and len(gaps) <= _MAX_GAPS:
         gaps.append(f"{expected}..{last_seq}" if last_seq > expected else str(expected))
     # Compaction removes finished jobs' facts wherever they are, so gaps are expected;
     # what must hold is that kept + removed accounts for every sequence number issued.
     if n_facts + removed != last_seq:
-        shown = ", ".join(gaps[:10]) + (", ..." if len(gaps) > 10 else "")
+        shown = ", ".join(gaps[:_MAX_GAPS]) + (", ..." if len(gaps) > _MAX_GAPS else "")
         problems.add(
             f"facts: {n_facts} kept + {removed} compacted != last_seq {last_seq}"
             + (f"; missing: {shown}" if gaps else "")

@@ -64,6 +64,9 @@ class Runtime:
             sync=values["journal_sync"],
         )
         self.states: dict[str, ResizeState] = {}
+        # Jobs with a pending grow or a change in flight: the only ones the scheduler
+        # and dispatch hooks look at, so an idle cycle costs nothing per tracked job.
+        self._busy: set[str] = set()
         # Why one lock: decisions read the state they change; group commit across
         # concurrent requesters is the journal's GroupCommitter's job (live controller).
         self._lock = threading.RLock()
@@ -73,8 +76,8 @@ class Runtime:
     def start(self) -> None:
         """Fence older controllers, load live jobs, resume their in-flight changes."""
         self.journal.start()
-        for job_id, data in self.journal.live_states():
-            self.states[job_id] = converters.decode_state(data)
+        for _job_id, data in self.journal.live_states():
+            self._store(converters.decode_state(data))
         now = self.controller.now()
         for state in list(self.states.values()):
             job = self.controller.get_job(state.job_id)
@@ -144,10 +147,12 @@ class Runtime:
     # --- scheduler and dispatch ------------------------------------------------------
 
     def sched_cycle(self, cluster: ClusterView) -> None:
+        if not self._busy:
+            return  # the common case, checked without the lock: no cost to the cycle
         with self._lock:
-            pending = [s for s in self.states.values() if s.phase is Phase.GROW_PENDING]
+            pending = [s for j in self._busy if (s := self.states[j]).phase is Phase.GROW_PENDING]
             if not pending:
-                return  # the common case: no index built, no cost to the host's cycle
+                return
             index = FreeSlotIndex(cluster.free_slots())
             now = self.controller.now()
             # Grows are placed first come, first served, like the host's own queue.
@@ -164,10 +169,14 @@ class Runtime:
                     self._transition(state.job_id, facts)
 
     def dispatch_cycle(self) -> None:
+        if not self._busy:
+            return  # a stale read only delays work to the next cycle, never loses it
         with self._lock:
             now = self.controller.now()
-            for state in [s for s in self.states.values() if s.change is not None]:
-                self._transition(state.job_id, engine.decide_dispatch(state, now))
+            for job_id in sorted(self._busy):
+                state = self.states.get(job_id)
+                if state is not None and state.change is not None:
+                    self._transition(job_id, engine.decide_dispatch(state, now))
 
     # --- events ----------------------------------------------------------------------
 
@@ -237,12 +246,21 @@ class Runtime:
                 )
             ]
         )
-        if state.live:
-            self.states[job_id] = state
-        else:
-            self.states.pop(job_id, None)
+        self._store(state)
         for old, fact, new in steps:
             self._execute(engine.effects(old, fact, new))
+
+    def _store(self, state: ResizeState) -> None:
+        job_id = state.job_id
+        if not state.live:
+            self.states.pop(job_id, None)
+            self._busy.discard(job_id)
+            return
+        self.states[job_id] = state
+        if state.pending is not None or state.change is not None:
+            self._busy.add(job_id)
+        else:
+            self._busy.discard(job_id)
 
     def _execute(self, effects: Sequence[engine.Effect]) -> None:
         ctl = self.controller

@@ -30,7 +30,7 @@ from xce_resize_plugin.journal import Entry, GroupCommitter, Journal
 THREADS = 64
 PER_THREAD = 50  # entries per requester thread: 3,200 per round
 RAW_RECORDS = 400  # raw durable transactions per round
-ROUNDS = 3
+ROUNDS = 5
 LATENCY_SAMPLES = 200
 FACT_BYTES, STATE_BYTES = 200, 300
 

@@ -196,11 +196,16 @@ def test_handles_in_one_process_share_the_environment(jdir: Path) -> None:
             assert ro.last_seq == 1
         rw.commit([Entry("a", (b"y",), b"s")])  # closing `ro` left `rw` working
         assert rw.last_seq == 2
-    with (
-        Journal.open(jdir, readonly=True),
-        pytest.raises(JournalError, match="read-only in this process"),
-    ):
-        Journal.open(jdir)
+    # A read-only handle first, then a writable one: the environment is reopened for
+    # writing underneath, and the read-only handle keeps reading.
+    with Journal.open(jdir, readonly=True) as ro:
+        with Journal.open(jdir) as rw:
+            rw.start()
+            rw.commit([Entry("a", (b"z",), b"s")])
+        assert ro.last_seq == 3
+        assert [p for _, p in ro.job_facts("a")] == [b"x", b"y", b"z"]
+        with pytest.raises(JournalError, match="read-only"):
+            ro.start()
 
 
 def test_closed_handle_raises(jdir: Path) -> None:
@@ -297,6 +302,42 @@ def test_iteration_survives_map_growth(jdir: Path) -> None:
         assert j.stats()["map_size"] > size
         rest = list(it)
         assert [seq for seq, _, _ in head + rest] == list(range(1, 7001))
+
+
+def test_readers_in_other_threads_during_map_growth(jdir: Path) -> None:
+    # A remap under a reader in another thread would crash the process, not raise; and
+    # readers in tight loops must not keep the writer out (py-lmdb's own lock is unfair).
+    with Journal.open(jdir, map_size=64 * 1024, sync=False) as j:
+        j.start()
+        j.commit([Entry(f"j{i:03d}", (b"x" * 100,), b"s" * 100) for i in range(200)])
+        stop = threading.Event()
+        seen: list[int] = []
+        errors: list[BaseException] = []
+
+        def reader() -> None:
+            try:
+                while not stop.is_set():
+                    seen.append(sum(1 for _ in j.facts()))
+                    assert len(dict(j.live_states())) >= 200
+            except BaseException as exc:  # pragma: no cover - reported below
+                errors.append(exc)
+
+        readers = [threading.Thread(target=reader) for _ in range(3)]
+        for thread in readers:
+            thread.start()
+        try:
+            for round_ in range(12):
+                j.commit([Entry(f"k{round_}", tuple(os.urandom(800) for _ in range(300)), b"s")])
+            deadline = time.monotonic() + 30
+            while len(seen) < 6 and not errors and time.monotonic() < deadline:
+                time.sleep(0.01)
+        finally:
+            stop.set()
+            for thread in readers:
+                thread.join()
+        assert not errors
+        assert j.stats()["map_size"] >= 4 * 1024 * 1024
+        assert seen and all(200 <= n <= 200 + 12 * 300 for n in seen)
 
 
 def test_reader_adopts_a_map_grown_by_another_process(jdir: Path) -> None:
@@ -504,9 +545,9 @@ def test_group_commit_error_reaches_every_caller_of_the_batch(jdir: Path) -> Non
             with lock:
                 outcomes.append(result)
 
-        # Hold the journal's writer lock while everyone submits: the writer thread stalls
+        # Hold the journal's turn while everyone submits: the writer thread stalls
         # on its first batch and the other submissions queue up for one more batch.
-        with j._shared.write_lock:
+        with j._shared.turn:
             threads = [threading.Thread(target=worker, args=(i,)) for i in range(callers)]
             for thread in threads:
                 thread.start()

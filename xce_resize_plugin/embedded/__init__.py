@@ -30,6 +30,7 @@ from .runners import (
     NotificationResult,
     NotificationRunner,
     ScriptedNotificationRunner,
+    SettableClock,
     SimClock,
     SimTaskRunner,
     SubprocessNotificationRunner,
@@ -38,7 +39,7 @@ from .runners import (
     TaskRunner,
 )
 from .scheduler import Reservation
-from .store import LmdbStore, MemoryStore, Store
+from .store import LmdbStore, MemoryStore, NullStore, Store
 
 __all__ = [
     "Clock",
@@ -54,8 +55,10 @@ __all__ = [
     "NotificationRequest",
     "NotificationResult",
     "NotificationRunner",
+    "NullStore",
     "Reservation",
     "ScriptedNotificationRunner",
+    "SettableClock",
     "SettleLoopError",
     "SimClock",
     "SimClusterView",

@@ -49,6 +49,9 @@ class Cluster:
                 raise ValueError(f"user {user!r}: slot limit must be a non-negative integer")
         self._used: dict[str, int] = dict.fromkeys(self._slots, 0)
         self._held: dict[str, dict[int, str]] = {}
+        # Per job, slots per host: kept incrementally because the scheduler asks for it
+        # for every running job whenever the queue head is blocked.
+        self._job_hosts: dict[str, dict[str, int]] = {}
         self._owner: dict[str, str] = {}
         self._user_used: dict[str, int] = {}
         self._free_total = sum(self._slots.values())
@@ -85,6 +88,7 @@ class Cluster:
         if self._held.get(job_id):
             raise ContractViolation(f"job {job_id} still holds slots")
         self._held.pop(job_id, None)
+        self._job_hosts.pop(job_id, None)
 
     # -- the ledger ------------------------------------------------------------------
 
@@ -140,8 +144,10 @@ class Cluster:
 
     def _apply(self, job_id: str, user: str, tasks: Iterable[Task]) -> None:
         held = self._held.setdefault(job_id, {})
+        hosts = self._job_hosts.setdefault(job_id, {})
         for task in tasks:
             held[task.id] = task.host
+            hosts[task.host] = hosts.get(task.host, 0) + 1
             self._used[task.host] = self._used.get(task.host, 0) + 1
             self._user_used[user] = self._user_used.get(user, 0) + 1
             self._free_total -= 1
@@ -152,12 +158,16 @@ class Cluster:
         if not held:
             return []
         user = self._owner[job_id]
+        hosts = self._job_hosts[job_id]
         freed: list[Task] = []
         for tid in task_ids:
             host = held.pop(tid, None)
             if host is None:
                 continue
             freed.append(Task(tid, host))
+            hosts[host] -= 1
+            if not hosts[host]:
+                del hosts[host]
             self._used[host] -= 1
             self._user_used[user] -= 1
             self._free_total += 1
@@ -179,11 +189,12 @@ class Cluster:
         return len(self._held.get(job_id, {}))
 
     def job_host_counts(self, job_id: str) -> dict[str, int]:
-        """Slots ``job_id`` holds per host."""
-        counts: dict[str, int] = {}
-        for host in self._held.get(job_id, {}).values():
-            counts[host] = counts.get(host, 0) + 1
-        return counts
+        """Slots ``job_id`` holds per host (a copy)."""
+        return dict(self._job_hosts.get(job_id, {}))
+
+    def job_hosts(self, job_id: str) -> Mapping[str, int]:
+        """Slots ``job_id`` holds per host, without a copy: read it, do not keep it."""
+        return self._job_hosts.get(job_id, {})
 
     def used(self, host: str) -> int:
         return self._used[host]
@@ -216,8 +227,12 @@ class Cluster:
         recount: dict[str, int] = dict.fromkeys(self._slots, 0)
         user_recount: dict[str, int] = {}
         for job_id, held in self._held.items():
+            per_host: dict[str, int] = {}
             for host in held.values():
                 recount[host] = recount.get(host, 0) + 1
+                per_host[host] = per_host.get(host, 0) + 1
+            if per_host != self._job_hosts.get(job_id, {}):
+                problems.append(f"job {job_id}: per-host counters disagree with its slots")
             if held:
                 user = self._owner[job_id]
                 user_recount[user] = user_recount.get(user, 0) + len(held)

@@ -73,7 +73,7 @@ from .runners import (
     TaskRunner,
 )
 from .scheduler import PendingJob, Reservation, RunningJob, can_ever_fit, easy_pass
-from .store import LmdbStore, MemoryStore, Store
+from .store import LmdbStore, MemoryStore, NullStore, Store
 
 if TYPE_CHECKING:
     from ..models import ResizeRequest
@@ -152,8 +152,9 @@ class EmbeddedController:
         an existing ``state_dir`` (the saved hosts are used).
     :param config: the ``[resize]`` section handed to the plugin.
     :param user_slots: per-user slot limits (``[limits] user_slots``).
-    :param store: ``"lmdb"`` (default), ``"memory"``, or a :class:`Store` object (pass
-        the same :class:`MemoryStore` to a new controller to restart from it).
+    :param store: ``"lmdb"`` (default), ``"memory"``, ``"none"`` (no persistence, for
+        long traces), or a :class:`Store` object (pass the same :class:`MemoryStore` to
+        a new controller to restart from it).
     :param durable: fsync every LMDB write (set ``False`` for long simulations).
     :param clock: the simulated clock (default: a new :class:`SimClock` at 0, or the
         saved time on restart).
@@ -177,7 +178,7 @@ class EmbeddedController:
         *,
         config: Mapping[str, Any] | None = None,
         user_slots: Mapping[str, int] | None = None,
-        store: Literal["lmdb", "memory"] | Store = "lmdb",
+        store: Literal["lmdb", "memory", "none"] | Store = "lmdb",
         durable: bool = True,
         clock: SettableClock | None = None,
         task_runner: TaskRunner | None = None,
@@ -185,7 +186,7 @@ class EmbeddedController:
         faults: TaskFaults | None = None,
         strict: bool = False,
         protect_reservation: bool = False,
-        settle_cap: int = 10_000,
+        settle_cap: int = 1000,
         autostart: bool = True,
     ) -> None:
         self._pm = plugin_manager
@@ -196,10 +197,39 @@ class EmbeddedController:
             self._store: Store = LmdbStore(self._state_dir / "embedded", durable=durable)
         elif store == "memory":
             self._store = MemoryStore()
+        elif store == "none":
+            self._store = NullStore()
         elif isinstance(store, str):
-            raise ValueError(f"unknown store {store!r} (lmdb or memory)")
+            raise ValueError(f"unknown store {store!r} (lmdb, memory or none)")
         else:
             self._store = store
+        try:
+            self._setup(hosts, config, user_slots, clock, task_runner, notification_runner, faults)
+        except BaseException:
+            # Do not leave the environment open: py-lmdb refuses a second handle in
+            # this process, so a corrected retry would fail for the wrong reason.
+            self._store.close()
+            raise
+        self.strict = strict
+        self.protect_reservation = protect_reservation
+        self.settle_cap = settle_cap
+        self._hook_depth = 0
+        self._started = False
+        self._closed = False
+        if autostart:
+            self.start()
+
+    def _setup(
+        self,
+        hosts: HostSpec | None,
+        config: Mapping[str, Any] | None,
+        user_slots: Mapping[str, int] | None,
+        clock: SettableClock | None,
+        task_runner: TaskRunner | None,
+        notification_runner: NotificationRunner | None,
+        faults: TaskFaults | None,
+    ) -> None:
+        """Load the saved state and build everything on it (constructor, part two)."""
         snapshot = self._store.load()
         saved: Mapping[str, Any] = snapshot.meta if snapshot else {}
 
@@ -226,12 +256,10 @@ class EmbeddedController:
             if notification_runner is not None
             else SubprocessNotificationRunner()
         )
-        self.strict = strict
-        self.protect_reservation = protect_reservation
-        self.settle_cap = settle_cap
 
         self._jobs: dict[str, JobRecord] = {}
         self._queue: list[tuple[tuple[float, tuple[int, int, str]], str]] = []
+        self._pending_views: dict[str, PendingJob] = {}
         self._running: dict[str, JobRecord] = {}
         self._future: dict[str, JobRecord] = {}
         self._timeline = Timeline()
@@ -246,15 +274,10 @@ class EmbeddedController:
         self._dirty: set[str] = set()
         self._meta_dirty = True
         self._saved_clock = self._clock.now()
-        self._hook_depth = 0
-        self._started = False
-        self._closed = False
-
+        self._closed = False  # _flush() below checks it
         if snapshot is not None:
             self._restore(snapshot.jobs)
         self._flush()
-        if autostart:
-            self.start()
 
     # =================================================================================
     # the Controller protocol (what the plugin sees)
@@ -591,7 +614,9 @@ class EmbeddedController:
     def kill(self, job_id: str, reason: str = "killed") -> bool:
         """End a job as EXIT (``bkill``); ``False`` if it had already finished.
 
-        A job whose arrival is still scheduled is simply not submitted.
+        The job's slots are freed and ``xce_job_end`` is called at once; like every
+        input, the scheduler uses the freed slots at the next :meth:`settle` /
+        :meth:`run`. A job whose arrival is still scheduled is simply not submitted.
         """
         self._top_level("kill")
         if self._future.pop(job_id, None) is not None:
@@ -855,8 +880,7 @@ class EmbeddedController:
         if placement is not None:
             self._start_job(record, placement)
         else:
-            bisect.insort(self._queue, (self._queue_key(record), record.id))
-            self._queue_epoch += 1
+            self._enqueue(record)
         self._flush()
 
     def _host_checks(self, job: JobRecord) -> tuple[tuple[str, int], ...] | None:
@@ -911,11 +935,17 @@ class EmbeddedController:
     def _queue_key(job: JobRecord) -> tuple[float, tuple[int, int, str]]:
         return (job.submit_time, job_id_key(job.id))
 
+    def _enqueue(self, job: JobRecord) -> None:
+        bisect.insort(self._queue, (self._queue_key(job), job.id))
+        self._pending_views[job.id] = self._pending_view(job)
+        self._queue_epoch += 1
+
     def _dequeue(self, job: JobRecord) -> None:
         entry = (self._queue_key(job), job.id)
         i = bisect.bisect_left(self._queue, entry)
         if i < len(self._queue) and self._queue[i] == entry:
             del self._queue[i]
+            del self._pending_views[job.id]
             self._queue_epoch += 1
 
     def _start_job(self, job: JobRecord, placement: Iterable[tuple[str, int]]) -> None:
@@ -1003,9 +1033,10 @@ class EmbeddedController:
         if sig == self._last_pass:
             return
         now = self.now()
-        pending = [self._pending_view(self._jobs[job_id]) for _, job_id in self._queue]
+        views = self._pending_views
+        pending = [views[job_id] for _, job_id in self._queue]
         running = (
-            RunningJob(j.id, j.expected_end(), self._cluster.job_host_counts(j.id))
+            RunningJob(j.id, j.expected_end(), self._cluster.job_hosts(j.id))
             for j in self._running.values()
         )
         free = self._cluster.free_slots()
@@ -1092,7 +1123,7 @@ class EmbeddedController:
             self._jobs[job.id] = job
             self._cluster.restore(job.id, job.user, held)
             if job.state is JobState.PEND:
-                bisect.insort(self._queue, (self._queue_key(job), job.id))
+                self._enqueue(job)
             elif job.state is JobState.RUN:
                 self._running[job.id] = job
                 self._schedule_end(job)

@@ -173,52 +173,63 @@ def easy_pass(
     """
     avail = dict(free)
     total = sum(avail.values())
-    running_now = list(running)
+    started: list[RunningJob] = []
     taken: dict[str, int] = {}
     starts: list[Start] = []
     reservation: Reservation | None = None
+    # Slots a job running past the shadow time may use: min(free now, extra), per host,
+    # kept up to date as jobs start (a full recomputation per candidate is too slow
+    # for long queues).
+    capped: dict[str, int] = {}
+    capped_total = 0
 
     def room(user: str) -> int | None:
         h = headroom(user)
         return None if h is None else h - taken.get(user, 0)
 
     def start(job: PendingJob, placed: Placement, backfilled: bool) -> None:
-        nonlocal total
+        nonlocal total, capped_total
         starts.append(Start(job.id, placed, backfilled))
-        counts = dict(placed)
-        _add(avail, counts, -1)
-        n = sum(counts.values())
+        n = 0
+        for host, count in placed:
+            avail[host] -= count
+            n += count
+            if reservation is not None:
+                new = min(avail[host], reservation.extra.get(host, 0))
+                capped_total += new - capped[host]
+                capped[host] = new
         total -= n
         taken[job.user] = taken.get(job.user, 0) + n
         end = None if job.duration is None else now + job.duration
-        running_now.append(RunningJob(job.id, end, counts))
+        started.append(RunningJob(job.id, end, dict(placed)))
 
     for job in pending:
-        if total <= 0:
-            break
+        if total <= 0 and reservation is not None:
+            break  # nothing can start or backfill any more
+        if reservation is not None and total < job.min_tasks:
+            continue  # cheap test first: long queues mostly fail here
         r = room(job.user)
         if r is not None and r < job.min_tasks:
             continue  # blocked by its user's limit only: does not hold the queue
-        if total < job.min_tasks:
-            placed = None
-        elif reservation is None:
-            placed = place(avail, job.min_tasks, job.max_tasks, job.ptile, r)
-        else:
-            placed = None
-            if job.duration is not None and now + job.duration <= reservation.shadow:
+        if reservation is None:
+            if total >= job.min_tasks:
                 placed = place(avail, job.min_tasks, job.max_tasks, job.ptile, r)
-            if placed is None:
-                capped = {h: min(n, reservation.extra.get(h, 0)) for h, n in avail.items()}
-                placed = place(capped, job.min_tasks, job.max_tasks, job.ptile, r)
                 if placed is not None:
-                    extra = dict(reservation.extra)
-                    _add(extra, dict(placed), -1)
-                    reservation = Reservation(reservation.job_id, reservation.shadow, extra)
-            if placed is not None:
-                start(job, placed, True)
+                    start(job, placed, False)
+                    continue
+            reservation = reservation_for(now, job, avail, [*running, *started])
+            capped = {h: min(n, reservation.extra.get(h, 0)) for h, n in avail.items()}
+            capped_total = sum(capped.values())
             continue
+        placed = None
+        if job.duration is not None and now + job.duration <= reservation.shadow:
+            placed = place(avail, job.min_tasks, job.max_tasks, job.ptile, r)
+        if placed is None and capped_total >= job.min_tasks:
+            placed = place(capped, job.min_tasks, job.max_tasks, job.ptile, r)
+            if placed is not None:
+                extra = dict(reservation.extra)
+                _add(extra, dict(placed), -1)
+                reservation = Reservation(reservation.job_id, reservation.shadow, extra)
         if placed is not None:
-            start(job, placed, False)
-        elif reservation is None:
-            reservation = reservation_for(now, job, avail, running_now)
+            start(job, placed, True)
     return PassResult(tuple(starts), reservation)

@@ -1,4 +1,4 @@
-"""The embedded controller's own state: LMDB by default, in memory for speed.
+"""The embedded controller's own state: LMDB by default, in memory or none for speed.
 
 This is the host's state, not the plugin's journal (that lives in ``state_dir/resize``
 and belongs to the plugin). It holds what a restarted controller needs to find its jobs
@@ -17,6 +17,7 @@ the directory rather than starting on half a state.
 
 from __future__ import annotations
 
+import gc
 import json
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -205,6 +206,19 @@ class MemoryStore:
         """Nothing to release."""
 
 
+class NullStore:
+    """Saves nothing: for long trace simulations where a restart is never needed."""
+
+    def load(self) -> Snapshot | None:
+        return None
+
+    def write(self, meta: Mapping[str, Any] | None, jobs: Iterable[tuple[JobRecord, Held]]) -> None:
+        """Nothing is kept."""
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+
 class LmdbStore:
     """The default store: LMDB in ``path`` (``state_dir/embedded``).
 
@@ -216,19 +230,35 @@ class LmdbStore:
     def __init__(self, path: Path, durable: bool = True, map_size: int = 64 << 20) -> None:
         self.path = path
         path.mkdir(parents=True, exist_ok=True)
-        try:
-            self._env = lmdb.open(
-                str(path),
-                map_size=map_size,
-                max_dbs=4,
-                sync=durable,
-                metasync=durable,
-                subdir=True,
-            )
-        except lmdb.Error as exc:
-            raise StoreError(f"{path}: cannot open the embedded controller state ({exc})") from exc
+        self._env = self._open(path, map_size, durable)
         self._meta_db = self._env.open_db(b"meta")
         self._jobs_db = self._env.open_db(b"jobs")
+
+    @staticmethod
+    def _open(path: Path, map_size: int, durable: bool) -> Any:
+        def attempt() -> Any:
+            return lmdb.open(
+                str(path), map_size=map_size, max_dbs=4, sync=durable, metasync=durable
+            )
+
+        try:
+            return attempt()
+        except lmdb.Error as exc:
+            if "already open" not in str(exc):
+                raise StoreError(
+                    f"{path}: cannot open the embedded controller state ({exc})"
+                ) from exc
+        # A crash simulated in-process: the dropped controller still holds the
+        # environment until the cycle collector frees it (its runner and timeline refer
+        # back to it), and py-lmdb refuses a second handle. Collect, then retry once.
+        gc.collect()
+        try:
+            return attempt()
+        except lmdb.Error as exc:
+            raise StoreError(
+                f"{path}: the embedded controller state is still open in this process; "
+                "close() the old controller or drop every reference to it first"
+            ) from exc
 
     def load(self) -> Snapshot | None:
         with self._env.begin() as txn:

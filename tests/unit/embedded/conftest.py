@@ -171,6 +171,11 @@ class ToyResizer:
         for job_id, ids in sorted(self.releases.items()):
             if job_id not in self.stopping:
                 self.stopping[job_id] = set(ids)
+                # Task ids are never reused: later grows number after the released ones.
+                job = controller.get_job(job_id)
+                assert job is not None
+                top = max(t.id for t in job.tasks) + 1
+                self.next_id[job_id] = max(self.next_id.get(job_id, 0), top)
                 controller.stop_tasks(job_id, ids, self.grace)
         self.in_call = False
 
