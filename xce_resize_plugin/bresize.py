@@ -57,6 +57,12 @@ def run(argv: Sequence[str], send: Sender) -> Outcome:
     if cmd.op == "version":
         return Outcome(EXIT_OK, None, "", f"xce_resize_plugin bresize {__version__}")
     try:
+        if cmd.op == "release":
+            # A malformed release specification never reaches the controller (LSF's
+            # own message and code, exit 255 as when the controller refuses it).
+            from .releasespec import parse_release_spec
+
+            parse_release_spec(cmd.spec)
         send(cmd)
     except ResizeError as exc:
         return Outcome(EXIT_REJECTED, exc.code, exc.text)

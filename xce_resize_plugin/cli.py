@@ -50,10 +50,16 @@ def _parser() -> argparse.ArgumentParser:
     export.add_argument("dir", type=Path)
     export.add_argument("-o", "--output", type=Path, help="file to write (default: stdout)")
     compact = jr_sub.add_parser(
-        "compact", help="drop finished jobs' history (export it first; controller stopped)"
+        "compact", help="archive and drop finished jobs' history (controller stopped)"
     )
     compact.add_argument("dir", type=Path)
     compact.add_argument("--keep-days", type=float, required=True)
+    compact.add_argument(
+        "--archive",
+        type=Path,
+        required=True,
+        help="JSON-lines file the dropped facts are appended to before they are deleted",
+    )
     compact.add_argument("--now", type=float, help="the current time (default: the clock)")
     return p
 
@@ -94,6 +100,10 @@ def _scenario(args: argparse.Namespace, out: TextIO) -> int:
         out.write("\n")
     else:
         out.write(result.timeline())
+    if result.problems:
+        for line in result.problems:
+            print(f"xce-resize: invariant problem: {line}", file=sys.stderr)
+        return EXIT_PROBLEMS
     return EXIT_OK
 
 
@@ -135,8 +145,12 @@ def _journal(args: argparse.Namespace, out: TextIO) -> int:
         print(f"exported {n} facts", file=sys.stderr)
         return EXIT_OK
     now = args.now if args.now is not None else time.time()
-    removed = journal.compact(args.dir, args.keep_days, now)
-    out.write(f"removed {removed} facts of jobs finished more than {args.keep_days:g} days ago\n")
+    with args.archive.open("a") as archive:
+        removed = journal.compact(args.dir, args.keep_days, now, archive)
+    out.write(
+        f"removed {removed} facts of jobs finished more than {args.keep_days:g} days ago "
+        f"(archived to {args.archive})\n"
+    )
     return EXIT_OK
 
 

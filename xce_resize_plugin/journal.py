@@ -1272,24 +1272,45 @@ def export(path: Path | str, out: TextIO) -> int:
     count = 0
     with Journal.open(path, readonly=True) as journal:
         for seq, job_id, payload in journal.facts():
-            line = {"seq": seq, "job": job_id, "fact": _fact_json(payload)}
-            out.write(json.dumps(line, ensure_ascii=False, separators=(",", ":")) + "\n")
+            _export_line(out, seq, job_id, payload)
             count += 1
     return count
 
 
-def compact(path: Path | str, keep_days: float, now: float) -> int:
+def _export_line(out: TextIO, seq: int, job_id: str, payload: bytes) -> None:
+    line = {"seq": seq, "job": job_id, "fact": _fact_json(payload)}
+    out.write(json.dumps(line, ensure_ascii=False, separators=(",", ":")) + "\n")
+
+
+def _archive_line(out: TextIO, seq_key: bytes, value: bytes) -> None:
+    try:
+        job_id, payload = _decode_fact(value)
+    except _BadRecord as exc:
+        raise JournalError(f"fact {_U64.unpack(seq_key)[0]}: {exc}; run verify") from None
+    _export_line(out, _U64.unpack(seq_key)[0], job_id, payload)
+
+
+def _sync(out: TextIO) -> None:
+    """Make the archive durable before the facts it holds are deleted."""
+    out.flush()
+    with contextlib.suppress(AttributeError, OSError, ValueError):
+        os.fsync(out.fileno())
+
+
+def compact(path: Path | str, keep_days: float, now: float, archive: TextIO | None = None) -> int:
     """Drop the history of jobs that finished more than ``keep_days`` before ``now``.
 
-    Their facts, index rows and ``done`` entry go in one write transaction; live jobs
-    and recently finished ones are untouched, sequence numbers are never reused and
-    ``meta.removed`` counts what went (so :func:`verify` still accounts for every
-    sequence number). Returns the number of facts removed.
+    Their facts and index rows go in one write transaction; each removed fact is first
+    written to ``archive`` as an :func:`export` line, so no history is lost unless the
+    caller chose to pass none. The jobs' final states stay in ``done`` (they are small
+    and carry the accounting: timeline and resize records). Live jobs and recently
+    finished ones are untouched, sequence numbers are never reused and ``meta.removed``
+    counts what went (so :func:`verify` still accounts for every sequence number).
+    Returns the number of facts removed.
 
-    An offline tool: run it with the controller stopped (export first if the history
-    is wanted). It does not take an epoch, so it does not fence a running controller,
-    and a running engine may still be reading the history it removes. The data file
-    does not shrink; LMDB reuses the freed pages.
+    An offline tool: run it with the controller stopped. It does not take an epoch, so
+    it does not fence a running controller, and a running engine may still be reading
+    the history it removes. The data file does not shrink; LMDB reuses freed pages.
     """
     if not keep_days >= 0:
         raise ValueError(f"keep_days must be zero or more, not {keep_days!r}")
@@ -1324,12 +1345,18 @@ def compact(path: Path | str, keep_days: float, now: float) -> int:
                         if len(key) == len(prefix) + _U64.size:
                             rows.append(key)
                 for key in rows:
-                    if txn.delete(key[len(prefix) :], db=facts_db):
+                    seq_key = key[len(prefix) :]
+                    if archive is not None:
+                        stored = txn.get(seq_key, db=facts_db)
+                        if stored is not None:
+                            _archive_line(archive, seq_key, stored)
+                    if txn.delete(seq_key, db=facts_db):
                         removed += 1
                     txn.delete(key, db=index_db)
-                txn.delete(job_key, db=done_db)
             total = _meta_int(txn, meta_db, _REMOVED_KEY, _Problems(), required=False)
             txn.put(_REMOVED_KEY, _U64.pack(total + removed), db=meta_db)
+            if archive is not None:
+                _sync(archive)  # before the transaction commits the deletion
             return removed
 
         return journal._write(apply)

@@ -261,7 +261,7 @@ class GrowRequested:
 
 @frozen
 class GrowCancelled:
-    """The pending grow is gone. ``reason``: cancel, replaced, failures, job-ended."""
+    """The pending grow is gone. ``reason``: cancel, replaced, job-ended."""
 
     job_id: str
     at: float

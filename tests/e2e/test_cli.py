@@ -218,10 +218,47 @@ def test_journal_commands(tmp_path: Path) -> None:
     lines = [json.loads(line) for line in proc.stdout.splitlines()]
     assert lines[0]["seq"] == 1 and lines[0]["fact"]["type"] == "JobTracked"
     assert len(lines) == report["facts"]
-    proc = run("journal", "compact", str(journal), "--keep-days", "1", "--now", "1e9")
-    assert proc.returncode == 0 and "removed" in proc.stdout
+    before = json.loads(scenario_usage(state))
+    archive = tmp_path / "archive.jsonl"
+    proc = run(
+        "journal",
+        "compact",
+        str(journal),
+        "--keep-days",
+        "1",
+        "--now",
+        "1e9",
+        "--archive",
+        str(archive),
+    )
+    assert proc.returncode == 0 and f"removed {report['facts']} facts" in proc.stdout
+    archived = sorted(
+        (json.loads(x) for x in archive.read_text().splitlines()), key=lambda d: d["seq"]
+    )
+    assert archived == lines  # nothing lost
     proc = run("journal", "verify", str(journal), "--json")
-    assert json.loads(proc.stdout)["facts"] == 0
+    assert json.loads(proc.stdout)["facts"] == 0 and json.loads(proc.stdout)["ok"]
+    assert json.loads(scenario_usage(state)) == before  # accounting survives compaction
+
+
+def scenario_usage(state: Path) -> str:
+    """The resize accounting of every finished job, read back from the journal."""
+    code = (
+        "import json, sys; from xce_resize_plugin import converters, accounting;"
+        "from xce_resize_plugin.journal import Journal;"
+        "j = Journal.open(sys.argv[1], readonly=True);"
+        "ids = ['221', '222'];"
+        "out = {i: accounting.usage_of_state(converters.decode_state(j.state(i)), 0).slot_seconds"
+        " for i in ids if j.state(i)};"
+        "print(json.dumps(out))"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(state / "resize")],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return proc.stdout
 
 
 def test_journal_verify_reports_damage(tmp_path: Path) -> None:
@@ -245,3 +282,35 @@ def test_journal_verify_reports_damage(tmp_path: Path) -> None:
 def test_version() -> None:
     proc = run("--version")
     assert proc.returncode == 0 and "xce-resize" in proc.stdout
+
+
+def test_scenario_refusals_are_reported(tmp_path: Path) -> None:
+    path = tmp_path / "r.toml"
+    path.write_text(
+        """
+[cluster]
+hosts = { a = 2 }
+[[jobs]]
+user = "u"
+tasks = 1
+[[jobs]]
+user = "u"
+submit = 5
+tasks = 3
+"""
+    )
+    doc = scenario_json(path)
+    assert doc["rejected_jobs"][0]["job"] == "102" and doc["rejected_jobs"][0]["time"] == 5
+    assert "102" not in doc["jobs"]
+    path.write_text(path.read_text().replace("submit = 5\n", ""))
+    proc = run("scenario", "run", str(path))
+    assert proc.returncode == 2
+    assert f"{path}: jobs[1] (job 102): rejected" in proc.stderr
+
+
+def test_scenario_refuses_a_used_state_dir(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    scenario = str(DATA / "scenarios" / "grow_limits.toml")
+    assert run("scenario", "run", scenario, "--state-dir", str(state)).returncode == 0
+    proc = run("scenario", "run", scenario, "--state-dir", str(state))
+    assert proc.returncode == 2 and "is not empty" in proc.stderr

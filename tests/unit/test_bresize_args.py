@@ -391,3 +391,28 @@ def _heavy_modules() -> list[str]:
 
 def test_import_is_light() -> None:
     assert _heavy_modules() == []
+
+
+# --- the command logic (bresize.run) -------------------------------------------------
+
+
+def test_bad_release_spec_is_refused_before_contacting_the_controller() -> None:
+    from xce_resize_plugin import bresize
+
+    sent: list[object] = []
+    out = bresize.run(["release", "hostB*2", "12"], sent.append)
+    assert (out.exit, out.code) == (255, "LSBE_RESIZE_RELEASE_HOSTSPEC")
+    assert sent == []
+    out = bresize.run(["release", "2*hostB", "12"], sent.append)
+    assert out.exit == 0 and len(sent) == 1
+
+
+def test_usage_error_exit_2_and_help_version() -> None:
+    from xce_resize_plugin import bresize
+
+    sent: list[object] = []
+    out = bresize.run(["request", "-rnc", "x", "-rncn", "1", "12"], sent.append)
+    assert out.exit == 2 and "mutually exclusive" in out.message and "Usage:" in out.message
+    assert bresize.run(["-V"], sent.append).stdout.startswith("xce_resize_plugin bresize")
+    assert "bresize request" in bresize.run(["-h"], sent.append).stdout
+    assert sent == []

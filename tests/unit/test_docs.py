@@ -38,8 +38,9 @@ def _test_names() -> set[str]:
 
 @pytest.mark.parametrize("hook", hookdoc.hook_names())
 def test_every_hook_has_a_test(hook: str) -> None:
-    assert any(n == f"test_hook_{hook}" or n.startswith(f"test_hook_{hook}_")
-               for n in _test_names()), f"no test_hook_{hook} under tests/"
+    assert any(
+        n == f"test_hook_{hook}" or n.startswith(f"test_hook_{hook}_") for n in _test_names()
+    ), f"no test_hook_{hook} under tests/"
 
 
 @pytest.mark.parametrize("key", [k.name for k in config.KEYS])

@@ -25,7 +25,8 @@ from ..journal import Journal
 from ..manager import get_plugin_manager
 from ..models import CancelRequest, Fact, ResizeRequest, Task, host_counts
 from .controller import EmbeddedController
-from .scenario_file import CommandSpec, Scenario
+from .errors import SubmissionRejected
+from .scenario_file import CommandSpec, JobSpec, Scenario
 
 
 @frozen
@@ -56,6 +57,8 @@ class ScenarioResult:
     facts: tuple[tuple[int, Fact], ...]
     notifications: tuple[Mapping[str, Any], ...]
     problems: tuple[str, ...]
+    #: Jobs refused when they arrived (submit > 0): ``(time, job id, reason)``.
+    rejected: tuple[tuple[float, str, str], ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -65,6 +68,10 @@ class ScenarioResult:
             "jobs": dict(self.jobs),
             "hosts": dict(self.hosts),
             "users": dict(self.users),
+            "rejected_jobs": [
+                {"time": t, "job": j, "reason": reason} for t, j, reason in self.rejected
+            ],
+            "notifications": list(self.notifications),
             "invariant_problems": list(self.problems),
         }
 
@@ -115,25 +122,35 @@ class _Runner:
             hosts=list(scenario.hosts),
             config=scenario.resize,
             user_slots=scenario.user_slots,
+            protect_reservation=scenario.protect_reservation,
         )
         self.results: list[CommandResult] = []
         self.journal_dir = state_dir / "resize"
 
     def submit_jobs(self) -> None:
-        for job in self.scenario.jobs:
-            self.ctl.submit(
-                job.user,
-                (job.min_tasks, job.max_tasks),
-                runtime=job.runtime,
-                estimate=job.estimate,
-                ptile=job.ptile,
-                resizable=job.resizable,
-                grow_hosts=job.grow_hosts,
-                notify_cmd=job.notify_cmd,
-                alloc=job.alloc,
-                job_id=job.id,
-                submit_time=job.submit,
-            )
+        for i, job in enumerate(self.scenario.jobs):
+            try:
+                self._submit(job)
+            except (SubmissionRejected, ResizeError) as exc:
+                text = exc.text if isinstance(exc, ResizeError) else str(exc)
+                raise ConfigError(
+                    f"{self.scenario.path}: jobs[{i}] (job {job.id}): rejected: {text}"
+                ) from None
+
+    def _submit(self, job: JobSpec) -> None:
+        self.ctl.submit(
+            job.user,
+            (job.min_tasks, job.max_tasks),
+            runtime=job.runtime,
+            estimate=job.estimate,
+            ptile=job.ptile,
+            resizable=job.resizable,
+            grow_hosts=job.grow_hosts,
+            notify_cmd=job.notify_cmd,
+            alloc=job.alloc,
+            job_id=job.id,
+            submit_time=job.submit,
+        )
 
     def principal(self, user: str) -> Principal:
         return Principal(user, admin=user in self.scenario.admins)
@@ -200,7 +217,12 @@ def _api_request(body: dict[str, Any]) -> tuple[str, ResizeRequest]:
 
 
 def run(scenario: Scenario, state_dir: Path) -> ScenarioResult:
-    """Run a loaded scenario with its state (controller and journal) in ``state_dir``."""
+    """Run a loaded scenario with its state (controller and journal) in ``state_dir``,
+    which must be new or empty: a scenario always starts from time 0."""
+    if state_dir.exists() and any(state_dir.iterdir()):
+        raise ConfigError(
+            f"state directory {state_dir} is not empty: a scenario starts from a fresh state"
+        )
     runner = _Runner(scenario, state_dir)
     ctl = runner.ctl
     try:
@@ -240,6 +262,7 @@ def run(scenario: Scenario, state_dir: Path) -> ScenarioResult:
         hosts = ctl.hosts_view()
         users = ctl.users_view()
         problems = tuple(ctl.check_invariants())
+        rejected = tuple(ctl.rejections)
     finally:
         ctl.stop()
     with Journal.open(state_dir / "resize", readonly=True) as journal:
@@ -254,4 +277,5 @@ def run(scenario: Scenario, state_dir: Path) -> ScenarioResult:
         facts=facts,
         notifications=notifications,
         problems=problems,
+        rejected=rejected,
     )

@@ -73,6 +73,7 @@ class Scenario:
     admins: frozenset[str] = frozenset()
     resize: Mapping[str, Any] = field(factory=dict)
     until: float | None = None
+    protect_reservation: bool = True
     jobs: tuple[JobSpec, ...] = ()
     commands: tuple[CommandSpec, ...] = ()
 
@@ -123,10 +124,13 @@ def parse(data: Mapping[str, Any], path: Path) -> Scenario:
         if not Path(file).is_file():
             raise where.error("resize.policy_files", f"{file}: no such file")
     sc = _table(where, data, "scenario")
-    _only(where, "scenario", sc, {"until"})
+    _only(where, "scenario", sc, {"until", "protect_reservation"})
     until = sc.get("until")
     if until is not None:
         until = _number(where, "scenario.until", until)
+    protect = sc.get("protect_reservation", True)
+    if not isinstance(protect, bool):
+        raise where.error("scenario.protect_reservation", "must be true or false")
     jobs = _jobs(where, data.get("jobs", []), host_names)
     commands = _commands(where, data.get("commands", []))
     return Scenario(
@@ -136,6 +140,7 @@ def parse(data: Mapping[str, Any], path: Path) -> Scenario:
         admins=frozenset(admins),
         resize=resize,
         until=until,
+        protect_reservation=protect,
         jobs=jobs,
         commands=commands,
     )

@@ -30,7 +30,6 @@ if TYPE_CHECKING:
 _CANCEL_REASONS = {
     "cancel": "cancelled",
     "replaced": "replaced by a new request (-c)",
-    "failures": "given up after repeated notification failures",
     "job-ended": "cancelled: the job ended",
 }
 
@@ -116,6 +115,8 @@ def render(result: ScenarioResult) -> str:
                     + f" ({sum(rec['after'].values())} tasks, allocation v{fact.version})"
                 ]
         add(fact.at, lines, seq)
+    for t, job_id, reason in result.rejected:
+        add(t, [f"job {job_id} refused on arrival: {reason}"])
     for job_id, job in result.jobs.items():
         if job["end_time"] is not None:
             add(job["end_time"], [f"job {job_id} ends ({job['state']})"])
