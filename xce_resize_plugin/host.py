@@ -61,6 +61,13 @@ class Controller(Protocol):
     def now(self) -> float:
         """The controller clock in seconds (simulated or wall)."""
 
+    def authenticate(self, token: str | None) -> Principal | None:
+        """The principal a bearer token stands for (a user's token, or a job's own
+        ``XCE_JOB_TOKEN`` with ``job_id`` set), or ``None`` when it is unknown/absent.
+
+        The plugin's REST routes call it from request-handler threads.
+        """
+
     def get_job(self, job_id: str) -> JobInfo | None:
         """The job's current view, or ``None`` when the host does not know it."""
 

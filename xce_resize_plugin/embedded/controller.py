@@ -168,6 +168,8 @@ class EmbeddedController:
         not need (see :class:`SimClusterView`); default ``False``: all free slots.
     :param settle_cap: cycles per instant before :class:`SettleLoopError`.
     :param autostart: call :meth:`start` from the constructor.
+    :param tokens: bearer token -> :class:`Principal` for :meth:`authenticate` (user
+        tokens and job tokens alike; the simulated controller issues none itself).
     """
 
     def __init__(
@@ -188,6 +190,7 @@ class EmbeddedController:
         protect_reservation: bool = False,
         settle_cap: int = 1000,
         autostart: bool = True,
+        tokens: Mapping[str, Principal] | None = None,
     ) -> None:
         self._pm = plugin_manager
         self._state_dir = Path(state_dir)
@@ -213,6 +216,7 @@ class EmbeddedController:
         self.strict = strict
         self.protect_reservation = protect_reservation
         self.settle_cap = settle_cap
+        self.tokens: dict[str, Principal] = dict(tokens or {})
         self._hook_depth = 0
         self._started = False
         self._closed = False
@@ -298,6 +302,9 @@ class EmbeddedController:
 
     def now(self) -> float:
         return self._clock.now()
+
+    def authenticate(self, token: str | None) -> Principal | None:
+        return self.tokens.get(token) if token else None
 
     def get_job(self, job_id: str) -> JobInfo | None:
         job = self._jobs.get(job_id)
