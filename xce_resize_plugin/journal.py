@@ -917,7 +917,7 @@ def _abort(txn: _Txn) -> None:
 # --------------------------------------------------------------------------- group commit
 
 
-class _Waiter:
+class Ticket:
     """One submitter's rendezvous with the writer thread.
 
     A bare lock, taken at creation and released by the writer once the outcome is set:
@@ -963,7 +963,7 @@ class GroupCommitter:
         self._journal = journal
         self._max_batch = max_batch
         self._cond = threading.Condition(threading.Lock())
-        self._queue: deque[tuple[Entry, _Waiter]] = deque()
+        self._queue: deque[tuple[Entry, Ticket]] = deque()
         self._closed = False
         self._transactions = 0
         self._entries = 0
@@ -989,16 +989,25 @@ class GroupCommitter:
         Returns the sequence numbers of the entry's facts. If the batch's transaction
         fails (e.g. :class:`FencedError`), every caller of that batch gets the exception.
         """
+        return self.enqueue(entry).wait()
+
+    def enqueue(self, entry: Entry) -> Ticket:
+        """Queue ``entry`` and return at once; ``.wait()`` on the result blocks until it
+        is durable (returning its sequence numbers) or raises the batch's error.
+
+        Lets a caller fix its place in the commit order while holding its own lock and
+        wait for the fsync after releasing it, so that concurrent callers share fsyncs.
+        """
         if not isinstance(entry, Entry):
             # Checked here so that a bad entry fails its own caller, not a whole batch.
             raise TypeError(f"submit() takes an Entry, not {type(entry).__name__}")
-        waiter = _Waiter()
+        waiter = Ticket()
         with self._cond:
             if self._closed:
                 raise JournalError(f"{self._journal.path}: the group committer is closed")
             self._queue.append((entry, waiter))
             self._cond.notify()
-        return waiter.wait()
+        return waiter
 
     def close(self) -> None:
         """Write what is queued, then stop the writer thread. Idempotent.
@@ -1049,7 +1058,7 @@ class GroupCommitter:
                     error=JournalError(f"{self._journal.path}: the group commit writer stopped")
                 )
 
-    def _write(self, batch: list[tuple[Entry, _Waiter]]) -> None:
+    def _write(self, batch: list[tuple[Entry, Ticket]]) -> None:
         self._transactions += 1
         try:
             seqs = self._journal.commit([entry for entry, _ in batch])

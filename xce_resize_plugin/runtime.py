@@ -16,9 +16,9 @@ from collections.abc import Sequence
 from . import config as config_mod
 from . import converters, engine
 from .accounting import Usage, usage_of_job, usage_of_state
-from .errors import InvalidRequest, NoJob
+from .errors import InvalidRequest, JournalError, NoJob
 from .host import ClusterView, Controller, Principal, TaskEvent
-from .journal import Entry, Journal
+from .journal import Entry, GroupCommitter, Journal, Ticket
 from .models import (
     Fact,
     JobInfo,
@@ -63,6 +63,10 @@ class Runtime:
             map_size=values["journal_map_size"],
             sync=values["journal_sync"],
         )
+        # Durable mode shares fsyncs between concurrent requests (group commit); with
+        # journal_sync off (throw-away simulations) a direct commit is cheaper.
+        self._committer = GroupCommitter(self.journal) if values["journal_sync"] else None
+        self._failed: BaseException | None = None
         self.states: dict[str, ResizeState] = {}
         # Jobs with a pending grow or a change in flight: the only ones the scheduler
         # and dispatch hooks look at, so an idle cycle costs nothing per tracked job.
@@ -91,12 +95,15 @@ class Runtime:
             self._transition(state.job_id, engine.decide_recover(state, now))
 
     def stop(self) -> None:
+        if self._committer is not None:
+            self._committer.close()
         self.journal.close()
 
     # --- requests --------------------------------------------------------------------
 
     def request(self, principal: Principal, job_id: str, request: ResizeRequest) -> ResizeStatus:
         with self._lock:
+            self._check_failed()
             job = self._job(job_id)
             state = self.states.get(job_id)
             facts = engine.decide_request(
@@ -108,10 +115,15 @@ class Runtime:
                 self.policy,
                 self.settings,
             )
-            self._transition(job_id, facts)
+            # A request's facts have no effects on the host (DESIGN §5: placement,
+            # notification and tasks come from the cycles), so the lock is released
+            # before the fsync and concurrent requests share one (group commit).
+            ticket = self._transition(job_id, facts, wait=False)
             status = self.status(job_id)
             assert status is not None
-            return status
+        if ticket is not None:
+            self._wait(ticket)
+        return status
 
     def status(self, job_id: str) -> ResizeStatus | None:
         state = self.states.get(job_id)
@@ -225,9 +237,32 @@ class Runtime:
 
     # --- the one path every change takes ---------------------------------------------
 
-    def _transition(self, job_id: str, facts: Sequence[Fact]) -> None:
+    def _check_failed(self) -> None:
+        if self._failed is not None:
+            raise JournalError(
+                f"the resize journal failed earlier ({self._failed}); restart the controller"
+            ) from self._failed
+
+    def _wait(self, ticket: Ticket) -> None:
+        try:
+            ticket.wait()
+        except BaseException as exc:
+            # The in-memory state ran ahead of a commit that failed: nothing more may be
+            # decided on it. The host must stop (a FencedError says why).
+            self._failed = exc
+            raise
+
+    def _transition(self, job_id: str, facts: Sequence[Fact], wait: bool = True) -> Ticket | None:
+        """Apply facts: new state in memory, the entry committed, then the effects.
+
+        With ``wait=False`` (effect-free transitions only) the entry is queued for group
+        commit and its ticket returned: the caller waits for it after releasing the lock.
+        Transitions with effects wait here, under the lock, so effects always reach the
+        host in commit order and only once durable.
+        """
         if not facts:
-            return
+            return None
+        self._check_failed()
         before = self.states.get(job_id)
         state = before
         steps: list[tuple[ResizeState | None, Fact, ResizeState]] = []
@@ -236,19 +271,30 @@ class Runtime:
             steps.append((state, fact, new))
             state = new
         assert state is not None
-        self.journal.commit(
-            [
-                Entry(
-                    job_id=job_id,
-                    facts=tuple(converters.encode_fact(f) for f in facts),
-                    state=converters.encode_state(state),
-                    ended_at=state.ended_at,
-                )
-            ]
+        entry = Entry(
+            job_id=job_id,
+            facts=tuple(converters.encode_fact(f) for f in facts),
+            state=converters.encode_state(state),
+            ended_at=state.ended_at,
         )
-        self._store(state)
-        for old, fact, new in steps:
-            self._execute(engine.effects(old, fact, new))
+        effects = [e for old, fact, new in steps for e in engine.effects(old, fact, new)]
+        if self._committer is None:
+            try:
+                self.journal.commit([entry])
+            except BaseException as exc:
+                self._failed = exc
+                raise
+            self._store(state)
+        else:
+            # Stored before it is durable so that the next decision sees it; nothing
+            # is acknowledged or done on the host until the ticket says durable.
+            self._store(state)
+            ticket = self._committer.enqueue(entry)
+            if not wait and not effects:
+                return ticket
+            self._wait(ticket)
+        self._execute(effects)
+        return None
 
     def _store(self, state: ResizeState) -> None:
         job_id = state.job_id
