@@ -11,7 +11,6 @@ json are imported only when a request is really sent (``-h``/``-V`` never need t
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
@@ -19,6 +18,7 @@ from typing import Any, NamedTuple
 from . import __version__
 from .bresize_args import USAGE, Command, parse
 from .errors import ResizeError, UsageError
+from .http_client import Client
 
 EXIT_OK, EXIT_USAGE, EXIT_REJECTED = 0, 2, 255
 
@@ -72,24 +72,6 @@ def run(argv: Sequence[str], send: Sender) -> Outcome:
 # --- the HTTP transport ------------------------------------------------------------------
 
 
-class Unreachable(ResizeError):
-    code = "XCE_RESIZE_UNREACHABLE"
-    message = "Cannot reach the controller"
-
-
-class RemoteError(ResizeError):
-    """A rejection from the controller, carrying its code and message as they came."""
-
-    def __init__(self, code: str, text: str) -> None:
-        self.code = code
-        self.remote_text = text
-        super().__init__()
-
-    @property
-    def text(self) -> str:
-        return self.remote_text
-
-
 def request_body(cmd: Command) -> tuple[str, str, dict[str, Any] | None]:
     """HTTP method, path and JSON body for a command (the REST API's resize fields)."""
     import urllib.parse
@@ -106,51 +88,20 @@ def request_body(cmd: Command) -> tuple[str, str, dict[str, Any] | None]:
     return "DELETE", f"{base}/pending", None
 
 
-def http_sender(url: str, token: str | None, timeout: float = 30.0) -> Sender:
-    """A sender that talks to the controller's REST API at ``url``."""
+def http_sender(client: Client) -> Sender:
+    """A sender that talks to the controller's REST API."""
 
     def send(cmd: Command) -> None:
-        import json
-        import urllib.error
-        import urllib.request
-
         method, path, body = request_body(cmd)
-        data = json.dumps(body).encode() if body is not None else None
-        req = urllib.request.Request(url.rstrip("/") + path, data=data, method=method)
-        req.add_header("Content-Type", "application/json")
-        req.add_header("Accept", "application/json, application/problem+json")
-        if token:
-            req.add_header("Authorization", f"Bearer {token}")
-        try:
-            with urllib.request.urlopen(req, timeout=timeout):
-                return
-        except urllib.error.HTTPError as exc:
-            raise _problem(exc) from None
-        except (urllib.error.URLError, OSError) as exc:
-            reason = getattr(exc, "reason", exc)
-            raise Unreachable(f"{url}: {reason}") from None
+        client.call(method, path, body)
 
     return send
-
-
-def _problem(exc: Any) -> ResizeError:
-    import json
-
-    try:
-        doc = json.loads(exc.read() or b"{}")
-    except ValueError:
-        doc = {}
-    code = doc.get("code") if isinstance(doc, dict) else None
-    text = doc.get("detail") if isinstance(doc, dict) else None
-    return RemoteError(str(code or f"HTTP_{exc.code}"), str(text or exc.reason))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Console entry point of ``bresize``."""
     args = list(sys.argv[1:] if argv is None else argv)
-    url = os.environ.get("XCE_CONTROLLER_URL", "http://127.0.0.1:6820")
-    token = os.environ.get("XCE_TOKEN") or os.environ.get("XCE_JOB_TOKEN")
-    outcome = run(args, http_sender(url, token))
+    outcome = run(args, http_sender(Client.from_env()))
     if outcome.stdout:
         print(outcome.stdout)
     if outcome.message:
