@@ -57,8 +57,8 @@ def _parser() -> argparse.ArgumentParser:
     compact.add_argument(
         "--archive",
         type=Path,
-        required=True,
-        help="JSON-lines file the dropped facts are appended to before they are deleted",
+        help="JSON-lines file the dropped facts are appended to before they are deleted "
+        "(default: DIR/compacted-<time>.jsonl)",
     )
     compact.add_argument("--now", type=float, help="the current time (default: the clock)")
     return p
@@ -145,6 +145,9 @@ def _journal(args: argparse.Namespace, out: TextIO) -> int:
         print(f"exported {n} facts", file=sys.stderr)
         return EXIT_OK
     now = args.now if args.now is not None else time.time()
+    if args.archive is None:
+        stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(time.time()))
+        args.archive = args.dir / f"compacted-{stamp}.jsonl"
     with args.archive.open("a") as archive:
         removed = journal.compact(args.dir, args.keep_days, now, archive)
     out.write(

@@ -261,6 +261,16 @@ def scenario_usage(state: Path) -> str:
     return proc.stdout
 
 
+def test_compact_archives_by_default_into_the_journal_dir(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    run("scenario", "run", str(DATA / "scenarios" / "grow_limits.toml"), "--state-dir", str(state))
+    proc = run("journal", "compact", str(state / "resize"), "--keep-days", "0", "--now", "1e9")
+    assert proc.returncode == 0, proc.stderr
+    archives = list((state / "resize").glob("compacted-*.jsonl"))
+    assert len(archives) == 1 and str(archives[0]) in proc.stdout
+    assert len(archives[0].read_text().splitlines()) == 20
+
+
 def test_journal_verify_reports_damage(tmp_path: Path) -> None:
     import lmdb
 
