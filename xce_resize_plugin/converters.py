@@ -109,6 +109,10 @@ def _format(exc: BaseException, type_: Any) -> str:
 def grow_from_json(data: Mapping[str, Any]) -> GrowRequest:
     """The REST/scenario grow body: ``tasks`` (max), optional ``min_tasks``, options."""
     body = dict(_object(data, "grow"))
+    for internal in ("max_add", "min_add"):
+        # The model's own names are not part of the API: refuse them like any unknown key.
+        if internal in body:
+            raise errors.InvalidRequest(f"grow: unknown field {internal!r} @ $.{internal}")
     if "tasks" not in body:
         raise errors.InvalidRequest("grow: missing 'tasks' @ $.tasks")
     tasks = body.pop("tasks")

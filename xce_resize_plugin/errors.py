@@ -198,6 +198,22 @@ class InvalidRequest(ResizeError):
     http_status = 400
 
 
+class BodyTooLarge(ResizeError):
+    """A REST request body over the API's limit (64 KiB)."""
+
+    code = "XCE_RESIZE_BODY_TOO_LARGE"
+    message = "Request body too large"
+    http_status = 413
+
+
+class UnsupportedMediaType(ResizeError):
+    """A REST request body not declared as JSON."""
+
+    code = "XCE_RESIZE_UNSUPPORTED_MEDIA_TYPE"
+    message = "Request body must be JSON (application/json)"
+    http_status = 415
+
+
 class UsageError(ResizeError):
     """Bad command-line syntax; the command exits 2 without contacting the controller."""
 
@@ -250,6 +266,8 @@ ERRORS: tuple[type[ResizeError], ...] = (
     NotAuthenticated,
     PolicyRejected,
     InvalidRequest,
+    BodyTooLarge,
+    UnsupportedMediaType,
     UsageError,
     ConfigError,
     JournalError,

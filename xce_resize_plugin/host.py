@@ -3,6 +3,12 @@
 XCE (or the embedded controller) passes an object satisfying :class:`Controller` to
 every host hook. Every method that changes something is idempotent per task id, because
 after a failover the plugin re-issues the effects of in-flight changes (docs/failover.md).
+
+Threads: the plugin's REST routes run in request-handler threads and call
+``authenticate``, ``get_job``, ``now`` and ``slot_headroom`` there, and the request,
+status, usage and authorize hooks (which call the same methods). A host that serves the
+routes must make these safe to call concurrently with its scheduler loop — the live
+embedded controller takes one lock around its state.
 """
 
 from __future__ import annotations
@@ -63,10 +69,7 @@ class Controller(Protocol):
 
     def authenticate(self, token: str | None) -> Principal | None:
         """The principal a bearer token stands for (a user's token, or a job's own
-        ``XCE_JOB_TOKEN`` with ``job_id`` set), or ``None`` when it is unknown/absent.
-
-        The plugin's REST routes call it from request-handler threads.
-        """
+        ``XCE_JOB_TOKEN`` with ``job_id`` set), or ``None`` when it is unknown/absent."""
 
     def get_job(self, job_id: str) -> JobInfo | None:
         """The job's current view, or ``None`` when the host does not know it."""

@@ -11,9 +11,10 @@ dropped must not keep its journal handle alive.
 from __future__ import annotations
 
 import weakref
+from collections.abc import Sequence
 from typing import Any
 
-from . import engine, hookimpl
+from . import api, engine, hookimpl
 from .accounting import Usage
 from .errors import ResizeError
 from .host import ClusterView, Controller, Principal, TaskEvent
@@ -126,3 +127,11 @@ def xce_job_end(controller: Controller, job_id: str) -> None:
 @hookimpl
 def xce_acct_usage(controller: Controller, job_id: str, now: float) -> Usage | None:
     return runtime_of(controller).usage(job_id, now)
+
+
+# REST
+
+
+@hookimpl
+def xce_rest_routes(controller: Controller) -> Sequence[Any]:
+    return api.routes(controller)

@@ -109,3 +109,9 @@ def test_release_body() -> None:
 def test_release_accepted_round_trip() -> None:
     fact = ReleaseAccepted("1", 2.0, (Task(3, "hB"),), None, "alice", cancelled_pending=True)
     assert converters.decode_fact(converters.encode_fact(fact)) == fact
+
+
+@pytest.mark.parametrize("key", ["max_add", "min_add"])
+def test_grow_body_refuses_the_models_internal_names(key: str) -> None:
+    with pytest.raises(errors.InvalidRequest, match=key):
+        converters.grow_from_json({"tasks": 2, key: 5})
