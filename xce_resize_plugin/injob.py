@@ -120,7 +120,10 @@ class ResizeClient:
                 timeout=poll + 10.0,
             )
             alloc = Allocation.from_json(doc)
-            if doc.get("done") or left <= 0:
+            # Done, or nothing more will happen without a new request (the change failed
+            # or was cancelled, or the job ended), or out of time: answer now.
+            finished = doc.get("job_state") not in (None, "RUN")
+            if doc.get("done") or alloc.settled or finished or left <= 0:
                 return alloc
 
     # --- changes (PMIx EXTEND, RELEASE, REQ_CANCEL) ---------------------------------------
