@@ -1,0 +1,342 @@
+"""Harness for the live controller's end-to-end tests: real processes on loopback.
+
+:class:`LiveCluster` writes a configuration into the test's temporary directory, runs
+``python -m xce_resize_plugin controller`` as a subprocess (which starts one worker
+agent per host), and talks to it over HTTP. Its finalizer kills every process the test
+caused to exist, even when the test failed: the controller, the agents (own sessions),
+the tasks and notification commands (own sessions too). They are found by pid through
+``/proc``: each carries the test's temporary directory in its command line (controller,
+agents) or its environment (tasks, notifications: ``XCE_HOSTFILE``).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+httpx = pytest.importorskip("httpx")
+pytest.importorskip("uvicorn")
+pytest.importorskip("starlette")
+
+if not sys.platform.startswith("linux"):  # pragma: no cover
+    pytest.skip("the live controller needs Linux (/proc, flock)", allow_module_level=True)
+
+ALICE, BOB, ROOT = "alice-token-0001", "bob-token-00002", "root-token-0003"
+#: A task that says when it started, then sleeps (one process: sh execs sleep).
+SLEEPER = ["/bin/sh", "-c", 'echo "start $XCE_TASK_ID $(date +%s.%N)"; exec sleep 600']
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_until(fn: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> Any:
+    """Poll ``fn`` until it returns something truthy; fail with ``what`` on timeout."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = fn()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.02)
+
+
+def _read(path: str) -> bytes:
+    try:
+        with open(path, "rb") as fh:
+            return fh.read()
+    except OSError:
+        return b""
+
+
+def processes_marked(marker: str) -> dict[int, dict[str, Any]]:
+    """Live (non-zombie) processes whose command line or environment mention ``marker``."""
+    out: dict[int, dict[str, Any]] = {}
+    me = os.getpid()
+    raw_marker = marker.encode()
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == me:
+            continue
+        pid = int(name)
+        stat = _read(f"/proc/{pid}/stat")
+        if not stat:
+            continue
+        fields = stat[stat.rfind(b")") + 2 :].split()
+        if fields[0] in (b"Z", b"X"):
+            continue
+        cmdline = _read(f"/proc/{pid}/cmdline")
+        environ = _read(f"/proc/{pid}/environ")
+        if raw_marker in cmdline or raw_marker in environ:
+            env = dict(item.split(b"=", 1) for item in environ.split(b"\0") if b"=" in item)
+            out[pid] = {
+                "pgid": int(fields[2]),
+                "cmdline": cmdline.replace(b"\0", b" ").decode(errors="replace"),
+                "env": {
+                    k.decode(errors="replace"): v.decode(errors="replace") for k, v in env.items()
+                },
+            }
+    return out
+
+
+def kill_marked(marker: str) -> None:
+    """SIGKILL every process group with a process that mentions ``marker``."""
+    mine = os.getpgid(0)
+    for _ in range(3):
+        procs = processes_marked(marker)
+        if not procs:
+            return
+        for pid, info in procs.items():
+            pgid = info["pgid"]
+            try:
+                if pgid not in (mine, 0, 1):
+                    os.killpg(pgid, signal.SIGKILL)
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        time.sleep(0.1)
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie does not)."""
+    stat = _read(f"/proc/{pid}/stat")
+    if not stat:
+        return False
+    return stat[stat.rfind(b")") + 2 :].split()[0] not in (b"Z", b"X")
+
+
+class LiveCluster:
+    """One live controller (and its agents) in a temporary directory."""
+
+    def __init__(
+        self, tmp: Path, hosts: dict[str, int], resize: dict[str, Any], limits: str = ""
+    ) -> None:
+        self.tmp = tmp
+        self.state = tmp / "state"
+        self.port = free_port()
+        self.config = tmp / "controller.toml"
+        hosts_toml = ", ".join(f"{h} = {n}" for h, n in hosts.items())
+        resize_toml = "\n".join(f"{k} = {v!r}" for k, v in resize.items())
+        self.config.write_text(
+            f"""
+[controller]
+listen = "127.0.0.1:{self.port}"
+state_dir = "state"
+kill_grace = 0.5
+worker_timeout = 10
+
+[cluster]
+hosts = {{ {hosts_toml} }}
+
+[users]
+admins = ["root"]
+tokens = {{ alice = "{ALICE}", bob = "{BOB}", root = "{ROOT}" }}
+
+{limits}
+
+[resize]
+{resize_toml}
+"""
+        )
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.runs = 0
+
+    # -- the controller process -------------------------------------------------------
+
+    def start(
+        self, env: dict[str, str] | None = None, listen_port: int | None = None
+    ) -> subprocess.Popen[bytes]:
+        self.runs += 1
+        log = open(self.tmp / f"controller-{self.runs}.log", "wb")  # noqa: SIM115
+        args = [
+            sys.executable,
+            "-m",
+            "xce_resize_plugin",
+            "controller",
+            "--config",
+            str(self.config),
+        ]
+        if listen_port is not None:
+            args += ["--listen", f"127.0.0.1:{listen_port}"]
+        proc = subprocess.Popen(
+            args,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            env={**os.environ, **(env or {})},
+        )
+        log.close()
+        self.procs.append(proc)
+        port = listen_port or self.port
+        wait_until(lambda: self._healthy(port, proc), 20, f"controller on port {port}")
+        return proc
+
+    def _healthy(self, port: int, proc: subprocess.Popen[bytes]) -> bool:
+        if proc.poll() is not None:
+            raise AssertionError(f"controller exited with {proc.returncode}:\n{self.logs()}")
+        try:
+            return httpx.get(f"http://127.0.0.1:{port}/v1/health", timeout=1).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    def crash(self) -> None:
+        """SIGKILL the controller (its agents and tasks live on, in their own sessions)."""
+        proc = self.procs[-1]
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(5)
+
+    def logs(self) -> str:
+        return "\n".join(
+            f"--- {p.name}\n{p.read_text(errors='replace')}"
+            for p in sorted(self.tmp.glob("controller-*.log"))
+        )
+
+    def cleanup(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait(5)
+        kill_marked(str(self.tmp))
+
+    # -- HTTP ---------------------------------------------------------------------------
+
+    def url(self, path: str = "", port: int | None = None) -> str:
+        return f"http://127.0.0.1:{port or self.port}{path}"
+
+    def call(
+        self, method: str, path: str, token: str = ALICE, body: Any = None, port: int | None = None
+    ) -> Any:
+        return httpx.request(
+            method,
+            self.url(path, port),
+            json=body,
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=10,
+        )
+
+    def ok(self, method: str, path: str, token: str = ALICE, body: Any = None) -> Any:
+        response = self.call(method, path, token, body)
+        assert response.status_code < 300, (response.status_code, response.text)
+        return response.json()
+
+    def submit(self, token: str = ALICE, **body: Any) -> str:
+        body.setdefault("command", SLEEPER)
+        return str(self.ok("POST", "/v1/jobs", token, body)["id"])
+
+    def job(self, job_id: str, token: str = ROOT) -> dict[str, Any]:
+        return dict(self.ok("GET", f"/v1/jobs/{job_id}", token))
+
+    def cluster(self) -> dict[str, Any]:
+        return dict(self.ok("GET", "/v1/cluster", ROOT))
+
+    def grow(self, job_id: str, tasks: int, token: str = ALICE, **options: Any) -> Any:
+        return self.call(
+            "POST", f"/v1/jobs/{job_id}/resize/grow", token, {"tasks": tasks, **options}
+        )
+
+    def release(self, job_id: str, token: str = ALICE, **body: Any) -> Any:
+        return self.call("POST", f"/v1/jobs/{job_id}/resize/release", token, body)
+
+    def phase(self, job_id: str) -> str:
+        resize = self.job(job_id)["resize"]
+        return str(resize["phase"]) if resize else "IDLE"
+
+    def running(self, job_id: str, count: int) -> dict[str, Any]:
+        """Wait until the job runs ``count`` tasks with processes; return the job."""
+
+        def check() -> dict[str, Any] | None:
+            job = self.job(job_id)
+            live = [t for t in job["tasks"] if t["state"] == "RUNNING" and t["pid"]]
+            return job if job["state"] == "RUN" and len(live) == count else None
+
+        return dict(wait_until(check, 15, f"job {job_id} running {count} tasks"))
+
+    def idle(self, job_id: str, version: int, timeout: float = 15) -> dict[str, Any]:
+        """Wait until the job's resize is idle at ``version``."""
+
+        def check() -> dict[str, Any] | None:
+            job = self.job(job_id)
+            resize = job["resize"] or {"phase": "IDLE", "version": 0}
+            ok = resize["phase"] == "IDLE" and job["version"] == version
+            return job if ok else None
+
+        return dict(wait_until(check, timeout, f"job {job_id} idle at version {version}"))
+
+    # -- what runs ----------------------------------------------------------------------
+
+    def task_processes(self, job_id: str) -> dict[int, list[int]]:
+        """Task id -> pids of the job's task processes running now (task leaders only)."""
+        out: dict[int, list[int]] = {}
+        for pid, info in processes_marked(str(self.state)).items():
+            env = info["env"]
+            if env.get("XCE_JOB_ID") == job_id and "XCE_TASK_ID" in env and info["pgid"] == pid:
+                out.setdefault(int(env["XCE_TASK_ID"]), []).append(pid)
+        return out
+
+    def starts(self, job_id: str, task_id: int) -> int:
+        """How many times the task's process started (its stdout log says)."""
+        path = self.state / "jobs" / job_id / f"task-{task_id}.out"
+        text = path.read_text() if path.exists() else ""
+        return sum(1 for line in text.splitlines() if line.startswith("start "))
+
+    def check_consistent(self, job_id: str) -> dict[str, Any]:
+        """The invariants the failover tests assert after every restart."""
+        job = self.job(job_id)
+        cluster = self.cluster()
+        assert cluster["problems"] == [], cluster["problems"]
+        procs = self.task_processes(job_id)
+        running = {t["id"] for t in job["tasks"] if t["state"] == "RUNNING"}
+        # No task runs twice, none is lost: exactly the running tasks have one process
+        # each, and every task id the job ever used started at most once.
+        assert {tid: len(p) for tid, p in procs.items()} == dict.fromkeys(running, 1), (
+            procs,
+            job["tasks"],
+        )
+        for t in job["tasks"]:
+            assert self.starts(job_id, t["id"]) <= 1, (t, self.starts(job_id, t["id"]))
+        # Limits and accounting equal the allocation.
+        held = len(job["held"])
+        if job["state"] == "RUN":
+            assert {t["id"] for t in job["allocation"]} <= {t["id"] for t in job["held"]}
+            assert job["accounting"]["charged_slots"] == held, job["accounting"]
+        used = sum(h["used"] for h in cluster["hosts"].values())
+        in_use = sum(u["slots_in_use"] for u in cluster["users"].values())
+        assert used == in_use
+        for user, info in cluster["users"].items():
+            assert info["limit"] is None or info["slots_in_use"] <= info["limit"], (user, info)
+        return job
+
+
+@pytest.fixture
+def make_cluster(tmp_path: Path) -> Iterator[Callable[..., LiveCluster]]:
+    made: list[LiveCluster] = []
+
+    def make(
+        hosts: dict[str, int] | None = None,
+        limits: str = "",
+        **resize: Any,
+    ) -> LiveCluster:
+        settings = {"stop_grace": 1.0, "notify_timeout": 5.0, **resize}
+        cluster = LiveCluster(tmp_path, hosts or {"h1": 2, "h2": 2}, settings, limits)
+        made.append(cluster)
+        return cluster
+
+    try:
+        yield make
+    finally:
+        for cluster in made:
+            cluster.cleanup()
+        kill_marked(str(tmp_path))

@@ -1,0 +1,217 @@
+"""The live controller's parts in-process: configuration, the fenced store, submission
+checks, the OpenAPI document against the served routes, and the resize hook driven
+from many threads while the controller loop runs (real agents and tasks)."""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from xce_resize_plugin.embedded.live import config as live_config
+from xce_resize_plugin.embedded.live.controller import LiveController, parse_submission
+from xce_resize_plugin.embedded.live.server import build_app
+from xce_resize_plugin.embedded.live.store import LiveStore
+from xce_resize_plugin.errors import ConfigError, FencedError, InvalidRequest, ResizeError
+from xce_resize_plugin.host import Principal
+from xce_resize_plugin.manager import get_plugin_manager
+from xce_resize_plugin.models import GrowRequest, ReleaseRequest
+
+from .conftest import kill_marked, wait_until
+
+GOOD = """
+[controller]
+listen = "127.0.0.1:7001"
+state_dir = "state"
+
+[cluster]
+hosts = {{ h1 = 2, h2 = 2 }}
+
+[users]
+admins = ["root"]
+tokens = {{ alice = "alice-secret-1", root = "sha256:{}" }}
+
+[limits]
+user_slots = {{ alice = 3 }}
+
+[resize]
+stop_grace = 1
+""".format(hashlib.sha256(b"root-secret").hexdigest())
+
+
+def _config(tmp_path: Path, text: str = GOOD) -> live_config.LiveConfig:
+    path = tmp_path / "c.toml"
+    path.write_text(text)
+    return live_config.load(path)
+
+
+def test_config(tmp_path: Path) -> None:
+    cfg = _config(tmp_path)
+    assert cfg.state_dir == (tmp_path / "state").resolve()
+    assert cfg.hosts == (("h1", 2), ("h2", 2))
+    assert cfg.controller_url == "http://127.0.0.1:7001"
+    assert cfg.user_slots == {"alice": 3} and cfg.admins == {"root"}
+    assert [t.user for t in cfg.tokens if t.matches("root-secret")] == ["root"]
+    assert [t.user for t in cfg.tokens if t.matches("alice-secret-1")] == ["alice"]
+    assert not any(t.matches("alice-secret-2") for t in cfg.tokens)
+    for bad, where in (
+        (GOOD.replace("127.0.0.1:7001", "0.0.0.0:7001"), "controller.listen"),
+        (GOOD.replace('"alice-secret-1"', '"short"'), "users.tokens.alice"),
+        (GOOD.replace("stop_grace = 1", "stop_grac = 1"), "stop_grac"),
+        (GOOD.replace("[limits]", "[limitz]"), "limitz"),
+        (GOOD.replace('state_dir = "state"', ""), "controller.state_dir"),
+        (GOOD.replace("h1 = 2", 'h1 = "2"'), "cluster.hosts.h1"),
+    ):
+        with pytest.raises(ConfigError, match=where.replace(".", r"\.")):
+            _config(tmp_path, bad)
+
+
+def test_store_fencing(tmp_path: Path) -> None:
+    """Two controllers on one state directory: the older one's writes fail. (The newer
+    store is opened by another process, as it would be: LMDB allows one handle per
+    environment and process.)"""
+    first = LiveStore(tmp_path / "controller")
+    first.put("job:1", {"argv": ["true"]})
+    first.write({"clock": 1.0}, [])
+    script = (
+        "import sys; from pathlib import Path; "
+        "from xce_resize_plugin.embedded.live.store import LiveStore; "
+        "s = LiveStore(Path(sys.argv[1])); assert s.get('job:1') == {'argv': ['true']}; "
+        "s.put('job:3', {'argv': ['x']}); s.write(None, []); print(s.epoch); s.close()"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path / "controller")],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert int(out.stdout) == first.epoch + 1
+    first.put("job:2", {"argv": ["false"]})
+    with pytest.raises(FencedError, match="newer controller"):
+        first.write(None, [])
+    with pytest.raises(FencedError):
+        first.check_epoch()
+    first.close()
+    again = LiveStore(tmp_path / "controller")
+    assert again.get("job:2") is None and again.get("job:3") == {"argv": ["x"]}
+    again.close()
+
+
+def test_parse_submission() -> None:
+    sub = parse_submission({"command": ["sleep", "1"], "tasks": "2,4", "ptile": 2})
+    assert sub.tasks == (2, 4) and sub.ptile == 2 and sub.command == ("sleep", "1")
+    assert parse_submission({"command": ["x"], "min_tasks": 2}).tasks == (2, 2)
+    for body, field in (
+        ({"command": "sleep 1"}, "$.command"),
+        ({"command": []}, "$.command"),
+        ({"command": ["x"], "tasks": 0}, "$.tasks"),
+        ({"command": ["x"], "tasks": "4,2"}, "$.tasks"),
+        ({"command": ["x"], "tasks": 2, "min_tasks": 1}, "$.tasks"),
+        ({"command": ["x"], "grow_hosts": "some"}, "$.grow_hosts"),
+        ({"command": ["x"], "env": {"A": 1}}, "$.env"),
+        ({"command": ["x"], "cwd": "relative"}, "$.cwd"),
+        ({"command": ["x"], "colour": "red"}, "$.colour"),
+        ({"command": ["x"], "alloc": {"h1": "1"}}, "$.alloc"),
+    ):
+        with pytest.raises(InvalidRequest, match=field.replace("$", r"\$").replace(".", r"\.")):
+            parse_submission(body)
+
+
+def test_openapi_matches_served_routes(tmp_path: Path) -> None:
+    """Every served path and method is in /openapi.json and nothing else is."""
+    cfg = _config(tmp_path)
+    pm = get_plugin_manager(cfg.resize)
+    ctl = LiveController(pm, cfg)
+    try:
+        app = build_app(ctl)
+        from starlette.routing import Route
+
+        served: set[tuple[str, str]] = set()
+        for route in app.routes:
+            assert isinstance(route, Route)
+            served |= {(route.path, m.lower()) for m in (route.methods or ()) if m != "HEAD"}
+        openapi = [r for r in app.routes if isinstance(r, Route) and r.path == "/openapi.json"]
+        assert openapi
+        import asyncio
+
+        from starlette.requests import Request
+
+        response = asyncio.run(
+            openapi[0].endpoint(
+                Request({"type": "http", "method": "GET", "path": "/", "headers": []})
+            )
+        )
+        import json
+
+        doc = json.loads(response.body)
+        documented = {(p, m) for p, item in doc["paths"].items() for m in item}
+        assert documented == served
+        assert ("/v1/jobs/{id}/resize/grow", "post") in served  # the plugin's routes
+        assert doc["openapi"].startswith("3.1")
+        refs = json.dumps(doc)
+        for name in doc["components"]["schemas"]:
+            assert name  # every $ref below resolves to a schema
+        for ref in {r.split('"')[0] for r in refs.split('"$ref": "#/components/schemas/')[1:]}:
+            assert ref in doc["components"]["schemas"], ref
+    finally:
+        ctl.shutdown()
+
+
+def test_resize_hook_from_threads_while_the_loop_runs(tmp_path: Path) -> None:
+    """Hook calls from request threads and the loop thread share the controller lock
+    (no deadlock with the plugin's own lock); the invariants hold throughout."""
+    cfg = _config(tmp_path, GOOD.replace("alice = 3", "alice = 8"))
+    pm = get_plugin_manager(cfg.resize)
+    ctl = LiveController(pm, cfg)
+    try:
+        ctl.open()
+        alice = Principal("alice")
+        job_id = ctl.submit_job(
+            alice,
+            {"command": ["sleep", "600"], "tasks": "1,4", "alloc": {"h1": 1}, "resizable": True},
+        )["id"]
+        wait_until(lambda: ctl.job_json(job_id)["tasks"][0]["pid"], 10, "task 0 running")
+        errors: list[BaseException] = []
+        outcomes: list[str] = []
+
+        def client(n: int) -> None:
+            for i in range(6):
+                request: Any = GrowRequest(1, 1) if (n + i) % 2 == 0 else ReleaseRequest(count=1)
+                try:
+                    pm.hook.xce_resize_request(
+                        controller=ctl, principal=alice, job_id=job_id, request=request
+                    )
+                    outcomes.append("ok")
+                except ResizeError as exc:
+                    outcomes.append(exc.code)  # in progress, pending, too small: fine
+                except BaseException as exc:  # pragma: no cover - reported below
+                    errors.append(exc)
+                if ctl.check_invariants() != []:
+                    errors.append(AssertionError(ctl.check_invariants()))
+
+        threads = [threading.Thread(target=client, args=(n,)) for n in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert not any(t.is_alive() for t in threads), "deadlock"
+        assert errors == []
+        assert "ok" in outcomes
+
+        def settled() -> bool:
+            job = ctl.job_json(job_id)
+            return bool(job["resize"] is None or job["resize"]["phase"] in ("IDLE", "GROW_PENDING"))
+
+        wait_until(settled, 15, "no change in flight")
+        job = ctl.job_json(job_id)
+        assert ctl.check_invariants() == []
+        running = [t for t in job["tasks"] if t["state"] == "RUNNING"]
+        assert sorted(t["id"] for t in running) == sorted(t["id"] for t in job["allocation"])
+    finally:
+        ctl.shutdown()
+        kill_marked(str(tmp_path))

@@ -1,0 +1,288 @@
+"""The live controller with real processes: jobs, environment, hostfile, grow, shrink,
+notifications, kill, authentication, and the grow latency."""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from .conftest import ALICE, BOB, ROOT, SLEEPER, LiveCluster, alive, wait_until
+
+# Logs its environment and, every 50 ms, its hostfile (a shell loop, as the issue asks).
+HOSTFILE_LOGGER = [
+    "/bin/sh",
+    "-c",
+    'echo "start $XCE_TASK_ID"; env | sort > "env-$XCE_TASK_ID"; '
+    'while :; do echo "hostfile $(tr "\\n" " " < "$XCE_HOSTFILE")"; sleep 0.05; done',
+]
+ENV_NAMES = (
+    "XCE_JOB_ID",
+    "XCE_TASK_ID",
+    "XCE_HOSTNAME",
+    "XCE_HOSTS",
+    "XCE_HOSTFILE",
+    "XCE_ALLOC_VERSION",
+    "XCE_CONTROLLER_URL",
+    "XCE_JOB_TOKEN",
+    "LSB_JOBID",
+    "LSB_HOSTS",
+    "LSB_MCPU_HOSTS",
+    "LSB_DJOB_HOSTFILE",
+    "LSB_RESIZABLE",
+)
+
+
+def _env_file(path: Path) -> dict[str, str]:
+    return dict(line.split("=", 1) for line in path.read_text().splitlines() if "=" in line)
+
+
+def test_job_lifecycle_env_hostfile_grow_shrink(make_cluster: Any, tmp_path: Path) -> None:
+    """Submit -> tasks run with the XCE/LSF environment; grow starts new processes and
+    rewrites the hostfile at the commit; shrink stops processes before freeing slots;
+    the job ends DONE when task 0 exits 0."""
+    live: LiveCluster = make_cluster({"h1": 2, "h2": 2, "h3": 2})
+    live.start()
+    work = tmp_path / "work"
+    work.mkdir()
+    answer = live.ok(
+        "POST",
+        "/v1/jobs",
+        ALICE,
+        {
+            "command": HOSTFILE_LOGGER,
+            "tasks": "2,5",
+            "resizable": True,
+            "ptile": 2,
+            "cwd": str(work),
+        },
+    )
+    job_id, token = answer["id"], answer["token"]
+    assert answer["job"]["user"] == "alice" and len(token) >= 32
+    # Moldable: takes as many as fit up to max, ptile 2 -> h1 2, h2 2, h3 1.
+    job = live.running(job_id, 5)
+    assert job["hosts"] == {"h1": 2, "h2": 2, "h3": 1}
+    pids = {t["id"]: t["pid"] for t in job["tasks"]}
+    assert all(alive(p) for p in pids.values())
+
+    env = wait_until(lambda: (work / "env-3").exists() and _env_file(work / "env-3"))
+    for name in ENV_NAMES:
+        assert name in env, name
+    assert env["XCE_JOB_ID"] == env["LSB_JOBID"] == job_id
+    assert env["XCE_TASK_ID"] == "3" and env["XCE_HOSTNAME"] == "h2"
+    assert env["LSB_MCPU_HOSTS"] == env["XCE_HOSTS"] == "h1 2 h2 2 h3 1"
+    assert env["LSB_HOSTS"] == "h1 h1 h2 h2 h3"
+    assert env["XCE_ALLOC_VERSION"] == "0" and env["LSB_RESIZABLE"] == "Y"
+    assert env["XCE_JOB_TOKEN"] == token
+    assert env["XCE_CONTROLLER_URL"] == live.url()
+    hostfile = Path(env["XCE_HOSTFILE"])
+    assert env["LSB_DJOB_HOSTFILE"] == str(hostfile)
+    assert hostfile.read_text() == "h1\nh1\nh2\nh2\nh3\n"
+
+    # Shrink: release h3's task; its slot is freed only once its process is gone.
+    released_pid = pids[4]
+    assert live.release(job_id, hosts={"h3": None}).status_code == 202
+    while True:
+        job = live.job(job_id)
+        if all(t["id"] != 4 for t in job["held"]):
+            assert not alive(released_pid), "slot freed while the process still runs"
+            break
+        time.sleep(0.01)
+    job = live.idle(job_id, 1)
+    assert job["hosts"] == {"h1": 2, "h2": 2}
+    assert hostfile.read_text() == "h1\nh1\nh2\nh2\n"
+
+    # Grow by 1 (the job's token may ask, as an in-job client would).
+    assert live.grow(job_id, 1, token=token).status_code == 202
+    job = live.idle(job_id, 2)
+    new = next(t for t in job["tasks"] if t["id"] == 5)
+    assert new["state"] == "RUNNING" and alive(new["pid"])
+    assert hostfile.read_text() == "h1\nh1\nh2\nh2\nh3\n"
+    env5 = wait_until(lambda: (work / "env-5").exists() and _env_file(work / "env-5"))
+    assert env5["XCE_ALLOC_VERSION"] == "2" and env5["XCE_HOSTS"] == "h1 2 h2 2 h3 1"
+    # The shell loop saw every committed hostfile, whole (atomic rewrites), in order.
+    log0 = live.state / "jobs" / job_id / "task-0.out"
+
+    def distinct() -> list[str]:
+        lines = [x for x in log0.read_text().splitlines() if x.startswith("hostfile")]
+        out: list[str] = []
+        for line in lines:
+            if not out or out[-1] != line:
+                out.append(line)
+        return out
+
+    five, four = "hostfile h1 h1 h2 h2 h3 ", "hostfile h1 h1 h2 h2 "
+    assert wait_until(lambda: distinct() == [five, four, five], 5, "hostfile versions")
+
+    # Task 0 ends (SIGTERM: status 143) -> the job is EXIT, its other tasks are
+    # stopped first and its slots freed.
+    live_pids = [t["pid"] for t in job["tasks"] if t["state"] == "RUNNING"]
+    os.kill(pids[0], 15)
+    job = wait_until(lambda: (j := live.job(job_id))["state"] != "RUN" and j, 10, "job end")
+    assert job["state"] == "EXIT" and "task 0" in job["exit_reason"]
+    assert job["held"] == []
+    assert not any(alive(p) for p in live_pids)
+    assert live.cluster()["problems"] == []
+
+
+def test_done_on_status_zero_and_kill(make_cluster: Any) -> None:
+    live: LiveCluster = make_cluster()
+    live.start()
+    quick = live.submit(command=["/bin/sh", "-c", "exit 0"], tasks=1)
+    job = wait_until(lambda: (j := live.job(quick))["state"] == "DONE" and j, 10, "DONE")
+    assert job["exit_reason"] == "done" and job["held"] == []
+
+    job_id = live.submit(tasks=3)
+    job = live.running(job_id, 3)
+    pids = [t["pid"] for t in job["tasks"]]
+    response = live.call("DELETE", f"/v1/jobs/{job_id}", BOB)
+    assert response.status_code == 403
+    assert response.headers["content-type"].startswith("application/problem+json")
+    assert response.json()["code"] == "LSBE_PERMISSION"
+    assert live.call("DELETE", f"/v1/jobs/{job_id}").status_code == 202
+    job = wait_until(lambda: (j := live.job(job_id))["state"] == "EXIT" and j, 10, "EXIT")
+    assert job["exit_reason"] == "killed by alice" and job["held"] == []
+    assert not any(alive(p) for p in pids)
+    again = live.call("DELETE", f"/v1/jobs/{job_id}")
+    assert again.status_code == 409 and again.json()["code"] == "LSBE_JOB_FINISH"
+
+
+def test_shrink_sigkill_after_grace(make_cluster: Any) -> None:
+    """A task that ignores SIGTERM is killed at the end of the grace period; its slot is
+    freed only then (stop_grace = 1 s)."""
+    live: LiveCluster = make_cluster({"h1": 4})
+    live.start()
+    stubborn = [
+        "/bin/sh",
+        "-c",
+        'trap "" TERM; echo "start $XCE_TASK_ID"; while :; do sleep 0.05; done',
+    ]
+    job_id = live.submit(command=stubborn, tasks="1,2", resizable=True)
+    job = live.running(job_id, 2)
+    pid1 = next(t["pid"] for t in job["tasks"] if t["id"] == 1)
+    begin = time.monotonic()
+    response = live.release(job_id, task_ids=[1])
+    assert response.status_code == 202, response.text
+    while any(t["id"] == 1 for t in live.job(job_id)["held"]):
+        assert time.monotonic() - begin < 10
+        time.sleep(0.02)
+    assert not alive(pid1)
+    assert time.monotonic() - begin >= 0.9  # not before the grace period
+    task = next(t for t in live.idle(job_id, 1)["tasks"] if t["id"] == 1)
+    assert task["status"] == 137 and task["reason"] == "SIGKILL after grace"
+
+
+def test_notification_runs_for_real(make_cluster: Any, tmp_path: Path) -> None:
+    """The notification command runs on the first execution host with the LSF
+    environment; its output is kept with the job's logs; a failing one refuses."""
+    live: LiveCluster = make_cluster({"h1": 1, "h2": 2})
+    live.start()
+    out = tmp_path / "notified"
+    notify = f'env | sort > {out}; echo "notified $LSB_RESIZE_EVENT"; cat "$LSB_DJOB_HOSTFILE"'
+    job_id = live.submit(tasks="1,3", alloc={"h1": 1}, resizable=True, notify_cmd=notify)
+    live.running(job_id, 1)
+    assert live.grow(job_id, 2).status_code == 202
+    job = live.idle(job_id, 1)
+    env = _env_file(out)
+    assert env["LSB_RESIZE_EVENT"] == "grow"
+    assert env["LSB_RESIZE_HOSTS"] == "h2 2"
+    assert env["LSB_MCPU_HOSTS"] == "h1 1 h2 2" and env["LSB_HOSTS"] == "h1 h2 h2"
+    assert env["XCE_HOSTNAME"] == "h1" and env["LSB_JOBID"] == job_id
+    assert env["XCE_ALLOC_VERSION"] == "1" and env["LSB_RESIZE_NOTIFY_OK"] == "0"
+    assert Path(env["LSB_DJOB_HOSTFILE"]).read_text() == "h1\nh2\nh2\n"
+    note = job["notifications"][0]
+    assert note["status"] == 0 and "notified grow" in note["stdout"]
+    assert note["host"] == "h1"
+    log = (live.state / "jobs" / job_id / "notify-1.log").read_text()
+    assert "notified grow" in log and "h1\nh2\nh2" in log
+
+    # A release whose notification fails (exit 1) changes nothing.
+    failing = live.release(job_id, task_ids=[2], notify_cmd="echo no; exit 1")
+    assert failing.status_code == 202
+    job = wait_until(
+        lambda: (
+            (j := live.job(job_id))["resize"]["phase"] == "IDLE"
+            and len(j["notifications"]) == 2
+            and j
+        ),
+        10,
+        "failed shrink",
+    )
+    assert job["version"] == 1 and len(job["allocation"]) == 3
+    assert job["notifications"][1]["status"] == 1
+    assert all(t["state"] == "RUNNING" for t in job["tasks"])
+
+
+def test_authentication_and_problem_documents(make_cluster: Any) -> None:
+    live: LiveCluster = make_cluster()
+    live.start()
+    for token, status, code in (
+        (None, 401, "XCE_RESIZE_NOT_AUTHENTICATED"),
+        ("nope-nope-nope", 401, "XCE_RESIZE_NOT_AUTHENTICATED"),
+    ):
+        headers = {} if token is None else {"Authorization": f"Bearer {token}"}
+        import httpx
+
+        r = httpx.get(live.url("/v1/jobs"), headers=headers)
+        assert r.status_code == status and r.json()["code"] == code
+        assert r.headers["content-type"].startswith("application/problem+json")
+    bad = live.call("POST", "/v1/jobs", ALICE, {"command": "sleep 1"})
+    assert bad.status_code == 400 and "$.command" in bad.json()["detail"]
+    never = live.call("POST", "/v1/jobs", ALICE, {"command": ["true"], "tasks": 99})
+    assert never.status_code == 400 and never.json()["code"] == "XCE_SUBMIT_REJECTED"
+    toolong = live.call("POST", "/v1/jobs", ALICE, {"command": ["true"], "notify_cmd": "x" * 5000})
+    assert toolong.json()["code"] == "LSBE_RESIZE_NOTIFY_CMD_LEN"
+    job_id = live.submit(tasks=1)
+    answer = live.ok("POST", "/v1/jobs", ALICE, {"command": SLEEPER})
+    assert [j["id"] for j in live.ok("GET", "/v1/jobs", BOB)["jobs"]] == []
+    assert {j["id"] for j in live.ok("GET", "/v1/jobs", ALICE)["jobs"]} == {job_id, answer["id"]}
+    assert [j["id"] for j in live.ok("GET", "/v1/jobs", answer["token"])["jobs"]] == [answer["id"]]
+    assert live.call("GET", f"/v1/jobs/{job_id}", BOB).status_code == 403
+    assert live.call("GET", "/v1/jobs/999", ROOT).json()["code"] == "LSBE_NO_JOB"
+    own = live.call("POST", "/v1/jobs", answer["token"], {"command": ["true"]})
+    assert own.status_code == 403
+    grow = live.grow(job_id, 1)
+    assert grow.status_code == 409 and grow.json()["code"] == "LSBE_JOB_RESIZABLE"
+    assert grow.json()["lsf_number"] == 357
+    assert live.call("GET", "/nowhere").json()["code"] == "HTTP_404"
+
+
+def test_grow_latency(make_cluster: Any) -> None:
+    """From the grow request to all new task processes running (issue target: p50 <=
+    100 ms). The request goes through the stdlib client ``bresize`` uses; each new task
+    writes the time its shell started; the figure is printed."""
+    from xce_resize_plugin.http_client import Client
+
+    live: LiveCluster = make_cluster({"h1": 4, "h2": 4})
+    live.start()
+    client = Client(live.url(), ALICE)
+    job_id = live.submit(min_tasks=1, max_tasks=8, resizable=True)
+    live.running(job_id, 8)  # moldable: started with 8
+    version = 0
+    samples = []
+    for _ in range(8):
+        version += 1
+        assert live.release(job_id, count=2).status_code == 202
+        job = live.idle(job_id, version)
+        before = {t["id"] for t in job["tasks"]}
+        version += 1
+        begin = time.time()
+        client.call("POST", f"/v1/jobs/{job_id}/resize/grow", {"tasks": 2})
+        job = live.idle(job_id, version)
+        new = [t["id"] for t in job["tasks"] if t["id"] not in before]
+        assert len(new) == 2
+        started = []
+        for tid in new:
+            path = live.state / "jobs" / job_id / f"task-{tid}.out"
+            line = wait_until(lambda p=path: p.exists() and p.read_text().strip())
+            started.append(float(line.split()[2]))
+        samples.append(max(started) - begin)
+    p50 = statistics.median(samples)
+    print(
+        f"\ngrow latency (request -> all new task processes running): "
+        f"p50 {p50 * 1000:.1f} ms, max {max(samples) * 1000:.1f} ms over {len(samples)}"
+    )
+    assert p50 <= 0.1, samples  # the issue's target
+    live.check_consistent(job_id)

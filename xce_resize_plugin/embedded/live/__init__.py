@@ -1,0 +1,15 @@
+"""The live embedded controller: real time, real processes, REST on loopback (DESIGN §8).
+
+- :mod:`.config`: the TOML configuration (``[controller]``, ``[cluster]``, ``[users]``,
+  ``[limits]``, ``[resize]``);
+- :mod:`.worker`: the per-host worker agent (``xce-resize worker``) that runs tasks and
+  notification commands;
+- :mod:`.tasks`: the controller's channels to the agents (commands, events, liveness);
+- :mod:`.store`: the controller's own LMDB state with fencing;
+- :mod:`.controller`: :class:`~.controller.LiveController`, the embedded controller on
+  the wall clock;
+- :mod:`.server`: the REST API and the ``xce-resize controller`` process.
+
+Nothing heavy is imported here: the command line imports what it runs.
+See docs/live-controller.md.
+"""
