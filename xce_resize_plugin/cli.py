@@ -1,7 +1,8 @@
 """``xce-resize``: the demo, scenarios and journal maintenance.
 
 Library code raises; this module alone turns errors into messages and exit codes:
-0 success, 1 a check found problems, 2 bad usage or input (the message names what).
+0 success, 1 a check found problems, 2 bad usage or input (the message names what),
+255 the controller refused the request or could not be reached (as `bresize`).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any, TextIO
 from . import __version__
 from .errors import ResizeError
 
-EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE = 0, 1, 2
+EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE, EXIT_REJECTED = 0, 1, 2, 255
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -73,6 +74,10 @@ def _parser() -> argparse.ArgumentParser:
     wk = sub.add_parser("worker", help="run one host's worker agent for the live controller")
     wk.add_argument("--state-dir", type=Path, required=True, help="the controller's state_dir")
     wk.add_argument("--host", required=True, help="the host this agent stands for")
+
+    from .client_cli import add_parsers as add_client_parsers
+
+    add_client_parsers(sub)
     return p
 
 
@@ -82,7 +87,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _dispatch(args, sys.stdout)
     except ResizeError as exc:
         print(f"xce-resize: {exc.text}", file=sys.stderr)
-        return EXIT_USAGE
+        from .http_client import RemoteError, Unreachable
+
+        # As bresize: the controller refused, or could not be reached.
+        return EXIT_REJECTED if isinstance(exc, RemoteError | Unreachable) else EXIT_USAGE
     except KeyboardInterrupt:
         print("xce-resize: interrupted", file=sys.stderr)
         return 130
@@ -105,6 +113,10 @@ def _dispatch(args: argparse.Namespace, out: TextIO) -> int:
         from .embedded.live import worker
 
         return worker.serve(args.state_dir.resolve(), args.host)
+    if args.command in ("submit", "jobs", "history", "kill"):
+        from .client_cli import run as run_client
+
+        return run_client(args, out)
     return _journal(args, out)
 
 

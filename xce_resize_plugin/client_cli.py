@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any, TextIO
 
 from .errors import UsageError
@@ -105,14 +105,22 @@ def _hosts(doc: Mapping[str, Any]) -> str:
     hosts = doc.get("hosts")
     if isinstance(hosts, Mapping):
         return " ".join(f"{h}:{n}" for h, n in hosts.items())
-    tasks = doc.get("tasks")
-    if isinstance(tasks, Sequence):
-        counts: dict[str, int] = {}
-        for t in tasks:
-            host = t["host"] if isinstance(t, Mapping) else str(t)
-            counts[host] = counts.get(host, 0) + 1
-        return " ".join(f"{h}:{n}" for h, n in counts.items())
     return ""
+
+
+#: What ``jobs JOB`` shows, in this order (``--json`` has everything).
+_SHOWN = (
+    "id",
+    "user",
+    "state",
+    "command",
+    "min_tasks",
+    "max_tasks",
+    "version",
+    "hosts",
+    "logs",
+    "hostfile",
+)
 
 
 def _jobs(args: argparse.Namespace, out: TextIO, client: Client) -> int:
@@ -121,20 +129,31 @@ def _jobs(args: argparse.Namespace, out: TextIO, client: Client) -> int:
         if args.json:
             _dump(doc, out)
             return 0
-        for key, value in doc.items():
-            out.write(f"{key:>14}: {value}\n")
+        for key in _SHOWN:
+            if key in doc:
+                value = doc[key]
+                if key == "hosts":
+                    value = _hosts(doc)
+                elif key == "command":
+                    value = " ".join(value)
+                out.write(f"{key:>10}: {value}\n")
+        resize = doc.get("resize")
+        if isinstance(resize, Mapping):
+            out.write(
+                f"{'resize':>10}: {resize.get('phase', '')} pending={resize.get('pending')}\n"
+            )
         return 0
     docs = client.call("GET", "/v1/jobs")
-    items = docs.get("jobs", docs) if isinstance(docs, Mapping) else docs
     if args.json:
         _dump(docs, out)
         return 0
+    items = docs.get("jobs", []) if isinstance(docs, Mapping) else docs
     out.write(f"{'JOBID':<8} {'USER':<10} {'STAT':<5} {'TASKS':>5}  EXEC_HOSTS\n")
     for job in items:
-        ntasks = len(job.get("tasks", ())) if isinstance(job.get("tasks"), list) else ""
+        ntasks = sum(job["hosts"].values()) if isinstance(job.get("hosts"), Mapping) else 0
         out.write(
             f"{job['id']:<8} {job.get('user', ''):<10} {job.get('state', ''):<5} "
-            f"{ntasks!s:>5}  {_hosts(job)}\n"
+            f"{ntasks:>5}  {_hosts(job)}\n"
         )
     return 0
 

@@ -1,0 +1,116 @@
+"""The command lines against a live controller, as a user and a job run them: the real
+`xce-resize submit/jobs/history/kill` and `bresize` processes over HTTP, and the elastic
+task farm example growing and shrinking itself through the in-job API."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from .conftest import ALICE, BOB, LiveCluster, wait_until
+
+ROOT_DIR = Path(__file__).resolve().parents[3]
+
+
+def cli(live: LiveCluster, *args: str, token: str = ALICE, tool: str = "xce-resize") -> Any:
+    argv = (
+        [sys.executable, "-m", "xce_resize_plugin", *args]
+        if tool == "xce-resize"
+        else [
+            sys.executable,
+            "-c",
+            "import sys; from xce_resize_plugin.bresize import main; sys.exit(main())",
+            *args,
+        ]
+    )
+    env = {**os.environ, "XCE_CONTROLLER_URL": live.url(), "XCE_TOKEN": token}
+    env.pop("XCE_JOB_TOKEN", None)
+    return subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60)
+
+
+def test_client_commands_and_bresize_over_http(make_cluster: Any, tmp_path: Path) -> None:
+    live: LiveCluster = make_cluster({"h1": 2, "h2": 2})
+    live.start()
+    proc = cli(live, "submit", "-n", "1,4", "--resizable", "--", "sleep", "60")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("Job <") and proc.stdout.endswith("> is submitted.\n")
+    job_id = proc.stdout.split("<")[1].split(">")[0]
+    job = live.running(job_id, 4)  # moldable: as many as fit
+    assert sum(job["hosts"].values()) == 4
+
+    # shrink with the real bresize, over HTTP; then grow back
+    proc = cli(live, "release", "2*h2", job_id, tool="bresize")
+    assert proc.returncode == 0, proc.stderr
+    assert "Release request of job <" in proc.stdout
+    live.idle(job_id, 1)
+    proc = cli(live, "request", "1,2", job_id, tool="bresize")
+    assert proc.returncode == 0, proc.stderr
+    live.idle(job_id, 2)
+
+    # LSF's codes and exit values come back from the controller
+    proc = cli(live, "request", "9", job_id, tool="bresize")
+    assert proc.returncode == 255 and "Incorrect number of tasks specified" in proc.stderr
+    proc = cli(live, "release", "1*h1", job_id, tool="bresize", token=BOB)
+    assert proc.returncode == 255 and "User permission denied" in proc.stderr
+    proc = cli(live, "release", "h1*2", job_id, tool="bresize")  # refused locally
+    assert proc.returncode == 255 and "Incorrect host specified for release" in proc.stderr
+    proc = cli(live, "request", "-rnc", "x", "-rncn", "1", job_id, tool="bresize")
+    assert proc.returncode == 2 and "mutually exclusive" in proc.stderr
+
+    proc = cli(live, "jobs", "--json")
+    jobs = json.loads(proc.stdout)["jobs"]
+    assert [j["id"] for j in jobs] == [job_id]
+    proc = cli(live, "jobs")
+    assert job_id in proc.stdout and "RUN" in proc.stdout
+    proc = cli(live, "history", job_id)
+    assert proc.returncode == 0 and "JOB_RESIZE" in proc.stdout and "shrink" in proc.stdout
+    history = json.loads(cli(live, "history", job_id, "--json").stdout)
+    assert [r["type"] for r in history["records"]] == ["shrink", "grow"]
+
+    proc = cli(live, "kill", job_id)
+    assert proc.returncode == 0 and f"Job <{job_id}> is being terminated" in proc.stdout
+    wait_until(lambda: live.job(job_id)["state"] == "EXIT", 15, "job killed")
+    proc = cli(live, "kill", "424242")
+    assert proc.returncode == 255 and "No matching job found" in proc.stderr
+
+
+def test_elastic_task_farm_grows_and_shrinks_itself(make_cluster: Any, tmp_path: Path) -> None:
+    live: LiveCluster = make_cluster({"h1": 2, "h2": 2, "h3": 2})
+    live.start()
+    work = tmp_path / "farm"
+    work.mkdir()
+    farm = ROOT_DIR / "docs" / "examples" / "task_farm.py"
+    answer = live.ok(
+        "POST",
+        "/v1/jobs",
+        ALICE,
+        {
+            "command": [
+                sys.executable,
+                str(farm),
+                "--items",
+                "30",
+                "--work",
+                "0.15",
+                "--spool",
+                str(work / "spool"),
+            ],
+            "tasks": "1,6",
+            "resizable": True,
+            "cwd": str(work),
+            "alloc": {"h1": 1},
+        },
+    )
+    job_id = answer["id"]
+    wait_until(lambda: live.job(job_id)["state"] in ("DONE", "EXIT"), 60, "the farm to finish")
+    job = live.job(job_id)
+    assert job["state"] == "DONE", live.logs()
+    done = sorted(p.name for p in (work / "spool" / "done").iterdir())
+    assert done == [f"item-{i:05d}" for i in range(30)]  # every item, exactly once
+    records = live.ok("GET", f"/v1/jobs/{job_id}/resize/history", ALICE)["records"]
+    kinds = [r["type"] for r in records]
+    assert "grow" in kinds and "shrink" in kinds  # it grew with a backlog, shrank when idle
