@@ -249,10 +249,10 @@ def test_authentication_and_problem_documents(make_cluster: Any) -> None:
     assert live.call("GET", "/nowhere").json()["code"] == "HTTP_404"
 
 
-def test_grow_latency(make_cluster: Any) -> None:
-    """From the grow request to all new task processes running (issue target: p50 <=
-    100 ms). The request goes through the stdlib client ``bresize`` uses; each new task
-    writes the time its shell started; the figure is printed."""
+def test_repeated_release_and_grow_start_new_processes(make_cluster: Any) -> None:
+    """Eight release/grow cycles: every grow starts exactly its new task processes. The
+    time each took is printed; the latency target itself is checked by the benchmark
+    (tests/benchmarks/test_bench_live.py), never by a timed assertion here."""
     from xce_resize_plugin.http_client import Client
 
     live: LiveCluster = make_cluster({"h1": 4, "h2": 4})
@@ -284,5 +284,4 @@ def test_grow_latency(make_cluster: Any) -> None:
         f"\ngrow latency (request -> all new task processes running): "
         f"p50 {p50 * 1000:.1f} ms, max {max(samples) * 1000:.1f} ms over {len(samples)}"
     )
-    assert p50 <= 0.1, samples  # the issue's target
     live.check_consistent(job_id)
