@@ -32,6 +32,12 @@ def _parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser("demo", help="run the built-in scenario and show its timeline")
     demo.add_argument("--json", action="store_true", help="print the result as JSON")
+    demo.add_argument(
+        "--live",
+        action="store_true",
+        help="run a real controller, worker agents and task processes in a temporary "
+        "directory (needs the live extra: pip install 'xce_resize_plugin[live]')",
+    )
 
     sc = sub.add_parser("scenario", help="run scenario files in simulated time")
     sc_sub = sc.add_subparsers(dest="action", required=True, metavar="ACTION")
@@ -98,6 +104,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _dispatch(args: argparse.Namespace, out: TextIO) -> int:
     if args.command == "demo":
+        if args.live:
+            from .embedded.live.demo import main as run_live_demo
+
+            return run_live_demo(out)
         from .embedded.demo import main as run_demo
 
         return run_demo(out, as_json=args.json)

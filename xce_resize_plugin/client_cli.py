@@ -163,10 +163,16 @@ def _history(args: argparse.Namespace, out: TextIO, client: Client) -> int:
     if args.json:
         _dump(doc, out)
         return 0
+    segments = doc.get("segments", [])
+    # Times relative to the job's start read better than raw clock values.
+    t0 = segments[0]["start"] if segments else 0.0
     out.write(f"Job <{args.job}>: {doc.get('slot_seconds', 0):g} slot-seconds\n")
-    out.write("  allocation timeline (charged slots):\n")
-    for seg in doc.get("segments", []):
-        out.write(f"    {seg['start']:>12.3f} .. {seg['end']:>12.3f}  {seg['slots']:>4} slots\n")
+    out.write("  allocation timeline (charged slots, seconds from the job's start):\n")
+    for seg in segments:
+        out.write(
+            f"    +{seg['start'] - t0:>10.3f} .. +{seg['end'] - t0:>10.3f}  "
+            f"{seg['slots']:>4} slots\n"
+        )
     records = doc.get("records", [])
     if records:
         out.write("  resize records (JOB_RESIZE):\n")
@@ -175,7 +181,7 @@ def _history(args: argparse.Namespace, out: TextIO, client: Client) -> int:
         after = sum(rec["after"].values())
         delta = " ".join(f"{h} {n}" for h, n in rec["delta"].items())
         out.write(
-            f"    t={rec['time']:.3f} {rec['type']:<6} {before} -> {after} tasks "
+            f"    +{rec['time'] - t0:.3f}s {rec['type']:<6} {before} -> {after} tasks "
             f"(delta {delta}), allocation v{rec['version']}\n"
         )
     return 0

@@ -114,3 +114,18 @@ def test_elastic_task_farm_grows_and_shrinks_itself(make_cluster: Any, tmp_path:
     records = live.ok("GET", f"/v1/jobs/{job_id}/resize/history", ALICE)["records"]
     kinds = [r["type"] for r in records]
     assert "grow" in kinds and "shrink" in kinds  # it grew with a backlog, shrank when idle
+
+
+def test_live_demo_runs_and_leaves_nothing_behind() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "xce_resize_plugin", "demo", "--live"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = proc.stdout
+    seen = [line for line in out.splitlines() if "task 0 sees hostfile" in line]
+    assert [len(line.split(":")[1].split()) for line in seen] == [2, 4, 3]
+    assert "notified: grow of hostB 2" in out and "notified: shrink of hostB 1" in out
+    assert "JOB_RESIZE" in out and "no process left behind" in out
