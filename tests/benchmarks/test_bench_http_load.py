@@ -130,3 +130,52 @@ def test_load_200_clients(live: LiveCluster) -> None:
     assert facts["GrowRequested"] == accepted["grow"]
     assert facts["GrowCancelled"] == accepted["cancel"] + accepted["replaced"]
     assert facts["JobTracked"] == CLIENTS
+
+
+def test_durable_http_throughput_64_clients(live: LiveCluster, tmp_path: Path) -> None:
+    """64 clients, each alternating grow (pends: the cluster is full) and cancel: every
+    request is a durable change. Compared with the journal's group-commit rate measured
+    in the same run (tests/benchmarks/test_bench_journal.py's method)."""
+    from tests.benchmarks.test_bench_journal import group_throughput
+    from xce_resize_plugin.journal import GroupCommitter
+
+    with Journal.open(tmp_path / "gc") as journal:
+        journal.start()
+        with GroupCommitter(journal) as gc:
+            journal_rate, _ = group_throughput(gc)
+    live.start()
+    clients, per_client = 64, 40
+    jobs = [
+        live.submit(min_tasks=1, max_tasks=21, resizable=True, alloc={f"n{i % 10:02d}": 20})
+        for i in range(10)
+    ]
+    for job in jobs:
+        live.running(job, 20)
+    start = threading.Barrier(clients + 1)
+    wrong: list[str] = []
+
+    def loop(i: int) -> None:
+        client = Client(live.url(), ALICE, timeout=120)
+        job = jobs[i % len(jobs)]
+        start.wait()
+        for k in range(per_client):
+            kind = "grow" if k % 2 == 0 else "cancel"
+            body = {"tasks": 1, "no_notify": True, "cancel_pending": True}
+            got = _one(client, job, kind, body if kind == "grow" else None)
+            # Several clients share a job: a cancel may find the grow already cancelled.
+            if got not in ("200", "202", "LSBE_RESIZE_NO_ACTIVE_REQUEST"):
+                wrong.append(got)
+
+    threads = [threading.Thread(target=loop, args=(i,)) for i in range(clients)]
+    for t in threads:
+        t.start()
+    start.wait()
+    t0 = time.perf_counter()
+    for t in threads:
+        t.join()
+    rate = clients * per_client / (time.perf_counter() - t0)
+    assert wrong == []
+    print(
+        f"\ndurable REST throughput, 64 clients: {rate:,.0f} req/s vs journal group commit "
+        f"{journal_rate:,.0f} rec/s in the same run = {rate / journal_rate:.2f}x"
+    )
