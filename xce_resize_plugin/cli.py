@@ -48,6 +48,8 @@ def _parser() -> argparse.ArgumentParser:
         "--state-dir", type=Path, help="keep the controller's and the plugin's state here"
     )
 
+    _simulate_parser(sub)
+
     jr = sub.add_parser("journal", help="check, export and compact a resize journal")
     jr_sub = jr.add_subparsers(dest="action", required=True, metavar="ACTION")
     verify = jr_sub.add_parser("verify", help="check CRCs, structure and replay")
@@ -87,6 +89,45 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _simulate_parser(sub: Any) -> None:
+    sim = sub.add_parser(
+        "simulate",
+        help="run a workload trace rigid and with malleable jobs, and compare",
+        description="Run a workload trace (SWF .swf/.swf.gz, or ElastiSim jobs.json) twice "
+        "through the embedded controller with the resize plugin: all jobs rigid (FCFS + "
+        "EASY backfill), then with a share of them malleable, resized by a driver. "
+        "Prints both runs side by side. See docs/simulation.md.",
+    )
+    sim.add_argument("trace", nargs="?", type=Path, help="the trace (not with --replay)")
+    sim.add_argument(
+        "--malleable-fraction", type=float, metavar="F", help="share of jobs made malleable "
+        "(0..1, default 0.2)"
+    )
+    sim.add_argument("--seed", type=int, metavar="N", help="seed of the malleable choice (0)")
+    sim.add_argument(
+        "--speedup", metavar="MODEL", help="speedup model: amdahl[:SERIAL][:cost=S] or "
+        "linear[:cost=S] (default amdahl:0.05:cost=10)"
+    )
+    sim.add_argument(
+        "--driver", metavar="NAME", help="who asks for resizes: grow-shrink (default), "
+        "grow-when-idle, shrink-for-queue, none"
+    )
+    sim.add_argument("--config", type=Path, metavar="FILE", help="TOML: [simulate], [resize]")
+    sim.add_argument("--limit", type=int, metavar="N", help="only the first N jobs")
+    sim.add_argument("--slots-per-host", type=int, metavar="N", help="slots per host (1)")
+    sim.add_argument("--json", metavar="OUT", help="write the results as JSON to OUT (- stdout)")
+    sim.add_argument("--plot", type=Path, metavar="OUT.png", help="write a PNG (needs matplotlib)")
+    sim.add_argument("--record", type=Path, metavar="OUT", help="record the elastic run's inputs")
+    sim.add_argument(
+        "--replay", type=Path, metavar="RECORDING", help="replay a recording; check its facts"
+    )
+    sim.add_argument(
+        "--sequential", action="store_true", help="one run after the other (default: in "
+        "parallel when there are two cores)"
+    )
+    sim.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
@@ -113,6 +154,10 @@ def _dispatch(args: argparse.Namespace, out: TextIO) -> int:
         return run_demo(out, as_json=args.json)
     if args.command == "scenario":
         return _scenario(args, out)
+    if args.command == "simulate":
+        from .embedded.simulate_cmd import run as run_simulate
+
+        return run_simulate(args, out)
     if args.command == "controller":
         from .embedded.live import server
 

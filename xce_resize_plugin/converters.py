@@ -13,14 +13,27 @@ import json
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
+import attrs
 import cattrs
 from cattrs.preconf.json import make_converter
 from cattrs.strategies import configure_tagged_union
 
 from . import errors
-from .models import FACT_TYPES, Fact, GrowRequest, ReleaseRequest, ResizeState, Task
+from .models import (
+    FACT_TYPES,
+    Fact,
+    GrowRequest,
+    ReleaseRequest,
+    ResizeRecord,
+    ResizeState,
+    Task,
+)
 
 T = TypeVar("T")
+
+
+def _unstructure_tasks(tasks: tuple[Task, ...]) -> list[list[int | str]]:
+    return [[t.id, t.host] for t in tasks]
 
 
 def _make_journal_converter() -> cattrs.Converter:
@@ -34,6 +47,9 @@ def _make_journal_converter() -> cattrs.Converter:
         lambda t: t == tuple[Task, ...],
         lambda v, _: tuple([Task(int(i), str(h)) for i, h in v]),
     )
+    # And the other way round: a job's state, with its allocation, is encoded at every
+    # transition; cattrs' generic path calls a hook per task through a generator.
+    conv.register_unstructure_hook_func(lambda t: t == tuple[Task, ...], _unstructure_tasks)
     configure_tagged_union(Fact, conv, tag_name="type")
     return conv
 
@@ -57,11 +73,15 @@ def _make_api_converter() -> cattrs.Converter:
 
 
 JOURNAL = _make_journal_converter()
+# json.dumps(..., separators=...) builds a new encoder at every call; one shared
+# encoder with the same settings writes the same text (facts and states are encoded
+# at every transition).
+_compact = json.JSONEncoder(separators=(",", ":")).encode
 API = _make_api_converter()
 
 
 def encode_fact(fact: Fact) -> bytes:
-    return json.dumps(JOURNAL.unstructure(fact, Fact), separators=(",", ":")).encode()
+    return _compact(JOURNAL.unstructure(fact, Fact)).encode()
 
 
 def _describe(exc: Exception) -> str:
@@ -79,8 +99,61 @@ def decode_fact(data: bytes) -> Fact:
     return fact
 
 
+# A job's state is written at every transition and carries every committed change so
+# far (its resize records), so a job resized n times would encode n records again at
+# each write: quadratic in its resizes. Records are immutable, and so is the committed
+# allocation between two commits; their JSON text is kept by identity (the object is
+# held too, so its id cannot be reused while cached) and spliced in. The bytes are
+# exactly those of the plain encoding (tested).
+_RECORDS_VALUE = "\x00xce-resize-records\x00"
+_TASKS_VALUE = "\x00xce-resize-tasks\x00"
+_RECORDS_MARK = json.dumps(_RECORDS_VALUE)
+_TASKS_MARK = json.dumps(_TASKS_VALUE)
+_CACHE_SIZE = 1 << 13
+_record_text: dict[int, tuple[ResizeRecord, str]] = {}
+_tasks_text: dict[int, tuple[tuple[Task, ...], str]] = {}
+
+
+def _cached_json(cache: dict[int, tuple[Any, str]], value: Any) -> str:
+    hit = cache.get(id(value))
+    if hit is not None and hit[0] is value:
+        return hit[1]
+    text = _compact(JOURNAL.unstructure(value))
+    if len(cache) >= _CACHE_SIZE:
+        cache.clear()  # a bound on memory; live jobs' entries come back at once
+    cache[id(value)] = (value, text)
+    return text
+
+
+def _plain_state(state: ResizeState) -> bytes:
+    return _compact(JOURNAL.unstructure(state)).encode()
+
+
 def encode_state(state: ResizeState) -> bytes:
-    return json.dumps(JOURNAL.unstructure(state), separators=(",", ":")).encode()
+    records, tasks = state.records, state.tasks
+    if not records and len(tasks) < 8:
+        return _plain_state(state)
+    # Without its records and allocation, then a mark in the place of each: same key,
+    # same position in the object.
+    data = JOURNAL.unstructure(attrs.evolve(state, records=(), tasks=()))
+    data["records"] = _RECORDS_VALUE
+    data["tasks"] = _TASKS_VALUE
+    text = _compact(data)
+    if text.count(_RECORDS_MARK) != 1 or text.count(_TASKS_MARK) != 1:
+        return _plain_state(state)  # a mark in a user's string: no shortcut
+    # Cut at the marks' places in this text (what is spliced in is not searched).
+    t, r = text.index(_TASKS_MARK), text.index(_RECORDS_MARK)
+    assert t < r, "tasks come before records in a state"
+    records_json = "[" + ",".join([_cached_json(_record_text, x) for x in records]) + "]"
+    return "".join(
+        (
+            text[:t],
+            _cached_json(_tasks_text, tasks),
+            text[t + len(_TASKS_MARK) : r],
+            records_json,
+            text[r + len(_RECORDS_MARK) :],
+        )
+    ).encode()
 
 
 def decode_state(data: bytes) -> ResizeState:

@@ -13,6 +13,7 @@ free-slot view and ``slot_headroom`` first.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Iterable, Mapping, Sequence
 
 from ..models import Task
@@ -48,6 +49,16 @@ class Cluster:
             if not isinstance(limit, int) or limit < 0:
                 raise ValueError(f"user {user!r}: slot limit must be a non-negative integer")
         self._used: dict[str, int] = dict.fromkeys(self._slots, 0)
+        # Free slots per host, in host order, kept up to date with every change: the
+        # scheduler reads it at every pass, and rebuilding it there dominated the time
+        # of long trace simulations.
+        self._free: dict[str, int] = dict(self._slots)
+        #: Host name -> position in host order.
+        self.order: dict[str, int] = {h: i for i, h in enumerate(self._slots)}
+        self._names = list(self._slots)
+        # Positions of the hosts with a free slot, sorted: the scheduler's view of a
+        # busy cluster costs in proportion to its free hosts, not to all hosts.
+        self._open: list[int] = [i for i, n in enumerate(self._slots.values()) if n > 0]
         self._held: dict[str, dict[int, str]] = {}
         # Per job, slots per host: kept incrementally because the scheduler asks for it
         # for every running job whenever the queue head is blocked.
@@ -58,6 +69,8 @@ class Cluster:
         #: Bumped whenever slots are freed: the scheduler only needs a new pass when
         #: slots were freed or jobs arrived (see EmbeddedController._host_pass).
         self.free_epoch = 0
+        #: Bumped whenever slots are taken or freed (any change of the ledger).
+        self.change_epoch = 0
 
     # -- configuration -------------------------------------------------------------
 
@@ -89,6 +102,7 @@ class Cluster:
             raise ContractViolation(f"job {job_id} still holds slots")
         self._held.pop(job_id, None)
         self._job_hosts.pop(job_id, None)
+        self._owner.pop(job_id, None)
 
     # -- the ledger ------------------------------------------------------------------
 
@@ -132,6 +146,77 @@ class Cluster:
         self._apply(job_id, user, new.values())
         return list(new.values())
 
+    def allocate(self, job_id: str, placement: Sequence[tuple[str, int]]) -> tuple[Task, ...]:
+        """Charge a job that holds nothing yet for tasks ``0..n-1`` placed as
+        ``placement`` says (``(host, count)`` pairs in allocation order); return them.
+
+        The host's own job start: checked per host and against the user's limit like
+        :meth:`reserve`, but in bulk (a trace simulation starts hundreds of thousands
+        of jobs; the per-task checks of :meth:`reserve` were a good part of it).
+        """
+        user = self._owner.get(job_id)
+        if user is None:
+            raise ContractViolation(f"job {job_id} is not known to the cluster")
+        if self._held.get(job_id):
+            raise ContractViolation(f"job {job_id} already holds slots")
+        slots, used_map, free = self._slots, self._used, self._free
+        per_host: dict[str, int] = {}
+        for host, count in placement:
+            per_host[host] = per_host.get(host, 0) + count
+        total = 0
+        for host, count in per_host.items():
+            if host not in slots:
+                raise ContractViolation(f"job {job_id}: unknown host {host!r}")
+            if count < 1 or used_map[host] + count > slots[host]:
+                raise ContractViolation(
+                    f"job {job_id}: {count} slot(s) on {host} exceed its "
+                    f"{slots[host]} slots ({used_map[host]} in use)"
+                )
+            total += count
+        limit = self._limits.get(user)
+        if limit is not None and self._user_used.get(user, 0) + total > limit:
+            raise ContractViolation(
+                f"job {job_id}: {total} slot(s) exceed user {user}'s limit of {limit}"
+            )
+        names = [host for host, count in placement for _ in range(count)]
+        self._held[job_id] = dict(enumerate(names))
+        self._job_hosts[job_id] = per_host
+        self.change_epoch += 1
+        for host, count in per_host.items():
+            used = used_map[host] = used_map[host] + count
+            now_free = max(0, slots[host] - used)
+            if free[host] and not now_free:
+                self._close(host)
+            free[host] = now_free
+        self._user_used[user] = self._user_used.get(user, 0) + total
+        self._free_total -= total
+        return tuple(map(Task, range(total), names))
+
+    def release_all(self, job_id: str) -> int:
+        """Free everything ``job_id`` holds, in bulk (per host, not per task); return
+        how many slots were freed."""
+        held = self._held.get(job_id)
+        if not held:
+            return 0
+        user = self._owner[job_id]
+        hosts = self._job_hosts[job_id]
+        slots, used_map, free, order = self._slots, self._used, self._free, self.order
+        for host, count in hosts.items():
+            used = used_map[host] = used_map[host] - count
+            if host in free:
+                now_free = max(0, slots[host] - used)
+                if now_free and not free[host]:
+                    bisect.insort(self._open, order[host])
+                free[host] = now_free
+        n = len(held)
+        held.clear()
+        hosts.clear()
+        self._user_used[user] -= n
+        self._free_total += n
+        self.free_epoch += 1
+        self.change_epoch += 1
+        return n
+
     def restore(self, job_id: str, user: str, held: Mapping[int, str]) -> None:
         """Reload a job's held slots from the store without checks.
 
@@ -145,12 +230,23 @@ class Cluster:
     def _apply(self, job_id: str, user: str, tasks: Iterable[Task]) -> None:
         held = self._held.setdefault(job_id, {})
         hosts = self._job_hosts.setdefault(job_id, {})
+        slots, used_map, free = self._slots, self._used, self._free
+        n = 0
+        self.change_epoch += 1
         for task in tasks:
-            held[task.id] = task.host
-            hosts[task.host] = hosts.get(task.host, 0) + 1
-            self._used[task.host] = self._used.get(task.host, 0) + 1
-            self._user_used[user] = self._user_used.get(user, 0) + 1
-            self._free_total -= 1
+            host = task.host
+            held[task.id] = host
+            hosts[host] = hosts.get(host, 0) + 1
+            used = used_map[host] = used_map.get(host, 0) + 1
+            if host in free:
+                now_free = max(0, slots[host] - used)
+                if free[host] and not now_free:
+                    self._close(host)
+                free[host] = now_free
+            n += 1
+        if n:
+            self._user_used[user] = self._user_used.get(user, 0) + n
+            self._free_total -= n
 
     def free(self, job_id: str, task_ids: Iterable[int]) -> list[Task]:
         """Stop charging ``job_id`` for these task ids; unknown ids are ignored."""
@@ -168,11 +264,17 @@ class Cluster:
             hosts[host] -= 1
             if not hosts[host]:
                 del hosts[host]
-            self._used[host] -= 1
+            used = self._used[host] = self._used[host] - 1
+            if host in self._free:
+                now_free = max(0, self._slots[host] - used)
+                if now_free and not self._free[host]:
+                    bisect.insort(self._open, self.order[host])
+                self._free[host] = now_free
             self._user_used[user] -= 1
             self._free_total += 1
         if freed:
             self.free_epoch += 1
+            self.change_epoch += 1
         return freed
 
     def free_job(self, job_id: str) -> list[Task]:
@@ -200,8 +302,21 @@ class Cluster:
         return self._used[host]
 
     def free_slots(self) -> dict[str, int]:
-        """Free slots per host, in host order (never negative)."""
-        return {h: max(0, s - self._used[h]) for h, s in self._slots.items()}
+        """Free slots per host, in host order (never negative; a copy)."""
+        return dict(self._free)
+
+    def free_view(self) -> Mapping[str, int]:
+        """:meth:`free_slots` without a copy: read it now, do not keep it."""
+        return self._free
+
+    def open_slots(self) -> dict[str, int]:
+        """Free slots of the hosts that have any, in host order (a new dict)."""
+        names, free = self._names, self._free
+        return {names[i]: free[names[i]] for i in self._open}
+
+    def _close(self, host: str) -> None:
+        i = bisect.bisect_left(self._open, self.order[host])
+        del self._open[i]
 
     @property
     def free_total(self) -> int:
@@ -253,4 +368,9 @@ class Cluster:
                 problems.append(f"user {user}: {n} slots in use, limit {limit}")
         if self._free_total != sum(self._slots.values()) - sum(recount.values()):
             problems.append("free slot total disagrees with the held slots")
+        for host, slots in self._slots.items():
+            if self._free.get(host) != max(0, slots - recount.get(host, 0)):
+                problems.append(f"host {host}: free slot counter disagrees with the held slots")
+        if self._open != [i for i, n in enumerate(self._free.values()) if n > 0]:
+            problems.append("the list of hosts with free slots disagrees with the counters")
         return problems

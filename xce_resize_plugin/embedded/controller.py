@@ -61,6 +61,7 @@ from .jobs import (
     VersionRecord,
     job_id_key,
 )
+from .observer import FinishedJob, Observer
 from .runners import (
     NotificationRequest,
     NotificationResult,
@@ -74,6 +75,7 @@ from .runners import (
 )
 from .scheduler import PendingJob, Reservation, RunningJob, can_ever_fit, easy_pass
 from .store import LmdbStore, MemoryStore, NullStore, Store
+from .work import JobWork
 
 if TYPE_CHECKING:
     from ..models import ResizeRequest
@@ -126,7 +128,8 @@ class SimClusterView:
     ) -> None:
         self._cluster = cluster
         self._reservation = reservation
-        self._free_at_pass = dict(free_at_pass or {})
+        # Not copied: the controller replaces its map at every pass, never changes it.
+        self._free_at_pass: Mapping[str, int] = free_at_pass if free_at_pass is not None else {}
 
     def free_slots(self) -> dict[str, int]:
         free = self._cluster.free_slots()
@@ -170,6 +173,13 @@ class EmbeddedController:
     :param autostart: call :meth:`start` from the constructor.
     :param tokens: bearer token -> :class:`Principal` for :meth:`authenticate` (user
         tokens and job tokens alike; the simulated controller issues none itself).
+    :param lean_cycles: end an instant after a cycle in which only the host's own pass
+        changed something (see :meth:`settle`); default ``False``: one more cycle, as
+        XCE does. Trace simulations set it: it halves the hook calls per instant.
+    :param keep_finished: keep finished jobs' records (default). ``False`` drops a job's
+        record once its end was reported (and observers told), so that a trace of
+        hundreds of thousands of jobs does not keep them all: :meth:`job`,
+        :meth:`get_job` and :meth:`jobs` then no longer know it. Their ids stay taken.
     """
 
     def __init__(
@@ -191,6 +201,8 @@ class EmbeddedController:
         settle_cap: int = 1000,
         autostart: bool = True,
         tokens: Mapping[str, Principal] | None = None,
+        keep_finished: bool = True,
+        lean_cycles: bool = False,
     ) -> None:
         self._pm = plugin_manager
         self._state_dir = Path(state_dir)
@@ -206,6 +218,17 @@ class EmbeddedController:
             raise ValueError(f"unknown store {store!r} (lmdb, memory or none)")
         else:
             self._store = store
+        # Nothing to save: skip building records for a store that drops them (a trace
+        # simulation would spend a good part of its time there).
+        self._persist = not isinstance(self._store, NullStore)
+        self.keep_finished = keep_finished
+        self.lean_cycles = lean_cycles
+        self._observers: list[Observer] = []
+        self._on_submit: list[Callable[[str, float], None]] = []
+        self._on_start: list[Callable[[str, float, tuple[Task, ...]], None]] = []
+        self._on_commit: list[Callable[[str, float, tuple[Task, ...], int], None]] = []
+        self._on_end: list[Callable[[FinishedJob], None]] = []
+        self._on_settled: list[Callable[[EmbeddedController], None]] = []
         try:
             self._setup(hosts, config, user_slots, clock, task_runner, notification_runner, faults)
         except BaseException:
@@ -262,13 +285,29 @@ class EmbeddedController:
         )
 
         self._jobs: dict[str, JobRecord] = {}
+        # Ids of finished jobs whose records were dropped (keep_finished=False).
+        self._forgotten: set[str] = set()
+        self._work: dict[str, JobWork] = {}
+        # Per running job, the generation of its scheduled end: a job whose end moved
+        # (work-based run time) leaves a stale timeline entry that must do nothing.
+        self._end_gen: dict[str, int] = {}
+        self._fits: dict[tuple[int, int | None, int | None], bool] = {}
         self._queue: list[tuple[tuple[float, tuple[int, int, str]], str]] = []
         self._pending_views: dict[str, PendingJob] = {}
         self._running: dict[str, JobRecord] = {}
+        self._running_views: dict[str, RunningJob] = {}
+        # The same views ordered by planned end, kept sorted as jobs start, change and
+        # end, so that computing the head's reservation needs no sort (jobs without a
+        # planned end never release anything and are left out).
+        self._by_end: list[tuple[float, str]] = []
+        self._views_epoch = 0
+        self._res_known: tuple[Reservation, int, int, float] | None = None
         self._future: dict[str, JobRecord] = {}
         self._timeline = Timeline()
         self._events = EventQueue()
         self._changes = 0
+        self._instant = 0
+        self._round = 0
         self._queue_epoch = 0
         self._last_pass: tuple[int, int, float] | None = None
         self._reservation: Reservation | None = None
@@ -419,10 +458,18 @@ class EmbeddedController:
                 raise ContractViolation(
                     f"commit_allocation: job {job_id} task {task.id} on {task.host} is not reserved"
                 )
+        resized = len(new) != len(job.tasks)
         job.tasks = new
         job.version = version
         job.versions.append(VersionRecord(version, self.now(), new))
         self._changed(job_id)
+        work = self._work.get(job_id)
+        if work is not None and resized:
+            # A work-based job runs at another speed from now on: its end moves.
+            self._schedule_end(job, work.resize(self.now(), len(new)))
+            self._update_running_view(job)
+        for fn in self._on_commit:
+            fn(job_id, self.now(), new, version)
         self._flush()
 
     # =================================================================================
@@ -560,6 +607,8 @@ class EmbeddedController:
         alloc: Mapping[str, int] | Sequence[tuple[str, int]] | None = None,
         job_id: str | None = None,
         submit_time: float | None = None,
+        start_tasks: int | None = None,
+        work: JobWork | None = None,
     ) -> str:
         """Submit a job; return its id.
 
@@ -574,6 +623,14 @@ class EmbeddedController:
         :param submit_time: arrival time (default now). A later time schedules the
             arrival: validation happens then, and a rejection is recorded in
             :attr:`rejections` instead of raised.
+        :param start_tasks: the most tasks the scheduler starts the job with while
+            other jobs wait (default ``max_tasks``); slots nobody waits for may take the
+            start up to ``max_tasks`` (see :class:`~.scheduler.PendingJob`), and a
+            resizable job may grow there later. Trace simulations start a malleable job
+            at its recorded size this way.
+        :param work: a :class:`~.work.JobWork` deciding the job's end from the sizes it
+            runs at (work-based run time, see :mod:`.work`); without it the job ends
+            ``runtime`` seconds after its start. A driver input: not saved in the store.
 
         Raises :class:`SubmissionRejected` (the host's checks) or whatever
         ``xce_job_validate`` raised; nothing changes then.
@@ -594,7 +651,7 @@ class EmbeddedController:
         min_tasks, max_tasks = parse_tasks(n)
         if job_id is None:
             job_id = self._allocate_id()
-        elif job_id in self._jobs or job_id in self._future:
+        elif job_id in self._jobs or job_id in self._future or job_id in self._forgotten:
             raise SubmissionRejected(f"job id {job_id} is already in use")
         record = JobRecord(
             id=str(job_id),
@@ -610,7 +667,10 @@ class EmbeddedController:
             notify_cmd=notify_cmd,
             env=dict(env or {}),
             alloc=pairs,
+            start_tasks=start_tasks,
         )
+        if work is not None:
+            self._work[record.id] = work
         if arrival > now:
             self._future[record.id] = record
             self._timeline.at(arrival, partial(self._arrive, record.id))
@@ -633,6 +693,36 @@ class EmbeddedController:
             return False
         self._end_job(job, JobState.EXIT, reason)
         return True
+
+    def finish(self, job_id: str, reason: str = "done") -> bool:
+        """End a running job as DONE now, as if its last task had exited normally;
+        ``False`` if it had already finished.
+
+        For drivers whose jobs end on outside events rather than a runtime (replaying a
+        recorded run). A job still pending ends too, without having run.
+        """
+        self._top_level("finish")
+        job = self._job(job_id)
+        if job.finished:
+            return False
+        self._end_job(job, JobState.DONE, reason)
+        return True
+
+    def add_observer(self, observer: Observer) -> None:
+        """Watch job starts, commits and ends, and act at each settled instant.
+
+        Only the callbacks the observer overrides are called (see :mod:`.observer`).
+        """
+        self._observers.append(observer)
+        for name, target in (
+            ("job_submitted", self._on_submit),
+            ("job_started", self._on_start),
+            ("allocation_committed", self._on_commit),
+            ("job_ended", self._on_end),
+            ("settled", self._on_settled),
+        ):
+            if getattr(type(observer), name) is not getattr(Observer, name):
+                target.append(getattr(observer, name))
 
     def inject_task_exit(
         self, job_id: str, task_id: int, status: int | None = 1, reason: str = "task failed"
@@ -661,6 +751,10 @@ class EmbeddedController:
     ) -> ResizeStatus | None:
         """Forward a grow, release or cancel to ``xce_resize_request``."""
         self._top_level("request_resize")
+        # A request changes the plugin's state even when the host sees no call back (a
+        # grow pends until the next scheduler cycle): count it, so that a driver acting
+        # at a settled instant gets the cycles that place it.
+        self._changes += 1
         result = self._hook(
             "xce_resize_request",
             controller=self,
@@ -691,13 +785,18 @@ class EmbeddedController:
 
         One cycle: the host's FCFS + EASY pass, ``xce_sched_cycle``,
         ``xce_dispatch_cycle``, then delivery of the queued plugin events. A cycle that
-        changed nothing ends the instant; :attr:`settle_cap` cycles raise
+        changed nothing ends the instant. With :attr:`lean_cycles`, so does a cycle in
+        which only the host's pass changed something: the plugin's hooks have already
+        seen the state after that pass and left it alone, and the pass itself would
+        decide nothing new (the next one is skipped as unchanged), so another cycle
+        would repeat the same calls on the same state. :attr:`settle_cap` cycles raise
         :class:`SettleLoopError` (a plugin that keeps changing something).
         """
         self._top_level("settle")
         for _ in range(self.settle_cap):
             before = self._changes
             self._host_pass()
+            after_pass = self._changes
             self._hook(
                 "xce_sched_cycle",
                 controller=self,
@@ -710,6 +809,8 @@ class EmbeddedController:
             self._hook("xce_dispatch_cycle", controller=self)
             self._deliver()
             if self._changes == before:
+                return
+            if self.lean_cycles and self._changes == after_pass and self._pass_current():
                 return
         raise SettleLoopError(
             f"t={self.now()}: still changing after {self.settle_cap} cycles "
@@ -724,19 +825,46 @@ class EmbeddedController:
         self._top_level("run")
         if until is not None and until < self.now():
             raise ValueError(f"run(until={until}): the clock is already at {self.now()}")
-        self.settle()
+        self._settle_observed()
+        timeline = self._timeline
         while True:
-            t = self._timeline.next_time()
+            t = timeline.next_time()
             if t is None or (until is not None and t > until):
                 break
             self._advance_clock(t)
-            for fn in self._timeline.pop_at(t):
+            self._instant += 1
+            for fn in timeline.pop_at(t):
                 fn()
             self._flush()
-            self.settle()
+            self._settle_observed()
         if until is not None and until > self.now():
             self._advance_clock(until)
+            self._instant += 1
+            self._settle_observed()
+
+    def _settle_observed(self) -> None:
+        """Settle, then let observers act on the settled instant; settle again after
+        anything they changed, until they change nothing."""
+        self.settle()
+        if not self._on_settled:
+            return
+        for round_ in range(self.settle_cap):
+            self._round = round_
+            before = self._changes
+            for fn in self._on_settled:
+                fn(self)
+            if self._changes == before:
+                return
             self.settle()
+        raise SettleLoopError(
+            f"t={self.now()}: observers still changing after {self.settle_cap} rounds"
+        )
+
+    def _pass_current(self) -> bool:
+        """Whether the host's next pass would be skipped as unchanged."""
+        if not self._queue:
+            return True
+        return self._last_pass == (self._cluster.free_epoch, self._queue_epoch, self.now())
 
     def advance(self, seconds: float) -> None:
         """:meth:`run` for ``seconds`` of simulated time."""
@@ -744,8 +872,9 @@ class EmbeddedController:
 
     def _advance_clock(self, t: float) -> None:
         self._clock.advance_to(t)
-        self._meta_dirty = True
-        self._flush()
+        if self._persist:
+            self._meta_dirty = True
+            self._flush()
 
     # =================================================================================
     # views
@@ -787,6 +916,43 @@ class EmbeddedController:
     def reservation(self) -> Reservation | None:
         """The blocked queue head's reservation as of the last scheduler pass."""
         return self._reservation
+
+    @property
+    def instant(self) -> int:
+        """How many instants :meth:`run` has processed (0: none yet; the settle at
+        the start of a run belongs to the instant before). Observers use it with
+        :attr:`settle_round` to say exactly when something happened."""
+        return self._instant
+
+    @property
+    def settle_round(self) -> int:
+        """Which call of the observers' ``settled`` this is, within the instant."""
+        return self._round
+
+    @property
+    def pending_count(self) -> int:
+        """Jobs waiting in the queue, now."""
+        return len(self._queue)
+
+    @property
+    def free_slot_count(self) -> int:
+        """Slots free on all hosts together, now."""
+        return self._cluster.free_total
+
+    def offered_slot_count(self) -> int:
+        """How many free slots the plugin's next scheduler cycle would be offered: all
+        free slots, or with :attr:`protect_reservation` and a blocked queue head only
+        those the head does not need at its shadow time (see :class:`SimClusterView`)."""
+        res = self._reservation
+        if not self.protect_reservation or res is None:
+            return self._cluster.free_total
+        # SimClusterView.free_slots() summed, over the hosts with free slots only.
+        at_pass, extra = self._free_at_pass, res.extra
+        total = 0
+        for host, n in self._cluster.open_slots().items():
+            taken = max(0, at_pass.get(host, n) - n)
+            total += max(0, min(n, extra.get(host, 0) - taken))
+        return total
 
     @property
     def changes(self) -> int:
@@ -860,7 +1026,11 @@ class EmbeddedController:
         return sorted(self._jobs.values(), key=lambda j: (j.submit_time, job_id_key(j.id)))
 
     def _allocate_id(self) -> str:
-        while str(self._next_id) in self._jobs or str(self._next_id) in self._future:
+        while (
+            str(self._next_id) in self._jobs
+            or str(self._next_id) in self._future
+            or str(self._next_id) in self._forgotten
+        ):
             self._next_id += 1
         job_id = str(self._next_id)
         self._next_id += 1
@@ -879,11 +1049,17 @@ class EmbeddedController:
 
     def _accept(self, record: JobRecord) -> None:
         """Validate and admit an arriving job (queue it, or start it on its ``alloc``)."""
-        self._hook("xce_job_validate", controller=self, job=record.info())
-        placement = self._host_checks(record)
+        try:
+            self._hook("xce_job_validate", controller=self, job=record.info())
+            placement = self._host_checks(record)
+        except BaseException:
+            self._work.pop(record.id, None)  # rejected: it will never run
+            raise
         self._jobs[record.id] = record
         self._cluster.register_job(record.id, record.user)
         self._changed(record.id)
+        for fn in self._on_submit:
+            fn(record.id, self.now())
         if placement is not None:
             self._start_job(record, placement)
         else:
@@ -901,8 +1077,12 @@ class EmbeddedController:
         for name, value in (("runtime", job.runtime), ("estimate", job.estimate)):
             if value is not None and not (value >= 0 and math.isfinite(value)):
                 raise SubmissionRejected(f"bad {name} {value}")
+        if job.start_tasks is not None and not job.min_tasks <= job.start_tasks <= job.max_tasks:
+            raise SubmissionRejected(
+                f"start_tasks {job.start_tasks} outside {job.min_tasks}..{job.max_tasks}"
+            )
         limit = self._cluster.user_limits.get(job.user)
-        if not can_ever_fit(self._cluster.hosts, job.min_tasks, job.ptile, limit):
+        if not self._can_ever_fit(job.min_tasks, job.ptile, limit):
             raise SubmissionRejected(
                 f"job {job.id} can never start: {job.min_tasks} task(s)"
                 + (f" with ptile {job.ptile}" if job.ptile else "")
@@ -938,6 +1118,15 @@ class EmbeddedController:
             )
         return job.alloc
 
+    def _can_ever_fit(self, min_tasks: int, ptile: int | None, limit: int | None) -> bool:
+        # Memoised: hosts never change while the controller runs, and a trace submits
+        # hundreds of thousands of jobs of a few hundred distinct shapes.
+        key = (min_tasks, ptile, limit)
+        fits = self._fits.get(key)
+        if fits is None:
+            fits = self._fits[key] = can_ever_fit(self._cluster.hosts, min_tasks, ptile, limit)
+        return fits
+
     @staticmethod
     def _queue_key(job: JobRecord) -> tuple[float, tuple[int, int, str]]:
         return (job.submit_time, job_id_key(job.id))
@@ -958,11 +1147,7 @@ class EmbeddedController:
     def _start_job(self, job: JobRecord, placement: Iterable[tuple[str, int]]) -> None:
         """Start ``job``: tasks 0..n-1 in allocation order, charged and running now."""
         now = self.now()
-        tasks = tuple(
-            Task(tid, host)
-            for tid, host in enumerate(h for h, count in placement for _ in range(count))
-        )
-        self._cluster.reserve(job.id, tasks)
+        tasks = self._cluster.allocate(job.id, tuple(placement))
         self._dequeue(job)
         job.state = JobState.RUN
         job.start_time = now
@@ -971,18 +1156,35 @@ class EmbeddedController:
         job.versions = [VersionRecord(0, now, tasks)]
         job.task_states = {t.id: TaskRecord(t.host, TaskState.RUNNING, now) for t in tasks}
         self._running[job.id] = job
-        self._schedule_end(job)
+        work = self._work.get(job.id)
+        self._schedule_end(job, work.start(now, len(tasks)) if work is not None else None)
+        self._update_running_view(job)
         self._changed(job.id)
+        for fn in self._on_start:
+            fn(job.id, now, tasks)
 
-    def _schedule_end(self, job: JobRecord) -> None:
-        end = job.planned_end()
+    def _schedule_end(self, job: JobRecord, end: float | None = None) -> None:
+        """(Re)schedule the job's end: at ``end`` when its work model gave one, else
+        at start + runtime. An earlier scheduled end of the job becomes a no-op."""
+        if end is None and job.id not in self._work:
+            end = job.planned_end()
+        gen = self._end_gen.get(job.id, 0) + 1
+        self._end_gen[job.id] = gen
         if end is not None:
-            self._timeline.at(max(end, self.now()), partial(self._end_due, job.id))
+            self._timeline.at(max(end, self.now()), partial(self._end_due, job.id, gen))
 
-    def _end_due(self, job_id: str) -> None:
+    def _end_due(self, job_id: str, gen: int = 0) -> None:
         job = self._jobs.get(job_id)
-        if job is not None and job.state is JobState.RUN:
-            self._end_job(job, JobState.DONE, "done")
+        if job is None or job.state is not JobState.RUN:
+            return
+        if gen and gen != self._end_gen.get(job_id):
+            return  # the end moved (the job was resized since)
+        self._end_job(job, JobState.DONE, "done")
+
+    def _expected_end(self, job: JobRecord) -> float | None:
+        """The end the scheduler plans a running job with."""
+        work = self._work.get(job.id)
+        return work.expected_end() if work is not None else job.expected_end()
 
     def _end_job(self, job: JobRecord, state: JobState, reason: str) -> None:
         """Free the committed allocation, stop the tasks, set the state, then tell the
@@ -1000,8 +1202,15 @@ class EmbeddedController:
                 rec.stop_since = rec.grace = None
         if was_pending:
             self._dequeue(job)
-        self._cluster.free(job.id, [t.id for t in job.tasks])
+        cluster = self._cluster
+        if cluster.held_count(job.id) == len(job.tasks):
+            # Nothing in flight (a grow would hold more, a shrink fewer, and only one
+            # change is in flight at a time): exactly the committed tasks are held.
+            cluster.release_all(job.id)
+        else:
+            cluster.free(job.id, [t.id for t in job.tasks])
         self._running.pop(job.id, None)
+        self._drop_running_view(job.id)
         self._changed(job.id)
         self._flush()
         self._report_end(job)
@@ -1025,6 +1234,27 @@ class EmbeddedController:
                 raise InvariantViolation(problem)
             log.warning("%s", problem)
         self._flush()
+        self._end_gen.pop(job.id, None)
+        self._work.pop(job.id, None)
+        if self._on_end and job.end_time is not None:
+            finished = FinishedJob(
+                job.id,
+                job.user,
+                job.state,
+                job.min_tasks,
+                job.max_tasks,
+                job.submit_time,
+                job.start_time,
+                job.end_time,
+                tuple(job.versions),
+                job.exit_reason,
+            )
+            for fn in self._on_end:
+                fn(finished)
+        if not self.keep_finished:
+            del self._jobs[job.id]
+            self._cluster.forget_job(job.id)
+            self._forgotten.add(job.id)
 
     # =================================================================================
     # internals: scheduling and delivery
@@ -1041,23 +1271,78 @@ class EmbeddedController:
             return
         now = self.now()
         views = self._pending_views
-        pending = [views[job_id] for _, job_id in self._queue]
-        running = (
-            RunningJob(j.id, j.expected_end(), self._cluster.job_hosts(j.id))
-            for j in self._running.values()
+        cluster = self._cluster
+        # Only the hosts with free slots (in host order): on a busy cluster the pass
+        # then costs in proportion to what it can use, not to the number of hosts.
+        result = easy_pass(
+            now,
+            [views[job_id] for _, job_id in self._queue],
+            map(self._running_views.__getitem__, [job_id for _, job_id in self._by_end]),
+            cluster.open_slots(),
+            cluster.headroom,
+            cluster.order,
+            presorted=True,
+            known=self._known_reservation(now),
         )
-        free = self._cluster.free_slots()
-        result = easy_pass(now, pending, running, free, self._cluster.headroom)
         for start in result.starts:
             self._start_job(self._jobs[start.job_id], start.placement)
-        self._reservation = result.reservation
-        self._free_at_pass = self._cluster.free_slots()
-        self._last_pass = (self._cluster.free_epoch, self._queue_epoch, now)
+        self._reservation = res = result.reservation
+        # Only the protected cluster view reads it, and only with a reservation (hosts
+        # missing from it had no free slot at the pass, so nothing was taken there).
+        self._free_at_pass = dict(result.free or {}) if res is not None else {}
+        self._last_pass = (cluster.free_epoch, self._queue_epoch, now)
+        # A pass that started nothing leaves a reservation the next pass may reuse.
+        self._res_known = (
+            (res, cluster.change_epoch, self._views_epoch, now)
+            if res is not None and not result.starts
+            else None
+        )
         self._flush()
 
-    @staticmethod
-    def _pending_view(job: JobRecord) -> PendingJob:
-        return PendingJob(job.id, job.user, job.min_tasks, job.max_tasks, job.ptile, job.duration)
+    def _known_reservation(self, now: float) -> Reservation | None:
+        """The last pass's reservation if it is still exact: no slot taken or freed,
+        no running job's planned end changed, and none reached since (an overdue job
+        releases "now", which would move the shadow time)."""
+        known = self._res_known
+        if known is None:
+            return None
+        res, epoch, views, at = known
+        if epoch != self._cluster.change_epoch or views != self._views_epoch:
+            return None
+        if not res.shadow > now:
+            return None
+        i = bisect.bisect_right(self._by_end, (at, "\U0010ffff"))
+        if i < len(self._by_end) and self._by_end[i][0] <= now:
+            return None
+        return res
+
+    def _update_running_view(self, job: JobRecord) -> None:
+        """The scheduler's view of a running job: its planned end and (live) slots."""
+        self._drop_running_view(job.id)
+        self._views_epoch += 1
+        view = RunningJob(job.id, self._expected_end(job), self._cluster.job_hosts(job.id))
+        self._running_views[job.id] = view
+        if view.end is not None:
+            bisect.insort(self._by_end, (view.end, job.id))
+
+    def _drop_running_view(self, job_id: str) -> None:
+        old = self._running_views.pop(job_id, None)
+        if old is not None and old.end is not None:
+            i = bisect.bisect_left(self._by_end, (old.end, job_id))
+            del self._by_end[i]
+
+    def _pending_view(self, job: JobRecord) -> PendingJob:
+        work = self._work.get(job.id)
+        return PendingJob(
+            job.id,
+            job.user,
+            job.min_tasks,
+            job.start_tasks if job.start_tasks is not None else job.max_tasks,
+            job.ptile,
+            job.duration,
+            work.planned_duration if work is not None else None,
+            job.max_tasks if job.start_tasks is not None else None,
+        )
 
     def _deliver(self) -> None:
         for event in self._events.drain():
@@ -1077,13 +1362,16 @@ class EmbeddedController:
     def _hook(self, name: str, **kwargs: Any) -> Any:
         """Call a host hook: state saved first (a plugin crash loses nothing), and the
         depth tracked so the plugin cannot re-enter the driver API from inside."""
-        self._flush()
+        persist = self._persist
+        if persist:
+            self._flush()
         self._hook_depth += 1
         try:
             return getattr(self._pm.hook, name)(**kwargs)
         finally:
             self._hook_depth -= 1
-            self._flush()
+            if persist:
+                self._flush()
 
     def _top_level(self, what: str) -> None:
         if self._hook_depth:
@@ -1097,7 +1385,8 @@ class EmbeddedController:
 
     def _changed(self, job_id: str) -> None:
         self._changes += 1
-        self._dirty.add(job_id)
+        if self._persist:
+            self._dirty.add(job_id)
 
     def _meta(self) -> dict[str, Any]:
         return {
@@ -1109,7 +1398,7 @@ class EmbeddedController:
         }
 
     def _flush(self) -> None:
-        if self._closed:
+        if self._closed or not self._persist:
             return
         if self.now() != self._saved_clock:
             self._meta_dirty = True
@@ -1134,6 +1423,7 @@ class EmbeddedController:
             elif job.state is JobState.RUN:
                 self._running[job.id] = job
                 self._schedule_end(job)
+                self._update_running_view(job)
         # Task processes do not wait for the controller: re-arm the exits of tasks that
         # were being stopped, and report launches the crash interrupted as failed.
         for job, _ in records:

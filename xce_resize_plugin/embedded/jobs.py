@@ -107,6 +107,8 @@ class JobRecord:
     notify_cmd: str | None = None
     env: dict[str, str] = field(factory=dict)
     alloc: tuple[tuple[str, int], ...] | None = None
+    #: The most tasks the scheduler starts the job with (``None``: ``max_tasks``).
+    start_tasks: int | None = None
     state: JobState = JobState.PEND
     start_time: float | None = None
     end_time: float | None = None

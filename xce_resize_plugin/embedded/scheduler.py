@@ -38,9 +38,11 @@ Pure functions over plain values: the controller turns its records into
 
 from __future__ import annotations
 
+import heapq
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping
 
+import attrs
 from attrs import frozen
 
 Placement = tuple[tuple[str, int], ...]
@@ -49,7 +51,18 @@ Placement = tuple[tuple[str, int], ...]
 @frozen
 class PendingJob:
     """A job waiting to start. ``duration`` is what the scheduler plans with (the
-    estimate, else the runtime); ``None`` means unbounded."""
+    estimate, else the runtime); ``None`` means unbounded. ``max_tasks`` is the most
+    tasks it starts with.
+
+    ``duration_at``, when given, is the planned duration as a function of the start
+    size (a malleable job with a work-based run time runs longer when it starts
+    smaller); it then replaces ``duration`` for the backfill test and the planned end.
+
+    ``fill_to``, when above ``max_tasks``: if the pass ends with no job waiting, slots
+    left over are added to the job's start, up to ``fill_to`` tasks (a moldable start
+    ``-n min,max`` that prefers a size while others wait, and takes more only when
+    nobody else can use them).
+    """
 
     id: str
     user: str
@@ -57,6 +70,12 @@ class PendingJob:
     max_tasks: int
     ptile: int | None
     duration: float | None
+    duration_at: Callable[[int], float | None] | None = None
+    fill_to: int | None = None
+
+    def duration_for(self, size: int) -> float | None:
+        """The planned duration when started with ``size`` tasks."""
+        return self.duration if self.duration_at is None else self.duration_at(size)
 
 
 @frozen
@@ -89,8 +108,16 @@ class Reservation:
 
 @frozen
 class PassResult:
+    """The pass's starts and the head's reservation; ``free`` is the pass's view of
+    the free slots after its starts (the hosts it was given, in the same form)."""
+
     starts: tuple[Start, ...]
     reservation: Reservation | None
+    free: Mapping[str, int] | None = None
+
+
+def _end_key(r: RunningJob) -> float:
+    return r.end if r.end is not None else math.inf
 
 
 def place(
@@ -136,21 +163,55 @@ def _add(target: dict[str, int], hosts: Mapping[str, int], sign: int = 1) -> Non
 
 
 def reservation_for(
-    now: float, job: PendingJob, free: Mapping[str, int], running: Iterable[RunningJob]
+    now: float,
+    job: PendingJob,
+    free: Mapping[str, int],
+    running: Iterable[RunningJob],
+    order: Mapping[str, int] | None = None,
+    *,
+    presorted: bool = False,
 ) -> Reservation:
-    """The head's shadow time and extra slots (see the module docstring)."""
+    """The head's shadow time and extra slots (see the module docstring).
+
+    ``free`` lists every host (``order`` ``None``), or with ``order`` (host -> its
+    position in host order) only some of them, typically those with free slots: hosts
+    that running jobs release are then added, and the placement at the shadow time
+    still fills hosts in host order. ``extra`` then lists only the hosts seen.
+    ``presorted``: ``running`` comes ordered by ``end`` (unbounded jobs left out), so
+    it is read in order and only as far as needed.
+    """
     avail = dict(free)
     total = sum(avail.values())
-    by_end: dict[float, list[RunningJob]] = {}
-    for r in running:
-        if r.end is not None:
-            by_end.setdefault(max(now, r.end), []).append(r)
-    for end in sorted(by_end):
-        for r in by_end[end]:
-            _add(avail, r.hosts)
-            total += sum(n for h, n in r.hosts.items() if h in avail)
+    groups: Iterable[tuple[float, list[RunningJob]]]
+    if presorted:
+        groups = _groups(now, running)
+    else:
+        by_end: dict[float, list[RunningJob]] = {}
+        for r in running:
+            if r.end is not None:
+                by_end.setdefault(max(now, r.end), []).append(r)
+        groups = ((end, by_end[end]) for end in sorted(by_end))
+    added = False
+    for end, group in groups:
+        for r in group:
+            if order is None:
+                _add(avail, r.hosts)
+                total += sum(n for h, n in r.hosts.items() if h in avail)
+                continue
+            for host, n in r.hosts.items():
+                if host in avail:
+                    avail[host] += n
+                elif host in order:
+                    avail[host] = n
+                    added = True
+                else:
+                    continue  # a host the cluster no longer has
+                total += n
         if total < job.min_tasks:
             continue
+        if added and order is not None:
+            avail = dict(sorted(avail.items(), key=lambda item: order[item[0]]))
+            added = False
         placed = place(avail, job.min_tasks, job.min_tasks, job.ptile)
         if placed is not None:
             extra = dict(avail)
@@ -159,17 +220,48 @@ def reservation_for(
     return Reservation(job.id, math.inf, dict.fromkeys(free, 0))
 
 
+def _groups(now: float, running: Iterable[RunningJob]) -> Iterator[tuple[float, list[RunningJob]]]:
+    """Running jobs ordered by end, grouped by the instant they release (an overdue
+    job releases now)."""
+    group: list[RunningJob] = []
+    at = -math.inf
+    for r in running:
+        end = r.end
+        if end is None:
+            continue
+        t = end if end > now else now
+        if t != at and group:
+            yield at, group
+            group = []
+        at = t
+        group.append(r)
+    if group:
+        yield at, group
+
+
 def easy_pass(
     now: float,
-    pending: Sequence[PendingJob],
+    pending: Iterable[PendingJob],
     running: Iterable[RunningJob],
     free: Mapping[str, int],
     headroom: Callable[[str], int | None],
+    order: Mapping[str, int] | None = None,
+    *,
+    presorted: bool = False,
+    known: Reservation | None = None,
 ) -> PassResult:
     """One FCFS + EASY pass; ``pending`` must be in queue order.
 
     ``headroom(user)`` is the user's slot headroom before this pass; slots taken by
-    jobs started in this pass are subtracted here.
+    jobs started in this pass are subtracted here. ``free`` lists every host, or with
+    ``order`` (see :func:`reservation_for`) only the hosts with free slots, in host
+    order: the pass then costs in proportion to the free hosts, not all hosts.
+    ``presorted``: ``running`` is ordered by end, unbounded jobs left out (see
+    :func:`reservation_for`); it is then only read as far as the head needs.
+    ``known``: the head's reservation from an earlier pass that the caller knows is
+    still exact (nothing started, ended or changed since, and no running job reached
+    its planned end); used instead of computing it again when the same job turns out
+    to be the head before anything started in this pass.
     """
     avail = dict(free)
     total = sum(avail.values())
@@ -182,6 +274,7 @@ def easy_pass(
     # for long queues).
     capped: dict[str, int] = {}
     capped_total = 0
+    fillable: list[tuple[int, PendingJob]] = []
 
     def room(user: str) -> int | None:
         h = headroom(user)
@@ -189,6 +282,8 @@ def easy_pass(
 
     def start(job: PendingJob, placed: Placement, backfilled: bool) -> None:
         nonlocal total, capped_total
+        if job.fill_to is not None and job.fill_to > job.max_tasks:
+            fillable.append((len(starts), job))
         starts.append(Start(job.id, placed, backfilled))
         n = 0
         for host, count in placed:
@@ -200,7 +295,8 @@ def easy_pass(
                 capped[host] = new
         total -= n
         taken[job.user] = taken.get(job.user, 0) + n
-        end = None if job.duration is None else now + job.duration
+        duration = job.duration_for(n)
+        end = None if duration is None else now + duration
         started.append(RunningJob(job.id, end, dict(placed)))
 
     for job in pending:
@@ -217,13 +313,35 @@ def easy_pass(
                 if placed is not None:
                     start(job, placed, False)
                     continue
-            reservation = reservation_for(now, job, avail, [*running, *started])
-            capped = {h: min(n, reservation.extra.get(h, 0)) for h, n in avail.items()}
+            if known is not None and known.job_id == job.id and not starts:
+                reservation = known
+                extra = reservation.extra
+                capped = {h: min(n, extra.get(h, 0)) for h, n in avail.items() if n}
+                capped_total = sum(capped.values())
+                continue
+            if presorted:
+                # Merge this pass's starts (few) into the sorted running jobs.
+                ends = sorted((r for r in started if r.end is not None), key=_end_key)
+                both: Iterable[RunningJob] = heapq.merge(running, ends, key=_end_key)
+            else:
+                both = [*running, *started]
+            reservation = reservation_for(now, job, avail, both, order, presorted=presorted)
+            extra = reservation.extra
+            capped = {h: min(n, extra.get(h, 0)) for h, n in avail.items() if n}
             capped_total = sum(capped.values())
             continue
         placed = None
-        if job.duration is not None and now + job.duration <= reservation.shadow:
+        if job.duration_at is None:
+            if job.duration is not None and now + job.duration <= reservation.shadow:
+                placed = place(avail, job.min_tasks, job.max_tasks, job.ptile, r)
+        else:
+            # The largest start is the fastest: if it does not end by the shadow time,
+            # no smaller one does.
             placed = place(avail, job.min_tasks, job.max_tasks, job.ptile, r)
+            if placed is not None:
+                d = job.duration_at(sum(n for _, n in placed))
+                if d is None or now + d > reservation.shadow:
+                    placed = None
         if placed is None and capped_total >= job.min_tasks:
             placed = place(capped, job.min_tasks, job.max_tasks, job.ptile, r)
             if placed is not None:
@@ -232,4 +350,32 @@ def easy_pass(
                 reservation = Reservation(reservation.job_id, reservation.shadow, extra)
         if placed is not None:
             start(job, placed, True)
-    return PassResult(tuple(starts), reservation)
+    if reservation is None and total > 0:
+        # Nobody waits: the moldable starts of this pass take what is left.
+        for index, job in fillable:
+            if total <= 0:
+                break
+            placed = starts[index].placement
+            have = sum(n for _, n in placed)
+            want = job.fill_to - have if job.fill_to is not None else 0
+            r = room(job.user)
+            if r is not None:
+                want = min(want, r)
+            if want <= 0:
+                continue
+            per_host = dict(placed)
+            for host, n in avail.items():
+                take = min(n, want)
+                if job.ptile is not None:
+                    take = min(take, job.ptile - per_host.get(host, 0))
+                if take <= 0:
+                    continue
+                per_host[host] = per_host.get(host, 0) + take
+                avail[host] -= take
+                want -= take
+                total -= take
+                taken[job.user] = taken.get(job.user, 0) + take
+                if want <= 0:
+                    break
+            starts[index] = attrs.evolve(starts[index], placement=tuple(per_host.items()))
+    return PassResult(tuple(starts), reservation, avail)

@@ -1,0 +1,131 @@
+"""Trace simulation speed (issue #4 §3), measured on the HPC2N trace (202,871 jobs,
+3.5 years) in ../shared/traces; skipped without it.
+
+- the whole trace with 20 % malleable, both runs as ``xce-resize simulate`` runs them
+  (side by side in two processes): wall time (target < 60 s) and the peak resident
+  memory of the parent and both runs together (target < 2 GB), sampled from /proc;
+- the elastic run against the rigid run of the same trace, one after the other in one
+  process (target: at most 1.5x);
+- events per second and how the time grows from 10,000 to 200,000 jobs (both runs,
+  one after the other), with the log-log slope (1.0 is linear).
+
+Figures are printed; the assertions are on the runs' own checks and on the growth
+staying close to linear, not on machine-dependent times (see docs/performance.md).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from xce_resize_plugin.embedded.simulate import (
+    SimOptions,
+    load_workload,
+    run_mode,
+    simulate,
+)
+
+TRACE = Path(__file__).resolve().parents[3] / "shared" / "traces" / "HPC2N-2002-2.2-cln.swf.gz"
+pytestmark = pytest.mark.skipif(not TRACE.exists(), reason="needs ../shared/traces (HPC2N)")
+
+
+def _rss_kb(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            for line in fh:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as fh:
+            return [int(x) for x in fh.read().split()]
+    except OSError:
+        return []
+
+
+class PeakMemory:
+    """Samples the resident memory of this process and its children (every 50 ms)."""
+
+    def __init__(self) -> None:
+        self.peak_kb = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        me = os.getpid()
+        while not self._stop.is_set():
+            total = _rss_kb(me) + sum(_rss_kb(c) for c in _children(me))
+            self.peak_kb = max(self.peak_kb, total)
+            self._stop.wait(0.05)
+
+    def __enter__(self) -> PeakMemory:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def test_whole_hpc2n_trace_both_runs() -> None:
+    options = SimOptions(malleable_fraction=0.2)
+    with PeakMemory() as mem:
+        t0 = time.perf_counter()
+        result = simulate(TRACE, options)
+        wall = time.perf_counter() - t0
+    assert result.problems == []
+    r, e = result.rigid, result.elastic
+    events = r.events + e.events
+    print(
+        f"\nHPC2N whole trace ({len(result.workload.jobs):,} jobs, 20% malleable), both runs "
+        f"side by side: {wall:.1f} s wall (target < 60 s: {'met' if wall < 60 else 'NOT met'}); "
+        f"rigid run {r.seconds:.1f} s, elastic run {e.seconds:.1f} s; {events:,} events, "
+        f"{events / wall:,.0f} events/s; peak memory {mem.peak_kb / 1024:,.0f} MB "
+        f"(target < 2048 MB: {'met' if mem.peak_kb < 2 << 20 else 'NOT met'}); "
+        f"{e.metrics.resizes:,} resizes"
+    )
+    assert mem.peak_kb < 2 << 20
+
+
+def test_elastic_against_rigid_and_growth() -> None:
+    sizes = (10_000, 25_000, 50_000, 100_000, 200_000)
+    full = load_workload(TRACE, SimOptions(malleable_fraction=0.2))
+    rows = []
+    for n in sizes:
+        options = SimOptions(malleable_fraction=0.2, limit=n)
+        workload = load_workload(TRACE, options) if n < len(full.jobs) else full
+        rigid = run_mode(workload, options, "rigid")
+        elastic = run_mode(workload, options, "elastic")
+        assert rigid.problems == () and elastic.problems == ()
+        rows.append((len(workload.jobs), rigid, elastic))
+    print("\njobs      rigid s  events/s   elastic s  events/s  resizes  elastic/rigid")
+    for jobs, rigid, elastic in rows:
+        print(
+            f"{jobs:>7,}  {rigid.seconds:8.1f}  {rigid.events / rigid.seconds:8,.0f}  "
+            f"{elastic.seconds:9.1f}  {elastic.events / elastic.seconds:8,.0f}  "
+            f"{elastic.metrics.resizes:7,}  {elastic.seconds / rigid.seconds:6.2f}x"
+        )
+    jobs0, r0, e0 = rows[0]
+    jobs1, r1, e1 = rows[-1]
+    span = math.log(jobs1 / jobs0)
+    slope_r = math.log(r1.seconds / r0.seconds) / span
+    slope_e = math.log(e1.seconds / e0.seconds) / span
+    ratio = e1.seconds / r1.seconds
+    print(
+        f"growth {jobs0:,} -> {jobs1:,} jobs: rigid x{r1.seconds / r0.seconds:.1f} (log-log "
+        f"slope {slope_r:.2f}), elastic x{e1.seconds / e0.seconds:.1f} (slope {slope_e:.2f}); "
+        f"elastic/rigid at {jobs1:,} jobs {ratio:.2f}x (target <= 1.5x: "
+        f"{'met' if ratio <= 1.5 else 'NOT met'})"
+    )
+    # Close to linear: a quadratic part would show as a slope well above 1.
+    assert slope_r < 1.25 and slope_e < 1.25
