@@ -78,7 +78,7 @@ class Scenario:
     commands: tuple[CommandSpec, ...] = ()
 
 
-class _Where:
+class Where:
     """Builds error messages that name the file and the key path."""
 
     def __init__(self, path: Path) -> None:
@@ -88,20 +88,24 @@ class _Where:
         return ConfigError(f"{self.path}: {key}: {message}")
 
 
-def load(path: Path | str) -> Scenario:
-    """Read and check a scenario file."""
-    path = Path(path)
+def read_toml(path: Path) -> dict[str, Any]:
+    """A TOML file's contents, or ConfigError naming the file (scenarios, live config)."""
     try:
-        data = tomllib.loads(path.read_text())
+        return tomllib.loads(path.read_text())
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from exc
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from exc
-    return parse(data, path)
+
+
+def load(path: Path | str) -> Scenario:
+    """Read and check a scenario file."""
+    path = Path(path)
+    return parse(read_toml(path), path)
 
 
 def parse(data: Mapping[str, Any], path: Path) -> Scenario:
-    where = _Where(path)
+    where = Where(path)
     unknown = sorted(set(data) - SECTIONS)
     if unknown:
         raise where.error(unknown[0], f"unknown section (known: {', '.join(sorted(SECTIONS))})")
@@ -146,20 +150,20 @@ def parse(data: Mapping[str, Any], path: Path) -> Scenario:
     )
 
 
-def _table(where: _Where, data: Mapping[str, Any], key: str) -> Mapping[str, Any]:
+def _table(where: Where, data: Mapping[str, Any], key: str) -> Mapping[str, Any]:
     value = data.get(key, {})
     if not isinstance(value, Mapping):
         raise where.error(key, "must be a table")
     return value
 
 
-def _only(where: _Where, name: str, table: Mapping[str, Any], keys: set[str]) -> None:
+def _only(where: Where, name: str, table: Mapping[str, Any], keys: set[str]) -> None:
     unknown = sorted(set(table) - keys)
     if unknown:
         raise where.error(f"{name}.{unknown[0]}", f"unknown key (known: {', '.join(sorted(keys))})")
 
 
-def _number(where: _Where, key: str, value: Any, minimum: float = 0.0) -> float:
+def _number(where: Where, key: str, value: Any, minimum: float = 0.0) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise where.error(key, f"must be a number, got {value!r}")
     if value < minimum:
@@ -167,7 +171,7 @@ def _number(where: _Where, key: str, value: Any, minimum: float = 0.0) -> float:
     return float(value)
 
 
-def _int(where: _Where, key: str, value: Any, minimum: int = 1) -> int:
+def _int(where: Where, key: str, value: Any, minimum: int = 1) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise where.error(key, f"must be an integer, got {value!r}")
     if value < minimum:
@@ -175,13 +179,13 @@ def _int(where: _Where, key: str, value: Any, minimum: int = 1) -> int:
     return value
 
 
-def _int_map(where: _Where, key: str, value: Any, minimum: int = 1) -> dict[str, int]:
+def _int_map(where: Where, key: str, value: Any, minimum: int = 1) -> dict[str, int]:
     if not isinstance(value, Mapping):
         raise where.error(key, "must be a table of name = number")
     return {str(k): _int(where, f"{key}.{k}", v, minimum) for k, v in value.items()}
 
 
-def _hosts(where: _Where, value: Any) -> tuple[tuple[str, int], ...]:
+def _hosts(where: Where, value: Any) -> tuple[tuple[str, int], ...]:
     if value is None:
         raise where.error("cluster.hosts", "missing (e.g. hosts = { hostA = 4, hostB = 4 })")
     hosts = _int_map(where, "cluster.hosts", value)
@@ -190,7 +194,7 @@ def _hosts(where: _Where, value: Any) -> tuple[tuple[str, int], ...]:
     return tuple(hosts.items())
 
 
-def _tasks(where: _Where, key: str, raw: Mapping[str, Any]) -> tuple[int, int]:
+def _tasks(where: Where, key: str, raw: Mapping[str, Any]) -> tuple[int, int]:
     if "tasks" in raw:
         if "min_tasks" in raw or "max_tasks" in raw:
             raise where.error(key, "give tasks or min_tasks/max_tasks, not both")
@@ -210,7 +214,7 @@ def _tasks(where: _Where, key: str, raw: Mapping[str, Any]) -> tuple[int, int]:
     return lo, hi
 
 
-def _jobs(where: _Where, value: Any, host_names: set[str]) -> tuple[JobSpec, ...]:
+def _jobs(where: Where, value: Any, host_names: set[str]) -> tuple[JobSpec, ...]:
     if not isinstance(value, list):
         raise where.error("jobs", "must be an array of tables ([[jobs]])")
     out: list[JobSpec] = []
@@ -279,7 +283,7 @@ def _jobs(where: _Where, value: Any, host_names: set[str]) -> tuple[JobSpec, ...
     return tuple(out)
 
 
-def _commands(where: _Where, value: Any) -> tuple[CommandSpec, ...]:
+def _commands(where: Where, value: Any) -> tuple[CommandSpec, ...]:
     if not isinstance(value, list):
         raise where.error("commands", "must be an array of tables ([[commands]])")
     out = []

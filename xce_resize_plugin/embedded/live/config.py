@@ -33,7 +33,6 @@ from __future__ import annotations
 import hashlib
 import hmac
 import ipaddress
-import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -42,6 +41,7 @@ from attrs import field, frozen
 
 from ... import config as resize_config
 from ...errors import ConfigError
+from ..scenario_file import Where, read_toml
 
 SECTIONS = {"controller", "cluster", "users", "limits", "resize"}
 CONTROLLER_KEYS = {"listen", "state_dir", "url", "manage_workers", "kill_grace", "worker_timeout"}
@@ -88,29 +88,15 @@ class LiveConfig:
         return self.url or f"http://{self.listen_host}:{self.listen_port}"
 
 
-class _Where:
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    def error(self, key: str, message: str) -> ConfigError:
-        return ConfigError(f"{self.path}: {key}: {message}")
-
-
 def load(path: Path | str) -> LiveConfig:
     """Read and check a configuration file."""
     path = Path(path)
-    try:
-        data = tomllib.loads(path.read_text())
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from exc
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: not valid TOML: {exc}") from exc
-    return parse(data, path)
+    return parse(read_toml(path), path)
 
 
 def parse(data: Mapping[str, Any], path: Path) -> LiveConfig:
     """Check a decoded configuration; relative paths are taken from ``path``'s directory."""
-    where = _Where(path)
+    where = Where(path)
     base = path.parent
     unknown = sorted(set(data) - SECTIONS)
     if unknown:
@@ -166,7 +152,7 @@ def parse(data: Mapping[str, Any], path: Path) -> LiveConfig:
     )
 
 
-def parse_listen(value: Any, where: _Where | None = None) -> tuple[str, int]:
+def parse_listen(value: Any, where: Where | None = None) -> tuple[str, int]:
     """``"127.0.0.1:6820"`` -> ``("127.0.0.1", 6820)``; loopback addresses only."""
 
     def error(message: str) -> ConfigError:
@@ -194,26 +180,26 @@ def parse_listen(value: Any, where: _Where | None = None) -> tuple[str, int]:
     return host, port
 
 
-def _table(where: _Where, data: Mapping[str, Any], key: str) -> Mapping[str, Any]:
+def _table(where: Where, data: Mapping[str, Any], key: str) -> Mapping[str, Any]:
     value = data.get(key, {})
     if not isinstance(value, Mapping):
         raise where.error(key, "must be a table")
     return value
 
 
-def _only(where: _Where, name: str, table: Mapping[str, Any], keys: set[str]) -> None:
+def _only(where: Where, name: str, table: Mapping[str, Any], keys: set[str]) -> None:
     unknown = sorted(set(table) - keys)
     if unknown:
         raise where.error(f"{name}.{unknown[0]}", f"unknown key (known: {', '.join(sorted(keys))})")
 
 
-def _number(where: _Where, key: str, value: Any) -> float:
+def _number(where: Where, key: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
         raise where.error(key, f"must be a number >= 0, got {value!r}")
     return float(value)
 
 
-def _int_map(where: _Where, key: str, value: Any, minimum: int = 1) -> dict[str, int]:
+def _int_map(where: Where, key: str, value: Any, minimum: int = 1) -> dict[str, int]:
     if not isinstance(value, Mapping):
         raise where.error(key, "must be a table of name = number")
     out: dict[str, int] = {}
@@ -224,7 +210,7 @@ def _int_map(where: _Where, key: str, value: Any, minimum: int = 1) -> dict[str,
     return out
 
 
-def _hosts(where: _Where, value: Any) -> tuple[tuple[str, int], ...]:
+def _hosts(where: Where, value: Any) -> tuple[tuple[str, int], ...]:
     if value is None:
         raise where.error("cluster.hosts", "missing (e.g. hosts = { hostA = 4, hostB = 4 })")
     hosts = _int_map(where, "cluster.hosts", value)
@@ -237,7 +223,7 @@ def _hosts(where: _Where, value: Any) -> tuple[tuple[str, int], ...]:
     return tuple(hosts.items())
 
 
-def _tokens(where: _Where, value: Any) -> tuple[UserToken, ...]:
+def _tokens(where: Where, value: Any) -> tuple[UserToken, ...]:
     if not isinstance(value, Mapping):
         raise where.error("users.tokens", 'must be a table of user = "token"')
     out: list[UserToken] = []

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from attrs import evolve
 
-from ... import __version__
+from ... import __version__, api
 from ...errors import (
     ConfigError,
     FencedError,
@@ -54,27 +54,13 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 PROBLEM_JSON = "application/problem+json"
-PROBLEM_BASE = "https://xce.example/problems/"
 MAX_BODY = 256 * 1024
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_FENCED = 0, 1, 2, 3
 
 
-def problem(
-    status: int, title: str, detail: str, code: str, lsf: int | None = None
-) -> dict[str, Any]:
-    """An RFC 9457 problem document (the shape of the plugin's ``api.problem_json``)."""
-    return {
-        "type": PROBLEM_BASE + code,
-        "title": title,
-        "status": status,
-        "detail": detail,
-        "code": code,
-        "lsf_number": lsf,
-    }
-
-
-def error_problem(error: ResizeError) -> dict[str, Any]:
-    return problem(error.http_status, error.message, error.text, error.code, error.lsf_number)
+# One problem-document shape for the host's routes and the plugin's (api.py).
+problem = api.problem_json
+error_problem = api.error_json
 
 
 def _bearer(header: str | None) -> str | None:
