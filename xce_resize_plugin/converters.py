@@ -101,14 +101,16 @@ def decode_fact(data: bytes) -> Fact:
 
 # A job's state is written at every transition and carries every committed change so
 # far (its resize records), so a job resized n times would encode n records again at
-# each write: quadratic in its resizes. Records are immutable, and so is the committed
-# allocation between two commits; their JSON text is kept by identity (the object is
-# held too, so its id cannot be reused while cached) and spliced in. The bytes are
-# exactly those of the plain encoding (tested).
+# each write: quadratic in its resizes; and a change's tasks are written again at each
+# of its task events. Records are immutable, and so are the committed allocation
+# between two commits and a change's tasks while it is in flight: their JSON text is
+# kept by identity (the object is held too, so its id cannot be reused while cached)
+# and spliced in where a mark stood. The bytes are exactly those of the plain encoding
+# (tested).
 _RECORDS_VALUE = "\x00xce-resize-records\x00"
 _TASKS_VALUE = "\x00xce-resize-tasks\x00"
-_RECORDS_MARK = json.dumps(_RECORDS_VALUE)
-_TASKS_MARK = json.dumps(_TASKS_VALUE)
+_CHANGE_VALUE = "\x00xce-resize-change-tasks\x00"
+_MARKS = {v: json.dumps(v) for v in (_RECORDS_VALUE, _TASKS_VALUE, _CHANGE_VALUE)}
 _CACHE_SIZE = 1 << 13
 _record_text: dict[int, tuple[ResizeRecord, str]] = {}
 _tasks_text: dict[int, tuple[tuple[Task, ...], str]] = {}
@@ -130,30 +132,41 @@ def _plain_state(state: ResizeState) -> bytes:
 
 
 def encode_state(state: ResizeState) -> bytes:
-    records, tasks = state.records, state.tasks
-    if not records and len(tasks) < 8:
+    records, tasks, change = state.records, state.tasks, state.change
+    if not records and len(tasks) < 8 and (change is None or len(change.tasks) < 8):
         return _plain_state(state)
-    # Without its records and allocation, then a mark in the place of each: same key,
-    # same position in the object.
-    data = JOURNAL.unstructure(attrs.evolve(state, records=(), tasks=()))
+    # Without those parts, then a mark in the place of each: same key, same position.
+    slim_change = None if change is None else attrs.evolve(change, tasks=())
+    data = JOURNAL.unstructure(attrs.evolve(state, records=(), tasks=(), change=slim_change))
+    parts = {_RECORDS_VALUE: None, _TASKS_VALUE: None}
     data["records"] = _RECORDS_VALUE
     data["tasks"] = _TASKS_VALUE
+    if change is not None:
+        data["change"]["tasks"] = _CHANGE_VALUE
+        parts[_CHANGE_VALUE] = None
     text = _compact(data)
-    if text.count(_RECORDS_MARK) != 1 or text.count(_TASKS_MARK) != 1:
-        return _plain_state(state)  # a mark in a user's string: no shortcut
+    cuts = []
+    for value in parts:
+        mark = _MARKS[value]
+        if text.count(mark) != 1:
+            return _plain_state(state)  # a mark in a user's string: no shortcut
+        cuts.append((text.index(mark), mark, value))
+    cuts.sort()
     # Cut at the marks' places in this text (what is spliced in is not searched).
-    t, r = text.index(_TASKS_MARK), text.index(_RECORDS_MARK)
-    assert t < r, "tasks come before records in a state"
-    records_json = "[" + ",".join([_cached_json(_record_text, x) for x in records]) + "]"
-    return "".join(
-        (
-            text[:t],
-            _cached_json(_tasks_text, tasks),
-            text[t + len(_TASKS_MARK) : r],
-            records_json,
-            text[r + len(_RECORDS_MARK) :],
-        )
-    ).encode()
+    out: list[str] = []
+    at = 0
+    for index, mark, value in cuts:
+        out.append(text[at:index])
+        if value is _RECORDS_VALUE:
+            out.append("[" + ",".join([_cached_json(_record_text, r) for r in records]) + "]")
+        elif value is _TASKS_VALUE:
+            out.append(_cached_json(_tasks_text, tasks))
+        else:
+            assert change is not None
+            out.append(_cached_json(_tasks_text, change.tasks))
+        at = index + len(mark)
+    out.append(text[at:])
+    return "".join(out).encode()
 
 
 def decode_state(data: bytes) -> ResizeState:

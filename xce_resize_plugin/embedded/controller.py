@@ -32,6 +32,7 @@ from __future__ import annotations
 import bisect
 import logging
 import math
+import operator
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import partial
 from pathlib import Path
@@ -88,6 +89,9 @@ TasksSpec = int | str | tuple[int, int]
 
 #: Task states whose process may still be alive.
 _LIVE = (TaskState.STARTING, TaskState.RUNNING, TaskState.STOPPING)
+
+
+_third = operator.itemgetter(2)
 
 
 def parse_tasks(spec: TasksSpec) -> tuple[int, int]:
@@ -294,12 +298,15 @@ class EmbeddedController:
         self._fits: dict[tuple[int, int | None, int | None], bool] = {}
         self._queue: list[tuple[tuple[float, tuple[int, int, str]], str]] = []
         self._pending_views: dict[str, PendingJob] = {}
+        # The pending views in queue order, kept beside _queue (same positions), so a
+        # pass reads the queue without building a list of it.
+        self._queue_views: list[PendingJob] = []
         self._running: dict[str, JobRecord] = {}
         self._running_views: dict[str, RunningJob] = {}
         # The same views ordered by planned end, kept sorted as jobs start, change and
         # end, so that computing the head's reservation needs no sort (jobs without a
         # planned end never release anything and are left out).
-        self._by_end: list[tuple[float, str]] = []
+        self._by_end: list[tuple[float, str, RunningJob]] = []
         self._views_epoch = 0
         self._res_known: tuple[Reservation, int, int, float] | None = None
         self._future: dict[str, JobRecord] = {}
@@ -1132,8 +1139,11 @@ class EmbeddedController:
         return (job.submit_time, job_id_key(job.id))
 
     def _enqueue(self, job: JobRecord) -> None:
-        bisect.insort(self._queue, (self._queue_key(job), job.id))
-        self._pending_views[job.id] = self._pending_view(job)
+        entry = (self._queue_key(job), job.id)
+        i = bisect.bisect_right(self._queue, entry)
+        view = self._pending_views[job.id] = self._pending_view(job)
+        self._queue.insert(i, entry)
+        self._queue_views.insert(i, view)
         self._queue_epoch += 1
 
     def _dequeue(self, job: JobRecord) -> None:
@@ -1141,6 +1151,7 @@ class EmbeddedController:
         i = bisect.bisect_left(self._queue, entry)
         if i < len(self._queue) and self._queue[i] == entry:
             del self._queue[i]
+            del self._queue_views[i]
             del self._pending_views[job.id]
             self._queue_epoch += 1
 
@@ -1270,14 +1281,13 @@ class EmbeddedController:
         if sig == self._last_pass:
             return
         now = self.now()
-        views = self._pending_views
         cluster = self._cluster
         # Only the hosts with free slots (in host order): on a busy cluster the pass
         # then costs in proportion to what it can use, not to the number of hosts.
         result = easy_pass(
             now,
-            [views[job_id] for _, job_id in self._queue],
-            map(self._running_views.__getitem__, [job_id for _, job_id in self._by_end]),
+            self._queue_views,
+            map(_third, self._by_end),
             cluster.open_slots(),
             cluster.headroom,
             cluster.order,
@@ -1323,7 +1333,8 @@ class EmbeddedController:
         view = RunningJob(job.id, self._expected_end(job), self._cluster.job_hosts(job.id))
         self._running_views[job.id] = view
         if view.end is not None:
-            bisect.insort(self._by_end, (view.end, job.id))
+            # Ends and ids never tie together (ids are unique): views are not compared.
+            bisect.insort(self._by_end, (view.end, job.id, view))
 
     def _drop_running_view(self, job_id: str) -> None:
         old = self._running_views.pop(job_id, None)

@@ -78,6 +78,16 @@ class MalleableSpec:
         self.work = work
 
 
+class RequestCounts:
+    """Requests a driver made, and those the plugin refused by error code."""
+
+    __slots__ = ("refused", "requests")
+
+    def __init__(self) -> None:
+        self.requests = 0
+        self.refused: dict[str, int] = {}
+
+
 class Driver(Observer):
     """Base of the drivers: tracks the running malleable jobs and their sizes.
 
@@ -95,8 +105,7 @@ class Driver(Observer):
         #: When each running malleable job started or last changed size.
         self._last: dict[str, float] = {}
         #: Requests made and requests the plugin refused (by error code).
-        self.requests = 0
-        self.refused: dict[str, int] = {}
+        self.counts = RequestCounts()
         #: Optional: called with (job id, request, error code or None) for each request.
         self.on_request: (
             Callable[
@@ -132,6 +141,14 @@ class Driver(Observer):
 
     # -- asking -----------------------------------------------------------------------
 
+    @property
+    def requests(self) -> int:
+        return self.counts.requests
+
+    @property
+    def refused(self) -> dict[str, int]:
+        return dict(sorted(self.counts.refused.items()))
+
     def _ask(
         self,
         ctl: EmbeddedController,
@@ -140,13 +157,14 @@ class Driver(Observer):
         request: GrowRequest | ReleaseRequest | CancelRequest,
     ) -> bool:
         """Send one request through the plugin; ``False`` if it was refused."""
-        self.requests += 1
+        counts = self.counts
+        counts.requests += 1
         code: str | None = None
         try:
             ctl.request_resize(principal, job_id, request)
         except ResizeError as exc:
             code = exc.code
-            self.refused[code] = self.refused.get(code, 0) + 1
+            counts.refused[code] = counts.refused.get(code, 0) + 1
         if self.on_request is not None:
             self.on_request(job_id, principal, request, code)
         return code is None
@@ -254,6 +272,8 @@ class ShrinkForQueue(Driver):
     def __init__(self, specs: Mapping[str, MalleableSpec], min_delay: float = 0.0) -> None:
         super().__init__(specs)
         self.min_delay = min_delay
+        # The blocked head's id and min_tasks (asked once per head, not per instant).
+        self._head: tuple[str | None, int] = (None, 0)
         # Tasks above min over all running malleable jobs, kept up to date so that a
         # blocked queue costs one comparison per instant when shrinking cannot help.
         self._excess = 0
@@ -288,10 +308,13 @@ class ShrinkForQueue(Driver):
             return False
         if reservation.shadow - ctl.now() < self.min_delay:
             return False
-        head = ctl.get_job(reservation.job_id)
-        if head is None:
-            return False
-        need = head.min_tasks - ctl.free_slot_count
+        head_id = reservation.job_id
+        if self._head[0] != head_id:
+            head = ctl.get_job(head_id)
+            if head is None:
+                return False
+            self._head = (head_id, head.min_tasks)
+        need = self._head[1] - ctl.free_slot_count
         if need <= 0 or need > self._excess:
             # Enough slots are free but not where the head may use them (span rules), or
             # shrinking everyone would still not start it: do not shrink for nothing.
@@ -334,6 +357,7 @@ class GrowShrink(Driver):
             part.sizes = self.sizes
             part._start = self._start
             part._last = self._last
+            part.counts = self.counts
 
     @property
     def parts(self) -> tuple[GrowWhenIdle, ShrinkForQueue]:
@@ -356,11 +380,6 @@ class GrowShrink(Driver):
         grow._cancel_unplaced(controller)
         if not shrink.shrink(controller):
             grow.grow(controller)
-        self.requests = grow.requests + shrink.requests
-        self.refused = {
-            k: grow.refused.get(k, 0) + shrink.refused.get(k, 0)
-            for k in sorted(set(grow.refused) | set(shrink.refused))
-        }
 
 
 DRIVERS: dict[str, type[Driver]] = {

@@ -210,7 +210,7 @@ def reservation_for(
         if total < job.min_tasks:
             continue
         if added and order is not None:
-            avail = dict(sorted(avail.items(), key=lambda item: order[item[0]]))
+            avail = {h: avail[h] for h in sorted(avail, key=order.__getitem__)}
             added = False
         placed = place(avail, job.min_tasks, job.min_tasks, job.ptile)
         if placed is not None:
