@@ -100,17 +100,22 @@ def _simulate_parser(sub: Any) -> None:
     )
     sim.add_argument("trace", nargs="?", type=Path, help="the trace (not with --replay)")
     sim.add_argument(
-        "--malleable-fraction", type=float, metavar="F", help="share of jobs made malleable "
-        "(0..1, default 0.2)"
+        "--malleable-fraction",
+        type=float,
+        metavar="F",
+        help="share of jobs made malleable (0..1, default 0.2)",
     )
     sim.add_argument("--seed", type=int, metavar="N", help="seed of the malleable choice (0)")
     sim.add_argument(
-        "--speedup", metavar="MODEL", help="speedup model: amdahl[:SERIAL][:cost=S] or "
-        "linear[:cost=S] (default amdahl:0.05:cost=10)"
+        "--speedup",
+        metavar="MODEL",
+        help="speedup model: amdahl[:SERIAL][:cost=S] or "
+        "linear[:cost=S] (default amdahl:0.05:cost=10)",
     )
     sim.add_argument(
-        "--driver", metavar="NAME", help="who asks for resizes: grow-shrink (default), "
-        "grow-when-idle, shrink-for-queue, none"
+        "--driver",
+        metavar="NAME",
+        help="who asks for resizes: grow-shrink (default), grow-when-idle, shrink-for-queue, none",
     )
     sim.add_argument("--config", type=Path, metavar="FILE", help="TOML: [simulate], [resize]")
     sim.add_argument("--limit", type=int, metavar="N", help="only the first N jobs")
@@ -122,8 +127,9 @@ def _simulate_parser(sub: Any) -> None:
         "--replay", type=Path, metavar="RECORDING", help="replay a recording; check its facts"
     )
     sim.add_argument(
-        "--sequential", action="store_true", help="one run after the other (default: in "
-        "parallel when there are two cores)"
+        "--sequential",
+        action="store_true",
+        help="one run after the other (default: in parallel when there are two cores)",
     )
     sim.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
 

@@ -393,3 +393,62 @@ def _finished(
     versions: tuple[VersionRecord, ...] = (),
 ) -> FinishedJob:
     return FinishedJob(job_id, "u", state, 1, 1, 0.0, start, end, versions, "")
+
+
+# -- drivers, step by step ----------------------------------------------------------------
+
+
+def test_drivers_grow_into_idle_slots_and_shrink_for_the_head(tmp_path: Path) -> None:
+    from xce_resize_plugin.embedded import EmbeddedController, ScriptedNotificationRunner
+    from xce_resize_plugin.embedded.drivers import GrowShrink, MalleableSpec
+    from xce_resize_plugin.embedded.work import SpeedupWork
+    from xce_resize_plugin.manager import get_plugin_manager
+
+    config = {"journal_sync": False}
+    ctl = EmbeddedController(
+        get_plugin_manager(config, entry_points=False),
+        tmp_path,
+        hosts=[("a", 1), ("b", 1), ("c", 1), ("d", 1)],
+        config=config,
+        store="none",
+        notification_runner=ScriptedNotificationRunner(),
+        protect_reservation=True,
+        lean_cycles=True,
+    )
+    model = SpeedupModel(kind="linear", reconfig_cost=0.0)
+    work = SpeedupWork(model, 1000.0, 2)
+    driver = GrowShrink({"m": MalleableSpec("ann", 1, 4, 2, work)})
+    ctl.add_observer(driver)
+    ctl.submit("ann", (1, 4), runtime=1000.0, job_id="m", resizable=True, start_tasks=2, work=work)
+    ctl.at(100.0, lambda: ctl.submit("bob", 3, runtime=50.0, job_id="r"))
+    ctl.run(until=0.0)
+    assert len(ctl.job("m").tasks) == 4  # started at 2 and filled to 4: nobody waited
+    ctl.run(until=100.0)
+    # The rigid job needs 3 of the 4 slots: the site shrank "m" to its min, "r" started.
+    assert len(ctl.job("m").tasks) == 1
+    assert ctl.job("r").start_time == 100.0
+    assert driver.requests == 1 and driver.refused == {}
+    ctl.run(until=150.0)  # "r" ended at 150 and this driver has no cooldown: "m" grows
+    assert len(ctl.job("m").tasks) == 4
+    assert ctl.job("m").versions[-1].time == 150.0
+    ctl.run()
+    assert ctl.check_invariants() == []
+    ctl.stop()
+
+
+def test_recording_errors_name_the_line(tmp_path: Path) -> None:
+    from xce_resize_plugin.embedded.recording import RecordingError
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"kind": "submit"}\n')
+    with pytest.raises(RecordingError, match="no header"):
+        read_recording(bad)
+    bad.write_text(
+        '{"kind": "header", "format": "xce-resize-recording", "version": 1, "hosts": []}\n'
+        '{"kind": "teleport", "t": 0}\n'
+    )
+    with pytest.raises(RecordingError, match=r"bad.jsonl:2: unknown kind 'teleport'"):
+        read_recording(bad)
+    bad.write_text('{"kind": "header", "format": "xce-resize-recording", "version": 9}\n')
+    with pytest.raises(RecordingError, match="version 9"):
+        read_recording(bad)
