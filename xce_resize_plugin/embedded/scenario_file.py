@@ -87,6 +87,20 @@ class Where:
     def error(self, key: str, message: str) -> ConfigError:
         return ConfigError(f"{self.path}: {key}: {message}")
 
+    def table(self, data: Mapping[str, Any], key: str) -> Mapping[str, Any]:
+        """``data[key]`` (default empty), which must be a TOML table."""
+        value = data.get(key, {})
+        if not isinstance(value, Mapping):
+            raise self.error(key, "must be a table")
+        return value
+
+    def only(self, name: str, table: Mapping[str, Any], keys: set[str]) -> None:
+        """Refuse keys of ``table`` other than ``keys``, naming the first unknown one."""
+        unknown = sorted(set(table) - keys)
+        if unknown:
+            known = ", ".join(sorted(keys))
+            raise self.error(f"{name}.{unknown[0]}", f"unknown key (known: {known})")
+
 
 def read_toml(path: Path) -> dict[str, Any]:
     """A TOML file's contents, or ConfigError naming the file (scenarios, live config)."""
@@ -109,17 +123,17 @@ def parse(data: Mapping[str, Any], path: Path) -> Scenario:
     unknown = sorted(set(data) - SECTIONS)
     if unknown:
         raise where.error(unknown[0], f"unknown section (known: {', '.join(sorted(SECTIONS))})")
-    hosts = _hosts(where, _table(where, data, "cluster").get("hosts"))
+    hosts = _hosts(where, where.table(data, "cluster").get("hosts"))
     host_names = {h for h, _ in hosts}
-    limits = _table(where, data, "limits")
-    _only(where, "limits", limits, {"user_slots"})
+    limits = where.table(data, "limits")
+    where.only("limits", limits, {"user_slots"})
     user_slots = _int_map(where, "limits.user_slots", limits.get("user_slots", {}), minimum=0)
-    users = _table(where, data, "users")
-    _only(where, "users", users, {"admins"})
+    users = where.table(data, "users")
+    where.only("users", users, {"admins"})
     admins = users.get("admins", [])
     if not isinstance(admins, list) or not all(isinstance(a, str) for a in admins):
         raise where.error("users.admins", "must be a list of user names")
-    resize = dict(_table(where, data, "resize"))
+    resize = dict(where.table(data, "resize"))
     config.check(resize, where=f"{path}: [resize]")
     resize["policy_files"] = [
         str((path.parent / f).resolve()) for f in resize.get("policy_files", [])
@@ -127,8 +141,8 @@ def parse(data: Mapping[str, Any], path: Path) -> Scenario:
     for file in resize["policy_files"]:
         if not Path(file).is_file():
             raise where.error("resize.policy_files", f"{file}: no such file")
-    sc = _table(where, data, "scenario")
-    _only(where, "scenario", sc, {"until", "protect_reservation"})
+    sc = where.table(data, "scenario")
+    where.only("scenario", sc, {"until", "protect_reservation"})
     until = sc.get("until")
     if until is not None:
         until = _number(where, "scenario.until", until)
@@ -148,19 +162,6 @@ def parse(data: Mapping[str, Any], path: Path) -> Scenario:
         jobs=jobs,
         commands=commands,
     )
-
-
-def _table(where: Where, data: Mapping[str, Any], key: str) -> Mapping[str, Any]:
-    value = data.get(key, {})
-    if not isinstance(value, Mapping):
-        raise where.error(key, "must be a table")
-    return value
-
-
-def _only(where: Where, name: str, table: Mapping[str, Any], keys: set[str]) -> None:
-    unknown = sorted(set(table) - keys)
-    if unknown:
-        raise where.error(f"{name}.{unknown[0]}", f"unknown key (known: {', '.join(sorted(keys))})")
 
 
 def _number(where: Where, key: str, value: Any, minimum: float = 0.0) -> float:
@@ -224,7 +225,7 @@ def _jobs(where: Where, value: Any, host_names: set[str]) -> tuple[JobSpec, ...]
         key = f"jobs[{i}]"
         if not isinstance(raw, Mapping):
             raise where.error(key, "must be a table")
-        _only(where, key, raw, JOB_KEYS)
+        where.only(key, raw, JOB_KEYS)
         job_id = raw.get("id", str(next_id))
         if not isinstance(job_id, str) or not job_id:
             raise where.error(f"{key}.id", f"must be a non-empty string, got {job_id!r}")
@@ -291,7 +292,7 @@ def _commands(where: Where, value: Any) -> tuple[CommandSpec, ...]:
         key = f"commands[{i}]"
         if not isinstance(raw, Mapping):
             raise where.error(key, "must be a table")
-        _only(where, key, raw, COMMAND_KEYS)
+        where.only(key, raw, COMMAND_KEYS)
         at = _number(where, f"{key}.at", raw.get("at", 0))
         user = raw.get("user")
         if not isinstance(user, str) or not user:

@@ -101,8 +101,8 @@ def parse(data: Mapping[str, Any], path: Path) -> LiveConfig:
     unknown = sorted(set(data) - SECTIONS)
     if unknown:
         raise where.error(unknown[0], f"unknown section (known: {', '.join(sorted(SECTIONS))})")
-    ctl = _table(where, data, "controller")
-    _only(where, "controller", ctl, CONTROLLER_KEYS)
+    ctl = where.table(data, "controller")
+    where.only("controller", ctl, CONTROLLER_KEYS)
     host, port = parse_listen(ctl.get("listen", DEFAULT_LISTEN), where)
     if "state_dir" not in ctl or not isinstance(ctl["state_dir"], str) or not ctl["state_dir"]:
         raise where.error("controller.state_dir", "missing or not a path string")
@@ -116,22 +116,22 @@ def parse(data: Mapping[str, Any], path: Path) -> LiveConfig:
     kill_grace = _number(where, "controller.kill_grace", ctl.get("kill_grace", 10.0))
     worker_timeout = _number(where, "controller.worker_timeout", ctl.get("worker_timeout", 10.0))
 
-    hosts_raw = _table(where, data, "cluster")
-    _only(where, "cluster", hosts_raw, {"hosts"})
+    hosts_raw = where.table(data, "cluster")
+    where.only("cluster", hosts_raw, {"hosts"})
     hosts = _hosts(where, hosts_raw.get("hosts"))
 
-    users = _table(where, data, "users")
-    _only(where, "users", users, {"admins", "tokens"})
+    users = where.table(data, "users")
+    where.only("users", users, {"admins", "tokens"})
     admins = users.get("admins", [])
     if not isinstance(admins, list) or not all(isinstance(a, str) and a for a in admins):
         raise where.error("users.admins", "must be a list of user names")
     tokens = _tokens(where, users.get("tokens", {}))
 
-    limits = _table(where, data, "limits")
-    _only(where, "limits", limits, {"user_slots"})
+    limits = where.table(data, "limits")
+    where.only("limits", limits, {"user_slots"})
     user_slots = _int_map(where, "limits.user_slots", limits.get("user_slots", {}), minimum=0)
 
-    resize = dict(_table(where, data, "resize"))
+    resize = dict(where.table(data, "resize"))
     resize_config.check(resize, where=f"{path}: [resize]")
     if "policy_files" in resize:
         resize["policy_files"] = [str((base / f).resolve()) for f in resize["policy_files"]]
@@ -178,19 +178,6 @@ def parse_listen(value: Any, where: Where | None = None) -> tuple[str, int]:
         # The embedded controller is an evaluation tool: tokens travel in clear HTTP.
         raise error(f"{host} is not a loopback address (the live controller serves loopback only)")
     return host, port
-
-
-def _table(where: Where, data: Mapping[str, Any], key: str) -> Mapping[str, Any]:
-    value = data.get(key, {})
-    if not isinstance(value, Mapping):
-        raise where.error(key, "must be a table")
-    return value
-
-
-def _only(where: Where, name: str, table: Mapping[str, Any], keys: set[str]) -> None:
-    unknown = sorted(set(table) - keys)
-    if unknown:
-        raise where.error(f"{name}.{unknown[0]}", f"unknown key (known: {', '.join(sorted(keys))})")
 
 
 def _number(where: Where, key: str, value: Any) -> float:
