@@ -142,21 +142,7 @@ class JobRecord:
         return self.start_time + self.runtime
 
     def info(self) -> JobInfo:
-        return JobInfo(
-            id=self.id,
-            user=self.user,
-            state=self.state,
-            min_tasks=self.min_tasks,
-            max_tasks=self.max_tasks,
-            tasks=self.tasks,
-            resizable=self.resizable,
-            ptile=self.ptile,
-            grow_hosts=self.grow_hosts,
-            notify_cmd=self.notify_cmd,
-            start_time=self.start_time,
-            end_time=self.end_time,
-            env=dict(self.env),
-        )
+        return job_info(self)
 
     def view(self, held: Mapping[int, str]) -> JobView:
         return JobView(
@@ -220,21 +206,7 @@ class JobView:
         return len(self.held)
 
     def info(self) -> JobInfo:
-        return JobInfo(
-            id=self.id,
-            user=self.user,
-            state=self.state,
-            min_tasks=self.min_tasks,
-            max_tasks=self.max_tasks,
-            tasks=self.tasks,
-            resizable=self.resizable,
-            ptile=self.ptile,
-            grow_hosts=self.grow_hosts,
-            notify_cmd=self.notify_cmd,
-            start_time=self.start_time,
-            end_time=self.end_time,
-            env=dict(self.env),
-        )
+        return job_info(self)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready summary (scenario output)."""
@@ -257,3 +229,22 @@ class JobView:
             ],
             "exit_reason": self.exit_reason,
         }
+
+
+def job_info(job: JobRecord | JobView) -> JobInfo:
+    """The plugin's view of a job (the record and its frozen view share these fields)."""
+    return JobInfo(
+        id=job.id,
+        user=job.user,
+        state=job.state,
+        min_tasks=job.min_tasks,
+        max_tasks=job.max_tasks,
+        tasks=job.tasks,
+        resizable=job.resizable,
+        ptile=job.ptile,
+        grow_hosts=job.grow_hosts,
+        notify_cmd=job.notify_cmd,
+        start_time=job.start_time,
+        end_time=job.end_time,
+        env=dict(job.env),
+    )
