@@ -12,13 +12,12 @@ materialised state exactly (the journal stores both; ``journal verify`` compares
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Protocol
+from typing import Any, Protocol, TypeVar
 
-from attrs import evolve as _evolve
-from attrs import frozen
+from attrs import fields, frozen
 
 from . import errors
-from .host import Principal
+from .host import Principal, TaskEvent
 from .models import (
     CancelRequest,
     Change,
@@ -59,6 +58,21 @@ from .releasespec import (
 
 #: LSF limits notification commands to "less than 4096" (bytes).
 NOTIFY_CMD_MAX = 4096
+
+_S = TypeVar("_S", ResizeState, Change, PendingGrow)
+# The attributes of the classes evolve() rebuilds, looked up once: attrs.evolve
+# introspects the class at every call, and a state is rebuilt at every fact.
+_FIELDS: dict[type, tuple[str, ...]] = {
+    cls: tuple(a.name for a in fields(cls)) for cls in (ResizeState, Change, PendingGrow)
+}
+
+
+def _evolve(inst: _S, **changes: Any) -> _S:
+    """``attrs.evolve`` for the engine's own state classes (public attributes only)."""
+    for name in _FIELDS[type(inst)]:
+        if name not in changes:
+            changes[name] = getattr(inst, name)
+    return type(inst)(**changes)
 
 
 @frozen
@@ -422,45 +436,63 @@ def decide_task_event(
     state: ResizeState, task_id: int, kind: str, reason: str, at: float, settings: Settings
 ) -> list[Fact]:
     """A task of the change in flight started, failed to start or exited."""
+    return decide_task_events(
+        state, [TaskEvent(state.job_id, task_id, kind, None, reason)], at, settings
+    )
+
+
+def decide_task_events(
+    state: ResizeState, events: Iterable[TaskEvent], at: float, settings: Settings
+) -> list[Fact]:
+    """Tasks of the change in flight started, failed to start or exited: the facts of
+    a batch of the job's events, in order, exactly as if each had been decided alone
+    on the state the previous ones led to. Events of other tasks (or other jobs) and
+    repeated reports are ignored."""
     change = state.change
-    if change is None or task_id not in {t.id for t in change.tasks}:
+    if change is None:
         return []
+    ids = {t.id for t in change.tasks}
+    started, failed, stopped = set(change.started), set(change.failed), set(change.stopped)
+    starting = state.phase is Phase.GROW_STARTING
+    stopping = state.phase is Phase.SHRINK_STOPPING
+    job_id = state.job_id
     facts: list[Fact] = []
-    if state.phase is Phase.GROW_STARTING:
-        if task_id in change.started or task_id in change.failed:
-            return []
-        if kind == "started":
-            facts.append(TaskStarted(job_id=state.job_id, at=at, task_id=task_id))
-        elif kind in ("start_failed", "exited"):
-            facts.append(
-                TaskStartFailed(job_id=state.job_id, at=at, task_id=task_id, reason=reason)
-            )
-    elif state.phase is Phase.SHRINK_STOPPING and kind == "exited":
-        if task_id in change.stopped:
-            return []
-        facts.append(TaskStopped(job_id=state.job_id, at=at, task_id=task_id))
-    if not facts:
-        return []
-    after = evolve(state, facts[0])
-    assert after.change is not None
-    facts.extend(_decide_completion(after, after.change, at, settings))
+    for event in events:
+        task_id, kind = event.task_id, event.kind
+        if task_id not in ids or event.job_id != job_id:
+            continue
+        if starting:
+            if task_id in started or task_id in failed:
+                continue
+            if kind == "started":
+                started.add(task_id)
+                facts.append(TaskStarted(job_id=job_id, at=at, task_id=task_id))
+            elif kind in ("start_failed", "exited"):
+                failed.add(task_id)
+                facts.append(
+                    TaskStartFailed(job_id=job_id, at=at, task_id=task_id, reason=event.reason)
+                )
+        elif stopping and kind == "exited" and task_id not in stopped:
+            stopped.add(task_id)
+            facts.append(TaskStopped(job_id=job_id, at=at, task_id=task_id))
+        if len(started) + len(failed) + len(stopped) == len(ids):
+            break  # the change is complete: later events find no change in flight
+    if facts and len(started) + len(failed) + len(stopped) == len(ids):
+        facts.append(_completion(state, change, bool(started), at, settings))
     return facts
 
 
-def _decide_completion(
-    state: ResizeState, change: Change, at: float, settings: Settings
-) -> list[Fact]:
-    resolved = change.started | change.failed | change.stopped
-    if len(resolved) < len(change.tasks):
-        return []
-    if change.kind is ChangeKind.GROW and not change.started:
+def _completion(
+    state: ResizeState, change: Change, any_started: bool, at: float, settings: Settings
+) -> Fact:
+    """Every task of the change is resolved: commit it, or revert a grow none of whose
+    tasks started."""
+    if change.kind is ChangeKind.GROW and not any_started:
         failures = (change.pending.failures if change.pending else 0) + 1
-        return [
-            GrowReverted(
-                job_id=state.job_id, at=at, gave_up=failures >= settings.notify_max_failures
-            )
-        ]
-    return [Committed(job_id=state.job_id, at=at, version=state.version + 1)]
+        return GrowReverted(
+            job_id=state.job_id, at=at, gave_up=failures >= settings.notify_max_failures
+        )
+    return Committed(job_id=state.job_id, at=at, version=state.version + 1)
 
 
 def decide_job_end(state: ResizeState, at: float) -> list[Fact]:
@@ -479,7 +511,7 @@ def decide_job_end(state: ResizeState, at: float) -> list[Fact]:
 
 def _with_charge(state: ResizeState, at: float) -> ResizeState:
     """Record a step of the charged-slots timeline when the held slot count changed."""
-    slots = len(state.held)
+    slots = state.held_count
     charges = state.charges
     if charges and charges[-1][1] == slots:
         return state

@@ -154,8 +154,28 @@ def xce_dispatch_cycle(controller: Controller) -> None:
 def xce_task_event(controller: Controller, event: TaskEvent) -> None:
     """A task started, failed to start, or exited.
 
+    A host reports each event once, through this hook or in a batch through
+    ``xce_task_events``, never both.
+
     :param controller: the host controller.
     :param event: what happened to which task.
+
+    Implemented by: the resize plugin.
+    """
+
+
+@hookspec
+def xce_task_events(controller: Controller, events: Sequence[TaskEvent]) -> None:
+    """Several task events at once, in the order they happened.
+
+    The same as calling ``xce_task_event`` for each event in turn, except that each
+    job's events in the batch are decided together and written in one journal
+    transaction: a grow or shrink of k tasks then costs one write instead of k. Hosts
+    that receive task states in batches (a worker's report, everything that arrived
+    since the last delivery) should call this one.
+
+    :param controller: the host controller.
+    :param events: the events, oldest first; any number of jobs, possibly none.
 
     Implemented by: the resize plugin.
     """

@@ -226,6 +226,17 @@ class ResizeState:
         return tuple(t for t in self.tasks if t.id not in change.stopped)
 
     @property
+    def held_count(self) -> int:
+        """``len(self.held)`` without building it (a change's failed and stopped tasks
+        are among its tasks, a shrink's among the committed ones)."""
+        change = self.change
+        if change is None:
+            return len(self.tasks) if self.ended_at is None else 0
+        if change.kind is ChangeKind.GROW:
+            return len(self.tasks) + len(change.tasks) - len(change.failed)
+        return len(self.tasks) - len(change.stopped)
+
+    @property
     def live(self) -> bool:
         return self.phase is not Phase.ENDED
 

@@ -106,7 +106,12 @@ def xce_dispatch_cycle(controller: Controller) -> None:
 
 @hookimpl
 def xce_task_event(controller: Controller, event: TaskEvent) -> None:
-    runtime_of(controller).task_event(event)
+    runtime_of(controller).task_events((event,))
+
+
+@hookimpl
+def xce_task_events(controller: Controller, events: Sequence[TaskEvent]) -> None:
+    runtime_of(controller).task_events(events)
 
 
 @hookimpl

@@ -192,20 +192,18 @@ class Runtime:
 
     # --- events ----------------------------------------------------------------------
 
-    def task_event(self, event: TaskEvent) -> None:
+    def task_events(self, events: Sequence[TaskEvent]) -> None:
+        """Each job's events of the batch in one transition (one journal write)."""
+        by_job: dict[str, list[TaskEvent]] = {}
+        for event in events:
+            by_job.setdefault(event.job_id, []).append(event)
         with self._lock:
-            state = self.states.get(event.job_id)
-            if state is None:
-                return
-            facts = engine.decide_task_event(
-                state,
-                event.task_id,
-                event.kind,
-                event.reason,
-                self.controller.now(),
-                self.settings,
-            )
-            self._transition(event.job_id, facts)
+            now = self.controller.now()
+            for job_id, batch in by_job.items():
+                state = self.states.get(job_id)
+                if state is not None:
+                    facts = engine.decide_task_events(state, batch, now, self.settings)
+                    self._transition(job_id, facts)
 
     def notify_done(self, job_id: str, attempt: int, status: int | None, reason: str) -> None:
         with self._lock:

@@ -3,14 +3,16 @@ with the real plugin and a real LMDB journal."""
 
 from __future__ import annotations
 
+import json
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 
 from xce_resize_plugin import errors, plugin
 from xce_resize_plugin.embedded import EmbeddedController, SubmissionRejected
-from xce_resize_plugin.host import Principal
-from xce_resize_plugin.journal import Journal
+from xce_resize_plugin.host import Principal, TaskEvent
+from xce_resize_plugin.journal import Entry, Journal
 from xce_resize_plugin.manager import get_plugin_manager
 from xce_resize_plugin.models import (
     CancelRequest,
@@ -134,12 +136,65 @@ def test_hook_xce_dispatch_cycle(tmp_path: Path) -> None:
 
 
 def test_hook_xce_task_event(tmp_path: Path) -> None:
-    h = started(tmp_path)
+    # A host that reports task events one at a time.
+    h = started(tmp_path, task_event_batches=False)
     h.ctl.faults.fail_starts.add(("1", 2))
     h.request("alice", "1", GrowRequest(1, 2, no_notify=True))
     job = h.ctl.job("1")
     assert [t.id for t in job.tasks] == [0, 1, 3]  # task 2 failed to start, slot freed
     assert job.held == job.tasks
+
+
+def _count_commits(h: Harness) -> list[int]:
+    """Spy on the plugin's journal: the number of entries of each transaction."""
+    journal = plugin.runtime_of(h.ctl).journal
+    sizes: list[int] = []
+    commit = journal.commit
+
+    def counting(entries: Sequence[Entry]) -> list[int]:
+        sizes.append(len(entries))
+        return commit(entries)
+
+    journal.commit = counting  # type: ignore[method-assign]
+    return sizes
+
+
+@pytest.mark.parametrize("batches", [True, False])
+def test_hook_xce_task_events(tmp_path: Path, batches: bool) -> None:
+    h = started(tmp_path, task_event_batches=batches)
+    h.ctl.faults.fail_starts.add(("1", 3))
+    commits = _count_commits(h)
+    h.request("alice", "1", GrowRequest(1, 4, no_notify=True))
+    job = h.ctl.job("1")
+    assert [t.id for t in job.tasks] == [0, 1, 2, 4, 5]  # task 3 failed to start
+    assert job.held == job.tasks
+    # request, placement, launch, then the four task events: in one transaction when
+    # the host reports them together, one per event otherwise.
+    assert len(commits) == (4 if batches else 7)
+    with Journal.open(tmp_path / "resize", readonly=True) as j:
+        kinds = [json.loads(payload)["type"] for _, _, payload in j.facts()]
+    assert kinds[-5:] == [
+        "TaskStarted",
+        "TaskStartFailed",
+        "TaskStarted",
+        "TaskStarted",
+        "Committed",
+    ]
+
+
+def test_hook_xce_task_events_ignores_what_is_not_in_flight(tmp_path: Path) -> None:
+    h = started(tmp_path)
+    h.request("alice", "1", GrowRequest(1, 1, no_notify=True))
+    seq, before = h.journal_seq(), plugin.runtime_of(h.ctl).states.get("1")
+    events = [
+        TaskEvent("1", 2, "exited", 0),  # committed already: no change in flight
+        TaskEvent("1", 7, "started"),  # a task the job never had
+        TaskEvent("404", 0, "exited"),  # a job the plugin does not track
+    ]
+    h.ctl.plugin_manager.hook.xce_task_events(controller=h.ctl, events=events)
+    h.ctl.plugin_manager.hook.xce_task_events(controller=h.ctl, events=[])
+    assert h.journal_seq() == seq
+    assert plugin.runtime_of(h.ctl).states.get("1") == before
 
 
 def test_hook_xce_notify_done(tmp_path: Path) -> None:

@@ -5,9 +5,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from xce_resize_plugin import default_policies, engine, errors
-from xce_resize_plugin.host import Principal
+from xce_resize_plugin.host import Principal, TaskEvent
 from xce_resize_plugin.models import (
     CancelRequest,
     ChangeKind,
@@ -455,3 +457,78 @@ def test_job_options_checked_at_submit() -> None:
         engine.check_job_options(job(ptile=0))
     with pytest.raises(errors.NotifyCmdTooLong):
         engine.check_job_options(job(notify_cmd="y" * 5000))
+
+
+# --- batches of task events (xce_task_events) -------------------------------------
+
+KINDS = ("started", "start_failed", "exited")
+
+
+def _in_flight(grow: bool, size: int, notify_failures: int) -> ResizeState:
+    """A job of 4 tasks with a grow (GROW_STARTING) or shrink (SHRINK_STOPPING) of
+    ``size`` tasks launched."""
+    j = job({"hA": 2, "hB": 2}, max_tasks=12)
+    if grow:
+        state, _ = request(None, j, GrowRequest(size, size, no_notify=True))
+        state = run(state, place(state, j, {"hC": 8}))
+    else:
+        state, _ = request(None, j, ReleaseRequest(count=min(size, 3), no_notify=True))
+    if state.change is not None and state.change.pending is not None and notify_failures:
+        pending = state.change.pending
+        state = engine._evolve(
+            state,
+            change=engine._evolve(
+                state.change, pending=engine._evolve(pending, failures=notify_failures)
+            ),
+        )
+    return run(state, engine.decide_dispatch(state, 3.0))
+
+
+events = st.lists(
+    st.builds(
+        TaskEvent,
+        job_id=st.sampled_from(["101", "101", "101", "202"]),
+        task_id=st.integers(min_value=0, max_value=12),
+        kind=st.sampled_from(KINDS),
+        reason=st.sampled_from(["", "no binary"]),
+    ),
+    max_size=30,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    grow=st.booleans(),
+    size=st.integers(min_value=1, max_value=8),
+    failures=st.integers(min_value=0, max_value=2),
+    batch=events,
+)
+def test_a_batch_decides_what_single_events_decide(
+    grow: bool, size: int, failures: int, batch: list[TaskEvent]
+) -> None:
+    start = _in_flight(grow, size, failures)
+    one_by_one: list[Fact] = []
+    state = start
+    for event in batch:
+        if event.job_id != state.job_id:
+            continue  # the runtime hands each job only its own events
+        facts = engine.decide_task_event(
+            state, event.task_id, event.kind, event.reason, 5.0, SETTINGS
+        )
+        one_by_one += facts
+        state = run(state, facts)
+        assert state.held_count == len(state.held)
+    batched = engine.decide_task_events(start, batch, 5.0, SETTINGS)
+    assert batched == one_by_one
+    if batched:
+        assert run(start, batched) == state
+
+
+def test_a_batch_completes_a_grow_in_one_decision() -> None:
+    start = _in_flight(True, 3, 0)
+    ids = [t.id for t in start.change.tasks]  # type: ignore[union-attr]
+    batch = [TaskEvent("101", i, "started") for i in ids] + [TaskEvent("101", ids[0], "exited")]
+    facts = engine.decide_task_events(start, batch, 5.0, SETTINGS)
+    assert [type(f).__name__ for f in facts] == ["TaskStarted"] * 3 + ["Committed"]
+    state = run(start, facts)
+    assert state.change is None and len(state.tasks) == 7 and state.held_count == 7

@@ -7,9 +7,10 @@ calls the host hooks the way XCE does (docs/host-integration.md):
 - ``xce_job_validate`` before a job is accepted (an exception rejects it, no change);
 - per scheduling cycle, its own FCFS + EASY pass over the pending jobs, **then**
   ``xce_sched_cycle`` with the free slots left, then ``xce_dispatch_cycle``;
-- ``xce_task_event`` / ``xce_notify_done`` for what the plugin started, delivered as
+- ``xce_task_events`` / ``xce_notify_done`` for what the plugin started, delivered as
   queued events after the plugin's hook returned, never from inside a call the plugin
-  made;
+  made; task events queued together go in one batch (``xce_task_event`` one at a time
+  with ``task_event_batches=False``);
 - ``xce_job_end`` after a job's committed allocation has been freed, its tasks stopped
   and its state set; then the job must hold no slot (a checked invariant).
 
@@ -184,6 +185,9 @@ class EmbeddedController:
         record once its end was reported (and observers told), so that a trace of
         hundreds of thousands of jobs does not keep them all: :meth:`job`,
         :meth:`get_job` and :meth:`jobs` then no longer know it. Their ids stay taken.
+    :param task_event_batches: deliver the task events queued together in one
+        ``xce_task_events`` call (default), or each in its own ``xce_task_event`` call
+        (``False``), as a host that gets them one at a time would.
     """
 
     def __init__(
@@ -207,8 +211,10 @@ class EmbeddedController:
         tokens: Mapping[str, Principal] | None = None,
         keep_finished: bool = True,
         lean_cycles: bool = False,
+        task_event_batches: bool = True,
     ) -> None:
         self._pm = plugin_manager
+        self.task_event_batches = task_event_batches
         self._state_dir = Path(state_dir)
         self._state_dir.mkdir(parents=True, exist_ok=True)
         self._work_dir = self._state_dir / "embedded-work"
@@ -1356,19 +1362,35 @@ class EmbeddedController:
         )
 
     def _deliver(self) -> None:
-        for event in self._events.drain():
+        events = self._events
+        batch: list[TaskEvent] = []
+        for event in events.drain():
             self._changes += 1
             if isinstance(event, TaskEvent):
+                batch.append(event)
+                if events:
+                    continue  # more queued: they may be task events of the same batch
+                self._deliver_tasks(batch)
+                batch = []
+                continue
+            if batch:
+                self._deliver_tasks(batch)
+                batch = []
+            self._hook(
+                "xce_notify_done",
+                controller=self,
+                job_id=event.job_id,
+                attempt=event.attempt,
+                status=event.status,
+                reason=event.reason,
+            )
+
+    def _deliver_tasks(self, batch: list[TaskEvent]) -> None:
+        if self.task_event_batches:
+            self._hook("xce_task_events", controller=self, events=tuple(batch))
+        else:
+            for event in batch:
                 self._hook("xce_task_event", controller=self, event=event)
-            else:
-                self._hook(
-                    "xce_notify_done",
-                    controller=self,
-                    job_id=event.job_id,
-                    attempt=event.attempt,
-                    status=event.status,
-                    reason=event.reason,
-                )
 
     def _hook(self, name: str, **kwargs: Any) -> Any:
         """Call a host hook: state saved first (a plugin crash loses nothing), and the

@@ -10,7 +10,7 @@ real engine.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +73,11 @@ class Recorder:
         self.inside = False
 
     @hookimpl
+    def xce_task_events(self, controller: Controller, events: Sequence[TaskEvent]) -> None:
+        # The embedded controller delivers task events in batches.
+        for event in events:
+            self.xce_task_event(controller, event)
+
     def xce_task_event(self, controller: Controller, event: TaskEvent) -> None:
         self._enter("task_event")
         self.calls.append(("task", event.job_id, event.task_id, event.kind, controller.now()))
@@ -180,6 +185,11 @@ class ToyResizer:
         self.in_call = False
 
     @hookimpl
+    def xce_task_events(self, controller: Controller, events: Sequence[TaskEvent]) -> None:
+        # The embedded controller delivers task events in batches.
+        for event in events:
+            self.xce_task_event(controller, event)
+
     def xce_task_event(self, controller: Controller, event: TaskEvent) -> None:
         if self.in_call:
             self.reentered = True

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -200,6 +201,11 @@ class Relauncher:
         self.step += 1
 
     @hookimpl
+    def xce_task_events(self, controller: Controller, events: Sequence[TaskEvent]) -> None:
+        # The embedded controller delivers task events in batches.
+        for event in events:
+            self.xce_task_event(controller, event)
+
     def xce_task_event(self, controller: Controller, event: TaskEvent) -> None:
         self.events.append((event.task_id, event.kind))
 

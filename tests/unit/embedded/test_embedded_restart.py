@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import gc
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import CtlFactory, Recorder, ToyResizer, make_pm
@@ -98,6 +100,11 @@ def test_stopping_task_exit_is_rearmed(tmp_path: Path) -> None:
             self.exits: list[tuple[int, float]] = []
 
         @hookimpl
+        def xce_task_events(self, controller: Controller, events: Sequence[Any]) -> None:
+            # The embedded controller delivers task events in batches.
+            for event in events:
+                self.xce_task_event(controller, event)
+
         def xce_task_event(self, controller: Controller, event: object) -> None:
             self.exits.append((event.task_id, controller.now()))  # type: ignore[attr-defined]
             controller.free_slots(job_id, [3])
@@ -138,6 +145,11 @@ def test_lost_events_are_re_reported_on_relaunch(make_ctl: CtlFactory, tmp_path:
             controller.launch_tasks("101", [Task(1, "h2")], {})  # re-reports
 
         @hookimpl
+        def xce_task_events(self, controller: Controller, events: Sequence[Any]) -> None:
+            # The embedded controller delivers task events in batches.
+            for event in events:
+                self.xce_task_event(controller, event)
+
         def xce_task_event(self, controller: Controller, event: object) -> None:
             self.events.append(repr(event))
 
