@@ -13,12 +13,13 @@ import json
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
-import attrs
 import cattrs
+from cattrs.gen import make_dict_unstructure_fn, override
 from cattrs.preconf.json import make_converter
 from cattrs.strategies import configure_tagged_union
 
 from . import errors
+from .journal import StoredState, Tail
 from .models import (
     FACT_TYPES,
     Fact,
@@ -99,80 +100,70 @@ def decode_fact(data: bytes) -> Fact:
     return fact
 
 
-# A job's state is written at every transition and carries every committed change so
-# far (its resize records), so a job resized n times would encode n records again at
-# each write: quadratic in its resizes; and a change's tasks are written again at each
-# of its task events. Records are immutable, and so are the committed allocation
-# between two commits and a change's tasks while it is in flight: their JSON text is
-# kept by identity (the object is held too, so its id cannot be reused while cached)
-# and spliced in where a mark stood. The bytes are exactly those of the plain encoding
-# (tested).
-_RECORDS_VALUE = "\x00xce-resize-records\x00"
-_TASKS_VALUE = "\x00xce-resize-tasks\x00"
-_CHANGE_VALUE = "\x00xce-resize-change-tasks\x00"
-_MARKS = {v: json.dumps(v) for v in (_RECORDS_VALUE, _TASKS_VALUE, _CHANGE_VALUE)}
-_CACHE_SIZE = 1 << 13
-_record_text: dict[int, tuple[ResizeRecord, str]] = {}
-_tasks_text: dict[int, tuple[tuple[Task, ...], str]] = {}
+# A job's state is written at every transition. Its history (resize records, each with
+# three allocations, and charge steps) grows with every resize, so it is stored apart, one
+# row per item (journal ``history``), and a transition writes only what changed at its
+# end: the cost of a write follows the live allocation, not the job's past.
+_HISTORY_FIELDS = ("records", "charges")
 
 
-def _cached_json(cache: dict[int, tuple[Any, str]], value: Any) -> str:
-    hit = cache.get(id(value))
-    if hit is not None and hit[0] is value:
-        return hit[1]
-    text = _compact(JOURNAL.unstructure(value))
-    if len(cache) >= _CACHE_SIZE:
-        cache.clear()  # a bound on memory; live jobs' entries come back at once
-    cache[id(value)] = (value, text)
-    return text
+def _state_without_history(conv: cattrs.Converter) -> Any:
+    return make_dict_unstructure_fn(
+        ResizeState, conv, records=override(omit=True), charges=override(omit=True)
+    )
 
 
-def _plain_state(state: ResizeState) -> bytes:
-    return _compact(JOURNAL.unstructure(state)).encode()
+_unstructure_live_state = _state_without_history(JOURNAL)
 
 
 def encode_state(state: ResizeState) -> bytes:
-    records, tasks, change = state.records, state.tasks, state.change
-    if not records and len(tasks) < 8 and (change is None or len(change.tasks) < 8):
-        return _plain_state(state)
-    # Without those parts, then a mark in the place of each: same key, same position.
-    slim_change = None if change is None else attrs.evolve(change, tasks=())
-    data = JOURNAL.unstructure(attrs.evolve(state, records=(), tasks=(), change=slim_change))
-    parts = {_RECORDS_VALUE: None, _TASKS_VALUE: None}
-    data["records"] = _RECORDS_VALUE
-    data["tasks"] = _TASKS_VALUE
-    if change is not None:
-        data["change"]["tasks"] = _CHANGE_VALUE
-        parts[_CHANGE_VALUE] = None
-    text = _compact(data)
-    cuts = []
-    for value in parts:
-        mark = _MARKS[value]
-        if text.count(mark) != 1:
-            return _plain_state(state)  # a mark in a user's string: no shortcut
-        cuts.append((text.index(mark), mark, value))
-    cuts.sort()
-    # Cut at the marks' places in this text (what is spliced in is not searched).
-    out: list[str] = []
-    at = 0
-    for index, mark, value in cuts:
-        out.append(text[at:index])
-        if value is _RECORDS_VALUE:
-            out.append("[" + ",".join([_cached_json(_record_text, r) for r in records]) + "]")
-        elif value is _TASKS_VALUE:
-            out.append(_cached_json(_tasks_text, tasks))
-        else:
-            assert change is not None
-            out.append(_cached_json(_tasks_text, change.tasks))
-        at = index + len(mark)
-    out.append(text[at:])
-    return "".join(out).encode()
+    """The state's journal payload, without its history (see :func:`history_tails`)."""
+    return _compact(_unstructure_live_state(state)).encode()
 
 
-def decode_state(data: bytes) -> ResizeState:
-    """Decode a stored state; a record that does not decode is a JournalError."""
+def encode_record(record: ResizeRecord) -> bytes:
+    return _compact(JOURNAL.unstructure(record)).encode()
+
+
+def encode_charge(charge: tuple[float, int]) -> bytes:
+    return _compact(list(charge)).encode()
+
+
+def _tail(name: str, old: tuple[Any, ...], new: tuple[Any, ...], encode: Any) -> Tail | None:
+    """What changed at the end of one history sequence; ``None`` if nothing did."""
+    if old == new:  # the same object mostly: tuples compare identical items at once
+        return None
+    # The longest common prefix. Only the end ever changes (a record or a charge step
+    # added, the last step replaced), so the first or second comparison finds it; the
+    # loop keeps any other change correct too.
+    start = min(len(old), len(new))
+    while old[:start] != new[:start]:
+        start -= 1
+    return Tail(name, start, tuple(encode(item) for item in new[start:]), len(old))
+
+
+def history_tails(before: ResizeState | None, after: ResizeState) -> tuple[Tail, ...]:
+    """The history rows a transition from ``before`` to ``after`` writes."""
+    tails = (
+        _tail("records", before.records if before else (), after.records, encode_record),
+        _tail("charges", before.charges if before else (), after.charges, encode_charge),
+    )
+    return tuple(t for t in tails if t is not None)
+
+
+def decode_state(stored: StoredState) -> ResizeState:
+    """Decode a stored state with its history; a record that does not decode is a
+    JournalError."""
     try:
-        return JOURNAL.structure(json.loads(data), ResizeState)
+        data = json.loads(stored.state)
+        if not isinstance(data, dict):
+            raise TypeError(f"expected a JSON object, got {type(data).__name__}")
+        for name in _HISTORY_FIELDS:
+            if name in data:
+                raise ValueError(f"unexpected key {name!r}: the history is stored apart")
+        data["records"] = [json.loads(row) for row in stored.records]
+        data["charges"] = [json.loads(row) for row in stored.charges]
+        return JOURNAL.structure(data, ResizeState)
     except Exception as exc:
         raise errors.JournalError(f"undecodable job state: {_describe(exc)}") from None
 
@@ -232,9 +223,12 @@ __all__ = [
     "JOURNAL",
     "decode_fact",
     "decode_state",
+    "encode_charge",
     "encode_fact",
+    "encode_record",
     "encode_state",
     "grow_from_json",
+    "history_tails",
     "release_from_json",
     "structure_or_error",
 ]

@@ -69,6 +69,8 @@ __all__ = [
     "Entry",
     "GroupCommitter",
     "Journal",
+    "StoredState",
+    "Tail",
     "VerifyReport",
     "compact",
     "export",
@@ -77,8 +79,9 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-#: The storage schema this version writes and the newest it reads.
-SCHEMA: Final = 1
+#: The storage schema this version writes and the only one it reads (schema 1 kept a
+#: job's resize records and charge steps inside its state; see docs/journal-format.md).
+SCHEMA: Final = 2
 #: Initial map size; the map doubles whenever a transaction does not fit.
 DEFAULT_MAP_SIZE: Final = 64 * 1024 * 1024
 #: Longest job id (utf-8 bytes): the ``index`` key adds 9 bytes and LMDB's keys are at
@@ -87,7 +90,11 @@ MAX_JOB_ID_BYTES: Final = 500
 
 _DATA_FILE: Final = "data.mdb"
 _FACTS, _INDEX, _JOBS, _DONE, _META = "facts", "index", "jobs", "done", "meta"
-_DB_NAMES: Final = (_FACTS, _INDEX, _JOBS, _DONE, _META)
+_HISTORY: Final = "history"
+_DB_NAMES: Final = (_FACTS, _INDEX, _JOBS, _DONE, _META, _HISTORY)
+#: The sequences of a job's history and their key tags: resize records, charge steps.
+_TAILS: Final = {"records": b"r", "charges": b"c"}
+_TAIL_NAMES: Final = {tag: name for name, tag in _TAILS.items()}
 _SCHEMA_KEY, _EPOCH_KEY, _LAST_SEQ_KEY, _REMOVED_KEY = b"schema", b"epoch", b"last_seq", b"removed"
 
 _U64: Final = struct.Struct(">Q")
@@ -189,6 +196,22 @@ def _split_index_key(key: bytes) -> tuple[str, int]:
     return job_id, _U64.unpack(key[-_U64.size :])[0]
 
 
+def _history_prefix(job_key: bytes, tag: bytes) -> bytes:
+    return job_key + _SEP + tag
+
+
+def _split_history_key(key: bytes) -> tuple[str, str, int]:
+    """``job\0tag index`` -> (job id, sequence name, index), or :class:`_BadRecord`."""
+    size = 1 + len(_SEP) + 1 + _U64.size
+    if len(key) < size or key[-_U64.size - 2 : -_U64.size - 1] != _SEP:
+        raise _BadRecord(f"malformed history key {key!r}")
+    name = _TAIL_NAMES.get(key[-_U64.size - 1 : -_U64.size])
+    if name is None:
+        raise _BadRecord(f"history key {key!r} names no known sequence")
+    job_id = _decode_job_key(key[: -_U64.size - 2])
+    return job_id, name, _U64.unpack(key[-_U64.size :])[0]
+
+
 def _job_key(job_id: str) -> bytes:
     return job_id.encode("utf-8")
 
@@ -230,18 +253,65 @@ def _check_ended_at(_instance: object, _attribute: object, value: float | None) 
         raise ValueError(f"ended_at must be a number of seconds or None, not {value!r}")
 
 
+def _check_tail_name(_instance: object, _attribute: object, value: str) -> None:
+    if value not in _TAILS:
+        raise ValueError(f"unknown history sequence {value!r} (known: {', '.join(_TAILS)})")
+
+
+def _check_tail(instance: Tail, _attribute: object, value: int) -> None:
+    if not 0 <= instance.start <= instance.stop:
+        raise ValueError(f"a tail needs 0 <= start <= stop, got {instance.start}, {value}")
+
+
+@attrs.frozen
+class Tail:
+    """The end of one of a job's history sequences (``records``: resize records,
+    ``charges``: charged-slot steps) as a transition left it.
+
+    ``rows`` replace the stored rows from index ``start`` on; ``stop`` is how many rows
+    the sequence had before, so rows ``start + len(rows)`` up to ``stop`` are removed (a
+    charge step at the same instant as the one before replaces it). The sequences only
+    ever change at their end: a transition writes what changed, not the whole history.
+    """
+
+    name: str = attrs.field(validator=_check_tail_name)
+    start: int
+    rows: tuple[bytes, ...] = attrs.field(converter=_to_facts)
+    stop: int = attrs.field(validator=_check_tail)
+
+
+def _to_tails(value: Iterable[Tail]) -> tuple[Tail, ...]:
+    tails = tuple(value)
+    for tail in tails:
+        if not isinstance(tail, Tail):
+            raise TypeError(f"history must be Tail objects, not {type(tail).__name__}")
+    return tails
+
+
 @attrs.frozen
 class Entry:
-    """One engine transition of one job: the facts it appends and the job's new state.
+    """One engine transition of one job: the facts it appends, the job's new state and
+    what changed at the end of its history.
 
     ``ended_at`` is ``None`` while the job is live (its state goes to ``jobs``); a time
     (seconds since the epoch) moves the state to ``done``, out of the recovery path.
+    The history (``history`` database) stays where it is either way.
     """
 
     job_id: str = attrs.field(validator=[attrs.validators.instance_of(str), _check_job_id])
     facts: tuple[bytes, ...] = attrs.field(converter=_to_facts)
     state: bytes = attrs.field(validator=attrs.validators.instance_of(bytes))
     ended_at: float | None = attrs.field(default=None, validator=_check_ended_at)
+    history: tuple[Tail, ...] = attrs.field(default=(), converter=_to_tails)
+
+
+@attrs.frozen
+class StoredState:
+    """A job's stored state payload and its history rows, each sequence in order."""
+
+    state: bytes
+    records: tuple[bytes, ...] = ()
+    charges: tuple[bytes, ...] = ()
 
 
 # --------------------------------------------------------------------------- sharing
@@ -462,6 +532,7 @@ def _open_dbs(env: lmdb.Environment, data_file: Path, *, readonly: bool) -> dict
         raise JournalError(f"{data_file}: an empty LMDB environment, not a journal yet")
     dbs: dict[str, _Db] = {}
     if has_meta:
+        _check_schema(env, data_file)
         for name in _DB_NAMES:
             try:
                 dbs[name] = env.open_db(name.encode(), create=False)
@@ -487,9 +558,17 @@ def _open_dbs(env: lmdb.Environment, data_file: Path, *, readonly: bool) -> dict
             raise JournalError(
                 f"{data_file}: cannot initialise a new journal ({_lmdb_reason(exc)})"
             ) from exc
+    _check_schema(env, data_file)
+    return dbs
+
+
+def _check_schema(env: lmdb.Environment, data_file: Path) -> None:
+    """Refuse a journal of another schema before opening its databases (a different
+    schema may have different ones)."""
     try:
+        meta = env.open_db(_META.encode(), create=False)
         with env.begin() as txn:
-            raw = txn.get(_SCHEMA_KEY, db=dbs[_META])
+            raw = txn.get(_SCHEMA_KEY, db=meta)
     except lmdb.Error as exc:
         raise JournalError(f"{data_file}: damaged ({_lmdb_reason(exc)})") from exc
     if raw is None or len(raw) != _U64.size:
@@ -500,9 +579,15 @@ def _open_dbs(env: lmdb.Environment, data_file: Path, *, readonly: bool) -> dict
             f"{data_file}: written by a newer version (journal schema {schema}, this version "
             f"reads up to {SCHEMA}); upgrade xce_resize_plugin"
         )
+    if schema == 1:
+        raise JournalError(
+            f"{data_file}: journal schema 1, written by an earlier development version of "
+            f"xce_resize_plugin (this version reads schema {SCHEMA} only); export its facts "
+            "with that version (`xce-resize journal export`) and start from a new state "
+            "directory"
+        )
     if schema < 1:
         raise JournalError(f"{data_file}: unknown journal schema {schema}")
-    return dbs
 
 
 # --------------------------------------------------------------------------- journal
@@ -637,9 +722,18 @@ class Journal:
                 state_value = _seal(entry.state)
             else:
                 state_value = _encode_done(float(entry.ended_at), entry.state)
-            prepared.append((job_key, records, entry.ended_at is None, state_value))
+            tails = [
+                (
+                    _history_prefix(job_key, _TAILS[tail.name]),
+                    tail.start,
+                    [_seal(row) for row in tail.rows],
+                    tail.stop,
+                )
+                for tail in entry.history
+            ]
+            prepared.append((job_key, records, entry.ended_at is None, state_value, tails))
         epoch = self._epoch
-        facts, index, jobs, done, meta = (self._db(name) for name in _DB_NAMES)
+        facts, index, jobs, done, meta, history = (self._db(name) for name in _DB_NAMES)
 
         def apply(txn: _Txn) -> list[int]:
             stored = self._get_meta(txn, _EPOCH_KEY)
@@ -652,7 +746,7 @@ class Journal:
             seq = self._get_meta(txn, _LAST_SEQ_KEY)
             seqs: list[int] = []
             put, delete = txn.put, txn.delete
-            for job_key, records, live, state_value in prepared:
+            for job_key, records, live, state_value, tails in prepared:
                 prefix = _index_prefix(job_key)
                 for record in records:
                     seq += 1
@@ -670,6 +764,11 @@ class Journal:
                 else:
                     put(job_key, state_value, db=done)
                     delete(job_key, db=jobs)
+                for tail_prefix, start, rows, stop in tails:
+                    for i, row in enumerate(rows, start):
+                        put(tail_prefix + _U64.pack(i), row, db=history)
+                    for i in range(start + len(rows), stop):
+                        delete(tail_prefix + _U64.pack(i), db=history)
             put(_LAST_SEQ_KEY, _U64.pack(seq), db=meta)
             return seqs
 
@@ -677,35 +776,93 @@ class Journal:
 
     # -- reading
 
-    def live_states(self) -> Iterator[tuple[str, bytes]]:
+    def live_states(self) -> Iterator[tuple[str, StoredState]]:
         """``(job id, state)`` of every live job, in job id order, CRC checked."""
-        for key, value in self._scan(_JOBS, b""):
-            try:
-                job_id = _decode_job_key(key)
-                state = _unseal(value)
-            except _BadRecord as exc:
-                raise JournalError(f"{self._file}: live state of job {key!r}: {exc}") from None
-            yield job_id, state
+        start = b""
+        while True:
+            rows = self._read(functools.partial(self._live_chunk, start=start))
+            for key, value, histories in rows:
+                try:
+                    job_id = _decode_job_key(key)
+                    state = _unseal(value)
+                except _BadRecord as exc:
+                    raise JournalError(f"{self._file}: live state of job {key!r}: {exc}") from None
+                yield job_id, self._stored(job_id, state, histories)
+            if len(rows) < _CHUNK:
+                return
+            start = rows[-1][0] + _SEP
 
-    def state(self, job_id: str) -> bytes | None:
-        """The latest state of ``job_id``, live or finished; ``None`` if unknown."""
+    def _live_chunk(
+        self, txn: _Txn, start: bytes
+    ) -> list[tuple[bytes, bytes, dict[str, list[tuple[bytes, bytes]]]]]:
+        # A state and its history are read in one transaction: they are consistent.
+        return [
+            (key, value, self._history_rows(txn, key))
+            for key, value in self._scan_chunk(txn, _JOBS, start)
+        ]
+
+    def _history_rows(self, txn: _Txn, job_key: bytes) -> dict[str, list[tuple[bytes, bytes]]]:
+        out: dict[str, list[tuple[bytes, bytes]]] = {}
+        cursor = txn.cursor(self._db(_HISTORY))
+        for name, tag in _TAILS.items():
+            prefix = _history_prefix(job_key, tag)
+            rows: list[tuple[bytes, bytes]] = []
+            if cursor.set_range(prefix):
+                for key, value in cursor:
+                    if not key.startswith(prefix):
+                        break
+                    if len(key) == len(prefix) + _U64.size:
+                        rows.append((key, value))
+            out[name] = rows
+        return out
+
+    def _stored(
+        self, job_id: str, state: bytes, histories: dict[str, list[tuple[bytes, bytes]]]
+    ) -> StoredState:
+        """Check each history row (CRC, no index missing) and assemble the state."""
+        parts: dict[str, tuple[bytes, ...]] = {}
+        for name, rows in histories.items():
+            values = []
+            for expected, (key, value) in enumerate(rows):
+                index = _U64.unpack(key[-_U64.size :])[0]
+                if index != expected:
+                    raise JournalError(
+                        f"{self._file}: damaged: {name} {expected} of job {job_id!r} is missing"
+                    )
+                try:
+                    values.append(_unseal(value))
+                except _BadRecord as exc:
+                    raise JournalError(
+                        f"{self._file}: {name} {index} of job {job_id!r}: {exc}"
+                    ) from None
+            parts[name] = tuple(values)
+        return StoredState(state, parts.get("records", ()), parts.get("charges", ()))
+
+    def state(self, job_id: str) -> StoredState | None:
+        """The latest state of ``job_id``, live or finished, with its history;
+        ``None`` if unknown."""
         job_key = _job_key(job_id)
 
-        def get(txn: _Txn) -> tuple[str, bytes] | None:
+        def get(
+            txn: _Txn,
+        ) -> tuple[str, bytes, dict[str, list[tuple[bytes, bytes]]]] | None:
             value = txn.get(job_key, db=self._db(_JOBS))
-            if value is not None:
-                return _JOBS, value
-            value = txn.get(job_key, db=self._db(_DONE))
-            return None if value is None else (_DONE, value)
+            db = _JOBS
+            if value is None:
+                value, db = txn.get(job_key, db=self._db(_DONE)), _DONE
+            if value is None:
+                return None
+            return db, value, self._history_rows(txn, job_key)
 
         found = self._read(get)
         if found is None:
             return None
-        db, value = found
+        db, value, histories = found
         try:
-            return _unseal(value) if db == _JOBS else _decode_done(value)[1]
+            state = _unseal(value) if db == _JOBS else _decode_done(value)[1]
         except _BadRecord as exc:
             raise JournalError(f"{self._file}: {db} state of job {job_id!r}: {exc}") from None
+        return self._stored(job_id, state, histories)
 
     def ended_at(self, job_id: str) -> float | None:
         """When ``job_id`` finished, or ``None`` if it is live or unknown."""
@@ -1181,7 +1338,7 @@ def _meta_int(txn: _Txn, db: _Db, key: bytes, problems: _Problems, *, required: 
 
 def _verify_txn(journal: Journal, txn: _Txn, problems: _Problems) -> tuple[int, int, int, int, int]:
     """All record checks, in one read transaction so that they see one snapshot."""
-    facts_db, index_db, jobs_db, done_db, meta_db = (journal._db(n) for n in _DB_NAMES)
+    facts_db, index_db, jobs_db, done_db, meta_db, history_db = (journal._db(n) for n in _DB_NAMES)
     epoch = _meta_int(txn, meta_db, _EPOCH_KEY, problems, required=True)
     last_seq = _meta_int(txn, meta_db, _LAST_SEQ_KEY, problems, required=True)
     removed = _meta_int(txn, meta_db, _REMOVED_KEY, problems, required=False)
@@ -1256,7 +1413,37 @@ def _verify_txn(journal: Journal, txn: _Txn, problems: _Problems) -> tuple[int, 
             _decode_done(value)
         except _BadRecord as exc:
             problems.add(f"done: state of job {key!r}: {exc}")
+    _verify_history(txn, history_db, jobs_db, done_db, problems)
     return n_facts, n_live, n_done, epoch, last_seq
+
+
+def _verify_history(
+    txn: _Txn, history_db: _Db, jobs_db: _Db, done_db: _Db, problems: _Problems
+) -> None:
+    """Every history row: a well-formed key of a job that has a state, a good CRC, and
+    each sequence numbered from 0 without a gap."""
+    expected: dict[tuple[str, str], int] = {}
+    for key, value in txn.cursor(history_db):
+        try:
+            job_id, name, index = _split_history_key(key)
+        except _BadRecord as exc:
+            problems.add(f"history: {exc}")
+            continue
+        where = (job_id, name)
+        if where not in expected:
+            job_key = _job_key(job_id)
+            if txn.get(job_key, db=jobs_db) is None and txn.get(job_key, db=done_db) is None:
+                problems.add(f"history: job {job_id!r} has {name} but no state")
+            expected[where] = 0
+        if index != expected[where]:
+            problems.add(
+                f"history: {name} of job {job_id!r}: row {index} where {expected[where]} was due"
+            )
+        expected[where] = index + 1
+        try:
+            _unseal(value)
+        except _BadRecord as exc:
+            problems.add(f"history: {name} {index} of job {job_id!r}: {exc}")
 
 
 def _fact_json(payload: bytes) -> object:
@@ -1328,7 +1515,9 @@ def compact(path: Path | str, keep_days: float, now: float, archive: TextIO | No
         raise JournalError(f"{path / _DATA_FILE}: no journal here (the file does not exist)")
     cutoff = now - keep_days * 86400.0
     with Journal.open(path) as journal:
-        facts_db, index_db, _jobs_db, done_db, meta_db = (journal._db(n) for n in _DB_NAMES)
+        facts_db, index_db, _jobs_db, done_db, meta_db, _history = (
+            journal._db(n) for n in _DB_NAMES
+        )
 
         def apply(txn: _Txn) -> int:
             old: list[bytes] = []

@@ -274,6 +274,7 @@ class Runtime:
             facts=tuple(converters.encode_fact(f) for f in facts),
             state=converters.encode_state(state),
             ended_at=state.ended_at,
+            history=converters.history_tails(before, state),
         )
         effects = [e for old, fact, new in steps for e in engine.effects(old, fact, new)]
         if self._committer is None:

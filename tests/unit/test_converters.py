@@ -10,6 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from xce_resize_plugin import converters, errors
+from xce_resize_plugin.journal import StoredState
 from xce_resize_plugin.models import (
     FACT_TYPES,
     ChangeKind,
@@ -42,11 +43,44 @@ def test_every_fact_round_trips(fact: object) -> None:
     assert json.loads(data)["type"] == type(fact).__name__
 
 
+def _stored(state: ResizeState) -> StoredState:
+    """What the journal would hold after the job's first transition."""
+    rows = {t.name: t.rows for t in converters.history_tails(None, state)}
+    return StoredState(
+        converters.encode_state(state), rows.get("records", ()), rows.get("charges", ())
+    )
+
+
 @given(tasks, tasks, times)
 def test_state_round_trips(before: tuple[Task, ...], delta: tuple[Task, ...], t: float) -> None:
     rec = ResizeRecord(t, ChangeKind.GROW, before, delta, before + delta, 3)
     state = ResizeState("1", "u", 1, 9, before, 0.0, records=(rec,), charges=((0.0, 1), (t, 2)))
-    assert converters.decode_state(converters.encode_state(state)) == state
+    assert converters.decode_state(_stored(state)) == state
+    assert b"records" not in converters.encode_state(state)  # the history is apart
+
+
+charges = st.lists(st.tuples(times, st.integers(0, 64)), max_size=8).map(tuple)
+
+
+@given(st.lists(charges, min_size=1, max_size=6))
+def test_history_tails_rebuild_every_version(versions: list[tuple[tuple[float, int], ...]]) -> None:
+    """Applying each transition's tail to the stored rows, as the journal does, always
+    leaves exactly the rows of the newest history, whatever the change between two."""
+    rows: list[bytes] = []
+    state: ResizeState | None = None
+    for version in versions:
+        new = ResizeState("1", "u", 1, 9, (), 0.0, charges=version)
+        for tail in converters.history_tails(state, new):
+            assert tail.name == "charges" and tail.stop == len(rows)
+            rows[tail.start :] = tail.rows
+        state = new
+        assert rows == [converters.encode_charge(c) for c in version]
+
+
+def test_a_state_with_its_history_inside_is_refused() -> None:
+    data = json.dumps({"job_id": "1", "records": []}).encode()
+    with pytest.raises(errors.JournalError, match="history is stored apart"):
+        converters.decode_state(StoredState(data))
 
 
 def test_fact_encoding_is_compact_json() -> None:

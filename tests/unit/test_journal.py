@@ -25,6 +25,8 @@ from xce_resize_plugin.journal import (
     Entry,
     GroupCommitter,
     Journal,
+    StoredState,
+    Tail,
     compact,
     export,
     verify,
@@ -44,6 +46,16 @@ def journal(jdir: Path) -> Iterator[Journal]:
     with Journal.open(jdir, sync=False) as j:
         j.start()
         yield j
+
+
+def _live(journal: Journal) -> dict[str, bytes]:
+    """Live jobs' state payloads (these tests write no history)."""
+    return {job_id: stored.state for job_id, stored in journal.live_states()}
+
+
+def _state(journal: Journal, job_id: str) -> bytes | None:
+    stored = journal.state(job_id)
+    return None if stored is None else stored.state
 
 
 def data_file(jdir: Path) -> str:
@@ -78,9 +90,9 @@ def test_round_trip(journal: Journal) -> None:
     assert list(journal.facts(start=3)) == [(3, "2", b"release")]
     assert list(journal.job_facts("1")) == [(1, b"grow-requested"), (2, b"placed")]
     assert list(journal.job_facts("unknown")) == []
-    assert dict(journal.live_states()) == {"1": b"state-1a", "2": b"state-2"}
-    assert journal.state("1") == b"state-1a"
-    assert journal.state("unknown") is None
+    assert _live(journal) == {"1": b"state-1a", "2": b"state-2"}
+    assert _state(journal, "1") == b"state-1a"
+    assert _state(journal, "unknown") is None
     assert journal.last_seq == 3
     stats = journal.stats()
     assert stats["facts"] == 3 and stats["index"] == 3 and stats["jobs"] == 2
@@ -99,28 +111,28 @@ def test_data_survives_reopen_and_seqs_continue(jdir: Path) -> None:
         assert j.last_seq == 3
         assert j.commit([Entry("a", (b"w",), b"s4")]) == [4]
         assert [seq for seq, _, _ in j.facts()] == [1, 2, 3, 4]
-        assert j.state("a") == b"s4"
+        assert _state(j, "a") == b"s4"
 
 
 def test_state_only_entry_and_empty_commit(journal: Journal) -> None:
     assert journal.commit([]) == []
     assert journal.commit([Entry("a", (), b"only-state")]) == []
-    assert journal.state("a") == b"only-state"
+    assert _state(journal, "a") == b"only-state"
     assert journal.last_seq == 0
 
 
 def test_live_to_done_and_back(journal: Journal) -> None:
     journal.commit([Entry("a", (b"f1",), b"running"), Entry("b", (b"g1",), b"running")])
     journal.commit([Entry("a", (b"f2",), b"finished", ended_at=1000.5)])
-    assert dict(journal.live_states()) == {"b": b"running"}
-    assert journal.state("a") == b"finished"
+    assert _live(journal) == {"b": b"running"}
+    assert _state(journal, "a") == b"finished"
     assert journal.ended_at("a") == 1000.5
     assert journal.ended_at("b") is None
     stats = journal.stats()
     assert (stats["jobs"], stats["done"]) == (1, 1)
     # A job coming back to life (e.g. requeued) leaves `done` again.
     journal.commit([Entry("a", (), b"requeued")])
-    assert dict(journal.live_states()) == {"a": b"requeued", "b": b"running"}
+    assert _live(journal) == {"a": b"requeued", "b": b"running"}
     assert journal.ended_at("a") is None
     assert journal.stats()["done"] == 0
     assert list(journal.job_facts("a")) == [(1, b"f1"), (3, b"f2")]
@@ -141,7 +153,7 @@ def test_iterators_span_many_chunks(journal: Journal) -> None:
         )
     journal.commit([Entry("job00000", tuple(b"g%d" % i for i in range(2500)), b"s")])
     assert [seq for seq, _, _ in journal.facts()] == list(range(1, 5501))
-    assert len(dict(journal.live_states())) == 3000
+    assert len(_live(journal)) == 3000
     assert [p for _, p in journal.job_facts("job00000")][:2] == [b"f0", b"g0"]
     assert len(list(journal.job_facts("job00000"))) == 2501
 
@@ -242,7 +254,7 @@ def test_fencing_between_two_handles(jdir: Path) -> None:
         # Nothing of the fenced transaction was written.
         assert new.last_seq == 1
         assert list(new.facts()) == [(1, "a", b"x")]
-        assert new.state("a") == b"s1" and new.state("b") is None
+        assert _state(new, "a") == b"s1" and _state(new, "b") is None
         assert new.commit([Entry("a", (b"z",), b"s2")]) == [2]
     finally:
         old.close()
@@ -287,7 +299,7 @@ def test_map_grows_and_retries_the_whole_transaction(jdir: Path) -> None:
         assert stats["facts"] == stats["index"] == 10005
         assert stats["jobs"] == 1005
         assert [p for _, p in j.job_facts("j999")] == list(big[999].facts)
-        assert j.state("j5") == b"s" * 300
+        assert _state(j, "j5") == b"s" * 300
     assert verify(jdir).ok
 
 
@@ -318,7 +330,7 @@ def test_readers_in_other_threads_during_map_growth(jdir: Path) -> None:
             try:
                 while not stop.is_set():
                     seen.append(sum(1 for _ in j.facts()))
-                    assert len(dict(j.live_states())) >= 200
+                    assert len(_live(j)) >= 200
             except BaseException as exc:  # pragma: no cover - reported below
                 errors.append(exc)
 
@@ -479,8 +491,8 @@ def test_flipped_byte_in_a_state_names_the_job(jdir: Path) -> None:
             list(j.live_states())
         assert "CRC" in str(err.value) and data_file(jdir) in str(err.value)
         with pytest.raises(JournalError, match="job2"):
-            j.state("job2")
-        assert j.state("job1") == b"s" * 100
+            _state(j, "job2")
+        assert _state(j, "job1") == b"s" * 100
 
 
 # --------------------------------------------------------------------------- group commit
@@ -523,7 +535,7 @@ def test_group_commit_many_threads(jdir: Path) -> None:
                 assert b == a + 1  # one entry's facts stay together
                 assert facts[a] == (f"t{t}", b"%d-%d-a" % (t, i))
                 assert facts[b] == (f"t{t}", b"%d-%d-b" % (t, i))
-            assert j.state(f"t{t}") == b"%d" % (per_thread - 1)
+            assert _state(j, f"t{t}") == b"%d" % (per_thread - 1)
 
 
 def test_group_commit_error_reaches_every_caller_of_the_batch(jdir: Path) -> None:
@@ -686,9 +698,9 @@ def test_compact_removes_only_old_finished_jobs(jdir: Path) -> None:
             ("live", b"l2"),
         ]
         assert list(j.job_facts("old")) == []
-        assert j.state("old") == b"end"  # the final state (the accounting) is kept
-        assert j.state("recent") == b"end"
-        assert dict(j.live_states()) == {"live": b"s2"}
+        assert _state(j, "old") == b"end"  # the final state (the accounting) is kept
+        assert _state(j, "recent") == b"end"
+        assert _live(j) == {"live": b"s2"}
         stats = j.stats()
         assert (stats["index"], stats["done"], stats["removed"], stats["last_seq"]) == (4, 2, 4, 8)
     report = verify(jdir)
@@ -740,9 +752,94 @@ def test_property_reads_return_what_was_committed(commits: list[list[Entry]]) ->
         for job_id, entry in last.items():
             expected = [(i + 1, p) for i, (job, p) in enumerate(committed) if job == job_id]
             assert list(j.job_facts(job_id)) == expected
-            assert j.state(job_id) == entry.state
+            assert _state(j, job_id) == entry.state
             assert j.ended_at(job_id) == entry.ended_at
-        assert dict(j.live_states()) == {
-            job_id: e.state for job_id, e in last.items() if e.ended_at is None
-        }
+        assert _live(j) == {job_id: e.state for job_id, e in last.items() if e.ended_at is None}
         assert j.last_seq == len(committed)
+
+
+# --------------------------------------------------------------------------- history
+
+
+def test_history_tails_patch_the_end_of_each_sequence(journal: Journal) -> None:
+    journal.commit([Entry("a", (b"f1",), b"s1", history=(Tail("charges", 0, (b"c0",), 0),))])
+    journal.commit(
+        [
+            Entry(
+                "a",
+                (b"f2",),
+                b"s2",
+                history=(
+                    Tail("charges", 1, (b"c1", b"c2"), 1),
+                    Tail("records", 0, (b"r0",), 0),
+                ),
+            )
+        ]
+    )
+    # The last charge step is replaced and nothing follows it: row 2 goes.
+    journal.commit([Entry("a", (b"f3",), b"s3", history=(Tail("charges", 1, (b"c1'",), 3),))])
+    assert journal.state("a") == StoredState(b"s3", (b"r0",), (b"c0", b"c1'"))
+    assert dict(journal.live_states()) == {"a": StoredState(b"s3", (b"r0",), (b"c0", b"c1'"))}
+    # The history stays with the finished job's state (its accounting).
+    journal.commit([Entry("a", (b"end",), b"s4", ended_at=9.0)])
+    assert journal.state("a") == StoredState(b"s4", (b"r0",), (b"c0", b"c1'"))
+    assert dict(journal.live_states()) == {}
+    assert journal.stats()["history"] == 3
+    assert verify(journal.path.parent).ok
+
+
+def test_bad_tails_are_refused_before_anything_is_written() -> None:
+    with pytest.raises(ValueError, match="unknown history sequence"):
+        Tail("notes", 0, (), 0)
+    with pytest.raises(ValueError, match="start <= stop"):
+        Tail("charges", 3, (), 1)
+    with pytest.raises(TypeError, match="Tail objects"):
+        Entry("a", (), b"s", history=("charges",))  # type: ignore[arg-type]
+
+
+def _with_history(jdir: Path) -> None:
+    with Journal.open(jdir, sync=False) as j:
+        j.start()
+        for job in ("a", "b"):
+            tails = (Tail("charges", 0, (b"c0", b"c1", b"c2"), 0), Tail("records", 0, (b"r0",), 0))
+            j.commit([Entry(job, (b"f",), b"s", history=tails)])
+
+
+def test_damaged_history_is_found_by_recovery_and_verify(jdir: Path) -> None:
+    _with_history(jdir)
+    env = raw_env(jdir)
+    history = env.open_db(b"history", create=False)
+    with env.begin(write=True) as txn:
+        txn.delete(b"a\0c" + (1).to_bytes(8, "big"), db=history)  # a gap
+        value = bytearray(txn.get(b"b\0r" + (0).to_bytes(8, "big"), db=history))
+        value[-1] ^= 0xFF
+        txn.put(b"b\0r" + (0).to_bytes(8, "big"), bytes(value), db=history)  # bit rot
+        txn.put(b"zz\0c" + (0).to_bytes(8, "big"), seal(b"x"), db=history)  # no state
+        txn.put(b"a\0q" + (0).to_bytes(8, "big"), seal(b"x"), db=history)  # unknown tag
+    env.close()
+    with Journal.open(jdir, readonly=True) as j:
+        with pytest.raises(JournalError, match="charges 1 of job 'a' is missing") as err:
+            j.state("a")
+        assert data_file(jdir) in str(err.value)
+        with pytest.raises(JournalError, match="records 0 of job 'b': CRC mismatch"):
+            j.state("b")
+        with pytest.raises(JournalError, match="job 'a' is missing"):
+            list(j.live_states())  # recovery stops at the first damaged job
+    text = "\n".join(verify(jdir).problems)
+    assert "history: charges of job 'a': row 2 where 1 was due" in text
+    assert "history: records 0 of job 'b': CRC mismatch" in text
+    assert "history: job 'zz' has charges but no state" in text
+    assert "names no known sequence" in text
+
+
+def test_schema_1_journal_is_refused_naming_the_way_out(jdir: Path) -> None:
+    make_journal(jdir, jobs=2)
+    env = raw_env(jdir)
+    meta = env.open_db(b"meta", create=False)
+    with env.begin(write=True) as txn:
+        txn.put(b"schema", (1).to_bytes(8, "big"), db=meta)
+    env.close()
+    for readonly in (False, True):
+        with pytest.raises(JournalError, match=r"schema 1.*journal export") as err:
+            Journal.open(jdir, readonly=readonly)
+        assert data_file(jdir) in str(err.value)
