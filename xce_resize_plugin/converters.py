@@ -9,11 +9,11 @@ into one ``InvalidRequest`` whose message lists each problem as ``… @ $.path``
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
 import cattrs
+import orjson
 from cattrs.gen import make_dict_unstructure_fn, override
 from cattrs.preconf.json import make_converter
 from cattrs.strategies import configure_tagged_union
@@ -74,15 +74,22 @@ def _make_api_converter() -> cattrs.Converter:
 
 
 JOURNAL = _make_journal_converter()
-# json.dumps(..., separators=...) builds a new encoder at every call; one shared
-# encoder with the same settings writes the same text (facts and states are encoded
-# at every transition).
-_compact = json.JSONEncoder(separators=(",", ":")).encode
+# The journal's JSON is written at every transition (facts, state, history rows):
+# orjson writes the same compact JSON as ``json.dumps(separators=(",", ":"))``, UTF-8
+# rather than \u escapes, an order of magnitude faster. Times must be finite (orjson
+# writes NaN as null, which then fails to decode: never silently another number).
+
+
+def _dumps(value: Any) -> bytes:
+    try:
+        return orjson.dumps(value)
+    except orjson.JSONEncodeError as exc:  # e.g. an integer beyond 64 bits
+        raise errors.JournalError(f"cannot be written to the journal: {exc}") from None
 API = _make_api_converter()
 
 
 def encode_fact(fact: Fact) -> bytes:
-    return _compact(JOURNAL.unstructure(fact, Fact)).encode()
+    return _dumps(JOURNAL.unstructure(fact, Fact))
 
 
 def _describe(exc: Exception) -> str:
@@ -94,7 +101,7 @@ def _describe(exc: Exception) -> str:
 def decode_fact(data: bytes) -> Fact:
     """Decode a stored fact; a record that does not decode is a JournalError."""
     try:
-        fact: Fact = JOURNAL.structure(json.loads(data), Fact)  # type: ignore[arg-type]
+        fact: Fact = JOURNAL.structure(orjson.loads(data), Fact)  # type: ignore[arg-type]
     except Exception as exc:
         raise errors.JournalError(f"undecodable fact: {_describe(exc)}") from None
     return fact
@@ -118,15 +125,15 @@ _unstructure_live_state = _state_without_history(JOURNAL)
 
 def encode_state(state: ResizeState) -> bytes:
     """The state's journal payload, without its history (see :func:`history_tails`)."""
-    return _compact(_unstructure_live_state(state)).encode()
+    return _dumps(_unstructure_live_state(state))
 
 
 def encode_record(record: ResizeRecord) -> bytes:
-    return _compact(JOURNAL.unstructure(record)).encode()
+    return _dumps(JOURNAL.unstructure(record))
 
 
 def encode_charge(charge: tuple[float, int]) -> bytes:
-    return _compact(list(charge)).encode()
+    return _dumps(charge)
 
 
 def _tail(name: str, old: tuple[Any, ...], new: tuple[Any, ...], encode: Any) -> Tail | None:
@@ -155,14 +162,14 @@ def decode_state(stored: StoredState) -> ResizeState:
     """Decode a stored state with its history; a record that does not decode is a
     JournalError."""
     try:
-        data = json.loads(stored.state)
+        data = orjson.loads(stored.state)
         if not isinstance(data, dict):
             raise TypeError(f"expected a JSON object, got {type(data).__name__}")
         for name in _HISTORY_FIELDS:
             if name in data:
                 raise ValueError(f"unexpected key {name!r}: the history is stored apart")
-        data["records"] = [json.loads(row) for row in stored.records]
-        data["charges"] = [json.loads(row) for row in stored.charges]
+        data["records"] = [orjson.loads(row) for row in stored.records]
+        data["charges"] = [orjson.loads(row) for row in stored.charges]
         return JOURNAL.structure(data, ResizeState)
     except Exception as exc:
         raise errors.JournalError(f"undecodable job state: {_describe(exc)}") from None

@@ -31,9 +31,15 @@ tasks = st.lists(
 
 
 def _fact(cls: type) -> st.SearchStrategy[object]:
+    fields = attrs.fields(attrs.resolve_types(cls))
     # Every float field is a controller time: never NaN (NaN never equals itself).
-    floats = {f.name: times for f in attrs.fields(cls) if f.type in (float, "float")}
-    return st.builds(cls, **floats)
+    floats = {f.name: times for f in fields if f.type is float}
+    # Counters, ids and exit statuses: the journal's JSON holds 64-bit integers.
+    int64 = st.integers(-(2**63), 2**63 - 1)
+    ints = {f.name: int64 for f in fields if f.type is int}
+    ints.update({f.name: st.none() | int64 for f in fields if f.type == int | None})
+    task_fields = {f.name: tasks for f in fields if f.type == tuple[Task, ...]}
+    return st.builds(cls, **floats, **ints, **task_fields)
 
 
 @given(st.one_of(*(_fact(t) for t in FACT_TYPES)))
@@ -81,6 +87,11 @@ def test_a_state_with_its_history_inside_is_refused() -> None:
     data = json.dumps({"job_id": "1", "records": []}).encode()
     with pytest.raises(errors.JournalError, match="history is stored apart"):
         converters.decode_state(StoredState(data))
+
+
+def test_a_number_the_journal_cannot_hold_is_refused() -> None:
+    with pytest.raises(errors.JournalError, match="cannot be written to the journal"):
+        converters.encode_fact(NotifyDone("1", 0.0, 2**64, True, 0))
 
 
 def test_fact_encoding_is_compact_json() -> None:
