@@ -669,6 +669,60 @@ def effects(before: ResizeState | None, fact: Fact, after: ResizeState) -> list[
     return []
 
 
+_TASK_FACTS = (TaskStarted, TaskStartFailed, TaskStopped)
+
+
+def transition(
+    state: ResizeState | None, facts: Sequence[Fact]
+) -> tuple[ResizeState | None, list[Effect]]:
+    """Fold ``facts`` into ``state`` and collect the effects they call for, in order:
+    exactly :func:`evolve` and :func:`effects` fact by fact (tested), except that a run
+    of one change's task facts at one instant (a batch of task events) is folded at
+    once and frees its slots in one :class:`Free`."""
+    out: list[Effect] = []
+    i, n = 0, len(facts)
+    while i < n:
+        fact = facts[i]
+        if state is not None and isinstance(fact, _TASK_FACTS):
+            j = i + 1
+            while j < n and isinstance(facts[j], _TASK_FACTS) and facts[j].at == fact.at:
+                j += 1
+            if j - i > 1:
+                state = _task_run(state, facts[i:j], out)
+                i = j
+                continue
+        after = evolve(state, fact)
+        out.extend(effects(state, fact, after))
+        state = after
+        i += 1
+    return state, out
+
+
+def _task_run(state: ResizeState, run: Sequence[Fact], out: list[Effect]) -> ResizeState:
+    change = state.change
+    assert change is not None
+    started, failed, stopped = set(change.started), set(change.failed), set(change.stopped)
+    freed: list[int] = []
+    for fact in run:
+        if isinstance(fact, TaskStarted):
+            started.add(fact.task_id)
+        elif isinstance(fact, TaskStartFailed):
+            failed.add(fact.task_id)
+            freed.append(fact.task_id)
+        else:
+            assert isinstance(fact, TaskStopped)
+            stopped.add(fact.task_id)
+            freed.append(fact.task_id)
+    if freed:
+        out.append(Free(state.job_id, tuple(freed)))
+    new = _evolve(
+        change, started=frozenset(started), failed=frozenset(failed), stopped=frozenset(stopped)
+    )
+    # Steps of the charge timeline at one instant collapse into the last one, so one
+    # step for the whole run is the step the facts one by one would leave.
+    return _with_charge(_evolve(state, change=new), run[0].at)
+
+
 def _unresolved(change: Change) -> tuple[Task, ...]:
     done = change.started | change.failed | change.stopped
     return tuple(t for t in change.tasks if t.id not in done)

@@ -262,12 +262,7 @@ class Runtime:
             return None
         self._check_failed()
         before = self.states.get(job_id)
-        state = before
-        steps: list[tuple[ResizeState | None, Fact, ResizeState]] = []
-        for fact in facts:
-            new = engine.evolve(state, fact)
-            steps.append((state, fact, new))
-            state = new
+        state, effects = engine.transition(before, facts)
         assert state is not None
         entry = Entry(
             job_id=job_id,
@@ -276,7 +271,6 @@ class Runtime:
             ended_at=state.ended_at,
             history=converters.history_tails(before, state),
         )
-        effects = [e for old, fact, new in steps for e in engine.effects(old, fact, new)]
         if self._committer is None:
             try:
                 self.journal.commit([entry])

@@ -522,6 +522,20 @@ def test_a_batch_decides_what_single_events_decide(
     assert batched == one_by_one
     if batched:
         assert run(start, batched) == state
+    # transition() folds the run of task facts at once: the same state, and the same
+    # slots freed (in one Free for the run).
+    folded, effects = engine.transition(start, batched)
+    assert folded == (state if batched else start)
+    single = [
+        e
+        for i, f in enumerate(batched)
+        for e in engine.effects(run(start, batched[:i]), f, run(start, batched[: i + 1]))
+    ]
+    freed = [i for e in single if isinstance(e, engine.Free) for i in e.task_ids]
+    assert [i for e in effects if isinstance(e, engine.Free) for i in e.task_ids] == freed
+    assert [e for e in effects if not isinstance(e, engine.Free)] == [
+        e for e in single if not isinstance(e, engine.Free)
+    ]
 
 
 def test_a_batch_completes_a_grow_in_one_decision() -> None:
