@@ -78,6 +78,13 @@ def _parser() -> argparse.ArgumentParser:
     ctl.add_argument("--listen", help="HOST:PORT overriding [controller] listen")
     ctl.add_argument("--state-dir", type=Path, help="overrides [controller] state_dir")
     ctl.add_argument("--ready-file", type=Path, help="written (JSON) once the API serves")
+    ctl.add_argument(
+        "--record",
+        type=Path,
+        metavar="FILE",
+        help="record this run's inputs for `xce-resize simulate --replay FILE` "
+        "(overrides [controller] record; a new file, an empty state directory)",
+    )
 
     wk = sub.add_parser("worker", help="run one host's worker agent for the live controller")
     wk.add_argument("--state-dir", type=Path, required=True, help="the controller's state_dir")
@@ -168,7 +175,11 @@ def _dispatch(args: argparse.Namespace, out: TextIO) -> int:
         from .embedded.live import server
 
         return server.run(
-            args.config, listen=args.listen, state_dir=args.state_dir, ready_file=args.ready_file
+            args.config,
+            listen=args.listen,
+            state_dir=args.state_dir,
+            ready_file=args.ready_file,
+            record=args.record,
         )
     if args.command == "worker":
         from .embedded.live import worker

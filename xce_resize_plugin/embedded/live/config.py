@@ -9,6 +9,7 @@
     # manage_workers = true     start one worker agent per host (false: start them yourself)
     # kill_grace = 10.0         SIGTERM -> SIGKILL seconds when a job ends or is killed
     # worker_timeout = 10.0     seconds a new worker agent may take to come up
+    # record = "run.jsonl"      record this run's inputs for replay (relative to this file)
 
     [cluster]
     hosts = { hostA = 4, hostB = 4 }
@@ -44,7 +45,15 @@ from ...errors import ConfigError
 from ..scenario_file import Where, read_toml
 
 SECTIONS = {"controller", "cluster", "users", "limits", "resize"}
-CONTROLLER_KEYS = {"listen", "state_dir", "url", "manage_workers", "kill_grace", "worker_timeout"}
+CONTROLLER_KEYS = {
+    "listen",
+    "state_dir",
+    "url",
+    "manage_workers",
+    "kill_grace",
+    "worker_timeout",
+    "record",
+}
 DEFAULT_LISTEN = "127.0.0.1:6820"
 #: Prefix of a token given as its SHA-256 digest rather than in clear.
 SHA256 = "sha256:"
@@ -81,6 +90,9 @@ class LiveConfig:
     user_slots: Mapping[str, int] = field(factory=dict)
     resize: Mapping[str, Any] = field(factory=dict)
     path: Path | None = None
+    #: Where this run's recording is written (``None``: not recorded); see
+    #: :mod:`.recorder`.
+    record: Path | None = None
 
     @property
     def controller_url(self) -> str:
@@ -115,6 +127,9 @@ def parse(data: Mapping[str, Any], path: Path) -> LiveConfig:
         raise where.error("controller.manage_workers", "must be true or false")
     kill_grace = _number(where, "controller.kill_grace", ctl.get("kill_grace", 10.0))
     worker_timeout = _number(where, "controller.worker_timeout", ctl.get("worker_timeout", 10.0))
+    record = ctl.get("record")
+    if record is not None and (not isinstance(record, str) or not record):
+        raise where.error("controller.record", f"must be a file name, got {record!r}")
 
     hosts_raw = where.table(data, "cluster")
     where.only("cluster", hosts_raw, {"hosts"})
@@ -149,6 +164,7 @@ def parse(data: Mapping[str, Any], path: Path) -> LiveConfig:
         user_slots=user_slots,
         resize=resize,
         path=path,
+        record=None if record is None else (base / record).resolve(),
     )
 
 

@@ -29,10 +29,16 @@ one's writes fail, it stops), connects to the agents (starting missing ones),
 reconciles every live task with what its agent reports, and only then calls
 ``xce_controller_start`` (docs/live-controller.md lists every case).
 
+**Recording.** With ``[controller] record`` (or ``--record``), :mod:`.recorder` writes
+the run's inputs for ``xce-resize simulate --replay``; the hook points are marked
+"recording" below. Task events and job ends are recorded where they enter the embedded
+controller (the reporter methods, ``_end_job``), so every path that reaches them (agent
+events, reconciliation, lost agents, kills) is recorded the same way.
+
 Internals of :class:`EmbeddedController` this module relies on (kept few on purpose):
-``_jobs`` (read), ``_job``, ``_end_job``, ``_flush``, and that ``_restore`` reports
-STARTING tasks through ``task_start_failed`` during construction. The live tests
-(tests/e2e/live/) exercise each of them.
+``_jobs`` (read), ``_job``, ``_end_job`` (called, and overridden to record the end),
+``_flush``, and that ``_restore`` reports STARTING tasks through ``task_start_failed``
+during construction. The live tests (tests/e2e/live/) exercise each of them.
 """
 
 from __future__ import annotations
@@ -64,6 +70,7 @@ from ...models import GrowHosts, JobInfo, JobState, Task, format_hosts
 from ..controller import EmbeddedController, TasksSpec
 from ..errors import UnknownJob
 from ..jobs import JobRecord, TaskRecord, TaskState
+from ..recording import request_fields
 from ..runners import (
     ESSENTIAL_ENV,
     NotificationDone,
@@ -73,6 +80,7 @@ from ..runners import (
 )
 from .config import LiveConfig
 from .proc import atomic_write
+from .recorder import LiveRecorder
 from .store import LiveStore
 from .tasks import Queued, WorkerFleet
 
@@ -323,6 +331,10 @@ class LiveController(EmbeddedController):
         self._notifying: dict[tuple[str, int], tuple[str, dict[str, Any], NotificationDone]] = {}
         self._broken: set[str] = set()
         self._opened = False
+        #: The recording of this run (``cfg.record``), from :meth:`open` on.
+        self.recorder: LiveRecorder | None = None
+        # How deep we are in a runner call: a task event reported inside one is "sync".
+        self._in_runner = 0
         self._crash_at = os.environ.get(CRASH_ENV) or None
         if self._crash_at is not None and self._crash_at not in CRASH_POINTS:
             raise ValueError(f"{CRASH_ENV}={self._crash_at}: not one of {', '.join(CRASH_POINTS)}")
@@ -373,7 +385,21 @@ class LiveController(EmbeddedController):
     # =================================================================================
 
     def open(self) -> None:
-        """Connect to (or start) the agents, reconcile, start the plugin and the loop."""
+        """Connect to (or start) the agents, reconcile, start the plugin and the loop.
+
+        With ``cfg.record``, first open the recording (refused, with
+        :class:`~.recorder.RecordingRefused`, before any agent is started).
+        """
+        if self.cfg.record is not None and self.recorder is None:
+            with self.lock:
+                recorder = LiveRecorder.open(self.cfg.record, self)
+                try:
+                    recorder.header()
+                except BaseException:
+                    recorder.close()
+                    raise
+                self.recorder = recorder
+                self.add_observer(recorder)
         self.fleet.owner = self
         missing = self.fleet.connect_all(self.cfg.worker_timeout)
         if missing:
@@ -384,6 +410,8 @@ class LiveController(EmbeddedController):
                     self._write_hostfile(job.id, job.tasks)
             self.start()
             self._opened = True
+            if self.recorder is not None:
+                self.recorder.sync_facts()
         self.fleet.start_threads()
         self._loop_thread = threading.Thread(target=self._loop, name="controller-loop", daemon=True)
         self._loop_thread.start()
@@ -403,6 +431,10 @@ class LiveController(EmbeddedController):
             try:
                 if self.fenced is None:
                     self.stop()
+                    if self.recorder is not None and self._opened:
+                        # The plugin's journal is complete now: the last facts, then
+                        # the line that says the run ended cleanly.
+                        self.recorder.finish()
                 else:
                     # Fenced: no more writes; only release the plugin's journal handle.
                     try:
@@ -410,6 +442,9 @@ class LiveController(EmbeddedController):
                     except Exception:  # the journal may refuse, it is fenced too
                         log.debug("xce_controller_stop after fencing", exc_info=True)
             finally:
+                if self.recorder is not None:
+                    # Fenced or failed: the recording ends as after a crash.
+                    self.recorder.close()
                 self.live_store.close()
                 self._undo_monitor()
 
@@ -483,7 +518,11 @@ class LiveController(EmbeddedController):
     def _after_hook(
         self, outcome: Any, hook_name: str, impls: Any, kwargs: Mapping[str, Any]
     ) -> None:
-        self.lock.release()
+        try:
+            if self.recorder is not None and hook_name in ("xce_resize_request", "xce_job_end"):
+                self._record_hook(hook_name, outcome, kwargs)
+        finally:
+            self.lock.release()
         if hook_name == "xce_resize_request" and getattr(outcome, "exception", None) is None:
             self._crash("after-request")
         if threading.get_ident() != self._loop_ident:
@@ -491,6 +530,32 @@ class LiveController(EmbeddedController):
         exc = getattr(outcome, "exception", None)
         if isinstance(exc, FencedError):
             self.fence(exc)
+
+    def _record_hook(self, hook_name: str, outcome: Any, kwargs: Mapping[str, Any]) -> None:
+        """Recording: a resize request with its outcome (still under the lock, so no
+        other input comes between it and its line), then the facts it wrote."""
+        recorder = self.recorder
+        assert recorder is not None
+        exc = getattr(outcome, "exception", None)
+        if isinstance(exc, FencedError) or self.fenced is not None:
+            return  # a newer controller owns the journal: nothing of ours happened
+        if hook_name == "xce_resize_request":
+            if exc is None:
+                code = None
+            elif isinstance(exc, ResizeError):
+                code = exc.code
+            else:
+                code = type(exc).__name__
+            recorder.input(
+                "request",
+                **request_fields(kwargs["job_id"], kwargs["principal"], kwargs["request"], code),
+            )
+        recorder.sync_facts()
+
+    def job_count(self) -> int:
+        """How many jobs the controller knows (any state), e.g. 0 on a new state dir."""
+        with self.lock:
+            return len(self._jobs)
 
     # =================================================================================
     # the Controller protocol, under the lock
@@ -563,17 +628,48 @@ class LiveController(EmbeddedController):
 
     def task_started(self, job_id: str, task_id: int) -> None:
         with self.lock:
+            before = self.changes
             super().task_started(job_id, task_id)
+            self._record_task(before, job_id, task_id, "started", None, "")
 
     def task_start_failed(self, job_id: str, task_id: int, reason: str) -> None:
         if self._restoring:
             return  # left STARTING: reconciliation with the agent decides
         with self.lock:
+            before = self.changes
             super().task_start_failed(job_id, task_id, reason)
+            self._record_task(before, job_id, task_id, "start_failed", None, reason)
 
     def task_exited(self, job_id: str, task_id: int, status: int | None, reason: str) -> None:
         with self.lock:
+            before = self.changes
             super().task_exited(job_id, task_id, status, reason)
+            self._record_task(before, job_id, task_id, "exited", status, reason)
+
+    def _record_task(
+        self,
+        before: int,
+        job_id: str,
+        task_id: int,
+        event: str,
+        status: int | None,
+        reason: str,
+    ) -> None:
+        """Recording: a task event that changed the controller's state. Reports that
+        change nothing (an agent's "started" for a task the job started with, an exit
+        of a task the job's end already took down) are left out: replay would drop
+        them the same way."""
+        if self.recorder is None or self.changes == before:
+            return
+        self.recorder.input(
+            "task",
+            sync=self._in_runner > 0,
+            job=job_id,
+            task=task_id,
+            event=event,
+            status=status,
+            reason=reason,
+        )
 
     # =================================================================================
     # driver methods, under the lock
@@ -585,7 +681,23 @@ class LiveController(EmbeddedController):
 
     def settle(self) -> None:
         with self.lock:
+            recorder = self.recorder
+            if recorder is None:
+                super().settle()
+                return
+            # Recording: where the cycles ran, relative to the inputs (see .recorder).
+            t = self.now()
+            marked = recorder.before_cycle(t)
+            before = self.changes
             super().settle()
+            recorder.after_cycle(t, marked, self.changes != before)
+
+    def _end_job(self, job: JobRecord, state: JobState, reason: str) -> None:
+        """Recording: the end of a job (after its tasks were stopped, or a pending job
+        killed), written before the embedded controller ends it and tells the plugin."""
+        if self.recorder is not None:
+            self.recorder.input("end", job=job.id, state=state.value, reason=reason)
+        super()._end_job(job, state, reason)
 
     def kill(self, job_id: str, reason: str = "killed") -> bool:
         """End a job as EXIT: a pending one at once, a running one once its tasks have
@@ -801,10 +913,14 @@ class LiveController(EmbeddedController):
     # =================================================================================
 
     def _runner_start(self, job_id: str, task: Task, env: Mapping[str, str]) -> None:
-        if job_id in self._ending:
-            self.task_start_failed(job_id, task.id, "the job is ending")
-            return
-        self._send_launch(job_id, task, env)
+        self._in_runner += 1
+        try:
+            if job_id in self._ending:
+                self.task_start_failed(job_id, task.id, "the job is ending")
+                return
+            self._send_launch(job_id, task, env)
+        finally:
+            self._in_runner -= 1
 
     def _send_launch(self, job_id: str, task: Task, alloc_env: Mapping[str, str]) -> None:
         spec = self.live_store.get(f"job:{job_id}")
@@ -862,6 +978,8 @@ class LiveController(EmbeddedController):
         return env
 
     def _runner_stop(self, job_id: str, task_id: int, grace: float, since: float) -> None:
+        # Never answers inside the call (the agent reports the exit), so nothing to mark
+        # as "sync" for the recording.
         key = f"task:{job_id}:{task_id}"
         side = self.live_store.get(key)
         rec = self._job(job_id).task_states.get(task_id)
@@ -904,7 +1022,23 @@ class LiveController(EmbeddedController):
             "cwd": str(jdir),
             "log": str(jdir / f"notify-{request.attempt}.log"),
         }
-        self._notifying[(request.job_id, request.attempt)] = (request.host, command, done)
+        answer = done
+        recorder = self.recorder
+        if recorder is not None:
+
+            def answer(result: NotificationResult) -> None:
+                # Recording: the outcome, whichever way it comes (the agent's report, a
+                # lost agent), before the embedded controller queues it for the plugin.
+                recorder.input(
+                    "notify",
+                    job=request.job_id,
+                    attempt=request.attempt,
+                    status=result.status,
+                    reason=result.reason,
+                )
+                done(result)
+
+        self._notifying[(request.job_id, request.attempt)] = (request.host, command, answer)
         self.fleet.send(request.host, command)
 
     def _write_hostfile(self, job_id: str, tasks: Sequence[Task]) -> None:
@@ -1158,6 +1292,15 @@ class LiveController(EmbeddedController):
             for tid, rec in job.task_states.items()
             if rec.state in (TaskState.STARTING, TaskState.RUNNING)
         ]
+        if self.recorder is not None:
+            self.recorder.input(
+                "ending",
+                job=job_id,
+                tasks=live,
+                grace=self.cfg.kill_grace,
+                state=state.value,
+                reason=reason,
+            )
         if live:
             self.stop_tasks(job_id, live, self.cfg.kill_grace)
         self._wake.set()

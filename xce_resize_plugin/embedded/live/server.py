@@ -24,6 +24,7 @@ import contextlib
 import importlib
 import json
 import logging
+import signal
 import socket
 import sys
 import threading
@@ -487,8 +488,12 @@ def run(
     listen: str | None = None,
     state_dir: Path | None = None,
     ready_file: Path | None = None,
+    record: Path | None = None,
 ) -> int:
-    """``xce-resize controller``: serve until SIGTERM/SIGINT; the exit status."""
+    """``xce-resize controller``: serve until SIGTERM/SIGINT; the exit status.
+
+    ``listen``, ``state_dir`` and ``record`` override the configuration's keys.
+    """
     import uvicorn
 
     from . import config as config_mod
@@ -504,6 +509,8 @@ def run(
         cfg = evolve(cfg, listen_host=host, listen_port=port)
     if state_dir is not None:
         cfg = evolve(cfg, state_dir=state_dir.resolve())
+    if record is not None:
+        cfg = evolve(cfg, record=record.resolve())
     # Bind first: a controller started twice by mistake on one address must fail
     # before it opens the state directory (opening it would fence the running one).
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -570,12 +577,26 @@ def run(
         cfg.listen_port,
         len(cfg.hosts),
     )
+
+    # uvicorn (>= 0.29) handles SIGINT/SIGTERM while it serves and, once it has stopped,
+    # raises the signal again for the handler that was there before: the default one
+    # would kill the process (or raise KeyboardInterrupt) before the clean stop below
+    # (xce_controller_stop, the recording's last facts). That handler is this one: it
+    # only asks the server to stop (a signal just before uvicorn took over is not lost).
+    def stop_signal(signum: int, frame: Any) -> None:
+        server.should_exit = True
+
+    previous = {sig: signal.signal(sig, stop_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         server.run(sockets=[sock])
     finally:
-        ctl.shutdown()
-        with contextlib.suppress(OSError):
-            sock.close()
+        try:
+            ctl.shutdown()
+            with contextlib.suppress(OSError):
+                sock.close()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
     if ctl.fenced is not None:
         print(f"xce-resize controller: stopped: {ctl.fenced}", file=sys.stderr)
         return EXIT_FENCED

@@ -1,0 +1,249 @@
+"""Reading recordings (the checks of every line), the live comparison, and the live
+controller's ``record`` key. The recording of a real live run and its replay are tested
+in tests/e2e/live/test_live_recording.py."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from xce_resize_plugin.embedded.live import config as live_config
+from xce_resize_plugin.embedded.recording import (
+    MAX_PROBLEMS,
+    RecordingError,
+    check_line,
+    compare_live,
+    read_recording,
+    replay,
+    show_fact,
+    timeless,
+)
+from xce_resize_plugin.errors import ConfigError
+
+HEADER: dict[str, Any] = {
+    "kind": "header",
+    "format": "xce-resize-recording",
+    "version": 1,
+    "controller": "live",
+    "hosts": [["h1", 2], ["h2", 2]],
+    "config": {"stop_grace": 1.0},
+    "user_slots": {},
+    "protect_reservation": True,
+    "lean_cycles": False,
+    "t": 1000.0,
+}
+SUBMIT = {
+    "kind": "submit",
+    "t": 1000.5,
+    "phase": "settled",
+    "job": "101",
+    "user": "alice",
+    "tasks": [1, 3],
+    "resizable": True,
+    "alloc": [["h1", 1]],
+}
+
+
+def write(path: Path, *lines: dict[str, Any], header: dict[str, Any] | None = None) -> Path:
+    path.write_text("".join(json.dumps(x) + "\n" for x in (header or HEADER, *lines)))
+    return path
+
+
+# -- line checks ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ({"kind": "task", "t": 1, "job": "1", "event": "started"}, "task: missing field 'task'"),
+        (
+            {"kind": "task", "t": 1, "job": "1", "task": 0, "event": "finished"},
+            "task: event must be started | start_failed | exited, got 'finished'",
+        ),
+        ({"kind": "task", "t": "soon", "job": "1", "task": 0, "event": "started"}, "t must be"),
+        (
+            {"kind": "task", "t": 1, "job": "1", "task": True, "event": "started"},
+            "task: task must be a task id (integer), got True",
+        ),
+        ({"kind": "submit", "t": 1, "job": "1", "user": "a", "tasks": [1]}, "tasks must be"),
+        (
+            {"kind": "request", "t": 1, "job": "1", "principal": {"name": "a"}, "request": {}},
+            "request must be an object whose type is grow, release or cancel",
+        ),
+        ({"kind": "ending", "t": 1, "job": "1", "tasks": ["1"], "grace": 1}, "tasks must be"),
+        ({"kind": "end", "t": 1, "job": "1", "state": "KILLED"}, "state must be DONE | EXIT"),
+        ({"kind": "fact", "seq": 1, "job": "1", "fact": {"at": 1}}, "fact must be"),
+        ({"kind": "closed", "t": 1}, "closed: missing field 'clean'"),
+        ({"kind": "tick", "t": 1}, "kind 'tick' is not part of a live recording"),
+        ({"kind": "end", "t": 1, "job": "1", "state": "DONE", "phase": "later"}, "phase must"),
+        ({"kind": "end", "t": 1, "job": "1", "state": "DONE", "phase": "sync"}, "only task"),
+        ({"kind": "resize", "t": 1}, "unknown kind 'resize'"),
+    ],
+)
+def test_check_line_names_what_is_wrong(line: dict[str, Any], message: str) -> None:
+    problem = check_line(line, "live")
+    assert problem is not None and message in problem, problem
+
+
+def test_check_line_accepts_what_the_recorders_write() -> None:
+    for line in (
+        SUBMIT,
+        {"kind": "cycle", "t": 2.5},
+        {"kind": "ending", "t": 1, "job": "1", "tasks": [0, 2], "grace": 0.5, "state": "EXIT"},
+        {"kind": "task", "t": 1, "phase": "sync", "job": "1", "task": 3, "event": "start_failed"},
+        {"kind": "fact", "seq": 4, "job": "1", "fact": {"type": "Committed", "version": 1}},
+        {"kind": "started", "t": 1, "job": "1", "hosts": {"h1": 2}},
+        {"kind": "closed", "t": 9, "clean": True},
+    ):
+        assert check_line(line, "live") is None, line
+    assert check_line({"kind": "tick", "t": 1, "phase": "timeline", "i": 3}, "simulated") is None
+    problem = check_line({"kind": "cycle", "t": 1}, "simulated")
+    assert problem == "kind 'cycle' is not part of a simulated recording"
+
+
+def test_read_recording_names_file_and_line(tmp_path: Path) -> None:
+    path = write(tmp_path / "r.jsonl", SUBMIT, {"kind": "task", "t": 1, "job": "101"})
+    with pytest.raises(RecordingError, match=r"r\.jsonl:3: task: missing field 'task'"):
+        read_recording(path)
+    header, lines = read_recording(write(tmp_path / "ok.jsonl", SUBMIT))
+    assert header["controller"] == "live" and lines[0]["_line"] == 2
+
+
+def test_read_recording_refuses_a_cut_line_and_lines_after_closing(tmp_path: Path) -> None:
+    path = write(tmp_path / "cut.jsonl", SUBMIT)
+    path.write_text(path.read_text() + '{"kind": "cycle", "t": 10')
+    with pytest.raises(RecordingError, match=r"cut\.jsonl:3: the last line is cut short"):
+        read_recording(path)
+    closed = {"kind": "closed", "t": 5, "clean": True}
+    path = write(tmp_path / "after.jsonl", SUBMIT, closed, {"kind": "cycle", "t": 6})
+    with pytest.raises(RecordingError, match=r"after\.jsonl:4: a line after the closing line"):
+        read_recording(path)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"controller": "real"}, "controller must be simulated or live, got 'real'"),
+        ({"hosts": {"h1": 2}}, "hosts must be"),
+        ({"t": "now"}, "t must be a number"),
+        ({"version": 2}, "version 2, this reads 1"),
+    ],
+)
+def test_read_recording_checks_the_header(
+    tmp_path: Path, change: dict[str, Any], message: str
+) -> None:
+    path = write(tmp_path / "h.jsonl", SUBMIT, header={**HEADER, **change})
+    with pytest.raises(RecordingError, match=message):
+        read_recording(path)
+
+
+# -- the live comparison ----------------------------------------------------------------
+
+
+def fact(kind: str, at: float, **fields: Any) -> dict[str, Any]:
+    return {"job_id": "101", "at": at, **fields, "type": kind}
+
+
+RUN = [
+    ("101", fact("JobTracked", 1.0, tasks=[[0, "h1"]], started_at=0.5)),
+    ("101", fact("GrowPlaced", 2.0, tasks=[[1, "h1"], [2, "h2"]])),
+    ("101", fact("Committed", 3.0, version=1)),
+    ("102", fact("ReleaseAccepted", 4.0, tasks=[[1, "h2"]])),
+]
+
+
+def test_timeless_and_show_fact() -> None:
+    assert timeless(RUN[0][1]) == {"job_id": "101", "tasks": [[0, "h1"]], "type": "JobTracked"}
+    assert show_fact(RUN[1][1]) == "GrowPlaced tasks=[1@h1, 2@h2]"
+    assert show_fact(RUN[2][1]) == "Committed version=1"
+
+
+def test_compare_live_ignores_times_only() -> None:
+    later = [(job, {**f, "at": f["at"] + 0.01}) for job, f in RUN]
+    starts = [("101", {"h1": 1}), ("102", {"h2": 2})]
+    assert compare_live(starts, starts, RUN, later) == []
+
+
+def test_compare_live_lists_the_first_difference_of_each_job() -> None:
+    other = list(RUN)
+    other[1] = ("101", fact("GrowPlaced", 2.0, tasks=[[1, "h1"], [2, "h1"]]))
+    other[3] = ("102", fact("ReleaseAccepted", 4.0, tasks=[[2, "h2"]]))
+    problems = compare_live([], [], RUN, other)
+    assert problems == [
+        "job 101 fact 2: live GrowPlaced tasks=[1@h1, 2@h2]; replay GrowPlaced tasks=[1@h1, 2@h1]",
+        "job 102 fact 1: live ReleaseAccepted tasks=[1@h2]; replay ReleaseAccepted tasks=[2@h2]",
+    ]
+
+
+def test_compare_live_missing_and_extra_facts_and_starts() -> None:
+    extra = [*RUN, ("103", fact("JobTracked", 9.0, tasks=[[0, "h2"]]))]
+    problems = compare_live([("101", {"h1": 1})], [("101", {"h2": 1})], extra, RUN[:2])
+    assert problems == [
+        "job 101: started on h1 1 live, on h2 1 in the replay",
+        "job 101: 3 facts live, 2 in the replay; fact 3 not replayed: Committed version=1",
+        "job 102: 1 facts live, 0 in the replay; fact 1 not replayed: ReleaseAccepted tasks=[1@h2]",
+        "job 103: 1 facts live, 0 in the replay; fact 1 not replayed: JobTracked tasks=[0@h2]",
+    ]
+    problems = compare_live([], [("101", {"h1": 1})], RUN[:2], RUN)
+    assert problems == [
+        "job 101: started on h1 1 in the replay, not live",
+        "job 101: 2 facts live, 3 in the replay; fact 3 only in the replay: Committed version=1",
+        "job 102: 0 facts live, 1 in the replay; fact 1 only in the replay: "
+        "ReleaseAccepted tasks=[1@h2]",
+    ]
+
+
+def test_compare_live_as_prefix_after_a_crash() -> None:
+    """A crashed run's recording stops early: the replay may go further, not elsewhere."""
+    assert compare_live([], [("101", {"h1": 1})], RUN[:2], RUN, prefix=True) == []
+    changed = [RUN[0], ("101", fact("GrowPlaced", 2.0, tasks=[[1, "h2"]]))]
+    assert len(compare_live([], [], changed, RUN, prefix=True)) == 1
+
+
+def test_compare_live_caps_the_list() -> None:
+    many = [(str(n), fact("JobEnded", 1.0)) for n in range(MAX_PROBLEMS + 7)]
+    problems = compare_live([], [], many, [])
+    assert len(problems) == MAX_PROBLEMS + 1 and problems[-1] == "... and 7 more"
+
+
+def test_replay_of_a_live_recording_without_facts_compares_nothing(tmp_path: Path) -> None:
+    """A controller that died before any fact and before its closing line: the replay
+    cannot claim it matched."""
+    result = replay(write(tmp_path / "r.jsonl", SUBMIT, {"kind": "cycle", "t": 1001.0}))
+    assert result.controller == "live" and result.starts == 1
+    assert not result.ok
+    assert "nothing to compare" in result.problems[0]
+    # Compared as a prefix (the run stopped early): the replay's start is no difference.
+    assert not any("started" in p for p in result.problems), result.problems
+
+
+def test_replay_of_a_live_recording_reports_a_line_it_cannot_apply(tmp_path: Path) -> None:
+    closed = {"kind": "closed", "t": 1002.0, "clean": True}
+    ghost = {"kind": "end", "t": 1001.0, "phase": "settled", "job": "999", "state": "DONE"}
+    result = replay(write(tmp_path / "r.jsonl", SUBMIT, ghost, closed))
+    assert result.problems[0].startswith("line 3: cannot apply: UnknownJob")
+    # The start the replay made but the recording does not have is a difference too.
+    assert "job 101: started on h1 1 in the replay, not live" in result.problems
+
+
+# -- the record key ---------------------------------------------------------------------
+
+
+def _config(tmp_path: Path, record: Any) -> live_config.LiveConfig:
+    data = {
+        "controller": {"state_dir": "state", **({} if record is None else {"record": record})},
+        "cluster": {"hosts": {"h1": 1}},
+    }
+    return live_config.parse(data, tmp_path / "c.toml")
+
+
+def test_record_key(tmp_path: Path) -> None:
+    assert _config(tmp_path, None).record is None
+    assert _config(tmp_path, "runs/one.jsonl").record == (tmp_path / "runs/one.jsonl").resolve()
+    assert _config(tmp_path, "/abs/r.jsonl").record == Path("/abs/r.jsonl")
+    for bad in (3, "", ["a"]):
+        with pytest.raises(ConfigError, match=r"c\.toml: controller\.record: must be a file name"):
+            _config(tmp_path, bad)
