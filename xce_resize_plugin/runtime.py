@@ -67,6 +67,9 @@ class Runtime:
         # journal_sync off (throw-away simulations) a direct commit is cheaper.
         self._committer = GroupCommitter(self.journal) if values["journal_sync"] else None
         self._failed: BaseException | None = None
+        # Entries of deferrable transitions (engine.DEFERRABLE) not yet written: they go
+        # first in the next commit, in the same transaction (journal_sync off only).
+        self._deferred: list[Entry] = []
         self.states: dict[str, ResizeState] = {}
         # Jobs with a pending grow or a change in flight: the only ones the scheduler
         # and dispatch hooks look at, so an idle cycle costs nothing per tracked job.
@@ -97,6 +100,8 @@ class Runtime:
     def stop(self) -> None:
         if self._committer is not None:
             self._committer.close()
+        elif self._deferred and self._failed is None:
+            self._commit([])
         self.journal.close()
 
     # --- requests --------------------------------------------------------------------
@@ -272,11 +277,14 @@ class Runtime:
             history=converters.history_tails(before, state),
         )
         if self._committer is None:
-            try:
-                self.journal.commit([entry])
-            except BaseException as exc:
-                self._failed = exc
-                raise
+            if all(isinstance(f, engine.DEFERRABLE) for f in facts):
+                # With journal_sync off nothing is durable before an effect anyway; a
+                # deferrable fact's loss in a crash is repaired by the recovery (the
+                # dispatch decides it again and its effect is idempotent on the host),
+                # so it rides along with the next write instead of costing its own.
+                self._deferred.append(entry)
+            else:
+                self._commit([entry])
             self._store(state)
         else:
             # Stored before it is durable so that the next decision sees it; nothing
@@ -288,6 +296,15 @@ class Runtime:
             self._wait(ticket)
         self._execute(effects)
         return None
+
+    def _commit(self, entries: list[Entry]) -> None:
+        """Write the deferred entries, then ``entries``, in one transaction."""
+        batch, self._deferred = [*self._deferred, *entries], []
+        try:
+            self.journal.commit(batch)
+        except BaseException as exc:
+            self._failed = exc
+            raise
 
     def _store(self, state: ResizeState) -> None:
         job_id = state.job_id

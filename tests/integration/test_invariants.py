@@ -9,12 +9,14 @@ directory; task "processes" (the simulated task runner) outlive it, as real ones
 
 from __future__ import annotations
 
+import json
 import os
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -29,6 +31,7 @@ from xce_resize_plugin.embedded import (
     TaskFaults,
 )
 from xce_resize_plugin.host import Principal
+from xce_resize_plugin.journal import Journal
 from xce_resize_plugin.manager import get_plugin_manager
 from xce_resize_plugin.models import (
     CancelRequest,
@@ -409,3 +412,34 @@ def _host_integral(job: Any, ledger: Mapping[str, list[tuple[float, int]]]) -> f
     assert end is not None
     points.append((end, 0))
     return sum(n * (points[i + 1][0] - t) for i, (t, n) in enumerate(points[:-1]))
+
+
+def test_a_deferred_launch_lost_in_a_crash_is_decided_again(tmp_path: Path) -> None:
+    """With journal_sync off, TasksLaunched is written with the next transaction
+    (engine.DEFERRABLE): a crash inside the launch loses it, and the recovered
+    controller decides the launch again without starting a task twice."""
+    world = World(tmp_path)
+    job = world.ctl.submit("alice", "2,8", runtime=1000, resizable=True, alloc={"h1": 2})
+    world.ctl.settle()
+    world.ctl.request_resize(Principal("alice"), job, GrowRequest(2, 2, no_notify=True))
+    world.ctl.arm(2)  # the placement's reserve_slots, then the launch: dies in there
+    with pytest.raises(SimulatedCrash):
+        world.ctl.settle()
+
+    def kinds() -> list[str]:
+        with Journal.open(tmp_path / "resize", readonly=True) as journal:
+            return [json.loads(p)["type"] for _, p in journal.job_facts(job)]
+
+    assert kinds()[-1] == "GrowPlaced"  # the launch was decided, not yet written
+    world.restart()
+    world.ctl.settle()
+    assert len(world.ctl.job(job).tasks) == 4
+    check(world)  # among others: no task started twice
+    assert kinds()[-5:] == [
+        "GrowPlaced",
+        "TasksLaunched",
+        "TaskStarted",
+        "TaskStarted",
+        "Committed",
+    ]
+    assert audit.replay_problems(tmp_path / "resize") == []
