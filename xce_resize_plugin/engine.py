@@ -511,15 +511,22 @@ def decide_job_end(state: ResizeState, at: float) -> list[Fact]:
 
 def _with_charge(state: ResizeState, at: float) -> ResizeState:
     """Record a step of the charged-slots timeline when the held slot count changed."""
-    slots = state.held_count
-    charges = state.charges
+    charges = _charges(state.charges, at, state.held_count)
+    return state if charges is state.charges else _evolve(state, charges=charges)
+
+
+def _charges(
+    charges: tuple[tuple[float, int], ...], at: float, slots: int
+) -> tuple[tuple[float, int], ...]:
+    """The timeline with ``slots`` held from ``at`` on: a step at the same instant as
+    the last one replaces it, and a step that changes nothing is not added."""
     if charges and charges[-1][1] == slots:
-        return state
+        return charges
     if charges and charges[-1][0] == at:
         charges = charges[:-1]
         if charges and charges[-1][1] == slots:
-            return _evolve(state, charges=charges)
-    return _evolve(state, charges=(*charges, (at, slots)))
+            return charges
+    return (*charges, (at, slots))
 
 
 def evolve(state: ResizeState | None, fact: Fact) -> ResizeState:
@@ -612,7 +619,8 @@ def _commit(state: ResizeState, change: Change, fact: Committed) -> ResizeState:
         after = before + delta
     else:
         delta = change.tasks
-        after = tuple(t for t in before if t not in delta)
+        released = {t.id for t in delta}
+        after = tuple(t for t in before if t.id not in released)
     record = ResizeRecord(fact.at, change.kind, before, delta, after, fact.version)
     return _evolve(
         state,
@@ -646,7 +654,7 @@ def effects(before: ResizeState | None, fact: Fact, after: ResizeState) -> list[
         after_tasks = (
             after.tasks + change.tasks
             if change.kind is ChangeKind.GROW
-            else tuple(t for t in after.tasks if t not in change.tasks)
+            else _without(after.tasks, change.tasks)
         )
         return [
             Notify(job_id, fact.attempt, change.notify_cmd, change.kind, change.tasks, after_tasks)
@@ -726,7 +734,15 @@ def _task_run(state: ResizeState, run: Sequence[Fact], out: list[Effect]) -> Res
     )
     # Steps of the charge timeline at one instant collapse into the last one, so one
     # step for the whole run is the step the facts one by one would leave.
-    return _with_charge(_evolve(state, change=new), run[0].at)
+    held = len(state.tasks) + (
+        len(new.tasks) - len(failed) if new.kind is ChangeKind.GROW else -len(stopped)
+    )
+    return _evolve(state, change=new, charges=_charges(state.charges, run[0].at, held))
+
+
+def _without(tasks: tuple[Task, ...], gone: tuple[Task, ...]) -> tuple[Task, ...]:
+    ids = {t.id for t in gone}
+    return tuple(t for t in tasks if t.id not in ids)
 
 
 def _unresolved(change: Change) -> tuple[Task, ...]:

@@ -733,17 +733,18 @@ class Journal:
             ]
             prepared.append((job_key, records, entry.ended_at is None, state_value, tails))
         epoch = self._epoch
-        facts, index, jobs, done, meta, history = (self._db(name) for name in _DB_NAMES)
+        dbs = self._shared.dbs
+        facts, index, jobs, done, meta, history = [dbs[name] for name in _DB_NAMES]
 
         def apply(txn: _Txn) -> list[int]:
-            stored = self._get_meta(txn, _EPOCH_KEY)
+            stored = self._get_meta(txn, _EPOCH_KEY, meta)
             if stored != epoch:
                 raise FencedError(
                     f"{self._file}: this controller holds epoch {epoch} but the journal is at "
                     f"epoch {stored}: a newer controller has started on this state "
                     "directory; stop this one"
                 )
-            seq = self._get_meta(txn, _LAST_SEQ_KEY)
+            seq = self._get_meta(txn, _LAST_SEQ_KEY, meta)
             seqs: list[int] = []
             put, delete = txn.put, txn.delete
             for job_key, records, live, state_value, tails in prepared:
@@ -972,8 +973,8 @@ class Journal:
         if self._readonly:
             raise JournalError(f"{self._file}: the journal is open read-only")
 
-    def _get_meta(self, txn: _Txn, key: bytes) -> int:
-        raw = txn.get(key, db=self._db(_META))
+    def _get_meta(self, txn: _Txn, key: bytes, db: _Db | None = None) -> int:
+        raw = txn.get(key, db=self._db(_META) if db is None else db)
         if raw is None or len(raw) != _U64.size:
             raise JournalError(f"{self._file}: damaged: meta {key.decode()} is missing or invalid")
         value: int = _U64.unpack(raw)[0]
