@@ -56,6 +56,13 @@ KEYS: tuple[Key, ...] = (
         "fsync every journal commit; turn off only for throw-away simulations",
     ),
     Key(
+        "journal_defer",
+        bool,
+        False,
+        "write transitions without effects on the host with the next one that has "
+        "some (needs journal_sync off; for simulations)",
+    ),
+    Key(
         "journal_map_size",
         int,
         64 << 20,
@@ -85,6 +92,11 @@ def check(section: Mapping[str, Any], where: str = "[resize]") -> dict[str, Any]
         if key.minimum is not None and isinstance(value, int | float) and value < key.minimum:
             raise ConfigError(f"{where} {key.name} must be at least {key.minimum}, got {value!r}")
         out[key.name] = value
+    if out["journal_defer"] and out["journal_sync"]:
+        raise ConfigError(
+            f"{where} journal_defer needs journal_sync = false: deferred writes cannot "
+            "be durable before a request is answered"
+        )
     return out
 
 

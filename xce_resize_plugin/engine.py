@@ -680,7 +680,7 @@ def effects(before: ResizeState | None, fact: Fact, after: ResizeState) -> list[
 #: Facts that need not be durable before their effects: if a crash loses one, the
 #: recovered state is the one before it, from which the dispatch decides it again, and
 #: its effect (a launch or a stop of the change's tasks) is idempotent on the host
-#: (docs/failover.md). With ``journal_sync`` off the runtime writes them with the next
+#: (docs/failover.md). With ``journal_defer`` the runtime writes them with the next
 #: transaction rather than in one of their own.
 DEFERRABLE = (TasksLaunched,)
 _TASK_FACTS = (TaskStarted, TaskStartFailed, TaskStopped)

@@ -18,7 +18,7 @@ from . import converters, engine
 from .accounting import Usage, usage_of_job, usage_of_state
 from .errors import InvalidRequest, JournalError, NoJob
 from .host import ClusterView, Controller, Principal, TaskEvent
-from .journal import Entry, GroupCommitter, Journal, Ticket
+from .journal import Entry, GroupCommitter, Journal, StoredState, Ticket
 from .models import (
     Fact,
     JobInfo,
@@ -67,8 +67,9 @@ class Runtime:
         # journal_sync off (throw-away simulations) a direct commit is cheaper.
         self._committer = GroupCommitter(self.journal) if values["journal_sync"] else None
         self._failed: BaseException | None = None
-        # Entries of deferrable transitions (engine.DEFERRABLE) not yet written: they go
-        # first in the next commit, in the same transaction (journal_sync off only).
+        # journal_defer: entries of transitions that need not be written yet; they go
+        # first in the next commit, in the same transaction.
+        self._defer: bool = values["journal_defer"]
         self._deferred: list[Entry] = []
         self.states: dict[str, ResizeState] = {}
         # Jobs with a pending grow or a change in flight: the only ones the scheduler
@@ -136,7 +137,7 @@ class Runtime:
             job = self.controller.get_job(job_id)
             if job is None:
                 return None
-            stored = self.journal.state(job_id)
+            stored = self._stored(job_id)
             if stored is None:
                 return ResizeStatus(job.id, Phase.IDLE, job.tasks, job.min_tasks, job.max_tasks, 0)
             state = converters.decode_state(stored)
@@ -230,7 +231,7 @@ class Runtime:
     def usage(self, job_id: str, now: float) -> Usage | None:
         state = self.states.get(job_id)
         if state is None:
-            stored = self.journal.state(job_id)
+            stored = self._stored(job_id)
             if stored is not None:
                 state = converters.decode_state(stored)
         if state is not None:
@@ -277,11 +278,13 @@ class Runtime:
             history=converters.history_tails(before, state),
         )
         if self._committer is None:
-            if all(isinstance(f, engine.DEFERRABLE) for f in facts):
-                # With journal_sync off nothing is durable before an effect anyway; a
-                # deferrable fact's loss in a crash is repaired by the recovery (the
-                # dispatch decides it again and its effect is idempotent on the host),
-                # so it rides along with the next write instead of costing its own.
+            if self._defer and (
+                not effects or all(isinstance(f, engine.DEFERRABLE) for f in facts)
+            ):
+                # journal_defer (simulations): what the host has not acted on can wait
+                # for the next write, and so can a fact whose loss recovery repairs
+                # (engine.DEFERRABLE). The facts and their order stay the same; a
+                # process crash loses what was not yet written (docs/failover.md).
                 self._deferred.append(entry)
             else:
                 self._commit([entry])
@@ -296,6 +299,13 @@ class Runtime:
             self._wait(ticket)
         self._execute(effects)
         return None
+
+    def _stored(self, job_id: str) -> StoredState | None:
+        """A job's state as the journal has it, deferred writes included."""
+        with self._lock:
+            if self._deferred and self._failed is None:
+                self._commit([])
+        return self.journal.state(job_id)
 
     def _commit(self, entries: list[Entry]) -> None:
         """Write the deferred entries, then ``entries``, in one transaction."""

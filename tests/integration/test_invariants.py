@@ -133,12 +133,17 @@ def scripted(request: NotificationRequest) -> NotificationResult:
 
 
 class World:
-    def __init__(self, state_dir: Path) -> None:
+    def __init__(self, state_dir: Path, defer: bool = False) -> None:
         self.state_dir = state_dir
         self.faults = TaskFaults()
         self.runner = CountingRunner(self.faults)
         self.notifier = ScriptedNotificationRunner(scripted)
-        self.config = {"notify_max_failures": 2, "stop_grace": GRACE, "journal_sync": False}
+        self.config = {
+            "notify_max_failures": 2,
+            "stop_grace": GRACE,
+            "journal_sync": False,
+            "journal_defer": defer,
+        }
         self.ledger: dict[str, list[tuple[float, int]]] = {}
         self.ctl = self._make()
         self.crashes = 0
@@ -369,11 +374,11 @@ def apply(world: World, op: tuple[Any, ...]) -> None:
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
-@given(st.lists(ops, min_size=30, max_size=90))
+@given(st.lists(ops, min_size=30, max_size=90), st.booleans())
 def test_random_interleavings_keep_the_invariants(
-    tmp_path_factory: Any, script: list[tuple[Any, ...]]
+    tmp_path_factory: Any, script: list[tuple[Any, ...]], defer: bool
 ) -> None:
-    world = World(tmp_path_factory.mktemp("inv"))
+    world = World(tmp_path_factory.mktemp("inv"), defer)
     try:
         for op in script:
             apply(world, op)
@@ -415,10 +420,10 @@ def _host_integral(job: Any, ledger: Mapping[str, list[tuple[float, int]]]) -> f
 
 
 def test_a_deferred_launch_lost_in_a_crash_is_decided_again(tmp_path: Path) -> None:
-    """With journal_sync off, TasksLaunched is written with the next transaction
+    """With journal_defer, TasksLaunched is written with the next transaction
     (engine.DEFERRABLE): a crash inside the launch loses it, and the recovered
     controller decides the launch again without starting a task twice."""
-    world = World(tmp_path)
+    world = World(tmp_path, defer=True)
     job = world.ctl.submit("alice", "2,8", runtime=1000, resizable=True, alloc={"h1": 2})
     world.ctl.settle()
     world.ctl.request_resize(Principal("alice"), job, GrowRequest(2, 2, no_notify=True))

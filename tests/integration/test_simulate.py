@@ -255,7 +255,11 @@ def test_config_file(tmp_path: Path) -> None:
     opts = load_options(cfg, seed=9, malleable_fraction=None)
     assert (opts.malleable_fraction, opts.seed, opts.speedup.kind) == (0.5, 9, "linear")
     assert opts.speedup.reconfig_cost == 2.0 and opts.grow_cooldown == 0
-    assert opts.resize_config() == {"journal_sync": False, "stop_grace": 1.0}
+    assert opts.resize_config() == {
+        "journal_sync": False,
+        "journal_defer": True,
+        "stop_grace": 1.0,
+    }
     cfg.write_text("[simulate]\nmaleable_fraction = 0.5\n")
     with pytest.raises(ConfigError, match="unknown key 'maleable_fraction'"):
         load_options(cfg)

@@ -25,8 +25,10 @@ more: the runs are independent).
 
 Speed: the controller runs with ``store="none"`` (no state of its own saved; nothing
 to restart from in a simulation), ``keep_finished=False``, ``lean_cycles``, and the
-plugin's journal with ``journal_sync = false`` (written to LMDB, not fsynced): the
-journal stays in the loop, a year of trace is just not fsync-bound.
+plugin's journal with ``journal_sync = false`` (written to LMDB, not fsynced) and
+``journal_defer`` (transitions the host has not acted on go with the next write): the
+journal stays in the loop with every fact in order, a year of trace is just not bound
+by fsyncs and transaction counts.
 """
 
 from __future__ import annotations
@@ -88,6 +90,13 @@ class SimulationError(ConfigError):
     message = "Simulation failed"
 
 
+def _sim_resize(resize: Mapping[str, Any]) -> dict[str, Any]:
+    """The simulations' ``[resize]`` defaults under the user's section."""
+    out = {"journal_sync": False, **dict(resize)}
+    out.setdefault("journal_defer", out["journal_sync"] is False)
+    return out
+
+
 @frozen(kw_only=True)
 class SimOptions:
     """What to simulate, besides the trace (see ``xce-resize simulate --help``)."""
@@ -108,7 +117,8 @@ class SimOptions:
     grow_margin: float = 1.0
     grow_when_queue_empty: bool = True
     shrink_min_delay: float = 0.0
-    #: The plugin's ``[resize]`` section (``journal_sync`` defaults to false here).
+    #: The plugin's ``[resize]`` section (``journal_sync`` defaults to false here, and
+    #: ``journal_defer`` to true unless ``journal_sync`` is set).
     resize: Mapping[str, Any] = attrs.field(factory=dict)
     #: Where relative ``policy_files`` of ``resize`` are found.
     base_dir: Path | None = None
@@ -140,7 +150,7 @@ class SimOptions:
         )
 
     def resize_config(self) -> dict[str, Any]:
-        return {"journal_sync": False, **dict(self.resize)}
+        return _sim_resize(self.resize)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -235,7 +245,7 @@ def load_options(config: str | os.PathLike[str] | None = None, **overrides: Any)
         values["malleable_fraction"] = float(values["malleable_fraction"])
     if config is not None:
         # The [resize] section goes through the plugin's own checks when it starts.
-        config_mod.check({"journal_sync": False, **resize})
+        config_mod.check(_sim_resize(resize))
     return SimOptions(resize=resize, base_dir=base_dir, **values)
 
 

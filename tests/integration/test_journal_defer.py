@@ -1,0 +1,70 @@
+"""``journal_defer``: transitions the host has not acted on are written with the next
+one it acts on; the journal ends up with the same facts, in the same order."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from xce_resize_plugin import config, errors
+from xce_resize_plugin.journal import Journal
+from xce_resize_plugin.models import GrowRequest, ReleaseRequest
+
+from .harness import Harness
+
+SIM = {"journal_sync": False, "journal_defer": True}
+
+
+def _facts(state_dir: Path) -> list[tuple[str, str]]:
+    with Journal.open(state_dir / "resize", readonly=True) as journal:
+        return [(job, json.loads(p)["type"]) for _, job, p in journal.facts()]
+
+
+def _life(tmp_path: Path, defer: bool) -> tuple[Harness, list[tuple[str, str]]]:
+    h = Harness(tmp_path, config={"journal_sync": False, "journal_defer": defer})
+    h.ctl.submit("alice", "1,8", runtime=100, resizable=True, alloc={"hA": 2}, job_id="1")
+    h.ctl.settle()
+    h.request("alice", "1", GrowRequest(2, 2, no_notify=True))
+    h.request("alice", "1", ReleaseRequest(count=1, no_notify=True))
+    h.ctl.run(until=200)
+    usage = h.ctl.acct_usage("1")  # the job ended: read back from the journal
+    assert usage is not None and usage.slot_seconds > 0
+    return h, _facts(tmp_path)
+
+
+def test_deferred_writes_leave_the_same_journal(tmp_path: Path) -> None:
+    plain, facts = _life(tmp_path / "plain", defer=False)
+    deferred, same = _life(tmp_path / "deferred", defer=True)
+    assert same == facts and len(facts) > 8
+    assert deferred.ctl.acct_usage("1") == plain.ctl.acct_usage("1")
+
+
+def test_an_accepted_request_waits_for_the_next_write(tmp_path: Path) -> None:
+    h = Harness(tmp_path, config=SIM)
+    h.ctl.submit("alice", "1,8", runtime=100, resizable=True, alloc={"hA": 2}, job_id="1")
+    h.ctl.settle()
+    h.ctl.submit("bob", 14, runtime=100, job_id="2")  # the other slots: the grow pends
+    h.ctl.settle()
+    before = h.journal_seq()
+    h.request("alice", "1", GrowRequest(2, 2, no_notify=True))
+    assert h.ctl.resize_status("1").pending is not None  # type: ignore[union-attr]
+    assert h.journal_seq() == before  # nothing the host acted on yet
+    h.ctl.kill("2")
+    h.ctl.settle()  # placed: the reservation is an effect, so everything is written
+    assert _facts(tmp_path) == [
+        ("1", "JobTracked"),
+        ("1", "GrowRequested"),
+        ("1", "GrowPlaced"),
+        ("1", "TasksLaunched"),
+        ("1", "TaskStarted"),
+        ("1", "TaskStarted"),
+        ("1", "Committed"),
+    ]
+
+
+def test_journal_defer_needs_journal_sync_off() -> None:
+    with pytest.raises(errors.ConfigError, match="journal_defer needs journal_sync = false"):
+        config.check({"journal_defer": True})
+    assert config.check(SIM)["journal_defer"] is True
