@@ -85,6 +85,8 @@ def _dumps(value: Any) -> bytes:
         return orjson.dumps(value)
     except orjson.JSONEncodeError as exc:  # e.g. an integer beyond 64 bits
         raise errors.JournalError(f"cannot be written to the journal: {exc}") from None
+
+
 API = _make_api_converter()
 
 
