@@ -4,8 +4,8 @@
 - the whole trace with 20 % malleable, both runs as ``xce-resize simulate`` runs them
   (side by side in two processes): wall time (target < 60 s) and the peak resident
   memory of the parent and both runs together (target < 2 GB), sampled from /proc;
-- the elastic run against the rigid run of the same trace, one after the other in one
-  process (target: at most 1.5x);
+- the elastic run against the rigid run of the same trace (target: at most 1.5x): the
+  whole trace, rigid and elastic alternately, twice, in one process, best time of each;
 - events per second and how the time grows from 10,000 to 200,000 jobs (both runs,
   one after the other), with the log-log slope (1.0 is linear).
 
@@ -97,7 +97,27 @@ def test_whole_hpc2n_trace_both_runs() -> None:
     assert mem.peak_kb < 2 << 20
 
 
-def test_elastic_against_rigid_and_growth() -> None:
+def test_elastic_against_rigid() -> None:
+    """The whole trace, rigid then elastic, twice over in one process; the best time of
+    each (the machine is shared: the minimum is the run least disturbed by others)."""
+    options = SimOptions(malleable_fraction=0.2)
+    workload = load_workload(TRACE, options)
+    times: dict[str, list[float]] = {"rigid": [], "elastic": []}
+    for _ in range(2):
+        for mode in ("rigid", "elastic"):
+            run = run_mode(workload, options, mode)
+            assert run.problems == ()
+            times[mode].append(run.seconds)
+    rigid, elastic = min(times["rigid"]), min(times["elastic"])
+    ratio = elastic / rigid
+    print(
+        f"\nHPC2N whole trace, 20% malleable: rigid {rigid:.1f} s, elastic {elastic:.1f} s "
+        f"(best of {times}) = {ratio:.2f}x (target <= 1.5x: "
+        f"{'met' if ratio <= 1.5 else 'NOT met'})"
+    )
+
+
+def test_growth_from_10k_to_200k_jobs() -> None:
     sizes = (10_000, 25_000, 50_000, 100_000, 200_000)
     full = load_workload(TRACE, SimOptions(malleable_fraction=0.2))
     rows = []
@@ -124,8 +144,7 @@ def test_elastic_against_rigid_and_growth() -> None:
     print(
         f"growth {jobs0:,} -> {jobs1:,} jobs: rigid x{r1.seconds / r0.seconds:.1f} (log-log "
         f"slope {slope_r:.2f}), elastic x{e1.seconds / e0.seconds:.1f} (slope {slope_e:.2f}); "
-        f"elastic/rigid at {jobs1:,} jobs {ratio:.2f}x (target <= 1.5x: "
-        f"{'met' if ratio <= 1.5 else 'NOT met'})"
+        f"elastic/rigid at {jobs1:,} jobs in this single pass {ratio:.2f}x"
     )
     # Close to linear: a quadratic part would show as a slope well above 1.
     assert slope_r < 1.25 and slope_e < 1.25
