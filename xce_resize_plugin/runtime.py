@@ -13,6 +13,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 
+import attrs
+
 from . import config as config_mod
 from . import converters, engine
 from .accounting import Usage, usage_of_job, usage_of_state
@@ -70,7 +72,7 @@ class Runtime:
         # journal_defer: entries of transitions that need not be written yet; they go
         # first in the next commit, in the same transaction.
         self._defer: bool = values["journal_defer"]
-        self._deferred: list[Entry] = []
+        self._deferred: list[_Deferred] = []
         self.states: dict[str, ResizeState] = {}
         # Jobs with a pending grow or a change in flight: the only ones the scheduler
         # and dispatch hooks look at, so an idle cycle costs nothing per tracked job.
@@ -270,13 +272,6 @@ class Runtime:
         before = self.states.get(job_id)
         state, effects = engine.transition(before, facts)
         assert state is not None
-        entry = Entry(
-            job_id=job_id,
-            facts=tuple(converters.encode_fact(f) for f in facts),
-            state=converters.encode_state(state),
-            ended_at=state.ended_at,
-            history=converters.history_tails(before, state),
-        )
         if self._committer is None:
             if self._defer and (
                 not effects or all(isinstance(f, engine.DEFERRABLE) for f in facts)
@@ -285,11 +280,12 @@ class Runtime:
                 # for the next write, and so can a fact whose loss recovery repairs
                 # (engine.DEFERRABLE). The facts and their order stay the same; a
                 # process crash loses what was not yet written (docs/failover.md).
-                self._deferred.append(entry)
+                self._defer_entry(job_id, before, facts, state)
             else:
-                self._commit([entry])
+                self._commit([_entry(job_id, before, facts, state)])
             self._store(state)
         else:
+            entry = _entry(job_id, before, facts, state)
             # Stored before it is durable so that the next decision sees it; nothing
             # is acknowledged or done on the host until the ticket says durable.
             self._store(state)
@@ -307,9 +303,23 @@ class Runtime:
                 self._commit([])
         return self.journal.state(job_id)
 
+    def _defer_entry(
+        self, job_id: str, before: ResizeState | None, facts: Sequence[Fact], after: ResizeState
+    ) -> None:
+        last = self._deferred[-1] if self._deferred else None
+        if last is not None and last.job_id == job_id:
+            # The same job again (a release, then its launch): one entry, the facts of
+            # both in order and the latest state; the intermediate one would be
+            # overwritten in the same transaction anyway.
+            last.facts.extend(facts)
+            last.after = after
+        else:
+            self._deferred.append(_Deferred(job_id, before, list(facts), after))
+
     def _commit(self, entries: list[Entry]) -> None:
         """Write the deferred entries, then ``entries``, in one transaction."""
-        batch, self._deferred = [*self._deferred, *entries], []
+        deferred, self._deferred = self._deferred, []
+        batch = [_entry(d.job_id, d.before, d.facts, d.after) for d in deferred] + entries
         try:
             self.journal.commit(batch)
         except BaseException as exc:
@@ -382,6 +392,29 @@ class Runtime:
             env,
             self.settings.notify_timeout,
         )
+
+
+@attrs.define
+class _Deferred:
+    """Transitions of one job waiting for the next write (``journal_defer``)."""
+
+    job_id: str
+    before: ResizeState | None
+    facts: list[Fact]
+    after: ResizeState
+
+
+def _entry(
+    job_id: str, before: ResizeState | None, facts: Sequence[Fact], after: ResizeState
+) -> Entry:
+    """The journal entry of the transition(s) from ``before`` to ``after``."""
+    return Entry(
+        job_id=job_id,
+        facts=tuple(converters.encode_fact(f) for f in facts),
+        state=converters.encode_state(after),
+        ended_at=after.ended_at,
+        history=converters.history_tails(before, after),
+    )
 
 
 def _requested_at(state: ResizeState) -> float:
