@@ -101,11 +101,13 @@ class Runtime:
             self._transition(state.job_id, engine.decide_recover(state, now))
 
     def stop(self) -> None:
-        if self._committer is not None:
-            self._committer.close()
-        elif self._deferred and self._failed is None:
-            self._commit([])
-        self.journal.close()
+        try:
+            if self._committer is not None:
+                self._committer.close()
+            elif self._deferred and self._failed is None:
+                self._commit([])  # journal_defer: the last transitions go now
+        finally:
+            self.journal.close()
 
     # --- requests --------------------------------------------------------------------
 

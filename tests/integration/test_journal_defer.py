@@ -68,3 +68,14 @@ def test_journal_defer_needs_journal_sync_off() -> None:
     with pytest.raises(errors.ConfigError, match="journal_defer needs journal_sync = false"):
         config.check({"journal_defer": True})
     assert config.check(SIM)["journal_defer"] is True
+
+
+def test_a_clean_stop_writes_what_was_deferred(tmp_path: Path) -> None:
+    h = Harness(tmp_path, config=SIM)
+    h.ctl.submit("alice", "1,8", runtime=100, resizable=True, alloc={"hA": 2}, job_id="1")
+    h.ctl.submit("bob", 14, runtime=100, job_id="2")
+    h.ctl.settle()
+    h.request("alice", "1", GrowRequest(2, 2, no_notify=True))  # pends: nothing written
+    assert _facts(tmp_path) == []
+    h.ctl.stop()
+    assert _facts(tmp_path) == [("1", "JobTracked"), ("1", "GrowRequested")]
