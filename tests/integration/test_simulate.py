@@ -35,7 +35,8 @@ from xce_resize_plugin.embedded.metrics import (
     summarize,
 )
 from xce_resize_plugin.embedded.observer import FinishedJob
-from xce_resize_plugin.embedded.recording import read_recording, replay
+from xce_resize_plugin.embedded.recording import read_recording
+from xce_resize_plugin.embedded.replay import replay
 from xce_resize_plugin.embedded.scheduler import PassResult
 from xce_resize_plugin.embedded.simulate import (
     SimOptions,

@@ -56,8 +56,9 @@ from .controller import EmbeddedController
 from .drivers import DRIVERS, Driver, MalleableSpec, make_driver
 from .malleable import MalleableRule, SimJob, SpeedupModel, convert, parse_speedup
 from .metrics import RunMetrics, RunStats
-from .recording import RecordingWriter, SimRecorder
+from .recording import RecordingWriter
 from .runners import NotificationRunner, ScriptedNotificationRunner, SimTaskRunner, TaskRunner
+from .sim_recorder import SimRecorder
 from .traces import Trace, read_trace
 from .work import SpeedupWork
 

@@ -93,7 +93,7 @@ def _recorded(args: argparse.Namespace, options: Any, workload: Any, progress: A
 
 
 def _replay(args: argparse.Namespace, out: TextIO) -> int:
-    from .recording import replay
+    from .replay import replay
 
     if args.trace is not None:
         raise UsageError("--replay takes no TRACE: the recording holds the jobs")

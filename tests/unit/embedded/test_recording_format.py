@@ -11,12 +11,10 @@ from typing import Any
 import pytest
 
 from xce_resize_plugin.embedded.live import config as live_config
-from xce_resize_plugin.embedded.recording import (
+from xce_resize_plugin.embedded.recording import RecordingError, check_line, read_recording
+from xce_resize_plugin.embedded.replay import (
     MAX_PROBLEMS,
-    RecordingError,
-    check_line,
     compare_live,
-    read_recording,
     replay,
     show_fact,
     timeless,
