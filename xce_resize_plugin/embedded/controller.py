@@ -237,6 +237,7 @@ class EmbeddedController:
         self._on_submit: list[Callable[[str, float], None]] = []
         self._on_start: list[Callable[[str, float, tuple[Task, ...]], None]] = []
         self._on_commit: list[Callable[[str, float, tuple[Task, ...], int], None]] = []
+        self._on_ending: list[Callable[[str, float, JobState, str], None]] = []
         self._on_end: list[Callable[[FinishedJob], None]] = []
         self._on_settled: list[Callable[[EmbeddedController], None]] = []
         try:
@@ -731,6 +732,7 @@ class EmbeddedController:
             ("job_submitted", self._on_submit),
             ("job_started", self._on_start),
             ("allocation_committed", self._on_commit),
+            ("job_ending", self._on_ending),
             ("job_ended", self._on_end),
             ("settled", self._on_settled),
         ):
@@ -1207,6 +1209,8 @@ class EmbeddedController:
         """Free the committed allocation, stop the tasks, set the state, then tell the
         plugin (``xce_job_end``) and check that the job holds nothing any more."""
         now = self.now()
+        for fn in self._on_ending:
+            fn(job.id, now, state, reason)
         was_pending = job.state is JobState.PEND
         job.state = state
         job.end_time = now

@@ -138,3 +138,29 @@ def test_submission_checks(make_ctl: CtlFactory) -> None:
     with pytest.raises(SubmissionRejected, match="user"):
         ctl.submit("", 1)
     assert ctl.jobs() == [] and ctl.changes == 0
+
+
+def test_observers_see_a_job_ending_before_it_ended(make_ctl: CtlFactory) -> None:
+    from xce_resize_plugin.embedded.observer import FinishedJob, Observer
+
+    seen: list[tuple[str, ...]] = []
+
+    class Watch(Observer):
+        def job_ending(self, job_id: str, time: float, state: JobState, reason: str) -> None:
+            seen.append(("ending", job_id, str(time), state.value, reason))
+
+        def job_ended(self, job: FinishedJob) -> None:
+            seen.append(("ended", job.id, str(job.end_time), job.state.value, job.exit_reason))
+
+    ctl = make_ctl()
+    ctl.add_observer(Watch())
+    done = ctl.submit("u", 2, runtime=10)
+    waiting = ctl.submit("u", 12, runtime=10)  # queued behind the first job
+    ctl.kill(waiting)
+    ctl.run()
+    assert seen == [
+        ("ending", waiting, "0.0", "EXIT", "killed"),
+        ("ended", waiting, "0.0", "EXIT", "killed"),
+        ("ending", done, "10.0", "DONE", "done"),
+        ("ended", done, "10.0", "DONE", "done"),
+    ]

@@ -32,11 +32,12 @@ reconciles every live task with what its agent reports, and only then calls
 **Recording.** With ``[controller] record`` (or ``--record``), :mod:`.recorder` writes
 the run's inputs for ``xce-resize simulate --replay``; the hook points are marked
 "recording" below. Task events and job ends are recorded where they enter the embedded
-controller (the reporter methods, ``_end_job``), so every path that reaches them (agent
-events, reconciliation, lost agents, kills) is recorded the same way.
+controller (the reporter methods; the recorder's ``job_ending`` observer call), so every
+path that reaches them (agent events, reconciliation, lost agents, kills) is recorded
+the same way.
 
 Internals of :class:`EmbeddedController` this module relies on (kept few on purpose):
-``_jobs`` (read), ``_job``, ``_end_job`` (called, and overridden to record the end),
+``_jobs`` (read), ``_job``, ``_end_job`` (called),
 ``_flush``, and that ``_restore`` reports STARTING tasks through ``task_start_failed``
 during construction. The live tests (tests/e2e/live/) exercise each of them.
 """
@@ -691,13 +692,6 @@ class LiveController(EmbeddedController):
             before = self.changes
             super().settle()
             recorder.after_cycle(t, marked, self.changes != before)
-
-    def _end_job(self, job: JobRecord, state: JobState, reason: str) -> None:
-        """Recording: the end of a job (after its tasks were stopped, or a pending job
-        killed), written before the embedded controller ends it and tells the plugin."""
-        if self.recorder is not None:
-            self.recorder.input("end", job=job.id, state=state.value, reason=reason)
-        super()._end_job(job, state, reason)
 
     def kill(self, job_id: str, reason: str = "killed") -> bool:
         """End a job as EXIT: a pending one at once, a running one once its tasks have

@@ -11,9 +11,10 @@ Where the :class:`~.controller.LiveController` calls it, always under its lock (
 lines are in the order the controller took things):
 
 - :meth:`header` at :meth:`~.controller.LiveController.open`, before the plugin starts;
-- ``job_submitted`` / ``job_started`` as an observer of the controller;
+- ``job_submitted`` / ``job_started`` / ``job_ending`` (the job end) as an observer
+  of the controller;
 - :meth:`input` from the request hook's monitor, the task reporter, the notification
-  callback, the job ending (tasks stopped) and the job end;
+  callback and the job ending (tasks stopped);
 - :meth:`before_cycle` / :meth:`after_cycle` around every settle, :meth:`sync_facts`
   after anything that may have written facts;
 - :meth:`finish` after a clean stop (the last facts and the ``closed`` line), or
@@ -50,7 +51,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from ...journal import Journal
-from ...models import Task, host_counts
+from ...models import JobState, Task, host_counts
 from ..observer import Observer
 from ..recording import FORMAT, RecordingError, RecordingWriter
 
@@ -218,6 +219,11 @@ class LiveRecorder(Observer):
 
     def job_started(self, job_id: str, time: float, tasks: tuple[Task, ...]) -> None:
         self._write({"kind": "started", "t": time, "job": job_id, "hosts": host_counts(tasks)})
+
+    def job_ending(self, job_id: str, time: float, state: JobState, reason: str) -> None:
+        # Before the controller ends it and tells the plugin: the facts of the end
+        # come after this line.
+        self.input("end", job=job_id, state=state.value, reason=reason)
 
     # -- the end --------------------------------------------------------------------
 
