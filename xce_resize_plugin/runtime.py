@@ -275,13 +275,17 @@ class Runtime:
         state, effects = engine.transition(before, facts)
         assert state is not None
         if self._committer is None:
-            if self._defer and (
-                not effects or all(isinstance(f, engine.DEFERRABLE) for f in facts)
+            if (
+                self._defer
+                and state.live
+                and (not effects or all(isinstance(f, engine.DEFERRABLE) for f in facts))
             ):
                 # journal_defer (simulations): what the host has not acted on can wait
                 # for the next write, and so can a fact whose loss recovery repairs
                 # (engine.DEFERRABLE). The facts and their order stay the same; a
-                # process crash loses what was not yet written (docs/failover.md).
+                # process crash loses what was not yet written (docs/failover.md). A
+                # job's end is written at once: recovered, it would end at the restart
+                # and its accounting would run on until then.
                 self._defer_entry(job_id, before, facts, state)
             else:
                 self._commit([_entry(job_id, before, facts, state)])
