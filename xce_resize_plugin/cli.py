@@ -8,6 +8,7 @@ Library code raises; this module alone turns errors into messages and exit codes
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import tempfile
@@ -46,6 +47,12 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--json", action="store_true", help="print the result as JSON")
     run.add_argument(
         "--state-dir", type=Path, help="keep the controller's and the plugin's state here"
+    )
+    run.add_argument(
+        "--record",
+        type=Path,
+        metavar="OUT",
+        help="write a recording of the run (replay: xce-resize simulate --replay OUT)",
     )
 
     _simulate_parser(sub)
@@ -196,11 +203,16 @@ def _scenario(args: argparse.Namespace, out: TextIO) -> int:
     from .embedded import scenario, scenario_file
 
     spec = scenario_file.load(args.file)
-    if args.state_dir is not None:
-        result = scenario.run(spec, args.state_dir)
-    else:
-        with tempfile.TemporaryDirectory(prefix="xce-resize-") as tmp:
-            result = scenario.run(spec, Path(tmp))
+    with contextlib.ExitStack() as stack:
+        record = (
+            stack.enter_context(open(args.record, "w", encoding="utf-8"))
+            if args.record is not None
+            else None
+        )
+        state_dir = args.state_dir
+        if state_dir is None:
+            state_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="xce-resize-")))
+        result = scenario.run(spec, state_dir, record)
     if args.json:
         json.dump(result.to_json(), out, indent=2, sort_keys=False)
         out.write("\n")

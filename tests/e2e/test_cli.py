@@ -324,3 +324,39 @@ def test_scenario_refuses_a_used_state_dir(tmp_path: Path) -> None:
     assert run("scenario", "run", scenario, "--state-dir", str(state)).returncode == 0
     proc = run("scenario", "run", scenario, "--state-dir", str(state))
     assert proc.returncode == 2 and "is not empty" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    "scenario",
+    [
+        DATA / "scenarios" / "grow_limits.toml",
+        ROOT / "xce_resize_plugin" / "embedded" / "demo.toml",
+    ],
+)
+def test_a_recorded_scenario_replays_to_the_same_facts(scenario: Path, tmp_path: Path) -> None:
+    out = tmp_path / "run.jsonl"
+    proc = run("scenario", "run", str(scenario), "--record", str(out), "--json")
+    assert proc.returncode == 0, proc.stderr
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    kinds = [rec["kind"] for rec in lines]
+    assert kinds[0] == "header" and kinds.count("fact") > 10
+    # every command of the scenario is in the recording, with its outcome
+    commands = json.loads(proc.stdout)["commands"]
+    assert kinds.count("request") == sum(1 for c in commands if c["exit"] != 2)
+    proc = run("simulate", "--replay", str(out))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "identical" in proc.stdout
+
+
+def test_a_tampered_scenario_recording_is_reported(tmp_path: Path) -> None:
+    out = tmp_path / "run.jsonl"
+    proc = run(
+        "scenario", "run", str(DATA / "scenarios" / "grow_limits.toml"), "--record", str(out)
+    )
+    assert proc.returncode == 0, proc.stderr
+    lines = out.read_text().splitlines()
+    first_request = next(i for i, line in enumerate(lines) if '"kind":"request"' in line)
+    out.write_text("\n".join(lines[:first_request] + lines[first_request + 1 :]) + "\n")
+    proc = run("simulate", "--replay", str(out))
+    assert proc.returncode == 1
+    assert "DIFFERENT" in proc.stdout

@@ -7,7 +7,8 @@ starts and the plugin's journal facts. :func:`.replay.replay` feeds the inputs t
 new embedded controller in simulated time and checks that the same starts and the same
 sequence of resize facts (placements, commits, releases...) come out.
 
-``xce-resize simulate TRACE --record OUT`` writes one of its elastic run
+``xce-resize simulate TRACE --record OUT`` writes one of its elastic run,
+``xce-resize scenario run FILE --record OUT`` one of the scenario
 (:mod:`.sim_recorder`); the live controller writes one of its run with ``[controller]
 record = "OUT"`` or ``xce-resize controller --record OUT`` (:mod:`.live.recorder`);
 ``xce-resize simulate --replay OUT`` replays either (:mod:`.replay`; docs/simulation.md,
@@ -109,6 +110,7 @@ from ..errors import ConfigError
 from ..host import Principal
 from ..journal import Journal
 from ..models import CancelRequest, GrowRequest, ReleaseRequest, ResizeRequest
+from .jobs import JobRecord
 
 __all__ = [
     "FORMAT",
@@ -116,6 +118,7 @@ __all__ = [
     "RecordingError",
     "RecordingWriter",
     "read_recording",
+    "submit_fields",
 ]
 
 FORMAT = "xce-resize-recording"
@@ -168,6 +171,26 @@ def request_from_json(data: Mapping[str, Any]) -> ResizeRequest:
     if kind == "cancel" and not body:
         return CancelRequest()
     raise ValueError(f"bad request {dict(data)!r}")
+
+
+def submit_fields(job: JobRecord) -> dict[str, Any]:
+    """A ``submit`` line's fields for a job as the controller accepted it. Its run time,
+    if the driver gave one, is recorded as the estimate: the job's end is an ``end``
+    line of its own, so the replay must not end it by itself."""
+    estimate = job.estimate if job.estimate is not None else job.runtime
+    return {
+        "job": job.id,
+        "user": job.user,
+        "tasks": [job.min_tasks, job.max_tasks],
+        "start_tasks": job.start_tasks,
+        "estimate": estimate,
+        "ptile": job.ptile,
+        "resizable": job.resizable,
+        "grow_hosts": job.grow_hosts.value,
+        "notify_cmd": job.notify_cmd,
+        "env": dict(job.env),
+        "alloc": None if job.alloc is None else [[h, n] for h, n in job.alloc],
+    }
 
 
 def request_fields(

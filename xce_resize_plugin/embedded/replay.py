@@ -309,11 +309,14 @@ class _Replayer(_Inputs):
     def start(self, ctl: EmbeddedController) -> None:
         self.ctl = ctl
         ctl.add_observer(self)
-        # Instant 0 (exact recordings) is the settle at the start of run(): its lines
-        # are applied by settled() without a timeline entry.
+        # Instant 0 (exact recordings) is the settle at the start of run(): its timeline
+        # lines came in before it (a scenario's jobs submitted up front) and are applied
+        # now; its settled lines are applied by settled().
         if self._instants and self._instants[0] is self._by_index.get(0):
             self._current = self._instants[0]
             self._next = 1
+            for rec in self._current.timeline:
+                self._apply(rec)
         self._schedule_next()
 
     def _schedule_next(self) -> None:

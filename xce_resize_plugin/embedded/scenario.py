@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from attrs import evolve, frozen
 
@@ -26,7 +26,15 @@ from ..manager import get_plugin_manager
 from ..models import CancelRequest, Fact, ResizeRequest, Task, host_counts
 from .controller import EmbeddedController
 from .errors import SubmissionRejected
+from .recording import RecordingWriter
+from .runners import (
+    NotificationRunner,
+    SimTaskRunner,
+    SubprocessNotificationRunner,
+    TaskRunner,
+)
 from .scenario_file import CommandSpec, JobSpec, Scenario
+from .sim_recorder import ScenarioRecorder
 
 
 @frozen
@@ -108,14 +116,22 @@ def _record_json(rec: Any) -> dict[str, Any]:
 
 
 class _Runner:
-    def __init__(self, scenario: Scenario, state_dir: Path) -> None:
+    def __init__(
+        self, scenario: Scenario, state_dir: Path, recorder: ScenarioRecorder | None = None
+    ) -> None:
         self.scenario = scenario
+        self.recorder = recorder
         try:
             pm = get_plugin_manager(
                 scenario.resize, base_dir=scenario.path.parent, entry_points=False
             )
         except ConfigError as exc:
             raise ConfigError(f"{scenario.path}: {exc.detail}") from exc
+        tasks: TaskRunner | None = None
+        notes: NotificationRunner | None = None
+        if recorder is not None:
+            tasks = recorder.task_runner(SimTaskRunner())
+            notes = recorder.notification_runner(SubprocessNotificationRunner())
         self.ctl = EmbeddedController(
             pm,
             state_dir,
@@ -123,7 +139,11 @@ class _Runner:
             config=scenario.resize,
             user_slots=scenario.user_slots,
             protect_reservation=scenario.protect_reservation,
+            task_runner=tasks,
+            notification_runner=notes,
         )
+        if recorder is not None:
+            recorder.attach(self.ctl, list(scenario.hosts), scenario.user_slots)
         self.results: list[CommandResult] = []
         self.journal_dir = state_dir / "resize"
 
@@ -169,7 +189,7 @@ class _Runner:
 
             def send(parsed: Command) -> None:
                 job_id, request = to_request(parsed)
-                self.ctl.request_resize(principal, job_id, request)
+                self._request(principal, job_id, request)
 
             out = bresize.run(cmd.argv, send)
             return CommandResult(
@@ -183,12 +203,24 @@ class _Runner:
                 cmd.at, cmd.user, None, cmd.resize, bresize.EXIT_USAGE, exc.code, exc.text
             )
         try:
-            self.ctl.request_resize(principal, job_id, request)
+            self._request(principal, job_id, request)
         except ResizeError as exc:
             return CommandResult(
                 cmd.at, cmd.user, None, cmd.resize, bresize.EXIT_REJECTED, exc.code, exc.text
             )
         return CommandResult(cmd.at, cmd.user, None, cmd.resize, bresize.EXIT_OK, None, "")
+
+    def _request(self, principal: Principal, job_id: str, request: ResizeRequest) -> None:
+        """Send a request; with a recording, write it down with its outcome."""
+        code: str | None = None
+        try:
+            self.ctl.request_resize(principal, job_id, request)
+        except ResizeError as exc:
+            code = exc.code
+            raise
+        finally:
+            if self.recorder is not None:
+                self.recorder.request(job_id, principal, request, code)
 
     def run(self) -> None:
         self.submit_jobs()
@@ -216,14 +248,16 @@ def _api_request(body: dict[str, Any]) -> tuple[str, ResizeRequest]:
     return job_id, CancelRequest()
 
 
-def run(scenario: Scenario, state_dir: Path) -> ScenarioResult:
+def run(scenario: Scenario, state_dir: Path, record: IO[str] | None = None) -> ScenarioResult:
     """Run a loaded scenario with its state (controller and journal) in ``state_dir``,
-    which must be new or empty: a scenario always starts from time 0."""
+    which must be new or empty: a scenario always starts from time 0. With ``record``,
+    write a recording of the run there (``xce-resize simulate --replay`` replays it)."""
     if state_dir.exists() and any(state_dir.iterdir()):
         raise ConfigError(
             f"state directory {state_dir} is not empty: a scenario starts from a fresh state"
         )
-    runner = _Runner(scenario, state_dir)
+    recorder = ScenarioRecorder(RecordingWriter(record)) if record is not None else None
+    runner = _Runner(scenario, state_dir, recorder)
     ctl = runner.ctl
     try:
         runner.run()
@@ -265,6 +299,8 @@ def run(scenario: Scenario, state_dir: Path) -> ScenarioResult:
         rejected = tuple(ctl.rejections)
     finally:
         ctl.stop()
+    if recorder is not None:
+        recorder.finish(state_dir / "resize")
     with Journal.open(state_dir / "resize", readonly=True) as journal:
         facts = tuple((seq, converters.decode_fact(p)) for seq, _, p in journal.facts())
     return ScenarioResult(

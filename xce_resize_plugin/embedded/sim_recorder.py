@@ -17,7 +17,7 @@ from ..host import Principal
 from ..models import ResizeRequest, Task, host_counts
 from .controller import EmbeddedController
 from .observer import FinishedJob, Observer
-from .recording import RecordingWriter, request_fields
+from .recording import RecordingWriter, request_fields, submit_fields
 from .runners import (
     NotificationDone,
     NotificationRequest,
@@ -28,7 +28,7 @@ from .runners import (
 )
 from .work import SpeedupWork
 
-__all__ = ["SimRecorder"]
+__all__ = ["ScenarioRecorder", "SimRecorder"]
 
 
 class _RecordingTaskRunner:
@@ -248,3 +248,15 @@ class SimRecorder(Observer):
 
     def finish(self, journal_dir: Path) -> int:
         return self.writer.facts(journal_dir)
+
+
+class ScenarioRecorder(SimRecorder):
+    """Records a scenario run (``xce-resize scenario run --record``): as
+    :class:`SimRecorder`, with each submission written when the job arrives (a
+    scenario gives its jobs' arrival times up front) from the controller's job record,
+    and the scenario's commands reported to :meth:`request`."""
+
+    def job_submitted(self, job_id: str, time: float) -> None:
+        # The controller's own record: the only place that has the job as accepted
+        # (alloc, start_tasks), as the live recorder reads it too.
+        self.input("submit", None, **submit_fields(self.ctl._jobs[job_id]))

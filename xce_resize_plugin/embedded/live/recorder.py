@@ -53,7 +53,7 @@ from typing import IO, TYPE_CHECKING, Any
 from ...journal import Journal
 from ...models import JobState, Task, host_counts
 from ..observer import Observer
-from ..recording import FORMAT, RecordingError, RecordingWriter
+from ..recording import FORMAT, RecordingError, RecordingWriter, submit_fields
 
 if TYPE_CHECKING:
     from .controller import LiveController
@@ -198,24 +198,7 @@ class LiveRecorder(Observer):
     # -- observer -------------------------------------------------------------------
 
     def job_submitted(self, job_id: str, time: float) -> None:
-        job = self._ctl._jobs[job_id]
-        # A driver's run time plans like an estimate; the job's end is recorded as an
-        # ``end`` line, so the replay must not end it by itself.
-        estimate = job.estimate if job.estimate is not None else job.runtime
-        self.input(
-            "submit",
-            job=job_id,
-            user=job.user,
-            tasks=[job.min_tasks, job.max_tasks],
-            start_tasks=job.start_tasks,
-            estimate=estimate,
-            ptile=job.ptile,
-            resizable=job.resizable,
-            grow_hosts=job.grow_hosts.value,
-            notify_cmd=job.notify_cmd,
-            env=dict(job.env),
-            alloc=None if job.alloc is None else [[h, n] for h, n in job.alloc],
-        )
+        self.input("submit", **submit_fields(self._ctl._jobs[job_id]))
 
     def job_started(self, job_id: str, time: float, tasks: tuple[Task, ...]) -> None:
         self._write({"kind": "started", "t": time, "job": job_id, "hosts": host_counts(tasks)})
