@@ -93,9 +93,11 @@ class Runtime:
             job = self.controller.get_job(state.job_id)
             if job is None or job.state in (JobState.DONE, JobState.EXIT):
                 # The job ended while no controller ran the plugin (or its end was never
-                # reported): end the resize state now rather than re-reserve slots for a
-                # job that holds none. A later xce_job_end is then a no-op.
-                self._transition(state.job_id, engine.decide_job_end(state, now))
+                # written): end the resize state rather than re-reserve slots for a job
+                # that holds none, at the end the host knows (its accounting stops
+                # there, not at this restart). A later xce_job_end is then a no-op.
+                ended = job.end_time if job is not None and job.end_time is not None else now
+                self._transition(state.job_id, engine.decide_job_end(state, min(ended, now)))
                 continue
             self._execute(engine.resume_effects(state))
             self._transition(state.job_id, engine.decide_recover(state, now))
@@ -275,17 +277,13 @@ class Runtime:
         state, effects = engine.transition(before, facts)
         assert state is not None
         if self._committer is None:
-            if (
-                self._defer
-                and state.live
-                and (not effects or all(isinstance(f, engine.DEFERRABLE) for f in facts))
+            if self._defer and (
+                not effects or all(isinstance(f, engine.DEFERRABLE) for f in facts)
             ):
                 # journal_defer (simulations): what the host has not acted on can wait
                 # for the next write, and so can a fact whose loss recovery repairs
                 # (engine.DEFERRABLE). The facts and their order stay the same; a
-                # process crash loses what was not yet written (docs/failover.md). A
-                # job's end is written at once: recovered, it would end at the restart
-                # and its accounting would run on until then.
+                # process crash loses what was not yet written (docs/failover.md).
                 self._defer_entry(job_id, before, facts, state)
             else:
                 self._commit([_entry(job_id, before, facts, state)])

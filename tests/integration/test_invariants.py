@@ -448,3 +448,21 @@ def test_a_deferred_launch_lost_in_a_crash_is_decided_again(tmp_path: Path) -> N
         "Committed",
     ]
     assert audit.replay_problems(tmp_path / "resize") == []
+
+
+def test_a_job_end_lost_in_a_crash_is_accounted_at_the_hosts_end(tmp_path: Path) -> None:
+    """A job that ended while its end was not yet written (journal_defer) or no
+    controller ran: recovery ends its resize state at the end the host knows, so its
+    accounting does not run on until the restart."""
+    world = World(tmp_path, defer=True)
+    job = world.ctl.submit("alice", "1,4", runtime=20, resizable=True, alloc={"h1": 1})
+    world.ctl.settle()
+    world.ctl.request_resize(Principal("alice"), job, GrowRequest(1, 1, no_notify=True))
+    world.ctl.run(until=30)  # the job ended at 20; its JobEnded is not written yet
+    with Journal.open(tmp_path / "resize", readonly=True) as journal:
+        assert "JobEnded" not in [json.loads(p)["type"] for _, p in journal.job_facts(job)]
+    world.restart()  # a crash: nothing written since
+    world.ctl.run(until=60)
+    usage = world.ctl.acct_usage(job)
+    assert usage.slot_seconds == _host_integral(world.ctl.job(job), world.ledger) == 40.0
+    check(world)
