@@ -471,6 +471,12 @@ def _open_env(
             f"{data_file}: the file is empty (truncated?); refusing to start a new journal "
             "over it. Move it away only if this is a fresh installation."
         )
+    # Without sync (simulations), LMDB writes through the map instead of copying every
+    # dirty page to the file at each commit. It then extends the file to the map size
+    # as it opens it, which would hide a truncation from _check_size: check first.
+    writemap = not sync and not readonly
+    if writemap and size is not None:
+        _check_size_read_only(path, data_file)
     try:
         env = lmdb.open(
             str(path),
@@ -479,6 +485,7 @@ def _open_env(
             readonly=readonly,
             sync=sync,
             metasync=True,
+            writemap=writemap,
             create=not readonly,
             max_dbs=len(_DB_NAMES) + 1,
         )
@@ -514,6 +521,20 @@ def _check_size(env: lmdb.Environment, data_file: Path) -> None:
             f"{data_file}: truncated: {actual} bytes on disk, but its last page ends at byte "
             f"{needed}"
         )
+
+
+def _check_size_read_only(path: Path, data_file: Path) -> None:
+    """:func:`_check_size` on a read-only view of the file (which LMDB leaves as is)."""
+    try:
+        env = lmdb.open(str(path), subdir=True, readonly=True, lock=False, max_dbs=0)
+    except lmdb.Error as exc:
+        raise JournalError(
+            f"{data_file}: not a usable LMDB environment ({_lmdb_reason(exc)})"
+        ) from exc
+    try:
+        _check_size(env, data_file)
+    finally:
+        env.close()
 
 
 def _open_dbs(env: lmdb.Environment, data_file: Path, *, readonly: bool) -> dict[str, _Db]:

@@ -389,7 +389,12 @@ def damage_overwrite_head(path: Path) -> None:
 
 
 def damage_truncate_half(path: Path) -> None:
-    os.truncate(path, path.stat().st_size // 2)
+    """Half of the pages in use (a journal written without sync is as long as its map,
+    mostly unused: cutting that part would lose nothing)."""
+    env = lmdb.open(str(path.parent), readonly=True, lock=False)
+    used = (env.info()["last_pgno"] + 1) * env.stat()["psize"]
+    env.close()
+    os.truncate(path, used // 2)
 
 
 def damage_truncate_tiny(path: Path) -> None:
@@ -421,6 +426,18 @@ def test_damaged_file_is_refused_with_its_name(
         Journal.open(jdir, readonly=readonly)
     assert data_file(jdir) in str(err.value)
     # Never a silent reset: the file is left as it was.
+    assert (jdir / "data.mdb").stat().st_size == size
+
+
+def test_truncated_file_is_refused_before_writemap_extends_it(jdir: Path) -> None:
+    """Without sync the environment is opened with writemap, and LMDB extends the file
+    to the map size as it opens it: the truncation must be found before that."""
+    make_journal(jdir)
+    damage_truncate_half(jdir / "data.mdb")
+    size = (jdir / "data.mdb").stat().st_size
+    with pytest.raises(JournalError, match="truncated") as err:
+        Journal.open(jdir, sync=False)
+    assert data_file(jdir) in str(err.value)
     assert (jdir / "data.mdb").stat().st_size == size
 
 
