@@ -47,6 +47,7 @@ from .models import (
     TaskStarted,
     TaskStartFailed,
     TaskStopped,
+    held_count,
 )
 from .placement import GrowHostView, place
 from .releasespec import (
@@ -734,9 +735,7 @@ def _task_run(state: ResizeState, run: Sequence[Fact], out: list[Effect]) -> Res
     )
     # Steps of the charge timeline at one instant collapse into the last one, so one
     # step for the whole run is the step the facts one by one would leave.
-    held = len(state.tasks) + (
-        len(new.tasks) - len(failed) if new.kind is ChangeKind.GROW else -len(stopped)
-    )
+    held = held_count(len(state.tasks), new)
     return _evolve(state, change=new, charges=_charges(state.charges, run[0].at, held))
 
 

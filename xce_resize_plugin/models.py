@@ -190,6 +190,16 @@ class Segment:
         return (self.end - self.start) * self.slots
 
 
+def held_count(committed: int, change: Change | None) -> int:
+    """Slots held by a job with ``committed`` tasks and ``change`` in flight (a change's
+    failed and stopped tasks are among its tasks, a shrink's among the committed ones)."""
+    if change is None:
+        return committed
+    if change.kind is ChangeKind.GROW:
+        return committed + len(change.tasks) - len(change.failed)
+    return committed - len(change.stopped)
+
+
 @frozen
 class ResizeState:
     """The plugin's materialised state of one job: a fold of the job's facts.
@@ -227,14 +237,10 @@ class ResizeState:
 
     @property
     def held_count(self) -> int:
-        """``len(self.held)`` without building it (a change's failed and stopped tasks
-        are among its tasks, a shrink's among the committed ones)."""
-        change = self.change
-        if change is None:
-            return len(self.tasks) if self.ended_at is None else 0
-        if change.kind is ChangeKind.GROW:
-            return len(self.tasks) + len(change.tasks) - len(change.failed)
-        return len(self.tasks) - len(change.stopped)
+        """``len(self.held)`` without building it."""
+        if self.change is None and self.ended_at is not None:
+            return 0
+        return held_count(len(self.tasks), self.change)
 
     @property
     def live(self) -> bool:
