@@ -11,14 +11,14 @@ Enable with ``[resize] policy_files = ["hooks/power_of_two.py"]``.
 from __future__ import annotations
 
 from xce_resize_plugin import hookimpl
-from xce_resize_plugin.errors import PolicyRejected
-from xce_resize_plugin.models import GrowRequest, JobInfo, ReleaseRequest, ResizeRequest
-from xce_resize_plugin.releasespec import (
+from xce_resize_plugin.core.models import GrowRequest, JobInfo, ReleaseRequest, ResizeRequest
+from xce_resize_plugin.core.releasespec import (
     parse_release_spec,
     resolve_host_counts,
     resolve_release,
     resolve_task_ids,
 )
+from xce_resize_plugin.errors import PolicyRejected
 
 
 def _power_of_two(n: int) -> bool:

@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 
 from xce_resize_plugin import hookimpl
-from xce_resize_plugin.models import JobInfo, ResizeRecord, format_hosts
+from xce_resize_plugin.core.models import JobInfo, ResizeRecord, format_hosts
 
 FIELDS = ["time", "job", "user", "type", "before", "delta", "after", "delta_hosts", "version"]
 

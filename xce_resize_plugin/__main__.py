@@ -2,6 +2,6 @@
 
 import sys
 
-from .cli import main
+from xce_resize_plugin.cli.main import main
 
 sys.exit(main())

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from . import hookimpl
-from .host import Principal
-from .models import JobInfo, Task
-from .placement import GrowHostView, default_grow_order
+from xce_resize_plugin import hookimpl
+from xce_resize_plugin.core.models import JobInfo, Task
+from xce_resize_plugin.core.placement import GrowHostView, default_grow_order
+from xce_resize_plugin.host import Principal
 
 
 @hookimpl(trylast=True)

@@ -11,7 +11,7 @@ import inspect
 import re
 from collections.abc import Iterator
 
-from . import hookspecs
+from xce_resize_plugin import hookspecs
 
 INTRO = """\
 # Hook reference

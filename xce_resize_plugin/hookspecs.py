@@ -14,11 +14,11 @@ from typing import TYPE_CHECKING, Any
 import pluggy
 
 if TYPE_CHECKING:
-    from .accounting import Usage
-    from .host import ClusterView, Controller, Principal, TaskEvent
-    from .models import JobInfo, ResizeRecord, ResizeRequest, Task
-    from .placement import GrowHostView
-    from .status import ResizeStatus
+    from xce_resize_plugin.core.accounting import Usage
+    from xce_resize_plugin.core.models import JobInfo, ResizeRecord, ResizeRequest, Task
+    from xce_resize_plugin.core.placement import GrowHostView
+    from xce_resize_plugin.core.status import ResizeStatus
+    from xce_resize_plugin.host import ClusterView, Controller, Principal, TaskEvent
 
 hookspec = pluggy.HookspecMarker("xce")
 
@@ -85,9 +85,9 @@ def xce_resize_request(
     :param controller: the host controller.
     :param principal: who asks.
     :param job_id: the job to resize.
-    :param request: a :class:`~xce_resize_plugin.models.GrowRequest`,
-        :class:`~xce_resize_plugin.models.ReleaseRequest` or
-        :class:`~xce_resize_plugin.models.CancelRequest`.
+    :param request: a :class:`~xce_resize_plugin.core.models.GrowRequest`,
+        :class:`~xce_resize_plugin.core.models.ReleaseRequest` or
+        :class:`~xce_resize_plugin.core.models.CancelRequest`.
 
     firstresult: the resize plugin answers. Raises a
     :class:`~xce_resize_plugin.errors.ResizeError` (with LSF's code) on rejection, in

@@ -20,7 +20,7 @@ from typing import Any, Protocol, runtime_checkable
 import pluggy
 from attrs import frozen
 
-from .models import JobInfo, Task
+from xce_resize_plugin.core.models import JobInfo, Task
 
 
 @frozen

@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .http_client import Client
+from xce_resize_plugin.rest.client import Client
 
 #: A long poll never asks the controller to hold a request longer than this.
 MAX_POLL = 30.0

@@ -20,8 +20,8 @@ from typing import Any
 
 import pluggy
 
-from . import default_policies, hookspecs
-from .errors import ConfigError
+from xce_resize_plugin import default_policies, hookspecs
+from xce_resize_plugin.errors import ConfigError
 
 PROJECT = "xce"
 TRACE_ENV = "XCE_RESIZE_TRACE"
@@ -49,7 +49,7 @@ def get_plugin_manager(
         pm.load_setuptools_entrypoints("xce.plugins")
         pm.load_setuptools_entrypoints("xce_resize.policies")
     if register_plugin and not pm.has_plugin("resize"):
-        from . import plugin
+        from xce_resize_plugin import plugin
 
         if not pm.is_registered(plugin):
             pm.register(plugin, name="resize")

@@ -1,7 +1,7 @@
 """The hook implementations the host calls: thin, each delegates to the runtime.
 
 Registered by the host through the entry point ``xce.plugins: resize``. The plugin keeps
-one :class:`~xce_resize_plugin.runtime.Runtime` per controller object, made at
+one :class:`~xce_resize_plugin.core.runtime.Runtime` per controller object, made at
 ``xce_controller_start`` and dropped at ``xce_controller_stop``. Why a weak mapping
 keyed by the controller rather than state on this module: a process may host several
 controllers (tests, a simulation comparing two runs), and a crashed one that is simply
@@ -14,13 +14,15 @@ import weakref
 from collections.abc import Sequence
 from typing import Any
 
-from . import api, engine, hookimpl
-from .accounting import Usage
-from .errors import ResizeError
-from .host import ClusterView, Controller, Principal, TaskEvent
-from .models import JobInfo, ResizeRequest
-from .runtime import Runtime
-from .status import ResizeStatus
+from xce_resize_plugin import hookimpl
+from xce_resize_plugin.core import engine
+from xce_resize_plugin.core.accounting import Usage
+from xce_resize_plugin.core.models import JobInfo, ResizeRequest
+from xce_resize_plugin.core.runtime import Runtime
+from xce_resize_plugin.core.status import ResizeStatus
+from xce_resize_plugin.errors import ResizeError
+from xce_resize_plugin.host import ClusterView, Controller, Principal, TaskEvent
+from xce_resize_plugin.rest import routes as api
 
 _RUNTIMES: weakref.WeakKeyDictionary[Any, Runtime] = weakref.WeakKeyDictionary()
 

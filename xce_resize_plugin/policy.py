@@ -11,14 +11,14 @@ from collections.abc import Iterable, Sequence
 
 import pluggy
 
-from .errors import PolicyRejected, ResizeError
-from .host import Principal
-from .models import JobInfo, ResizeRequest, Task
-from .placement import GrowHostView, default_grow_order
+from xce_resize_plugin.core.models import JobInfo, ResizeRequest, Task
+from xce_resize_plugin.core.placement import GrowHostView, default_grow_order
+from xce_resize_plugin.errors import PolicyRejected, ResizeError
+from xce_resize_plugin.host import Principal
 
 
 class HookPolicy:
-    """Implements :class:`xce_resize_plugin.engine.Policy` through the policy hooks."""
+    """Implements :class:`xce_resize_plugin.core.engine.Policy` through the policy hooks."""
 
     def __init__(self, pm: pluggy.PluginManager) -> None:
         self._hook = pm.hook

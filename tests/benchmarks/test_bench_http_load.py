@@ -21,9 +21,9 @@ from typing import Any
 import pytest
 
 from tests.e2e.live.conftest import ALICE, LiveCluster, kill_marked
-from xce_resize_plugin import converters
-from xce_resize_plugin.http_client import Client, RemoteError
+from xce_resize_plugin.core import converters
 from xce_resize_plugin.journal import Journal
+from xce_resize_plugin.rest.client import Client, RemoteError
 
 CLIENTS = 200
 REQUESTS = 50

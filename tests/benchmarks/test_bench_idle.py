@@ -15,10 +15,10 @@ from pathlib import Path
 import pluggy
 
 from xce_resize_plugin import hookspecs
-from xce_resize_plugin.embedded import EmbeddedController
+from xce_resize_plugin.controllers.sim import EmbeddedController
+from xce_resize_plugin.core.models import GrowRequest, ReleaseRequest
 from xce_resize_plugin.host import Principal
 from xce_resize_plugin.manager import get_plugin_manager
-from xce_resize_plugin.models import GrowRequest, ReleaseRequest
 
 HOSTS = [(f"n{i:04d}", 16) for i in range(1000)]
 

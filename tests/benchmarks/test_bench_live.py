@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.live.conftest import ALICE, LiveCluster, kill_marked, wait_until
-from xce_resize_plugin.http_client import Client
+from xce_resize_plugin.rest.client import Client
 
 GROWS = 100
 

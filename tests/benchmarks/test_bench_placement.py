@@ -16,8 +16,8 @@ import random
 import statistics
 import time
 
-from xce_resize_plugin.models import GrowHosts, JobInfo, JobState, Task
-from xce_resize_plugin.placement import (
+from xce_resize_plugin.core.models import GrowHosts, JobInfo, JobState, Task
+from xce_resize_plugin.core.placement import (
     FreeSlotIndex,
     GrowHostView,
     apply,

@@ -10,11 +10,11 @@ import statistics
 import time
 from pathlib import Path
 
-from xce_resize_plugin.embedded import EmbeddedController
+from xce_resize_plugin.controllers.sim import EmbeddedController
+from xce_resize_plugin.core.models import GrowRequest
 from xce_resize_plugin.host import Principal
 from xce_resize_plugin.journal import Entry, Journal
 from xce_resize_plugin.manager import get_plugin_manager
-from xce_resize_plugin.models import GrowRequest
 
 LIVE = 10_000
 HOSTS = [(f"n{i:04d}", 32) for i in range(1000)]

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from xce_resize_plugin.embedded.simulate import (
+from xce_resize_plugin.simulation.simulate import (
     SimOptions,
     load_workload,
     run_mode,

@@ -244,7 +244,7 @@ def test_journal_commands(tmp_path: Path) -> None:
 def scenario_usage(state: Path) -> str:
     """The resize accounting of every finished job, read back from the journal."""
     code = (
-        "import json, sys; from xce_resize_plugin import converters, accounting;"
+        "import json, sys; from xce_resize_plugin.core import converters, accounting;"
         "from xce_resize_plugin.journal import Journal;"
         "j = Journal.open(sys.argv[1], readonly=True);"
         "ids = ['221', '222'];"
@@ -330,7 +330,7 @@ def test_scenario_refuses_a_used_state_dir(tmp_path: Path) -> None:
     "scenario",
     [
         DATA / "scenarios" / "grow_limits.toml",
-        ROOT / "xce_resize_plugin" / "embedded" / "demo.toml",
+        ROOT / "xce_resize_plugin" / "scenarios" / "demo.toml",
     ],
 )
 def test_a_recorded_scenario_replays_to_the_same_facts(scenario: Path, tmp_path: Path) -> None:

@@ -6,12 +6,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from xce_resize_plugin.embedded import EmbeddedController
+from xce_resize_plugin.controllers.sim import EmbeddedController
+from xce_resize_plugin.core.models import ResizeRequest
+from xce_resize_plugin.core.status import ResizeStatus
 from xce_resize_plugin.host import Principal
 from xce_resize_plugin.journal import Journal
 from xce_resize_plugin.manager import get_plugin_manager
-from xce_resize_plugin.models import ResizeRequest
-from xce_resize_plugin.status import ResizeStatus
 
 HOSTS = [("hA", 4), ("hB", 4), ("hC", 4), ("hD", 4)]
 

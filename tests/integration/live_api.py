@@ -20,11 +20,11 @@ from typing import Any
 
 import uvicorn
 
-from xce_resize_plugin import api
-from xce_resize_plugin.embedded import EmbeddedController, ScriptedNotificationRunner
+from xce_resize_plugin.controllers.sim import EmbeddedController, ScriptedNotificationRunner
 from xce_resize_plugin.host import Principal
 from xce_resize_plugin.journal import Journal
 from xce_resize_plugin.manager import get_plugin_manager
+from xce_resize_plugin.rest import routes as api
 
 HOSTS = [("hA", 4), ("hB", 4), ("hC", 4), ("hD", 4)]
 

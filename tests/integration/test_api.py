@@ -29,10 +29,11 @@ from schemathesis import GenerationMode
 from starlette.applications import Starlette
 from starlette.routing import Route
 
-from xce_resize_plugin import api, errors, hookimpl
-from xce_resize_plugin.embedded.scenario import _record_json
+from xce_resize_plugin import errors, hookimpl
+from xce_resize_plugin.core.models import GrowRequest, JobInfo
 from xce_resize_plugin.host import Principal
-from xce_resize_plugin.models import GrowRequest, JobInfo
+from xce_resize_plugin.rest import routes as api
+from xce_resize_plugin.scenarios.runner import _record_json
 
 from .live_api import Cluster, LiveServer, Switch, live_server
 

@@ -6,9 +6,9 @@ import threading
 from pathlib import Path
 
 from xce_resize_plugin import plugin
+from xce_resize_plugin.core.models import CancelRequest, GrowRequest, Phase
 from xce_resize_plugin.host import Principal
 from xce_resize_plugin.journal import Journal
-from xce_resize_plugin.models import CancelRequest, GrowRequest, Phase
 
 from .harness import Harness
 

@@ -10,17 +10,17 @@ from pathlib import Path
 import pytest
 
 from xce_resize_plugin import errors, plugin
-from xce_resize_plugin.embedded import EmbeddedController, SubmissionRejected
-from xce_resize_plugin.host import Principal, TaskEvent
-from xce_resize_plugin.journal import Entry, Journal
-from xce_resize_plugin.manager import get_plugin_manager
-from xce_resize_plugin.models import (
+from xce_resize_plugin.controllers.sim import EmbeddedController, SubmissionRejected
+from xce_resize_plugin.core.models import (
     CancelRequest,
     GrowRequest,
     JobState,
     Phase,
     ReleaseRequest,
 )
+from xce_resize_plugin.host import Principal, TaskEvent
+from xce_resize_plugin.journal import Entry, Journal
+from xce_resize_plugin.manager import get_plugin_manager
 
 from .harness import Harness
 

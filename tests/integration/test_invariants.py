@@ -20,8 +20,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from xce_resize_plugin import audit, errors, plugin
-from xce_resize_plugin.embedded import (
+from xce_resize_plugin import errors, plugin
+from xce_resize_plugin.controllers.sim import (
     EmbeddedController,
     NotificationRequest,
     NotificationResult,
@@ -30,10 +30,8 @@ from xce_resize_plugin.embedded import (
     SubmissionRejected,
     TaskFaults,
 )
-from xce_resize_plugin.host import Principal
-from xce_resize_plugin.journal import Journal
-from xce_resize_plugin.manager import get_plugin_manager
-from xce_resize_plugin.models import (
+from xce_resize_plugin.core import audit
+from xce_resize_plugin.core.models import (
     CancelRequest,
     ChangeKind,
     GrowRequest,
@@ -42,6 +40,9 @@ from xce_resize_plugin.models import (
     ResizeRequest,
     Task,
 )
+from xce_resize_plugin.host import Principal
+from xce_resize_plugin.journal import Journal
+from xce_resize_plugin.manager import get_plugin_manager
 
 HOSTS = [("h1", 4), ("h2", 8), ("h3", 2), ("h4", 8), ("h5", 6), ("h6", 8)]
 USERS = ["alice", "bob"]

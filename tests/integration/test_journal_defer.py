@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from xce_resize_plugin import config, errors
+from xce_resize_plugin import errors
+from xce_resize_plugin.core import config
+from xce_resize_plugin.core.models import GrowRequest, ReleaseRequest
 from xce_resize_plugin.journal import Journal
-from xce_resize_plugin.models import GrowRequest, ReleaseRequest
 
 from .harness import Harness
 

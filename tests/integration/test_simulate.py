@@ -16,9 +16,16 @@ from typing import Any
 
 import pytest
 
-from xce_resize_plugin.embedded import controller as controller_mod
-from xce_resize_plugin.embedded import work as work_mod
-from xce_resize_plugin.embedded.checks import (
+from xce_resize_plugin.controllers.jobs import VersionRecord
+from xce_resize_plugin.controllers.observer import FinishedJob
+from xce_resize_plugin.controllers.scheduler import PassResult
+from xce_resize_plugin.controllers.sim import sim_controller as controller_mod
+from xce_resize_plugin.controllers.sim import work as work_mod
+from xce_resize_plugin.core.models import JobState, Task
+from xce_resize_plugin.errors import ConfigError
+from xce_resize_plugin.recording.format import read_recording
+from xce_resize_plugin.recording.replay import replay
+from xce_resize_plugin.simulation.checks import (
     CompletionCheck,
     EasyCheck,
     LedgerCheck,
@@ -26,19 +33,14 @@ from xce_resize_plugin.embedded.checks import (
     check_utilization,
     work_done,
 )
-from xce_resize_plugin.embedded.jobs import VersionRecord
-from xce_resize_plugin.embedded.malleable import SpeedupModel
-from xce_resize_plugin.embedded.metrics import (
+from xce_resize_plugin.simulation.malleable import SpeedupModel
+from xce_resize_plugin.simulation.metrics import (
     UsageTrack,
     bounded_slowdown,
     median,
     summarize,
 )
-from xce_resize_plugin.embedded.observer import FinishedJob
-from xce_resize_plugin.embedded.recording import read_recording
-from xce_resize_plugin.embedded.replay import replay
-from xce_resize_plugin.embedded.scheduler import PassResult
-from xce_resize_plugin.embedded.simulate import (
+from xce_resize_plugin.simulation.simulate import (
     SimOptions,
     cluster_for,
     load_options,
@@ -46,8 +48,6 @@ from xce_resize_plugin.embedded.simulate import (
     run_mode,
     simulate,
 )
-from xce_resize_plugin.errors import ConfigError
-from xce_resize_plugin.models import JobState, Task
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "tests" / "data"
@@ -404,10 +404,10 @@ def _finished(
 
 
 def test_drivers_grow_into_idle_slots_and_shrink_for_the_head(tmp_path: Path) -> None:
-    from xce_resize_plugin.embedded import EmbeddedController, ScriptedNotificationRunner
-    from xce_resize_plugin.embedded.drivers import GrowShrink, MalleableSpec
-    from xce_resize_plugin.embedded.work import SpeedupWork
+    from xce_resize_plugin.controllers.sim import EmbeddedController, ScriptedNotificationRunner
+    from xce_resize_plugin.controllers.sim.work import SpeedupWork
     from xce_resize_plugin.manager import get_plugin_manager
+    from xce_resize_plugin.simulation.drivers import GrowShrink, MalleableSpec
 
     config = {"journal_sync": False}
     ctl = EmbeddedController(
@@ -442,7 +442,7 @@ def test_drivers_grow_into_idle_slots_and_shrink_for_the_head(tmp_path: Path) ->
 
 
 def test_recording_errors_name_the_line(tmp_path: Path) -> None:
-    from xce_resize_plugin.embedded.recording import RecordingError
+    from xce_resize_plugin.recording.format import RecordingError
 
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"kind": "submit"}\n')

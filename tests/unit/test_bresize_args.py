@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from xce_resize_plugin.bresize_args import (
+from xce_resize_plugin.cli.bresize_args import (
     MAX_NOTIFY_BYTES,
     MAX_TASKS,
     USAGE,
@@ -22,6 +22,7 @@ from xce_resize_plugin.bresize_args import (
     to_argv,
     to_request,
 )
+from xce_resize_plugin.core.models import CancelRequest, GrowRequest, ReleaseRequest
 from xce_resize_plugin.errors import (
     BadHost,
     BadJobId,
@@ -31,7 +32,6 @@ from xce_resize_plugin.errors import (
     ResizeError,
     UsageError,
 )
-from xce_resize_plugin.models import CancelRequest, GrowRequest, ReleaseRequest
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -374,10 +374,10 @@ def test_junk_argv_raises_only_resize_errors(argv: list[str]) -> None:
 _PROBE = """
 import json, sys
 before = set(sys.modules)
-import xce_resize_plugin.bresize_args, xce_resize_plugin.bresize
+import xce_resize_plugin.cli.bresize_args, xce_resize_plugin.cli.bresize
 print(json.dumps(sorted(m for m in set(sys.modules) - before if m.split('.')[0] in
       ('attrs', 'attr', 'cattrs', 'pluggy', 'lmdb', 'argparse', 'urllib', 'json', 'http')
-      or m in ('xce_resize_plugin.models', 'xce_resize_plugin.releasespec'))))
+      or m in ('xce_resize_plugin.core.models', 'xce_resize_plugin.core.releasespec'))))
 """
 
 
@@ -397,7 +397,7 @@ def test_import_is_light() -> None:
 
 
 def test_bad_release_spec_is_refused_before_contacting_the_controller() -> None:
-    from xce_resize_plugin import bresize
+    from xce_resize_plugin.cli import bresize
 
     sent: list[object] = []
     out = bresize.run(["release", "hostB*2", "12"], sent.append)
@@ -408,7 +408,7 @@ def test_bad_release_spec_is_refused_before_contacting_the_controller() -> None:
 
 
 def test_usage_error_exit_2_and_help_version() -> None:
-    from xce_resize_plugin import bresize
+    from xce_resize_plugin.cli import bresize
 
     sent: list[object] = []
     out = bresize.run(["request", "-rnc", "x", "-rncn", "1", "12"], sent.append)

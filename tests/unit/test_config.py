@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from xce_resize_plugin import config, errors
+from xce_resize_plugin import errors
+from xce_resize_plugin.core import config
 
 
 def test_defaults() -> None:

@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from xce_resize_plugin import converters, errors
-from xce_resize_plugin.journal import StoredState
-from xce_resize_plugin.models import (
+from xce_resize_plugin import errors
+from xce_resize_plugin.core import converters
+from xce_resize_plugin.core.models import (
     FACT_TYPES,
     ChangeKind,
     Fact,
@@ -24,6 +24,7 @@ from xce_resize_plugin.models import (
     ResizeState,
     Task,
 )
+from xce_resize_plugin.journal import StoredState
 
 times = st.floats(0, 1e9, allow_nan=False)
 tasks = st.lists(

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from xce_resize_plugin import config, errors, hookdoc
+from xce_resize_plugin import errors, hookdoc
+from xce_resize_plugin.core import config
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"

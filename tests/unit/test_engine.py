@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from xce_resize_plugin import default_policies, engine, errors
-from xce_resize_plugin.host import Principal, TaskEvent
-from xce_resize_plugin.models import (
+from xce_resize_plugin import default_policies, errors
+from xce_resize_plugin.core import engine
+from xce_resize_plugin.core.models import (
     CancelRequest,
     ChangeKind,
     Committed,
@@ -36,7 +36,8 @@ from xce_resize_plugin.models import (
     TaskStartFailed,
     TaskStopped,
 )
-from xce_resize_plugin.placement import FreeSlotIndex, GrowHostView
+from xce_resize_plugin.core.placement import FreeSlotIndex, GrowHostView
+from xce_resize_plugin.host import Principal, TaskEvent
 
 SETTINGS = engine.Settings(notify_max_failures=2)
 OWNER = Principal("alice")

@@ -10,7 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from xce_resize_plugin.embedded.malleable import (
+from xce_resize_plugin.errors import ConfigError
+from xce_resize_plugin.simulation.malleable import (
     MalleableRule,
     SimJob,
     SpeedupModel,
@@ -19,8 +20,7 @@ from xce_resize_plugin.embedded.malleable import (
     convert_job,
     parse_speedup,
 )
-from xce_resize_plugin.embedded.traces import TraceJob, read_elastisim, read_swf
-from xce_resize_plugin.errors import ConfigError
+from xce_resize_plugin.simulation.traces import TraceJob, read_elastisim, read_swf
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 

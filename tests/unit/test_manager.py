@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from xce_resize_plugin import default_policies, errors, plugin
+from xce_resize_plugin.core.models import JobInfo, JobState, Task
 from xce_resize_plugin.host import Principal
 from xce_resize_plugin.manager import get_plugin_manager
-from xce_resize_plugin.models import JobInfo, JobState, Task
 
 JOB = JobInfo("9", "bob", JobState.RUN, 1, 4, (Task(0, "h"),), resizable=True)
 

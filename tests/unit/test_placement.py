@@ -9,8 +9,8 @@ from attrs import frozen
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from xce_resize_plugin.models import GrowHosts, JobInfo, JobState, Task
-from xce_resize_plugin.placement import (
+from xce_resize_plugin.core.models import GrowHosts, JobInfo, JobState, Task
+from xce_resize_plugin.core.placement import (
     FreeSlotIndex,
     GrowHostView,
     Placement,

@@ -9,6 +9,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from xce_resize_plugin.core.models import Task
+from xce_resize_plugin.core.releasespec import (
+    MAX_COUNT,
+    ReleaseSpec,
+    format_release_spec,
+    parse_release_spec,
+    resolve_host_counts,
+    resolve_release,
+    resolve_task_ids,
+)
 from xce_resize_plugin.errors import (
     BadHost,
     BadReleaseHostSpec,
@@ -18,16 +28,6 @@ from xce_resize_plugin.errors import (
     ReleaseFirstHost,
     ReleaseNoop,
     ResizeError,
-)
-from xce_resize_plugin.models import Task
-from xce_resize_plugin.releasespec import (
-    MAX_COUNT,
-    ReleaseSpec,
-    format_release_spec,
-    parse_release_spec,
-    resolve_host_counts,
-    resolve_release,
-    resolve_task_ids,
 )
 
 

@@ -9,8 +9,7 @@ from types import ModuleType
 import pytest
 
 from xce_resize_plugin import errors
-from xce_resize_plugin.manager import get_plugin_manager, load_policy_file
-from xce_resize_plugin.models import (
+from xce_resize_plugin.core.models import (
     ChangeKind,
     GrowRequest,
     JobInfo,
@@ -19,7 +18,8 @@ from xce_resize_plugin.models import (
     ResizeRecord,
     Task,
 )
-from xce_resize_plugin.placement import FreeSlotIndex, GrowHostView
+from xce_resize_plugin.core.placement import FreeSlotIndex, GrowHostView
+from xce_resize_plugin.manager import get_plugin_manager, load_policy_file
 
 HOOKS = Path(__file__).resolve().parents[2] / "hooks"
 

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from xce_resize_plugin.embedded.traces import (
+from xce_resize_plugin.errors import ConfigError, ResizeError
+from xce_resize_plugin.simulation.traces import (
     DEFAULT_NODE_FLOPS,
     Trace,
     TraceError,
@@ -27,7 +28,6 @@ from xce_resize_plugin.embedded.traces import (
     read_swf,
     read_trace,
 )
-from xce_resize_plugin.errors import ConfigError, ResizeError
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 KTH_SAMPLE = DATA / "KTH-SP2-1996-2.1-cln-first200.swf.gz"

@@ -23,7 +23,7 @@ def cli(live: LiveCluster, *args: str, token: str = ALICE, tool: str = "xce-resi
         else [
             sys.executable,
             "-c",
-            "import sys; from xce_resize_plugin.bresize import main; sys.exit(main())",
+            "import sys; from xce_resize_plugin.cli.bresize import main; sys.exit(main())",
             *args,
         ]
     )

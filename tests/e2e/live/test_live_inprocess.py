@@ -13,14 +13,14 @@ from typing import Any
 
 import pytest
 
-from xce_resize_plugin.embedded.live import config as live_config
-from xce_resize_plugin.embedded.live.controller import LiveController, parse_submission
-from xce_resize_plugin.embedded.live.server import build_app
-from xce_resize_plugin.embedded.live.store import LiveStore
+from xce_resize_plugin.controllers.live import settings as live_config
+from xce_resize_plugin.controllers.live.live_controller import LiveController, parse_submission
+from xce_resize_plugin.controllers.live.live_store import LiveStore
+from xce_resize_plugin.controllers.live.server import build_app
+from xce_resize_plugin.core.models import GrowRequest, ReleaseRequest
 from xce_resize_plugin.errors import ConfigError, FencedError, InvalidRequest, ResizeError
 from xce_resize_plugin.host import Principal
 from xce_resize_plugin.manager import get_plugin_manager
-from xce_resize_plugin.models import GrowRequest, ReleaseRequest
 
 from .conftest import kill_marked, wait_until
 
@@ -80,7 +80,7 @@ def test_store_fencing(tmp_path: Path) -> None:
     first.write({"clock": 1.0}, [])
     script = (
         "import sys; from pathlib import Path; "
-        "from xce_resize_plugin.embedded.live.store import LiveStore; "
+        "from xce_resize_plugin.controllers.live.live_store import LiveStore; "
         "s = LiveStore(Path(sys.argv[1])); assert s.get('job:1') == {'argv': ['true']}; "
         "s.put('job:3', {'argv': ['x']}); s.write(None, []); print(s.epoch); s.close()"
     )

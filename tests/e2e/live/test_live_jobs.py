@@ -253,7 +253,7 @@ def test_repeated_release_and_grow_start_new_processes(make_cluster: Any) -> Non
     """Eight release/grow cycles: every grow starts exactly its new task processes. The
     time each took is printed; the latency target itself is checked by the benchmark
     (tests/benchmarks/test_bench_live.py), never by a timed assertion here."""
-    from xce_resize_plugin.http_client import Client
+    from xce_resize_plugin.rest.client import Client
 
     live: LiveCluster = make_cluster({"h1": 4, "h2": 4})
     live.start()

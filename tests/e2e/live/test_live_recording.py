@@ -23,8 +23,8 @@ from typing import Any
 
 import pytest
 
-from xce_resize_plugin.embedded.recording import read_recording
-from xce_resize_plugin.embedded.replay import replay
+from xce_resize_plugin.recording.format import read_recording
+from xce_resize_plugin.recording.replay import replay
 
 from .conftest import LiveCluster, kill_marked, wait_until
 

@@ -19,9 +19,9 @@ import pytest
 
 import xce_resize_plugin.hookspecs
 from xce_resize_plugin import hookimpl
-from xce_resize_plugin.embedded import EmbeddedController
+from xce_resize_plugin.controllers.sim import EmbeddedController
+from xce_resize_plugin.core.models import JobInfo, Task
 from xce_resize_plugin.host import ClusterView, Controller, TaskEvent
-from xce_resize_plugin.models import JobInfo, Task
 
 
 def make_pm(*plugins: object) -> pluggy.PluginManager:

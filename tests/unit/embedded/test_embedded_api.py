@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from conftest import CtlFactory, ToyResizer, make_pm
 
-from xce_resize_plugin.embedded import (
+from xce_resize_plugin.controllers.sim import (
     EmbeddedController,
     MemoryStore,
     NotificationResult,
@@ -17,7 +17,7 @@ from xce_resize_plugin.embedded import (
     UnknownJob,
     parse_tasks,
 )
-from xce_resize_plugin.models import GrowHosts, JobState
+from xce_resize_plugin.core.models import GrowHosts, JobState
 
 
 def test_parse_tasks() -> None:
@@ -141,7 +141,7 @@ def test_submission_checks(make_ctl: CtlFactory) -> None:
 
 
 def test_observers_see_a_job_ending_before_it_ended(make_ctl: CtlFactory) -> None:
-    from xce_resize_plugin.embedded.observer import FinishedJob, Observer
+    from xce_resize_plugin.controllers.observer import FinishedJob, Observer
 
     seen: list[tuple[str, ...]] = []
 

@@ -9,7 +9,7 @@ import pytest
 from conftest import CtlFactory, Recorder, ToyResizer, make_pm
 
 from xce_resize_plugin import hookimpl
-from xce_resize_plugin.embedded import (
+from xce_resize_plugin.controllers.sim import (
     ContractViolation,
     EmbeddedController,
     InvariantViolation,
@@ -17,8 +17,8 @@ from xce_resize_plugin.embedded import (
     SubmissionRejected,
     TaskState,
 )
+from xce_resize_plugin.core.models import JobInfo, JobState, Task
 from xce_resize_plugin.host import ClusterView, Controller, TaskEvent
-from xce_resize_plugin.models import JobInfo, JobState, Task
 
 
 def test_satisfies_the_controller_protocol(make_ctl: CtlFactory) -> None:
@@ -318,8 +318,8 @@ def test_protected_cluster_view(make_ctl: CtlFactory, recorder: Recorder) -> Non
 
 
 def test_resize_forwarding_without_plugin(make_ctl: CtlFactory) -> None:
+    from xce_resize_plugin.core.models import GrowRequest
     from xce_resize_plugin.host import Principal
-    from xce_resize_plugin.models import GrowRequest
 
     ctl = make_ctl()
     assert ctl.request_resize(Principal("u"), "101", GrowRequest(1, 1)) is None

@@ -8,7 +8,7 @@ import pytest
 from conftest import CtlFactory, Recorder
 
 from xce_resize_plugin import hookimpl
-from xce_resize_plugin.embedded import (
+from xce_resize_plugin.controllers.sim import (
     NotificationResult,
     ScriptedNotificationRunner,
 )
@@ -90,7 +90,7 @@ def test_notification_env_is_not_the_controllers(
 
 
 def test_unrunnable_shell_reports_none(make_ctl: CtlFactory) -> None:
-    from xce_resize_plugin.embedded import SubprocessNotificationRunner
+    from xce_resize_plugin.controllers.sim import SubprocessNotificationRunner
 
     notifier = Notifier()
     ctl = make_ctl(notifier, notification_runner=SubprocessNotificationRunner(shell="/nonexistent"))

@@ -11,8 +11,8 @@ from conftest import ToyResizer, make_pm
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from xce_resize_plugin.embedded import EmbeddedController, SubmissionRejected, TaskFaults
-from xce_resize_plugin.models import JobState
+from xce_resize_plugin.controllers.sim import EmbeddedController, SubmissionRejected, TaskFaults
+from xce_resize_plugin.core.models import JobState
 
 HOSTS = {"h1": 4, "h2": 3, "h3": 2}
 

@@ -11,16 +11,16 @@ import pytest
 from conftest import CtlFactory, Recorder, ToyResizer, make_pm
 
 from xce_resize_plugin import hookimpl
-from xce_resize_plugin.embedded import (
+from xce_resize_plugin.controllers.sim import (
     EmbeddedController,
     MemoryStore,
     StoreError,
     TaskFaults,
     TaskState,
 )
-from xce_resize_plugin.embedded.store import LmdbStore
+from xce_resize_plugin.controllers.store import LmdbStore
+from xce_resize_plugin.core.models import JobState, Task
 from xce_resize_plugin.host import Controller
-from xce_resize_plugin.models import JobState, Task
 
 
 def crash(ctl: EmbeddedController) -> None:

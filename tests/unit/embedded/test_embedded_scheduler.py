@@ -7,15 +7,15 @@ import math
 import pytest
 from conftest import CtlFactory
 
-from xce_resize_plugin.embedded import Cluster, ContractViolation, SubmissionRejected
-from xce_resize_plugin.embedded.scheduler import (
+from xce_resize_plugin.controllers.scheduler import (
     PendingJob,
     RunningJob,
     easy_pass,
     place,
     reservation_for,
 )
-from xce_resize_plugin.models import JobState, Task
+from xce_resize_plugin.controllers.sim import Cluster, ContractViolation, SubmissionRejected
+from xce_resize_plugin.core.models import JobState, Task
 
 # -- cluster ledger ---------------------------------------------------------------------
 

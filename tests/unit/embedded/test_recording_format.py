@@ -10,16 +10,16 @@ from typing import Any
 
 import pytest
 
-from xce_resize_plugin.embedded.live import config as live_config
-from xce_resize_plugin.embedded.recording import RecordingError, check_line, read_recording
-from xce_resize_plugin.embedded.replay import (
+from xce_resize_plugin.controllers.live import settings as live_config
+from xce_resize_plugin.errors import ConfigError
+from xce_resize_plugin.recording.format import RecordingError, check_line, read_recording
+from xce_resize_plugin.recording.replay import (
     MAX_PROBLEMS,
     compare_live,
     replay,
     show_fact,
     timeless,
 )
-from xce_resize_plugin.errors import ConfigError
 
 HEADER: dict[str, Any] = {
     "kind": "header",

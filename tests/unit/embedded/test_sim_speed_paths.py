@@ -12,11 +12,10 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from xce_resize_plugin import converters, engine
-from xce_resize_plugin.embedded import Cluster
-from xce_resize_plugin.embedded.scheduler import PendingJob, RunningJob, easy_pass
-from xce_resize_plugin.journal import StoredState
-from xce_resize_plugin.models import (
+from xce_resize_plugin.controllers.scheduler import PendingJob, RunningJob, easy_pass
+from xce_resize_plugin.controllers.sim import Cluster
+from xce_resize_plugin.core import converters, engine
+from xce_resize_plugin.core.models import (
     Committed,
     GrowPlaced,
     GrowRequested,
@@ -28,6 +27,7 @@ from xce_resize_plugin.models import (
     TaskStarted,
     TaskStopped,
 )
+from xce_resize_plugin.journal import StoredState
 
 
 @st.composite
@@ -117,7 +117,7 @@ def test_cluster_bulk_paths_agree_with_per_task_ones() -> None:
 def test_cluster_allocate_refuses_what_reserve_refuses() -> None:
     import pytest
 
-    from xce_resize_plugin.embedded import ContractViolation
+    from xce_resize_plugin.controllers.sim import ContractViolation
 
     c = Cluster([("a", 1)], user_slots={"u": 1})
     c.register_job("1", "u")

@@ -1,0 +1,113 @@
+"""``bresize``: the IBM Spectrum LSF resize command, talking to the controller.
+
+Exit 0 on success, 2 on a usage error (without contacting the controller), 255 when the
+controller rejects the request, with LSF's message on stderr. The command logic
+(:func:`run`) takes the transport as an argument: the real command sends HTTP to
+``XCE_CONTROLLER_URL``; scenario files run the very same logic in process.
+
+Standard library only on this path, so that the command starts fast; even urllib and
+json are imported only when a request is really sent (``-h``/``-V`` never need them).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+from xce_resize_plugin import __version__
+from xce_resize_plugin.cli.bresize_args import USAGE, Command, parse
+from xce_resize_plugin.errors import ResizeError, UsageError
+from xce_resize_plugin.rest.client import Client
+
+EXIT_OK, EXIT_USAGE, EXIT_REJECTED = 0, 2, 255
+
+#: Sends a parsed command to the controller; raises ResizeError when it is rejected.
+Sender = Callable[[Command], None]
+
+
+class Outcome(NamedTuple):
+    """What one bresize invocation printed and returned."""
+
+    exit: int
+    code: str | None
+    message: str
+    stdout: str = ""
+
+
+def success_text(cmd: Command) -> str:
+    """The line printed on success (LSF documents none; these follow bsub's style)."""
+    if cmd.op == "request":
+        return f"Resize request of job <{cmd.job_id}> is submitted."
+    if cmd.op == "release":
+        return f"Release request of job <{cmd.job_id}> is accepted."
+    return f"Pending resize request of job <{cmd.job_id}> is cancelled."
+
+
+def run(argv: Sequence[str], send: Sender) -> Outcome:
+    """Parse and execute one bresize command line with the given transport."""
+    try:
+        cmd = parse(argv)
+    except UsageError as exc:
+        return Outcome(EXIT_USAGE, exc.code, f"{exc.text}\n{USAGE}".rstrip())
+    except ResizeError as exc:  # a bad job id or notify command: LSF rejects these itself
+        return Outcome(EXIT_REJECTED, exc.code, exc.text)
+    if cmd.op == "help":
+        return Outcome(EXIT_OK, None, "", USAGE)
+    if cmd.op == "version":
+        return Outcome(EXIT_OK, None, "", f"xce_resize_plugin bresize {__version__}")
+    try:
+        if cmd.op == "release":
+            # A malformed release specification never reaches the controller (LSF's
+            # own message and code, exit 255 as when the controller refuses it).
+            from xce_resize_plugin.core.releasespec import parse_release_spec
+
+            parse_release_spec(cmd.spec)
+        send(cmd)
+    except ResizeError as exc:
+        return Outcome(EXIT_REJECTED, exc.code, exc.text)
+    return Outcome(EXIT_OK, None, "", success_text(cmd))
+
+
+# --- the HTTP transport ------------------------------------------------------------------
+
+
+def request_body(cmd: Command) -> tuple[str, str, dict[str, Any] | None]:
+    """HTTP method, path and JSON body for a command (the REST API's resize fields)."""
+    import urllib.parse
+
+    job = urllib.parse.quote(cmd.job_id, safe="")
+    base = f"/v1/jobs/{job}/resize"
+    options: dict[str, Any] = {"cancel_pending": cmd.cancel_pending, "no_notify": cmd.no_notify}
+    if cmd.notify_cmd is not None:
+        options["notify_cmd"] = cmd.notify_cmd
+    if cmd.op == "request":
+        return "POST", f"{base}/grow", {"tasks": cmd.max_add, "min_tasks": cmd.min_add, **options}
+    if cmd.op == "release":
+        return "POST", f"{base}/release", {"spec": " ".join(cmd.spec), **options}
+    return "DELETE", f"{base}/pending", None
+
+
+def http_sender(client: Client) -> Sender:
+    """A sender that talks to the controller's REST API."""
+
+    def send(cmd: Command) -> None:
+        method, path, body = request_body(cmd)
+        client.call(method, path, body)
+
+    return send
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Console entry point of ``bresize``."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    outcome = run(args, http_sender(Client.from_env()))
+    if outcome.stdout:
+        print(outcome.stdout)
+    if outcome.message:
+        print(outcome.message, file=sys.stderr)
+    return outcome.exit
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

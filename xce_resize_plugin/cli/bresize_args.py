@@ -1,0 +1,363 @@
+"""The ``bresize`` command-line grammar (IBM Spectrum LSF syntax), parsed by hand.
+
+Standard library only, plus :mod:`xce_resize_plugin.errors`: ``bresize`` must start fast,
+so attrs, cattrs, pluggy, lmdb and the models are not imported here at module level
+(:func:`to_request` imports the models when it is called). argparse is not used either:
+LSF's grammar (options only between the subcommand and the positionals, ``-rnc`` vs
+``-rncn``, a release specification of any number of arguments followed by exactly one
+job ID) does not fit it, and its error messages are not LSF's.
+
+Synopsis (:data:`USAGE`)::
+
+    bresize release [-c] [-rnc resize_notification_cmd | -rncn]
+                    released_host_specification job_ID
+    bresize request [-c] [-rnc resize_notification_cmd | -rncn] [min_task,]tasks job_ID
+    bresize cancel job_ID
+    bresize [-h | -V]
+
+Errors, checked in this order (the first one wins):
+
+- :class:`~xce_resize_plugin.errors.UsageError` for anything the synopsis does not
+  allow, with a one-line reason (unknown subcommand or option, an option repeated or
+  after a positional, ``-rnc`` with ``-rncn``, a missing or extra argument, a task
+  count that is not a positive integer up to 2**31 - 1, min_task > tasks, ``-h``/``-V``
+  not alone). The command exits 2 on these.
+- :class:`~xce_resize_plugin.errors.NotifyCmdTooLong` for a ``-rnc`` command of 4096
+  bytes or more in UTF-8 (LSF: "must be less than 4096").
+- :class:`~xce_resize_plugin.errors.BadJobId` for a job ID that is not ``N`` or
+  ``N[i]`` with positive decimal N and i. The ID is normalised (``007`` is ``7``) so
+  it names the job the way the controller does.
+
+The release specification itself is only split into tokens here; its grammar is checked
+by :func:`xce_resize_plugin.core.releasespec.parse_release_spec`, which :func:`to_request`
+calls so that ``bresize`` rejects a bad spec before contacting the controller.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Literal, NamedTuple
+
+from xce_resize_plugin.errors import BadJobId, NotifyCmdTooLong, UsageError
+
+if TYPE_CHECKING:
+    from xce_resize_plugin.core.models import CancelRequest, GrowRequest, ReleaseRequest
+
+__all__ = [
+    "MAX_NOTIFY_BYTES",
+    "MAX_TASKS",
+    "USAGE",
+    "Command",
+    "Op",
+    "parse",
+    "parse_job_id",
+    "to_argv",
+    "to_request",
+]
+
+USAGE = """\
+Usage: bresize release [-c] [-rnc resize_notification_cmd | -rncn]
+                       released_host_specification job_ID
+       bresize request [-c] [-rnc resize_notification_cmd | -rncn]
+                       [min_task,]tasks job_ID
+       bresize cancel job_ID
+       bresize [-h | -V]
+
+released_host_specification: all [~host | ~N*host ...] | host | N*host [host | N*host ...]
+"""
+
+#: A notification command must be shorter than this many bytes (UTF-8), as in LSF.
+MAX_NOTIFY_BYTES = 4096
+
+#: Largest task count: LSF keeps counts in a C ``int``. The bound also keeps ``int()``
+#: away from digit strings long enough to be slow or refused.
+MAX_TASKS = 2**31 - 1
+
+Op = Literal["request", "release", "cancel", "help", "version"]
+
+_SUBCOMMANDS = ("request", "release", "cancel")
+_HELP = frozenset({"-h", "--help"})
+_VERSION = frozenset({"-V", "--version"})
+# re.ASCII: int() accepts other scripts' digits, the controller would not.
+_DIGITS = re.compile(r"[0-9]+", re.ASCII)
+_COUNTS = re.compile(r"([0-9]+)(?:,([0-9]+))?", re.ASCII)
+_JOB_ID = re.compile(r"([0-9]+)(?:\[([0-9]+)\])?", re.ASCII)
+# A token such as "-1" or "-2*hostA" is a (wrong) positional, not an unknown option:
+# letting it through gives the user the count or spec error that actually applies.
+_NEGATIVE = re.compile(r"-[0-9]", re.ASCII)
+# Job IDs and array indices longer than this are certainly not real jobs.
+_MAX_ID_DIGITS = 20
+
+
+class Command(NamedTuple):
+    """One parsed ``bresize`` invocation.
+
+    ``op`` is the subcommand, or ``help``/``version`` for ``-h``/``-V``. ``job_id`` is
+    the normalised job ID (``221[3]`` for an array element). ``min_add``/``max_add``
+    are the request's ``[min_task,]tasks`` (``4`` gives 4 and 4). ``spec`` holds the
+    release specification's whitespace-separated tokens. ``cancel_pending`` is ``-c``,
+    ``notify_cmd`` the ``-rnc`` command, ``no_notify`` is ``-rncn``.
+    """
+
+    op: Op
+    job_id: str = ""
+    min_add: int | None = None
+    max_add: int | None = None
+    spec: tuple[str, ...] = ()
+    cancel_pending: bool = False
+    notify_cmd: str | None = None
+    no_notify: bool = False
+
+
+def parse(argv: Sequence[str]) -> Command:
+    """Parse ``bresize``'s arguments (without the program name) into a :class:`Command`.
+
+    Raises UsageError, NotifyCmdTooLong or BadJobId as described in the module
+    docstring; nothing else for any list of strings.
+    """
+    args = list(argv)
+    if not args:
+        raise UsageError("missing subcommand (request, release or cancel)")
+    first = args[0]
+    if first in _HELP or first in _VERSION:
+        if len(args) > 1:
+            raise UsageError(f"-h/-V stand alone: got {args[1]!r} after {first}")
+        return Command(op="help" if first in _HELP else "version")
+    if first not in _SUBCOMMANDS:
+        if first.startswith("-"):
+            raise UsageError(f"options come after the subcommand: got {first!r} first")
+        raise UsageError(f"unknown subcommand {first!r} (request, release or cancel)")
+    if first == "cancel":
+        return _parse_cancel(args[1:])
+    return _parse_resize("request" if first == "request" else "release", args[1:])
+
+
+def _parse_cancel(args: list[str]) -> Command:
+    if not args:
+        raise UsageError("missing job ID")
+    option = next((a for a in args if _is_option(a)), None)
+    if option is not None:
+        if option in _HELP or option in _VERSION:
+            raise UsageError(f"-h/-V stand alone: got {option} after cancel")
+        raise UsageError(f"bresize cancel takes no options: got {option!r}")
+    if len(args) > 1:
+        raise UsageError(f"bresize cancel takes one job ID: got {' '.join(args)!r}")
+    return Command(op="cancel", job_id=parse_job_id(args[0]))
+
+
+def _parse_resize(op: Literal["request", "release"], args: list[str]) -> Command:
+    cancel_pending = False
+    notify_cmd: str | None = None
+    no_notify = False
+    i = 0
+    dashdash = False
+    # Options: from just after the subcommand up to the first positional (or "--").
+    while i < len(args) and _is_option(args[i]):
+        option = args[i]
+        i += 1
+        if option == "--":
+            dashdash = True
+            break
+        if option == "-c":
+            if cancel_pending:
+                raise UsageError("-c given more than once")
+            cancel_pending = True
+        elif option == "-rnc":
+            if notify_cmd is not None:
+                raise UsageError("-rnc given more than once")
+            if no_notify:
+                raise UsageError("-rnc and -rncn are mutually exclusive")
+            if i >= len(args) or not args[i].strip():
+                raise UsageError("-rnc needs a command")
+            notify_cmd = args[i]
+            i += 1
+        elif option == "-rncn":
+            if no_notify:
+                raise UsageError("-rncn given more than once")
+            if notify_cmd is not None:
+                raise UsageError("-rnc and -rncn are mutually exclusive")
+            no_notify = True
+        elif option in _HELP or option in _VERSION:
+            raise UsageError(f"-h/-V stand alone: got {option} after {op}")
+        else:
+            raise UsageError(f"unknown option {option!r} for bresize {op}")
+    positionals = args[i:]
+    what = "[min_task,]tasks" if op == "request" else "the release specification"
+    # LSF style: options never follow a positional. No host name, count or job ID
+    # starts with "-", so such a token can only be a misplaced option (unless the
+    # user ended the options with "--" and wants the positional error instead).
+    if not dashdash:
+        for arg in positionals:
+            if _is_option(arg):
+                raise UsageError(f"options come before {what}: got {arg!r} after it")
+
+    min_add: int | None = None
+    max_add: int | None = None
+    spec: tuple[str, ...] = ()
+    if op == "request":
+        min_add, max_add, job_text = _request_positionals(positionals)
+    else:
+        spec, job_text = _release_positionals(positionals)
+    if notify_cmd is not None:
+        size = _utf8_len(notify_cmd)
+        if size >= MAX_NOTIFY_BYTES:
+            raise NotifyCmdTooLong(f"-rnc command is {size} bytes")
+    return Command(
+        op=op,
+        job_id=parse_job_id(job_text),
+        min_add=min_add,
+        max_add=max_add,
+        spec=spec,
+        cancel_pending=cancel_pending,
+        notify_cmd=notify_cmd,
+        no_notify=no_notify,
+    )
+
+
+def _utf8_len(text: str) -> int:
+    """Bytes of ``text`` in UTF-8, as the command line gave them."""
+    try:
+        # surrogateescape: argv bytes that are not UTF-8 count one byte each, as given.
+        return len(text.encode("utf-8", "surrogateescape"))
+    except UnicodeEncodeError:
+        # Other lone surrogates cannot come from a POSIX argv, only from a caller
+        # passing odd strings; count them as UTF-8 would if it allowed them.
+        return len(text.encode("utf-8", "surrogatepass"))
+
+
+def _is_option(arg: str) -> bool:
+    return arg.startswith("-") and not _NEGATIVE.match(arg)
+
+
+def _request_positionals(positionals: list[str]) -> tuple[int, int, str]:
+    if not positionals:
+        raise UsageError("missing [min_task,]tasks and job ID")
+    if len(positionals) == 1:
+        # One argument: say which of the two is missing by what the one given looks like.
+        if _COUNTS.fullmatch(positionals[0]):
+            raise UsageError("missing job ID")
+        raise UsageError(f"missing [min_task,]tasks before job ID {positionals[0]!r}")
+    if len(positionals) > 2:
+        raise UsageError(
+            "request takes [min_task,]tasks and one job ID: "
+            f"got {' '.join(positionals)!r} (write min_task,tasks without spaces)"
+        )
+    min_add, max_add = _parse_counts(positionals[0])
+    return min_add, max_add, positionals[1]
+
+
+def _parse_counts(text: str) -> tuple[int, int]:
+    match = _COUNTS.fullmatch(text)
+    if match is None:
+        raise UsageError(f"request takes [min_task,]tasks: got {text!r}")
+    max_text = match.group(2) or match.group(1)
+    min_text = match.group(1)
+    max_add = _positive(max_text, "tasks", text)
+    min_add = _positive(min_text, "min_task", text)
+    if min_add > max_add:
+        raise UsageError(f"min_task {min_add} is greater than tasks {max_add}")
+    return min_add, max_add
+
+
+def _positive(digits: str, name: str, text: str) -> int:
+    """A decimal string as a count in 1..MAX_TASKS, else UsageError naming ``text``."""
+    significant = digits.lstrip("0")
+    if not significant:
+        raise UsageError(f"{name} must be a positive integer: got {text!r}")
+    # Compare lengths first: int() of a huge digit string is slow or refused outright.
+    if len(significant) > len(str(MAX_TASKS)) or int(significant) > MAX_TASKS:
+        raise UsageError(f"{name} must be at most {MAX_TASKS}: got {text!r}")
+    return int(significant)
+
+
+def _release_positionals(positionals: list[str]) -> tuple[tuple[str, ...], str]:
+    if not positionals:
+        raise UsageError("missing release specification and job ID")
+    *spec_args, job_text = positionals
+    # One quoted argument or several, or a mix: the tokens are what counts.
+    spec = tuple(token for arg in spec_args for token in arg.split())
+    if not spec:
+        if not spec_args and _JOB_ID.fullmatch(job_text):
+            raise UsageError(f"missing release specification before job ID {job_text!r}")
+        if not spec_args:
+            raise UsageError(f"missing job ID after release specification {job_text!r}")
+        raise UsageError("empty release specification")
+    return spec, job_text
+
+
+def parse_job_id(text: str) -> str:
+    """``N`` or ``N[i]`` (an array element), normalised; else BadJobId naming ``text``."""
+    match = _JOB_ID.fullmatch(text)
+    if match is None:
+        raise BadJobId(f"{text!r}: a job ID is a number, or number[index] for an array element")
+    parts = [match.group(1)] if match.group(2) is None else [match.group(1), match.group(2)]
+    numbers = []
+    for part in parts:
+        significant = part.lstrip("0")
+        if not significant or len(significant) > _MAX_ID_DIGITS:
+            raise BadJobId(f"{text!r}: job IDs and array indices are positive numbers")
+        numbers.append(significant)
+    return numbers[0] if len(numbers) == 1 else f"{numbers[0]}[{numbers[1]}]"
+
+
+def to_argv(cmd: Command) -> list[str]:
+    """The arguments that :func:`parse` reads back as ``cmd`` (canonical form)."""
+    if cmd.op == "help":
+        return ["-h"]
+    if cmd.op == "version":
+        return ["-V"]
+    if cmd.op == "cancel":
+        return ["cancel", cmd.job_id]
+    argv: list[str] = [cmd.op]
+    if cmd.cancel_pending:
+        argv.append("-c")
+    if cmd.notify_cmd is not None:
+        argv += ["-rnc", cmd.notify_cmd]
+    if cmd.no_notify:
+        argv.append("-rncn")
+    if cmd.op == "request":
+        counts = f"{cmd.max_add}" if cmd.min_add == cmd.max_add else f"{cmd.min_add},{cmd.max_add}"
+        argv.append(counts)
+    else:
+        argv += list(cmd.spec)
+    argv.append(cmd.job_id)
+    return argv
+
+
+def to_request(cmd: Command) -> tuple[str, GrowRequest | ReleaseRequest | CancelRequest]:
+    """The job ID and the request model for a parsed resize command.
+
+    For ``release`` the spec is checked with
+    :func:`~xce_resize_plugin.core.releasespec.parse_release_spec` (BadReleaseHostSpec,
+    BadSlots, BadHost) and sent as its tokens joined by single spaces. ``help`` and
+    ``version`` are not requests: UsageError.
+    """
+    # Imported here, not at module level: attrs must not slow down bresize's start
+    # for -h, -V or a usage error.
+    from xce_resize_plugin.core.models import CancelRequest, GrowRequest, ReleaseRequest
+    from xce_resize_plugin.core.releasespec import parse_release_spec
+
+    if cmd.op == "request":
+        if cmd.min_add is None or cmd.max_add is None:
+            raise UsageError("request needs [min_task,]tasks")
+        grow = GrowRequest(
+            min_add=cmd.min_add,
+            max_add=cmd.max_add,
+            cancel_pending=cmd.cancel_pending,
+            notify_cmd=cmd.notify_cmd,
+            no_notify=cmd.no_notify,
+        )
+        return cmd.job_id, grow
+    if cmd.op == "release":
+        parse_release_spec(cmd.spec)
+        release = ReleaseRequest(
+            spec=" ".join(cmd.spec),
+            cancel_pending=cmd.cancel_pending,
+            notify_cmd=cmd.notify_cmd,
+            no_notify=cmd.no_notify,
+        )
+        return cmd.job_id, release
+    if cmd.op == "cancel":
+        return cmd.job_id, CancelRequest()
+    raise UsageError(f"bresize {'-h' if cmd.op == 'help' else '-V'} is not a resize request")

@@ -1,0 +1,192 @@
+"""``xce-resize submit | jobs | history | kill``: the host's job commands, over HTTP.
+
+They read ``XCE_CONTROLLER_URL`` and ``XCE_TOKEN`` like ``bresize`` and print LSF's
+words where LSF has them (``Job <101> is submitted.``, ``Job <101> is being
+terminated``). ``--json`` prints the controller's answer for scripts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Mapping
+from typing import Any, TextIO
+
+from xce_resize_plugin.errors import UsageError
+from xce_resize_plugin.rest.client import Client
+
+
+def add_parsers(sub: Any) -> None:
+    """Register the four commands on the ``xce-resize`` subparsers."""
+    submit = sub.add_parser(
+        "submit",
+        help="submit a job to a live controller (like bsub)",
+        description="Submit a job: xce-resize submit -n 2,8 --resizable -- COMMAND ARGS...",
+    )
+    submit.add_argument("-n", dest="tasks", default="1", help="tasks: N or MIN,MAX")
+    submit.add_argument("--ptile", type=int, help="at most this many tasks per host")
+    submit.add_argument(
+        "--resizable", "-ar", action="store_true", help="the job may be grown and shrunk"
+    )
+    submit.add_argument("--rnc", dest="notify_cmd", help="resize notification command")
+    submit.add_argument(
+        "--grow-hosts", choices=["prefer-existing", "new-only", "any"], help="where grows go"
+    )
+    submit.add_argument("--json", action="store_true")
+    submit.add_argument("argv", nargs=argparse.REMAINDER, help="-- COMMAND ARGS...")
+
+    jobs = sub.add_parser("jobs", help="list jobs, or show one (like bjobs)")
+    jobs.add_argument("job", nargs="?")
+    jobs.add_argument("--json", action="store_true")
+
+    history = sub.add_parser(
+        "history", help="a job's allocation timeline and resize records (like bhist -l)"
+    )
+    history.add_argument("job")
+    history.add_argument("--json", action="store_true")
+
+    kill = sub.add_parser("kill", help="kill a job (like bkill)")
+    kill.add_argument("job")
+
+
+def parse_tasks(text: str) -> dict[str, int]:
+    parts = text.split(",")
+    if len(parts) > 2 or not all(p.strip().isdigit() and int(p) > 0 for p in parts):
+        raise UsageError(f"-n takes N or MIN,MAX with positive integers, got {text!r}")
+    lo, hi = int(parts[0]), int(parts[-1])
+    if lo > hi:
+        raise UsageError(f"-n {text}: MIN is greater than MAX")
+    return {"min_tasks": lo, "max_tasks": hi}
+
+
+def run(args: argparse.Namespace, out: TextIO, client: Client | None = None) -> int:
+    client = client or Client.from_env()
+    if args.command == "submit":
+        return _submit(args, out, client)
+    if args.command == "jobs":
+        return _jobs(args, out, client)
+    if args.command == "history":
+        return _history(args, out, client)
+    client.call("DELETE", f"/v1/jobs/{_quote(args.job)}")
+    out.write(f"Job <{args.job}> is being terminated\n")
+    return 0
+
+
+def _quote(job: str) -> str:
+    import urllib.parse
+
+    return urllib.parse.quote(job, safe="")
+
+
+def _submit(args: argparse.Namespace, out: TextIO, client: Client) -> int:
+    argv = list(args.argv)
+    if argv and argv[0] == "--":
+        argv = argv[1:]
+    if not argv:
+        raise UsageError("missing the job's command: xce-resize submit [options] -- COMMAND")
+    body: dict[str, Any] = {"command": argv, **parse_tasks(args.tasks)}
+    if args.ptile is not None:
+        body["ptile"] = args.ptile
+    if args.resizable:
+        body["resizable"] = True
+    if args.notify_cmd is not None:
+        body["notify_cmd"] = args.notify_cmd
+    if args.grow_hosts is not None:
+        body["grow_hosts"] = args.grow_hosts
+    doc = client.call("POST", "/v1/jobs", body)
+    if args.json:
+        _dump(doc, out)
+    else:
+        out.write(f"Job <{doc['id']}> is submitted.\n")
+    return 0
+
+
+def _hosts(doc: Mapping[str, Any]) -> str:
+    hosts = doc.get("hosts")
+    if isinstance(hosts, Mapping):
+        return " ".join(f"{h}:{n}" for h, n in hosts.items())
+    return ""
+
+
+#: What ``jobs JOB`` shows, in this order (``--json`` has everything).
+_SHOWN = (
+    "id",
+    "user",
+    "state",
+    "command",
+    "min_tasks",
+    "max_tasks",
+    "version",
+    "hosts",
+    "logs",
+    "hostfile",
+)
+
+
+def _jobs(args: argparse.Namespace, out: TextIO, client: Client) -> int:
+    if args.job is not None:
+        doc = client.call("GET", f"/v1/jobs/{_quote(args.job)}")
+        if args.json:
+            _dump(doc, out)
+            return 0
+        for key in _SHOWN:
+            if key in doc:
+                value = doc[key]
+                if key == "hosts":
+                    value = _hosts(doc)
+                elif key == "command":
+                    value = " ".join(value)
+                out.write(f"{key:>10}: {value}\n")
+        resize = doc.get("resize")
+        if isinstance(resize, Mapping):
+            out.write(
+                f"{'resize':>10}: {resize.get('phase', '')} pending={resize.get('pending')}\n"
+            )
+        return 0
+    docs = client.call("GET", "/v1/jobs")
+    if args.json:
+        _dump(docs, out)
+        return 0
+    items = docs.get("jobs", []) if isinstance(docs, Mapping) else docs
+    out.write(f"{'JOBID':<8} {'USER':<10} {'STAT':<5} {'TASKS':>5}  EXEC_HOSTS\n")
+    for job in items:
+        ntasks = sum(job["hosts"].values()) if isinstance(job.get("hosts"), Mapping) else 0
+        out.write(
+            f"{job['id']:<8} {job.get('user', ''):<10} {job.get('state', ''):<5} "
+            f"{ntasks:>5}  {_hosts(job)}\n"
+        )
+    return 0
+
+
+def _history(args: argparse.Namespace, out: TextIO, client: Client) -> int:
+    doc = client.call("GET", f"/v1/jobs/{_quote(args.job)}/resize/history")
+    if args.json:
+        _dump(doc, out)
+        return 0
+    segments = doc.get("segments", [])
+    # Times relative to the job's start read better than raw clock values.
+    t0 = segments[0]["start"] if segments else 0.0
+    out.write(f"Job <{args.job}>: {doc.get('slot_seconds', 0):g} slot-seconds\n")
+    out.write("  allocation timeline (charged slots, seconds from the job's start):\n")
+    for seg in segments:
+        out.write(
+            f"    +{seg['start'] - t0:>10.3f} .. +{seg['end'] - t0:>10.3f}  "
+            f"{seg['slots']:>4} slots\n"
+        )
+    records = doc.get("records", [])
+    if records:
+        out.write("  resize records (JOB_RESIZE):\n")
+    for rec in records:
+        before = sum(rec["before"].values())
+        after = sum(rec["after"].values())
+        delta = " ".join(f"{h} {n}" for h, n in rec["delta"].items())
+        out.write(
+            f"    +{rec['time'] - t0:.3f}s {rec['type']:<6} {before} -> {after} tasks "
+            f"(delta {delta}), allocation v{rec['version']}\n"
+        )
+    return 0
+
+
+def _dump(doc: Any, out: TextIO) -> None:
+    json.dump(doc, out, indent=2)
+    out.write("\n")

@@ -1,0 +1,281 @@
+"""``xce-resize``: the demo, scenarios and journal maintenance.
+
+Library code raises; this module alone turns errors into messages and exit codes:
+0 success, 1 a check found problems, 2 bad usage or input (the message names what),
+255 the controller refused the request or could not be reached (as `bresize`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+from xce_resize_plugin import __version__
+from xce_resize_plugin.errors import ResizeError
+
+EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE, EXIT_REJECTED = 0, 1, 2, 255
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="xce-resize",
+        description="Job resize for XCE: demo, scenarios, journal maintenance.",
+    )
+    p.add_argument("-V", "--version", action="version", version=f"xce-resize {__version__}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    demo = sub.add_parser("demo", help="run the built-in scenario and show its timeline")
+    demo.add_argument("--json", action="store_true", help="print the result as JSON")
+    demo.add_argument(
+        "--live",
+        action="store_true",
+        help="run a real controller, worker agents and task processes in a temporary "
+        "directory (needs the live extra: pip install 'xce_resize_plugin[live]')",
+    )
+
+    sc = sub.add_parser("scenario", help="run scenario files in simulated time")
+    sc_sub = sc.add_subparsers(dest="action", required=True, metavar="ACTION")
+    run = sc_sub.add_parser("run", help="run one TOML scenario")
+    run.add_argument("file", type=Path)
+    run.add_argument("--json", action="store_true", help="print the result as JSON")
+    run.add_argument(
+        "--state-dir", type=Path, help="keep the controller's and the plugin's state here"
+    )
+    run.add_argument(
+        "--record",
+        type=Path,
+        metavar="OUT",
+        help="write a recording of the run (replay: xce-resize simulate --replay OUT)",
+    )
+
+    _simulate_parser(sub)
+
+    jr = sub.add_parser("journal", help="check, export and compact a resize journal")
+    jr_sub = jr.add_subparsers(dest="action", required=True, metavar="ACTION")
+    verify = jr_sub.add_parser("verify", help="check CRCs, structure and replay")
+    verify.add_argument("dir", type=Path)
+    verify.add_argument("--json", action="store_true")
+    export = jr_sub.add_parser("export", help="write every fact as JSON lines")
+    export.add_argument("dir", type=Path)
+    export.add_argument("-o", "--output", type=Path, help="file to write (default: stdout)")
+    compact = jr_sub.add_parser(
+        "compact", help="archive and drop finished jobs' history (controller stopped)"
+    )
+    compact.add_argument("dir", type=Path)
+    compact.add_argument("--keep-days", type=float, required=True)
+    compact.add_argument(
+        "--archive",
+        type=Path,
+        help="JSON-lines file the dropped facts are appended to before they are deleted "
+        "(default: DIR/compacted-<time>.jsonl)",
+    )
+    compact.add_argument("--now", type=float, help="the current time (default: the clock)")
+
+    ctl = sub.add_parser(
+        "controller", help="run the live embedded controller (real processes, REST on loopback)"
+    )
+    ctl.add_argument("--config", type=Path, required=True, help="the TOML configuration")
+    ctl.add_argument("--listen", help="HOST:PORT overriding [controller] listen")
+    ctl.add_argument("--state-dir", type=Path, help="overrides [controller] state_dir")
+    ctl.add_argument("--ready-file", type=Path, help="written (JSON) once the API serves")
+    ctl.add_argument(
+        "--record",
+        type=Path,
+        metavar="FILE",
+        help="record this run's inputs for `xce-resize simulate --replay FILE` "
+        "(overrides [controller] record; a new file, an empty state directory)",
+    )
+
+    wk = sub.add_parser("worker", help="run one host's worker agent for the live controller")
+    wk.add_argument("--state-dir", type=Path, required=True, help="the controller's state_dir")
+    wk.add_argument("--host", required=True, help="the host this agent stands for")
+
+    from xce_resize_plugin.cli.jobs import add_parsers as add_client_parsers
+
+    add_client_parsers(sub)
+    return p
+
+
+def _simulate_parser(sub: Any) -> None:
+    sim = sub.add_parser(
+        "simulate",
+        help="run a workload trace rigid and with malleable jobs, and compare",
+        description="Run a workload trace (SWF .swf/.swf.gz, or ElastiSim jobs.json) twice "
+        "through the embedded controller with the resize plugin: all jobs rigid (FCFS + "
+        "EASY backfill), then with a share of them malleable, resized by a driver. "
+        "Prints both runs side by side. See docs/simulation.md.",
+    )
+    sim.add_argument("trace", nargs="?", type=Path, help="the trace (not with --replay)")
+    sim.add_argument(
+        "--malleable-fraction",
+        type=float,
+        metavar="F",
+        help="share of jobs made malleable (0..1, default 0.2)",
+    )
+    sim.add_argument("--seed", type=int, metavar="N", help="seed of the malleable choice (0)")
+    sim.add_argument(
+        "--speedup",
+        metavar="MODEL",
+        help="speedup model: amdahl[:SERIAL][:cost=S] or "
+        "linear[:cost=S] (default amdahl:0.05:cost=10)",
+    )
+    sim.add_argument(
+        "--driver",
+        metavar="NAME",
+        help="who asks for resizes: grow-shrink (default), grow-when-idle, shrink-for-queue, none",
+    )
+    sim.add_argument("--config", type=Path, metavar="FILE", help="TOML: [simulate], [resize]")
+    sim.add_argument("--limit", type=int, metavar="N", help="only the first N jobs")
+    sim.add_argument("--slots-per-host", type=int, metavar="N", help="slots per host (1)")
+    sim.add_argument("--json", metavar="OUT", help="write the results as JSON to OUT (- stdout)")
+    sim.add_argument("--plot", type=Path, metavar="OUT.png", help="write a PNG (needs matplotlib)")
+    sim.add_argument("--record", type=Path, metavar="OUT", help="record the elastic run's inputs")
+    sim.add_argument(
+        "--replay", type=Path, metavar="RECORDING", help="replay a recording; check its facts"
+    )
+    sim.add_argument(
+        "--sequential",
+        action="store_true",
+        help="one run after the other (default: in parallel when there are two cores)",
+    )
+    sim.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return _dispatch(args, sys.stdout)
+    except ResizeError as exc:
+        print(f"xce-resize: {exc.text}", file=sys.stderr)
+        from xce_resize_plugin.rest.client import RemoteError, Unreachable
+
+        # As bresize: the controller refused, or could not be reached.
+        return EXIT_REJECTED if isinstance(exc, RemoteError | Unreachable) else EXIT_USAGE
+    except KeyboardInterrupt:
+        print("xce-resize: interrupted", file=sys.stderr)
+        return 130
+
+
+def _dispatch(args: argparse.Namespace, out: TextIO) -> int:
+    if args.command == "demo":
+        if args.live:
+            from xce_resize_plugin.cli.live_demo import main as run_live_demo
+
+            return run_live_demo(out)
+        from xce_resize_plugin.scenarios.demo import main as run_demo
+
+        return run_demo(out, as_json=args.json)
+    if args.command == "scenario":
+        return _scenario(args, out)
+    if args.command == "simulate":
+        from xce_resize_plugin.cli.simulate import run as run_simulate
+
+        return run_simulate(args, out)
+    if args.command == "controller":
+        from xce_resize_plugin.controllers.live import server
+
+        return server.run(
+            args.config,
+            listen=args.listen,
+            state_dir=args.state_dir,
+            ready_file=args.ready_file,
+            record=args.record,
+        )
+    if args.command == "worker":
+        from xce_resize_plugin.controllers.live import worker
+
+        return worker.serve(args.state_dir.resolve(), args.host)
+    if args.command in ("submit", "jobs", "history", "kill"):
+        from xce_resize_plugin.cli.jobs import run as run_client
+
+        return run_client(args, out)
+    return _journal(args, out)
+
+
+def _scenario(args: argparse.Namespace, out: TextIO) -> int:
+    from xce_resize_plugin.scenarios import files as scenario_file
+    from xce_resize_plugin.scenarios import runner as scenario
+
+    spec = scenario_file.load(args.file)
+    with contextlib.ExitStack() as stack:
+        record = (
+            stack.enter_context(open(args.record, "w", encoding="utf-8"))
+            if args.record is not None
+            else None
+        )
+        state_dir = args.state_dir
+        if state_dir is None:
+            state_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="xce-resize-")))
+        result = scenario.run(spec, state_dir, record)
+    if args.json:
+        json.dump(result.to_json(), out, indent=2, sort_keys=False)
+        out.write("\n")
+    else:
+        out.write(result.timeline())
+    if result.problems:
+        for line in result.problems:
+            print(f"xce-resize: invariant problem: {line}", file=sys.stderr)
+        return EXIT_PROBLEMS
+    return EXIT_OK
+
+
+def _journal(args: argparse.Namespace, out: TextIO) -> int:
+    from xce_resize_plugin import journal
+    from xce_resize_plugin.core import audit
+
+    if args.action == "verify":
+        report = journal.verify(args.dir)
+        problems = list(report.problems)
+        if report.ok:
+            problems += audit.replay_problems(args.dir)
+        doc: dict[str, Any] = {
+            "ok": not problems,
+            "problems": problems,
+            "facts": report.facts,
+            "live": report.live,
+            "done": report.done,
+            "epoch": report.epoch,
+            "last_seq": report.last_seq,
+        }
+        if args.json:
+            json.dump(doc, out, indent=2)
+            out.write("\n")
+        else:
+            state = "OK" if not problems else f"{len(problems)} problem(s)"
+            out.write(
+                f"{args.dir}: {state} — {report.facts} facts, {report.live} live jobs, "
+                f"{report.done} finished, epoch {report.epoch}, last seq {report.last_seq}\n"
+            )
+            for line in problems:
+                out.write(f"  {line}\n")
+        return EXIT_OK if not problems else EXIT_PROBLEMS
+    if args.action == "export":
+        if args.output is None:
+            n = journal.export(args.dir, out)
+        else:
+            with args.output.open("w") as fh:
+                n = journal.export(args.dir, fh)
+        print(f"exported {n} facts", file=sys.stderr)
+        return EXIT_OK
+    now = args.now if args.now is not None else time.time()
+    if args.archive is None:
+        stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(time.time()))
+        args.archive = args.dir / f"compacted-{stamp}.jsonl"
+    with args.archive.open("a") as archive:
+        removed = journal.compact(args.dir, args.keep_days, now, archive)
+    out.write(
+        f"removed {removed} facts of jobs finished more than {args.keep_days:g} days ago "
+        f"(archived to {args.archive})\n"
+    )
+    return EXIT_OK
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,376 @@
+"""Hosts, their slots, and who holds them.
+
+The cluster is the embedded controller's single ledger of charged slots: a slot is held
+by one task id of one job on one host, from ``reserve`` to ``free``. Everything else
+(host usage, per-user usage, the scheduler's free-slot view, limits) is derived from
+that ledger, so overbooking or a leak shows up in exactly one place.
+
+Both ``reserve`` and ``free`` are idempotent per task id because the plugin re-issues
+them after a failover (DESIGN §6). A reservation that does not fit is a bug of the
+caller and raises at once instead of being trimmed: the plugin is supposed to check the
+free-slot view and ``slot_headroom`` first.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterable, Mapping, Sequence
+
+from xce_resize_plugin.controllers.violations import ContractViolation
+from xce_resize_plugin.core.models import Task
+
+
+class Cluster:
+    """Ordered hosts with their slot counts, the held slots, and per-user limits.
+
+    :param hosts: ``(name, slots)`` pairs or a mapping, in host order (the order the
+        scheduler fills hosts in and the order of every view).
+    :param user_slots: per-user slot limits (``[limits] user_slots``); users not
+        listed are unlimited.
+    """
+
+    def __init__(
+        self,
+        hosts: Mapping[str, int] | Iterable[tuple[str, int]],
+        user_slots: Mapping[str, int] | None = None,
+    ) -> None:
+        pairs = list(hosts.items()) if isinstance(hosts, Mapping) else list(hosts)
+        if not pairs:
+            raise ValueError("a cluster needs at least one host")
+        self._slots: dict[str, int] = {}
+        for name, slots in pairs:
+            if name in self._slots:
+                raise ValueError(f"host {name!r} listed twice")
+            if not isinstance(slots, int) or slots < 0:
+                raise ValueError(f"host {name!r}: slots must be a non-negative integer")
+            self._slots[name] = slots
+        self._limits: dict[str, int] = dict(user_slots or {})
+        for user, limit in self._limits.items():
+            if not isinstance(limit, int) or limit < 0:
+                raise ValueError(f"user {user!r}: slot limit must be a non-negative integer")
+        self._used: dict[str, int] = dict.fromkeys(self._slots, 0)
+        # Free slots per host, in host order, kept up to date with every change: the
+        # scheduler reads it at every pass, and rebuilding it there dominated the time
+        # of long trace simulations.
+        self._free: dict[str, int] = dict(self._slots)
+        #: Host name -> position in host order.
+        self.order: dict[str, int] = {h: i for i, h in enumerate(self._slots)}
+        self._names = list(self._slots)
+        # Positions of the hosts with a free slot, sorted: the scheduler's view of a
+        # busy cluster costs in proportion to its free hosts, not to all hosts.
+        self._open: list[int] = [i for i, n in enumerate(self._slots.values()) if n > 0]
+        self._held: dict[str, dict[int, str]] = {}
+        # Per job, slots per host: kept incrementally because the scheduler asks for it
+        # for every running job whenever the queue head is blocked.
+        self._job_hosts: dict[str, dict[str, int]] = {}
+        self._owner: dict[str, str] = {}
+        self._user_used: dict[str, int] = {}
+        self._free_total = sum(self._slots.values())
+        #: Bumped whenever slots are freed: the scheduler only needs a new pass when
+        #: slots were freed or jobs arrived (see EmbeddedController._host_pass).
+        self.free_epoch = 0
+        #: Bumped whenever slots are taken or freed (any change of the ledger).
+        self.change_epoch = 0
+
+    # -- configuration -------------------------------------------------------------
+
+    @property
+    def hosts(self) -> dict[str, int]:
+        """Host name -> slots, in host order (a copy)."""
+        return dict(self._slots)
+
+    @property
+    def user_limits(self) -> dict[str, int]:
+        return dict(self._limits)
+
+    @property
+    def capacity(self) -> int:
+        return sum(self._slots.values())
+
+    def has_host(self, name: str) -> bool:
+        return name in self._slots
+
+    # -- jobs ------------------------------------------------------------------------
+
+    def register_job(self, job_id: str, user: str) -> None:
+        """Tell the ledger whom ``job_id``'s slots are charged to (before reserving)."""
+        self._owner[job_id] = user
+
+    def forget_job(self, job_id: str) -> None:
+        """Drop an ended job from the ledger once it holds nothing."""
+        if self._held.get(job_id):
+            raise ContractViolation(f"job {job_id} still holds slots")
+        self._held.pop(job_id, None)
+        self._job_hosts.pop(job_id, None)
+        self._owner.pop(job_id, None)
+
+    # -- the ledger ------------------------------------------------------------------
+
+    def reserve(self, job_id: str, tasks: Sequence[Task]) -> list[Task]:
+        """Charge ``job_id`` for these tasks' slots; return the tasks newly charged.
+
+        A task id the job already holds on the same host is skipped (idempotent). The
+        whole call is checked before anything changes, so a failing call changes
+        nothing. Raises :class:`ContractViolation` for an unknown host, a task id held
+        on another host, a host without enough free slots, or a user over its limit.
+        """
+        user = self._owner.get(job_id)
+        if user is None:
+            raise ContractViolation(f"job {job_id} is not known to the cluster")
+        held = self._held.get(job_id, {})
+        new: dict[int, Task] = {}
+        for task in tasks:
+            if task.host not in self._slots:
+                raise ContractViolation(f"job {job_id} task {task.id}: unknown host {task.host!r}")
+            where = held.get(task.id) or (new[task.id].host if task.id in new else None)
+            if where is None:
+                new[task.id] = task
+            elif where != task.host:
+                raise ContractViolation(
+                    f"job {job_id} task {task.id} is held on {where}, not {task.host}"
+                )
+        per_host: dict[str, int] = {}
+        for task in new.values():
+            per_host[task.host] = per_host.get(task.host, 0) + 1
+        for host, n in per_host.items():
+            if self._used[host] + n > self._slots[host]:
+                raise ContractViolation(
+                    f"job {job_id}: {n} more slot(s) on {host} exceed its "
+                    f"{self._slots[host]} slots ({self._used[host]} in use)"
+                )
+        limit = self._limits.get(user)
+        if limit is not None and self._user_used.get(user, 0) + len(new) > limit:
+            raise ContractViolation(
+                f"job {job_id}: {len(new)} more slot(s) exceed user {user}'s limit of {limit}"
+            )
+        self._apply(job_id, user, new.values())
+        return list(new.values())
+
+    def allocate(self, job_id: str, placement: Sequence[tuple[str, int]]) -> tuple[Task, ...]:
+        """Charge a job that holds nothing yet for tasks ``0..n-1`` placed as
+        ``placement`` says (``(host, count)`` pairs in allocation order); return them.
+
+        The host's own job start: checked per host and against the user's limit like
+        :meth:`reserve`, but in bulk (a trace simulation starts hundreds of thousands
+        of jobs; the per-task checks of :meth:`reserve` were a good part of it).
+        """
+        user = self._owner.get(job_id)
+        if user is None:
+            raise ContractViolation(f"job {job_id} is not known to the cluster")
+        if self._held.get(job_id):
+            raise ContractViolation(f"job {job_id} already holds slots")
+        slots, used_map, free = self._slots, self._used, self._free
+        per_host: dict[str, int] = {}
+        for host, count in placement:
+            per_host[host] = per_host.get(host, 0) + count
+        total = 0
+        for host, count in per_host.items():
+            if host not in slots:
+                raise ContractViolation(f"job {job_id}: unknown host {host!r}")
+            if count < 1 or used_map[host] + count > slots[host]:
+                raise ContractViolation(
+                    f"job {job_id}: {count} slot(s) on {host} exceed its "
+                    f"{slots[host]} slots ({used_map[host]} in use)"
+                )
+            total += count
+        limit = self._limits.get(user)
+        if limit is not None and self._user_used.get(user, 0) + total > limit:
+            raise ContractViolation(
+                f"job {job_id}: {total} slot(s) exceed user {user}'s limit of {limit}"
+            )
+        names = [host for host, count in placement for _ in range(count)]
+        self._held[job_id] = dict(enumerate(names))
+        self._job_hosts[job_id] = per_host
+        self.change_epoch += 1
+        for host, count in per_host.items():
+            used = used_map[host] = used_map[host] + count
+            now_free = max(0, slots[host] - used)
+            if free[host] and not now_free:
+                self._close(host)
+            free[host] = now_free
+        self._user_used[user] = self._user_used.get(user, 0) + total
+        self._free_total -= total
+        return tuple(map(Task, range(total), names))
+
+    def release_all(self, job_id: str) -> int:
+        """Free everything ``job_id`` holds, in bulk (per host, not per task); return
+        how many slots were freed."""
+        held = self._held.get(job_id)
+        if not held:
+            return 0
+        user = self._owner[job_id]
+        hosts = self._job_hosts[job_id]
+        slots, used_map, free, order = self._slots, self._used, self._free, self.order
+        for host, count in hosts.items():
+            used = used_map[host] = used_map[host] - count
+            if host in free:
+                now_free = max(0, slots[host] - used)
+                if now_free and not free[host]:
+                    bisect.insort(self._open, order[host])
+                free[host] = now_free
+        n = len(held)
+        held.clear()
+        hosts.clear()
+        self._user_used[user] -= n
+        self._free_total += n
+        self.free_epoch += 1
+        self.change_epoch += 1
+        return n
+
+    def restore(self, job_id: str, user: str, held: Mapping[int, str]) -> None:
+        """Reload a job's held slots from the store without checks.
+
+        A restart may come with a changed configuration (fewer slots, lower limits);
+        refusing to start would strand the jobs, so the excess is reported by
+        :meth:`check` instead.
+        """
+        self._owner[job_id] = user
+        self._apply(job_id, user, (Task(tid, host) for tid, host in held.items()))
+
+    def _apply(self, job_id: str, user: str, tasks: Iterable[Task]) -> None:
+        held = self._held.setdefault(job_id, {})
+        hosts = self._job_hosts.setdefault(job_id, {})
+        slots, used_map, free = self._slots, self._used, self._free
+        n = 0
+        self.change_epoch += 1
+        for task in tasks:
+            host = task.host
+            held[task.id] = host
+            hosts[host] = hosts.get(host, 0) + 1
+            used = used_map[host] = used_map.get(host, 0) + 1
+            if host in free:
+                now_free = max(0, slots[host] - used)
+                if free[host] and not now_free:
+                    self._close(host)
+                free[host] = now_free
+            n += 1
+        if n:
+            self._user_used[user] = self._user_used.get(user, 0) + n
+            self._free_total -= n
+
+    def free(self, job_id: str, task_ids: Iterable[int]) -> list[Task]:
+        """Stop charging ``job_id`` for these task ids; unknown ids are ignored."""
+        held = self._held.get(job_id)
+        if not held:
+            return []
+        user = self._owner[job_id]
+        hosts = self._job_hosts[job_id]
+        freed: list[Task] = []
+        for tid in task_ids:
+            host = held.pop(tid, None)
+            if host is None:
+                continue
+            freed.append(Task(tid, host))
+            hosts[host] -= 1
+            if not hosts[host]:
+                del hosts[host]
+            used = self._used[host] = self._used[host] - 1
+            if host in self._free:
+                now_free = max(0, self._slots[host] - used)
+                if now_free and not self._free[host]:
+                    bisect.insort(self._open, self.order[host])
+                self._free[host] = now_free
+            self._user_used[user] -= 1
+            self._free_total += 1
+        if freed:
+            self.free_epoch += 1
+            self.change_epoch += 1
+        return freed
+
+    def free_job(self, job_id: str) -> list[Task]:
+        """Free everything ``job_id`` holds."""
+        return self.free(job_id, list(self._held.get(job_id, {})))
+
+    # -- views -----------------------------------------------------------------------
+
+    def held(self, job_id: str) -> dict[int, str]:
+        """Task id -> host of the slots ``job_id`` holds (a copy, in reservation order)."""
+        return dict(self._held.get(job_id, {}))
+
+    def held_count(self, job_id: str) -> int:
+        return len(self._held.get(job_id, {}))
+
+    def job_host_counts(self, job_id: str) -> dict[str, int]:
+        """Slots ``job_id`` holds per host (a copy)."""
+        return dict(self._job_hosts.get(job_id, {}))
+
+    def job_hosts(self, job_id: str) -> Mapping[str, int]:
+        """Slots ``job_id`` holds per host, without a copy: read it, do not keep it."""
+        return self._job_hosts.get(job_id, {})
+
+    def used(self, host: str) -> int:
+        return self._used[host]
+
+    def free_slots(self) -> dict[str, int]:
+        """Free slots per host, in host order (never negative; a copy)."""
+        return dict(self._free)
+
+    def free_view(self) -> Mapping[str, int]:
+        """:meth:`free_slots` without a copy: read it now, do not keep it."""
+        return self._free
+
+    def open_slots(self) -> dict[str, int]:
+        """Free slots of the hosts that have any, in host order (a new dict)."""
+        names, free = self._names, self._free
+        return {names[i]: free[names[i]] for i in self._open}
+
+    def _close(self, host: str) -> None:
+        i = bisect.bisect_left(self._open, self.order[host])
+        del self._open[i]
+
+    @property
+    def free_total(self) -> int:
+        return self._free_total
+
+    def user_used(self, user: str) -> int:
+        return self._user_used.get(user, 0)
+
+    def users_in_use(self) -> dict[str, int]:
+        return {u: n for u, n in self._user_used.items() if n}
+
+    def headroom(self, user: str) -> int | None:
+        """Slots ``user`` may still take: limit minus held (``None`` without a limit)."""
+        limit = self._limits.get(user)
+        if limit is None:
+            return None
+        return max(0, limit - self._user_used.get(user, 0))
+
+    def check(self) -> list[str]:
+        """Problems of the ledger itself: hosts over their slots, users over limits,
+        counters that disagree with the held slots."""
+        problems: list[str] = []
+        recount: dict[str, int] = dict.fromkeys(self._slots, 0)
+        user_recount: dict[str, int] = {}
+        for job_id, held in self._held.items():
+            per_host: dict[str, int] = {}
+            for host in held.values():
+                recount[host] = recount.get(host, 0) + 1
+                per_host[host] = per_host.get(host, 0) + 1
+            if per_host != self._job_hosts.get(job_id, {}):
+                problems.append(f"job {job_id}: per-host counters disagree with its slots")
+            if held:
+                user = self._owner[job_id]
+                user_recount[user] = user_recount.get(user, 0) + len(held)
+        for host, n in recount.items():
+            slots = self._slots.get(host)
+            if slots is None:
+                problems.append(f"host {host}: {n} slot(s) held on an unknown host")
+            elif n > slots:
+                problems.append(f"host {host}: {n} slots in use, only {slots}")
+            if n != self._used.get(host, 0):
+                problems.append(f"host {host}: usage counter {self._used.get(host)} != {n}")
+        for user in set(user_recount) | set(self._user_used):
+            n = user_recount.get(user, 0)
+            if n != self._user_used.get(user, 0):
+                problems.append(f"user {user}: usage counter {self._user_used.get(user)} != {n}")
+            limit = self._limits.get(user)
+            if limit is not None and n > limit:
+                problems.append(f"user {user}: {n} slots in use, limit {limit}")
+        if self._free_total != sum(self._slots.values()) - sum(recount.values()):
+            problems.append("free slot total disagrees with the held slots")
+        for host, slots in self._slots.items():
+            if self._free.get(host) != max(0, slots - recount.get(host, 0)):
+                problems.append(f"host {host}: free slot counter disagrees with the held slots")
+        if self._open != [i for i, n in enumerate(self._free.values()) if n > 0]:
+            problems.append("the list of hosts with free slots disagrees with the counters")
+        return problems

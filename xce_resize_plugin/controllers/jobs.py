@@ -1,0 +1,250 @@
+"""The embedded controller's job records and the read-only views it hands out.
+
+A :class:`JobRecord` is the controller's mutable, private state of one job; callers
+only ever see frozen snapshots (:class:`~xce_resize_plugin.core.models.JobInfo` for the
+plugin, :class:`JobView` for scenario output and tests), so nothing outside the
+controller can change a job behind its back. Held slots are not stored here: the
+cluster ledger owns them (one source of truth); the store saves both together.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from typing import Any
+
+from attrs import define, field, frozen
+
+from xce_resize_plugin.core.models import GrowHosts, JobInfo, JobState, Task
+
+
+class TaskState(enum.Enum):
+    """A task's process as the host sees it."""
+
+    #: Launched, the runner has not reported yet (a live runner reports later).
+    STARTING = "STARTING"
+    RUNNING = "RUNNING"
+    #: SIGTERM sent, exit not seen yet.
+    STOPPING = "STOPPING"
+    EXITED = "EXITED"
+    #: The launch failed; the task never ran.
+    FAILED = "FAILED"
+
+
+@define
+class TaskRecord:
+    """One task's process: where, in which state, since when.
+
+    ``stop_since`` and ``grace`` are kept while the task is STOPPING so that a restarted
+    controller can re-arm the SIGKILL deadline (the process would not wait for us).
+    """
+
+    host: str
+    state: TaskState
+    since: float
+    status: int | None = None
+    reason: str = ""
+    stop_since: float | None = None
+    grace: float | None = None
+
+
+@frozen
+class VersionRecord:
+    """One committed allocation: its version, when, and the tasks."""
+
+    version: int
+    time: float
+    tasks: tuple[Task, ...]
+
+
+@frozen
+class NotificationLog:
+    """One notification command run: what ran, when (simulated), and what came out.
+
+    ``status`` is the exit status (``None``: timed out or could not run); ``elapsed``
+    is the real time it took in seconds.
+    """
+
+    job_id: str
+    attempt: int
+    host: str
+    command: str
+    time: float
+    status: int | None
+    reason: str
+    stdout: str = ""
+    stderr: str = ""
+    elapsed: float = 0.0
+
+
+def job_id_key(job_id: str) -> tuple[int, int, str]:
+    """Sort key of job ids: numeric ids numerically ("99" < "101"), then the others."""
+    if job_id.isdigit():
+        return (0, int(job_id), job_id)
+    return (1, 0, job_id)
+
+
+@define
+class JobRecord:
+    """The controller's state of one job (mutable, private to the controller).
+
+    ``tasks`` is the committed allocation in allocation order; ``versions`` the log of
+    committed allocations (version 0 is the start allocation). ``task_states`` covers
+    every task id the job ever ran or tried to run. ``end_reported`` turns true once
+    ``xce_job_end`` returned, so a controller that crashed in between reports it again.
+    """
+
+    id: str
+    user: str
+    min_tasks: int
+    max_tasks: int
+    submit_time: float
+    runtime: float | None = None
+    estimate: float | None = None
+    ptile: int | None = None
+    resizable: bool = False
+    grow_hosts: GrowHosts = GrowHosts.PREFER_EXISTING
+    notify_cmd: str | None = None
+    env: dict[str, str] = field(factory=dict)
+    alloc: tuple[tuple[str, int], ...] | None = None
+    #: The most tasks the scheduler starts the job with (``None``: ``max_tasks``).
+    start_tasks: int | None = None
+    state: JobState = JobState.PEND
+    start_time: float | None = None
+    end_time: float | None = None
+    tasks: tuple[Task, ...] = ()
+    version: int = 0
+    versions: list[VersionRecord] = field(factory=list)
+    task_states: dict[int, TaskRecord] = field(factory=dict)
+    exit_reason: str = ""
+    end_reported: bool = False
+    notifications: list[NotificationLog] = field(factory=list)
+
+    @property
+    def finished(self) -> bool:
+        return self.state in (JobState.DONE, JobState.EXIT)
+
+    @property
+    def duration(self) -> float | None:
+        """What the scheduler plans with: the user's estimate, else the runtime."""
+        return self.estimate if self.estimate is not None else self.runtime
+
+    def expected_end(self) -> float | None:
+        """Planned end of a running job (``None``: runs until killed)."""
+        if self.start_time is None or self.duration is None:
+            return None
+        return self.start_time + self.duration
+
+    def planned_end(self) -> float | None:
+        """When the simulation ends the job: start + the true runtime."""
+        if self.start_time is None or self.runtime is None:
+            return None
+        return self.start_time + self.runtime
+
+    def info(self) -> JobInfo:
+        return job_info(self)
+
+    def view(self, held: Mapping[int, str]) -> JobView:
+        return JobView(
+            id=self.id,
+            user=self.user,
+            state=self.state,
+            min_tasks=self.min_tasks,
+            max_tasks=self.max_tasks,
+            tasks=self.tasks,
+            held=tuple(Task(tid, host) for tid, host in held.items()),
+            task_states={tid: rec.state for tid, rec in self.task_states.items()},
+            resizable=self.resizable,
+            ptile=self.ptile,
+            grow_hosts=self.grow_hosts,
+            notify_cmd=self.notify_cmd,
+            runtime=self.runtime,
+            estimate=self.estimate,
+            submit_time=self.submit_time,
+            start_time=self.start_time,
+            end_time=self.end_time,
+            env=dict(self.env),
+            version=self.version,
+            versions=tuple(self.versions),
+            exit_reason=self.exit_reason,
+        )
+
+
+@frozen
+class JobView:
+    """Everything the embedded controller knows about a job, frozen, for output/tests.
+
+    ``held`` are the slots the job is charged for right now (committed allocation plus
+    any grow the plugin reserved, minus released tasks already freed).
+    """
+
+    id: str
+    user: str
+    state: JobState
+    min_tasks: int
+    max_tasks: int
+    tasks: tuple[Task, ...]
+    held: tuple[Task, ...]
+    task_states: Mapping[int, TaskState]
+    resizable: bool
+    ptile: int | None
+    grow_hosts: GrowHosts
+    notify_cmd: str | None
+    runtime: float | None
+    estimate: float | None
+    submit_time: float
+    start_time: float | None
+    end_time: float | None
+    env: Mapping[str, str]
+    version: int
+    versions: tuple[VersionRecord, ...]
+    exit_reason: str
+
+    @property
+    def slots(self) -> int:
+        """Slots held now."""
+        return len(self.held)
+
+    def info(self) -> JobInfo:
+        return job_info(self)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready summary (scenario output)."""
+        return {
+            "id": self.id,
+            "user": self.user,
+            "state": self.state.value,
+            "min_tasks": self.min_tasks,
+            "max_tasks": self.max_tasks,
+            "tasks": [[t.id, t.host] for t in self.tasks],
+            "held": [[t.id, t.host] for t in self.held],
+            "submit_time": self.submit_time,
+            "start_time": self.start_time,
+            "end_time": self.end_time,
+            "runtime": self.runtime,
+            "version": self.version,
+            "versions": [
+                {"version": v.version, "time": v.time, "tasks": [[t.id, t.host] for t in v.tasks]}
+                for v in self.versions
+            ],
+            "exit_reason": self.exit_reason,
+        }
+
+
+def job_info(job: JobRecord | JobView) -> JobInfo:
+    """The plugin's view of a job (the record and its frozen view share these fields)."""
+    return JobInfo(
+        id=job.id,
+        user=job.user,
+        state=job.state,
+        min_tasks=job.min_tasks,
+        max_tasks=job.max_tasks,
+        tasks=job.tasks,
+        resizable=job.resizable,
+        ptile=job.ptile,
+        grow_hosts=job.grow_hosts,
+        notify_cmd=job.notify_cmd,
+        start_time=job.start_time,
+        end_time=job.end_time,
+        env=dict(job.env),
+    )

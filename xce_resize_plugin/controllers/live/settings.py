@@ -1,0 +1,248 @@
+"""The live controller's TOML configuration (documented in docs/live-controller.md).
+
+::
+
+    [controller]
+    listen = "127.0.0.1:6820"   # loopback only
+    state_dir = "state"         # relative to this file
+    # url = "http://127.0.0.1:6820"   XCE_CONTROLLER_URL given to tasks (default: listen)
+    # manage_workers = true     start one worker agent per host (false: start them yourself)
+    # kill_grace = 10.0         SIGTERM -> SIGKILL seconds when a job ends or is killed
+    # worker_timeout = 10.0     seconds a new worker agent may take to come up
+    # record = "run.jsonl"      record this run's inputs for replay (relative to this file)
+
+    [cluster]
+    hosts = { hostA = 4, hostB = 4 }
+
+    [users]
+    admins = ["root"]
+    tokens = { alice = "a-long-random-string", root = "sha256:<hex digest>" }
+
+    [limits]
+    user_slots = { alice = 8 }
+
+    [resize]                    # the plugin's section, the keys of docs/admin-guide.md
+    stop_grace = 5
+
+Everything is checked at load time; a mistake is a
+:class:`~xce_resize_plugin.errors.ConfigError` naming the file and the key, so the
+controller never starts on a half-understood configuration.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import ipaddress
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from attrs import field, frozen
+
+from xce_resize_plugin.core import config as resize_config
+from xce_resize_plugin.errors import ConfigError
+from xce_resize_plugin.scenarios.files import Where, read_toml
+
+SECTIONS = {"controller", "cluster", "users", "limits", "resize"}
+CONTROLLER_KEYS = {
+    "listen",
+    "state_dir",
+    "url",
+    "manage_workers",
+    "kill_grace",
+    "worker_timeout",
+    "record",
+}
+DEFAULT_LISTEN = "127.0.0.1:6820"
+#: Prefix of a token given as its SHA-256 digest rather than in clear.
+SHA256 = "sha256:"
+
+
+@frozen
+class UserToken:
+    """One user's token: in clear, or as ``sha256:<hex>`` of the token."""
+
+    user: str
+    secret: str
+
+    def matches(self, token: str) -> bool:
+        if self.secret.startswith(SHA256):
+            digest = hashlib.sha256(token.encode()).hexdigest()
+            return hmac.compare_digest(digest, self.secret[len(SHA256) :].lower())
+        return hmac.compare_digest(token.encode(), self.secret.encode())
+
+
+@frozen
+class LiveConfig:
+    """A checked configuration. ``path`` is the file it came from (or ``None``)."""
+
+    state_dir: Path
+    hosts: tuple[tuple[str, int], ...]
+    listen_host: str = "127.0.0.1"
+    listen_port: int = 6820
+    url: str | None = None
+    manage_workers: bool = True
+    kill_grace: float = 10.0
+    worker_timeout: float = 10.0
+    admins: frozenset[str] = frozenset()
+    tokens: tuple[UserToken, ...] = ()
+    user_slots: Mapping[str, int] = field(factory=dict)
+    resize: Mapping[str, Any] = field(factory=dict)
+    path: Path | None = None
+    #: Where this run's recording is written (``None``: not recorded); see
+    #: :mod:`.recorder`.
+    record: Path | None = None
+
+    @property
+    def controller_url(self) -> str:
+        """``XCE_CONTROLLER_URL`` as tasks and notification commands see it."""
+        return self.url or f"http://{self.listen_host}:{self.listen_port}"
+
+
+def load(path: Path | str) -> LiveConfig:
+    """Read and check a configuration file."""
+    path = Path(path)
+    return parse(read_toml(path), path)
+
+
+def parse(data: Mapping[str, Any], path: Path) -> LiveConfig:
+    """Check a decoded configuration; relative paths are taken from ``path``'s directory."""
+    where = Where(path)
+    base = path.parent
+    unknown = sorted(set(data) - SECTIONS)
+    if unknown:
+        raise where.error(unknown[0], f"unknown section (known: {', '.join(sorted(SECTIONS))})")
+    ctl = where.table(data, "controller")
+    where.only("controller", ctl, CONTROLLER_KEYS)
+    host, port = parse_listen(ctl.get("listen", DEFAULT_LISTEN), where)
+    if "state_dir" not in ctl or not isinstance(ctl["state_dir"], str) or not ctl["state_dir"]:
+        raise where.error("controller.state_dir", "missing or not a path string")
+    state_dir = (base / ctl["state_dir"]).resolve()
+    url = ctl.get("url")
+    if url is not None and (not isinstance(url, str) or not url.startswith("http")):
+        raise where.error("controller.url", f"must be an http URL, got {url!r}")
+    manage = ctl.get("manage_workers", True)
+    if not isinstance(manage, bool):
+        raise where.error("controller.manage_workers", "must be true or false")
+    kill_grace = _number(where, "controller.kill_grace", ctl.get("kill_grace", 10.0))
+    worker_timeout = _number(where, "controller.worker_timeout", ctl.get("worker_timeout", 10.0))
+    record = ctl.get("record")
+    if record is not None and (not isinstance(record, str) or not record):
+        raise where.error("controller.record", f"must be a file name, got {record!r}")
+
+    hosts_raw = where.table(data, "cluster")
+    where.only("cluster", hosts_raw, {"hosts"})
+    hosts = _hosts(where, hosts_raw.get("hosts"))
+
+    users = where.table(data, "users")
+    where.only("users", users, {"admins", "tokens"})
+    admins = users.get("admins", [])
+    if not isinstance(admins, list) or not all(isinstance(a, str) and a for a in admins):
+        raise where.error("users.admins", "must be a list of user names")
+    tokens = _tokens(where, users.get("tokens", {}))
+
+    limits = where.table(data, "limits")
+    where.only("limits", limits, {"user_slots"})
+    user_slots = _int_map(where, "limits.user_slots", limits.get("user_slots", {}), minimum=0)
+
+    resize = dict(where.table(data, "resize"))
+    resize_config.check(resize, where=f"{path}: [resize]")
+    if "policy_files" in resize:
+        resize["policy_files"] = [str((base / f).resolve()) for f in resize["policy_files"]]
+    return LiveConfig(
+        state_dir=state_dir,
+        hosts=hosts,
+        listen_host=host,
+        listen_port=port,
+        url=url,
+        manage_workers=manage,
+        kill_grace=kill_grace,
+        worker_timeout=worker_timeout,
+        admins=frozenset(admins),
+        tokens=tokens,
+        user_slots=user_slots,
+        resize=resize,
+        path=path,
+        record=None if record is None else (base / record).resolve(),
+    )
+
+
+def parse_listen(value: Any, where: Where | None = None) -> tuple[str, int]:
+    """``"127.0.0.1:6820"`` -> ``("127.0.0.1", 6820)``; loopback addresses only."""
+
+    def error(message: str) -> ConfigError:
+        if where is None:
+            return ConfigError(f"listen: {message}")
+        return where.error("controller.listen", message)
+
+    if not isinstance(value, str) or ":" not in value:
+        raise error(f'must be "HOST:PORT", got {value!r}')
+    host, _, port_text = value.rpartition(":")
+    host = host.strip("[]")
+    try:
+        port = int(port_text)
+    except ValueError:
+        raise error(f"bad port {port_text!r}") from None
+    if not 1 <= port <= 65535:
+        raise error(f"port {port} out of range")
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    if not loopback:
+        # The embedded controller is an evaluation tool: tokens travel in clear HTTP.
+        raise error(f"{host} is not a loopback address (the live controller serves loopback only)")
+    return host, port
+
+
+def _number(where: Where, key: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+        raise where.error(key, f"must be a number >= 0, got {value!r}")
+    return float(value)
+
+
+def _int_map(where: Where, key: str, value: Any, minimum: int = 1) -> dict[str, int]:
+    if not isinstance(value, Mapping):
+        raise where.error(key, "must be a table of name = number")
+    out: dict[str, int] = {}
+    for name, n in value.items():
+        if isinstance(n, bool) or not isinstance(n, int) or n < minimum:
+            raise where.error(f"{key}.{name}", f"must be an integer >= {minimum}, got {n!r}")
+        out[str(name)] = n
+    return out
+
+
+def _hosts(where: Where, value: Any) -> tuple[tuple[str, int], ...]:
+    if value is None:
+        raise where.error("cluster.hosts", "missing (e.g. hosts = { hostA = 4, hostB = 4 })")
+    hosts = _int_map(where, "cluster.hosts", value)
+    if not hosts:
+        raise where.error("cluster.hosts", "needs at least one host")
+    for name in hosts:
+        # Host names become file names under the state directory.
+        if not name.replace("-", "").replace("_", "").replace(".", "").isalnum():
+            raise where.error(f"cluster.hosts.{name}", "host names are letters, digits, - _ .")
+    return tuple(hosts.items())
+
+
+def _tokens(where: Where, value: Any) -> tuple[UserToken, ...]:
+    if not isinstance(value, Mapping):
+        raise where.error("users.tokens", 'must be a table of user = "token"')
+    out: list[UserToken] = []
+    seen: dict[str, str] = {}
+    for user, secret in value.items():
+        key = f"users.tokens.{user}"
+        if not isinstance(secret, str) or not secret:
+            raise where.error(key, "must be a non-empty string")
+        if secret.startswith(SHA256):
+            digest = secret[len(SHA256) :]
+            if len(digest) != 64 or any(c not in "0123456789abcdefABCDEF" for c in digest):
+                raise where.error(key, "sha256: must be followed by 64 hex digits")
+        elif len(secret) < 8:
+            raise where.error(key, "too short (use at least 8 characters; 32 random ones)")
+        if secret in seen:
+            raise where.error(key, f"same token as user {seen[secret]}")
+        seen[secret] = str(user)
+        out.append(UserToken(str(user), secret))
+    return tuple(out)

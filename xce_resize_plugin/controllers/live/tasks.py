@@ -1,0 +1,445 @@
+"""The controller's side of the worker agents: starting them, sending them commands,
+reading their events, and noticing when one dies.
+
+One :class:`WorkerChannel` per host, with two threads:
+
+- the **sender** posts queued commands (launch, stop, notify, forget) to the agent in
+  batches, only while the channel is *ready*, i.e. connected to an agent instance the
+  controller has reconciled with;
+- the **poller** long-polls the agent's events and hands them to the controller; when
+  the agent cannot be reached it (re)connects: if the agent's ``flock`` is free the
+  agent is dead (the controller reports its tasks lost and, with ``manage_workers``,
+  starts a new agent); otherwise it takes a snapshot and the controller reconciles
+  its records with it before the channel is ready again.
+
+Commands reach a channel only through :class:`WorkerFleet`'s outbox, which the
+controller releases after the store write that records them (``after_commit``): a
+task is never started, stopped or notified before the controller's durable state says
+so, which is what lets a restarted controller trust its records (docs/failover.md).
+
+Lock order: a channel's ``send_lock`` may be taken before the controller lock (connect
+and reconcile), never after; the controller only ever touches a channel's queue, under
+the queue's own condition.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import secrets
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import deque
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+from xce_resize_plugin.controllers.live.proc import lock_held
+from xce_resize_plugin.controllers.live.worker import secret_path, worker_dir
+
+log = logging.getLogger(__name__)
+
+#: How long the agent holds an event long poll (seconds).
+POLL_WAIT = 2.0
+#: Pause before retrying an agent that could not be reached (seconds).
+RETRY = 0.05
+
+
+#: Commands still queued for an agent: ``("launch", job, task)`` and
+#: ``("notify", job, attempt)``. Reconciliation leaves their tasks alone.
+Queued = set[tuple[str, str, int]]
+
+
+class FleetOwner(Protocol):
+    """What the fleet calls back on: the live controller (each call takes its lock)."""
+
+    def worker_events(self, host: str, events: Sequence[Mapping[str, Any]]) -> None: ...
+
+    def worker_down(self, host: str, queued: Queued) -> None: ...
+
+    def worker_up(self, host: str, snapshot: Mapping[str, Any], queued: Queued) -> None: ...
+
+    def fence(self, reason: BaseException) -> None: ...
+
+
+class WorkerFleet:
+    """The channels to every host's agent, the outbox, and agent start-up."""
+
+    def __init__(
+        self,
+        state_dir: Path,
+        hosts: Sequence[str],
+        epoch: int,
+        *,
+        manage: bool = True,
+        start_timeout: float = 10.0,
+    ) -> None:
+        self.state_dir = state_dir
+        self.epoch = epoch
+        self.manage = manage
+        self.start_timeout = start_timeout
+        self.secret = ensure_secret(state_dir)
+        self.owner: FleetOwner | None = None
+        self.outbox: list[tuple[str, dict[str, Any]]] = []
+        self.channels = {h: WorkerChannel(self, h) for h in hosts}
+        self.closed = False
+        self._children: list[subprocess.Popen[bytes]] = []
+
+    # -- the outbox (controller lock held) ------------------------------------------------
+
+    def send(self, host: str, command: dict[str, Any]) -> None:
+        """Queue a command until the state that implies it is durable."""
+        self.outbox.append((host, command))
+
+    def release(self) -> None:
+        """The controller's state is durable: hand the queued commands to the channels."""
+        if self.closed:
+            self.outbox.clear()
+            return
+        for host, command in self.outbox:
+            channel = self.channels.get(host)
+            if channel is None:
+                log.error("command for unknown host %s dropped: %s", host, command.get("op"))
+                continue
+            channel.enqueue(command)
+        self.outbox.clear()
+
+    def discard(self) -> None:
+        self.outbox.clear()
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def connect_all(self, timeout: float) -> list[str]:
+        """Connect to every host's agent (starting missing ones); the hosts still not
+        connected after ``timeout`` seconds (their pollers keep trying)."""
+        deadline = time.monotonic() + timeout
+        waiting = list(self.channels.values())
+        while waiting and not self.closed:
+            waiting = [c for c in waiting if not c.connect()]
+            if not waiting or time.monotonic() > deadline:
+                break
+            time.sleep(0.02)
+        return [c.host for c in waiting]
+
+    def start_threads(self) -> None:
+        for channel in self.channels.values():
+            channel.start()
+
+    def close(self) -> None:
+        """Stop talking to the agents (they and their tasks keep running)."""
+        self.closed = True
+        for channel in self.channels.values():
+            channel.stop()
+        for channel in self.channels.values():
+            channel.join()
+        self.reap()
+
+    def reap(self) -> None:
+        """Collect agents this controller started that have exited (no zombies)."""
+        self._children = [p for p in self._children if p.poll() is None]
+
+    def spawn(self, host: str) -> None:
+        """Start an agent for ``host`` in its own session (it outlives this process)."""
+        wdir = worker_dir(self.state_dir, host)
+        wdir.mkdir(parents=True, exist_ok=True)
+        with open(wdir / "worker.log", "ab") as logfile:
+            child = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "xce_resize_plugin",
+                    "worker",
+                    "--state-dir",
+                    str(self.state_dir),
+                    "--host",
+                    host,
+                ],
+                stdin=subprocess.DEVNULL,
+                stdout=logfile,
+                stderr=subprocess.STDOUT,
+                close_fds=True,
+                start_new_session=True,
+                cwd=str(self.state_dir),
+            )
+        self._children.append(child)
+        log.info("started the agent for %s (pid %d)", host, child.pid)
+
+    def view(self) -> dict[str, dict[str, Any]]:
+        return {h: c.view() for h, c in self.channels.items()}
+
+
+class WorkerChannel:
+    """The connection to one host's agent (see the module docstring)."""
+
+    def __init__(self, fleet: WorkerFleet, host: str) -> None:
+        self.fleet = fleet
+        self.host = host
+        self.dir = worker_dir(fleet.state_dir, host)
+        self._queue: deque[dict[str, Any]] = deque()
+        self._cond = threading.Condition()
+        #: Held while a batch is being posted, and while connecting/reconciling, so
+        #: that reconciliation never races with a command on the wire.
+        self.send_lock = threading.Lock()
+        self.ready = False
+        self.port: int | None = None
+        self.instance: str | None = None
+        self.pid: int | None = None
+        self.seq = 0
+        self._stopping = False
+        self._spawned_at: float | None = None
+        self._threads: list[threading.Thread] = []
+        self._headers = {"Authorization": f"Bearer {fleet.secret}"}
+
+    # -- queue (any thread) ---------------------------------------------------------------
+
+    def enqueue(self, command: dict[str, Any]) -> None:
+        with self._cond:
+            self._queue.append(command)
+            self._cond.notify_all()
+
+    def queued(self) -> Queued:
+        """Launches and notifications not sent yet."""
+        with self._cond:
+            out: Queued = set()
+            for c in self._queue:
+                if c.get("op") == "launch":
+                    out.add(("launch", str(c["job"]), int(c["task"])))
+                elif c.get("op") == "notify":
+                    out.add(("notify", str(c["job"]), int(c["attempt"])))
+            return out
+
+    def _set_ready(self, ready: bool) -> None:
+        with self._cond:
+            self.ready = ready
+            self._cond.notify_all()
+
+    # -- threads ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        for target, name in ((self._send_loop, "send"), (self._poll_loop, "poll")):
+            thread = threading.Thread(target=target, name=f"{name}-{self.host}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+
+    def join(self) -> None:
+        # Short: a poller may sit in a long poll for POLL_WAIT seconds, and the threads
+        # are daemons that do nothing once the fleet is closed.
+        for thread in self._threads:
+            thread.join(timeout=0.2)
+
+    def _url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.port}{path}"
+
+    def _client(self, timeout: float) -> Any:
+        """An HTTP client with TCP_NODELAY: httpx writes a request's headers and body
+        separately, and Nagle's algorithm would then hold the body for the peer's
+        delayed ACK (40 ms on Linux) on every command."""
+        import httpx
+
+        transport = httpx.HTTPTransport(
+            socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)]
+        )
+        return httpx.Client(headers=self._headers, timeout=timeout, transport=transport)
+
+    def _send_loop(self) -> None:
+        with self._client(10.0) as client:
+            while True:
+                with self._cond:
+                    self._cond.wait_for(lambda: self._stopping or (self.ready and self._queue))
+                    if self._stopping:
+                        return
+                with self.send_lock:
+                    with self._cond:
+                        if not self.ready or not self._queue:
+                            continue
+                        batch = list(self._queue)
+                        self._queue.clear()
+                    self._post(client, batch)
+
+    def _post(self, client: Any, batch: list[dict[str, Any]]) -> None:
+        import httpx
+
+        owner = self.fleet.owner
+        if self.fleet.closed or owner is None:
+            return
+        body = {"epoch": self.fleet.epoch, "instance": self.instance, "commands": batch}
+        try:
+            response = client.post(self._url("/v1/commands"), json=body)
+        except httpx.ConnectError:
+            # Never reached the agent: keep the commands for the next agent instance.
+            self._requeue(batch)
+            self._set_ready(False)
+            return
+        except httpx.TransportError as exc:
+            # It may or may not have been executed: reconnecting reconciles (launches the
+            # agent does not know are resent, stops and notifications always are).
+            log.warning("agent %s: commands possibly lost (%s); reconnecting", self.host, exc)
+            self._set_ready(False)
+            return
+        if response.status_code == 200:
+            return
+        code = _code(response)
+        if code == "fenced":
+            owner.fence(RuntimeError(f"agent {self.host} refused this controller's epoch"))
+        elif code == "instance":
+            self._requeue(batch)
+            self._set_ready(False)
+        else:
+            log.error("agent %s refused commands: %s %s", self.host, response.status_code, code)
+
+    def _requeue(self, batch: list[dict[str, Any]]) -> None:
+        with self._cond:
+            self._queue.extendleft(reversed(batch))
+
+    def _poll_loop(self) -> None:
+        import httpx
+
+        with self._client(POLL_WAIT + 5.0) as client:
+            while not self._stopping and not self.fleet.closed:
+                if not self.ready:
+                    if not self.connect():
+                        time.sleep(RETRY)
+                    continue
+                try:
+                    response = client.get(
+                        self._url("/v1/events"),
+                        params={"after": self.seq, "timeout": POLL_WAIT, "epoch": self.fleet.epoch},
+                    )
+                except httpx.TransportError:
+                    self._set_ready(False)
+                    continue
+                if response.status_code != 200:
+                    if _code(response) == "fenced" and self.fleet.owner is not None:
+                        self.fleet.owner.fence(
+                            RuntimeError(f"agent {self.host} refused this controller's epoch")
+                        )
+                        return
+                    self._set_ready(False)
+                    continue
+                data = response.json()
+                if data.get("instance") != self.instance or data.get("resync"):
+                    self._set_ready(False)
+                    continue
+                events = data.get("events", [])
+                if events and self.fleet.owner is not None and not self.fleet.closed:
+                    self.fleet.owner.worker_events(self.host, events)
+                    self.seq = max(int(e["seq"]) for e in events)
+
+    # -- connecting ------------------------------------------------------------------------
+
+    def connect(self) -> bool:
+        """Reach the agent and reconcile with it; ``False`` when not (yet) possible."""
+        import httpx
+
+        owner = self.fleet.owner
+        if owner is None or self.fleet.closed:
+            return False
+        if not lock_held(self.dir / "lock"):
+            with self.send_lock:
+                self._set_ready(False)
+                owner.worker_down(self.host, self.queued())
+            self._maybe_spawn()
+            return False
+        try:
+            reg = json.loads((self.dir / "worker.json").read_text())
+            port = int(reg["port"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return False  # starting: locked, not registered yet
+        try:
+            response = httpx.get(
+                f"http://127.0.0.1:{port}/v1/snapshot",
+                params={"epoch": self.fleet.epoch},
+                headers=self._headers,
+                timeout=5.0,
+            )
+        except httpx.TransportError:
+            return False
+        if response.status_code != 200:
+            if _code(response) == "fenced":
+                owner.fence(RuntimeError(f"agent {self.host} refused this controller's epoch"))
+            return False
+        snapshot = response.json()
+        with self.send_lock:
+            owner.worker_up(self.host, snapshot, self.queued())
+            self.port = port
+            self.instance = str(snapshot["instance"])
+            self.pid = int(snapshot["pid"])
+            self.seq = int(snapshot["seq"])
+            self._spawned_at = None
+            self._set_ready(True)
+        return True
+
+    def _maybe_spawn(self) -> None:
+        if not self.fleet.manage or self.fleet.closed:
+            return
+        now = time.monotonic()
+        if self._spawned_at is not None and now - self._spawned_at < self.fleet.start_timeout:
+            return  # one is starting
+        self._spawned_at = now
+        self.fleet.spawn(self.host)
+
+    def view(self) -> dict[str, Any]:
+        with self._cond:
+            queued = len(self._queue)
+        return {
+            "ready": self.ready,
+            "pid": self.pid,
+            "port": self.port,
+            "instance": self.instance,
+            "queued_commands": queued,
+        }
+
+
+def _code(response: Any) -> str:
+    try:
+        data = response.json()
+    except ValueError:
+        return ""
+    return str(data.get("code", "")) if isinstance(data, dict) else ""
+
+
+def ensure_secret(state_dir: Path) -> str:
+    """The controller-agent secret (``workers/secret``, 0600), created on first use."""
+    path = secret_path(state_dir)
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        pass
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".secret.", dir=path.parent)  # mode 0600
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(secrets.token_urlsafe(32))
+            fh.flush()
+            os.fsync(fh.fileno())
+        # link() fails if the file exists: two first starts agree on one secret.
+        with contextlib.suppress(FileExistsError):
+            os.link(tmp, path)
+    finally:
+        os.unlink(tmp)
+    return path.read_text().strip()
+
+
+def registered_workers(state_dir: Path) -> dict[str, dict[str, Any]]:
+    """``worker.json`` of every agent directory (for tests and clean-up tools)."""
+    out: dict[str, dict[str, Any]] = {}
+    base = state_dir / "workers"
+    if not base.is_dir():
+        return out
+    for wdir in sorted(base.iterdir()):
+        try:
+            out[wdir.name] = json.loads((wdir / "worker.json").read_text())
+        except (OSError, ValueError):
+            continue
+    return out

@@ -1,0 +1,553 @@
+"""The worker agent: one process per (simulated) host, running that host's tasks.
+
+``xce-resize worker --state-dir DIR --host NAME`` (the live controller starts one per
+host itself unless ``manage_workers = false``). It is a small Starlette application
+served by uvicorn on an ephemeral loopback port, authenticated with the secret in
+``DIR/workers/secret`` (created by the controller, mode 0600).
+
+Why a separate process in its own session: task processes must outlive a controller
+crash (DESIGN §8), so their supervisor cannot be the controller; a SIGKILL of the
+controller's process group does not reach the agent or its tasks.
+
+What it does, all idempotent per ``(job, task)`` because a restarted controller
+resends what it is not sure about (docs/failover.md):
+
+- ``launch``: start the task's command in a new session (``start_new_session``), its
+  output appended to the job's log files; report ``started`` (or ``start_failed``).
+  A task it knows already is never started again: its state is reported again.
+- ``stop``: SIGTERM to the task's process group, SIGKILL at ``since + grace``; report
+  ``exited`` only once no process of the group is left, so that the controller frees
+  the slot only after the processes are gone. A task that is gone is reported again.
+- ``notify``: run a resize notification command with ``/bin/sh -c`` and a timeout; its
+  output goes to the job's log directory and into the ``notify_done`` event.
+- ``forget``: drop what it remembers of an ended job's tasks.
+
+A task whose process exits on its own is reported ``exited`` with its status; the rest
+of its process group is stopped first (a task is its process group).
+
+The controller reads events with a long poll (``GET /v1/events?after=SEQ``) and takes a
+consistent snapshot of the tasks with ``GET /v1/snapshot`` when it (re)connects.
+Every call carries the controller's epoch; a call with an older epoch than one already
+seen is refused (409 ``fenced``), so a controller that was replaced cannot start or
+stop anything any more.
+
+Files, under ``DIR/workers/HOST/``: ``lock`` (an exclusive ``flock`` held while the
+agent runs: the controller's liveness test), ``worker.json`` (pid, port, instance id),
+``tasks.json`` (live tasks with pid and start time). A new agent for the same host first
+kills the tasks its dead predecessor left behind (``tasks.json``), before it accepts
+any command: those tasks were already reported lost, and must not run alongside
+their replacements.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hmac
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from attrs import define
+
+from xce_resize_plugin.controllers.live.proc import (
+    FileLock,
+    atomic_write,
+    exit_status,
+    group_alive,
+    kill_group_verified,
+    signal_group,
+    start_ticks,
+)
+from xce_resize_plugin.controllers.runners import (
+    NotificationRequest,
+    NotificationResult,
+    SubprocessNotificationRunner,
+)
+
+if TYPE_CHECKING:
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import Response
+
+log = logging.getLogger(__name__)
+
+#: Seconds a task's leftover processes get after its main process exited on its own.
+CLEANUP_GRACE = 2.0
+#: Events kept for a controller that reads late; older ones force it to resynchronise.
+MAX_EVENTS = 10000
+#: Longest a long poll may wait (seconds).
+MAX_POLL = 10.0
+
+
+def worker_dir(state_dir: Path, host: str) -> Path:
+    return state_dir / "workers" / host
+
+
+def secret_path(state_dir: Path) -> Path:
+    return state_dir / "workers" / "secret"
+
+
+class Fenced(Exception):
+    """A call carried an older epoch than one already seen."""
+
+
+@define
+class TaskProc:
+    """One task as the agent knows it. ``state``: running, stopping, exited, failed."""
+
+    job: str
+    task: int
+    state: str
+    pid: int | None = None
+    ticks: int | None = None
+    popen: subprocess.Popen[bytes] | None = None
+    status: int | None = None
+    reason: str = ""
+    kill_at: float | None = None
+    killed: bool = False
+    timer: threading.Timer | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "job": self.job,
+            "task": self.task,
+            "state": self.state,
+            "pid": self.pid,
+            "status": self.status,
+            "reason": self.reason,
+        }
+
+
+class WorkerAgent:
+    """The agent's state and actions; the HTTP layer (:func:`make_app`) calls these."""
+
+    def __init__(self, host: str, state_dir: Path, max_output: int = 65536) -> None:
+        self.host = host
+        self.state_dir = state_dir
+        self.dir = worker_dir(state_dir, host)
+        self.instance = uuid.uuid4().hex
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        self.tasks: dict[tuple[str, int], TaskProc] = {}
+        self.notifications: dict[tuple[str, int], dict[str, Any] | None] = {}
+        self.events: list[dict[str, Any]] = []
+        self.seq = 0
+        self.max_epoch = 0
+        self.closing = False
+        self.notifier = SubprocessNotificationRunner(max_output=max_output)
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    def kill_orphans(self) -> int:
+        """Kill the live tasks a dead predecessor left (see the module docstring)."""
+        path = self.dir / "tasks.json"
+        try:
+            entries = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return 0
+        killed = 0
+        for entry in entries if isinstance(entries, list) else []:
+            pid, ticks = entry.get("pid"), entry.get("ticks")
+            if isinstance(pid, int) and pid > 1:
+                kill_group_verified(pid, ticks if isinstance(ticks, int) else None)
+                killed += 1
+        deadline = time.monotonic() + 5.0
+        for entry in entries if isinstance(entries, list) else []:
+            pid = entry.get("pid")
+            while isinstance(pid, int) and group_alive(pid) and time.monotonic() < deadline:
+                time.sleep(0.01)
+        self._save()
+        if killed:
+            log.warning("killed %d task(s) left by a previous agent for %s", killed, self.host)
+        return killed
+
+    def shutdown(self, grace: float = 2.0) -> None:
+        """A clean stop of the agent: its tasks are stopped (SIGTERM, ``grace``, SIGKILL)."""
+        with self._lock:
+            self.closing = True
+            self._cond.notify_all()
+            live = [t for t in self.tasks.values() if t.state in ("running", "stopping")]
+            for t in live:
+                if t.pid is not None:
+                    signal_group(t.pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        for t in live:
+            while t.pid is not None and group_alive(t.pid) and time.monotonic() < deadline:
+                time.sleep(0.02)
+            if t.pid is not None:
+                signal_group(t.pid, signal.SIGKILL)
+
+    # -- calls -------------------------------------------------------------------------
+
+    def _check_epoch(self, epoch: int) -> None:
+        if epoch < self.max_epoch:
+            raise Fenced(f"epoch {epoch} is older than {self.max_epoch}")
+        self.max_epoch = epoch
+
+    def snapshot(self, epoch: int) -> dict[str, Any]:
+        with self._lock:
+            self._check_epoch(epoch)
+            return {
+                "host": self.host,
+                "instance": self.instance,
+                "pid": os.getpid(),
+                "seq": self.seq,
+                "tasks": [t.to_json() for t in self.tasks.values()],
+            }
+
+    def wait_events(self, after: int, timeout: float, epoch: int) -> dict[str, Any]:
+        with self._cond:
+            self._check_epoch(epoch)
+            self._cond.wait_for(lambda: self.seq > after or self.closing, min(timeout, MAX_POLL))
+            first = self.events[0]["seq"] if self.events else self.seq + 1
+            if after + 1 < first:
+                # Events the caller has not seen were dropped: it must take a snapshot.
+                return {"instance": self.instance, "resync": True, "events": [], "seq": self.seq}
+            events = [e for e in self.events if e["seq"] > after]
+            return {"instance": self.instance, "events": events, "seq": self.seq}
+
+    def execute(self, epoch: int, instance: str, commands: list[Mapping[str, Any]]) -> None:
+        with self._lock:
+            self._check_epoch(epoch)
+            if instance != self.instance:
+                raise LookupError(f"commands for agent {instance}, this is {self.instance}")
+            for cmd in commands:
+                op = cmd.get("op")
+                if op == "launch":
+                    self._launch(cmd)
+                elif op == "stop":
+                    self._stop(cmd)
+                elif op == "notify":
+                    self._notify(cmd)
+                elif op == "forget":
+                    self._forget(str(cmd["job"]))
+                else:
+                    raise ValueError(f"unknown command {op!r}")
+            self._save()
+
+    # -- under the lock ------------------------------------------------------------------
+
+    def _emit(self, kind: str, **fields: Any) -> None:
+        self.seq += 1
+        self.events.append({"seq": self.seq, "kind": kind, **fields})
+        if len(self.events) > MAX_EVENTS:
+            del self.events[: len(self.events) - MAX_EVENTS]
+        self._cond.notify_all()
+
+    def _report(self, t: TaskProc) -> None:
+        """Report a known task's state again (a repeated launch or stop)."""
+        if t.state == "failed":
+            self._emit("start_failed", job=t.job, task=t.task, reason=t.reason)
+            return
+        self._emit("started", job=t.job, task=t.task, pid=t.pid)
+        if t.state == "exited":
+            self._emit("exited", job=t.job, task=t.task, status=t.status, reason=t.reason)
+
+    def _launch(self, cmd: Mapping[str, Any]) -> None:
+        key = (str(cmd["job"]), int(cmd["task"]))
+        known = self.tasks.get(key)
+        if known is not None:
+            self._report(known)
+            return
+        t = TaskProc(key[0], key[1], "running")
+        try:
+            Path(cmd["stdout"]).parent.mkdir(parents=True, exist_ok=True)
+            with open(cmd["stdout"], "ab") as out, open(cmd["stderr"], "ab") as err:
+                t.popen = subprocess.Popen(
+                    [str(a) for a in cmd["argv"]],
+                    cwd=cmd["cwd"],
+                    env={str(k): str(v) for k, v in cmd["env"].items()},
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=err,
+                    close_fds=True,
+                    start_new_session=True,
+                )
+        except (OSError, ValueError, subprocess.SubprocessError) as exc:
+            t.state, t.reason = "failed", f"cannot start: {exc}"
+            self.tasks[key] = t
+            self._emit("start_failed", job=t.job, task=t.task, reason=t.reason)
+            return
+        t.pid = t.popen.pid
+        t.ticks = start_ticks(t.pid)
+        self.tasks[key] = t
+        self._emit("started", job=t.job, task=t.task, pid=t.pid)
+        threading.Thread(
+            target=self._supervise, args=(t,), name=f"task-{t.job}.{t.task}", daemon=True
+        ).start()
+
+    def _stop(self, cmd: Mapping[str, Any]) -> None:
+        key = (str(cmd["job"]), int(cmd["task"]))
+        t = self.tasks.get(key)
+        if t is None:
+            # Never launched here (or forgotten): nothing runs under this id.
+            self._emit("exited", job=key[0], task=key[1], status=None, reason="no such task")
+            return
+        if t.state in ("exited", "failed"):
+            self._report(t)
+            return
+        if t.state == "stopping":
+            return  # its exit will be reported
+        grace = max(0.0, float(cmd.get("grace", 0.0)))
+        since = cmd.get("since")
+        start = float(since) if isinstance(since, int | float) else time.time()
+        t.state = "stopping"
+        t.kill_at = start + grace
+        assert t.pid is not None
+        signal_group(t.pid, signal.SIGTERM)
+        delay = t.kill_at - time.time()
+        if delay <= 0:
+            self._kill(t)
+        else:
+            t.timer = threading.Timer(delay, self._kill_locked, (t,))
+            t.timer.daemon = True
+            t.timer.start()
+
+    def _kill_locked(self, t: TaskProc) -> None:
+        with self._lock:
+            if t.state == "stopping":
+                self._kill(t)
+
+    def _kill(self, t: TaskProc) -> None:
+        if t.pid is not None and group_alive(t.pid):
+            t.killed = True
+            signal_group(t.pid, signal.SIGKILL)
+
+    def _supervise(self, t: TaskProc) -> None:
+        """Wait for the task's main process, then for the rest of its group."""
+        assert t.popen is not None and t.pid is not None
+        returncode = t.popen.wait()
+        with self._lock:
+            if t.state == "running":
+                # Exited on its own: give leftovers of its group a short grace.
+                t.kill_at = time.time() + CLEANUP_GRACE
+                if group_alive(t.pid):
+                    signal_group(t.pid, signal.SIGTERM)
+        while group_alive(t.pid):
+            with self._lock:
+                if t.kill_at is not None and time.time() >= t.kill_at and not t.killed:
+                    self._kill(t)
+            if t.killed and t.kill_at is not None and time.time() > t.kill_at + 5.0:
+                log.error("task %s.%s: processes survive SIGKILL; reporting it gone", t.job, t.task)
+                break
+            time.sleep(0.005)
+        with self._lock:
+            if t.timer is not None:
+                t.timer.cancel()
+            status, reason = exit_status(returncode)
+            if t.killed and returncode == -signal.SIGKILL:
+                reason = "SIGKILL after grace"
+            t.state, t.status, t.reason = "exited", status, reason
+            t.popen = None
+            self._emit("exited", job=t.job, task=t.task, status=status, reason=reason)
+            self._save()
+
+    def _notify(self, cmd: Mapping[str, Any]) -> None:
+        key = (str(cmd["job"]), int(cmd["attempt"]))
+        if key in self.notifications:
+            done = self.notifications[key]
+            if done is not None:
+                self._emit("notify_done", **done)
+            return  # running: its result will be reported
+        self.notifications[key] = None
+        request = NotificationRequest(
+            key[0],
+            key[1],
+            self.host,
+            str(cmd["command"]),
+            {str(k): str(v) for k, v in cmd["env"].items()},
+            float(cmd["timeout"]),
+            Path(cmd["cwd"]),
+        )
+        log_path = Path(cmd["log"])
+
+        def run() -> None:
+            self.notifier.run(request, lambda result: self._notified(key, log_path, result))
+
+        threading.Thread(target=run, name=f"notify-{key[0]}.{key[1]}", daemon=True).start()
+
+    def _notified(self, key: tuple[str, int], log_path: Path, result: NotificationResult) -> None:
+        text = (
+            f"# attempt {key[1]} on {self.host}: {result.reason} after {result.elapsed:.3f}s\n"
+            f"# stdout\n{result.stdout}# stderr\n{result.stderr}"
+        )
+        with contextlib.suppress(OSError):
+            log_path.parent.mkdir(parents=True, exist_ok=True)
+            log_path.write_text(text)
+        done = {
+            "job": key[0],
+            "attempt": key[1],
+            "status": result.status,
+            "reason": result.reason,
+            "stdout": result.stdout,
+            "stderr": result.stderr,
+            "elapsed": result.elapsed,
+        }
+        with self._lock:
+            self.notifications[key] = done
+            self._emit("notify_done", **done)
+
+    def _forget(self, job: str) -> None:
+        for key in [k for k, t in self.tasks.items() if k[0] == job]:
+            if self.tasks[key].state in ("exited", "failed"):
+                del self.tasks[key]
+        for nkey in [k for k, v in self.notifications.items() if k[0] == job and v is not None]:
+            del self.notifications[nkey]
+
+    def _save(self) -> None:
+        """Live tasks with pid and start time, for a successor's orphan cleanup. Not
+        fsynced: it only matters when this process dies and the machine does not."""
+        live = [
+            {"job": t.job, "task": t.task, "pid": t.pid, "ticks": t.ticks}
+            for t in self.tasks.values()
+            if t.state in ("running", "stopping") and t.pid is not None
+        ]
+        path = self.dir / "tasks.json"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(live))
+        os.replace(tmp, path)
+
+
+# -- HTTP ------------------------------------------------------------------------------
+
+
+def make_app(agent: WorkerAgent, secret: str) -> Starlette:
+    """The agent's routes. Sync handlers: Starlette runs them in its thread pool, which
+    is what the blocking long poll needs."""
+    from starlette.applications import Starlette
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    expected = f"Bearer {secret}".encode()
+
+    def authorised(request: Request) -> bool:
+        given = request.headers.get("authorization", "").encode()
+        return hmac.compare_digest(given, expected)
+
+    def refuse(code: str, detail: str, status: int) -> JSONResponse:
+        return JSONResponse({"code": code, "detail": detail}, status_code=status)
+
+    def guarded(fn: Any) -> Any:
+        async def handler(request: Request) -> Response:
+            from starlette.concurrency import run_in_threadpool
+
+            if not authorised(request):
+                return refuse("unauthorised", "bad or missing secret", 401)
+            body = await request.body()
+            try:
+                data = json.loads(body) if body else {}
+                result = await run_in_threadpool(fn, request, data)
+            except Fenced as exc:
+                return refuse("fenced", str(exc), 409)
+            except LookupError as exc:
+                return refuse("instance", str(exc), 409)
+            except (KeyError, ValueError, TypeError) as exc:
+                return refuse("bad_request", repr(exc), 400)
+            return JSONResponse(result)
+
+        return handler
+
+    def ping(request: Request, data: Any) -> dict[str, Any]:
+        return {"host": agent.host, "instance": agent.instance, "pid": os.getpid()}
+
+    def snapshot(request: Request, data: Any) -> dict[str, Any]:
+        return agent.snapshot(int(request.query_params.get("epoch", "0")))
+
+    def events(request: Request, data: Any) -> dict[str, Any]:
+        q = request.query_params
+        return agent.wait_events(
+            int(q.get("after", "0")), float(q.get("timeout", "5")), int(q.get("epoch", "0"))
+        )
+
+    def commands(request: Request, data: Any) -> dict[str, Any]:
+        agent.execute(int(data["epoch"]), str(data["instance"]), list(data["commands"]))
+        return {"ok": True, "seq": agent.seq}
+
+    return Starlette(
+        routes=[
+            Route("/v1/ping", guarded(ping), methods=["GET"]),
+            Route("/v1/snapshot", guarded(snapshot), methods=["GET"]),
+            Route("/v1/events", guarded(events), methods=["GET"]),
+            Route("/v1/commands", guarded(commands), methods=["POST"]),
+        ]
+    )
+
+
+def serve(state_dir: Path, host: str) -> int:
+    """Run the agent for ``host`` until SIGTERM/SIGINT; the process's exit status."""
+    import uvicorn
+
+    logging.basicConfig(
+        level=logging.INFO, format=f"%(asctime)s worker[{host}] %(levelname)s %(message)s"
+    )
+    try:
+        secret = secret_path(state_dir).read_text().strip()
+    except OSError as exc:
+        print(f"xce-resize worker: cannot read the secret: {exc}", file=sys.stderr)
+        return 2
+    agent = WorkerAgent(host, state_dir)
+    agent.dir.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(agent.dir / "lock")
+    # A controller probing the lock holds it shared for an instant: retry briefly.
+    deadline = time.monotonic() + 2.0
+    while not lock.acquire():
+        if time.monotonic() > deadline:
+            print(f"xce-resize worker: an agent for {host} already runs", file=sys.stderr)
+            return 3
+        time.sleep(0.02)
+    agent.kill_orphans()
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(128)
+    port = sock.getsockname()[1]
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            # Wake the long polls so that the graceful shutdown does not wait for them.
+            with agent._cond:
+                agent.closing = True
+                agent._cond.notify_all()
+            super().handle_exit(sig, frame)
+
+    config = uvicorn.Config(
+        make_app(agent, secret),
+        log_level="warning",
+        access_log=False,
+        lifespan="off",
+        timeout_graceful_shutdown=1,
+    )
+    server = Server(config)
+    # The registration is written once the socket listens: a controller that reads it
+    # can connect at once (the kernel queues the connection until uvicorn accepts).
+    atomic_write(
+        agent.dir / "worker.json",
+        json.dumps(
+            {
+                "host": host,
+                "pid": os.getpid(),
+                "port": port,
+                "instance": agent.instance,
+                "started": time.time(),
+            }
+        ),
+    )
+    log.info("agent %s for %s on 127.0.0.1:%d", agent.instance, host, port)
+    try:
+        server.run(sockets=[sock])
+    finally:
+        agent.shutdown()
+        with contextlib.suppress(OSError):
+            (agent.dir / "worker.json").unlink()
+        lock.release()
+    return 0

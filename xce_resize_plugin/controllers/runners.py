@@ -1,0 +1,312 @@
+"""The clock and the two runners the controller delegates to.
+
+They are small interfaces so that a live mode (wall clock, tasks as real processes of
+worker agents, notifications run asynchronously) can replace the simulated ones
+without touching the controller:
+
+- :class:`Clock` / :class:`SimClock`: the controller's notion of now.
+- :class:`TaskRunner` / :class:`SimTaskRunner`: starts and stops task processes and
+  reports what happened through a :class:`TaskReporter` (the controller). The
+  simulated runner has no processes; its :class:`TaskFaults` inject start failures and
+  slow exits.
+- :class:`NotificationRunner` / :class:`SubprocessNotificationRunner`: runs a resize
+  notification command for real with ``/bin/sh -c`` and reports its result through a
+  callback. :class:`ScriptedNotificationRunner` answers from a function instead (for
+  fast trace simulation and for tests).
+
+The controller does the bookkeeping (task states, idempotency, queuing of plugin
+events); runners only do the work and report.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Protocol
+
+from attrs import define, field, frozen
+
+from xce_resize_plugin.core.models import Task
+
+# -- clock ----------------------------------------------------------------------------
+
+
+class Clock(Protocol):
+    """The controller clock in seconds."""
+
+    def now(self) -> float: ...
+
+
+class SettableClock(Clock, Protocol):
+    """A clock the discrete event loop moves forward."""
+
+    def advance_to(self, time: float) -> None: ...
+
+
+class SimClock:
+    """Simulated time: only moves when the event loop moves it, never backwards."""
+
+    def __init__(self, start: float = 0.0) -> None:
+        self._now = float(start)
+
+    def now(self) -> float:
+        return self._now
+
+    def advance_to(self, time: float) -> None:
+        if time < self._now:
+            raise ValueError(f"the clock cannot go back from {self._now} to {time}")
+        self._now = float(time)
+
+
+# -- tasks ----------------------------------------------------------------------------
+
+#: Exit statuses the simulated runner reports, in the shell's 128+signal convention.
+STATUS_SIGTERM = 128 + int(signal.SIGTERM)
+STATUS_SIGKILL = 128 + int(signal.SIGKILL)
+
+
+class TaskReporter(Protocol):
+    """What a task runner may call back on (implemented by the controller)."""
+
+    def now(self) -> float: ...
+
+    def at(self, time: float, fn: Callable[[], None]) -> None: ...
+
+    def task_started(self, job_id: str, task_id: int) -> None: ...
+
+    def task_start_failed(self, job_id: str, task_id: int, reason: str) -> None: ...
+
+    def task_exited(self, job_id: str, task_id: int, status: int | None, reason: str) -> None: ...
+
+
+class TaskRunner(Protocol):
+    """Starts and stops task processes; reports through the bound reporter.
+
+    The controller calls ``start`` once per task id and ``stop`` once per stop (or
+    again after a restart, with the original ``since``); idempotency is its business.
+    """
+
+    def bind(self, reporter: TaskReporter) -> None: ...
+
+    def start(self, job_id: str, task: Task, env: Mapping[str, str]) -> None: ...
+
+    def stop(self, job_id: str, task_id: int, grace: float, since: float) -> None: ...
+
+
+StartFailurePredicate = Callable[[str, Task], "bool | str"]
+
+
+@define
+class TaskFaults:
+    """Fault injection for the simulated task runner (mutable: tests change it live).
+
+    - ``fail_starts``: ``(job_id, task_id)`` pairs whose start fails.
+    - ``fail_start_if``: called as ``fn(job_id, task)``; a true value fails the start (a
+      string is used as the reason).
+    - ``stop_delay``: simulated seconds a task takes to exit after SIGTERM; when longer
+      than the grace period the task is killed at the end of the grace period.
+    - ``stop_delays``: the same per ``(job_id, task_id)``, overriding ``stop_delay``.
+    """
+
+    fail_starts: set[tuple[str, int]] = field(factory=set)
+    fail_start_if: StartFailurePredicate | None = None
+    stop_delay: float = 0.0
+    stop_delays: dict[tuple[str, int], float] = field(factory=dict)
+
+    def start_failure(self, job_id: str, task: Task) -> str | None:
+        """The reason this start fails, or ``None`` when it succeeds."""
+        if (job_id, task.id) in self.fail_starts:
+            return "injected start failure"
+        if self.fail_start_if is not None:
+            verdict = self.fail_start_if(job_id, task)
+            if verdict:
+                return verdict if isinstance(verdict, str) else "injected start failure"
+        return None
+
+    def delay(self, job_id: str, task_id: int) -> float:
+        return self.stop_delays.get((job_id, task_id), self.stop_delay)
+
+
+class SimTaskRunner:
+    """Tasks without processes: a start succeeds at once unless a fault says otherwise;
+    a stopped task exits after the fault's stop delay (SIGKILL at the grace period)."""
+
+    def __init__(self, faults: TaskFaults | None = None) -> None:
+        self.faults = faults if faults is not None else TaskFaults()
+        self._reporter: TaskReporter | None = None
+
+    def bind(self, reporter: TaskReporter) -> None:
+        self._reporter = reporter
+
+    @property
+    def reporter(self) -> TaskReporter:
+        if self._reporter is None:
+            raise RuntimeError("the task runner is not bound to a controller")
+        return self._reporter
+
+    def start(self, job_id: str, task: Task, env: Mapping[str, str]) -> None:
+        reason = self.faults.start_failure(job_id, task)
+        if reason is None:
+            self.reporter.task_started(job_id, task.id)
+        else:
+            self.reporter.task_start_failed(job_id, task.id, reason)
+
+    def stop(self, job_id: str, task_id: int, grace: float, since: float) -> None:
+        reporter = self.reporter
+        delay = self.faults.delay(job_id, task_id)
+        if delay <= grace:
+            when, status, reason = since + delay, STATUS_SIGTERM, "SIGTERM"
+        else:
+            when, status, reason = since + max(0.0, grace), STATUS_SIGKILL, "SIGKILL"
+        if when <= reporter.now():
+            reporter.task_exited(job_id, task_id, status, reason)
+        else:
+            reporter.at(when, lambda: reporter.task_exited(job_id, task_id, status, reason))
+
+
+# -- notifications ------------------------------------------------------------------
+
+
+@frozen
+class NotificationRequest:
+    """One run of a notification command (``timeout`` in real seconds; <= 0: none)."""
+
+    job_id: str
+    attempt: int
+    host: str
+    command: str
+    env: Mapping[str, str]
+    timeout: float
+    cwd: Path
+
+
+@frozen
+class NotificationResult:
+    """The outcome: ``status`` is the exit status, ``None`` on timeout or failure to run."""
+
+    status: int | None
+    reason: str
+    stdout: str = ""
+    stderr: str = ""
+    elapsed: float = 0.0
+
+
+NotificationDone = Callable[[NotificationResult], None]
+
+
+class NotificationRunner(Protocol):
+    """Runs a notification command and calls ``done`` exactly once with the result
+    (synchronously in simulated time; a live runner may call it later)."""
+
+    def run(self, request: NotificationRequest, done: NotificationDone) -> None: ...
+
+
+#: Variables of the controller's own environment a notification command inherits: what
+#: a login shell needs to find programs and decode text, nothing that would leak the
+#: controller's configuration into the job's command.
+ESSENTIAL_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TMPDIR", "TZ", "USER", "LOGNAME")
+
+
+class SubprocessNotificationRunner:
+    """Runs the command for real: ``/bin/sh -c command`` in its own session, with the
+    essential environment plus the request's, output captured (truncated to
+    ``max_output`` characters per stream), killed with its whole process group on
+    timeout."""
+
+    def __init__(self, max_output: int = 65536, shell: str = "/bin/sh") -> None:
+        self.max_output = max_output
+        self.shell = shell
+
+    def environment(self, request: NotificationRequest) -> dict[str, str]:
+        env = {k: os.environ[k] for k in ESSENTIAL_ENV if k in os.environ}
+        env.setdefault("PATH", os.defpath)
+        env.update({str(k): str(v) for k, v in request.env.items()})
+        return env
+
+    def run(self, request: NotificationRequest, done: NotificationDone) -> None:
+        begin = time.monotonic()
+        request.cwd.mkdir(parents=True, exist_ok=True)
+        try:
+            proc = subprocess.Popen(
+                [self.shell, "-c", request.command],
+                cwd=request.cwd,
+                env=self.environment(request),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                # Own session: a timeout kills the whole group, including children of
+                # the shell that would otherwise keep the pipes (and us) waiting.
+                start_new_session=True,
+            )
+        except OSError as exc:
+            done(NotificationResult(None, f"cannot run: {exc}", elapsed=time.monotonic() - begin))
+            return
+        timeout = request.timeout if request.timeout > 0 else None
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self._kill_group(proc)
+            out, err = self._drain(proc)
+            done(
+                NotificationResult(
+                    None, "timeout", self._text(out), self._text(err), time.monotonic() - begin
+                )
+            )
+            return
+        code = proc.returncode
+        if code < 0:
+            status, reason = 128 - code, f"signal {-code}"
+        else:
+            status, reason = code, f"exit {code}"
+        done(
+            NotificationResult(
+                status, reason, self._text(out), self._text(err), time.monotonic() - begin
+            )
+        )
+
+    @staticmethod
+    def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            proc.kill()
+
+    @staticmethod
+    def _drain(proc: subprocess.Popen[bytes]) -> tuple[bytes, bytes]:
+        try:
+            return proc.communicate(timeout=5)
+        except subprocess.TimeoutExpired:
+            # A grandchild left the group and holds the pipes: give up on the output
+            # rather than block the controller.
+            proc.kill()
+            for stream in (proc.stdout, proc.stderr):
+                if stream is not None:
+                    stream.close()
+            proc.wait()
+            return b"", b""
+
+    def _text(self, data: bytes | None) -> str:
+        text = (data or b"").decode("utf-8", errors="replace")
+        if len(text) > self.max_output:
+            return text[: self.max_output] + "\n[output truncated]\n"
+        return text
+
+
+NotificationScript = Callable[[NotificationRequest], NotificationResult]
+
+
+class ScriptedNotificationRunner:
+    """Answers from a function instead of running anything: for year-long trace
+    simulations (no process per resize) and for tests. Default: always exit 0."""
+
+    def __init__(self, script: NotificationScript | None = None) -> None:
+        self.script = script
+        self.requests: list[NotificationRequest] = []
+
+    def run(self, request: NotificationRequest, done: NotificationDone) -> None:
+        self.requests.append(request)
+        done(self.script(request) if self.script else NotificationResult(0, "exit 0"))

@@ -1,0 +1,1479 @@
+"""The embedded controller: the host side of the plugin contract, in simulated time.
+
+:class:`EmbeddedController` satisfies :class:`~xce_resize_plugin.host.Controller` and
+calls the host hooks the way XCE does (docs/host-integration.md):
+
+- ``xce_controller_start`` once its own state is loaded (constructor or :meth:`start`);
+- ``xce_job_validate`` before a job is accepted (an exception rejects it, no change);
+- per scheduling cycle, its own FCFS + EASY pass over the pending jobs, **then**
+  ``xce_sched_cycle`` with the free slots left, then ``xce_dispatch_cycle``;
+- ``xce_task_events`` / ``xce_notify_done`` for what the plugin started, delivered as
+  queued events after the plugin's hook returned, never from inside a call the plugin
+  made; task events queued together go in one batch (``xce_task_event`` one at a time
+  with ``task_event_batches=False``);
+- ``xce_job_end`` after a job's committed allocation has been freed, its tasks stopped
+  and its state set; then the job must hold no slot (a checked invariant).
+
+Time is simulated: a discrete event loop (:meth:`run`) moves the clock from instant to
+instant; at each instant :meth:`settle` repeats the cycles and delivers events until
+nothing changes. Every call that changes state bumps a change counter, which is how
+"nothing changes" is detected, and writes the changed records to the store, so a new
+controller on the same ``state_dir`` finds jobs, slots, task states and the clock.
+
+What the driver (a test, the demo, the scenario runner) uses: :meth:`submit`,
+:meth:`kill`, :meth:`at`, :meth:`run`, :meth:`advance`, :meth:`settle`, the resize
+forwarding methods (:meth:`request_resize`, :meth:`resize_status`,
+:meth:`acct_usage`), the views (:meth:`jobs`, :meth:`job`, :meth:`hosts_view`,
+:meth:`users_view`, :meth:`notifications`, :meth:`check_invariants`) and fault
+injection (:attr:`faults`, :meth:`inject_task_exit`).
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import math
+import operator
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from functools import partial
+from pathlib import Path
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, Literal, cast
+
+import pluggy
+
+from xce_resize_plugin.controllers.cluster import Cluster
+from xce_resize_plugin.controllers.jobs import (
+    JobRecord,
+    JobView,
+    NotificationLog,
+    TaskRecord,
+    TaskState,
+    VersionRecord,
+    job_id_key,
+)
+from xce_resize_plugin.controllers.observer import FinishedJob, Observer
+from xce_resize_plugin.controllers.runners import (
+    NotificationRequest,
+    NotificationResult,
+    NotificationRunner,
+    SettableClock,
+    SimClock,
+    SimTaskRunner,
+    SubprocessNotificationRunner,
+    TaskFaults,
+    TaskRunner,
+)
+from xce_resize_plugin.controllers.scheduler import (
+    PendingJob,
+    Reservation,
+    RunningJob,
+    can_ever_fit,
+    easy_pass,
+)
+from xce_resize_plugin.controllers.sim.events import EventQueue, NotifyDone, Timeline
+from xce_resize_plugin.controllers.sim.work import JobWork
+from xce_resize_plugin.controllers.store import LmdbStore, MemoryStore, NullStore, Store
+from xce_resize_plugin.controllers.violations import (
+    ContractViolation,
+    EmbeddedError,
+    InvariantViolation,
+    SettleLoopError,
+    SubmissionRejected,
+    UnknownJob,
+)
+from xce_resize_plugin.core.models import GrowHosts, JobInfo, JobState, Task
+from xce_resize_plugin.host import Principal, TaskEvent
+
+if TYPE_CHECKING:
+    from xce_resize_plugin.core.models import ResizeRequest
+    from xce_resize_plugin.core.status import ResizeStatus
+
+log = logging.getLogger(__name__)
+
+HostSpec = Mapping[str, int] | Sequence[tuple[str, int]]
+TasksSpec = int | str | tuple[int, int]
+
+#: Task states whose process may still be alive.
+_LIVE = (TaskState.STARTING, TaskState.RUNNING, TaskState.STOPPING)
+
+
+_third = operator.itemgetter(2)
+
+
+def parse_tasks(spec: TasksSpec) -> tuple[int, int]:
+    """``-n`` as bsub takes it: ``4`` -> (4, 4), ``"2,8"`` / ``(2, 8)`` -> (2, 8)."""
+    if isinstance(spec, bool):
+        raise SubmissionRejected(f"bad task count {spec!r}")
+    if isinstance(spec, int):
+        return spec, spec
+    if isinstance(spec, tuple):
+        lo, hi = spec
+        return int(lo), int(hi)
+    parts = str(spec).split(",")
+    try:
+        if len(parts) == 1:
+            n = int(parts[0])
+            return n, n
+        if len(parts) == 2:
+            return int(parts[0]), int(parts[1])
+    except ValueError:
+        pass
+    raise SubmissionRejected(f"bad task count {spec!r} (expected N or MIN,MAX)")
+
+
+class SimClusterView:
+    """The ``cluster`` handed to ``xce_sched_cycle``: free slots per host, in host
+    order, read live (slots the plugin reserves during the cycle disappear from it).
+
+    With ``protect`` (the controller's ``protect_reservation`` option) and a blocked
+    queue head, a host offers only the slots the head does not need at its shadow
+    time, so a grow cannot delay the head; see :mod:`.scheduler`.
+    """
+
+    def __init__(
+        self,
+        cluster: Cluster,
+        reservation: Reservation | None = None,
+        free_at_pass: Mapping[str, int] | None = None,
+    ) -> None:
+        self._cluster = cluster
+        self._reservation = reservation
+        # Not copied: the controller replaces its map at every pass, never changes it.
+        self._free_at_pass: Mapping[str, int] = free_at_pass if free_at_pass is not None else {}
+
+    def free_slots(self) -> dict[str, int]:
+        free = self._cluster.free_slots()
+        res = self._reservation
+        if res is None:
+            return free
+        offered: dict[str, int] = {}
+        for host, n in free.items():
+            # Slots taken since the pass already came out of the extra slots.
+            taken = max(0, self._free_at_pass.get(host, n) - n)
+            offered[host] = max(0, min(n, res.extra.get(host, 0) - taken))
+        return offered
+
+
+class EmbeddedController:
+    """A small, faithful XCE controller in simulated time (see the module docstring).
+
+    :param plugin_manager: the manager the hooks are called through (with or without
+        the resize plugin registered; with none, hooks return ``None``/``[]``).
+    :param state_dir: the controller's state directory: its own state in
+        ``state_dir/embedded``, the plugin's journal in ``state_dir/resize``.
+    :param hosts: host name -> slots, in host order. May be omitted when restarting on
+        an existing ``state_dir`` (the saved hosts are used).
+    :param config: the ``[resize]`` section handed to the plugin.
+    :param user_slots: per-user slot limits (``[limits] user_slots``).
+    :param store: ``"lmdb"`` (default), ``"memory"``, ``"none"`` (no persistence, for
+        long traces), or a :class:`Store` object (pass the same :class:`MemoryStore` to
+        a new controller to restart from it).
+    :param durable: fsync every LMDB write (set ``False`` for long simulations).
+    :param clock: the simulated clock (default: a new :class:`SimClock` at 0, or the
+        saved time on restart).
+    :param task_runner: default :class:`SimTaskRunner` with ``faults``.
+    :param notification_runner: default :class:`SubprocessNotificationRunner`.
+    :param faults: fault injection for the default task runner.
+    :param strict: raise :class:`InvariantViolation` when a job still holds slots after
+        ``xce_job_end`` (tests); otherwise the slots are reclaimed and the problem is
+        kept for :meth:`check_invariants` (production).
+    :param protect_reservation: offer the plugin only slots the blocked queue head does
+        not need (see :class:`SimClusterView`); default ``False``: all free slots.
+    :param settle_cap: cycles per instant before :class:`SettleLoopError`.
+    :param autostart: call :meth:`start` from the constructor.
+    :param tokens: bearer token -> :class:`Principal` for :meth:`authenticate` (user
+        tokens and job tokens alike; the simulated controller issues none itself).
+    :param lean_cycles: end an instant after a cycle in which only the host's own pass
+        changed something (see :meth:`settle`); default ``False``: one more cycle, as
+        XCE does. Trace simulations set it: it halves the hook calls per instant.
+    :param keep_finished: keep finished jobs' records (default). ``False`` drops a job's
+        record once its end was reported (and observers told), so that a trace of
+        hundreds of thousands of jobs does not keep them all: :meth:`job`,
+        :meth:`get_job` and :meth:`jobs` then no longer know it. Their ids stay taken.
+    :param task_event_batches: deliver the task events queued together in one
+        ``xce_task_events`` call (default), or each in its own ``xce_task_event`` call
+        (``False``), as a host that gets them one at a time would.
+    """
+
+    def __init__(
+        self,
+        plugin_manager: pluggy.PluginManager,
+        state_dir: str | Path,
+        hosts: HostSpec | None = None,
+        *,
+        config: Mapping[str, Any] | None = None,
+        user_slots: Mapping[str, int] | None = None,
+        store: Literal["lmdb", "memory", "none"] | Store = "lmdb",
+        durable: bool = True,
+        clock: SettableClock | None = None,
+        task_runner: TaskRunner | None = None,
+        notification_runner: NotificationRunner | None = None,
+        faults: TaskFaults | None = None,
+        strict: bool = False,
+        protect_reservation: bool = False,
+        settle_cap: int = 1000,
+        autostart: bool = True,
+        tokens: Mapping[str, Principal] | None = None,
+        keep_finished: bool = True,
+        lean_cycles: bool = False,
+        task_event_batches: bool = True,
+    ) -> None:
+        self._pm = plugin_manager
+        self.task_event_batches = task_event_batches
+        self._state_dir = Path(state_dir)
+        self._state_dir.mkdir(parents=True, exist_ok=True)
+        self._work_dir = self._state_dir / "embedded-work"
+        if store == "lmdb":
+            self._store: Store = LmdbStore(self._state_dir / "embedded", durable=durable)
+        elif store == "memory":
+            self._store = MemoryStore()
+        elif store == "none":
+            self._store = NullStore()
+        elif isinstance(store, str):
+            raise ValueError(f"unknown store {store!r} (lmdb, memory or none)")
+        else:
+            self._store = store
+        # Nothing to save: skip building records for a store that drops them (a trace
+        # simulation would spend a good part of its time there).
+        self._persist = not isinstance(self._store, NullStore)
+        self.keep_finished = keep_finished
+        self.lean_cycles = lean_cycles
+        self._observers: list[Observer] = []
+        self._on_submit: list[Callable[[str, float], None]] = []
+        self._on_start: list[Callable[[str, float, tuple[Task, ...]], None]] = []
+        self._on_commit: list[Callable[[str, float, tuple[Task, ...], int], None]] = []
+        self._on_ending: list[Callable[[str, float, JobState, str], None]] = []
+        self._on_end: list[Callable[[FinishedJob], None]] = []
+        self._on_settled: list[Callable[[EmbeddedController], None]] = []
+        try:
+            self._setup(hosts, config, user_slots, clock, task_runner, notification_runner, faults)
+        except BaseException:
+            # Do not leave the environment open: py-lmdb refuses a second handle in
+            # this process, so a corrected retry would fail for the wrong reason.
+            self._store.close()
+            raise
+        self.strict = strict
+        self.protect_reservation = protect_reservation
+        self.settle_cap = settle_cap
+        self.tokens: dict[str, Principal] = dict(tokens or {})
+        self._hook_depth = 0
+        self._started = False
+        self._closed = False
+        if autostart:
+            self.start()
+
+    def _setup(
+        self,
+        hosts: HostSpec | None,
+        config: Mapping[str, Any] | None,
+        user_slots: Mapping[str, int] | None,
+        clock: SettableClock | None,
+        task_runner: TaskRunner | None,
+        notification_runner: NotificationRunner | None,
+        faults: TaskFaults | None,
+    ) -> None:
+        """Load the saved state and build everything on it (constructor, part two)."""
+        snapshot = self._store.load()
+        saved: Mapping[str, Any] = snapshot.meta if snapshot else {}
+
+        if hosts is None:
+            if "hosts" not in saved:
+                raise ValueError("hosts are required for a new state directory")
+            hosts = [(str(h), int(n)) for h, n in saved["hosts"]]
+        if user_slots is None:
+            user_slots = dict(saved.get("user_slots", {}))
+        if config is None:
+            config = dict(saved.get("config", {}))
+        self._config: Mapping[str, Any] = MappingProxyType(dict(config))
+        self._cluster = Cluster(hosts, user_slots)
+
+        self._clock: SettableClock = clock if clock is not None else SimClock()
+        if "clock" in saved and saved["clock"] > self._clock.now():
+            self._clock.advance_to(float(saved["clock"]))
+        self._next_id = int(saved.get("next_job_id", 101))
+
+        self._runner: TaskRunner = task_runner if task_runner is not None else SimTaskRunner(faults)
+        self._runner.bind(self)
+        self._notifier: NotificationRunner = (
+            notification_runner
+            if notification_runner is not None
+            else SubprocessNotificationRunner()
+        )
+
+        self._jobs: dict[str, JobRecord] = {}
+        # Ids of finished jobs whose records were dropped (keep_finished=False).
+        self._forgotten: set[str] = set()
+        self._work: dict[str, JobWork] = {}
+        # Per running job, the generation of its scheduled end: a job whose end moved
+        # (work-based run time) leaves a stale timeline entry that must do nothing.
+        self._end_gen: dict[str, int] = {}
+        self._fits: dict[tuple[int, int | None, int | None], bool] = {}
+        self._queue: list[tuple[tuple[float, tuple[int, int, str]], str]] = []
+        self._pending_views: dict[str, PendingJob] = {}
+        # The pending views in queue order, kept beside _queue (same positions), so a
+        # pass reads the queue without building a list of it.
+        self._queue_views: list[PendingJob] = []
+        self._running: dict[str, JobRecord] = {}
+        self._running_views: dict[str, RunningJob] = {}
+        # The same views ordered by planned end, kept sorted as jobs start, change and
+        # end, so that computing the head's reservation needs no sort (jobs without a
+        # planned end never release anything and are left out).
+        self._by_end: list[tuple[float, str, RunningJob]] = []
+        self._views_epoch = 0
+        self._res_known: tuple[Reservation, int, int, float] | None = None
+        self._future: dict[str, JobRecord] = {}
+        self._timeline = Timeline()
+        self._events = EventQueue()
+        self._changes = 0
+        self._instant = 0
+        self._round = 0
+        self._queue_epoch = 0
+        self._last_pass: tuple[int, int, float] | None = None
+        self._reservation: Reservation | None = None
+        self._free_at_pass: dict[str, int] = {}
+        self._problems: list[str] = []
+        self._rejections: list[tuple[float, str, str]] = []
+        self._dirty: set[str] = set()
+        self._meta_dirty = True
+        self._saved_clock = self._clock.now()
+        self._closed = False  # _flush() below checks it
+        if snapshot is not None:
+            self._restore(snapshot.jobs)
+        self._flush()
+
+    # =================================================================================
+    # the Controller protocol (what the plugin sees)
+    # =================================================================================
+
+    @property
+    def plugin_manager(self) -> pluggy.PluginManager:
+        return self._pm
+
+    @property
+    def config(self) -> Mapping[str, Any]:
+        """The ``[resize]`` section (read-only)."""
+        return self._config
+
+    @property
+    def state_dir(self) -> Path:
+        return self._state_dir
+
+    def now(self) -> float:
+        return self._clock.now()
+
+    def authenticate(self, token: str | None) -> Principal | None:
+        return self.tokens.get(token) if token else None
+
+    def get_job(self, job_id: str) -> JobInfo | None:
+        job = self._jobs.get(job_id)
+        return None if job is None else job.info()
+
+    def slot_headroom(self, user: str) -> int | None:
+        return self._cluster.headroom(user)
+
+    def reserve_slots(self, job_id: str, tasks: Sequence[Task]) -> None:
+        job = self._job(job_id)
+        if job.state is not JobState.RUN:
+            raise ContractViolation(f"reserve_slots: job {job_id} is {job.state.value}, not RUN")
+        if self._cluster.reserve(job_id, list(tasks)):
+            self._changed(job_id)
+        self._flush()
+
+    def free_slots(self, job_id: str, task_ids: Sequence[int]) -> None:
+        self._job(job_id)
+        if self._cluster.free(job_id, list(task_ids)):
+            self._changed(job_id)
+        self._flush()
+
+    def launch_tasks(self, job_id: str, tasks: Sequence[Task], env: Mapping[str, str]) -> None:
+        job = self._job(job_id)
+        held = self._cluster.held(job_id)
+        for task in tasks:
+            rec = job.task_states.get(task.id)
+            if rec is not None:
+                if rec.host != task.host:
+                    raise ContractViolation(
+                        f"launch_tasks: job {job_id} task {task.id} is on {rec.host}, "
+                        f"not {task.host}"
+                    )
+                self._rereport(job_id, task.id, rec)
+                continue
+            if job.state is not JobState.RUN:
+                job.task_states[task.id] = TaskRecord(
+                    task.host, TaskState.FAILED, self.now(), reason="job not running"
+                )
+                self._changed(job_id)
+                self._events.put(
+                    TaskEvent(job_id, task.id, "start_failed", None, "job not running")
+                )
+                continue
+            if held.get(task.id) != task.host:
+                raise ContractViolation(
+                    f"launch_tasks: job {job_id} task {task.id} on {task.host} is not reserved"
+                )
+            job.task_states[task.id] = TaskRecord(task.host, TaskState.STARTING, self.now())
+            self._changed(job_id)
+            self._runner.start(job_id, task, dict(env))
+        self._flush()
+
+    def stop_tasks(self, job_id: str, task_ids: Sequence[int], grace: float) -> None:
+        job = self._job(job_id)
+        for tid in task_ids:
+            rec = job.task_states.get(tid)
+            if rec is None:
+                self._events.put(TaskEvent(job_id, tid, "exited", None, "no such task"))
+            elif rec.state in (TaskState.STARTING, TaskState.RUNNING):
+                rec.state = TaskState.STOPPING
+                rec.stop_since = self.now()
+                rec.grace = grace
+                self._changed(job_id)
+                self._runner.stop(job_id, tid, grace, rec.stop_since)
+            elif rec.state is TaskState.STOPPING:
+                continue  # its exit will be reported
+            else:
+                self._events.put(TaskEvent(job_id, tid, "exited", rec.status, rec.reason))
+        self._flush()
+
+    def run_notification(
+        self,
+        job_id: str,
+        attempt: int,
+        host: str,
+        command: str,
+        env: Mapping[str, str],
+        timeout: float,
+    ) -> None:
+        job = self._job(job_id)
+        self._changed(job_id)  # notification started
+        request = NotificationRequest(
+            job_id, attempt, host, command, dict(env), timeout, self._work_dir / job_id
+        )
+        done = partial(self._notification_done, request, self.now())
+        if job.finished:
+            done(NotificationResult(None, "job finished"))
+        else:
+            self._notifier.run(request, done)
+        self._flush()
+
+    def commit_allocation(self, job_id: str, tasks: Sequence[Task], version: int) -> None:
+        job = self._job(job_id)
+        new = tuple(tasks)
+        if job.state is not JobState.RUN:
+            # A commit re-issued after the job ended changes nothing any more.
+            log.info("commit_allocation v%s for %s job %s ignored", version, job.state, job_id)
+            return
+        if version <= job.version:
+            if version == job.version and new != job.tasks:
+                raise ContractViolation(
+                    f"commit_allocation: job {job_id} version {version} committed "
+                    "twice with different tasks"
+                )
+            return  # a re-issue after a failover
+        if not new:
+            raise ContractViolation(f"commit_allocation: job {job_id}: empty allocation")
+        held = self._cluster.held(job_id)
+        for task in new:
+            if held.get(task.id) != task.host:
+                raise ContractViolation(
+                    f"commit_allocation: job {job_id} task {task.id} on {task.host} is not reserved"
+                )
+        resized = len(new) != len(job.tasks)
+        job.tasks = new
+        job.version = version
+        job.versions.append(VersionRecord(version, self.now(), new))
+        self._changed(job_id)
+        work = self._work.get(job_id)
+        if work is not None and resized:
+            # A work-based job runs at another speed from now on: its end moves.
+            self._schedule_end(job, work.resize(self.now(), len(new)))
+            self._update_running_view(job)
+        for fn in self._on_commit:
+            fn(job_id, self.now(), new, version)
+        self._flush()
+
+    # =================================================================================
+    # TaskReporter (what the task runner calls back on)
+    # =================================================================================
+
+    def at(self, time: float, fn: Callable[[], None]) -> None:
+        """Run ``fn`` at simulated ``time`` (not before now) from the event loop.
+
+        Callbacks are inputs of the driver and are not saved: after a restart they
+        must be registered again.
+        """
+        if time < self.now():
+            raise ValueError(f"at({time}): the clock is already at {self.now()}")
+        self._timeline.at(time, fn)
+
+    def task_started(self, job_id: str, task_id: int) -> None:
+        rec = self._live_task(job_id, task_id)
+        if rec is None or rec.state is not TaskState.STARTING:
+            return
+        rec.state = TaskState.RUNNING
+        rec.since = self.now()
+        self._changed(job_id)
+        self._events.put(TaskEvent(job_id, task_id, "started"))
+
+    def task_start_failed(self, job_id: str, task_id: int, reason: str) -> None:
+        rec = self._live_task(job_id, task_id)
+        if rec is None or rec.state is not TaskState.STARTING:
+            return
+        rec.state = TaskState.FAILED
+        rec.since = self.now()
+        rec.reason = reason
+        self._changed(job_id)
+        self._events.put(TaskEvent(job_id, task_id, "start_failed", None, reason))
+
+    def task_exited(self, job_id: str, task_id: int, status: int | None, reason: str) -> None:
+        rec = self._live_task(job_id, task_id)
+        if rec is None:
+            return
+        rec.state = TaskState.EXITED
+        rec.since = self.now()
+        rec.status = status
+        rec.reason = reason
+        rec.stop_since = rec.grace = None
+        self._changed(job_id)
+        self._events.put(TaskEvent(job_id, task_id, "exited", status, reason))
+
+    def _live_task(self, job_id: str, task_id: int) -> TaskRecord | None:
+        """The task's record if its process may still be alive (reports about tasks the
+        job's end already took down are stale and dropped)."""
+        job = self._jobs.get(job_id)
+        if job is None or job.finished:
+            return None
+        rec = job.task_states.get(task_id)
+        return rec if rec is not None and rec.state in _LIVE else None
+
+    def _rereport(self, job_id: str, task_id: int, rec: TaskRecord) -> None:
+        """Tell the plugin again what became of a task it launches a second time."""
+        if rec.state in (TaskState.RUNNING, TaskState.STOPPING):
+            self._events.put(TaskEvent(job_id, task_id, "started"))
+        elif rec.state is TaskState.EXITED:
+            self._events.put(TaskEvent(job_id, task_id, "exited", rec.status, rec.reason))
+        elif rec.state is TaskState.FAILED:
+            self._events.put(TaskEvent(job_id, task_id, "start_failed", None, rec.reason))
+        # STARTING: the runner's report is still to come.
+
+    def _notification_done(
+        self, request: NotificationRequest, started: float, result: NotificationResult
+    ) -> None:
+        job = self._jobs[request.job_id]
+        job.notifications.append(
+            NotificationLog(
+                request.job_id,
+                request.attempt,
+                request.host,
+                request.command,
+                started,
+                result.status,
+                result.reason,
+                result.stdout,
+                result.stderr,
+                result.elapsed,
+            )
+        )
+        self._changed(request.job_id)
+        self._events.put(NotifyDone(request.job_id, request.attempt, result.status, result.reason))
+
+    # =================================================================================
+    # lifecycle
+    # =================================================================================
+
+    def start(self) -> None:
+        """Call ``xce_controller_start``, then report job ends a crash left unreported."""
+        if self._started:
+            return
+        self._top_level("start")
+        self._started = True
+        self._hook("xce_controller_start", controller=self)
+        for job in self._ordered_jobs():
+            if job.finished and not job.end_reported:
+                self._report_end(job)
+        self._flush()
+
+    def stop(self) -> None:
+        """A clean stop: ``xce_controller_stop``, then close the store."""
+        self._top_level("stop")
+        if self._started:
+            self._hook("xce_controller_stop", controller=self)
+            self._started = False
+        self.close()
+
+    def close(self) -> None:
+        """Release the store without calling any hook (what a crash leaves behind)."""
+        if not self._closed:
+            self._flush()
+            self._closed = True
+            self._store.close()
+
+    # =================================================================================
+    # driver inputs
+    # =================================================================================
+
+    def submit(
+        self,
+        user: str,
+        n: TasksSpec | None = None,
+        *,
+        runtime: float | None = None,
+        estimate: float | None = None,
+        ptile: int | None = None,
+        resizable: bool = False,
+        grow_hosts: GrowHosts | str = GrowHosts.PREFER_EXISTING,
+        notify_cmd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        alloc: Mapping[str, int] | Sequence[tuple[str, int]] | None = None,
+        job_id: str | None = None,
+        submit_time: float | None = None,
+        start_tasks: int | None = None,
+        work: JobWork | None = None,
+    ) -> str:
+        """Submit a job; return its id.
+
+        :param n: ``-n``: ``4``, ``"2,8"`` or ``(2, 8)``; default 1 (or the size of
+            ``alloc``).
+        :param runtime: simulated seconds from start to DONE (``None``: until killed).
+        :param estimate: the user's runtime estimate, used by backfilling instead of
+            ``runtime`` when given.
+        :param alloc: start at arrival on exactly these hosts (``{host: tasks}`` in
+            allocation order), bypassing the queue; rejected if it does not fit.
+        :param job_id: the id (default: the next free number from 101).
+        :param submit_time: arrival time (default now). A later time schedules the
+            arrival: validation happens then, and a rejection is recorded in
+            :attr:`rejections` instead of raised.
+        :param start_tasks: the most tasks the scheduler starts the job with while
+            other jobs wait (default ``max_tasks``); slots nobody waits for may take the
+            start up to ``max_tasks`` (see :class:`~.scheduler.PendingJob`), and a
+            resizable job may grow there later. Trace simulations start a malleable job
+            at its recorded size this way.
+        :param work: a :class:`~.work.JobWork` deciding the job's end from the sizes it
+            runs at (work-based run time, see :mod:`.work`); without it the job ends
+            ``runtime`` seconds after its start. A driver input: not saved in the store.
+
+        Raises :class:`SubmissionRejected` (the host's checks) or whatever
+        ``xce_job_validate`` raised; nothing changes then.
+        """
+        self._top_level("submit")
+        now = self.now()
+        arrival = now if submit_time is None else float(submit_time)
+        if arrival < now:
+            raise SubmissionRejected(f"submit time {arrival} is before now ({now})")
+        pairs = None
+        if alloc is not None:
+            pairs = tuple(
+                (str(h), int(c))
+                for h, c in (alloc.items() if isinstance(alloc, Mapping) else alloc)
+            )
+        if n is None:
+            n = sum(c for _, c in pairs) if pairs else 1
+        min_tasks, max_tasks = parse_tasks(n)
+        if job_id is None:
+            job_id = self._allocate_id()
+        elif job_id in self._jobs or job_id in self._future or job_id in self._forgotten:
+            raise SubmissionRejected(f"job id {job_id} is already in use")
+        record = JobRecord(
+            id=str(job_id),
+            user=user,
+            min_tasks=min_tasks,
+            max_tasks=max_tasks,
+            submit_time=arrival,
+            runtime=runtime,
+            estimate=estimate,
+            ptile=ptile,
+            resizable=resizable,
+            grow_hosts=GrowHosts(grow_hosts),
+            notify_cmd=notify_cmd,
+            env=dict(env or {}),
+            alloc=pairs,
+            start_tasks=start_tasks,
+        )
+        if work is not None:
+            self._work[record.id] = work
+        if arrival > now:
+            self._future[record.id] = record
+            self._timeline.at(arrival, partial(self._arrive, record.id))
+        else:
+            self._accept(record)
+        return record.id
+
+    def kill(self, job_id: str, reason: str = "killed") -> bool:
+        """End a job as EXIT (``bkill``); ``False`` if it had already finished.
+
+        The job's slots are freed and ``xce_job_end`` is called at once; like every
+        input, the scheduler uses the freed slots at the next :meth:`settle` /
+        :meth:`run`. A job whose arrival is still scheduled is simply not submitted.
+        """
+        self._top_level("kill")
+        if self._future.pop(job_id, None) is not None:
+            return True
+        job = self._job(job_id)
+        if job.finished:
+            return False
+        self._end_job(job, JobState.EXIT, reason)
+        return True
+
+    def finish(self, job_id: str, reason: str = "done") -> bool:
+        """End a running job as DONE now, as if its last task had exited normally;
+        ``False`` if it had already finished.
+
+        For drivers whose jobs end on outside events rather than a runtime (replaying a
+        recorded run). A job still pending ends too, without having run.
+        """
+        self._top_level("finish")
+        job = self._job(job_id)
+        if job.finished:
+            return False
+        self._end_job(job, JobState.DONE, reason)
+        return True
+
+    def add_observer(self, observer: Observer) -> None:
+        """Watch job starts, commits and ends, and act at each settled instant.
+
+        Only the callbacks the observer overrides are called (see :mod:`.observer`).
+        """
+        self._observers.append(observer)
+        for name, target in (
+            ("job_submitted", self._on_submit),
+            ("job_started", self._on_start),
+            ("allocation_committed", self._on_commit),
+            ("job_ending", self._on_ending),
+            ("job_ended", self._on_end),
+            ("settled", self._on_settled),
+        ):
+            if getattr(type(observer), name) is not getattr(Observer, name):
+                target.append(getattr(observer, name))
+
+    def inject_task_exit(
+        self, job_id: str, task_id: int, status: int | None = 1, reason: str = "task failed"
+    ) -> None:
+        """Fault injection: a task's process dies on its own (reported as ``exited``;
+        its slot stays charged, as on a real host, until someone frees it)."""
+        self._top_level("inject_task_exit")
+        job = self._job(job_id)
+        rec = job.task_states.get(task_id)
+        if rec is None or rec.state not in _LIVE:
+            raise ValueError(f"job {job_id} task {task_id} is not running")
+        self.task_exited(job_id, task_id, status, reason)
+        self._flush()
+
+    @property
+    def faults(self) -> TaskFaults:
+        """The simulated task runner's fault injection (start failures, stop delays)."""
+        if not isinstance(self._runner, SimTaskRunner):
+            raise TypeError("fault injection needs the simulated task runner")
+        return self._runner.faults
+
+    # -- the resize command paths (what REST / bresize reach in XCE) ------------------
+
+    def request_resize(
+        self, principal: Principal, job_id: str, request: ResizeRequest
+    ) -> ResizeStatus | None:
+        """Forward a grow, release or cancel to ``xce_resize_request``."""
+        self._top_level("request_resize")
+        # A request changes the plugin's state even when the host sees no call back (a
+        # grow pends until the next scheduler cycle): count it, so that a driver acting
+        # at a settled instant gets the cycles that place it.
+        self._changes += 1
+        result = self._hook(
+            "xce_resize_request",
+            controller=self,
+            principal=principal,
+            job_id=job_id,
+            request=request,
+        )
+        return cast("ResizeStatus | None", result)
+
+    def resize_status(self, job_id: str) -> ResizeStatus | None:
+        """``xce_resize_status`` for a job."""
+        self._top_level("resize_status")
+        return cast(
+            "ResizeStatus | None", self._hook("xce_resize_status", controller=self, job_id=job_id)
+        )
+
+    def acct_usage(self, job_id: str) -> Any:
+        """``xce_acct_usage`` for a job up to now (the plugin's ``Usage``)."""
+        self._top_level("acct_usage")
+        return self._hook("xce_acct_usage", controller=self, job_id=job_id, now=self.now())
+
+    # =================================================================================
+    # time
+    # =================================================================================
+
+    def settle(self) -> None:
+        """Cycle until nothing changes at this instant.
+
+        One cycle: the host's FCFS + EASY pass, ``xce_sched_cycle``,
+        ``xce_dispatch_cycle``, then delivery of the queued plugin events. A cycle that
+        changed nothing ends the instant. With :attr:`lean_cycles`, so does a cycle in
+        which only the host's pass changed something: the plugin's hooks have already
+        seen the state after that pass and left it alone, and the pass itself would
+        decide nothing new (the next one is skipped as unchanged), so another cycle
+        would repeat the same calls on the same state. :attr:`settle_cap` cycles raise
+        :class:`SettleLoopError` (a plugin that keeps changing something).
+        """
+        self._top_level("settle")
+        for _ in range(self.settle_cap):
+            before = self._changes
+            self._host_pass()
+            after_pass = self._changes
+            self._hook(
+                "xce_sched_cycle",
+                controller=self,
+                cluster=SimClusterView(
+                    self._cluster,
+                    self._reservation if self.protect_reservation else None,
+                    self._free_at_pass,
+                ),
+            )
+            self._hook("xce_dispatch_cycle", controller=self)
+            self._deliver()
+            if self._changes == before:
+                return
+            if self.lean_cycles and self._changes == after_pass and self._pass_current():
+                return
+        raise SettleLoopError(
+            f"t={self.now()}: still changing after {self.settle_cap} cycles "
+            f"({len(self._events)} events queued)"
+        )
+
+    def run(self, until: float | None = None) -> None:
+        """The discrete event loop: settle now, then jump from instant to instant
+        (arrivals, job ends, task exits, :meth:`at` callbacks), settling after each,
+        up to ``until`` inclusive (the clock ends at ``until``) or until nothing is
+        scheduled any more (``until=None``)."""
+        self._top_level("run")
+        if until is not None and until < self.now():
+            raise ValueError(f"run(until={until}): the clock is already at {self.now()}")
+        self._settle_observed()
+        timeline = self._timeline
+        while True:
+            t = timeline.next_time()
+            if t is None or (until is not None and t > until):
+                break
+            self._advance_clock(t)
+            self._instant += 1
+            for fn in timeline.pop_at(t):
+                fn()
+            self._flush()
+            self._settle_observed()
+        if until is not None and until > self.now():
+            self._advance_clock(until)
+            self._instant += 1
+            self._settle_observed()
+
+    def _settle_observed(self) -> None:
+        """Settle, then let observers act on the settled instant; settle again after
+        anything they changed, until they change nothing."""
+        self.settle()
+        if not self._on_settled:
+            return
+        for round_ in range(self.settle_cap):
+            self._round = round_
+            before = self._changes
+            for fn in self._on_settled:
+                fn(self)
+            if self._changes == before:
+                return
+            self.settle()
+        raise SettleLoopError(
+            f"t={self.now()}: observers still changing after {self.settle_cap} rounds"
+        )
+
+    def _pass_current(self) -> bool:
+        """Whether the host's next pass would be skipped as unchanged."""
+        if not self._queue:
+            return True
+        return self._last_pass == (self._cluster.free_epoch, self._queue_epoch, self.now())
+
+    def advance(self, seconds: float) -> None:
+        """:meth:`run` for ``seconds`` of simulated time."""
+        self.run(until=self.now() + seconds)
+
+    def _advance_clock(self, t: float) -> None:
+        self._clock.advance_to(t)
+        if self._persist:
+            self._meta_dirty = True
+            self._flush()
+
+    # =================================================================================
+    # views
+    # =================================================================================
+
+    def jobs(self) -> list[JobView]:
+        """Every known job, in queue order (submit time, then job id)."""
+        return [job.view(self._cluster.held(job.id)) for job in self._ordered_jobs()]
+
+    def job(self, job_id: str) -> JobView:
+        job = self._job(job_id)
+        return job.view(self._cluster.held(job_id))
+
+    def hosts_view(self) -> dict[str, dict[str, int]]:
+        """``{host: {"slots": n, "used": m}}`` in host order."""
+        return {
+            host: {"slots": slots, "used": self._cluster.used(host)}
+            for host, slots in self._cluster.hosts.items()
+        }
+
+    def users_view(self) -> dict[str, dict[str, int]]:
+        """``{user: {"slots_in_use": n}}`` for users holding slots or with a limit."""
+        in_use = self._cluster.users_in_use()
+        users = sorted(set(in_use) | set(self._cluster.user_limits))
+        return {u: {"slots_in_use": in_use.get(u, 0)} for u in users}
+
+    def notifications(self, job_id: str | None = None) -> list[NotificationLog]:
+        """Notification runs with their output: one job's, or all in job order."""
+        if job_id is not None:
+            return list(self._job(job_id).notifications)
+        return [n for job in self._ordered_jobs() for n in job.notifications]
+
+    @property
+    def rejections(self) -> list[tuple[float, str, str]]:
+        """``(time, job_id, reason)`` of scheduled arrivals that were rejected."""
+        return list(self._rejections)
+
+    @property
+    def reservation(self) -> Reservation | None:
+        """The blocked queue head's reservation as of the last scheduler pass."""
+        return self._reservation
+
+    @property
+    def instant(self) -> int:
+        """How many instants :meth:`run` has processed (0: none yet; the settle at
+        the start of a run belongs to the instant before). Observers use it with
+        :attr:`settle_round` to say exactly when something happened."""
+        return self._instant
+
+    @property
+    def settle_round(self) -> int:
+        """Which call of the observers' ``settled`` this is, within the instant."""
+        return self._round
+
+    @property
+    def pending_count(self) -> int:
+        """Jobs waiting in the queue, now."""
+        return len(self._queue)
+
+    @property
+    def free_slot_count(self) -> int:
+        """Slots free on all hosts together, now."""
+        return self._cluster.free_total
+
+    def offered_slot_count(self) -> int:
+        """How many free slots the plugin's next scheduler cycle would be offered: all
+        free slots, or with :attr:`protect_reservation` and a blocked queue head only
+        those the head does not need at its shadow time (see :class:`SimClusterView`)."""
+        res = self._reservation
+        if not self.protect_reservation or res is None:
+            return self._cluster.free_total
+        # SimClusterView.free_slots() summed, over the hosts with free slots only.
+        at_pass, extra = self._free_at_pass, res.extra
+        total = 0
+        for host, n in self._cluster.open_slots().items():
+            taken = max(0, at_pass.get(host, n) - n)
+            total += max(0, min(n, extra.get(host, 0) - taken))
+        return total
+
+    @property
+    def changes(self) -> int:
+        """The change counter (bumped by every state-changing call)."""
+        return self._changes
+
+    @property
+    def queued_events(self) -> int:
+        """Plugin events waiting for delivery."""
+        return len(self._events)
+
+    @property
+    def next_time(self) -> float | None:
+        """The next scheduled instant (``None``: nothing scheduled)."""
+        return self._timeline.next_time()
+
+    def check_invariants(self) -> list[str]:
+        """Problems found now, plus those recorded earlier (empty list: all good).
+
+        Checked: no host over its slots and the ledger's counters consistent (per host
+        and per user); pending and finished jobs hold no slot; a running job's
+        committed allocation is held, starts with task 0, stays within
+        ``min_tasks..max_tasks`` and respects ``ptile`` (held slots per host); every
+        live task process runs on a slot its job holds; finished jobs have no live
+        task.
+        """
+        problems = list(self._problems)
+        problems.extend(self._cluster.check())
+        for job in self._ordered_jobs():
+            held = self._cluster.held(job.id)
+            if job.state is not JobState.RUN:
+                if held:
+                    problems.append(
+                        f"job {job.id} is {job.state.value} but holds {len(held)} slot(s)"
+                    )
+                live = [tid for tid, r in job.task_states.items() if r.state in _LIVE]
+                if live:
+                    problems.append(f"job {job.id} is {job.state.value} with live tasks {live}")
+                continue
+            if not job.tasks or job.tasks[0].id != 0:
+                problems.append(f"job {job.id}: allocation does not start with task 0")
+            if not job.min_tasks <= len(job.tasks) <= job.max_tasks:
+                problems.append(
+                    f"job {job.id}: {len(job.tasks)} tasks outside {job.min_tasks}..{job.max_tasks}"
+                )
+            for task in job.tasks:
+                if held.get(task.id) != task.host:
+                    problems.append(f"job {job.id}: committed task {task.id} is not held")
+            if job.ptile is not None:
+                for host, n in self._cluster.job_host_counts(job.id).items():
+                    if n > job.ptile:
+                        problems.append(f"job {job.id}: {n} slots on {host} > ptile {job.ptile}")
+            for tid, rec in job.task_states.items():
+                if rec.state in _LIVE and held.get(tid) != rec.host:
+                    problems.append(
+                        f"job {job.id}: task {tid} is {rec.state.value} without a held slot"
+                    )
+        return problems
+
+    # =================================================================================
+    # internals: jobs
+    # =================================================================================
+
+    def _job(self, job_id: str) -> JobRecord:
+        job = self._jobs.get(job_id)
+        if job is None:
+            raise UnknownJob(f"no job {job_id}")
+        return job
+
+    def _ordered_jobs(self) -> list[JobRecord]:
+        return sorted(self._jobs.values(), key=lambda j: (j.submit_time, job_id_key(j.id)))
+
+    def _allocate_id(self) -> str:
+        while (
+            str(self._next_id) in self._jobs
+            or str(self._next_id) in self._future
+            or str(self._next_id) in self._forgotten
+        ):
+            self._next_id += 1
+        job_id = str(self._next_id)
+        self._next_id += 1
+        self._meta_dirty = True
+        return job_id
+
+    def _arrive(self, job_id: str) -> None:
+        record = self._future.pop(job_id, None)
+        if record is None:
+            return  # killed before it arrived
+        try:
+            self._accept(record)
+        except Exception as exc:  # any validation error rejects, as for submit()
+            self._rejections.append((self.now(), job_id, f"{type(exc).__name__}: {exc}"))
+            log.info("job %s rejected at arrival: %s", job_id, exc)
+
+    def _accept(self, record: JobRecord) -> None:
+        """Validate and admit an arriving job (queue it, or start it on its ``alloc``)."""
+        try:
+            self._hook("xce_job_validate", controller=self, job=record.info())
+            placement = self._host_checks(record)
+        except BaseException:
+            self._work.pop(record.id, None)  # rejected: it will never run
+            raise
+        self._jobs[record.id] = record
+        self._cluster.register_job(record.id, record.user)
+        self._changed(record.id)
+        for fn in self._on_submit:
+            fn(record.id, self.now())
+        if placement is not None:
+            self._start_job(record, placement)
+        else:
+            self._enqueue(record)
+        self._flush()
+
+    def _host_checks(self, job: JobRecord) -> tuple[tuple[str, int], ...] | None:
+        """The host's own submission checks; return the explicit placement if any."""
+        if not job.user:
+            raise SubmissionRejected("a job needs a user")
+        if job.min_tasks < 1 or job.min_tasks > job.max_tasks:
+            raise SubmissionRejected(f"bad task range {job.min_tasks},{job.max_tasks}")
+        if job.ptile is not None and job.ptile < 1:
+            raise SubmissionRejected(f"bad ptile {job.ptile}")
+        for name, value in (("runtime", job.runtime), ("estimate", job.estimate)):
+            if value is not None and not (value >= 0 and math.isfinite(value)):
+                raise SubmissionRejected(f"bad {name} {value}")
+        if job.start_tasks is not None and not job.min_tasks <= job.start_tasks <= job.max_tasks:
+            raise SubmissionRejected(
+                f"start_tasks {job.start_tasks} outside {job.min_tasks}..{job.max_tasks}"
+            )
+        limit = self._cluster.user_limits.get(job.user)
+        if not self._can_ever_fit(job.min_tasks, job.ptile, limit):
+            raise SubmissionRejected(
+                f"job {job.id} can never start: {job.min_tasks} task(s)"
+                + (f" with ptile {job.ptile}" if job.ptile else "")
+                + f" on {self._cluster.capacity} slot(s)"
+                + (f" under user {job.user}'s limit of {limit}" if limit is not None else "")
+            )
+        if job.alloc is None:
+            return None
+        free = self._cluster.free_slots()
+        total = 0
+        for host, count in job.alloc:
+            if not self._cluster.has_host(host):
+                raise SubmissionRejected(f"alloc: unknown host {host!r}")
+            if count < 1:
+                raise SubmissionRejected(f"alloc: bad task count {count} on {host}")
+            if job.ptile is not None and count > job.ptile:
+                raise SubmissionRejected(f"alloc: {count} tasks on {host} exceed ptile {job.ptile}")
+            if count > free[host]:
+                raise SubmissionRejected(
+                    f"alloc does not fit: {count} tasks on {host}, {free[host]} free"
+                )
+            total += count
+        if len({h for h, _ in job.alloc}) != len(job.alloc):
+            raise SubmissionRejected("alloc: a host is listed twice")
+        if not job.min_tasks <= total <= job.max_tasks:
+            raise SubmissionRejected(
+                f"alloc has {total} tasks, outside {job.min_tasks}..{job.max_tasks}"
+            )
+        headroom = self._cluster.headroom(job.user)
+        if headroom is not None and total > headroom:
+            raise SubmissionRejected(
+                f"alloc does not fit: user {job.user} may take {headroom} more slot(s)"
+            )
+        return job.alloc
+
+    def _can_ever_fit(self, min_tasks: int, ptile: int | None, limit: int | None) -> bool:
+        # Memoised: hosts never change while the controller runs, and a trace submits
+        # hundreds of thousands of jobs of a few hundred distinct shapes.
+        key = (min_tasks, ptile, limit)
+        fits = self._fits.get(key)
+        if fits is None:
+            fits = self._fits[key] = can_ever_fit(self._cluster.hosts, min_tasks, ptile, limit)
+        return fits
+
+    @staticmethod
+    def _queue_key(job: JobRecord) -> tuple[float, tuple[int, int, str]]:
+        return (job.submit_time, job_id_key(job.id))
+
+    def _enqueue(self, job: JobRecord) -> None:
+        entry = (self._queue_key(job), job.id)
+        i = bisect.bisect_right(self._queue, entry)
+        view = self._pending_views[job.id] = self._pending_view(job)
+        self._queue.insert(i, entry)
+        self._queue_views.insert(i, view)
+        self._queue_epoch += 1
+
+    def _dequeue(self, job: JobRecord) -> None:
+        entry = (self._queue_key(job), job.id)
+        i = bisect.bisect_left(self._queue, entry)
+        if i < len(self._queue) and self._queue[i] == entry:
+            del self._queue[i]
+            del self._queue_views[i]
+            del self._pending_views[job.id]
+            self._queue_epoch += 1
+
+    def _start_job(self, job: JobRecord, placement: Iterable[tuple[str, int]]) -> None:
+        """Start ``job``: tasks 0..n-1 in allocation order, charged and running now."""
+        now = self.now()
+        tasks = self._cluster.allocate(job.id, tuple(placement))
+        self._dequeue(job)
+        job.state = JobState.RUN
+        job.start_time = now
+        job.tasks = tasks
+        job.version = 0
+        job.versions = [VersionRecord(0, now, tasks)]
+        job.task_states = {t.id: TaskRecord(t.host, TaskState.RUNNING, now) for t in tasks}
+        self._running[job.id] = job
+        work = self._work.get(job.id)
+        self._schedule_end(job, work.start(now, len(tasks)) if work is not None else None)
+        self._update_running_view(job)
+        self._changed(job.id)
+        for fn in self._on_start:
+            fn(job.id, now, tasks)
+
+    def _schedule_end(self, job: JobRecord, end: float | None = None) -> None:
+        """(Re)schedule the job's end: at ``end`` when its work model gave one, else
+        at start + runtime. An earlier scheduled end of the job becomes a no-op."""
+        if end is None and job.id not in self._work:
+            end = job.planned_end()
+        gen = self._end_gen.get(job.id, 0) + 1
+        self._end_gen[job.id] = gen
+        if end is not None:
+            self._timeline.at(max(end, self.now()), partial(self._end_due, job.id, gen))
+
+    def _end_due(self, job_id: str, gen: int = 0) -> None:
+        job = self._jobs.get(job_id)
+        if job is None or job.state is not JobState.RUN:
+            return
+        if gen and gen != self._end_gen.get(job_id):
+            return  # the end moved (the job was resized since)
+        self._end_job(job, JobState.DONE, "done")
+
+    def _expected_end(self, job: JobRecord) -> float | None:
+        """The end the scheduler plans a running job with."""
+        work = self._work.get(job.id)
+        return work.expected_end() if work is not None else job.expected_end()
+
+    def _end_job(self, job: JobRecord, state: JobState, reason: str) -> None:
+        """Free the committed allocation, stop the tasks, set the state, then tell the
+        plugin (``xce_job_end``) and check that the job holds nothing any more."""
+        now = self.now()
+        for fn in self._on_ending:
+            fn(job.id, now, state, reason)
+        was_pending = job.state is JobState.PEND
+        job.state = state
+        job.end_time = now
+        job.exit_reason = reason
+        for rec in job.task_states.values():
+            if rec.state in _LIVE:
+                rec.state = TaskState.EXITED
+                rec.since = now
+                rec.reason = "job ended"
+                rec.stop_since = rec.grace = None
+        if was_pending:
+            self._dequeue(job)
+        cluster = self._cluster
+        if cluster.held_count(job.id) == len(job.tasks):
+            # Nothing in flight (a grow would hold more, a shrink fewer, and only one
+            # change is in flight at a time): exactly the committed tasks are held.
+            cluster.release_all(job.id)
+        else:
+            cluster.free(job.id, [t.id for t in job.tasks])
+        self._running.pop(job.id, None)
+        self._drop_running_view(job.id)
+        self._changed(job.id)
+        self._flush()
+        self._report_end(job)
+
+    def _report_end(self, job: JobRecord) -> None:
+        self._hook("xce_job_end", controller=self, job_id=job.id)
+        leftover = self._cluster.held(job.id)
+        job.end_reported = True
+        self._changed(job.id)
+        if leftover:
+            problem = (
+                f"job {job.id} still held {len(leftover)} slot(s) after xce_job_end: "
+                + ", ".join(f"{tid}@{host}" for tid, host in leftover.items())
+            )
+            self._problems.append(problem)
+            # Reclaim them so the simulation goes on with a correct ledger; the leak is
+            # on record for check_invariants().
+            self._cluster.free_job(job.id)
+            self._flush()
+            if self.strict:
+                raise InvariantViolation(problem)
+            log.warning("%s", problem)
+        self._flush()
+        self._end_gen.pop(job.id, None)
+        self._work.pop(job.id, None)
+        if self._on_end and job.end_time is not None:
+            finished = FinishedJob(
+                job.id,
+                job.user,
+                job.state,
+                job.min_tasks,
+                job.max_tasks,
+                job.submit_time,
+                job.start_time,
+                job.end_time,
+                tuple(job.versions),
+                job.exit_reason,
+            )
+            for fn in self._on_end:
+                fn(finished)
+        if not self.keep_finished:
+            del self._jobs[job.id]
+            self._cluster.forget_job(job.id)
+            self._forgotten.add(job.id)
+
+    # =================================================================================
+    # internals: scheduling and delivery
+    # =================================================================================
+
+    def _host_pass(self) -> None:
+        """The host's FCFS + EASY pass, skipped when neither the queue nor the free
+        slots nor the clock changed since the last one (it would decide the same)."""
+        if not self._queue:
+            self._reservation = None
+            return
+        sig = (self._cluster.free_epoch, self._queue_epoch, self.now())
+        if sig == self._last_pass:
+            return
+        now = self.now()
+        cluster = self._cluster
+        # Only the hosts with free slots (in host order): on a busy cluster the pass
+        # then costs in proportion to what it can use, not to the number of hosts.
+        result = easy_pass(
+            now,
+            self._queue_views,
+            map(_third, self._by_end),
+            cluster.open_slots(),
+            cluster.headroom,
+            cluster.order,
+            presorted=True,
+            known=self._known_reservation(now),
+        )
+        for start in result.starts:
+            self._start_job(self._jobs[start.job_id], start.placement)
+        self._reservation = res = result.reservation
+        # Only the protected cluster view reads it, and only with a reservation (hosts
+        # missing from it had no free slot at the pass, so nothing was taken there).
+        self._free_at_pass = dict(result.free or {}) if res is not None else {}
+        self._last_pass = (cluster.free_epoch, self._queue_epoch, now)
+        # A pass that started nothing leaves a reservation the next pass may reuse.
+        self._res_known = (
+            (res, cluster.change_epoch, self._views_epoch, now)
+            if res is not None and not result.starts
+            else None
+        )
+        self._flush()
+
+    def _known_reservation(self, now: float) -> Reservation | None:
+        """The last pass's reservation if it is still exact: no slot taken or freed,
+        no running job's planned end changed, and none reached since (an overdue job
+        releases "now", which would move the shadow time)."""
+        known = self._res_known
+        if known is None:
+            return None
+        res, epoch, views, at = known
+        if epoch != self._cluster.change_epoch or views != self._views_epoch:
+            return None
+        if not res.shadow > now:
+            return None
+        i = bisect.bisect_right(self._by_end, (at, "\U0010ffff"))
+        if i < len(self._by_end) and self._by_end[i][0] <= now:
+            return None
+        return res
+
+    def _update_running_view(self, job: JobRecord) -> None:
+        """The scheduler's view of a running job: its planned end and (live) slots."""
+        self._drop_running_view(job.id)
+        self._views_epoch += 1
+        view = RunningJob(job.id, self._expected_end(job), self._cluster.job_hosts(job.id))
+        self._running_views[job.id] = view
+        if view.end is not None:
+            # Ends and ids never tie together (ids are unique): views are not compared.
+            bisect.insort(self._by_end, (view.end, job.id, view))
+
+    def _drop_running_view(self, job_id: str) -> None:
+        old = self._running_views.pop(job_id, None)
+        if old is not None and old.end is not None:
+            i = bisect.bisect_left(self._by_end, (old.end, job_id))
+            del self._by_end[i]
+
+    def _pending_view(self, job: JobRecord) -> PendingJob:
+        work = self._work.get(job.id)
+        return PendingJob(
+            job.id,
+            job.user,
+            job.min_tasks,
+            job.start_tasks if job.start_tasks is not None else job.max_tasks,
+            job.ptile,
+            job.duration,
+            work.planned_duration if work is not None else None,
+            job.max_tasks if job.start_tasks is not None else None,
+        )
+
+    def _deliver(self) -> None:
+        events = self._events
+        batch: list[TaskEvent] = []
+        for event in events.drain():
+            self._changes += 1
+            if isinstance(event, TaskEvent):
+                batch.append(event)
+                if events:
+                    continue  # more queued: they may be task events of the same batch
+                self._deliver_tasks(batch)
+                batch = []
+                continue
+            if batch:
+                self._deliver_tasks(batch)
+                batch = []
+            self._hook(
+                "xce_notify_done",
+                controller=self,
+                job_id=event.job_id,
+                attempt=event.attempt,
+                status=event.status,
+                reason=event.reason,
+            )
+
+    def _deliver_tasks(self, batch: list[TaskEvent]) -> None:
+        if self.task_event_batches:
+            self._hook("xce_task_events", controller=self, events=tuple(batch))
+        else:
+            for event in batch:
+                self._hook("xce_task_event", controller=self, event=event)
+
+    def _hook(self, name: str, **kwargs: Any) -> Any:
+        """Call a host hook: state saved first (a plugin crash loses nothing), and the
+        depth tracked so the plugin cannot re-enter the driver API from inside."""
+        persist = self._persist
+        if persist:
+            self._flush()
+        self._hook_depth += 1
+        try:
+            return getattr(self._pm.hook, name)(**kwargs)
+        finally:
+            self._hook_depth -= 1
+            if persist:
+                self._flush()
+
+    def _top_level(self, what: str) -> None:
+        if self._hook_depth:
+            raise ContractViolation(f"{what}() called from inside a hook")
+        if self._closed:
+            raise EmbeddedError(f"{what}(): the controller is closed")
+
+    # =================================================================================
+    # internals: persistence
+    # =================================================================================
+
+    def _changed(self, job_id: str) -> None:
+        self._changes += 1
+        if self._persist:
+            self._dirty.add(job_id)
+
+    def _meta(self) -> dict[str, Any]:
+        return {
+            "clock": self.now(),
+            "next_job_id": self._next_id,
+            "hosts": [[h, n] for h, n in self._cluster.hosts.items()],
+            "user_slots": self._cluster.user_limits,
+            "config": dict(self._config),
+        }
+
+    def _flush(self) -> None:
+        if self._closed or not self._persist:
+            return
+        if self.now() != self._saved_clock:
+            self._meta_dirty = True
+        if not self._dirty and not self._meta_dirty:
+            return
+        jobs = [
+            (self._jobs[j], self._cluster.held(j)) for j in sorted(self._dirty) if j in self._jobs
+        ]
+        self._store.write(self._meta() if self._meta_dirty else None, jobs)
+        self._dirty.clear()
+        self._meta_dirty = False
+        self._saved_clock = self.now()
+
+    def _restore(self, saved: Iterable[tuple[JobRecord, dict[int, str]]]) -> None:
+        """Rebuild the ledger, queue, running set and timeline from saved records."""
+        records = sorted(saved, key=lambda item: (item[0].submit_time, job_id_key(item[0].id)))
+        for job, held in records:
+            self._jobs[job.id] = job
+            self._cluster.restore(job.id, job.user, held)
+            if job.state is JobState.PEND:
+                self._enqueue(job)
+            elif job.state is JobState.RUN:
+                self._running[job.id] = job
+                self._schedule_end(job)
+                self._update_running_view(job)
+        # Task processes do not wait for the controller: re-arm the exits of tasks that
+        # were being stopped, and report launches the crash interrupted as failed.
+        for job, _ in records:
+            if job.finished:
+                continue
+            for tid, rec in job.task_states.items():
+                if rec.state is TaskState.STOPPING and rec.stop_since is not None:
+                    self._runner.stop(job.id, tid, rec.grace or 0.0, rec.stop_since)
+                elif rec.state is TaskState.STARTING:
+                    self.task_start_failed(job.id, tid, "controller restarted during launch")

@@ -1,0 +1,297 @@
+"""The embedded controller's own state: LMDB by default, in memory or none for speed.
+
+This is the host's state, not the plugin's journal (that lives in ``state_dir/resize``
+and belongs to the plugin). It holds what a restarted controller needs to find its jobs
+again: every job record with its held slots and task states, and a ``meta`` record
+(schema version, simulated clock, next job id, hosts, limits, the ``[resize]``
+section). The controller writes the records it changed after every state-changing call,
+so dropping the controller object at any point (a crash) loses nothing but the events
+it had not delivered yet.
+
+Layout: one LMDB environment in ``state_dir/embedded`` with two named databases,
+``meta`` (key ``state``) and ``jobs`` (job id -> record). Values are JSON: small,
+readable with ``mdb_dump`` when debugging a scenario, and independent of the plugin's
+converters. A newer schema or an undecodable record raises :class:`StoreError` naming
+the directory rather than starting on half a state.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any, Protocol
+
+import lmdb
+from attrs import frozen
+
+from xce_resize_plugin.controllers.jobs import (
+    JobRecord,
+    NotificationLog,
+    TaskRecord,
+    TaskState,
+    VersionRecord,
+)
+from xce_resize_plugin.controllers.violations import StoreError
+from xce_resize_plugin.core.models import GrowHosts, JobState, Task
+
+SCHEMA = 1
+
+Held = Mapping[int, str]
+
+
+@frozen
+class Snapshot:
+    """What a store held: the meta record and every job with its held slots."""
+
+    meta: Mapping[str, Any]
+    jobs: tuple[tuple[JobRecord, dict[int, str]], ...]
+
+
+class Store(Protocol):
+    """Persistence of the controller's state (see the module docstring)."""
+
+    def load(self) -> Snapshot | None:
+        """The saved state, or ``None`` for a new state directory."""
+
+    def write(self, meta: Mapping[str, Any] | None, jobs: Iterable[tuple[JobRecord, Held]]) -> None:
+        """Save ``meta`` (if given) and these jobs in one transaction."""
+
+    def close(self) -> None: ...
+
+
+# -- encoding -------------------------------------------------------------------------
+
+
+def _tasks(tasks: Iterable[Task]) -> list[list[Any]]:
+    return [[t.id, t.host] for t in tasks]
+
+
+def _untasks(data: Iterable[list[Any]]) -> tuple[Task, ...]:
+    return tuple(Task(int(tid), str(host)) for tid, host in data)
+
+
+def encode_job(job: JobRecord, held: Held) -> bytes:
+    data = {
+        "id": job.id,
+        "user": job.user,
+        "min_tasks": job.min_tasks,
+        "max_tasks": job.max_tasks,
+        "submit_time": job.submit_time,
+        "runtime": job.runtime,
+        "estimate": job.estimate,
+        "ptile": job.ptile,
+        "resizable": job.resizable,
+        "grow_hosts": job.grow_hosts.value,
+        "notify_cmd": job.notify_cmd,
+        "env": job.env,
+        "alloc": None if job.alloc is None else [list(p) for p in job.alloc],
+        "state": job.state.value,
+        "start_time": job.start_time,
+        "end_time": job.end_time,
+        "tasks": _tasks(job.tasks),
+        "version": job.version,
+        "versions": [[v.version, v.time, _tasks(v.tasks)] for v in job.versions],
+        "task_states": [
+            [tid, r.host, r.state.value, r.since, r.status, r.reason, r.stop_since, r.grace]
+            for tid, r in job.task_states.items()
+        ],
+        "exit_reason": job.exit_reason,
+        "end_reported": job.end_reported,
+        "notifications": [
+            [
+                n.attempt,
+                n.host,
+                n.command,
+                n.time,
+                n.status,
+                n.reason,
+                n.stdout,
+                n.stderr,
+                n.elapsed,
+            ]
+            for n in job.notifications
+        ],
+        "held": _tasks(Task(tid, host) for tid, host in held.items()),
+    }
+    return json.dumps(data, separators=(",", ":")).encode()
+
+
+def decode_job(raw: bytes) -> tuple[JobRecord, dict[int, str]]:
+    d = json.loads(raw)
+    job = JobRecord(
+        id=d["id"],
+        user=d["user"],
+        min_tasks=d["min_tasks"],
+        max_tasks=d["max_tasks"],
+        submit_time=d["submit_time"],
+        runtime=d["runtime"],
+        estimate=d["estimate"],
+        ptile=d["ptile"],
+        resizable=d["resizable"],
+        grow_hosts=GrowHosts(d["grow_hosts"]),
+        notify_cmd=d["notify_cmd"],
+        env=dict(d["env"]),
+        alloc=None if d["alloc"] is None else tuple((str(h), int(n)) for h, n in d["alloc"]),
+        state=JobState(d["state"]),
+        start_time=d["start_time"],
+        end_time=d["end_time"],
+        tasks=_untasks(d["tasks"]),
+        version=d["version"],
+        versions=[VersionRecord(v, t, _untasks(ts)) for v, t, ts in d["versions"]],
+        task_states={
+            int(tid): TaskRecord(host, TaskState(state), since, status, reason, stop_since, grace)
+            for tid, host, state, since, status, reason, stop_since, grace in d["task_states"]
+        },
+        exit_reason=d["exit_reason"],
+        end_reported=d["end_reported"],
+        notifications=[
+            NotificationLog(d["id"], a, h, c, t, s, r, o, e, el)
+            for a, h, c, t, s, r, o, e, el in d["notifications"]
+        ],
+    )
+    held = {t.id: t.host for t in _untasks(d["held"])}
+    return job, held
+
+
+def encode_meta(meta: Mapping[str, Any]) -> bytes:
+    # default=str: a [resize] value TOML can express but JSON cannot (a date) is kept
+    # as text rather than refusing to save the controller's state.
+    return json.dumps({"schema": SCHEMA, **meta}, default=str).encode()
+
+
+def _check_meta(raw: bytes, where: str) -> dict[str, Any]:
+    try:
+        meta = json.loads(raw)
+    except ValueError as exc:
+        raise StoreError(f"{where}: corrupt meta record ({exc})") from exc
+    if not isinstance(meta, dict) or not isinstance(meta.get("schema"), int):
+        raise StoreError(f"{where}: meta record without a schema version")
+    if meta["schema"] > SCHEMA:
+        raise StoreError(
+            f"{where}: state written by a newer embedded controller "
+            f"(schema {meta['schema']}, this one reads {SCHEMA})"
+        )
+    return meta
+
+
+def _decode(raw: bytes, where: str, key: str) -> tuple[JobRecord, dict[int, str]]:
+    try:
+        return decode_job(raw)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise StoreError(f"{where}: corrupt job record {key!r} ({exc!r})") from exc
+
+
+# -- stores ---------------------------------------------------------------------------
+
+
+class MemoryStore:
+    """Keeps the encoded records in memory. Encoding on every write keeps it honest
+    (a restart from it sees exactly what LMDB would give back); handing the same
+    object to a new controller simulates a crash without touching the disk."""
+
+    def __init__(self) -> None:
+        self._meta: bytes | None = None
+        self._jobs: dict[str, bytes] = {}
+
+    def load(self) -> Snapshot | None:
+        if self._meta is None:
+            return None
+        meta = _check_meta(self._meta, "memory store")
+        jobs = tuple(_decode(raw, "memory store", key) for key, raw in self._jobs.items())
+        return Snapshot(meta, jobs)
+
+    def write(self, meta: Mapping[str, Any] | None, jobs: Iterable[tuple[JobRecord, Held]]) -> None:
+        if meta is not None:
+            self._meta = encode_meta(meta)
+        for job, held in jobs:
+            self._jobs[job.id] = encode_job(job, held)
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+
+class NullStore:
+    """Saves nothing: for long trace simulations where a restart is never needed."""
+
+    def load(self) -> Snapshot | None:
+        return None
+
+    def write(self, meta: Mapping[str, Any] | None, jobs: Iterable[tuple[JobRecord, Held]]) -> None:
+        """Nothing is kept."""
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+
+class LmdbStore:
+    """The default store: LMDB in ``path`` (``state_dir/embedded``).
+
+    ``durable=True`` syncs every write (py-lmdb's defaults); ``False`` leaves flushing
+    to the OS, which survives a process crash but not a power cut, for long simulations.
+    The map grows on ``MapFullError`` and the whole write is retried.
+    """
+
+    def __init__(self, path: Path, durable: bool = True, map_size: int = 64 << 20) -> None:
+        self.path = path
+        path.mkdir(parents=True, exist_ok=True)
+        self._env = self._open(path, map_size, durable)
+        self._meta_db = self._env.open_db(b"meta")
+        self._jobs_db = self._env.open_db(b"jobs")
+
+    @staticmethod
+    def _open(path: Path, map_size: int, durable: bool) -> Any:
+        def attempt() -> Any:
+            return lmdb.open(
+                str(path), map_size=map_size, max_dbs=4, sync=durable, metasync=durable
+            )
+
+        try:
+            return attempt()
+        except lmdb.Error as exc:
+            if "already open" not in str(exc):
+                raise StoreError(
+                    f"{path}: cannot open the embedded controller state ({exc})"
+                ) from exc
+        # A crash simulated in-process: the dropped controller still holds the
+        # environment until the cycle collector frees it (its runner and timeline refer
+        # back to it), and py-lmdb refuses a second handle. Collect, then retry once.
+        gc.collect()
+        try:
+            return attempt()
+        except lmdb.Error as exc:
+            raise StoreError(
+                f"{path}: the embedded controller state is still open in this process; "
+                "close() the old controller or drop every reference to it first"
+            ) from exc
+
+    def load(self) -> Snapshot | None:
+        with self._env.begin() as txn:
+            raw = txn.get(b"state", db=self._meta_db)
+            if raw is None:
+                return None
+            meta = _check_meta(bytes(raw), str(self.path))
+            jobs = tuple(
+                _decode(bytes(value), str(self.path), bytes(key).decode())
+                for key, value in txn.cursor(db=self._jobs_db)
+            )
+        return Snapshot(meta, jobs)
+
+    def write(self, meta: Mapping[str, Any] | None, jobs: Iterable[tuple[JobRecord, Held]]) -> None:
+        # Encode first: a retry after MapFullError must not re-run the iterator.
+        items = [(job.id.encode(), encode_job(job, held)) for job, held in jobs]
+        meta_raw = None if meta is None else encode_meta(meta)
+        while True:
+            try:
+                with self._env.begin(write=True) as txn:
+                    if meta_raw is not None:
+                        txn.put(b"state", meta_raw, db=self._meta_db)
+                    for key, value in items:
+                        txn.put(key, value, db=self._jobs_db)
+                return
+            except lmdb.MapFullError:
+                self._env.set_mapsize(self._env.info()["map_size"] * 2)
+
+    def close(self) -> None:
+        self._env.close()

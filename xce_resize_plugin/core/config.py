@@ -1,0 +1,110 @@
+"""The ``[resize]`` configuration section: its keys, defaults and checks.
+
+Every key is documented in docs/admin-guide.md (a test compares the two). An unknown
+key or a value of the wrong type is a :class:`~xce_resize_plugin.errors.ConfigError`
+naming the key, so a typo never silently falls back to a default.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from attrs import frozen
+
+from xce_resize_plugin.core.engine import Settings
+from xce_resize_plugin.errors import ConfigError
+
+
+@frozen
+class Key:
+    name: str
+    kind: type | tuple[type, ...]
+    default: Any
+    doc: str
+    minimum: float | None = None
+
+
+KEYS: tuple[Key, ...] = (
+    Key(
+        "notify_timeout",
+        (int, float),
+        60.0,
+        "seconds a notification command may run before it counts as failed",
+        0.001,
+    ),
+    Key(
+        "notify_max_failures",
+        int,
+        3,
+        "consecutive failed attempts after which a pending grow is cancelled",
+        1,
+    ),
+    Key(
+        "stop_grace",
+        (int, float),
+        10.0,
+        "seconds between SIGTERM and SIGKILL when a shrink stops tasks",
+        0,
+    ),
+    Key("allow_grow", bool, True, "false refuses every grow (LSF code 754)"),
+    Key("policy_files", list, [], "site policy files (Python, pluggy hooks) to load"),
+    Key(
+        "journal_sync",
+        bool,
+        True,
+        "fsync every journal commit; turn off only for throw-away simulations",
+    ),
+    Key(
+        "journal_defer",
+        bool,
+        False,
+        "write transitions without effects on the host with the next one that has "
+        "some (needs journal_sync off; for simulations)",
+    ),
+    Key(
+        "journal_map_size",
+        int,
+        64 << 20,
+        "initial LMDB map size in bytes (it grows on demand)",
+        1 << 20,
+    ),
+)
+BY_NAME = {k.name: k for k in KEYS}
+
+
+def check(section: Mapping[str, Any], where: str = "[resize]") -> dict[str, Any]:
+    """Validated values of the section with defaults filled in, or ConfigError."""
+    if not isinstance(section, Mapping):
+        raise ConfigError(f"{where} must be a table, got {type(section).__name__}")
+    unknown = sorted(set(section) - set(BY_NAME))
+    if unknown:
+        raise ConfigError(
+            f"{where}: unknown key {unknown[0]!r} (known: {', '.join(sorted(BY_NAME))})"
+        )
+    out: dict[str, Any] = {}
+    for key in KEYS:
+        value = section.get(key.name, key.default)
+        kinds = key.kind if isinstance(key.kind, tuple) else (key.kind,)
+        if (isinstance(value, bool) and bool not in kinds) or not isinstance(value, kinds):
+            names = " or ".join(k.__name__ for k in kinds)
+            raise ConfigError(f"{where} {key.name} must be {names}, got {value!r}")
+        if key.minimum is not None and isinstance(value, int | float) and value < key.minimum:
+            raise ConfigError(f"{where} {key.name} must be at least {key.minimum}, got {value!r}")
+        out[key.name] = value
+    if out["journal_defer"] and out["journal_sync"]:
+        raise ConfigError(
+            f"{where} journal_defer needs journal_sync = false: deferred writes cannot "
+            "be durable before a request is answered"
+        )
+    return out
+
+
+def settings(section: Mapping[str, Any]) -> Settings:
+    values = check(section)
+    return Settings(
+        notify_timeout=float(values["notify_timeout"]),
+        notify_max_failures=values["notify_max_failures"],
+        stop_grace=float(values["stop_grace"]),
+        allow_grow=values["allow_grow"],
+    )

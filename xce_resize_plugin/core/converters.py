@@ -1,0 +1,252 @@
+"""The cattrs converters: the journal's encoding and the JSON API's, kept apart from the
+models (DESIGN §3).
+
+Facts are encoded as compact JSON objects tagged with ``"type"`` (the class name), so
+``journal export`` writes readable JSON lines and a newer fact type is recognisable.
+Decoding rejects unknown keys; :func:`structure_or_error` turns cattrs' nested errors
+into one ``InvalidRequest`` whose message lists each problem as ``… @ $.path``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, TypeVar
+
+import cattrs
+import orjson
+from cattrs.gen import make_dict_unstructure_fn, override
+from cattrs.preconf.json import make_converter
+from cattrs.strategies import configure_tagged_union
+
+from xce_resize_plugin import errors
+from xce_resize_plugin.core.models import (
+    FACT_TYPES,
+    Fact,
+    GrowRequest,
+    ReleaseRequest,
+    ResizeRecord,
+    ResizeState,
+    Task,
+)
+from xce_resize_plugin.journal import StoredState, Tail
+
+T = TypeVar("T")
+
+
+def _unstructure_tasks(tasks: tuple[Task, ...]) -> list[list[int | str]]:
+    return [[t.id, t.host] for t in tasks]
+
+
+def _make_journal_converter() -> cattrs.Converter:
+    conv = make_converter(forbid_extra_keys=True)
+    # Tasks are the bulk of every record: [id, host] instead of {"id":…, "host":…}.
+    conv.register_unstructure_hook(Task, lambda t: [t.id, t.host])
+    conv.register_structure_hook(Task, lambda v, _: Task(int(v[0]), str(v[1])))
+    # Recovery decodes every live job's state, and tasks are most of it: a direct hook
+    # for task tuples is several times faster than cattrs' generic tuple path.
+    conv.register_structure_hook_func(
+        lambda t: t == tuple[Task, ...],
+        lambda v, _: tuple([Task(int(i), str(h)) for i, h in v]),
+    )
+    # And the other way round: a job's state, with its allocation, is encoded at every
+    # transition; cattrs' generic path calls a hook per task through a generator.
+    conv.register_unstructure_hook_func(lambda t: t == tuple[Task, ...], _unstructure_tasks)
+    configure_tagged_union(Fact, conv, tag_name="type")
+    return conv
+
+
+def _strict(kind: type) -> Any:
+    # cattrs would coerce "3" to 3, 2.5 to 2 and 1 to True; API input must say what it means.
+    def check(value: Any, _: Any) -> Any:
+        if type(value) is not kind:
+            raise TypeError(f"expected {kind.__name__}, got {type(value).__name__} {value!r}")
+        return value
+
+    return check
+
+
+def _make_api_converter() -> cattrs.Converter:
+    conv = make_converter(forbid_extra_keys=True)
+    for kind in (int, str, bool):
+        conv.register_structure_hook(kind, _strict(kind))
+    conv.register_unstructure_hook(Task, lambda t: {"id": t.id, "host": t.host})
+    return conv
+
+
+JOURNAL = _make_journal_converter()
+# The journal's JSON is written at every transition (facts, state, history rows):
+# orjson writes the same compact JSON as ``json.dumps(separators=(",", ":"))``, UTF-8
+# rather than \u escapes, an order of magnitude faster. Times must be finite (orjson
+# writes NaN as null, which then fails to decode: never silently another number).
+
+
+def _dumps(value: Any) -> bytes:
+    try:
+        return orjson.dumps(value)
+    except orjson.JSONEncodeError as exc:  # e.g. an integer beyond 64 bits
+        raise errors.JournalError(f"cannot be written to the journal: {exc}") from None
+
+
+API = _make_api_converter()
+
+
+# Each fact class's own unstructure hook, looked up once: the tagged union's dispatch
+# costs more than the fact itself, and facts are encoded at every transition. The tag
+# goes last, where the union strategy puts it (the bytes are the same; tested).
+_FACT_HOOKS: dict[type, Any] = {cls: JOURNAL.get_unstructure_hook(cls) for cls in FACT_TYPES}
+
+
+def encode_fact(fact: Fact) -> bytes:
+    cls = type(fact)
+    data = _FACT_HOOKS[cls](fact)
+    data["type"] = cls.__name__
+    return _dumps(data)
+
+
+def _describe(exc: Exception) -> str:
+    if isinstance(exc, cattrs.BaseValidationError):
+        return "; ".join(cattrs.transform_error(exc, path="$", format_exception=_format))
+    return f"{type(exc).__name__}: {exc}"
+
+
+def decode_fact(data: bytes) -> Fact:
+    """Decode a stored fact; a record that does not decode is a JournalError."""
+    try:
+        fact: Fact = JOURNAL.structure(orjson.loads(data), Fact)  # type: ignore[arg-type]
+    except Exception as exc:
+        raise errors.JournalError(f"undecodable fact: {_describe(exc)}") from None
+    return fact
+
+
+# A job's state is written at every transition. Its history (resize records, each with
+# three allocations, and charge steps) grows with every resize, so it is stored apart, one
+# row per item (journal ``history``), and a transition writes only what changed at its
+# end: the cost of a write follows the live allocation, not the job's past.
+_HISTORY_FIELDS = ("records", "charges")
+
+
+def _state_without_history(conv: cattrs.Converter) -> Any:
+    return make_dict_unstructure_fn(
+        ResizeState, conv, records=override(omit=True), charges=override(omit=True)
+    )
+
+
+_unstructure_live_state = _state_without_history(JOURNAL)
+
+
+def encode_state(state: ResizeState) -> bytes:
+    """The state's journal payload, without its history (see :func:`history_tails`)."""
+    return _dumps(_unstructure_live_state(state))
+
+
+def encode_record(record: ResizeRecord) -> bytes:
+    return _dumps(JOURNAL.unstructure(record))
+
+
+def encode_charge(charge: tuple[float, int]) -> bytes:
+    return _dumps(charge)
+
+
+def _tail(name: str, old: tuple[Any, ...], new: tuple[Any, ...], encode: Any) -> Tail | None:
+    """What changed at the end of one history sequence; ``None`` if nothing did."""
+    if old == new:  # the same object mostly: tuples compare identical items at once
+        return None
+    # The longest common prefix. Only the end ever changes (a record or a charge step
+    # added, the last step replaced), so the first or second comparison finds it; the
+    # loop keeps any other change correct too.
+    start = min(len(old), len(new))
+    while old[:start] != new[:start]:
+        start -= 1
+    return Tail(name, start, tuple(encode(item) for item in new[start:]), len(old))
+
+
+def history_tails(before: ResizeState | None, after: ResizeState) -> tuple[Tail, ...]:
+    """The history rows a transition from ``before`` to ``after`` writes."""
+    tails = (
+        _tail("records", before.records if before else (), after.records, encode_record),
+        _tail("charges", before.charges if before else (), after.charges, encode_charge),
+    )
+    return tuple(t for t in tails if t is not None)
+
+
+def decode_state(stored: StoredState) -> ResizeState:
+    """Decode a stored state with its history; a record that does not decode is a
+    JournalError."""
+    try:
+        data = orjson.loads(stored.state)
+        if not isinstance(data, dict):
+            raise TypeError(f"expected a JSON object, got {type(data).__name__}")
+        for name in _HISTORY_FIELDS:
+            if name in data:
+                raise ValueError(f"unexpected key {name!r}: the history is stored apart")
+        data["records"] = [orjson.loads(row) for row in stored.records]
+        data["charges"] = [orjson.loads(row) for row in stored.charges]
+        return JOURNAL.structure(data, ResizeState)
+    except Exception as exc:
+        raise errors.JournalError(f"undecodable job state: {_describe(exc)}") from None
+
+
+def structure_or_error(data: Any, cls: type[T], what: str) -> T:
+    """Structure API input, or raise InvalidRequest naming every bad field."""
+    try:
+        return API.structure(data, cls)
+    except Exception as exc:  # cattrs raises ClassValidationError and plain errors
+        raise errors.InvalidRequest(f"{what}: {_describe(exc)}") from None
+
+
+def _format(exc: BaseException, type_: Any) -> str:
+    # Our strict hooks say what was wrong with the value; keep their words.
+    if isinstance(exc, TypeError) and str(exc).startswith("expected "):
+        return str(exc)
+    return cattrs.v.format_exception(exc, type_)
+
+
+def grow_from_json(data: Mapping[str, Any]) -> GrowRequest:
+    """The REST/scenario grow body: ``tasks`` (max), optional ``min_tasks``, options."""
+    body = dict(_object(data, "grow"))
+    for internal in ("max_add", "min_add"):
+        # The model's own names are not part of the API: refuse them like any unknown key.
+        if internal in body:
+            raise errors.InvalidRequest(f"grow: unknown field {internal!r} @ $.{internal}")
+    if "tasks" not in body:
+        raise errors.InvalidRequest("grow: missing 'tasks' @ $.tasks")
+    tasks = body.pop("tasks")
+    body["max_add"] = tasks
+    body["min_add"] = body.pop("min_tasks", tasks)
+    try:
+        return structure_or_error(body, GrowRequest, "grow")
+    except errors.InvalidRequest as exc:
+        # Name the fields as the caller wrote them, not as the model calls them.
+        text = (
+            (exc.detail or "").replace("$.max_add", "$.tasks").replace("$.min_add", "$.min_tasks")
+        )
+        raise errors.InvalidRequest(text) from None
+
+
+def release_from_json(data: Mapping[str, Any]) -> ReleaseRequest:
+    """The REST/scenario release body: one of spec, hosts, task_ids, count, and options."""
+    body = dict(_object(data, "release"))
+    return structure_or_error(body, ReleaseRequest, "release")
+
+
+def _object(data: Any, what: str) -> Mapping[str, Any]:
+    if not isinstance(data, Mapping):
+        raise errors.InvalidRequest(f"{what}: expected a JSON object, got {type(data).__name__}")
+    return data
+
+
+__all__ = [
+    "API",
+    "FACT_TYPES",
+    "JOURNAL",
+    "decode_fact",
+    "decode_state",
+    "encode_charge",
+    "encode_fact",
+    "encode_record",
+    "encode_state",
+    "grow_from_json",
+    "history_tails",
+    "release_from_json",
+    "structure_or_error",
+]

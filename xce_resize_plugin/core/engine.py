@@ -1,0 +1,775 @@
+"""The resize state machine: commands -> checks -> facts -> new state.
+
+Pure: no I/O, no clock reads, no globals. Every ``decide_*`` function takes the job's
+current :class:`ResizeState` (``None`` when the plugin does not track the job yet), the
+inputs of the event and the time, and returns the facts to append — or raises a
+:class:`~xce_resize_plugin.errors.ResizeError`, in which case nothing changes.
+:func:`evolve` folds one fact into the state; :func:`effects` says what the host must
+do once a fact is durable. Replaying a job's facts through :func:`evolve` gives its
+materialised state exactly (the journal stores both; ``journal verify`` compares them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any, Protocol, TypeVar
+
+from attrs import fields, frozen
+
+from xce_resize_plugin import errors
+from xce_resize_plugin.core.models import (
+    CancelRequest,
+    Change,
+    ChangeKind,
+    Committed,
+    Fact,
+    GrowCancelled,
+    GrowPlaced,
+    GrowRequest,
+    GrowRequested,
+    GrowReverted,
+    JobEnded,
+    JobInfo,
+    JobState,
+    JobTracked,
+    NotifyDone,
+    NotifyStarted,
+    PendingGrow,
+    Phase,
+    ReleaseAccepted,
+    ReleaseRequest,
+    ResizeRecord,
+    ResizeRequest,
+    ResizeState,
+    Task,
+    TasksLaunched,
+    TaskStarted,
+    TaskStartFailed,
+    TaskStopped,
+    held_count,
+)
+from xce_resize_plugin.core.placement import GrowHostView, place
+from xce_resize_plugin.core.releasespec import (
+    parse_release_spec,
+    resolve_host_counts,
+    resolve_release,
+    resolve_task_ids,
+)
+from xce_resize_plugin.host import Principal, TaskEvent
+
+#: LSF limits notification commands to "less than 4096" (bytes).
+NOTIFY_CMD_MAX = 4096
+
+_S = TypeVar("_S", ResizeState, Change, PendingGrow)
+# The attributes of the classes evolve() rebuilds, looked up once: attrs.evolve
+# introspects the class at every call, and a state is rebuilt at every fact.
+_FIELDS: dict[type, tuple[str, ...]] = {
+    cls: tuple(a.name for a in fields(cls)) for cls in (ResizeState, Change, PendingGrow)
+}
+
+
+def _evolve(inst: _S, **changes: Any) -> _S:
+    """``attrs.evolve`` for the engine's own state classes (public attributes only)."""
+    for name in _FIELDS[type(inst)]:
+        if name not in changes:
+            changes[name] = getattr(inst, name)
+    return type(inst)(**changes)
+
+
+@frozen
+class Settings:
+    """The engine's share of the ``[resize]`` configuration (docs/admin-guide.md)."""
+
+    notify_timeout: float = 60.0
+    notify_max_failures: int = 3
+    stop_grace: float = 10.0
+    allow_grow: bool = True
+
+
+class Policy(Protocol):
+    """Site policy as the engine consults it (the runtime forwards to the policy hooks)."""
+
+    def authorize(self, principal: Principal, job: JobInfo, action: str) -> bool: ...
+
+    def validate(self, job: JobInfo, request: ResizeRequest) -> None: ...
+
+    def select_release(
+        self, job: JobInfo, candidates: Sequence[Task], count: int
+    ) -> Sequence[int]: ...
+
+    def order_grow_hosts(self, job: JobInfo, hosts: GrowHostView) -> Iterable[str]: ...
+
+
+# --- effects -------------------------------------------------------------------------
+# What the host must do after a fact is durable. Every effect is idempotent on the host
+# side (per task id, per version), so recovery may issue them again.
+
+
+@frozen
+class Reserve:
+    job_id: str
+    tasks: tuple[Task, ...]
+
+
+@frozen
+class Free:
+    job_id: str
+    task_ids: tuple[int, ...]
+
+
+@frozen
+class Launch:
+    job_id: str
+    tasks: tuple[Task, ...]
+
+
+@frozen
+class Stop:
+    job_id: str
+    task_ids: tuple[int, ...]
+
+
+@frozen
+class Notify:
+    """Run the notification command (attempt ``attempt``) for the change in flight."""
+
+    job_id: str
+    attempt: int
+    command: str
+    kind: ChangeKind
+    delta: tuple[Task, ...]
+    after: tuple[Task, ...]
+
+
+@frozen
+class CommitAllocation:
+    job_id: str
+    tasks: tuple[Task, ...]
+    version: int
+    record: ResizeRecord | None
+
+
+Effect = Reserve | Free | Launch | Stop | Notify | CommitAllocation
+
+
+# --- requests ------------------------------------------------------------------------
+
+
+def check_notify_cmd(cmd: str | None) -> None:
+    """Reject a notification command LSF would reject (4096 bytes or more)."""
+    if cmd is not None and len(cmd.encode()) >= NOTIFY_CMD_MAX:
+        raise errors.NotifyCmdTooLong(f"{len(cmd.encode())} bytes")
+
+
+def check_job_options(job: JobInfo) -> None:
+    """Submission-time checks of a job's resize options (``xce_job_validate``)."""
+    if job.min_tasks < 1:
+        raise errors.BadSlots(f"min_tasks {job.min_tasks} must be at least 1")
+    if job.min_tasks > job.max_tasks:
+        raise errors.BadSlots(
+            f"min_tasks {job.min_tasks} is greater than max_tasks {job.max_tasks}"
+        )
+    if job.ptile is not None and job.ptile < 1:
+        raise errors.InvalidRequest(f"ptile {job.ptile} must be at least 1")
+    check_notify_cmd(job.notify_cmd)
+
+
+def _check_job(job: JobInfo) -> None:
+    if job.state is JobState.PEND:
+        raise errors.NotStarted(f"job {job.id}")
+    if job.state in (JobState.DONE, JobState.EXIT):
+        raise errors.JobFinished(f"job {job.id}")
+    if not job.resizable:
+        raise errors.JobNotResizable(f"job {job.id}")
+
+
+def _track(state: ResizeState | None, job: JobInfo, at: float) -> tuple[ResizeState, list[Fact]]:
+    """The job's state, starting to track it (a JobTracked fact) on its first resize."""
+    if state is not None:
+        return state, []
+    fact = JobTracked(
+        job_id=job.id,
+        at=at,
+        user=job.user,
+        min_tasks=job.min_tasks,
+        max_tasks=job.max_tasks,
+        tasks=job.tasks,
+        started_at=job.start_time if job.start_time is not None else at,
+    )
+    return evolve(None, fact), [fact]
+
+
+def _notify_cmd(job: JobInfo, notify_cmd: str | None, no_notify: bool) -> str | None:
+    if no_notify:
+        return None
+    return notify_cmd if notify_cmd is not None else job.notify_cmd
+
+
+def decide_request(
+    state: ResizeState | None,
+    job: JobInfo,
+    principal: Principal,
+    request: ResizeRequest,
+    at: float,
+    policy: Policy,
+    settings: Settings,
+) -> list[Fact]:
+    """Check a grow, release or cancel and return the facts that accept it."""
+    action = {GrowRequest: "grow", ReleaseRequest: "release", CancelRequest: "cancel"}[
+        type(request)
+    ]
+    if not policy.authorize(principal, job, action):
+        raise errors.PermissionDenied(f"{principal.name} may not {action} job {job.id}")
+    principal_name = principal.name
+    _check_job(job)
+    if state is not None and not state.live:
+        raise errors.JobFinished(f"job {job.id}")
+    if isinstance(request, CancelRequest):
+        if state is None or state.pending is None:
+            raise errors.NoActiveRequest(f"job {job.id}")
+        policy.validate(job, request)
+        return [GrowCancelled(job_id=job.id, at=at, reason="cancel")]
+    if request.notify_cmd is not None and request.no_notify:
+        raise errors.InvalidRequest("notify_cmd and no_notify are mutually exclusive")
+    check_notify_cmd(request.notify_cmd)
+    if state is not None and state.change is not None:
+        raise errors.ResizeInProgress(f"job {job.id} has a {state.change.kind.value} in flight")
+    if state is not None and state.pending is not None and not request.cancel_pending:
+        raise errors.PendingRequest(f"job {job.id}; use -c to cancel it first")
+    if isinstance(request, GrowRequest):
+        return _decide_grow(state, job, principal_name, request, at, policy, settings)
+    return _decide_release(state, job, principal_name, request, at, policy)
+
+
+def _decide_grow(
+    state: ResizeState | None,
+    job: JobInfo,
+    principal_name: str,
+    request: GrowRequest,
+    at: float,
+    policy: Policy,
+    settings: Settings,
+) -> list[Fact]:
+    if not settings.allow_grow:
+        raise errors.RequestNotEnabled("allow_grow is off in the [resize] configuration")
+    if request.min_add < 1 or request.max_add < request.min_add:
+        raise errors.BadSlots(
+            f"request needs 1 <= min_tasks <= tasks, got {request.min_add},{request.max_add}"
+        )
+    current = len(state.tasks) if state is not None else len(job.tasks)
+    if current + request.min_add > job.max_tasks:
+        raise errors.BadSlots(
+            f"job has {current} tasks and max_tasks {job.max_tasks}: "
+            f"cannot add at least {request.min_add}"
+        )
+    policy.validate(job, request)
+    state, facts = _track(state, job, at)
+    if state.pending is not None:
+        facts.append(GrowCancelled(job_id=job.id, at=at, reason="replaced"))
+    facts.append(
+        GrowRequested(
+            job_id=job.id,
+            at=at,
+            min_add=request.min_add,
+            max_add=min(request.max_add, job.max_tasks - current),
+            notify_cmd=_notify_cmd(job, request.notify_cmd, request.no_notify),
+            principal=principal_name,
+        )
+    )
+    return facts
+
+
+def _release_ids(
+    tasks: tuple[Task, ...], job: JobInfo, request: ReleaseRequest, policy: Policy
+) -> tuple[int, ...]:
+    forms = [
+        request.spec is not None,
+        request.hosts is not None,
+        request.task_ids is not None,
+        request.count is not None,
+    ]
+    if sum(forms) != 1:
+        raise errors.InvalidRequest("give exactly one of spec, hosts, task_ids, count")
+    if request.spec is not None:
+        return resolve_release(parse_release_spec(request.spec), tasks)
+    if request.hosts is not None:
+        return resolve_host_counts(request.hosts, tasks)
+    if request.task_ids is not None:
+        return resolve_task_ids(request.task_ids, tasks)
+    count = request.count
+    assert count is not None
+    candidates = tuple(t for t in tasks if t.id != 0)
+    if count < 1 or count > len(candidates):
+        raise errors.BadSlots(f"cannot release {count} of {len(candidates)} releasable tasks")
+    chosen = tuple(policy.select_release(job, candidates, count))
+    allowed = {t.id for t in candidates}
+    if len(chosen) != count or len(set(chosen)) != count or not set(chosen) <= allowed:
+        raise errors.PolicyRejected(
+            f"xce_resize_select_release returned {list(chosen)} for {count} of {sorted(allowed)}"
+        )
+    return tuple(sorted(chosen))
+
+
+def _decide_release(
+    state: ResizeState | None,
+    job: JobInfo,
+    principal_name: str,
+    request: ReleaseRequest,
+    at: float,
+    policy: Policy,
+) -> list[Fact]:
+    tasks = state.tasks if state is not None else job.tasks
+    ids = set(_release_ids(tasks, job, request, policy))
+    remaining = len(tasks) - len(ids)
+    if remaining < job.min_tasks:
+        raise errors.BadSlots(
+            f"releasing {len(ids)} of {len(tasks)} tasks leaves {remaining}, "
+            f"below min_tasks {job.min_tasks}"
+        )
+    policy.validate(job, request)
+    state, facts = _track(state, job, at)
+    cancelled = state.pending is not None
+    if cancelled:
+        facts.append(GrowCancelled(job_id=job.id, at=at, reason="cancel"))
+    facts.append(
+        ReleaseAccepted(
+            job_id=job.id,
+            at=at,
+            tasks=tuple(t for t in tasks if t.id in ids),
+            notify_cmd=_notify_cmd(job, request.notify_cmd, request.no_notify),
+            principal=principal_name,
+            cancelled_pending=cancelled,
+        )
+    )
+    return facts
+
+
+# --- scheduler, dispatch, events ----------------------------------------------------
+
+
+def decide_placement(
+    state: ResizeState,
+    job: JobInfo,
+    hosts: GrowHostView,
+    headroom: int | None,
+    policy: Policy,
+    at: float,
+) -> list[Fact]:
+    """Place a pending grow on the cycle's free slots; no fact when below its minimum."""
+    pending = state.pending
+    if state.phase is not Phase.GROW_PENDING or pending is None:
+        return []
+    placement = place(
+        policy.order_grow_hosts(job, hosts),
+        hosts,
+        min_add=pending.min_add,
+        max_add=min(pending.max_add, state.max_tasks - len(state.tasks)),
+        ptile=job.ptile,
+        grow_hosts=job.grow_hosts,
+        headroom=headroom,
+    )
+    if placement is None:
+        return []
+    tasks: list[Task] = []
+    next_id = state.next_task_id
+    for host, n in placement.hosts:
+        for _ in range(n):
+            tasks.append(Task(next_id, host))
+            next_id += 1
+    return [GrowPlaced(job_id=state.job_id, at=at, tasks=tuple(tasks))]
+
+
+def decide_dispatch(state: ResizeState, at: float) -> list[Fact]:
+    """Start the next step of the change in flight, if it is waiting to be started."""
+    change = state.change
+    if change is None:
+        return []
+    if state.phase in (Phase.GROW_NOTIFYING, Phase.SHRINK_NOTIFYING) and change.attempt == 0:
+        return [NotifyStarted(job_id=state.job_id, at=at, attempt=state.notify_attempts + 1)]
+    if state.phase in (Phase.GROW_STARTING, Phase.SHRINK_STOPPING) and not change.launched:
+        return [TasksLaunched(job_id=state.job_id, at=at)]
+    return []
+
+
+def decide_recover(state: ResizeState, at: float) -> list[Fact]:
+    """After a failover: a notification that was running is run again (docs/failover.md)."""
+    change = state.change
+    if (
+        change is not None
+        and state.phase in (Phase.GROW_NOTIFYING, Phase.SHRINK_NOTIFYING)
+        and change.attempt != 0
+    ):
+        return [NotifyStarted(job_id=state.job_id, at=at, attempt=state.notify_attempts + 1)]
+    return []
+
+
+def decide_notify_done(
+    state: ResizeState,
+    attempt: int,
+    status: int | None,
+    reason: str,
+    at: float,
+    settings: Settings,
+) -> list[Fact]:
+    """The notification's verdict; a late answer of an earlier attempt is ignored."""
+    change = state.change
+    notifying = state.phase in (Phase.GROW_NOTIFYING, Phase.SHRINK_NOTIFYING)
+    if change is None or not notifying or attempt != change.attempt:
+        return []
+    ok = status == 0
+    gave_up = False
+    if not ok and change.kind is ChangeKind.GROW and change.pending is not None:
+        gave_up = change.pending.failures + 1 >= settings.notify_max_failures
+    return [
+        NotifyDone(
+            job_id=state.job_id,
+            at=at,
+            attempt=attempt,
+            ok=ok,
+            status=status,
+            reason=reason or (f"exit {status}" if status is not None else "no status"),
+            gave_up=gave_up,
+        )
+    ]
+
+
+def decide_task_event(
+    state: ResizeState, task_id: int, kind: str, reason: str, at: float, settings: Settings
+) -> list[Fact]:
+    """A task of the change in flight started, failed to start or exited."""
+    return decide_task_events(
+        state, [TaskEvent(state.job_id, task_id, kind, None, reason)], at, settings
+    )
+
+
+def decide_task_events(
+    state: ResizeState, events: Iterable[TaskEvent], at: float, settings: Settings
+) -> list[Fact]:
+    """Tasks of the change in flight started, failed to start or exited: the facts of
+    a batch of the job's events, in order, exactly as if each had been decided alone
+    on the state the previous ones led to. Events of other tasks (or other jobs) and
+    repeated reports are ignored."""
+    change = state.change
+    if change is None:
+        return []
+    ids = {t.id for t in change.tasks}
+    started, failed, stopped = set(change.started), set(change.failed), set(change.stopped)
+    starting = state.phase is Phase.GROW_STARTING
+    stopping = state.phase is Phase.SHRINK_STOPPING
+    job_id = state.job_id
+    facts: list[Fact] = []
+    for event in events:
+        task_id, kind = event.task_id, event.kind
+        if task_id not in ids or event.job_id != job_id:
+            continue
+        if starting:
+            if task_id in started or task_id in failed:
+                continue
+            if kind == "started":
+                started.add(task_id)
+                facts.append(TaskStarted(job_id=job_id, at=at, task_id=task_id))
+            elif kind in ("start_failed", "exited"):
+                failed.add(task_id)
+                facts.append(
+                    TaskStartFailed(job_id=job_id, at=at, task_id=task_id, reason=event.reason)
+                )
+        elif stopping and kind == "exited" and task_id not in stopped:
+            stopped.add(task_id)
+            facts.append(TaskStopped(job_id=job_id, at=at, task_id=task_id))
+        if len(started) + len(failed) + len(stopped) == len(ids):
+            break  # the change is complete: later events find no change in flight
+    if facts and len(started) + len(failed) + len(stopped) == len(ids):
+        facts.append(_completion(state, change, bool(started), at, settings))
+    return facts
+
+
+def _completion(
+    state: ResizeState, change: Change, any_started: bool, at: float, settings: Settings
+) -> Fact:
+    """Every task of the change is resolved: commit it, or revert a grow none of whose
+    tasks started."""
+    if change.kind is ChangeKind.GROW and not any_started:
+        failures = (change.pending.failures if change.pending else 0) + 1
+        return GrowReverted(
+            job_id=state.job_id, at=at, gave_up=failures >= settings.notify_max_failures
+        )
+    return Committed(job_id=state.job_id, at=at, version=state.version + 1)
+
+
+def decide_job_end(state: ResizeState, at: float) -> list[Fact]:
+    """The job finished: cancel its pending grow and end tracking."""
+    if not state.live:
+        return []
+    facts: list[Fact] = []
+    if state.pending is not None:
+        facts.append(GrowCancelled(job_id=state.job_id, at=at, reason="job-ended"))
+    facts.append(JobEnded(job_id=state.job_id, at=at))
+    return facts
+
+
+# --- evolve --------------------------------------------------------------------------
+
+
+def _with_charge(state: ResizeState, at: float) -> ResizeState:
+    """Record a step of the charged-slots timeline when the held slot count changed."""
+    charges = _charges(state.charges, at, state.held_count)
+    return state if charges is state.charges else _evolve(state, charges=charges)
+
+
+def _charges(
+    charges: tuple[tuple[float, int], ...], at: float, slots: int
+) -> tuple[tuple[float, int], ...]:
+    """The timeline with ``slots`` held from ``at`` on: a step at the same instant as
+    the last one replaces it, and a step that changes nothing is not added."""
+    if charges and charges[-1][1] == slots:
+        return charges
+    if charges and charges[-1][0] == at:
+        charges = charges[:-1]
+        if charges and charges[-1][1] == slots:
+            return charges
+    return (*charges, (at, slots))
+
+
+def evolve(state: ResizeState | None, fact: Fact) -> ResizeState:
+    """Fold one fact into the job's state (the only way state changes)."""
+    if isinstance(fact, JobTracked):
+        if state is not None:
+            raise ValueError(f"job {fact.job_id} is tracked already")
+        return ResizeState(
+            job_id=fact.job_id,
+            user=fact.user,
+            min_tasks=fact.min_tasks,
+            max_tasks=fact.max_tasks,
+            tasks=fact.tasks,
+            started_at=fact.started_at,
+            next_task_id=max((t.id for t in fact.tasks), default=-1) + 1,
+            charges=((fact.started_at, len(fact.tasks)),),
+        )
+    if state is None:
+        raise ValueError(f"{type(fact).__name__} for untracked job {fact.job_id}")
+    return _with_charge(_apply(state, fact), fact.at)
+
+
+def _apply(state: ResizeState, fact: Fact) -> ResizeState:
+    change = state.change
+    if isinstance(fact, GrowRequested):
+        pending = PendingGrow(fact.min_add, fact.max_add, fact.notify_cmd, fact.at)
+        return _evolve(state, phase=Phase.GROW_PENDING, pending=pending)
+    if isinstance(fact, GrowCancelled):
+        phase = Phase.IDLE if state.phase is Phase.GROW_PENDING else state.phase
+        return _evolve(state, pending=None, phase=phase)
+    if isinstance(fact, GrowPlaced):
+        placed = state.pending
+        assert placed is not None
+        new = Change(ChangeKind.GROW, fact.tasks, placed.notify_cmd, fact.at, pending=placed)
+        phase = Phase.GROW_NOTIFYING if new.notify_cmd is not None else Phase.GROW_STARTING
+        next_id = max(state.next_task_id, max(t.id for t in fact.tasks) + 1)
+        return _evolve(state, change=new, pending=None, phase=phase, next_task_id=next_id)
+    if isinstance(fact, ReleaseAccepted):
+        new = Change(ChangeKind.SHRINK, fact.tasks, fact.notify_cmd, fact.at)
+        phase = Phase.SHRINK_NOTIFYING if new.notify_cmd is not None else Phase.SHRINK_STOPPING
+        return _evolve(state, change=new, pending=None, phase=phase)
+    assert change is not None or isinstance(fact, JobEnded | Committed), fact
+    if isinstance(fact, NotifyStarted):
+        assert change is not None
+        return _evolve(
+            state, change=_evolve(change, attempt=fact.attempt), notify_attempts=fact.attempt
+        )
+    if isinstance(fact, NotifyDone):
+        assert change is not None
+        if fact.ok:
+            grow = change.kind is ChangeKind.GROW
+            phase = Phase.GROW_STARTING if grow else Phase.SHRINK_STOPPING
+            return _evolve(state, phase=phase)
+        return _abandon(state, change, fact.gave_up)
+    if isinstance(fact, TasksLaunched):
+        assert change is not None
+        return _evolve(state, change=_evolve(change, launched=True))
+    if isinstance(fact, TaskStarted):
+        assert change is not None
+        return _evolve(state, change=_evolve(change, started=change.started | {fact.task_id}))
+    if isinstance(fact, TaskStartFailed):
+        assert change is not None
+        return _evolve(state, change=_evolve(change, failed=change.failed | {fact.task_id}))
+    if isinstance(fact, TaskStopped):
+        assert change is not None
+        return _evolve(state, change=_evolve(change, stopped=change.stopped | {fact.task_id}))
+    if isinstance(fact, GrowReverted):
+        assert change is not None
+        return _abandon(state, change, fact.gave_up)
+    if isinstance(fact, Committed):
+        assert change is not None
+        return _commit(state, change, fact)
+    if isinstance(fact, JobEnded):
+        return _evolve(state, phase=Phase.ENDED, change=None, pending=None, ended_at=fact.at)
+    raise TypeError(f"unknown fact {fact!r}")
+
+
+def _abandon(state: ResizeState, change: Change, gave_up: bool) -> ResizeState:
+    """A change that failed: a grow goes back to pending (or is given up), a shrink ends."""
+    if change.kind is ChangeKind.GROW and change.pending is not None and not gave_up:
+        pending = _evolve(change.pending, failures=change.pending.failures + 1)
+        return _evolve(state, change=None, pending=pending, phase=Phase.GROW_PENDING)
+    return _evolve(state, change=None, phase=Phase.IDLE)
+
+
+def _commit(state: ResizeState, change: Change, fact: Committed) -> ResizeState:
+    before = state.tasks
+    if change.kind is ChangeKind.GROW:
+        delta = tuple(t for t in change.tasks if t.id in change.started)
+        after = before + delta
+    else:
+        delta = change.tasks
+        released = {t.id for t in delta}
+        after = tuple(t for t in before if t.id not in released)
+    record = ResizeRecord(fact.at, change.kind, before, delta, after, fact.version)
+    return _evolve(
+        state,
+        tasks=after,
+        change=None,
+        phase=Phase.IDLE,
+        version=fact.version,
+        records=(*state.records, record),
+    )
+
+
+def replay(facts: Iterable[Fact]) -> ResizeState | None:
+    """The state a sequence of one job's facts leads to."""
+    state: ResizeState | None = None
+    for fact in facts:
+        state = evolve(state, fact)
+    return state
+
+
+# --- effects -------------------------------------------------------------------------
+
+
+def effects(before: ResizeState | None, fact: Fact, after: ResizeState) -> list[Effect]:
+    """What the host must do once ``fact`` (turning ``before`` into ``after``) is durable."""
+    job_id = after.job_id
+    if isinstance(fact, GrowPlaced):
+        return [Reserve(job_id, fact.tasks)]
+    if isinstance(fact, NotifyStarted):
+        change = after.change
+        assert change is not None and change.notify_cmd is not None
+        after_tasks = (
+            after.tasks + change.tasks
+            if change.kind is ChangeKind.GROW
+            else _without(after.tasks, change.tasks)
+        )
+        return [
+            Notify(job_id, fact.attempt, change.notify_cmd, change.kind, change.tasks, after_tasks)
+        ]
+    if isinstance(fact, NotifyDone | GrowReverted | JobEnded):
+        old = before.change if before is not None else None
+        if old is not None and old.kind is ChangeKind.GROW and after.change is None:
+            return [Free(job_id, tuple(t.id for t in old.tasks if t.id not in old.failed))]
+        return []
+    if isinstance(fact, TasksLaunched):
+        change = after.change
+        assert change is not None
+        if change.kind is ChangeKind.GROW:
+            return [Launch(job_id, _unresolved(change))]
+        return [Stop(job_id, tuple(t.id for t in _unresolved(change)))]
+    if isinstance(fact, TaskStartFailed | TaskStopped):
+        return [Free(job_id, (fact.task_id,))]
+    if isinstance(fact, Committed):
+        return [CommitAllocation(job_id, after.tasks, after.version, after.records[-1])]
+    return []
+
+
+#: Facts that need not be durable before their effects: if a crash loses one, the
+#: recovered state is the one before it, from which the dispatch decides it again, and
+#: its effect (a launch or a stop of the change's tasks) is idempotent on the host
+#: (docs/failover.md). With ``journal_defer`` the runtime writes them with the next
+#: transaction rather than in one of their own.
+DEFERRABLE = (TasksLaunched,)
+_TASK_FACTS = (TaskStarted, TaskStartFailed, TaskStopped)
+
+
+def transition(
+    state: ResizeState | None, facts: Sequence[Fact]
+) -> tuple[ResizeState | None, list[Effect]]:
+    """Fold ``facts`` into ``state`` and collect the effects they call for, in order:
+    exactly :func:`evolve` and :func:`effects` fact by fact (tested), except that a run
+    of one change's task facts at one instant (a batch of task events) is folded at
+    once and frees its slots in one :class:`Free`."""
+    out: list[Effect] = []
+    i, n = 0, len(facts)
+    while i < n:
+        fact = facts[i]
+        if state is not None and isinstance(fact, _TASK_FACTS):
+            j = i + 1
+            while j < n and isinstance(facts[j], _TASK_FACTS) and facts[j].at == fact.at:
+                j += 1
+            if j - i > 1:
+                state = _task_run(state, facts[i:j], out)
+                i = j
+                continue
+        after = evolve(state, fact)
+        out.extend(effects(state, fact, after))
+        state = after
+        i += 1
+    return state, out
+
+
+def _task_run(state: ResizeState, run: Sequence[Fact], out: list[Effect]) -> ResizeState:
+    change = state.change
+    assert change is not None
+    started, failed, stopped = set(change.started), set(change.failed), set(change.stopped)
+    freed: list[int] = []
+    for fact in run:
+        if isinstance(fact, TaskStarted):
+            started.add(fact.task_id)
+        elif isinstance(fact, TaskStartFailed):
+            failed.add(fact.task_id)
+            freed.append(fact.task_id)
+        else:
+            assert isinstance(fact, TaskStopped)
+            stopped.add(fact.task_id)
+            freed.append(fact.task_id)
+    if freed:
+        out.append(Free(state.job_id, tuple(freed)))
+    new = _evolve(
+        change, started=frozenset(started), failed=frozenset(failed), stopped=frozenset(stopped)
+    )
+    # Steps of the charge timeline at one instant collapse into the last one, so one
+    # step for the whole run is the step the facts one by one would leave.
+    held = held_count(len(state.tasks), new)
+    return _evolve(state, change=new, charges=_charges(state.charges, run[0].at, held))
+
+
+def _without(tasks: tuple[Task, ...], gone: tuple[Task, ...]) -> tuple[Task, ...]:
+    ids = {t.id for t in gone}
+    return tuple(t for t in tasks if t.id not in ids)
+
+
+def _unresolved(change: Change) -> tuple[Task, ...]:
+    done = change.started | change.failed | change.stopped
+    return tuple(t for t in change.tasks if t.id not in done)
+
+
+def resume_effects(state: ResizeState) -> list[Effect]:
+    """Effects to re-issue after a failover; all idempotent on the host (docs/failover.md).
+
+    The committed allocation and every slot the job should hold are asserted again, and
+    every task id the job ever used but does not hold is freed, so a fact whose effect
+    was lost in the crash (a reservation, a free) is made good either way.
+    """
+    job_id = state.job_id
+    held = state.held
+    held_ids = {t.id for t in held}
+    out: list[Effect] = [
+        CommitAllocation(job_id, state.tasks, state.version, None),
+        Reserve(job_id, held),
+    ]
+    gone = tuple(i for i in range(state.next_task_id) if i not in held_ids)
+    if gone:
+        out.append(Free(job_id, gone))
+    change = state.change
+    if change is not None and change.launched:
+        if change.kind is ChangeKind.GROW:
+            out.append(Launch(job_id, _unresolved(change)))
+        else:
+            out.append(Stop(job_id, tuple(t.id for t in _unresolved(change))))
+    return out

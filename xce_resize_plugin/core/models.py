@@ -1,0 +1,419 @@
+"""Value types of the resize domain: frozen attrs classes, no serialisation code.
+
+Encoding for the journal and the JSON API lives in :mod:`xce_resize_plugin.core.converters`.
+Everything here is immutable; state changes are made with :func:`attrs.evolve`.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Mapping
+
+from attrs import field, frozen
+
+
+class JobState(enum.Enum):
+    """The host's job states (LSF's names)."""
+
+    PEND = "PEND"
+    RUN = "RUN"
+    DONE = "DONE"
+    EXIT = "EXIT"
+
+
+class GrowHosts(enum.Enum):
+    """Which hosts a grow may use."""
+
+    PREFER_EXISTING = "prefer-existing"
+    NEW_ONLY = "new-only"
+    ANY = "any"
+
+
+class Phase(enum.Enum):
+    """The resize state of one job (DESIGN §5)."""
+
+    IDLE = "IDLE"
+    GROW_PENDING = "GROW_PENDING"
+    GROW_NOTIFYING = "GROW_NOTIFYING"
+    GROW_STARTING = "GROW_STARTING"
+    SHRINK_NOTIFYING = "SHRINK_NOTIFYING"
+    SHRINK_STOPPING = "SHRINK_STOPPING"
+    ENDED = "ENDED"
+
+
+class ChangeKind(enum.Enum):
+    GROW = "grow"
+    SHRINK = "shrink"
+
+
+@frozen(order=True)
+class Task:
+    """One task of a job: its id (0 is the head task) and the host it runs on."""
+
+    id: int
+    host: str
+
+
+def host_counts(tasks: Iterable[Task]) -> dict[str, int]:
+    """Tasks per host, hosts in order of first appearance (LSF's ``hostA 2 hostB 1``)."""
+    counts: dict[str, int] = {}
+    for task in tasks:
+        counts[task.host] = counts.get(task.host, 0) + 1
+    return counts
+
+
+def format_hosts(tasks: Iterable[Task]) -> str:
+    """``hostA 2 hostB 1``, the form of ``LSB_RESIZE_HOSTS`` and ``LSB_MCPU_HOSTS``."""
+    return " ".join(f"{host} {n}" for host, n in host_counts(tasks).items())
+
+
+@frozen
+class JobInfo:
+    """The host's view of one job, as the plugin needs it.
+
+    The host builds it (``controller.get_job``); the plugin never changes it. ``tasks``
+    is the committed allocation in allocation order: the first task is task 0 on the
+    first execution host.
+    """
+
+    id: str
+    user: str
+    state: JobState
+    min_tasks: int
+    max_tasks: int
+    tasks: tuple[Task, ...] = ()
+    resizable: bool = False
+    ptile: int | None = None
+    grow_hosts: GrowHosts = GrowHosts.PREFER_EXISTING
+    notify_cmd: str | None = None
+    start_time: float | None = None
+    end_time: float | None = None
+    env: Mapping[str, str] = field(factory=dict)
+
+    @property
+    def first_host(self) -> str | None:
+        return self.tasks[0].host if self.tasks else None
+
+
+@frozen
+class GrowRequest:
+    """Ask for ``min_add..max_add`` more tasks (``bresize request [min,]max``)."""
+
+    min_add: int
+    max_add: int
+    cancel_pending: bool = False
+    notify_cmd: str | None = None
+    no_notify: bool = False
+
+
+@frozen
+class ReleaseRequest:
+    """Give tasks back. Exactly one of ``spec``, ``hosts``, ``task_ids``, ``count``.
+
+    ``spec`` is the LSF release specification (``"all ~hostB 2*hostC"``); ``hosts``
+    maps a host to a task count (``None`` = all of the job's tasks there).
+    """
+
+    spec: str | None = None
+    hosts: Mapping[str, int | None] | None = None
+    task_ids: tuple[int, ...] | None = None
+    count: int | None = None
+    cancel_pending: bool = False
+    notify_cmd: str | None = None
+    no_notify: bool = False
+
+
+@frozen
+class CancelRequest:
+    """Cancel the job's pending grow (``bresize cancel``)."""
+
+
+ResizeRequest = GrowRequest | ReleaseRequest | CancelRequest
+
+
+@frozen
+class PendingGrow:
+    """A grow waiting for slots. ``failures`` counts consecutive failed attempts."""
+
+    min_add: int
+    max_add: int
+    notify_cmd: str | None
+    requested_at: float
+    failures: int = 0
+
+
+@frozen
+class Change:
+    """The one allocation change in flight for a job.
+
+    ``tasks`` are the tasks added (grow) or released (shrink). ``notify_cmd`` is the
+    resolved notification command (``None``: none runs). ``attempt`` numbers the
+    notification runs so a late result of an earlier run is ignored. ``started`` and
+    ``stopped`` are the task ids confirmed so far; ``failed`` the ids that failed to
+    start (their slots were freed at once).
+    """
+
+    kind: ChangeKind
+    tasks: tuple[Task, ...]
+    notify_cmd: str | None
+    since: float
+    attempt: int = 0
+    launched: bool = False
+    started: frozenset[int] = frozenset()
+    failed: frozenset[int] = frozenset()
+    stopped: frozenset[int] = frozenset()
+    pending: PendingGrow | None = None
+
+
+@frozen
+class ResizeRecord:
+    """One committed allocation change, like LSF's ``JOB_RESIZE`` accounting record."""
+
+    time: float
+    kind: ChangeKind
+    before: tuple[Task, ...]
+    delta: tuple[Task, ...]
+    after: tuple[Task, ...]
+    version: int
+
+
+@frozen
+class Segment:
+    """A stretch of the allocation timeline during which the job held ``slots``."""
+
+    start: float
+    end: float
+    slots: int
+
+    @property
+    def slot_seconds(self) -> float:
+        return (self.end - self.start) * self.slots
+
+
+def held_count(committed: int, change: Change | None) -> int:
+    """Slots held by a job with ``committed`` tasks and ``change`` in flight (a change's
+    failed and stopped tasks are among its tasks, a shrink's among the committed ones)."""
+    if change is None:
+        return committed
+    if change.kind is ChangeKind.GROW:
+        return committed + len(change.tasks) - len(change.failed)
+    return committed - len(change.stopped)
+
+
+@frozen
+class ResizeState:
+    """The plugin's materialised state of one job: a fold of the job's facts.
+
+    ``tasks`` is the committed allocation; ``held`` the tasks whose slots the job is
+    charged for (committed, plus a grow's reserved tasks, minus a shrink's stopped
+    ones). ``charges`` is the charged-slots timeline as ``(time, slots)`` steps.
+    """
+
+    job_id: str
+    user: str
+    min_tasks: int
+    max_tasks: int
+    tasks: tuple[Task, ...]
+    started_at: float
+    phase: Phase = Phase.IDLE
+    pending: PendingGrow | None = None
+    change: Change | None = None
+    next_task_id: int = 0
+    version: int = 0
+    ended_at: float | None = None
+    records: tuple[ResizeRecord, ...] = ()
+    charges: tuple[tuple[float, int], ...] = ()
+    notify_attempts: int = 0
+
+    @property
+    def held(self) -> tuple[Task, ...]:
+        change = self.change
+        if change is None:
+            return self.tasks if self.ended_at is None else ()
+        if change.kind is ChangeKind.GROW:
+            extra = tuple(t for t in change.tasks if t.id not in change.failed)
+            return self.tasks + extra
+        return tuple(t for t in self.tasks if t.id not in change.stopped)
+
+    @property
+    def held_count(self) -> int:
+        """``len(self.held)`` without building it."""
+        if self.change is None and self.ended_at is not None:
+            return 0
+        return held_count(len(self.tasks), self.change)
+
+    @property
+    def live(self) -> bool:
+        return self.phase is not Phase.ENDED
+
+
+# --- facts ---------------------------------------------------------------------------
+# A fact is something that happened to one job's resize, written to the journal before
+# anyone acts on it. The engine's evolve() folds facts into ResizeState; replaying a
+# job's facts from the start gives the materialised state exactly (tested).
+
+
+@frozen
+class JobTracked:
+    """The plugin starts keeping state for a running job (at its first resize)."""
+
+    job_id: str
+    at: float
+    user: str
+    min_tasks: int
+    max_tasks: int
+    tasks: tuple[Task, ...]
+    started_at: float
+
+
+@frozen
+class GrowRequested:
+    job_id: str
+    at: float
+    min_add: int
+    max_add: int
+    notify_cmd: str | None
+    principal: str
+
+
+@frozen
+class GrowCancelled:
+    """The pending grow is gone. ``reason``: cancel, replaced, job-ended."""
+
+    job_id: str
+    at: float
+    reason: str
+
+
+@frozen
+class GrowPlaced:
+    """Slots for a pending grow are reserved: charged from this fact on."""
+
+    job_id: str
+    at: float
+    tasks: tuple[Task, ...]
+
+
+@frozen
+class ReleaseAccepted:
+    job_id: str
+    at: float
+    tasks: tuple[Task, ...]
+    notify_cmd: str | None
+    principal: str
+    cancelled_pending: bool = False
+
+
+@frozen
+class NotifyStarted:
+    job_id: str
+    at: float
+    attempt: int
+
+
+@frozen
+class NotifyDone:
+    """The notification command finished. ``gave_up``: a failed grow is cancelled."""
+
+    job_id: str
+    at: float
+    attempt: int
+    ok: bool
+    status: int | None
+    reason: str = ""
+    gave_up: bool = False
+
+
+@frozen
+class TasksLaunched:
+    """The launch of a grow's tasks (or the stop of a shrink's) was handed to the host."""
+
+    job_id: str
+    at: float
+
+
+@frozen
+class TaskStarted:
+    job_id: str
+    at: float
+    task_id: int
+
+
+@frozen
+class TaskStartFailed:
+    """A grow's task could not start: its slot is freed at this fact."""
+
+    job_id: str
+    at: float
+    task_id: int
+    reason: str = ""
+
+
+@frozen
+class TaskStopped:
+    """A shrink's task is gone: its slot is freed at this fact."""
+
+    job_id: str
+    at: float
+    task_id: int
+
+
+@frozen
+class GrowReverted:
+    """No task of a grow started: the grow is pending again (or given up)."""
+
+    job_id: str
+    at: float
+    gave_up: bool = False
+
+
+@frozen
+class Committed:
+    """The change in flight is now the job's allocation (version ``version``)."""
+
+    job_id: str
+    at: float
+    version: int
+
+
+@frozen
+class JobEnded:
+    """The job finished: its pending grow is cancelled, in-flight slots are freed."""
+
+    job_id: str
+    at: float
+
+
+Fact = (
+    JobTracked
+    | GrowRequested
+    | GrowCancelled
+    | GrowPlaced
+    | ReleaseAccepted
+    | NotifyStarted
+    | NotifyDone
+    | TasksLaunched
+    | TaskStarted
+    | TaskStartFailed
+    | TaskStopped
+    | GrowReverted
+    | Committed
+    | JobEnded
+)
+
+FACT_TYPES: tuple[type, ...] = (
+    JobTracked,
+    GrowRequested,
+    GrowCancelled,
+    GrowPlaced,
+    ReleaseAccepted,
+    NotifyStarted,
+    NotifyDone,
+    TasksLaunched,
+    TaskStarted,
+    TaskStartFailed,
+    TaskStopped,
+    GrowReverted,
+    Committed,
+    JobEnded,
+)

@@ -1,0 +1,434 @@
+"""The plugin's per-controller runtime: journal, live states, and the effects it orders.
+
+Every transition follows the same path (DESIGN §6): the engine decides facts from the
+current state; the facts and the new materialised state are written in one journal
+transaction; only once that is durable does the cache change and the host get told
+what to do (reserve, launch, stop, notify, commit). A crash anywhere leaves either the
+old state or the new one in the journal, and recovery re-issues the effects of the new
+one (all idempotent on the host), so nothing is lost or done twice.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+
+import attrs
+
+from xce_resize_plugin.core import config as config_mod
+from xce_resize_plugin.core import converters, engine
+from xce_resize_plugin.core.accounting import Usage, usage_of_job, usage_of_state
+from xce_resize_plugin.core.models import (
+    Fact,
+    JobInfo,
+    JobState,
+    Phase,
+    ResizeRequest,
+    ResizeState,
+    Task,
+    format_hosts,
+    host_counts,
+)
+from xce_resize_plugin.core.placement import FreeSlotIndex, GrowHostView
+from xce_resize_plugin.core.status import ResizeStatus
+from xce_resize_plugin.errors import InvalidRequest, JournalError, NoJob
+from xce_resize_plugin.host import ClusterView, Controller, Principal, TaskEvent
+from xce_resize_plugin.journal import Entry, GroupCommitter, Journal, StoredState, Ticket
+from xce_resize_plugin.policy import HookPolicy
+
+#: LSF's notification exit values (reference: not documented by LSF; we use 0 and 1).
+NOTIFY_OK, NOTIFY_FAIL = "0", "1"
+
+
+def allocation_env(tasks: Sequence[Task], version: int) -> dict[str, str]:
+    """The allocation as tasks and notification commands see it (LSF and XCE names)."""
+    mcpu = format_hosts(tasks)
+    return {
+        "XCE_HOSTS": mcpu,
+        "LSB_MCPU_HOSTS": mcpu,
+        "LSB_HOSTS": " ".join(t.host for t in tasks),
+        "XCE_ALLOC_VERSION": str(version),
+        "LSB_RESIZABLE": "Y",
+    }
+
+
+class Runtime:
+    """Resize state of one controller. The hooks in :mod:`.plugin` delegate here."""
+
+    def __init__(self, controller: Controller) -> None:
+        self.controller = controller
+        values = config_mod.check(controller.config)
+        self.settings = config_mod.settings(controller.config)
+        self.policy = HookPolicy(controller.plugin_manager)
+        self.journal = Journal.open(
+            controller.state_dir / "resize",
+            map_size=values["journal_map_size"],
+            sync=values["journal_sync"],
+        )
+        # Durable mode shares fsyncs between concurrent requests (group commit); with
+        # journal_sync off (throw-away simulations) a direct commit is cheaper.
+        self._committer = GroupCommitter(self.journal) if values["journal_sync"] else None
+        self._failed: BaseException | None = None
+        # journal_defer: entries of transitions that need not be written yet; they go
+        # first in the next commit, in the same transaction.
+        self._defer: bool = values["journal_defer"]
+        self._deferred: list[_Deferred] = []
+        self.states: dict[str, ResizeState] = {}
+        # Jobs with a pending grow or a change in flight: the only ones the scheduler
+        # and dispatch hooks look at, so an idle cycle costs nothing per tracked job.
+        self._busy: set[str] = set()
+        # Why one lock: decisions read the state they change; group commit across
+        # concurrent requesters is the journal's GroupCommitter's job (live controller).
+        self._lock = threading.RLock()
+
+    # --- lifecycle -----------------------------------------------------------------
+
+    def start(self) -> None:
+        """Fence older controllers, load live jobs, resume their in-flight changes."""
+        self.journal.start()
+        for _job_id, data in self.journal.live_states():
+            self._store(converters.decode_state(data))
+        now = self.controller.now()
+        for state in list(self.states.values()):
+            job = self.controller.get_job(state.job_id)
+            if job is None or job.state in (JobState.DONE, JobState.EXIT):
+                # The job ended while no controller ran the plugin (or its end was never
+                # written): end the resize state rather than re-reserve slots for a job
+                # that holds none, at the end the host knows (its accounting stops
+                # there, not at this restart). A later xce_job_end is then a no-op.
+                ended = job.end_time if job is not None and job.end_time is not None else now
+                self._transition(state.job_id, engine.decide_job_end(state, min(ended, now)))
+                continue
+            self._execute(engine.resume_effects(state))
+            self._transition(state.job_id, engine.decide_recover(state, now))
+
+    def stop(self) -> None:
+        try:
+            if self._committer is not None:
+                self._committer.close()
+            elif self._deferred and self._failed is None:
+                self._commit([])  # journal_defer: the last transitions go now
+        finally:
+            self.journal.close()
+
+    # --- requests --------------------------------------------------------------------
+
+    def request(self, principal: Principal, job_id: str, request: ResizeRequest) -> ResizeStatus:
+        with self._lock:
+            self._check_failed()
+            job = self._job(job_id)
+            state = self.states.get(job_id)
+            facts = engine.decide_request(
+                state,
+                job,
+                principal,
+                request,
+                self.controller.now(),
+                self.policy,
+                self.settings,
+            )
+            # A request's facts have no effects on the host (DESIGN §5: placement,
+            # notification and tasks come from the cycles), so the lock is released
+            # before the fsync and concurrent requests share one (group commit).
+            ticket = self._transition(job_id, facts, wait=False)
+            status = self.status(job_id)
+            assert status is not None
+        if ticket is not None:
+            self._wait(ticket)
+        return status
+
+    def status(self, job_id: str) -> ResizeStatus | None:
+        state = self.states.get(job_id)
+        if state is None:
+            job = self.controller.get_job(job_id)
+            if job is None:
+                return None
+            stored = self._stored(job_id)
+            if stored is None:
+                return ResizeStatus(job.id, Phase.IDLE, job.tasks, job.min_tasks, job.max_tasks, 0)
+            state = converters.decode_state(stored)
+        change = state.change
+        return ResizeStatus(
+            job_id=state.job_id,
+            phase=state.phase,
+            tasks=state.tasks,
+            min_tasks=state.min_tasks,
+            max_tasks=state.max_tasks,
+            version=state.version,
+            pending=state.pending,
+            in_flight=change.kind if change else None,
+            in_flight_tasks=change.tasks if change else (),
+        )
+
+    def _job(self, job_id: str) -> JobInfo:
+        if not job_id or len(job_id) > 64:
+            raise InvalidRequest(f"bad job id {job_id!r}")
+        job = self.controller.get_job(job_id)
+        if job is None:
+            raise NoJob(f"job {job_id}")
+        return job
+
+    # --- scheduler and dispatch ------------------------------------------------------
+
+    def sched_cycle(self, cluster: ClusterView) -> None:
+        if not self._busy:
+            return  # the common case, checked without the lock: no cost to the cycle
+        with self._lock:
+            pending = [s for j in self._busy if (s := self.states[j]).phase is Phase.GROW_PENDING]
+            if not pending:
+                return
+            index = FreeSlotIndex(cluster.free_slots())
+            now = self.controller.now()
+            # Grows are placed first come, first served, like the host's own queue.
+            for state in sorted(pending, key=lambda s: (_requested_at(s), s.job_id)):
+                job = self.controller.get_job(state.job_id)
+                if job is None:
+                    continue
+                view = GrowHostView(index, host_counts(state.tasks))
+                headroom = self.controller.slot_headroom(state.user)
+                facts = engine.decide_placement(state, job, view, headroom, self.policy, now)
+                if facts:
+                    for host, n in host_counts(_placed_tasks(facts)).items():
+                        index.take(host, n)
+                    self._transition(state.job_id, facts)
+
+    def dispatch_cycle(self) -> None:
+        if not self._busy:
+            return  # a stale read only delays work to the next cycle, never loses it
+        with self._lock:
+            now = self.controller.now()
+            for job_id in sorted(self._busy):
+                state = self.states.get(job_id)
+                if state is not None and state.change is not None:
+                    self._transition(job_id, engine.decide_dispatch(state, now))
+
+    # --- events ----------------------------------------------------------------------
+
+    def task_events(self, events: Sequence[TaskEvent]) -> None:
+        """Each job's events of the batch in one transition (one journal write)."""
+        by_job: dict[str, list[TaskEvent]] = {}
+        for event in events:
+            by_job.setdefault(event.job_id, []).append(event)
+        with self._lock:
+            now = self.controller.now()
+            for job_id, batch in by_job.items():
+                state = self.states.get(job_id)
+                if state is not None:
+                    facts = engine.decide_task_events(state, batch, now, self.settings)
+                    self._transition(job_id, facts)
+
+    def notify_done(self, job_id: str, attempt: int, status: int | None, reason: str) -> None:
+        with self._lock:
+            state = self.states.get(job_id)
+            if state is None:
+                return
+            facts = engine.decide_notify_done(
+                state, attempt, status, reason, self.controller.now(), self.settings
+            )
+            self._transition(job_id, facts)
+
+    def job_end(self, job_id: str) -> None:
+        with self._lock:
+            state = self.states.get(job_id)
+            if state is None:
+                return
+            self._transition(job_id, engine.decide_job_end(state, self.controller.now()))
+
+    def usage(self, job_id: str, now: float) -> Usage | None:
+        state = self.states.get(job_id)
+        if state is None:
+            stored = self._stored(job_id)
+            if stored is not None:
+                state = converters.decode_state(stored)
+        if state is not None:
+            return usage_of_state(state, now)
+        job = self.controller.get_job(job_id)
+        return usage_of_job(job, now) if job is not None else None
+
+    # --- the one path every change takes ---------------------------------------------
+
+    def _check_failed(self) -> None:
+        if self._failed is not None:
+            raise JournalError(
+                f"the resize journal failed earlier ({self._failed}); restart the controller"
+            ) from self._failed
+
+    def _wait(self, ticket: Ticket) -> None:
+        try:
+            ticket.wait()
+        except BaseException as exc:
+            # The in-memory state ran ahead of a commit that failed: nothing more may be
+            # decided on it. The host must stop (a FencedError says why).
+            self._failed = exc
+            raise
+
+    def _transition(self, job_id: str, facts: Sequence[Fact], wait: bool = True) -> Ticket | None:
+        """Apply facts: new state in memory, the entry committed, then the effects.
+
+        With ``wait=False`` (effect-free transitions only) the entry is queued for group
+        commit and its ticket returned: the caller waits for it after releasing the lock.
+        Transitions with effects wait here, under the lock, so effects always reach the
+        host in commit order and only once durable.
+        """
+        if not facts:
+            return None
+        self._check_failed()
+        before = self.states.get(job_id)
+        state, effects = engine.transition(before, facts)
+        assert state is not None
+        if self._committer is None:
+            if self._defer and (
+                not effects or all(isinstance(f, engine.DEFERRABLE) for f in facts)
+            ):
+                # journal_defer (simulations): what the host has not acted on can wait
+                # for the next write, and so can a fact whose loss recovery repairs
+                # (engine.DEFERRABLE). The facts and their order stay the same; a
+                # process crash loses what was not yet written (docs/failover.md).
+                self._defer_entry(job_id, before, facts, state)
+            else:
+                self._commit([_entry(job_id, before, facts, state)])
+            self._store(state)
+        else:
+            entry = _entry(job_id, before, facts, state)
+            # Stored before it is durable so that the next decision sees it; nothing
+            # is acknowledged or done on the host until the ticket says durable.
+            self._store(state)
+            ticket = self._committer.enqueue(entry)
+            if not wait and not effects:
+                return ticket
+            self._wait(ticket)
+        self._execute(effects)
+        return None
+
+    def _stored(self, job_id: str) -> StoredState | None:
+        """A job's state as the journal has it, deferred writes included."""
+        with self._lock:
+            if self._deferred and self._failed is None:
+                self._commit([])
+        return self.journal.state(job_id)
+
+    def _defer_entry(
+        self, job_id: str, before: ResizeState | None, facts: Sequence[Fact], after: ResizeState
+    ) -> None:
+        last = self._deferred[-1] if self._deferred else None
+        if last is not None and last.job_id == job_id:
+            # The same job again (a release, then its launch): one entry, the facts of
+            # both in order and the latest state; the intermediate one would be
+            # overwritten in the same transaction anyway.
+            last.facts.extend(facts)
+            last.after = after
+        else:
+            self._deferred.append(_Deferred(job_id, before, list(facts), after))
+
+    def _commit(self, entries: list[Entry]) -> None:
+        """Write the deferred entries, then ``entries``, in one transaction."""
+        deferred, self._deferred = self._deferred, []
+        batch = [_entry(d.job_id, d.before, d.facts, d.after) for d in deferred] + entries
+        try:
+            self.journal.commit(batch)
+        except BaseException as exc:
+            self._failed = exc
+            raise
+
+    def _store(self, state: ResizeState) -> None:
+        job_id = state.job_id
+        if not state.live:
+            self.states.pop(job_id, None)
+            self._busy.discard(job_id)
+            return
+        self.states[job_id] = state
+        if state.pending is not None or state.change is not None:
+            self._busy.add(job_id)
+        else:
+            self._busy.discard(job_id)
+
+    def _execute(self, effects: Sequence[engine.Effect]) -> None:
+        ctl = self.controller
+        for effect in effects:
+            if isinstance(effect, engine.Reserve):
+                if effect.tasks:
+                    ctl.reserve_slots(effect.job_id, effect.tasks)
+            elif isinstance(effect, engine.Free):
+                if effect.task_ids:
+                    ctl.free_slots(effect.job_id, effect.task_ids)
+            elif isinstance(effect, engine.Launch):
+                if effect.tasks:
+                    state = self.states[effect.job_id]
+                    after = state.tasks + effect.tasks
+                    ctl.launch_tasks(
+                        effect.job_id, effect.tasks, allocation_env(after, state.version + 1)
+                    )
+            elif isinstance(effect, engine.Stop):
+                if effect.task_ids:
+                    ctl.stop_tasks(effect.job_id, effect.task_ids, self.settings.stop_grace)
+            elif isinstance(effect, engine.Notify):
+                self._notify(effect)
+            elif isinstance(effect, engine.CommitAllocation):
+                ctl.commit_allocation(effect.job_id, effect.tasks, effect.version)
+                if effect.record is not None:
+                    job = ctl.get_job(effect.job_id)
+                    if job is not None:
+                        ctl.plugin_manager.hook.xce_resize_committed(job=job, change=effect.record)
+
+    def _notify(self, effect: engine.Notify) -> None:
+        ctl = self.controller
+        job = ctl.get_job(effect.job_id)
+        state = self.states.get(effect.job_id)
+        if job is None or state is None or not state.tasks:
+            return
+        env: dict[str, str] = dict(job.env)
+        env.update(allocation_env(effect.after, state.version + 1))
+        env.update(
+            {
+                "LSB_JOBID": job.id,
+                "XCE_JOB_ID": job.id,
+                "LSB_RESIZE_EVENT": effect.kind.value,
+                "LSB_RESIZE_HOSTS": format_hosts(effect.delta),
+                "LSB_RESIZE_NOTIFY_OK": NOTIFY_OK,
+                "LSB_RESIZE_NOTIFY_FAIL": NOTIFY_FAIL,
+            }
+        )
+        ctl.run_notification(
+            effect.job_id,
+            effect.attempt,
+            state.tasks[0].host,
+            effect.command,
+            env,
+            self.settings.notify_timeout,
+        )
+
+
+@attrs.define
+class _Deferred:
+    """Transitions of one job waiting for the next write (``journal_defer``)."""
+
+    job_id: str
+    before: ResizeState | None
+    facts: list[Fact]
+    after: ResizeState
+
+
+def _entry(
+    job_id: str, before: ResizeState | None, facts: Sequence[Fact], after: ResizeState
+) -> Entry:
+    """The journal entry of the transition(s) from ``before`` to ``after``."""
+    return Entry(
+        job_id=job_id,
+        facts=tuple(converters.encode_fact(f) for f in facts),
+        state=converters.encode_state(after),
+        ended_at=after.ended_at,
+        history=converters.history_tails(before, after),
+    )
+
+
+def _requested_at(state: ResizeState) -> float:
+    return state.pending.requested_at if state.pending is not None else 0.0
+
+
+def _placed_tasks(facts: Sequence[Fact]) -> tuple[Task, ...]:
+    out: tuple[Task, ...] = ()
+    for fact in facts:
+        tasks = getattr(fact, "tasks", None)
+        if tasks is not None:
+            out += tasks
+    return out

@@ -1,0 +1,26 @@
+"""What a job's resize looks like from outside: the answer to a request or a query."""
+
+from __future__ import annotations
+
+from attrs import frozen
+
+from xce_resize_plugin.core.models import ChangeKind, PendingGrow, Phase, Task
+
+
+@frozen
+class ResizeStatus:
+    """The job's resize state as REST, ``bresize`` and scenarios report it.
+
+    ``tasks`` is the committed allocation; ``in_flight`` the kind and tasks of the
+    change in flight, if any; ``pending`` the pending grow, if any.
+    """
+
+    job_id: str
+    phase: Phase
+    tasks: tuple[Task, ...]
+    min_tasks: int
+    max_tasks: int
+    version: int
+    pending: PendingGrow | None = None
+    in_flight: ChangeKind | None = None
+    in_flight_tasks: tuple[Task, ...] = ()

@@ -1,0 +1,440 @@
+"""Recordings of a controller's inputs, and their replay in simulated time.
+
+A *recording* is everything that came into a controller from outside, with times —
+job submissions, resize requests (with their outcome), task process events,
+notification outcomes and job ends — plus, for comparison, what came out: the job
+starts and the plugin's journal facts. :func:`.replay.replay` feeds the inputs to a
+new embedded controller in simulated time and checks that the same starts and the same
+sequence of resize facts (placements, commits, releases...) come out.
+
+``xce-resize simulate TRACE --record OUT`` writes one of its elastic run,
+``xce-resize scenario run FILE --record OUT`` one of the scenario
+(:mod:`.sim_recorder`); the live controller writes one of its run with ``[controller]
+record = "OUT"`` or ``xce-resize controller --record OUT`` (:mod:`.live.recorder`);
+``xce-resize simulate --replay OUT`` replays either (:mod:`.replay`; docs/simulation.md,
+"Reproducing a run").
+
+This module holds the format: its writer (:class:`RecordingWriter`), the ``request``
+line's fields, and the reader (:func:`read_recording`) with the checks of every line.
+
+Format: JSON lines, UTF-8, one object per line
+===============================================
+
+The first line is the header::
+
+    {"kind": "header", "format": "xce-resize-recording", "version": 1,
+     "controller": "simulated" | "live", "hosts": [["n001", 1], ...],
+     "config": {...the [resize] section...}, "user_slots": {...},
+     "protect_reservation": true, "lean_cycles": true}
+
+A live controller's header adds ``t`` (its clock when it started: the replay's clock
+starts there), ``task_event_batches`` (how it delivers task events; default true) and,
+for the reader, ``state_dir``.
+
+Every input line has ``kind``, ``t`` (the controller clock, seconds) and ``phase``:
+
+- ``"timeline"``: it happened while the controller processed the instant ``t``, before
+  the instant's scheduler and dispatch cycles (a job arriving, a job's run time
+  elapsing, a task exiting after its stop delay);
+- ``"settled"``: it arrived once the instant had settled (a driver's or a user's
+  request; everything a live controller receives between its cycles);
+- ``"sync"``: the runner answered inside the controller's own call (a simulated task
+  starts inside ``launch_tasks``; a scripted notification answers inside
+  ``run_notification``; a live launch for a job that is ending fails at once). Replay
+  answers the same call the same way.
+
+A simulated controller also writes ``i`` (the instant: how many instants its event loop
+had processed) and, for ``settled`` lines, ``r`` (the round of the instant's observers);
+replay then reproduces the instants exactly, including ``{"kind": "tick"}`` lines for
+instants at which nothing was recorded.
+
+A live controller omits them: its lines are in the order in which the controller took
+them (one at a time, under its lock), and ``{"kind": "cycle", "t": T}`` lines say where
+it ran its scheduler and dispatch cycles (``settle``). It writes a ``cycle`` line for
+every settle that had inputs before it or changed something; the others (the loop
+settles every 0.1 s) changed nothing and need no replay. Replay applies the lines in
+order, moving its clock forward to each line's ``t``, and settles at each ``cycle``.
+
+Input kinds (fields besides ``kind``, ``t``, ``phase``, ``i``, ``r``):
+
+- ``submit``: ``job``, ``user``, ``tasks`` ([min, max]), ``start_tasks``, ``estimate``,
+  ``ptile``, ``resizable``, ``grow_hosts``, ``notify_cmd``, ``env``, optionally
+  ``alloc`` ([[host, tasks], ...] in allocation order: the job started at once there)
+  and ``work`` ({``model``: a speedup spec as ``--speedup`` takes it, ``ref_procs``,
+  ``estimate``}: the scheduler plans the job with that model; its end still comes
+  from an ``end`` line);
+- ``request``: ``job``, ``principal`` ({``name``, ``admin``, ``job_id``}),
+  ``request`` ({``type``: ``grow`` | ``release`` | ``cancel``, and the request's
+  fields}), ``result`` (``"ok"`` or the error code);
+- ``task``: ``job``, ``task`` (the task id), ``event`` (``started`` | ``start_failed`` |
+  ``exited``), ``status``, ``reason``;
+- ``notify``: ``job``, ``attempt``, ``status``, ``reason``;
+- ``ending`` (live): ``job``, ``tasks`` (task ids), ``grace``, ``state``, ``reason``:
+  the job is over (its task 0 ended, or it was killed) and the controller stops these
+  live tasks first (replay: ``stop_tasks``); its ``end`` line follows once they are gone;
+- ``end``: ``job``, ``state`` (``DONE`` | ``EXIT``), ``reason``.
+
+Output kinds, after the inputs or interleaved (replay compares them):
+
+- ``started``: ``t``, ``job``, ``hosts`` ({host: tasks} in allocation order);
+- ``fact``: ``seq``, ``job``, ``fact`` (the journal's fact as JSON, as ``xce-resize
+  journal export`` writes it). A simulated recording has them at the end; a live one
+  as the journal gets them (after the cycle, request or job end that wrote them), so
+  that a crash leaves the facts of what it recorded.
+
+A live recording ends with ``{"kind": "closed", "t": T, "clean": true}`` when the
+controller stopped cleanly; nothing may follow it.
+
+What replay compares: for a simulated recording, the starts and the facts exactly and
+in order (times included: the replay is instant for instant). For a live recording,
+per job and in order: where it started ({host: tasks}), and its facts without their
+times (``at`` and every ``*_at`` field: live time never repeats); a live recording
+without its ``closed`` line (the controller crashed) is compared as a prefix (each
+job's recorded facts must be the first ones the replay produced for it).
+
+Lines of an unknown ``kind`` are an error (a newer format), not skipped; so are lines
+missing a field replay needs, and kinds of the other controller's variant.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import IO, Any
+
+import attrs
+
+from xce_resize_plugin.controllers.jobs import JobRecord
+from xce_resize_plugin.core.models import CancelRequest, GrowRequest, ReleaseRequest, ResizeRequest
+from xce_resize_plugin.errors import ConfigError
+from xce_resize_plugin.host import Principal
+from xce_resize_plugin.journal import Journal
+
+__all__ = [
+    "FORMAT",
+    "VERSION",
+    "RecordingError",
+    "RecordingWriter",
+    "read_recording",
+    "submit_fields",
+]
+
+FORMAT = "xce-resize-recording"
+VERSION = 1
+CONTROLLERS = ("simulated", "live")
+INPUT_KINDS = ("submit", "request", "task", "notify", "end", "tick", "ending", "cycle")
+OUTPUT_KINDS = ("started", "fact")
+#: The kinds each variant may hold (a ``tick`` in a live recording is an error).
+KINDS = {
+    "simulated": frozenset(INPUT_KINDS + OUTPUT_KINDS) - {"ending", "cycle"},
+    "live": frozenset(INPUT_KINDS + OUTPUT_KINDS + ("closed",)) - {"tick"},
+}
+PHASES = ("timeline", "settled", "sync")
+TASK_EVENTS = ("started", "start_failed", "exited")
+END_STATES = ("DONE", "EXIT")
+
+
+class RecordingError(ConfigError):
+    """A recording cannot be read or replayed; the detail says where."""
+
+    message = "Recording error"
+
+
+# --------------------------------------------------------------------------- writing
+
+
+def request_json(request: ResizeRequest) -> dict[str, Any]:
+    """A resize request as a recording line holds it."""
+    if isinstance(request, GrowRequest):
+        return {"type": "grow", **attrs.asdict(request)}
+    if isinstance(request, ReleaseRequest):
+        data = attrs.asdict(request)
+        if data["hosts"] is not None:
+            data["hosts"] = dict(data["hosts"])
+        if data["task_ids"] is not None:
+            data["task_ids"] = list(data["task_ids"])
+        return {"type": "release", **data}
+    return {"type": "cancel"}
+
+
+def request_from_json(data: Mapping[str, Any]) -> ResizeRequest:
+    body = dict(data)
+    kind = body.pop("type", None)
+    if kind == "grow":
+        return GrowRequest(**body)
+    if kind == "release":
+        if body.get("task_ids") is not None:
+            body["task_ids"] = tuple(body["task_ids"])
+        return ReleaseRequest(**body)
+    if kind == "cancel" and not body:
+        return CancelRequest()
+    raise ValueError(f"bad request {dict(data)!r}")
+
+
+def submit_fields(job: JobRecord) -> dict[str, Any]:
+    """A ``submit`` line's fields for a job as the controller accepted it. Its run time,
+    if the driver gave one, is recorded as the estimate: the job's end is an ``end``
+    line of its own, so the replay must not end it by itself."""
+    estimate = job.estimate if job.estimate is not None else job.runtime
+    return {
+        "job": job.id,
+        "user": job.user,
+        "tasks": [job.min_tasks, job.max_tasks],
+        "start_tasks": job.start_tasks,
+        "estimate": estimate,
+        "ptile": job.ptile,
+        "resizable": job.resizable,
+        "grow_hosts": job.grow_hosts.value,
+        "notify_cmd": job.notify_cmd,
+        "env": dict(job.env),
+        "alloc": None if job.alloc is None else [[h, n] for h, n in job.alloc],
+    }
+
+
+def request_fields(
+    job_id: str, principal: Principal, request: ResizeRequest, code: str | None
+) -> dict[str, Any]:
+    """The fields of a ``request`` line (both recorders write the same)."""
+    return {
+        "job": job_id,
+        "principal": {"name": principal.name, "admin": principal.admin, "job_id": principal.job_id},
+        "request": request_json(request),
+        "result": code or "ok",
+    }
+
+
+class RecordingWriter:
+    """Writes a recording, line by line (see the module docstring for the fields).
+
+    :param flush: flush after every line, so that a crash of the writing process
+        leaves every line written so far in the file (the live controller's recorder).
+    """
+
+    def __init__(self, out: IO[str], *, flush: bool = False) -> None:
+        self._out = out
+        self._flush = flush
+
+    def write(self, record: Mapping[str, Any]) -> None:
+        self._out.write(json.dumps(record, separators=(",", ":"), ensure_ascii=False) + "\n")
+        if self._flush:
+            self._out.flush()
+
+    def header(
+        self,
+        *,
+        controller: str,
+        hosts: Sequence[tuple[str, int]],
+        config: Mapping[str, Any],
+        user_slots: Mapping[str, int],
+        protect_reservation: bool,
+        lean_cycles: bool,
+        extra: Mapping[str, Any] | None = None,
+    ) -> None:
+        """The first line; ``extra`` adds the live variant's fields (``t``...)."""
+        self.write(
+            {
+                "kind": "header",
+                "format": FORMAT,
+                "version": VERSION,
+                "controller": controller,
+                "hosts": [[h, n] for h, n in hosts],
+                "config": {k: config[k] for k in sorted(config)},
+                "user_slots": dict(sorted(user_slots.items())),
+                "protect_reservation": protect_reservation,
+                "lean_cycles": lean_cycles,
+                **(extra or {}),
+            }
+        )
+
+    def facts(self, journal_dir: Path, start: int = 1, journal: Journal | None = None) -> int:
+        """Append the facts from sequence ``start`` on as output lines; return how many.
+
+        Reads ``journal`` if given (an open handle), else opens the journal in
+        ``journal_dir`` read-only for the call.
+        """
+        if journal is None:
+            with Journal.open(journal_dir, readonly=True) as handle:
+                return self.facts(journal_dir, start, handle)
+        n = 0
+        for seq, job_id, payload in journal.facts(start):
+            self.write({"kind": "fact", "seq": seq, "job": job_id, "fact": json.loads(payload)})
+            n += 1
+        return n
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _str(value: Any) -> bool:
+    return isinstance(value, str)
+
+
+def _task_range(value: Any) -> bool:
+    return isinstance(value, list) and len(value) == 2 and all(_int(v) for v in value)
+
+
+def _principal(value: Any) -> bool:
+    return isinstance(value, dict) and _str(value.get("name"))
+
+
+def _request(value: Any) -> bool:
+    return isinstance(value, dict) and value.get("type") in ("grow", "release", "cancel")
+
+
+def _ids(value: Any) -> bool:
+    return isinstance(value, list) and all(_int(v) for v in value)
+
+
+def _hosts_map(value: Any) -> bool:
+    return isinstance(value, dict) and all(_int(v) for v in value.values())
+
+
+def _fact(value: Any) -> bool:
+    return isinstance(value, dict) and _str(value.get("type"))
+
+
+def _one_of(*allowed: str) -> Callable[[Any], bool]:
+    def check(value: Any) -> bool:
+        return value in allowed
+
+    return check
+
+
+#: What replay reads of each kind: field -> (check, what it must be). ``t`` is checked
+#: for every kind but ``header``, ``fact`` and ``closed`` (``closed`` has its own).
+_FIELDS: dict[str, dict[str, tuple[Callable[[Any], bool], str]]] = {
+    "submit": {
+        "job": (_str, "a job id (string)"),
+        "user": (_str, "a user name (string)"),
+        "tasks": (_task_range, "[min, max] (integers)"),
+    },
+    "request": {
+        "job": (_str, "a job id (string)"),
+        "principal": (_principal, "an object with a name"),
+        "request": (_request, "an object whose type is grow, release or cancel"),
+    },
+    "task": {
+        "job": (_str, "a job id (string)"),
+        "task": (_int, "a task id (integer)"),
+        "event": (_one_of(*TASK_EVENTS), " | ".join(TASK_EVENTS)),
+    },
+    "notify": {"job": (_str, "a job id (string)"), "attempt": (_int, "an integer")},
+    "end": {
+        "job": (_str, "a job id (string)"),
+        "state": (_one_of(*END_STATES), " | ".join(END_STATES)),
+    },
+    "ending": {
+        "job": (_str, "a job id (string)"),
+        "tasks": (_ids, "a list of task ids (integers)"),
+        "grace": (_number, "seconds (a number)"),
+    },
+    "tick": {},
+    "cycle": {},
+    "started": {"job": (_str, "a job id (string)"), "hosts": (_hosts_map, "{host: tasks}")},
+    "fact": {
+        "seq": (_int, "an integer"),
+        "job": (_str, "a job id (string)"),
+        "fact": (_fact, "an object with a type"),
+    },
+    "closed": {"clean": (lambda v: isinstance(v, bool), "true or false")},
+}
+
+
+def check_line(rec: Mapping[str, Any], controller: str) -> str | None:
+    """What is wrong with one (non-header) line of a ``controller`` recording, if
+    anything: the message names the field and what it must be."""
+    kind = rec.get("kind")
+    if kind not in INPUT_KINDS + OUTPUT_KINDS + ("closed",):
+        return f"unknown kind {kind!r}"
+    if kind not in KINDS[controller]:
+        return f"kind {kind!r} is not part of a {controller} recording"
+    if kind not in ("fact",) and not _number(rec.get("t")):
+        return f"{kind}: t must be the controller's clock (a number), got {rec.get('t')!r}"
+    phase = rec.get("phase")
+    if phase is not None and phase not in PHASES:
+        return f"{kind}: phase must be one of {', '.join(PHASES)}, got {phase!r}"
+    if phase == "sync" and kind not in ("task", "notify"):
+        return f"{kind}: only task and notify lines can be sync"
+    for name, (ok, what) in _FIELDS[kind].items():
+        if name not in rec:
+            return f"{kind}: missing field {name!r}"
+        if not ok(rec[name]):
+            return f"{kind}: {name} must be {what}, got {rec[name]!r}"
+    return None
+
+
+def read_recording(path: str | os.PathLike[str]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The header and the other lines of a recording, each checked (:func:`check_line`)
+    for what replay reads; :class:`RecordingError` names the file, line and field."""
+    lines: list[dict[str, Any]] = []
+    header: dict[str, Any] | None = None
+    closed_at: int | None = None
+    name = os.fspath(path)
+    try:
+        with open(path, encoding="utf-8") as fh:
+            for n, raw in enumerate(fh, 1):
+                if not raw.strip():
+                    continue
+                try:
+                    rec = json.loads(raw)
+                except ValueError as exc:
+                    if not raw.endswith("\n"):
+                        raise RecordingError(
+                            f"{name}:{n}: the last line is cut short (the writer stopped in "
+                            "the middle of it); remove it to replay the lines before"
+                        ) from None
+                    raise RecordingError(f"{name}:{n}: not JSON ({exc})") from None
+                if not isinstance(rec, dict) or "kind" not in rec:
+                    raise RecordingError(f"{name}:{n}: a line must be an object with a kind")
+                if header is None:
+                    header = _check_header(rec, name, n)
+                    continue
+                if closed_at is not None:
+                    raise RecordingError(
+                        f"{name}:{n}: a line after the closing line (line {closed_at})"
+                    )
+                problem = check_line(rec, header["controller"])
+                if problem is not None:
+                    raise RecordingError(f"{name}:{n}: {problem}")
+                if rec["kind"] == "closed":
+                    closed_at = n
+                rec["_line"] = n
+                lines.append(rec)
+    except OSError as exc:
+        raise RecordingError(f"{name}: cannot read ({exc})") from exc
+    except UnicodeDecodeError as exc:
+        raise RecordingError(f"{name}: not UTF-8 text ({exc})") from None
+    if header is None:
+        raise RecordingError(f"{name}: empty recording")
+    return header, lines
+
+
+def _check_header(rec: dict[str, Any], name: str, n: int) -> dict[str, Any]:
+    if rec["kind"] != "header" or rec.get("format") != FORMAT:
+        raise RecordingError(f"{name}:{n}: not an {FORMAT} (no header line)")
+    if rec.get("version") != VERSION:
+        raise RecordingError(f"{name}:{n}: version {rec.get('version')!r}, this reads {VERSION}")
+    controller = rec.get("controller", "simulated")
+    if controller not in CONTROLLERS:
+        raise RecordingError(
+            f"{name}:{n}: header: controller must be simulated or live, got {controller!r}"
+        )
+    rec["controller"] = controller
+    hosts = rec.get("hosts")
+    if not isinstance(hosts, list) or not all(
+        isinstance(h, list) and len(h) == 2 and _str(h[0]) and _int(h[1]) for h in hosts
+    ):
+        raise RecordingError(f"{name}:{n}: header: hosts must be [[name, slots], ...]")
+    if "t" in rec and not _number(rec["t"]):
+        raise RecordingError(f"{name}:{n}: header: t must be a number, got {rec['t']!r}")
+    return rec

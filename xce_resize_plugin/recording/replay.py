@@ -1,0 +1,574 @@
+"""The replay of a recording in simulated time, and the comparison with what it recorded.
+
+:func:`replay` reads a recording (:func:`.recording.read_recording`; the format is the
+docstring of :mod:`.recording`), feeds its inputs to a new embedded controller in
+simulated time, answering the controller's task and notification runners from the
+recording, and compares the job starts and the journal facts that come out with the
+recorded ones: exactly for a simulated recording, per job and without times for a live
+one (:func:`compare_live`). ``xce-resize simulate --replay OUT`` runs it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from attrs import frozen
+
+from xce_resize_plugin.controllers.observer import Observer
+from xce_resize_plugin.controllers.runners import (
+    NotificationDone,
+    NotificationRequest,
+    NotificationResult,
+    SimClock,
+    TaskReporter,
+)
+from xce_resize_plugin.controllers.sim.sim_controller import EmbeddedController
+from xce_resize_plugin.controllers.sim.work import PlannedWork
+from xce_resize_plugin.controllers.violations import EmbeddedError
+from xce_resize_plugin.core.models import Task, host_counts
+from xce_resize_plugin.errors import ResizeError
+from xce_resize_plugin.host import Principal
+from xce_resize_plugin.journal import Journal
+from xce_resize_plugin.manager import get_plugin_manager
+from xce_resize_plugin.recording.format import (
+    INPUT_KINDS,
+    RecordingError,
+    read_recording,
+    request_from_json,
+)
+from xce_resize_plugin.simulation.malleable import parse_speedup
+
+__all__ = ["ReplayResult", "replay"]
+
+#: At most this many differences are listed (the first ones per job).
+MAX_PROBLEMS = 50
+
+
+@frozen
+class ReplayResult:
+    """What a replay found: counts and, if any, the differences.
+
+    ``controller`` is the recording's variant: it decides what was compared (the
+    docstring of :mod:`.recording`, "What replay compares").
+    """
+
+    inputs: int
+    starts: int
+    facts: int
+    problems: tuple[str, ...]
+    controller: str = "simulated"
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+class _Instant:
+    __slots__ = ("rounds", "t", "timeline")
+
+    def __init__(self, t: float) -> None:
+        self.t = t
+        self.timeline: list[dict[str, Any]] = []
+        self.rounds: dict[int, list[dict[str, Any]]] = {}
+
+
+class _ReplayRunner:
+    """Answers the controller's task launches and stops from the recording."""
+
+    def __init__(self, owner: _Inputs) -> None:
+        self._owner = owner
+        self._reporter: TaskReporter | None = None
+
+    def bind(self, reporter: TaskReporter) -> None:
+        self._reporter = reporter
+
+    def start(self, job_id: str, task: Task, env: Mapping[str, str]) -> None:
+        self._owner.sync_task(job_id, task.id, ("started", "start_failed"))
+
+    def stop(self, job_id: str, task_id: int, grace: float, since: float) -> None:
+        self._owner.sync_task(job_id, task_id, ("exited",))
+
+
+class _ReplayNotifier:
+    def __init__(self, owner: _Inputs) -> None:
+        self._owner = owner
+
+    def run(self, request: NotificationRequest, done: NotificationDone) -> None:
+        self._owner.notification(request, done)
+
+
+class _Inputs(Observer):
+    """What both replays share: applying input lines, answering the runners from the
+    recording, and collecting the replay's job starts."""
+
+    #: Whether a notification the recording has no outcome for is a problem (a
+    #: simulated run answers every one; a live run may stop while one runs).
+    outcomes_required = True
+
+    def __init__(self, header: Mapping[str, Any]) -> None:
+        self.header = header
+        self.problems: list[str] = []
+        self.inputs = 0
+        self.started: list[tuple[str, dict[str, int]]] = []
+        self.expected_starts: list[tuple[str, dict[str, int]]] = []
+        self.expected_facts: list[tuple[str, Any]] = []
+        self._sync_tasks: dict[tuple[str, int, str], dict[str, Any]] = {}
+        self._sync_notes: dict[tuple[str, int], dict[str, Any]] = {}
+        self._later_notes: dict[tuple[str, int], dict[str, Any]] = {}
+        self._waiting_notes: dict[tuple[str, int], NotificationDone] = {}
+        self.ctl: EmbeddedController | None = None
+
+    def _take(self, rec: dict[str, Any]) -> bool:
+        """Keep an output or sync line where replay looks for it; ``False`` for the
+        lines that are applied in turn."""
+        kind = rec["kind"]
+        if kind == "started":
+            self.expected_starts.append((rec["job"], dict(rec["hosts"])))
+            return True
+        if kind == "fact":
+            self.expected_facts.append((rec["job"], rec["fact"]))
+            return True
+        if rec.get("phase") == "sync":
+            if kind == "task":
+                self._sync_tasks[(rec["job"], rec["task"], rec["event"])] = rec
+            else:
+                self._sync_notes[(rec["job"], rec["attempt"])] = rec
+            return True
+        if kind == "notify":
+            self._later_notes[(rec["job"], rec["attempt"])] = rec
+        return False
+
+    def _bad(self, rec: Mapping[str, Any], why: str) -> None:
+        if len(self.problems) < 20:
+            self.problems.append(f"line {rec.get('_line', '?')}: {why}")
+
+    # -- inputs -----------------------------------------------------------------------
+
+    def _apply(self, rec: dict[str, Any]) -> None:
+        ctl = self.ctl
+        assert ctl is not None
+        self.inputs += 1
+        kind = rec["kind"]
+        try:
+            if kind == "tick":
+                return
+            if kind == "submit":
+                self._submit(ctl, rec)
+            elif kind == "request":
+                self._request(ctl, rec)
+            elif kind == "task":
+                event = rec["event"]
+                if event == "started":
+                    ctl.task_started(rec["job"], rec["task"])
+                elif event == "start_failed":
+                    ctl.task_start_failed(rec["job"], rec["task"], rec.get("reason", ""))
+                else:
+                    ctl.task_exited(
+                        rec["job"], rec["task"], rec.get("status"), rec.get("reason", "")
+                    )
+            elif kind == "notify":
+                self._answer_later(rec)
+            elif kind == "ending":
+                if rec["tasks"]:
+                    ctl.stop_tasks(rec["job"], list(rec["tasks"]), float(rec["grace"]))
+            elif kind == "end":
+                if rec["state"] == "DONE":
+                    ctl.finish(rec["job"], rec.get("reason", "done"))
+                else:
+                    ctl.kill(rec["job"], rec.get("reason", "killed"))
+        except (KeyError, TypeError, ValueError, EmbeddedError) as exc:
+            self._bad(rec, f"cannot apply: {type(exc).__name__}: {exc}")
+
+    def _submit(self, ctl: EmbeddedController, rec: Mapping[str, Any]) -> None:
+        lo, hi = rec["tasks"]
+        work = None
+        if rec.get("work"):
+            w = rec["work"]
+            work = PlannedWork(parse_speedup(w["model"]), int(w["ref_procs"]), float(w["estimate"]))
+        alloc = rec.get("alloc")
+        ctl.submit(
+            rec["user"],
+            (int(lo), int(hi)),
+            estimate=rec.get("estimate"),
+            ptile=rec.get("ptile"),
+            resizable=bool(rec.get("resizable", False)),
+            grow_hosts=rec.get("grow_hosts", "prefer-existing"),
+            notify_cmd=rec.get("notify_cmd"),
+            env=rec.get("env") or {},
+            alloc=None if alloc is None else [(str(h), int(n)) for h, n in alloc],
+            job_id=rec["job"],
+            start_tasks=rec.get("start_tasks"),
+            work=work,
+        )
+
+    def _request(self, ctl: EmbeddedController, rec: Mapping[str, Any]) -> None:
+        p = rec["principal"]
+        principal = Principal(p["name"], admin=bool(p.get("admin")), job_id=p.get("job_id"))
+        request = request_from_json(rec["request"])
+        try:
+            ctl.request_resize(principal, rec["job"], request)
+            got = "ok"
+        except ResizeError as exc:
+            got = exc.code
+        if got != rec.get("result", "ok"):
+            self._bad(
+                rec, f"request on job {rec['job']} answered {got}, recorded {rec.get('result')}"
+            )
+
+    # -- runner answers ---------------------------------------------------------------
+
+    def sync_task(self, job_id: str, task_id: int, events: Sequence[str]) -> None:
+        ctl = self.ctl
+        assert ctl is not None
+        for event in events:
+            rec = self._sync_tasks.pop((job_id, task_id, event), None)
+            if rec is None:
+                continue
+            if event == "started":
+                ctl.task_started(job_id, task_id)
+            elif event == "start_failed":
+                ctl.task_start_failed(job_id, task_id, rec.get("reason", ""))
+            else:
+                ctl.task_exited(job_id, task_id, rec.get("status"), rec.get("reason", ""))
+            return
+        # Not answered in the call: the recording has it later (or the replay diverged,
+        # which the comparison of facts will show).
+
+    def notification(self, request: NotificationRequest, done: NotificationDone) -> None:
+        key = (request.job_id, request.attempt)
+        rec = self._sync_notes.pop(key, None)
+        if rec is not None:
+            done(NotificationResult(rec.get("status"), rec.get("reason", "")))
+            return
+        if key not in self._later_notes and self.outcomes_required:
+            self.problems.append(
+                f"job {request.job_id}: notification attempt {request.attempt} ran, "
+                "the recording has no outcome for it"
+            )
+        self._waiting_notes[key] = done
+
+    def _answer_later(self, rec: Mapping[str, Any]) -> None:
+        key = (rec["job"], rec["attempt"])
+        done = self._waiting_notes.pop(key, None)
+        if done is None:
+            self._bad(rec, f"job {rec['job']}: outcome of a notification that did not run")
+            return
+        done(NotificationResult(rec.get("status"), rec.get("reason", "")))
+
+    # -- outputs ----------------------------------------------------------------------
+
+    def job_started(self, job_id: str, time: float, tasks: tuple[Task, ...]) -> None:
+        self.started.append((job_id, host_counts(tasks)))
+
+
+class _Replayer(_Inputs):
+    """Replays a simulated recording instant for instant."""
+
+    def __init__(self, header: Mapping[str, Any], lines: Sequence[dict[str, Any]]) -> None:
+        super().__init__(header)
+        self._instants: list[_Instant] = []
+        self._by_index: dict[int, _Instant] = {}
+        self._next = 0
+        self._current = _Instant(0.0)
+        self._split(lines)
+
+    def _split(self, lines: Sequence[dict[str, Any]]) -> None:
+        exact = any("i" in rec for rec in lines if rec["kind"] in INPUT_KINDS)
+        live_round = 0
+        last_t: float | None = None
+        for rec in lines:
+            if self._take(rec):
+                continue
+            phase = rec.get("phase", "settled")
+            t = float(rec["t"])
+            if exact:
+                index = int(rec["i"])
+                inst = self._by_index.get(index)
+                if inst is None:
+                    inst = self._by_index[index] = _Instant(t)
+            else:
+                # No instants recorded: one instant per distinct time, every settled
+                # line its own round.
+                if last_t != t:
+                    inst = _Instant(t)
+                    self._instants.append(inst)
+                    live_round = 0
+                    last_t = t
+                inst = self._instants[-1]
+            if phase == "timeline":
+                inst.timeline.append(rec)
+            else:
+                r = int(rec["r"]) if exact else live_round
+                live_round += 1
+                inst.rounds.setdefault(r, []).append(rec)
+        if exact:
+            self._instants = [self._by_index[i] for i in sorted(self._by_index)]
+
+    # -- the timeline: one instant at a time, in order --------------------------------
+
+    def start(self, ctl: EmbeddedController) -> None:
+        self.ctl = ctl
+        ctl.add_observer(self)
+        # Instant 0 (exact recordings) is the settle at the start of run(): its timeline
+        # lines came in before it (a scenario's jobs submitted up front) and are applied
+        # now; its settled lines are applied by settled().
+        if self._instants and self._instants[0] is self._by_index.get(0):
+            self._current = self._instants[0]
+            self._next = 1
+            for rec in self._current.timeline:
+                self._apply(rec)
+        self._schedule_next()
+
+    def _schedule_next(self) -> None:
+        if self._next < len(self._instants):
+            inst = self._instants[self._next]
+            assert self.ctl is not None
+            self.ctl.at(max(inst.t, self.ctl.now()), self._run_instant)
+
+    def _run_instant(self) -> None:
+        inst = self._instants[self._next]
+        self._next += 1
+        self._current = inst
+        for rec in inst.timeline:
+            self._apply(rec)
+        self._schedule_next()
+
+    def settled(self, controller: EmbeddedController) -> None:
+        for rec in self._current.rounds.pop(controller.settle_round, []):
+            self._apply(rec)
+
+
+class _LiveReplayer(_Inputs):
+    """Replays a live recording: its lines in order on a clock moved to each line's
+    time, a settle at each ``cycle`` line (the docstring of :mod:`.recording`)."""
+
+    outcomes_required = False
+
+    def __init__(self, header: Mapping[str, Any], lines: Sequence[dict[str, Any]]) -> None:
+        super().__init__(header)
+        self.sequence: list[dict[str, Any]] = []
+        self.closed: dict[str, Any] | None = None
+        for rec in lines:
+            if rec["kind"] == "closed":
+                self.closed = rec
+            elif not self._take(rec):
+                self.sequence.append(rec)
+
+    def run(self, ctl: EmbeddedController, clock: SimClock) -> None:
+        self.ctl = ctl
+        ctl.add_observer(self)
+        for rec in self.sequence:
+            t = float(rec["t"])
+            if t > clock.now():
+                clock.advance_to(t)
+            if rec["kind"] != "cycle":
+                self._apply(rec)
+                continue
+            self.inputs += 1
+            try:
+                ctl.settle()
+            except EmbeddedError as exc:
+                # The replay went somewhere the run did not: what follows would only
+                # repeat the consequences.
+                self._bad(rec, f"the controller's cycle failed: {type(exc).__name__}: {exc}")
+                return
+
+
+def replay(path: str | os.PathLike[str], state_dir: Path | None = None) -> ReplayResult:
+    """Replay a recording in simulated time; compare its starts and facts."""
+    header, lines = read_recording(path)
+    if state_dir is None:
+        with tempfile.TemporaryDirectory(prefix="xce-replay-") as tmp:
+            return replay(path, Path(tmp))
+    if header["controller"] == "live":
+        return _replay_live(path, header, lines, state_dir)
+    rep = _Replayer(header, lines)
+    ctl = _controller(path, header, state_dir, rep)
+    try:
+        rep.start(ctl)
+        ctl.run()
+    finally:
+        ctl.stop()
+    got_facts = [(job, fact) for job, fact in _facts(state_dir / "resize")]
+    problems = list(rep.problems)
+    problems.extend(_compare("start", rep.expected_starts, rep.started))
+    problems.extend(_compare("fact", rep.expected_facts, got_facts))
+    return ReplayResult(rep.inputs, len(rep.started), len(got_facts), tuple(problems))
+
+
+def _controller(
+    path: str | os.PathLike[str],
+    header: Mapping[str, Any],
+    state_dir: Path,
+    rep: _Inputs,
+    clock: SimClock | None = None,
+) -> EmbeddedController:
+    """The replay's controller, as the header describes the recorded one."""
+    config = dict(header.get("config") or {})
+    try:
+        pm = get_plugin_manager(config, base_dir=Path(path).parent, entry_points=False)
+        return EmbeddedController(
+            pm,
+            state_dir,
+            hosts=[(str(h), int(n)) for h, n in header["hosts"]],
+            config=config,
+            user_slots=dict(header.get("user_slots") or {}),
+            store="none",
+            clock=clock,
+            task_runner=_ReplayRunner(rep),
+            notification_runner=_ReplayNotifier(rep),
+            protect_reservation=bool(header.get("protect_reservation", False)),
+            lean_cycles=bool(header.get("lean_cycles", False)),
+            task_event_batches=bool(header.get("task_event_batches", True)),
+            # A trace replay drops finished jobs to save memory; a live controller keeps
+            # them, and a request about a finished job must get the same answer.
+            keep_finished=header["controller"] == "live",
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise RecordingError(f"{os.fspath(path)}: bad header ({exc})") from exc
+
+
+def _replay_live(
+    path: str | os.PathLike[str],
+    header: Mapping[str, Any],
+    lines: Sequence[dict[str, Any]],
+    state_dir: Path,
+) -> ReplayResult:
+    rep = _LiveReplayer(header, lines)
+    first = next((float(rec["t"]) for rec in rep.sequence), 0.0)
+    clock = SimClock(float(header.get("t", first)))
+    ctl = _controller(path, header, state_dir, rep, clock)
+    try:
+        rep.run(ctl, clock)
+    finally:
+        ctl.stop()
+    got_facts = [(job, fact) for job, fact in _facts(state_dir / "resize")]
+    problems = list(rep.problems)
+    prefix = rep.closed is None
+    if prefix and not rep.expected_facts:
+        problems.append(
+            "the recording has no closing line and no facts (the controller stopped "
+            "before writing any): there is nothing to compare the replay with"
+        )
+    problems.extend(
+        compare_live(rep.expected_starts, rep.started, rep.expected_facts, got_facts, prefix)
+    )
+    return ReplayResult(rep.inputs, len(rep.started), len(got_facts), tuple(problems), "live")
+
+
+def _facts(journal_dir: Path) -> Iterator[tuple[str, Any]]:
+    with Journal.open(journal_dir, readonly=True) as journal:
+        for _seq, job_id, payload in journal.facts():
+            yield job_id, json.loads(payload)
+
+
+def _compare(what: str, expected: Sequence[Any], got: Sequence[Any]) -> list[str]:
+    for n, (a, b) in enumerate(zip(expected, got, strict=False)):
+        if a != b:
+            return [f"{what} {n + 1} differs: recorded {a!r}, replayed {b!r}"]
+    if len(expected) != len(got):
+        return [f"{len(expected)} {what}(s) recorded, {len(got)} replayed"]
+    return []
+
+
+# --------------------------------------------------------------------------- live comparison
+
+
+def timeless(fact: Mapping[str, Any]) -> dict[str, Any]:
+    """A fact without its times (``at``, ``*_at``), which live runs never repeat."""
+    return {k: v for k, v in fact.items() if k != "at" and not k.endswith("_at")}
+
+
+def show_fact(fact: Mapping[str, Any]) -> str:
+    """One fact, short: ``GrowPlaced tasks=[3@h2, 4@h2]`` (no job id, no times)."""
+    parts = []
+    for key, value in timeless(fact).items():
+        if key in ("type", "job_id"):
+            continue
+        if key == "tasks" and isinstance(value, list):
+            shown = "[" + ", ".join(_task_text(t) for t in value) + "]"
+        else:
+            shown = json.dumps(value, ensure_ascii=False)
+        parts.append(f"{key}={shown}")
+    return " ".join([str(fact.get("type", "?")), *parts])
+
+
+def _task_text(task: Any) -> str:
+    if isinstance(task, list) and len(task) == 2:
+        return f"{task[0]}@{task[1]}"
+    return json.dumps(task, ensure_ascii=False)
+
+
+def _show_hosts(hosts: Mapping[str, int]) -> str:
+    return " ".join(f"{h} {n}" for h, n in hosts.items()) or "(nothing)"
+
+
+def compare_live(
+    expected_starts: Sequence[tuple[str, Mapping[str, int]]],
+    got_starts: Sequence[tuple[str, Mapping[str, int]]],
+    expected_facts: Sequence[tuple[str, Mapping[str, Any]]],
+    got_facts: Sequence[tuple[str, Mapping[str, Any]]],
+    prefix: bool = False,
+) -> list[str]:
+    """The differences between a live run and its replay, per job and in order: where
+    each job started, and its facts without times (:func:`timeless`); the first
+    difference of each job is listed (a later one usually follows from it).
+
+    With ``prefix`` (the run crashed), a job's replay may go further than the
+    recording: what was recorded must be the beginning of what the replay produced.
+    """
+    problems: list[str] = []
+    want_start = dict(expected_starts)
+    got_start = dict(got_starts)
+    for job, hosts in want_start.items():
+        if job not in got_start:
+            problems.append(
+                f"job {job}: started on {_show_hosts(hosts)} live, not started in the replay"
+            )
+        elif dict(got_start[job]) != dict(hosts):
+            problems.append(
+                f"job {job}: started on {_show_hosts(hosts)} live, "
+                f"on {_show_hosts(got_start[job])} in the replay"
+            )
+    if not prefix:
+        problems.extend(
+            f"job {job}: started on {_show_hosts(hosts)} in the replay, not live"
+            for job, hosts in got_start.items()
+            if job not in want_start
+        )
+    want = _per_job(expected_facts)
+    got = _per_job(got_facts)
+    for job in list(want) + [j for j in got if j not in want]:
+        a, b = want.get(job, []), got.get(job, [])
+        for n, (x, y) in enumerate(zip(a, b, strict=False)):
+            if x != y:
+                problems.append(
+                    f"job {job} fact {n + 1}: live {show_fact(x)}; replay {show_fact(y)}"
+                )
+                break
+        else:
+            if len(a) > len(b):
+                problems.append(
+                    f"job {job}: {len(a)} facts live, {len(b)} in the replay; "
+                    f"fact {len(b) + 1} not replayed: {show_fact(a[len(b)])}"
+                )
+            elif len(b) > len(a) and not prefix:
+                problems.append(
+                    f"job {job}: {len(a)} facts live, {len(b)} in the replay; "
+                    f"fact {len(a) + 1} only in the replay: {show_fact(b[len(a)])}"
+                )
+    if len(problems) > MAX_PROBLEMS:
+        problems[MAX_PROBLEMS:] = [f"... and {len(problems) - MAX_PROBLEMS} more"]
+    return problems
+
+
+def _per_job(facts: Sequence[tuple[str, Mapping[str, Any]]]) -> dict[str, list[dict[str, Any]]]:
+    out: dict[str, list[dict[str, Any]]] = {}
+    for job, fact in facts:
+        out.setdefault(job, []).append(timeless(fact))
+    return out

@@ -1,0 +1,105 @@
+"""A small JSON-over-HTTP client for the controller's REST API, standard library only.
+
+Shared by ``bresize``, the in-job API and the ``xce-resize`` client commands, so that a
+rejection always surfaces the same way: a :class:`RemoteError` carrying the problem
+document's LSF code and message, or :class:`Unreachable` naming the URL. urllib and
+json are imported on first use, so importing this module costs nothing at start-up.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from xce_resize_plugin.errors import ResizeError
+
+DEFAULT_URL = "http://127.0.0.1:6820"
+
+
+class Unreachable(ResizeError):
+    """The controller did not answer (refused, timed out, no such host)."""
+
+    code = "XCE_RESIZE_UNREACHABLE"
+    message = "Cannot reach the controller"
+    http_status = 503
+
+
+class RemoteError(ResizeError):
+    """The controller refused a request: its code, message and HTTP status as sent."""
+
+    def __init__(self, code: str, text: str, status: int, lsf_number: int | None = None) -> None:
+        self.code = code
+        self.remote_text = text
+        self.http_status = status
+        self.lsf_number = lsf_number
+        super().__init__()
+
+    @property
+    def text(self) -> str:
+        return self.remote_text
+
+
+class Client:
+    """Talks to ``url`` with an optional bearer ``token``."""
+
+    def __init__(self, url: str, token: str | None, timeout: float = 30.0) -> None:
+        self.url = url.rstrip("/")
+        self.token = token
+        self.timeout = timeout
+
+    @classmethod
+    def from_env(cls, timeout: float = 30.0) -> Client:
+        """``XCE_CONTROLLER_URL`` and ``XCE_TOKEN`` (or, inside a job, ``XCE_JOB_TOKEN``)."""
+        return cls(
+            os.environ.get("XCE_CONTROLLER_URL", DEFAULT_URL),
+            os.environ.get("XCE_TOKEN") or os.environ.get("XCE_JOB_TOKEN"),
+            timeout,
+        )
+
+    def call(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        timeout: float | None = None,
+    ) -> Any:
+        """Send one request; return the decoded JSON answer (``None`` when empty)."""
+        import json
+        import urllib.error
+        import urllib.request
+
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(self.url + path, data=data, method=method)
+        req.add_header("Accept", "application/json, application/problem+json")
+        if data is not None:
+            req.add_header("Content-Type", "application/json")
+        if self.token:
+            req.add_header("Authorization", f"Bearer {self.token}")
+        try:
+            with urllib.request.urlopen(req, timeout=timeout or self.timeout) as resp:
+                raw = resp.read()
+        except urllib.error.HTTPError as exc:
+            raise _problem(exc.code, exc.read(), str(exc.reason)) from None
+        except (urllib.error.URLError, OSError) as exc:
+            reason = getattr(exc, "reason", exc)
+            raise Unreachable(f"{self.url}: {reason}") from None
+        return json.loads(raw) if raw else None
+
+
+def _problem(status: int, raw: bytes, reason: str) -> RemoteError:
+    import json
+
+    try:
+        doc = json.loads(raw or b"{}")
+    except ValueError:
+        doc = {}
+    if not isinstance(doc, dict):
+        doc = {}
+    number = doc.get("lsf_number")
+    return RemoteError(
+        str(doc.get("code") or f"HTTP_{status}"),
+        str(doc.get("detail") or doc.get("title") or reason),
+        status,
+        number if isinstance(number, int) else None,
+    )

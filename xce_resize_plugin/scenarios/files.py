@@ -1,0 +1,327 @@
+"""Scenario files: TOML describing a cluster, jobs and resize commands over time.
+
+The format is documented in docs/scenarios.md. Loading checks everything up front and
+raises :class:`~xce_resize_plugin.errors.ConfigError` naming the file and the key
+(``jobs[2].tasks``), so a scenario never half-runs because of a typo.
+"""
+
+from __future__ import annotations
+
+import shlex
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from attrs import field, frozen
+
+from xce_resize_plugin.core import config
+from xce_resize_plugin.core.models import GrowHosts
+from xce_resize_plugin.errors import ConfigError
+
+SECTIONS = {"cluster", "limits", "users", "resize", "scenario", "jobs", "commands"}
+JOB_KEYS = {
+    "id",
+    "user",
+    "submit",
+    "tasks",
+    "min_tasks",
+    "max_tasks",
+    "ptile",
+    "resizable",
+    "grow_hosts",
+    "notify_cmd",
+    "runtime",
+    "alloc",
+    "estimate",
+}
+COMMAND_KEYS = {"at", "user", "bresize", "resize"}
+RESIZE_OPS = {"grow", "release", "cancel"}
+
+
+@frozen
+class JobSpec:
+    id: str
+    user: str
+    submit: float
+    min_tasks: int
+    max_tasks: int
+    runtime: float
+    ptile: int | None = None
+    resizable: bool = False
+    grow_hosts: GrowHosts = GrowHosts.PREFER_EXISTING
+    notify_cmd: str | None = None
+    alloc: tuple[tuple[str, int], ...] | None = None
+    estimate: float | None = None
+
+
+@frozen
+class CommandSpec:
+    """One command: ``argv`` (a bresize command line) or ``resize`` (an API body)."""
+
+    at: float
+    user: str
+    argv: tuple[str, ...] | None = None
+    resize: Mapping[str, Any] | None = None
+
+
+@frozen
+class Scenario:
+    path: Path
+    hosts: tuple[tuple[str, int], ...]
+    user_slots: Mapping[str, int] = field(factory=dict)
+    admins: frozenset[str] = frozenset()
+    resize: Mapping[str, Any] = field(factory=dict)
+    until: float | None = None
+    protect_reservation: bool = True
+    jobs: tuple[JobSpec, ...] = ()
+    commands: tuple[CommandSpec, ...] = ()
+
+
+class Where:
+    """Builds error messages that name the file and the key path."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def error(self, key: str, message: str) -> ConfigError:
+        return ConfigError(f"{self.path}: {key}: {message}")
+
+    def table(self, data: Mapping[str, Any], key: str) -> Mapping[str, Any]:
+        """``data[key]`` (default empty), which must be a TOML table."""
+        value = data.get(key, {})
+        if not isinstance(value, Mapping):
+            raise self.error(key, "must be a table")
+        return value
+
+    def only(self, name: str, table: Mapping[str, Any], keys: set[str]) -> None:
+        """Refuse keys of ``table`` other than ``keys``, naming the first unknown one."""
+        unknown = sorted(set(table) - keys)
+        if unknown:
+            known = ", ".join(sorted(keys))
+            raise self.error(f"{name}.{unknown[0]}", f"unknown key (known: {known})")
+
+
+def read_toml(path: Path) -> dict[str, Any]:
+    """A TOML file's contents, or ConfigError naming the file (scenarios, live config)."""
+    try:
+        return tomllib.loads(path.read_text())
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from exc
+
+
+def load(path: Path | str) -> Scenario:
+    """Read and check a scenario file."""
+    path = Path(path)
+    return parse(read_toml(path), path)
+
+
+def parse(data: Mapping[str, Any], path: Path) -> Scenario:
+    where = Where(path)
+    unknown = sorted(set(data) - SECTIONS)
+    if unknown:
+        raise where.error(unknown[0], f"unknown section (known: {', '.join(sorted(SECTIONS))})")
+    hosts = _hosts(where, where.table(data, "cluster").get("hosts"))
+    host_names = {h for h, _ in hosts}
+    limits = where.table(data, "limits")
+    where.only("limits", limits, {"user_slots"})
+    user_slots = _int_map(where, "limits.user_slots", limits.get("user_slots", {}), minimum=0)
+    users = where.table(data, "users")
+    where.only("users", users, {"admins"})
+    admins = users.get("admins", [])
+    if not isinstance(admins, list) or not all(isinstance(a, str) for a in admins):
+        raise where.error("users.admins", "must be a list of user names")
+    resize = dict(where.table(data, "resize"))
+    config.check(resize, where=f"{path}: [resize]")
+    resize["policy_files"] = [
+        str((path.parent / f).resolve()) for f in resize.get("policy_files", [])
+    ]
+    for file in resize["policy_files"]:
+        if not Path(file).is_file():
+            raise where.error("resize.policy_files", f"{file}: no such file")
+    sc = where.table(data, "scenario")
+    where.only("scenario", sc, {"until", "protect_reservation"})
+    until = sc.get("until")
+    if until is not None:
+        until = _number(where, "scenario.until", until)
+    protect = sc.get("protect_reservation", True)
+    if not isinstance(protect, bool):
+        raise where.error("scenario.protect_reservation", "must be true or false")
+    jobs = _jobs(where, data.get("jobs", []), host_names)
+    commands = _commands(where, data.get("commands", []))
+    return Scenario(
+        path=path,
+        hosts=hosts,
+        user_slots=user_slots,
+        admins=frozenset(admins),
+        resize=resize,
+        until=until,
+        protect_reservation=protect,
+        jobs=jobs,
+        commands=commands,
+    )
+
+
+def _number(where: Where, key: str, value: Any, minimum: float = 0.0) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise where.error(key, f"must be a number, got {value!r}")
+    if value < minimum:
+        raise where.error(key, f"must be at least {minimum:g}, got {value!r}")
+    return float(value)
+
+
+def _int(where: Where, key: str, value: Any, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise where.error(key, f"must be an integer, got {value!r}")
+    if value < minimum:
+        raise where.error(key, f"must be at least {minimum}, got {value!r}")
+    return value
+
+
+def _int_map(where: Where, key: str, value: Any, minimum: int = 1) -> dict[str, int]:
+    if not isinstance(value, Mapping):
+        raise where.error(key, "must be a table of name = number")
+    return {str(k): _int(where, f"{key}.{k}", v, minimum) for k, v in value.items()}
+
+
+def _hosts(where: Where, value: Any) -> tuple[tuple[str, int], ...]:
+    if value is None:
+        raise where.error("cluster.hosts", "missing (e.g. hosts = { hostA = 4, hostB = 4 })")
+    hosts = _int_map(where, "cluster.hosts", value)
+    if not hosts:
+        raise where.error("cluster.hosts", "needs at least one host")
+    return tuple(hosts.items())
+
+
+def _tasks(where: Where, key: str, raw: Mapping[str, Any]) -> tuple[int, int]:
+    if "tasks" in raw:
+        if "min_tasks" in raw or "max_tasks" in raw:
+            raise where.error(key, "give tasks or min_tasks/max_tasks, not both")
+        value = raw["tasks"]
+        if isinstance(value, str):
+            parts = value.split(",")
+            if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
+                raise where.error(f"{key}.tasks", f'must be N or "MIN,MAX", got {value!r}')
+            lo, hi = (int(p) for p in parts)
+        else:
+            lo = hi = _int(where, f"{key}.tasks", value)
+    else:
+        hi = _int(where, f"{key}.max_tasks", raw.get("max_tasks", raw.get("min_tasks", 1)))
+        lo = _int(where, f"{key}.min_tasks", raw.get("min_tasks", hi))
+    if lo < 1 or lo > hi:
+        raise where.error(f"{key}.tasks", f"needs 1 <= min <= max, got {lo},{hi}")
+    return lo, hi
+
+
+def _jobs(where: Where, value: Any, host_names: set[str]) -> tuple[JobSpec, ...]:
+    if not isinstance(value, list):
+        raise where.error("jobs", "must be an array of tables ([[jobs]])")
+    out: list[JobSpec] = []
+    seen: set[str] = set()
+    next_id = 101
+    for i, raw in enumerate(value):
+        key = f"jobs[{i}]"
+        if not isinstance(raw, Mapping):
+            raise where.error(key, "must be a table")
+        where.only(key, raw, JOB_KEYS)
+        job_id = raw.get("id", str(next_id))
+        if not isinstance(job_id, str) or not job_id:
+            raise where.error(f"{key}.id", f"must be a non-empty string, got {job_id!r}")
+        if job_id in seen:
+            raise where.error(f"{key}.id", f"job {job_id} is defined twice")
+        seen.add(job_id)
+        if job_id.isdigit():
+            next_id = max(next_id, int(job_id) + 1)
+        user = raw.get("user")
+        if not isinstance(user, str) or not user:
+            raise where.error(f"{key}.user", "missing or not a string")
+        lo, hi = _tasks(where, key, raw)
+        grow_hosts = raw.get("grow_hosts", GrowHosts.PREFER_EXISTING.value)
+        try:
+            gh = GrowHosts(grow_hosts)
+        except ValueError:
+            known = ", ".join(g.value for g in GrowHosts)
+            raise where.error(f"{key}.grow_hosts", f"must be one of {known}") from None
+        notify = raw.get("notify_cmd")
+        if notify is not None and not isinstance(notify, str):
+            raise where.error(f"{key}.notify_cmd", "must be a string")
+        resizable = raw.get("resizable", False)
+        if not isinstance(resizable, bool):
+            raise where.error(f"{key}.resizable", "must be true or false")
+        alloc = None
+        if "alloc" in raw:
+            amap = _int_map(where, f"{key}.alloc", raw["alloc"])
+            for host in amap:
+                if host not in host_names:
+                    raise where.error(f"{key}.alloc.{host}", "no such host in [cluster] hosts")
+            total = sum(amap.values())
+            if not lo <= total <= hi:
+                raise where.error(f"{key}.alloc", f"{total} tasks is outside the job's {lo},{hi}")
+            alloc = tuple(amap.items())
+        ptile = raw.get("ptile")
+        out.append(
+            JobSpec(
+                id=job_id,
+                user=user,
+                submit=_number(where, f"{key}.submit", raw.get("submit", 0)),
+                min_tasks=lo,
+                max_tasks=hi,
+                runtime=_number(where, f"{key}.runtime", raw.get("runtime", 3600)),
+                ptile=None if ptile is None else _int(where, f"{key}.ptile", ptile),
+                resizable=resizable,
+                grow_hosts=gh,
+                notify_cmd=notify,
+                alloc=alloc,
+                estimate=(
+                    None
+                    if "estimate" not in raw
+                    else _number(where, f"{key}.estimate", raw["estimate"])
+                ),
+            )
+        )
+    return tuple(out)
+
+
+def _commands(where: Where, value: Any) -> tuple[CommandSpec, ...]:
+    if not isinstance(value, list):
+        raise where.error("commands", "must be an array of tables ([[commands]])")
+    out = []
+    for i, raw in enumerate(value):
+        key = f"commands[{i}]"
+        if not isinstance(raw, Mapping):
+            raise where.error(key, "must be a table")
+        where.only(key, raw, COMMAND_KEYS)
+        at = _number(where, f"{key}.at", raw.get("at", 0))
+        user = raw.get("user")
+        if not isinstance(user, str) or not user:
+            raise where.error(f"{key}.user", "missing or not a string")
+        has_b, has_r = "bresize" in raw, "resize" in raw
+        if has_b == has_r:
+            raise where.error(key, "give exactly one of bresize or resize")
+        if has_b:
+            line = raw["bresize"]
+            if not isinstance(line, str):
+                raise where.error(f"{key}.bresize", "must be a string")
+            try:
+                argv = tuple(shlex.split(line))
+            except ValueError as exc:
+                raise where.error(
+                    f"{key}.bresize", f"cannot be split like a shell: {exc}"
+                ) from None
+            out.append(CommandSpec(at=at, user=user, argv=argv))
+        else:
+            body = raw["resize"]
+            if not isinstance(body, Mapping):
+                raise where.error(f"{key}.resize", "must be a table")
+            op = body.get("op")
+            if op not in RESIZE_OPS:
+                raise where.error(
+                    f"{key}.resize.op", f"must be one of {', '.join(sorted(RESIZE_OPS))}"
+                )
+            if not isinstance(body.get("job"), str):
+                raise where.error(f"{key}.resize.job", "missing or not a string")
+            out.append(CommandSpec(at=at, user=user, resize=dict(body)))
+    # Commands at the same instant keep their file order (a stable sort).
+    return tuple(sorted(out, key=lambda c: c.at))

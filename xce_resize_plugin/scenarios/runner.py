@@ -1,0 +1,318 @@
+"""Run a scenario in simulated time on the embedded controller, with the plugin.
+
+Order within one instant: what the controller has scheduled for that instant (job
+arrivals, job ends, task exits) happens first; then the scenario's commands in file
+order, each followed by scheduler and dispatch cycles until nothing changes. Commands
+reach the plugin exactly as in production: ``bresize`` lines through the same command
+logic as the real ``bresize`` (:func:`xce_resize_plugin.cli.bresize.run`), ``resize``
+bodies through the same decoding as the REST API, both ending in the host's
+``xce_resize_request`` hook.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import IO, Any
+
+from attrs import evolve, frozen
+
+from xce_resize_plugin.cli import bresize
+from xce_resize_plugin.cli.bresize_args import Command, to_request
+from xce_resize_plugin.controllers.runners import (
+    NotificationRunner,
+    SimTaskRunner,
+    SubprocessNotificationRunner,
+    TaskRunner,
+)
+from xce_resize_plugin.controllers.sim.sim_controller import EmbeddedController
+from xce_resize_plugin.controllers.violations import SubmissionRejected
+from xce_resize_plugin.core import converters
+from xce_resize_plugin.core.models import CancelRequest, Fact, ResizeRequest, Task, host_counts
+from xce_resize_plugin.errors import ConfigError, InvalidRequest, ResizeError
+from xce_resize_plugin.host import Principal
+from xce_resize_plugin.journal import Journal
+from xce_resize_plugin.manager import get_plugin_manager
+from xce_resize_plugin.recording.format import RecordingWriter
+from xce_resize_plugin.recording.sim_recorder import ScenarioRecorder
+from xce_resize_plugin.scenarios.files import CommandSpec, JobSpec, Scenario
+
+
+@frozen
+class CommandResult:
+    at: float
+    user: str
+    argv: tuple[str, ...] | None
+    resize: Mapping[str, Any] | None
+    exit: int
+    code: str | None
+    message: str
+    output: str = ""
+    #: The journal's last sequence number before the command ran: orders the command
+    #: among the facts of the same instant in the timeline.
+    seq: int = 0
+
+
+@frozen
+class ScenarioResult:
+    """Everything a scenario run produced, for ``--json`` and for the timeline."""
+
+    scenario: Scenario
+    end_time: float
+    commands: tuple[CommandResult, ...]
+    jobs: Mapping[str, Mapping[str, Any]]
+    hosts: Mapping[str, Mapping[str, int]]
+    users: Mapping[str, Mapping[str, int]]
+    facts: tuple[tuple[int, Fact], ...]
+    notifications: tuple[Mapping[str, Any], ...]
+    problems: tuple[str, ...]
+    #: Jobs refused when they arrived (submit > 0): ``(time, job id, reason)``.
+    rejected: tuple[tuple[float, str, str], ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "scenario": str(self.scenario.path),
+            "end_time": self.end_time,
+            "commands": [_command_json(c) for c in self.commands],
+            "jobs": dict(self.jobs),
+            "hosts": dict(self.hosts),
+            "users": dict(self.users),
+            "rejected_jobs": [
+                {"time": t, "job": j, "reason": reason} for t, j, reason in self.rejected
+            ],
+            "notifications": list(self.notifications),
+            "invariant_problems": list(self.problems),
+        }
+
+    def timeline(self) -> str:
+        from xce_resize_plugin.scenarios.timeline import render
+
+        return render(self)
+
+
+def _command_json(c: CommandResult) -> dict[str, Any]:
+    out: dict[str, Any] = {"at": c.at, "user": c.user}
+    if c.argv is not None:
+        out["argv"] = list(c.argv)
+    else:
+        out["resize"] = dict(c.resize or {})
+    out.update({"exit": c.exit, "code": c.code, "message": c.message})
+    return out
+
+
+def _alloc_json(tasks: tuple[Task, ...]) -> dict[str, int]:
+    return host_counts(tasks)
+
+
+def _record_json(rec: Any) -> dict[str, Any]:
+    return {
+        "time": rec.time,
+        "type": rec.kind.value,
+        "before": _alloc_json(rec.before),
+        "delta": _alloc_json(rec.delta),
+        "after": _alloc_json(rec.after),
+        "delta_tasks": [t.id for t in rec.delta],
+        "version": rec.version,
+    }
+
+
+class _Runner:
+    def __init__(
+        self, scenario: Scenario, state_dir: Path, recorder: ScenarioRecorder | None = None
+    ) -> None:
+        self.scenario = scenario
+        self.recorder = recorder
+        try:
+            pm = get_plugin_manager(
+                scenario.resize, base_dir=scenario.path.parent, entry_points=False
+            )
+        except ConfigError as exc:
+            raise ConfigError(f"{scenario.path}: {exc.detail}") from exc
+        tasks: TaskRunner | None = None
+        notes: NotificationRunner | None = None
+        if recorder is not None:
+            tasks = recorder.task_runner(SimTaskRunner())
+            notes = recorder.notification_runner(SubprocessNotificationRunner())
+        self.ctl = EmbeddedController(
+            pm,
+            state_dir,
+            hosts=list(scenario.hosts),
+            config=scenario.resize,
+            user_slots=scenario.user_slots,
+            protect_reservation=scenario.protect_reservation,
+            task_runner=tasks,
+            notification_runner=notes,
+        )
+        if recorder is not None:
+            recorder.attach(self.ctl, list(scenario.hosts), scenario.user_slots)
+        self.results: list[CommandResult] = []
+        self.journal_dir = state_dir / "resize"
+
+    def submit_jobs(self) -> None:
+        for i, job in enumerate(self.scenario.jobs):
+            try:
+                self._submit(job)
+            except (SubmissionRejected, ResizeError) as exc:
+                text = exc.text if isinstance(exc, ResizeError) else str(exc)
+                raise ConfigError(
+                    f"{self.scenario.path}: jobs[{i}] (job {job.id}): rejected: {text}"
+                ) from None
+
+    def _submit(self, job: JobSpec) -> None:
+        self.ctl.submit(
+            job.user,
+            (job.min_tasks, job.max_tasks),
+            runtime=job.runtime,
+            estimate=job.estimate,
+            ptile=job.ptile,
+            resizable=job.resizable,
+            grow_hosts=job.grow_hosts,
+            notify_cmd=job.notify_cmd,
+            alloc=job.alloc,
+            job_id=job.id,
+            submit_time=job.submit,
+        )
+
+    def principal(self, user: str) -> Principal:
+        return Principal(user, admin=user in self.scenario.admins)
+
+    def journal_seq(self) -> int:
+        with Journal.open(self.journal_dir, readonly=True) as journal:
+            return journal.last_seq
+
+    def execute(self, cmd: CommandSpec) -> CommandResult:
+        seq = self.journal_seq()
+        return evolve(self._execute(cmd), seq=seq)
+
+    def _execute(self, cmd: CommandSpec) -> CommandResult:
+        principal = self.principal(cmd.user)
+        if cmd.argv is not None:
+
+            def send(parsed: Command) -> None:
+                job_id, request = to_request(parsed)
+                self._request(principal, job_id, request)
+
+            out = bresize.run(cmd.argv, send)
+            return CommandResult(
+                cmd.at, cmd.user, cmd.argv, None, out.exit, out.code, out.message, out.stdout
+            )
+        body = dict(cmd.resize or {})
+        try:
+            job_id, request = _api_request(body)
+        except ResizeError as exc:
+            return CommandResult(
+                cmd.at, cmd.user, None, cmd.resize, bresize.EXIT_USAGE, exc.code, exc.text
+            )
+        try:
+            self._request(principal, job_id, request)
+        except ResizeError as exc:
+            return CommandResult(
+                cmd.at, cmd.user, None, cmd.resize, bresize.EXIT_REJECTED, exc.code, exc.text
+            )
+        return CommandResult(cmd.at, cmd.user, None, cmd.resize, bresize.EXIT_OK, None, "")
+
+    def _request(self, principal: Principal, job_id: str, request: ResizeRequest) -> None:
+        """Send a request; with a recording, write it down with its outcome."""
+        code: str | None = None
+        try:
+            self.ctl.request_resize(principal, job_id, request)
+        except ResizeError as exc:
+            code = exc.code
+            raise
+        finally:
+            if self.recorder is not None:
+                self.recorder.request(job_id, principal, request, code)
+
+    def run(self) -> None:
+        self.submit_jobs()
+        until = self.scenario.until
+        for cmd in self.scenario.commands:
+            if until is not None and cmd.at > until:
+                break
+            if cmd.at > self.ctl.now():
+                self.ctl.run(until=cmd.at)
+            self.results.append(self.execute(cmd))
+            self.ctl.settle()
+        self.ctl.run(until=until)
+
+
+def _api_request(body: dict[str, Any]) -> tuple[str, ResizeRequest]:
+    """A scenario ``resize`` table: the REST body plus ``op`` and ``job``."""
+    op = body.pop("op")
+    job_id = body.pop("job")
+    if op == "grow":
+        return job_id, converters.grow_from_json(body)
+    if op == "release":
+        return job_id, converters.release_from_json(body)
+    if body:
+        raise InvalidRequest(f"cancel takes no fields, got {', '.join(sorted(body))}")
+    return job_id, CancelRequest()
+
+
+def run(scenario: Scenario, state_dir: Path, record: IO[str] | None = None) -> ScenarioResult:
+    """Run a loaded scenario with its state (controller and journal) in ``state_dir``,
+    which must be new or empty: a scenario always starts from time 0. With ``record``,
+    write a recording of the run there (``xce-resize simulate --replay`` replays it)."""
+    if state_dir.exists() and any(state_dir.iterdir()):
+        raise ConfigError(
+            f"state directory {state_dir} is not empty: a scenario starts from a fresh state"
+        )
+    recorder = ScenarioRecorder(RecordingWriter(record)) if record is not None else None
+    runner = _Runner(scenario, state_dir, recorder)
+    ctl = runner.ctl
+    try:
+        runner.run()
+        end = ctl.now()
+        jobs: dict[str, dict[str, Any]] = {}
+        for view in ctl.jobs():
+            status = ctl.resize_status(view.id)
+            usage = ctl.acct_usage(view.id)
+            pending = status.pending if status is not None else None
+            jobs[view.id] = {
+                "state": view.state.value,
+                "user": view.user,
+                "hosts": _alloc_json(view.tasks),
+                "tasks": {str(t.id): t.host for t in view.tasks},
+                "pending_grow": (
+                    None if pending is None else {"min": pending.min_add, "max": pending.max_add}
+                ),
+                "resize_phase": status.phase.value if status is not None else "IDLE",
+                "start_time": view.start_time,
+                "end_time": view.end_time,
+                "slot_seconds": usage.slot_seconds if usage is not None else 0.0,
+                "resize_records": [_record_json(r) for r in usage.records] if usage else [],
+            }
+        notifications = tuple(
+            {
+                "job": n.job_id,
+                "attempt": n.attempt,
+                "host": n.host,
+                "time": n.time,
+                "status": n.status,
+                "reason": n.reason,
+                "stdout": n.stdout,
+            }
+            for n in ctl.notifications()
+        )
+        hosts = ctl.hosts_view()
+        users = ctl.users_view()
+        problems = tuple(ctl.check_invariants())
+        rejected = tuple(ctl.rejections)
+    finally:
+        ctl.stop()
+    if recorder is not None:
+        recorder.finish(state_dir / "resize")
+    with Journal.open(state_dir / "resize", readonly=True) as journal:
+        facts = tuple((seq, converters.decode_fact(p)) for seq, _, p in journal.facts())
+    return ScenarioResult(
+        scenario=scenario,
+        end_time=end,
+        commands=tuple(runner.results),
+        jobs=jobs,
+        hosts=hosts,
+        users=users,
+        facts=facts,
+        notifications=notifications,
+        problems=problems,
+        rejected=rejected,
+    )

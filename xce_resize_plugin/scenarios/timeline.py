@@ -1,0 +1,161 @@
+"""A scenario run as a readable timeline: commands, resize facts, jobs, accounting.
+
+The resize steps are read back from the plugin's journal after the run, so the timeline
+shows what was made durable, not what the runner believes happened.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from xce_resize_plugin.core.models import (
+    Committed,
+    Fact,
+    GrowCancelled,
+    GrowPlaced,
+    GrowRequested,
+    GrowReverted,
+    NotifyDone,
+    ReleaseAccepted,
+    Task,
+    TaskStartFailed,
+    format_hosts,
+)
+
+if TYPE_CHECKING:
+    from xce_resize_plugin.scenarios.runner import ScenarioResult
+
+_CANCEL_REASONS = {
+    "cancel": "cancelled",
+    "replaced": "replaced by a new request (-c)",
+    "job-ended": "cancelled: the job ended",
+}
+
+
+def _ids(tasks: Iterable[Task]) -> str:
+    ids = sorted(t.id for t in tasks)
+    if ids and ids == list(range(ids[0], ids[-1] + 1)) and len(ids) > 2:
+        return f"tasks {ids[0]}-{ids[-1]}"
+    return "task" + ("s " if len(ids) != 1 else " ") + ",".join(map(str, ids))
+
+
+def _fact_lines(fact: Fact, notes: Mapping[tuple[str, int], Mapping[str, Any]]) -> list[str]:
+    job = f"job {fact.job_id}"
+    if isinstance(fact, GrowRequested):
+        size = (
+            f"{fact.min_add}" if fact.min_add == fact.max_add else f"{fact.min_add}..{fact.max_add}"
+        )
+        return [f"{job}: grow of {size} tasks pending"]
+    if isinstance(fact, GrowCancelled):
+        return [f"{job}: pending grow {_CANCEL_REASONS.get(fact.reason, fact.reason)}"]
+    if isinstance(fact, GrowPlaced):
+        return [f"{job}: placed, slots reserved: {format_hosts(fact.tasks)} ({_ids(fact.tasks)})"]
+    if isinstance(fact, ReleaseAccepted):
+        return [f"{job}: release accepted: {format_hosts(fact.tasks)} ({_ids(fact.tasks)})"]
+    if isinstance(fact, NotifyDone):
+        note = notes.get((fact.job_id, fact.attempt), {})
+        out = (note.get("stdout") or "").strip()
+        verdict = "OK" if fact.ok else f"FAIL ({fact.reason})"
+        line = f"{job}: notification (attempt {fact.attempt}) on {note.get('host', '?')}: {verdict}"
+        lines = [line]
+        lines += [f"    | {text}" for text in out.splitlines()[:5]]
+        if not fact.ok:
+            lines.append(f"{job}: change rolled back" + ("; grow given up" if fact.gave_up else ""))
+        return lines
+    if isinstance(fact, TaskStartFailed):
+        return [f"{job}: task {fact.task_id} failed to start ({fact.reason}); slot freed"]
+    if isinstance(fact, GrowReverted):
+        return [f"{job}: no task started; grow back to pending"]
+    if isinstance(fact, Committed):
+        return [f"{job}: committed allocation v{fact.version}"]
+    return []
+
+
+def render(result: ScenarioResult) -> str:
+    # Sorted by time, then by journal sequence: a command sits after the facts that
+    # were durable before it ran; job starts and ends come first at their instant
+    # (a job end is what frees the slots a grow is then placed on).
+    events: list[tuple[float, float, int, list[str]]] = []
+
+    def add(t: float, lines: list[str], seq: float = -1.0) -> None:
+        if lines:
+            events.append((t, seq, len(events), lines))
+
+    for job_id, job in result.jobs.items():
+        if job["start_time"] is not None:
+            first = result.scenario.jobs
+            user = job["user"]
+            spec = next((j for j in first if j.id == job_id), None)
+            alloc = " ".join(f"{h} {n}" for h, n in _initial(result, job_id, job).items())
+            kind = " (resizable)" if spec is not None and spec.resizable else ""
+            add(job["start_time"], [f"job {job_id} ({user}){kind} starts on {alloc}"])
+    for c in result.commands:
+        cmd = (
+            "bresize " + " ".join(shlex.quote(a) for a in c.argv)
+            if c.argv is not None
+            else f"REST {c.resize}"
+        )
+        lines = [f"{c.user}$ {cmd}"]
+        if c.output:
+            lines.append(f"    {c.output}")
+        if c.message:
+            lines.append(f"    {c.message.splitlines()[0]}  (exit {c.exit}, {c.code})")
+        add(c.at, lines, c.seq + 0.5)
+    notes = {(n["job"], n["attempt"]): n for n in result.notifications}
+    for seq, fact in result.facts:
+        lines = _fact_lines(fact, notes)
+        if isinstance(fact, Committed):
+            rec = _record(result, fact.job_id, fact.version)
+            if rec is not None:
+                lines = [
+                    f"job {fact.job_id}: {rec['type']} committed: now "
+                    + " ".join(f"{h} {n}" for h, n in rec["after"].items())
+                    + f" ({sum(rec['after'].values())} tasks, allocation v{fact.version})"
+                ]
+        add(fact.at, lines, seq)
+    for t, job_id, reason in result.rejected:
+        add(t, [f"job {job_id} refused on arrival: {reason}"])
+    for job_id, job in result.jobs.items():
+        if job["end_time"] is not None:
+            add(job["end_time"], [f"job {job_id} ends ({job['state']})"])
+
+    out = [f"Scenario {result.scenario.path.name}\n"]
+    for t, _, _, lines in sorted(events):
+        out.append(f"t={t:>7g}s  {lines[0]}\n")
+        out.extend(f"{'':11}{line}\n" for line in lines[1:])
+    out.append("\nAccounting (charged slots over time, like bhist -l):\n")
+    for job_id, job in result.jobs.items():
+        out.append(
+            f"  job {job_id} ({job['user']}, {job['state']}): "
+            f"{job['slot_seconds']:g} slot-seconds\n"
+        )
+        for rec in job["resize_records"]:
+            before = sum(rec["before"].values())
+            after = sum(rec["after"].values())
+            out.append(
+                f"    JOB_RESIZE t={rec['time']:g}s {rec['type']:<6} {before} -> {after} tasks "
+                f"(delta {format_hosts_map(rec['delta'])})\n"
+            )
+    if result.problems:
+        out.append("\nINVARIANT PROBLEMS:\n" + "".join(f"  {p}\n" for p in result.problems))
+    return "".join(out)
+
+
+def format_hosts_map(hosts: dict[str, int]) -> str:
+    return " ".join(f"{h} {n}" for h, n in hosts.items())
+
+
+def _record(result: ScenarioResult, job_id: str, version: int) -> dict[str, Any] | None:
+    for rec in result.jobs.get(job_id, {}).get("resize_records", []):
+        if rec["version"] == version:
+            return dict(rec)
+    return None
+
+
+def _initial(result: ScenarioResult, job_id: str, job: Any) -> dict[str, int]:
+    records = job["resize_records"]
+    if records:
+        return dict(records[0]["before"])
+    return dict(job["hosts"])

@@ -1,0 +1,415 @@
+"""Drivers: who asks for resizes in a simulation, and when.
+
+Nothing in a trace says when a malleable job would have asked to grow or been asked to
+shrink; a driver plays that part, as an application or a site would. Drivers act at
+each settled instant of the embedded controller's event loop (they are
+:class:`~.observer.Observer` objects) and reach the plugin only through its public
+paths: resize requests (``xce_resize_request``, through
+:meth:`~.controller.EmbeddedController.request_resize`) whose outcome the plugin's
+policy hooks decide. They never touch slots or allocations themselves.
+
+- ``grow-when-idle`` (:class:`GrowWhenIdle`): when slots are idle after the host's
+  pass, malleable jobs ask to grow toward their ``max``. The idle slots are shared out
+  in order of how far below its maximum each job is (relative), then start time, then
+  id; each job asks ``GrowRequest(1, share)``, so the plugin places what it can (the
+  ``xce_resize_order_grow_hosts`` policy picks the hosts). While the queue's head is
+  blocked, only the slots the head does not need at its reserved start count as idle
+  (the controller runs with ``protect_reservation``, and the plugin is offered the same
+  slots), so a grow never delays the head. The job asks as itself (its own job token,
+  like the in-job API).
+- ``shrink-for-queue`` (:class:`ShrinkForQueue`): a site policy. When the queue's head
+  cannot start and malleable jobs hold enough tasks above their ``min`` to let it,
+  it releases ``ReleaseRequest(count=k)`` from them (jobs grown beyond their recorded
+  size first, then the largest excess, then id); the ``xce_resize_select_release``
+  policy chooses which tasks. It asks as a site administrator. It does nothing when
+  even shrinking every malleable job to its minimum would not start the head: a
+  reconfiguration that does not start anyone only costs.
+- ``grow-shrink`` (the default, :class:`GrowShrink`): both, shrinking first.
+- ``none``: no resize is ever asked for (malleable jobs keep their start size).
+
+All requests are made with ``no_notify`` (no notification command per resize) and are
+placed, started or stopped within the same instant; a grow the plugin could not place
+at once is cancelled at the next settled instant rather than left pending.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
+
+from xce_resize_plugin.controllers.observer import FinishedJob, Observer
+from xce_resize_plugin.controllers.sim.work import SpeedupWork
+from xce_resize_plugin.core.models import CancelRequest, GrowRequest, Phase, ReleaseRequest, Task
+from xce_resize_plugin.errors import ResizeError
+from xce_resize_plugin.host import Principal
+
+if TYPE_CHECKING:
+    from xce_resize_plugin.controllers.sim.sim_controller import EmbeddedController
+
+__all__ = [
+    "DRIVERS",
+    "Driver",
+    "GrowShrink",
+    "GrowWhenIdle",
+    "MalleableSpec",
+    "NoDriver",
+    "ShrinkForQueue",
+    "make_driver",
+]
+
+#: The principal a site policy acts as.
+SITE = Principal("site-policy", admin=True)
+
+
+class MalleableSpec:
+    """What a driver knows of a malleable job: its owner, range and recorded size, and
+    (optionally) its work, from which it knows its own progress, as an application
+    does."""
+
+    __slots__ = ("max_tasks", "min_tasks", "ref", "user", "work")
+
+    def __init__(
+        self, user: str, min_tasks: int, max_tasks: int, ref: int, work: SpeedupWork | None = None
+    ) -> None:
+        self.user = user
+        self.min_tasks = min_tasks
+        self.max_tasks = max_tasks
+        self.ref = ref
+        self.work = work
+
+
+class RequestCounts:
+    """Requests a driver made, and those the plugin refused by error code."""
+
+    __slots__ = ("refused", "requests")
+
+    def __init__(self) -> None:
+        self.requests = 0
+        self.refused: dict[str, int] = {}
+
+
+class Driver(Observer):
+    """Base of the drivers: tracks the running malleable jobs and their sizes.
+
+    :param specs: the malleable jobs (id -> :class:`MalleableSpec`); other jobs are
+        ignored. Entries are dropped as jobs end.
+    """
+
+    name = "none"
+
+    def __init__(self, specs: Mapping[str, MalleableSpec]) -> None:
+        self._specs = dict(specs)
+        #: Running malleable jobs: id -> committed size.
+        self.sizes: dict[str, int] = {}
+        self._start: dict[str, float] = {}
+        #: When each running malleable job started or last changed size.
+        self._last: dict[str, float] = {}
+        #: Requests made and requests the plugin refused (by error code).
+        self.counts = RequestCounts()
+        #: Optional: called with (job id, request, error code or None) for each request.
+        self.on_request: (
+            Callable[
+                [str, Principal, GrowRequest | ReleaseRequest | CancelRequest, str | None], None
+            ]
+            | None
+        ) = None
+
+    def add_spec(self, job_id: str, spec: MalleableSpec) -> None:
+        """Tell the driver about a malleable job before it starts."""
+        self._specs[job_id] = spec
+
+    # -- observer ---------------------------------------------------------------------
+
+    def job_started(self, job_id: str, time: float, tasks: tuple[Task, ...]) -> None:
+        if job_id in self._specs:
+            self.sizes[job_id] = len(tasks)
+            self._start[job_id] = time
+            self._last[job_id] = time
+
+    def allocation_committed(
+        self, job_id: str, time: float, tasks: tuple[Task, ...], version: int
+    ) -> None:
+        if job_id in self.sizes:
+            self.sizes[job_id] = len(tasks)
+            self._last[job_id] = time
+
+    def job_ended(self, job: FinishedJob) -> None:
+        self._specs.pop(job.id, None)
+        self.sizes.pop(job.id, None)
+        self._start.pop(job.id, None)
+        self._last.pop(job.id, None)
+
+    # -- asking -----------------------------------------------------------------------
+
+    @property
+    def requests(self) -> int:
+        return self.counts.requests
+
+    @property
+    def refused(self) -> dict[str, int]:
+        return dict(sorted(self.counts.refused.items()))
+
+    def _ask(
+        self,
+        ctl: EmbeddedController,
+        principal: Principal,
+        job_id: str,
+        request: GrowRequest | ReleaseRequest | CancelRequest,
+    ) -> bool:
+        """Send one request through the plugin; ``False`` if it was refused."""
+        counts = self.counts
+        counts.requests += 1
+        code: str | None = None
+        try:
+            ctl.request_resize(principal, job_id, request)
+        except ResizeError as exc:
+            code = exc.code
+            counts.refused[code] = counts.refused.get(code, 0) + 1
+        if self.on_request is not None:
+            self.on_request(job_id, principal, request, code)
+        return code is None
+
+
+class NoDriver(Driver):
+    """Never asks for anything."""
+
+    name = "none"
+
+
+class GrowWhenIdle(Driver):
+    """Malleable jobs ask to grow toward their max while slots are idle.
+
+    :param margin: a job asks only if growing is expected to save it at least
+        ``margin`` times the reconfiguration cost beyond paying for it (known from
+        its :class:`~.work.SpeedupWork`; jobs without one always ask). An application
+        does not stop to redistribute its data for a gain it will not see.
+    :param when_queue_empty: ask only while no job waits in the queue.
+    :param cooldown: seconds after a job's last resize (or its start) during which it
+        does not ask to grow: applications reconfigure at their synchronisation points,
+        not whenever a slot frees, and a job just shrunk for the queue should not take
+        the slots back at once.
+    """
+
+    name = "grow-when-idle"
+
+    def __init__(
+        self,
+        specs: Mapping[str, MalleableSpec],
+        margin: float = 1.0,
+        when_queue_empty: bool = False,
+        cooldown: float = 0.0,
+    ) -> None:
+        super().__init__(specs)
+        self.margin = margin
+        self.when_queue_empty = when_queue_empty
+        self.cooldown = cooldown
+        self._asked: set[str] = set()
+
+    def settled(self, controller: EmbeddedController) -> None:
+        self._cancel_unplaced(controller)
+        self.grow(controller)
+
+    def _cancel_unplaced(self, ctl: EmbeddedController) -> None:
+        """A grow asked at the previous instant that the plugin could not place."""
+        if not self._asked:
+            return
+        asked, self._asked = self._asked, set()
+        for job_id in sorted(asked):
+            if job_id not in self.sizes:
+                continue
+            status = ctl.resize_status(job_id)
+            if status is not None and status.phase is Phase.GROW_PENDING:
+                self._ask(ctl, self._principal(job_id), job_id, CancelRequest())
+
+    def _principal(self, job_id: str) -> Principal:
+        return Principal(self._specs[job_id].user, job_id=job_id)
+
+    def grow(self, ctl: EmbeddedController) -> bool:
+        """Share the idle slots out as grow requests; ``True`` if any was made."""
+        if ctl.free_slot_count <= 0 or (self.when_queue_empty and ctl.pending_count):
+            return False
+        specs, sizes = self._specs, self.sizes
+        now = ctl.now()
+        last, ready = self._last, now - self.cooldown
+        growable = [j for j, n in sizes.items() if n < specs[j].max_tasks and last[j] <= ready]
+        if not growable:
+            return False
+        budget = ctl.offered_slot_count()
+        if budget <= 0:
+            return False
+        start = self._start
+        growable.sort(key=lambda j: (sizes[j] / specs[j].max_tasks, start[j], j))
+        asked = False
+        for job_id in growable:
+            if budget <= 0:
+                break
+            spec = specs[job_id]
+            share = min(spec.max_tasks - sizes[job_id], budget)
+            work = spec.work
+            if work is not None:
+                cost = work.model.reconfig_cost
+                if work.gain(now, sizes[job_id] + share) < self.margin * cost:
+                    continue  # the largest grow is the most worth it: none is
+            if self._ask(
+                ctl, self._principal(job_id), job_id, GrowRequest(1, share, no_notify=True)
+            ):
+                self._asked.add(job_id)
+                budget -= share
+                asked = True
+        return asked
+
+
+class ShrinkForQueue(Driver):
+    """A site policy: shrink malleable jobs toward their min to start the queue's head.
+
+    :param min_delay: shrink only when the head's reserved start (its shadow time) is
+        at least this many seconds away: a head that starts soon anyway is not worth
+        the reconfiguration of the jobs that would make room for it.
+    """
+
+    name = "shrink-for-queue"
+
+    def __init__(self, specs: Mapping[str, MalleableSpec], min_delay: float = 0.0) -> None:
+        super().__init__(specs)
+        self.min_delay = min_delay
+        # The blocked head's id and min_tasks (asked once per head, not per instant).
+        self._head: tuple[str | None, int] = (None, 0)
+        # Tasks above min over all running malleable jobs, kept up to date so that a
+        # blocked queue costs one comparison per instant when shrinking cannot help.
+        self._excess = 0
+
+    def job_started(self, job_id: str, time: float, tasks: tuple[Task, ...]) -> None:
+        super().job_started(job_id, time, tasks)
+        if job_id in self.sizes:
+            self._excess += len(tasks) - self._specs[job_id].min_tasks
+
+    def allocation_committed(
+        self, job_id: str, time: float, tasks: tuple[Task, ...], version: int
+    ) -> None:
+        old = self.sizes.get(job_id)
+        super().allocation_committed(job_id, time, tasks, version)
+        if old is not None:
+            self._excess += len(tasks) - old
+
+    def job_ended(self, job: FinishedJob) -> None:
+        size = self.sizes.get(job.id)
+        if size is not None:
+            self._excess -= size - self._specs[job.id].min_tasks
+        super().job_ended(job)
+
+    def settled(self, controller: EmbeddedController) -> None:
+        self.shrink(controller)
+
+    def shrink(self, ctl: EmbeddedController) -> bool:
+        """Release enough tasks to start the blocked head; ``True`` if any release was
+        made."""
+        reservation = ctl.reservation
+        if reservation is None or self._excess <= 0:
+            return False
+        if reservation.shadow - ctl.now() < self.min_delay:
+            return False
+        head_id = reservation.job_id
+        if self._head[0] != head_id:
+            head = ctl.get_job(head_id)
+            if head is None:
+                return False
+            self._head = (head_id, head.min_tasks)
+        need = self._head[1] - ctl.free_slot_count
+        if need <= 0 or need > self._excess:
+            # Enough slots are free but not where the head may use them (span rules), or
+            # shrinking everyone would still not start it: do not shrink for nothing.
+            return False
+        specs, sizes = self._specs, self.sizes
+        donors = [j for j, n in sizes.items() if n > specs[j].min_tasks]
+        donors.sort(key=lambda j: (-(sizes[j] - specs[j].ref), -(sizes[j] - specs[j].min_tasks), j))
+        released = False
+        for job_id in donors:
+            if need <= 0:
+                break
+            count = min(sizes[job_id] - specs[job_id].min_tasks, need)
+            request = ReleaseRequest(count=count, no_notify=True, cancel_pending=True)
+            if self._ask(ctl, SITE, job_id, request):
+                need -= count
+                released = True
+        return released
+
+
+class GrowShrink(Driver):
+    """``shrink-for-queue`` and ``grow-when-idle`` together: shrinking comes first.
+    Takes the parameters of both."""
+
+    name = "grow-shrink"
+
+    def __init__(
+        self,
+        specs: Mapping[str, MalleableSpec],
+        margin: float = 1.0,
+        when_queue_empty: bool = False,
+        cooldown: float = 0.0,
+        min_delay: float = 0.0,
+    ) -> None:
+        super().__init__(specs)
+        self._grow = GrowWhenIdle({}, margin, when_queue_empty, cooldown)
+        self._shrink = ShrinkForQueue({}, min_delay)
+        # One view of the jobs: the parts share the specs, sizes and counters.
+        for part in (self._grow, self._shrink):
+            part._specs = self._specs
+            part.sizes = self.sizes
+            part._start = self._start
+            part._last = self._last
+            part.counts = self.counts
+
+    @property
+    def parts(self) -> tuple[GrowWhenIdle, ShrinkForQueue]:
+        return self._grow, self._shrink
+
+    def job_started(self, job_id: str, time: float, tasks: tuple[Task, ...]) -> None:
+        self._shrink.job_started(job_id, time, tasks)
+
+    def allocation_committed(
+        self, job_id: str, time: float, tasks: tuple[Task, ...], version: int
+    ) -> None:
+        self._shrink.allocation_committed(job_id, time, tasks, version)
+
+    def job_ended(self, job: FinishedJob) -> None:
+        self._shrink.job_ended(job)
+
+    def settled(self, controller: EmbeddedController) -> None:
+        grow, shrink = self._grow, self._shrink
+        grow.on_request = shrink.on_request = self.on_request
+        grow._cancel_unplaced(controller)
+        if not shrink.shrink(controller):
+            grow.grow(controller)
+
+
+DRIVERS: dict[str, type[Driver]] = {
+    "grow-shrink": GrowShrink,
+    "grow-when-idle": GrowWhenIdle,
+    "shrink-for-queue": ShrinkForQueue,
+    "none": NoDriver,
+}
+
+
+def make_driver(
+    name: str,
+    specs: Mapping[str, MalleableSpec] | None = None,
+    *,
+    grow_cooldown: float = 0.0,
+    grow_margin: float = 1.0,
+    grow_when_queue_empty: bool = False,
+    shrink_min_delay: float = 0.0,
+) -> Driver:
+    """A driver by name (see :data:`DRIVERS`) with its settings (those a driver does
+    not use are ignored); a bad name raises ``ValueError``."""
+    specs = specs or {}
+    if name == "grow-shrink":
+        return GrowShrink(
+            specs, grow_margin, grow_when_queue_empty, grow_cooldown, shrink_min_delay
+        )
+    if name == "grow-when-idle":
+        return GrowWhenIdle(specs, grow_margin, grow_when_queue_empty, grow_cooldown)
+    if name == "shrink-for-queue":
+        return ShrinkForQueue(specs, shrink_min_delay)
+    if name == "none":
+        return NoDriver(specs)
+    raise ValueError(f"unknown driver {name!r} (known: {', '.join(DRIVERS)})")

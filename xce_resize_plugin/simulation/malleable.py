@@ -1,0 +1,325 @@
+"""Making a rigid trace malleable, and how a job's speed depends on its size.
+
+Real traces (SWF) record rigid jobs: one size, one run time. Studies of malleable
+scheduling convert a chosen share of them. This module is that conversion and the speedup
+model the simulator uses to run a converted job at another size. Pure, deterministic,
+no global state: the same inputs give the same jobs on every machine and Python version.
+
+Speedup model (:class:`SpeedupModel`)
+=====================================
+
+A job recorded as running ``T_ref`` seconds on ``p_ref`` procs. With Amdahl's law and a
+serial fraction ``s`` (0 <= s <= 1), its speedup on ``p`` procs is
+``S(p) = 1 / (s + (1 - s) / p)``, its one-proc time ``T1 = T_ref * S(p_ref)`` and its
+time on ``p`` procs::
+
+    T(p) = T1 / S(p) = T_ref * (s + (1 - s) / p) / (s + (1 - s) / p_ref)
+
+so ``T(p_ref) == T_ref`` exactly, and ``T`` never grows with ``p``. The ``linear`` model
+is ``s = 0``: ``T(p) = T_ref * p_ref / p`` (perfect scaling; the work, procs x time, is
+constant).
+
+Work is measured in fractions of the job: 1.0 is the whole job, and at size ``p`` the
+job does ``rate(T_ref, p_ref, p) = 1 / T(p)`` of it per second. The simulator integrates
+that rate over the job's changing size, so a job that resizes finishes when the
+integral reaches 1.0 — it does exactly its work under the model, whatever the sizes.
+After every resize the job makes no progress for ``reconfig_cost`` seconds (data
+redistribution, restart of the processes); the simulator charges it.
+
+Conversion rule (:class:`MalleableRule`, :func:`convert`)
+==========================================================
+
+For each trace job, in order, yielding a :class:`SimJob`:
+
+1. A job whose trace fixed its flexibility (``min_procs``/``max_procs`` set: ElastiSim
+   jobs, whose type and range come from the workload) keeps its kind and range.
+   ``malleable`` is true for kind ``"malleable"`` with ``min < max``; a moldable job
+   keeps its range for the scheduler to choose a start size but does not resize while
+   running.
+2. Otherwise (SWF: ``min_procs``/``max_procs`` are ``None``) the job is *chosen* when
+   ``u(seed, job id) < fraction``, where ``u`` is the first 8 bytes of
+   BLAKE2b(``"{seed}:{job id}"``) read as a big-endian integer divided by 2**64, a
+   uniform number in [0, 1). The choice depends only on the seed and the job's own id,
+   not on the jobs before it, so ``--limit`` (any prefix of the trace) chooses the same
+   jobs, and raising ``fraction`` only adds jobs. ``fraction == 0`` chooses none;
+   ``fraction == 1`` chooses all.
+3. A chosen job of size 1 stays rigid: it cannot shrink, and growing a serial job is
+   not what malleable workloads are about. So does a chosen job whose computed range
+   collapses to its own size (factors of 1, or ``max_factor`` capped at the machine
+   with ``min_factor == 1``).
+4. A chosen job of size ``p`` >= 2 becomes malleable with
+   ``min = max(1, floor(p * min_factor))`` and
+   ``max = min(machine_procs, ceil(p * max_factor))`` (floor/ceil with a 1e-9 tolerance,
+   so that ``10 * 1.1`` is 11 and not 12). Defaults: half and twice the recorded size.
+   The recorded size and run time stay the reference of the speedup model.
+5. Rigid jobs get ``min = max = procs``. Every size is first capped at
+   ``machine_procs`` (the trace readers already cap at the trace's ``MaxProcs``; this
+   only matters when simulating a smaller machine; a capped job keeps its recorded run
+   time, now at the capped size), so ``1 <= min <= procs <= max <= machine_procs``
+   always holds. Every other field is copied from the trace job.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Iterable, Iterator
+from typing import Literal, TypeAlias
+
+import attrs
+
+from xce_resize_plugin.errors import ConfigError
+from xce_resize_plugin.simulation.traces import TraceJob, TraceKind
+
+__all__ = [
+    "MalleableRule",
+    "SimJob",
+    "SpeedupKind",
+    "SpeedupModel",
+    "choice_value",
+    "convert",
+    "convert_job",
+    "parse_speedup",
+]
+
+SpeedupKind: TypeAlias = Literal["amdahl", "linear"]
+
+# Below this, floor/ceil of a size product treat the value as the integer it rounds to:
+# 10 * 1.1 == 11.000000000000002 must give 11, not 12.
+_EPS = 1e-9
+_TWO_64 = float(2**64)
+
+
+def _default_serial_fraction(model: SpeedupModel) -> float:
+    return 0.05 if model.kind == "amdahl" else 0.0
+
+
+@attrs.frozen
+class SpeedupModel:
+    """How a job's run time changes with its size; see the module docstring.
+
+    ``kind`` is ``"amdahl"`` (``serial_fraction`` defaults to 0.05) or ``"linear"``
+    (``serial_fraction`` is 0). ``reconfig_cost`` is the seconds without progress after
+    each resize. Invalid values raise :class:`~xce_resize_plugin.errors.ConfigError`.
+    """
+
+    kind: SpeedupKind = "amdahl"
+    serial_fraction: float = attrs.field(
+        default=attrs.Factory(_default_serial_fraction, takes_self=True)
+    )
+    reconfig_cost: float = 10.0
+
+    def __attrs_post_init__(self) -> None:
+        if self.kind not in ("amdahl", "linear"):
+            raise ConfigError(f"speedup model must be 'amdahl' or 'linear', not {self.kind!r}")
+        s = self.serial_fraction
+        if isinstance(s, bool) or not isinstance(s, int | float) or not 0.0 <= s <= 1.0:
+            raise ConfigError(f"serial fraction must be between 0 and 1, not {s!r}")
+        if self.kind == "linear" and s != 0.0:
+            raise ConfigError(f"the linear model has no serial fraction (got {s!r})")
+        c = self.reconfig_cost
+        if isinstance(c, bool) or not isinstance(c, int | float) or not 0.0 <= c < math.inf:
+            raise ConfigError(f"reconfiguration cost must be a finite number >= 0, not {c!r}")
+
+    def speedup(self, procs: int) -> float:
+        """Amdahl's ``S(p) = 1 / (s + (1 - s) / p)`` (``p`` for the linear model)."""
+        if procs < 1:
+            raise ValueError(f"procs must be >= 1, not {procs!r}")
+        s = self.serial_fraction
+        return 1.0 / (s + (1.0 - s) / procs)
+
+    def time_for(self, work_seconds_at_ref: float, ref_procs: int, procs: int) -> float:
+        """Run time on ``procs`` of a job that takes ``work_seconds_at_ref`` on ``ref_procs``.
+
+        ``T(p) = T_ref * (s + (1-s)/p) / (s + (1-s)/p_ref)``; exactly ``T_ref`` at
+        ``p == p_ref`` and non-increasing in ``p`` (each floating-point step is
+        monotone, so this holds for the computed values too, not only in theory).
+        """
+        if procs < 1 or ref_procs < 1:
+            raise ValueError(f"sizes must be >= 1, not {ref_procs!r} -> {procs!r}")
+        if not work_seconds_at_ref > 0:
+            raise ValueError(f"run time must be positive, not {work_seconds_at_ref!r}")
+        if self.kind == "linear":
+            return work_seconds_at_ref * (ref_procs / procs)
+        s = self.serial_fraction
+        q = 1.0 - s
+        return work_seconds_at_ref * ((s + q / procs) / (s + q / ref_procs))
+
+    def rate(self, work_seconds_at_ref: float, ref_procs: int, procs: int) -> float:
+        """Fraction of the whole job done per second at size ``procs``: ``1 / T(p)``."""
+        return 1.0 / self.time_for(work_seconds_at_ref, ref_procs, procs)
+
+    def relative_speed(self, ref_procs: int, procs: int) -> float:
+        """``T(p_ref) / T(p)``: how much faster the job runs on ``procs`` than recorded."""
+        return self.time_for(1.0, procs, ref_procs)
+
+    def spec(self) -> str:
+        """The text :func:`parse_speedup` reads back into this model."""
+        cost = f"cost={self.reconfig_cost!r}"
+        if self.kind == "linear":
+            return f"linear:{cost}"
+        return f"amdahl:{self.serial_fraction!r}:{cost}"
+
+
+def parse_speedup(text: str) -> SpeedupModel:
+    """Parse a speedup model from a command line.
+
+    Grammar: ``KIND[:SERIAL][:key=value]...`` with KIND ``amdahl`` or ``linear``,
+    SERIAL the serial fraction (amdahl only), keys ``s`` (serial fraction) and ``cost``
+    (reconfiguration cost in seconds). Examples: ``amdahl``, ``amdahl:0.1``, ``linear``,
+    ``amdahl:0.1:cost=5``, ``linear:cost=0``. Case and blanks around parts are ignored.
+    Bad text raises :class:`~xce_resize_plugin.errors.ConfigError` saying what is wrong.
+    """
+    if not isinstance(text, str) or not text.strip():
+        raise ConfigError("empty speedup model (expected e.g. 'amdahl', 'amdahl:0.1', 'linear')")
+    parts = [p.strip() for p in text.strip().lower().split(":")]
+    kind = parts[0]
+    if kind not in ("amdahl", "linear"):
+        raise ConfigError(
+            f"unknown speedup model {parts[0]!r} in {text!r} (expected 'amdahl' or 'linear')"
+        )
+    values: dict[str, float] = {}
+    for i, part in enumerate(parts[1:]):
+        key, sep, raw = part.partition("=")
+        if not sep:
+            key, raw = "s", part  # a bare number right after the kind is the fraction
+            if i != 0:
+                raise ConfigError(f"expected key=value, not {part!r}, in speedup {text!r}")
+        key = key.strip()
+        if key not in ("s", "cost"):
+            raise ConfigError(f"unknown speedup option {key!r} in {text!r} (expected s, cost)")
+        if key in values:
+            raise ConfigError(f"speedup option {key!r} given twice in {text!r}")
+        try:
+            value = float(raw)
+        except ValueError:
+            raise ConfigError(f"speedup option {key!r} is not a number: {raw!r}") from None
+        if not math.isfinite(value):
+            raise ConfigError(f"speedup option {key!r} must be finite, not {raw!r}")
+        values[key] = value
+    if kind == "linear" and "s" in values:
+        raise ConfigError(f"the linear model takes no serial fraction: {text!r}")
+    model = SpeedupModel(kind="linear") if kind == "linear" else SpeedupModel()
+    if "s" in values:
+        model = attrs.evolve(model, serial_fraction=values["s"])
+    if "cost" in values:
+        model = attrs.evolve(model, reconfig_cost=values["cost"])
+    return model
+
+
+@attrs.frozen
+class SimJob:
+    """A job as the simulator runs it: a :class:`~.traces.TraceJob` plus its flexibility.
+
+    ``min_procs <= procs <= max_procs``; a rigid job has both equal to ``procs``.
+    ``malleable`` says whether it may grow and shrink while running. ``runtime`` is the
+    run time at ``procs`` (the speedup model's reference).
+    """
+
+    id: str
+    submit: float
+    runtime: float
+    procs: int
+    requested_time: float | None
+    user: str
+    kind: TraceKind
+    min_procs: int
+    max_procs: int
+    wait: float | None
+    status: int | None
+    malleable: bool
+
+
+@attrs.frozen(kw_only=True)
+class MalleableRule:
+    """Which trace jobs become malleable and how flexible; see the module docstring."""
+
+    fraction: float
+    seed: int
+    machine_procs: int
+    min_factor: float = 0.5
+    max_factor: float = 2.0
+
+    def __attrs_post_init__(self) -> None:
+        f = self.fraction
+        if isinstance(f, bool) or not isinstance(f, int | float) or not 0.0 <= f <= 1.0:
+            raise ConfigError(f"malleable fraction must be between 0 and 1, not {f!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise ConfigError(f"seed must be an integer, not {self.seed!r}")
+        m = self.machine_procs
+        if isinstance(m, bool) or not isinstance(m, int) or m < 1:
+            raise ConfigError(f"machine size must be a positive integer, not {m!r}")
+        if not 0.0 < self.min_factor <= 1.0:
+            raise ConfigError(f"min factor must be in (0, 1], not {self.min_factor!r}")
+        if not 1.0 <= self.max_factor < math.inf:
+            raise ConfigError(f"max factor must be a finite number >= 1, not {self.max_factor!r}")
+
+    def chooses(self, job_id: str) -> bool:
+        """Whether the rule picks job ``job_id`` (before the size-1 exception)."""
+        return choice_value(self.seed, job_id) < self.fraction
+
+
+def choice_value(seed: int, job_id: str) -> float:
+    """The job's uniform number in [0, 1): BLAKE2b of ``"{seed}:{job_id}"`` / 2**64.
+
+    A keyed hash, not a sequential generator, so one job's choice never depends on
+    another's; BLAKE2b rather than ``hash()`` because ``hash`` of a str is salted per
+    process.
+    """
+    digest = hashlib.blake2b(f"{seed}:{job_id}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") / _TWO_64
+
+
+def convert_job(job: TraceJob, rule: MalleableRule) -> SimJob:
+    """Apply the conversion rule to one job."""
+    cap = rule.machine_procs
+    procs = min(job.procs, cap)
+    if job.min_procs is not None or job.max_procs is not None:
+        # The trace fixed the range (ElastiSim): keep it, only capped by the machine.
+        hi = min(job.max_procs if job.max_procs is not None else procs, cap)
+        lo = min(job.min_procs if job.min_procs is not None else procs, hi)
+        procs = min(max(procs, lo), hi)
+        return SimJob(
+            job.id,
+            job.submit,
+            job.runtime,
+            procs,
+            job.requested_time,
+            job.user,
+            job.kind,
+            lo,
+            hi,
+            job.wait,
+            job.status,
+            job.kind == "malleable" and lo < hi,
+        )
+    lo = hi = procs
+    kind = job.kind
+    if procs >= 2 and rule.chooses(job.id):
+        # min_factor <= 1 <= max_factor keeps lo <= procs <= hi; the min/max make that
+        # hold against any rounding too.
+        lo = min(procs, max(1, math.floor(procs * rule.min_factor + _EPS)))
+        hi = max(procs, min(cap, math.ceil(procs * rule.max_factor - _EPS)))
+        if lo < hi:
+            kind = "malleable"
+    malleable = lo < hi
+    return SimJob(
+        job.id,
+        job.submit,
+        job.runtime,
+        procs,
+        job.requested_time,
+        job.user,
+        kind,
+        lo,
+        hi,
+        job.wait,
+        job.status,
+        malleable,
+    )
+
+
+def convert(jobs: Iterable[TraceJob], rule: MalleableRule) -> Iterator[SimJob]:
+    """Convert trace jobs lazily, in order, with :func:`convert_job`."""
+    for job in jobs:
+        yield convert_job(job, rule)

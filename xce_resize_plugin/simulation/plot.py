@@ -1,0 +1,118 @@
+"""``simulate --plot OUT.png``: the two runs in one figure.
+
+Top: utilization over time for both runs (the mean of each of
+:data:`~.simulate.USAGE_BINS` equal stretches of the makespan). Bottom: the distribution
+of waits as the share of jobs that waited at most a given time, on a log scale (waits
+under a second are drawn at one second; the share of jobs that did not wait at all is
+in the legend).
+
+matplotlib is an optional dependency (the ``plot`` extra): without it,
+:func:`plot_comparison` raises :class:`PlotUnavailable` saying how to install it. The
+Agg backend is used, so no display is needed.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any
+
+from xce_resize_plugin.errors import ConfigError
+
+if TYPE_CHECKING:
+    from xce_resize_plugin.simulation.simulate import Comparison
+
+__all__ = ["PlotUnavailable", "plot_comparison"]
+
+INSTALL_HINT = "pip install 'xce_resize_plugin[plot]' (or: pip install matplotlib)"
+COLORS = {"rigid": "#4c72b0", "elastic": "#dd8452"}
+
+
+class PlotUnavailable(ConfigError):
+    """matplotlib is not installed."""
+
+    message = "Cannot plot"
+
+
+def _pyplot() -> Any:
+    try:
+        import matplotlib
+    except ImportError:
+        raise PlotUnavailable(f"--plot needs matplotlib: {INSTALL_HINT}") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_comparison(comparison: Comparison, path: str | os.PathLike[str]) -> None:
+    """Write the figure of ``comparison`` to ``path`` (PNG)."""
+    plt = _pyplot()
+    w, o = comparison.workload, comparison.options
+    runs = (comparison.rigid, comparison.elastic)
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(10, 8), constrained_layout=True)
+    name = os.path.basename(w.source)
+    fig.suptitle(
+        f"{name}: {len(w.jobs):,} jobs on {w.capacity:,} slots, "
+        f"{o.malleable_fraction:.0%} malleable ({o.driver}, {o.speedup.spec()})",
+        fontsize=12,
+    )
+
+    for run in runs:
+        usage = run.usage
+        if not usage:
+            continue
+        span = run.metrics.makespan / 86400.0
+        step = span / len(usage)
+        days = [(i + 0.5) * step for i in range(len(usage))]
+        top.plot(
+            days,
+            [u * 100 for u in usage],
+            color=COLORS[run.mode],
+            linewidth=1.0,
+            alpha=0.9,
+            label=f"{run.mode} (mean {run.metrics.utilization:.1%})",
+        )
+    top.set_xlabel("time since the first submission (days)")
+    top.set_ylabel("utilization (%)")
+    top.set_ylim(0, 105)
+    top.set_xlim(left=0)
+    top.grid(True, alpha=0.3)
+    top.legend(loc="lower right")
+    top.set_title("Utilization over time")
+
+    for run in runs:
+        waits = sorted(max(1.0, x) for x in run.waits)
+        n = len(waits)
+        if not n:
+            continue
+        none = sum(1 for x in run.waits if x <= 0) / n
+        # One point per distinct wait, at the share of jobs that waited at most that.
+        xs: list[float] = []
+        shares: list[float] = []
+        for i, x in enumerate(waits):
+            if xs and xs[-1] == x:
+                shares[-1] = (i + 1) / n * 100
+            else:
+                xs.append(x)
+                shares.append((i + 1) / n * 100)
+        bottom.step(
+            xs,
+            shares,
+            where="post",
+            color=COLORS[run.mode],
+            linewidth=1.4,
+            label=(
+                f"{run.mode}: mean {run.metrics.mean_wait:,.0f} s, "
+                f"median {run.metrics.median_wait:,.0f} s, {none:.0%} did not wait"
+            ),
+        )
+    bottom.set_xscale("log")
+    bottom.set_xlabel("wait (s, log scale; under 1 s drawn at 1 s)")
+    bottom.set_ylabel("jobs that waited at most this long (%)")
+    bottom.set_ylim(0, 101)
+    bottom.grid(True, which="both", alpha=0.3)
+    bottom.legend(loc="lower right")
+    bottom.set_title("Wait-time distribution")
+
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,176 @@
+"""What ``xce-resize simulate`` shows: the side-by-side table and the progress bar.
+
+The table is for people (stdout); ``--json`` is for scripts
+(:meth:`~.simulate.Comparison.to_json`). The progress bar goes to stderr, redrawn in
+place on a terminal and as a line per tenth of the work otherwise (a log file then
+shows progress without thousands of carriage returns). Plain text, no dependency.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, TextIO
+
+if TYPE_CHECKING:
+    from xce_resize_plugin.simulation.simulate import Comparison, RunResult
+
+__all__ = ["Progress", "format_table"]
+
+
+def _num(value: float, digits: int = 1) -> str:
+    if not math.isfinite(value):
+        return "-"
+    return f"{value:,.{digits}f}"
+
+
+def _change(a: float, b: float) -> str:
+    if not (math.isfinite(a) and math.isfinite(b)) or a == 0:
+        return ""
+    return f"{(b - a) / a * 100:+.1f}%"
+
+
+def _duration(seconds: float) -> str:
+    """``1d 02:03:04`` style, for the makespan."""
+    if not math.isfinite(seconds):
+        return "-"
+    days, rest = divmod(round(seconds), 86400)
+    h, rest = divmod(rest, 3600)
+    m, s = divmod(rest, 60)
+    return f"{days}d {h:02d}:{m:02d}:{s:02d}"
+
+
+def format_table(comparison: Comparison) -> str:
+    """The comparison as a text table (what ``simulate`` prints without ``--json``)."""
+    w, o = comparison.workload, comparison.options
+    a, b = comparison.rigid.metrics, comparison.elastic.metrics
+    name = w.source.rsplit("/", 1)[-1]
+    sph = {n for _, n in w.hosts}
+    per_host = f"{len(w.hosts)} hosts x {max(sph)}" if len(sph) == 1 else f"{len(w.hosts)} hosts"
+    lines = [
+        f"Trace {name}: {len(w.jobs):,} jobs, {w.capacity:,} slots ({per_host})",
+        f"Malleable: {w.malleable:,} jobs ({o.malleable_fraction:.0%} chosen, seed {o.seed}, "
+        f"range {o.min_factor:g}x..{o.max_factor:g}x); speedup {o.speedup.spec()}; "
+        f"driver {o.driver}",
+        "",
+    ]
+    rows: list[tuple[str, str, str, str]] = [
+        ("jobs", f"{a.jobs:,}", f"{b.jobs:,}", ""),
+        ("mean wait (s)", _num(a.mean_wait), _num(b.mean_wait), _change(a.mean_wait, b.mean_wait)),
+        (
+            "median wait (s)",
+            _num(a.median_wait),
+            _num(b.median_wait),
+            _change(a.median_wait, b.median_wait),
+        ),
+        (
+            "mean turnaround (s)",
+            _num(a.mean_turnaround),
+            _num(b.mean_turnaround),
+            _change(a.mean_turnaround, b.mean_turnaround),
+        ),
+        (
+            "mean bounded slowdown",
+            _num(a.mean_bounded_slowdown, 2),
+            _num(b.mean_bounded_slowdown, 2),
+            _change(a.mean_bounded_slowdown, b.mean_bounded_slowdown),
+        ),
+        (
+            "utilization",
+            f"{a.utilization:.2%}",
+            f"{b.utilization:.2%}",
+            _change(a.utilization, b.utilization),
+        ),
+        ("makespan", _duration(a.makespan), _duration(b.makespan), _change(a.makespan, b.makespan)),
+        (
+            "resizes (grow/shrink)",
+            f"{a.resizes:,}",
+            f"{b.resizes:,} ({b.grows:,}/{b.shrinks:,})",
+            "",
+        ),
+    ]
+    header = ("", "rigid", "elastic", "change")
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(4)]
+    for row in [header, *rows]:
+        lines.append(
+            f"{row[0]:<{widths[0]}}  {row[1]:>{widths[1]}}  {row[2]:>{widths[2]}}  "
+            f"{row[3]:>{widths[3]}}".rstrip()
+        )
+    lines.append("")
+    lines.extend(_checks(comparison.rigid, comparison.elastic))
+    return "\n".join(lines) + "\n"
+
+
+def _checks(*runs: RunResult) -> list[str]:
+    bad = [r for r in runs if r.problems]
+    if not bad:
+        return [
+            "checks: passed (every job ended; no host over its slots; work conserved; "
+            "utilization <= 1; rigid schedule FCFS + EASY)"
+        ]
+    out = []
+    for run in bad:
+        out.append(f"checks FAILED in the {run.mode} run:")
+        out.extend(f"  {p}" for p in run.problems)
+    return out
+
+
+class Progress:
+    """A progress bar for the runs of a simulation, on ``stream`` (stderr).
+
+    :meth:`update` is the ``progress`` callback of :func:`~.simulate.simulate`.
+    """
+
+    def __init__(
+        self,
+        runs: Sequence[str],
+        stream: TextIO | None = None,
+        *,
+        tty: bool | None = None,
+        width: int = 24,
+    ) -> None:
+        self.stream = stream if stream is not None else sys.stderr
+        self.tty = self.stream.isatty() if tty is None else tty
+        self.width = width
+        self.done: dict[str, tuple[int, int]] = {r: (0, 0) for r in runs}
+        self._began = time.monotonic()
+        self._drawn = 0.0
+        self._tenths: dict[str, int] = {r: 0 for r in runs}
+        self._open = False
+
+    def update(self, run: str, done: int, total: int) -> None:
+        self.done[run] = (done, total)
+        if self.tty:
+            now = time.monotonic()
+            if now - self._drawn >= 0.1 or done >= total:
+                self._drawn = now
+                self.stream.write("\r" + self.line())
+                self.stream.flush()
+                self._open = True
+            return
+        # Not a terminal (a log): a line per tenth, at most one every few seconds, and
+        # the end of each run.
+        tenth = 10 * done // total if total else 10
+        now = time.monotonic()
+        if tenth > self._tenths.get(run, 0) and (tenth == 10 or now - self._drawn >= 5.0):
+            self._tenths[run] = tenth
+            self._drawn = now
+            self.stream.write(f"simulate: {run} run {tenth * 10}% ({done:,}/{total:,} jobs)\n")
+            self.stream.flush()
+
+    def line(self) -> str:
+        parts = []
+        for run, (done, total) in self.done.items():
+            frac = done / total if total else 0.0
+            fill = int(frac * self.width)
+            parts.append(f"{run} [{'#' * fill}{'.' * (self.width - fill)}] {frac:4.0%}")
+        return " | ".join(parts) + f" | {time.monotonic() - self._began:5.0f}s"
+
+    def close(self) -> None:
+        """End the bar's line (call once the runs are over)."""
+        if self._open:
+            self.stream.write("\n")
+            self.stream.flush()
+            self._open = False

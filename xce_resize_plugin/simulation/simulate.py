@@ -1,0 +1,703 @@
+"""Trace simulation: the same workload twice, all rigid and with a malleable share.
+
+``xce-resize simulate TRACE`` (and :func:`simulate`) reads a real workload trace
+(:mod:`.traces`), converts the chosen share of its jobs to malleable (:mod:`.malleable`)
+and runs it twice through the embedded controller **with the resize plugin, its hooks
+and its journal in the loop**:
+
+- the *rigid* run (the baseline): every job at its recorded size, FCFS + EASY backfill;
+- the *elastic* run: the malleable jobs are submitted resizable (``-n min,max``,
+  started at their recorded size, or smaller down to ``min`` when that is what fits)
+  with a work-based run time (:mod:`.work`), and a driver (:mod:`.drivers`) asks the
+  plugin for grows and shrinks as an application or a site would.
+
+The cluster (:func:`cluster_for`): the trace's ``MaxProcs`` (else its largest job)
+slots, on hosts of ``slots_per_host`` slots each (default 1: SWF counts processors,
+not nodes, and jobs carry no span rules, so one slot per host loses nothing and keeps
+every placement exact). The scheduler plans with the user's requested time
+(the run time when the trace has none).
+
+Both runs are checked as they go (:mod:`.checks`) and measured (:mod:`.metrics`). The
+result (:class:`Comparison`) is deterministic: the same trace, options and seed give
+byte-identical JSON (:meth:`Comparison.to_json`), whether the runs went one after the
+other or side by side in two processes (the default on a machine with two cores or
+more: the runs are independent).
+
+Speed: the controller runs with ``store="none"`` (no state of its own saved; nothing
+to restart from in a simulation), ``keep_finished=False``, ``lean_cycles``, and the
+plugin's journal with ``journal_sync = false`` (written to LMDB, not fsynced) and
+``journal_defer`` (transitions the host has not acted on go with the next write): the
+journal stays in the loop with every fact in order, a year of trace is just not bound
+by fsyncs and transaction counts.
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing
+import os
+import tempfile
+import time
+import tomllib
+import traceback
+from collections.abc import Callable, Mapping, Sequence
+from multiprocessing.connection import Connection, wait
+from pathlib import Path
+from typing import IO, Any, Literal
+
+import attrs
+from attrs import frozen
+
+from xce_resize_plugin.controllers.runners import (
+    NotificationRunner,
+    ScriptedNotificationRunner,
+    SimTaskRunner,
+    TaskRunner,
+)
+from xce_resize_plugin.controllers.sim.sim_controller import EmbeddedController
+from xce_resize_plugin.controllers.sim.work import SpeedupWork
+from xce_resize_plugin.core import config as config_mod
+from xce_resize_plugin.errors import ConfigError
+from xce_resize_plugin.manager import get_plugin_manager
+from xce_resize_plugin.recording.format import RecordingWriter
+from xce_resize_plugin.recording.sim_recorder import SimRecorder
+from xce_resize_plugin.simulation.checks import (
+    CompletionCheck,
+    EasyCheck,
+    LedgerCheck,
+    WorkCheck,
+    check_utilization,
+)
+from xce_resize_plugin.simulation.drivers import DRIVERS, Driver, MalleableSpec, make_driver
+from xce_resize_plugin.simulation.malleable import (
+    MalleableRule,
+    SimJob,
+    SpeedupModel,
+    convert,
+    parse_speedup,
+)
+from xce_resize_plugin.simulation.metrics import RunMetrics, RunStats
+from xce_resize_plugin.simulation.traces import Trace, read_trace
+
+__all__ = [
+    "Comparison",
+    "Mode",
+    "RunResult",
+    "SimOptions",
+    "SimulationError",
+    "Workload",
+    "cluster_for",
+    "load_workload",
+    "run_mode",
+    "simulate",
+]
+
+Mode = Literal["rigid", "elastic"]
+MODES: tuple[Mode, Mode] = ("rigid", "elastic")
+#: Points of the utilization-over-time series in the JSON output and the plot.
+USAGE_BINS = 200
+FORMAT = "xce-resize-simulate"
+FORMAT_VERSION = 1
+
+ProgressFn = Callable[[str, int, int], None]
+
+
+class SimulationError(ConfigError):
+    """A simulation could not run (a worker process failed, a bad workload)."""
+
+    message = "Simulation failed"
+
+
+def _sim_resize(resize: Mapping[str, Any]) -> dict[str, Any]:
+    """The simulations' ``[resize]`` defaults under the user's section."""
+    out = {"journal_sync": False, **dict(resize)}
+    out.setdefault("journal_defer", out["journal_sync"] is False)
+    return out
+
+
+@frozen(kw_only=True)
+class SimOptions:
+    """What to simulate, besides the trace (see ``xce-resize simulate --help``)."""
+
+    malleable_fraction: float = 0.2
+    seed: int = 0
+    speedup: SpeedupModel = attrs.field(factory=SpeedupModel)
+    driver: str = "grow-shrink"
+    slots_per_host: int = 1
+    limit: int | None = None
+    min_factor: float = 0.5
+    max_factor: float = 2.0
+    #: Driver settings (see :mod:`.drivers`): a job asks to grow at most once per
+    #: ``grow_cooldown`` seconds, only for a gain of ``grow_margin`` reconfiguration
+    #: costs, and (``grow_when_queue_empty``) only while no job waits; the site shrinks
+    #: for the queue's head only when its reserved start is ``shrink_min_delay`` s away.
+    grow_cooldown: float = 1800.0
+    grow_margin: float = 1.0
+    grow_when_queue_empty: bool = True
+    shrink_min_delay: float = 0.0
+    #: The plugin's ``[resize]`` section (``journal_sync`` defaults to false here, and
+    #: ``journal_defer`` to true unless ``journal_sync`` is set).
+    resize: Mapping[str, Any] = attrs.field(factory=dict)
+    #: Where relative ``policy_files`` of ``resize`` are found.
+    base_dir: Path | None = None
+    check: bool = True
+
+    def __attrs_post_init__(self) -> None:
+        if self.driver not in DRIVERS:
+            raise ConfigError(f"unknown driver {self.driver!r} (known: {', '.join(DRIVERS)})")
+        sph = self.slots_per_host
+        if isinstance(sph, bool) or not isinstance(sph, int) or sph < 1:
+            raise ConfigError(f"slots per host must be a positive integer, not {sph!r}")
+        if self.limit is not None and (isinstance(self.limit, bool) or self.limit < 0):
+            raise ConfigError(f"limit must be a non-negative integer, not {self.limit!r}")
+        for key in ("grow_cooldown", "grow_margin", "shrink_min_delay"):
+            value = getattr(self, key)
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, int | float)
+                or not (0 <= value < math.inf)
+            ):
+                raise ConfigError(f"{key} must be a finite number >= 0, not {value!r}")
+        # The rule checks fraction, seed and factors the same way for every caller.
+        MalleableRule(
+            fraction=self.malleable_fraction,
+            seed=self.seed,
+            machine_procs=1,
+            min_factor=self.min_factor,
+            max_factor=self.max_factor,
+        )
+
+    def resize_config(self) -> dict[str, Any]:
+        return _sim_resize(self.resize)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "malleable_fraction": self.malleable_fraction,
+            "seed": self.seed,
+            "speedup": self.speedup.spec(),
+            "driver": self.driver,
+            "slots_per_host": self.slots_per_host,
+            "limit": self.limit,
+            "min_factor": self.min_factor,
+            "max_factor": self.max_factor,
+            "grow_cooldown": self.grow_cooldown,
+            "grow_margin": self.grow_margin,
+            "grow_when_queue_empty": self.grow_when_queue_empty,
+            "shrink_min_delay": self.shrink_min_delay,
+            "resize": {k: self.resize[k] for k in sorted(self.resize)},
+        }
+
+    def make_driver(self, mode: Mode) -> Driver:
+        """The run's driver: the configured one for the elastic run, none for rigid."""
+        if mode == "rigid":
+            return make_driver("none")
+        return make_driver(
+            self.driver,
+            grow_cooldown=self.grow_cooldown,
+            grow_margin=self.grow_margin,
+            grow_when_queue_empty=self.grow_when_queue_empty,
+            shrink_min_delay=self.shrink_min_delay,
+        )
+
+
+#: Keys of a configuration file's ``[simulate]`` table, with their types.
+CONFIG_KEYS: dict[str, tuple[type, ...]] = {
+    "malleable_fraction": (int, float),
+    "seed": (int,),
+    "speedup": (str,),
+    "driver": (str,),
+    "slots_per_host": (int,),
+    "limit": (int,),
+    "min_factor": (int, float),
+    "max_factor": (int, float),
+    "grow_cooldown": (int, float),
+    "grow_margin": (int, float),
+    "grow_when_queue_empty": (bool,),
+    "shrink_min_delay": (int, float),
+}
+
+
+def load_options(config: str | os.PathLike[str] | None = None, **overrides: Any) -> SimOptions:
+    """Options from a TOML file (``[simulate]``: the keys of :data:`CONFIG_KEYS`;
+    ``[resize]``: the plugin's section, e.g. site ``policy_files``), then ``overrides``
+    (command-line values; ``None`` means not given). Unknown keys and wrong types are
+    a :class:`ConfigError` naming the file and the key."""
+    values: dict[str, Any] = {}
+    resize: dict[str, Any] = {}
+    base_dir: Path | None = None
+    if config is not None:
+        path = Path(config)
+        try:
+            data = tomllib.loads(path.read_text(encoding="utf-8"))
+        except OSError as exc:
+            raise ConfigError(f"{path}: cannot read ({exc})") from exc
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{path}: not valid TOML ({exc})") from exc
+        unknown = sorted(set(data) - {"simulate", "resize"})
+        if unknown:
+            raise ConfigError(f"{path}: unknown table [{unknown[0]}] (known: simulate, resize)")
+        section = data.get("simulate", {})
+        if not isinstance(section, dict):
+            raise ConfigError(f"{path}: [simulate] must be a table")
+        for key, value in section.items():
+            kinds = CONFIG_KEYS.get(key)
+            if kinds is None:
+                raise ConfigError(
+                    f"{path}: [simulate] unknown key {key!r} (known: {', '.join(CONFIG_KEYS)})"
+                )
+            if (isinstance(value, bool) and bool not in kinds) or not isinstance(value, kinds):
+                names = " or ".join(k.__name__ for k in kinds)
+                raise ConfigError(f"{path}: [simulate] {key} must be {names}, not {value!r}")
+            values[key] = value
+        resize = data.get("resize", {})
+        if not isinstance(resize, dict):
+            raise ConfigError(f"{path}: [resize] must be a table")
+        base_dir = path.resolve().parent
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    speedup = values.pop("speedup", None)
+    if isinstance(speedup, str):
+        values["speedup"] = parse_speedup(speedup)
+    elif speedup is not None:
+        values["speedup"] = speedup
+    if "malleable_fraction" in values:
+        values["malleable_fraction"] = float(values["malleable_fraction"])
+    if config is not None:
+        # The [resize] section goes through the plugin's own checks when it starts.
+        config_mod.check(_sim_resize(resize))
+    return SimOptions(resize=resize, base_dir=base_dir, **values)
+
+
+@frozen
+class Workload:
+    """A read trace, its jobs after the malleable conversion, and the cluster."""
+
+    source: str
+    trace: Trace
+    jobs: tuple[SimJob, ...]
+    hosts: tuple[tuple[str, int], ...]
+
+    @property
+    def capacity(self) -> int:
+        return sum(n for _, n in self.hosts)
+
+    @property
+    def malleable(self) -> int:
+        return sum(1 for j in self.jobs if j.malleable)
+
+
+def cluster_for(procs: int, slots_per_host: int) -> tuple[tuple[str, int], ...]:
+    """``procs`` slots on hosts of ``slots_per_host`` (the last host may have fewer),
+    named ``n001``... with a fixed width so that names sort in host order."""
+    if procs < 1:
+        raise ConfigError(f"a cluster needs at least one slot, not {procs}")
+    count = math.ceil(procs / slots_per_host)
+    width = max(3, len(str(count)))
+    hosts = []
+    left = procs
+    for i in range(count):
+        n = min(slots_per_host, left)
+        hosts.append((f"n{i + 1:0{width}d}", n))
+        left -= n
+    return tuple(hosts)
+
+
+def load_workload(path: str | os.PathLike[str], options: SimOptions) -> Workload:
+    """Read the trace, size the cluster, convert the malleable share."""
+    trace = read_trace(path, limit=options.limit)
+    if not trace.jobs:
+        raise SimulationError(f"{path}: the trace has no job to simulate")
+    procs = trace.header.max_procs or max(j.procs for j in trace.jobs)
+    hosts = cluster_for(procs, options.slots_per_host)
+    rule = MalleableRule(
+        fraction=options.malleable_fraction,
+        seed=options.seed,
+        machine_procs=procs,
+        min_factor=options.min_factor,
+        max_factor=options.max_factor,
+    )
+    jobs = tuple(convert(trace.jobs, rule))
+    return Workload(os.fspath(path), trace, jobs, hosts)
+
+
+@frozen
+class RunResult:
+    """One run: its metrics, the problems its checks found, and what the plot needs."""
+
+    mode: str
+    metrics: RunMetrics
+    problems: tuple[str, ...]
+    events: int
+    requests: int
+    refused: Mapping[str, int]
+    backfilled: int | None
+    usage: tuple[float, ...]
+    waits: tuple[float, ...]
+    #: Wall-clock seconds the run took (not part of the JSON: it is not deterministic).
+    seconds: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = dict(self.metrics.to_json())
+        out["events"] = self.events
+        out["resize_requests"] = self.requests
+        out["refused_requests"] = dict(self.refused)
+        if self.backfilled is not None:
+            out["backfilled"] = self.backfilled
+        out["checks"] = {"ok": not self.problems, "problems": list(self.problems)}
+        out["utilization_over_time"] = list(self.usage)
+        return out
+
+
+class _Feeder:
+    """Submits the trace's jobs as they arrive (one timeline entry at a time, so the
+    controller never holds more than the jobs that arrived and have not ended)."""
+
+    def __init__(
+        self,
+        ctl: EmbeddedController,
+        jobs: Sequence[SimJob],
+        mode: Mode,
+        model: SpeedupModel,
+        on_submit: Callable[[SimJob, bool, SpeedupWork | None], None],
+    ) -> None:
+        self.ctl = ctl
+        self.jobs = jobs
+        self.mode = mode
+        self.model = model
+        self.on_submit = on_submit
+        self.i = 0
+
+    def start(self) -> None:
+        if self.jobs:
+            self.ctl.at(self.jobs[0].submit, self.feed)
+
+    def feed(self) -> None:
+        jobs, ctl, n = self.jobs, self.ctl, len(self.jobs)
+        i = self.i
+        t = jobs[i].submit
+        while i < n and jobs[i].submit == t:
+            self.submit(jobs[i])
+            i += 1
+        self.i = i
+        if i < n:
+            ctl.at(jobs[i].submit, self.feed)
+
+    def submit(self, job: SimJob) -> None:
+        estimate = job.requested_time if job.requested_time is not None else job.runtime
+        flexible = self.mode == "elastic" and job.min_procs < job.max_procs
+        if not flexible:
+            self.on_submit(job, False, None)
+            self.ctl.submit(
+                job.user, job.procs, runtime=job.runtime, estimate=estimate, job_id=job.id
+            )
+            return
+        # A malleable (or moldable) job: any size in its range, started at its recorded
+        # size when that fits; its end follows from the sizes it runs at.
+        work = SpeedupWork(self.model, job.runtime, job.procs, estimate)
+        self.on_submit(job, True, work)
+        self.ctl.submit(
+            job.user,
+            (job.min_procs, job.max_procs),
+            runtime=job.runtime,
+            estimate=estimate,
+            job_id=job.id,
+            resizable=job.malleable,
+            start_tasks=job.procs,
+            work=work,
+        )
+
+
+def run_mode(
+    workload: Workload,
+    options: SimOptions,
+    mode: Mode,
+    *,
+    progress: ProgressFn | None = None,
+    state_dir: Path | None = None,
+    observers: Sequence[Any] = (),
+    record: str | os.PathLike[str] | None = None,
+) -> RunResult:
+    """Run the workload once in ``mode``, with the plugin, and check and measure it.
+
+    :param state_dir: where the plugin's journal goes (default: a temporary
+        directory, removed afterwards).
+    :param observers: extra :class:`~.observer.Observer` objects (tests).
+    :param record: write a recording of the run's inputs there (:mod:`.recording`).
+    """
+    if state_dir is None:
+        with tempfile.TemporaryDirectory(prefix=f"xce-simulate-{mode}-") as tmp:
+            return run_mode(
+                workload,
+                options,
+                mode,
+                progress=progress,
+                state_dir=Path(tmp),
+                observers=observers,
+                record=record,
+            )
+    if record is not None:
+        with open(record, "w", encoding="utf-8") as out:
+            return _run_mode(workload, options, mode, progress, state_dir, observers, out)
+    return _run_mode(workload, options, mode, progress, state_dir, observers, None)
+
+
+def _run_mode(
+    workload: Workload,
+    options: SimOptions,
+    mode: Mode,
+    progress: ProgressFn | None,
+    state_dir: Path,
+    observers: Sequence[Any],
+    record: IO[str] | None,
+) -> RunResult:
+    began = time.perf_counter()
+    config = options.resize_config()
+    pm = get_plugin_manager(config, base_dir=options.base_dir, entry_points=False)
+    recorder = SimRecorder(RecordingWriter(record)) if record is not None else None
+    tasks: TaskRunner = SimTaskRunner()
+    notes: NotificationRunner = ScriptedNotificationRunner()
+    if recorder is not None:
+        tasks, notes = recorder.task_runner(tasks), recorder.notification_runner(notes)
+    ctl = EmbeddedController(
+        pm,
+        state_dir,
+        hosts=list(workload.hosts),
+        config=config,
+        store="none",
+        task_runner=tasks,
+        notification_runner=notes,
+        protect_reservation=True,
+        keep_finished=False,
+        lean_cycles=True,
+    )
+    if recorder is not None:
+        recorder.attach(ctl, workload.hosts)
+    try:
+        result = _run(ctl, workload, options, mode, progress, observers, began, recorder)
+    finally:
+        ctl.stop()
+    if recorder is not None:
+        recorder.finish(state_dir / "resize")
+    return result
+
+
+def _run(
+    ctl: EmbeddedController,
+    workload: Workload,
+    options: SimOptions,
+    mode: Mode,
+    progress: ProgressFn | None,
+    observers: Sequence[Any],
+    began: float,
+    recorder: SimRecorder | None,
+) -> RunResult:
+    jobs = workload.jobs
+    total = len(jobs)
+    stats = RunStats(
+        workload.capacity,
+        total,
+        None if progress is None else (lambda done, n: progress(mode, done, n)),
+    )
+    checks_on = options.check
+    completion = CompletionCheck()
+    ledger = LedgerCheck(dict(workload.hosts))
+    work = WorkCheck(options.speedup)
+    easy = EasyCheck(workload.capacity) if mode == "rigid" else None
+    driver = options.make_driver(mode)
+
+    def on_submit(job: SimJob, flexible: bool, work_model: SpeedupWork | None) -> None:
+        if recorder is not None:
+            estimate = job.requested_time if job.requested_time is not None else job.runtime
+            recorder.submit(
+                job.id,
+                user=job.user,
+                tasks=(job.min_procs, job.max_procs) if flexible else (job.procs, job.procs),
+                estimate=estimate,
+                start_tasks=job.procs if flexible else None,
+                resizable=job.malleable and flexible,
+                work=work_model,
+            )
+        if job.malleable and flexible:
+            spec = MalleableSpec(job.user, job.min_procs, job.max_procs, job.procs, work_model)
+            driver.add_spec(job.id, spec)
+        if checks_on:
+            completion.add_job(job.id)
+            work.add_job(job.id, job.runtime, job.procs, flexible)
+            if easy is not None:
+                estimate = job.requested_time if job.requested_time is not None else job.runtime
+                easy.add_job(job.id, job.submit, job.procs, estimate)
+
+    ctl.add_observer(stats)
+    if checks_on:
+        for check in (completion, ledger, work, *([easy] if easy else [])):
+            ctl.add_observer(check)
+    for extra in observers:
+        ctl.add_observer(extra)
+    if recorder is not None:
+        driver.on_request = recorder.request
+    ctl.add_observer(driver)  # last: it acts on what the others have seen
+    feeder = _Feeder(ctl, jobs, mode, options.speedup, on_submit)
+    feeder.start()
+    ctl.run()
+    if progress is not None:
+        progress(mode, stats.ended, total)
+
+    metrics = stats.metrics()
+    problems: list[str] = []
+    if checks_on:
+        completion.rejected(ctl.rejections)
+        for check in (completion, ledger, work, *([easy] if easy else [])):
+            problems.extend(check.finish())
+        problems.extend(check_utilization(metrics.utilization, stats.usage.peak, workload.capacity))
+        problems.extend(ctl.check_invariants())
+    events = total + stats.started + stats.ended + metrics.resizes + driver.requests
+    return RunResult(
+        mode=mode,
+        metrics=metrics,
+        problems=tuple(problems),
+        events=events,
+        requests=driver.requests,
+        refused=dict(sorted(driver.refused.items())),
+        backfilled=easy.backfilled if easy is not None else None,
+        usage=tuple(stats.usage.bins(USAGE_BINS, metrics.makespan)),
+        waits=tuple(stats.waits),
+        seconds=time.perf_counter() - began,
+    )
+
+
+@frozen
+class Comparison:
+    """Both runs of one simulation, side by side."""
+
+    workload: Workload
+    options: SimOptions
+    rigid: RunResult
+    elastic: RunResult
+
+    @property
+    def problems(self) -> list[str]:
+        return [f"{r.mode}: {p}" for r in (self.rigid, self.elastic) for p in r.problems]
+
+    def to_json(self) -> dict[str, Any]:
+        """The deterministic document ``--json`` writes."""
+        w = self.workload
+        header = w.trace.header
+        return {
+            "format": FORMAT,
+            "version": FORMAT_VERSION,
+            "trace": {
+                "source": w.source,
+                "format": header.format,
+                "computer": header.computer,
+                "jobs": len(w.jobs),
+                "malleable_jobs": w.malleable,
+                "slots": w.capacity,
+                "hosts": len(w.hosts),
+                "stats": dict(w.trace.stats),
+            },
+            "options": self.options.to_json(),
+            "runs": {"rigid": self.rigid.to_json(), "elastic": self.elastic.to_json()},
+            "change": _changes(self.rigid.metrics, self.elastic.metrics),
+        }
+
+
+def _changes(rigid: RunMetrics, elastic: RunMetrics) -> dict[str, float | None]:
+    """Relative change of the elastic run against the rigid one, per metric."""
+    out: dict[str, float | None] = {}
+    for key in (
+        "mean_wait",
+        "median_wait",
+        "mean_turnaround",
+        "mean_bounded_slowdown",
+        "utilization",
+        "makespan",
+    ):
+        a, b = getattr(rigid, key), getattr(elastic, key)
+        out[key] = (b - a) / a if a and math.isfinite(a) and math.isfinite(b) else None
+    return out
+
+
+def simulate(
+    path: str | os.PathLike[str],
+    options: SimOptions,
+    *,
+    progress: ProgressFn | None = None,
+    parallel: bool | None = None,
+    workload: Workload | None = None,
+) -> Comparison:
+    """Run the trace rigid and elastic and compare them.
+
+    :param parallel: run the two runs in two processes (default: when the machine has
+        at least two cores and ``fork`` is available). The results are the same.
+    """
+    if workload is None:
+        workload = load_workload(path, options)
+    if parallel is None:
+        parallel = (os.cpu_count() or 1) >= 2 and _can_fork()
+    if parallel:
+        results = _run_parallel(workload, options, progress)
+    else:
+        results = {mode: run_mode(workload, options, mode, progress=progress) for mode in MODES}
+    return Comparison(workload, options, results["rigid"], results["elastic"])
+
+
+def _can_fork() -> bool:
+    return "fork" in multiprocessing.get_all_start_methods()
+
+
+def _child(conn: Connection, workload: Workload, options: SimOptions, mode: Mode) -> None:
+    def report(m: str, done: int, total: int) -> None:
+        conn.send(("progress", m, done, total))
+
+    try:
+        result = run_mode(workload, options, mode, progress=report)
+    except BaseException as exc:
+        conn.send(("error", mode, f"{type(exc).__name__}: {exc}", traceback.format_exc()))
+    else:
+        conn.send(("result", mode, result))
+    finally:
+        conn.close()
+
+
+def _run_parallel(
+    workload: Workload, options: SimOptions, progress: ProgressFn | None
+) -> dict[str, RunResult]:
+    """Both runs in forked children (they inherit the read workload; nothing is
+    pickled on the way in), results and progress back through pipes."""
+    ctx = multiprocessing.get_context("fork")
+    procs: dict[Connection, Any] = {}
+    for mode in MODES:
+        parent, child = ctx.Pipe(duplex=False)
+        proc = ctx.Process(
+            target=_child, args=(child, workload, options, mode), name=f"simulate-{mode}"
+        )
+        proc.start()
+        child.close()
+        procs[parent] = proc
+    results: dict[str, RunResult] = {}
+    errors: list[str] = []
+    pending = list(procs)
+    try:
+        while pending:
+            for conn in wait(pending):
+                assert isinstance(conn, Connection)
+                try:
+                    msg = conn.recv()
+                except EOFError:
+                    pending.remove(conn)
+                    continue
+                if msg[0] == "progress":
+                    if progress is not None:
+                        progress(msg[1], msg[2], msg[3])
+                elif msg[0] == "result":
+                    results[msg[1]] = msg[2]
+                else:
+                    errors.append(f"{msg[1]} run: {msg[2]}\n{msg[3]}")
+    finally:
+        for conn, proc in procs.items():
+            proc.join()
+            conn.close()
+    if errors or len(results) != len(MODES):
+        missing = [m for m in MODES if m not in results]
+        detail = "; ".join(errors) or f"the {', '.join(missing)} run ended without a result"
+        raise SimulationError(detail)
+    return results
