@@ -18,34 +18,10 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import pluggy
-from attrs import frozen
 
-from xce_resize_plugin.core.models import JobInfo, Task
+from xce_resize_plugin.core.models import JobInfo, Principal, Task, TaskEvent
 
-
-@frozen
-class Principal:
-    """Who is asking: a user name, whether the host counts them as an administrator,
-    and for a job token the job it belongs to (``job_id``)."""
-
-    name: str
-    admin: bool = False
-    job_id: str | None = None
-
-
-@frozen
-class TaskEvent:
-    """A task's life as the host saw it: ``started``, ``start_failed``, ``exited``.
-
-    ``exited`` covers a task stopped at the plugin's request and one that ended or was
-    lost on its own; ``status`` is the exit status where there is one.
-    """
-
-    job_id: str
-    task_id: int
-    kind: str
-    status: int | None = None
-    reason: str = ""
+__all__ = ["ClusterView", "Controller", "Principal", "TaskEvent"]
 
 
 @runtime_checkable

@@ -1,7 +1,7 @@
 """The hook implementations the host calls: thin, each delegates to the runtime.
 
 Registered by the host through the entry point ``xce.plugins: resize``. The plugin keeps
-one :class:`~xce_resize_plugin.core.runtime.Runtime` per controller object, made at
+one :class:`~xce_resize_plugin.runtime.Runtime` per controller object, made at
 ``xce_controller_start`` and dropped at ``xce_controller_stop``. Why a weak mapping
 keyed by the controller rather than state on this module: a process may host several
 controllers (tests, a simulation comparing two runs), and a crashed one that is simply
@@ -18,11 +18,11 @@ from xce_resize_plugin import hookimpl
 from xce_resize_plugin.core import engine
 from xce_resize_plugin.core.accounting import Usage
 from xce_resize_plugin.core.models import JobInfo, ResizeRequest
-from xce_resize_plugin.core.runtime import Runtime
 from xce_resize_plugin.core.status import ResizeStatus
 from xce_resize_plugin.errors import ResizeError
 from xce_resize_plugin.host import ClusterView, Controller, Principal, TaskEvent
 from xce_resize_plugin.rest import routes as api
+from xce_resize_plugin.runtime import Runtime
 
 _RUNTIMES: weakref.WeakKeyDictionary[Any, Runtime] = weakref.WeakKeyDictionary()
 

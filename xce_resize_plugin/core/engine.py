@@ -36,12 +36,14 @@ from xce_resize_plugin.core.models import (
     NotifyStarted,
     PendingGrow,
     Phase,
+    Principal,
     ReleaseAccepted,
     ReleaseRequest,
     ResizeRecord,
     ResizeRequest,
     ResizeState,
     Task,
+    TaskEvent,
     TasksLaunched,
     TaskStarted,
     TaskStartFailed,
@@ -55,7 +57,6 @@ from xce_resize_plugin.core.releasespec import (
     resolve_release,
     resolve_task_ids,
 )
-from xce_resize_plugin.host import Principal, TaskEvent
 
 #: LSF limits notification commands to "less than 4096" (bytes).
 NOTIFY_CMD_MAX = 4096

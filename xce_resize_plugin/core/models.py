@@ -417,3 +417,28 @@ FACT_TYPES: tuple[type, ...] = (
     Committed,
     JobEnded,
 )
+
+
+@frozen
+class Principal:
+    """Who is asking: a user name, whether the host counts them as an administrator,
+    and for a job token the job it belongs to (``job_id``)."""
+
+    name: str
+    admin: bool = False
+    job_id: str | None = None
+
+
+@frozen
+class TaskEvent:
+    """A task's life as the host saw it: ``started``, ``start_failed``, ``exited``.
+
+    ``exited`` covers a task stopped at the plugin's request and one that ended or was
+    lost on its own; ``status`` is the exit status where there is one.
+    """
+
+    job_id: str
+    task_id: int
+    kind: str
+    status: int | None = None
+    reason: str = ""

@@ -28,6 +28,7 @@ from xce_resize_plugin.controllers.runners import (
     TaskReporter,
 )
 from xce_resize_plugin.controllers.sim.sim_controller import EmbeddedController
+from xce_resize_plugin.controllers.sim.speedup import parse_speedup
 from xce_resize_plugin.controllers.sim.work import PlannedWork
 from xce_resize_plugin.controllers.violations import EmbeddedError
 from xce_resize_plugin.core.models import Task, host_counts
@@ -41,7 +42,6 @@ from xce_resize_plugin.recording.format import (
     read_recording,
     request_from_json,
 )
-from xce_resize_plugin.simulation.malleable import parse_speedup
 
 __all__ = ["ReplayResult", "replay"]
 

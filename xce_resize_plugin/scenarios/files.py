@@ -8,16 +8,15 @@ raises :class:`~xce_resize_plugin.errors.ConfigError` naming the file and the ke
 from __future__ import annotations
 
 import shlex
-import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from attrs import field, frozen
 
+from xce_resize_plugin.controllers.tomlfile import Where, read_toml
 from xce_resize_plugin.core import config
 from xce_resize_plugin.core.models import GrowHosts
-from xce_resize_plugin.errors import ConfigError
 
 SECTIONS = {"cluster", "limits", "users", "resize", "scenario", "jobs", "commands"}
 JOB_KEYS = {
@@ -76,40 +75,6 @@ class Scenario:
     protect_reservation: bool = True
     jobs: tuple[JobSpec, ...] = ()
     commands: tuple[CommandSpec, ...] = ()
-
-
-class Where:
-    """Builds error messages that name the file and the key path."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    def error(self, key: str, message: str) -> ConfigError:
-        return ConfigError(f"{self.path}: {key}: {message}")
-
-    def table(self, data: Mapping[str, Any], key: str) -> Mapping[str, Any]:
-        """``data[key]`` (default empty), which must be a TOML table."""
-        value = data.get(key, {})
-        if not isinstance(value, Mapping):
-            raise self.error(key, "must be a table")
-        return value
-
-    def only(self, name: str, table: Mapping[str, Any], keys: set[str]) -> None:
-        """Refuse keys of ``table`` other than ``keys``, naming the first unknown one."""
-        unknown = sorted(set(table) - keys)
-        if unknown:
-            known = ", ".join(sorted(keys))
-            raise self.error(f"{name}.{unknown[0]}", f"unknown key (known: {known})")
-
-
-def read_toml(path: Path) -> dict[str, Any]:
-    """A TOML file's contents, or ConfigError naming the file (scenarios, live config)."""
-    try:
-        return tomllib.loads(path.read_text())
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from exc
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: not valid TOML: {exc}") from exc
 
 
 def load(path: Path | str) -> Scenario:

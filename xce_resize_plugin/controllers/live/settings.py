@@ -40,9 +40,9 @@ from typing import Any
 
 from attrs import field, frozen
 
+from xce_resize_plugin.controllers.tomlfile import Where, read_toml
 from xce_resize_plugin.core import config as resize_config
 from xce_resize_plugin.errors import ConfigError
-from xce_resize_plugin.scenarios.files import Where, read_toml
 
 SECTIONS = {"controller", "cluster", "users", "limits", "resize"}
 CONTROLLER_KEYS = {

@@ -3,7 +3,7 @@
 A rigid job ends ``runtime`` seconds after it starts. A malleable job carries a fixed
 amount of *work* instead, measured in fractions of the whole job (1.0 = all of it), and
 does it at a rate that depends on its current committed size under a speedup model
-(:class:`~.malleable.SpeedupModel`: ``rate = 1 / T(p)``). Every committed allocation
+(:class:`~.speedup.SpeedupModel`: ``rate = 1 / T(p)``). Every committed allocation
 change therefore moves the job's end; after each change the job makes no progress for
 the model's reconfiguration cost (data redistribution, process restart).
 
@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 from typing import Protocol
 
-from xce_resize_plugin.simulation.malleable import SpeedupModel
+from xce_resize_plugin.controllers.sim.speedup import SpeedupModel
 
 __all__ = ["JobWork", "PlannedWork", "SpeedupWork"]
 
