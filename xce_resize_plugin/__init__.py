@@ -1,6 +1,6 @@
 """Job resize for the XCE workload manager.
 
-Only the hook marker and the version live here (DESIGN §3, pluggy's eggsample layout).
+Only the hook marker and the version live here (pluggy's eggsample layout; docs/architecture.md).
 The marker is made on first use so that ``bresize`` — which imports this package —
 starts without importing pluggy.
 """

@@ -1,7 +1,7 @@
 """Built-in site policies, registered ``trylast`` so a site's own hooks come first.
 
 Each answers the policy question the way LSF users expect when nobody configured
-anything (DESIGN §4). A site overrides one by implementing the same hook in a policy
+anything (docs/hooks.md). A site overrides one by implementing the same hook in a policy
 file (docs/admin-guide.md; examples in hooks/).
 """
 

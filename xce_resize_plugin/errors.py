@@ -1,7 +1,7 @@
 """One error hierarchy with stable codes.
 
 Where LSF has a code for a condition we use its name, number and message, so scripts
-written for ``bresize`` keep working (reference/lsf-resizable-jobs.md). Library code
+written for ``bresize`` keep working (docs/user-guide.md, "Error codes and messages"). Library code
 raises these; only the command lines and the REST layer turn them into messages,
 exit codes and HTTP statuses.
 """

@@ -1,6 +1,6 @@
 """The plugin's per-controller runtime: journal, live states, and the effects it orders.
 
-Every transition follows the same path (DESIGN §6): the engine decides facts from the
+Every transition follows the same path (docs/journal-format.md): the engine decides facts from the
 current state; the facts and the new materialised state are written in one journal
 transaction; only once that is durable does the cache change and the host get told
 what to do (reserve, launch, stop, notify, commit). A crash anywhere leaves either the
@@ -127,7 +127,7 @@ class Runtime:
                 self.policy,
                 self.settings,
             )
-            # A request's facts have no effects on the host (DESIGN §5: placement,
+            # A request's facts have no effects on the host (docs/architecture.md, "Resize semantics": placement,
             # notification and tasks come from the cycles), so the lock is released
             # before the fsync and concurrent requests share one (group commit).
             ticket = self._transition(job_id, facts, wait=False)

@@ -1,4 +1,4 @@
-"""Journal benchmarks (DESIGN §6): group commit and recovery, against their baselines.
+"""Journal benchmarks (docs/journal-format.md): group commit and recovery, against their baselines.
 
 Each figure is measured side by side with its baseline in the same run, on the same
 disk (both under one pytest tmp dir), rounds alternating so that a noisy neighbour hits

@@ -1,4 +1,4 @@
-"""Grow placement: one scheduler cycle of 1,000 pending grows (DESIGN target, placement).
+"""Grow placement: one scheduler cycle of 1,000 pending grows (docs/performance.md, placement).
 
 One cycle = build a FreeSlotIndex from the host's free-slot mapping, then for each
 pending grow: build its GrowHostView, take the default order, place, apply. The cycle

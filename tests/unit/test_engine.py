@@ -1,4 +1,4 @@
-"""The resize state machine, decision by decision (DESIGN §5), without a host."""
+"""The resize state machine, decision by decision (docs/architecture.md, "Resize semantics"), without a host."""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ by one task id of one job on one host, from ``reserve`` to ``free``. Everything 
 that ledger, so overbooking or a leak shows up in exactly one place.
 
 Both ``reserve`` and ``free`` are idempotent per task id because the plugin re-issues
-them after a failover (DESIGN §6). A reservation that does not fit is a bug of the
+them after a failover (docs/failover.md). A reservation that does not fit is a bug of the
 caller and raises at once instead of being trimmed: the plugin is supposed to check the
 free-slot view and ``slot_headroom`` first.
 """

@@ -3,7 +3,7 @@
 Pure. The timeline is the job's *charged* slots (committed tasks plus a grow's reserved
 ones, minus a shrink's already stopped ones), stepping at the facts that reserve or free
 slots — the same count that limits and quotas see, so usage is never more or less than
-what the job held (DESIGN §5).
+what the job held (docs/architecture.md, "Resize semantics").
 """
 
 from __future__ import annotations

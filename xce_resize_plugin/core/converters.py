@@ -1,5 +1,5 @@
 """The cattrs converters: the journal's encoding and the JSON API's, kept apart from the
-models (DESIGN §3).
+models (docs/architecture.md, "Models we follow").
 
 Facts are encoded as compact JSON objects tagged with ``"type"`` (the class name), so
 ``journal export`` writes readable JSON lines and a newer fact type is recognisable.

@@ -30,7 +30,7 @@ class GrowHosts(enum.Enum):
 
 
 class Phase(enum.Enum):
-    """The resize state of one job (DESIGN §5)."""
+    """The resize state of one job (docs/architecture.md, "Resize semantics")."""
 
     IDLE = "IDLE"
     GROW_PENDING = "GROW_PENDING"

@@ -1,4 +1,4 @@
-"""Grow placement under span constraints, over an indexed free-slot view (DESIGN §5).
+"""Grow placement under span constraints, over an indexed free-slot view (docs/architecture.md).
 
 One scheduler cycle builds a :class:`FreeSlotIndex` from the host's free-slot mapping.
 For each pending grow the plugin wraps it in a :class:`GrowHostView` (the index plus

@@ -1,6 +1,6 @@
 """The LSF release specification: parse it, then resolve it against a job's allocation.
 
-Grammar (reference/lsf-resizable-jobs.md, "Release specification")::
+Grammar (docs/user-guide.md, "release: shrink")::
 
     spec      ::= "all" { "~" host_spec }      release everything except these
                 | host_spec { host_spec }       release exactly these

@@ -1,4 +1,4 @@
-"""The LMDB journal: facts + materialised state, group commit, fencing (DESIGN §6).
+"""The LMDB journal: facts + materialised state, group commit, fencing (docs/journal-format.md).
 
 This module stores bytes. It knows nothing about the domain models: the engine encodes
 facts and states (:mod:`xce_resize_plugin.core.converters`) and hands the bytes over, so the

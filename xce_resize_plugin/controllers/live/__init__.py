@@ -1,4 +1,4 @@
-"""The live embedded controller: real time, real processes, REST on loopback (DESIGN §8).
+"""The live embedded controller: real time, real processes, REST on loopback (docs/live-controller.md).
 
 - :mod:`.config`: the TOML configuration (``[controller]``, ``[cluster]``, ``[users]``,
   ``[limits]``, ``[resize]``);

@@ -7,7 +7,7 @@ controller needs, in the same transactions:
 
 - **fencing**: opening the store takes the next epoch (durably); every write checks it
   first and raises :class:`~xce_resize_plugin.errors.FencedError`, writing nothing,
-  when a newer controller has opened the same state directory (DESIGN §6: the older
+  when a newer controller has opened the same state directory (docs/failover.md: the older
   controller's writes fail and it stops);
 - **side records** (database ``live``, JSON): per job its command, working directory,
   token and end in progress; per task the launch request sent to its worker (so a

@@ -6,7 +6,7 @@ served by uvicorn on an ephemeral loopback port, authenticated with the secret i
 ``DIR/workers/secret`` (created by the controller, mode 0600).
 
 Why a separate process in its own session: task processes must outlive a controller
-crash (DESIGN §8), so their supervisor cannot be the controller; a SIGKILL of the
+crash (docs/live-controller.md), so their supervisor cannot be the controller; a SIGKILL of the
 controller's process group does not reach the agent or its tasks.
 
 What it does, all idempotent per ``(job, task)`` because a restarted controller

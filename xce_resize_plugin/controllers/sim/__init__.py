@@ -1,4 +1,4 @@
-"""The embedded controller: the host side of the plugin contract (DESIGN §8).
+"""The embedded controller: the host side of the plugin contract (docs/architecture.md).
 
 A small, faithful XCE controller for the demo, the tests, what-if scenarios and trace
 simulation: ordered hosts with slots, FCFS + EASY backfill, a discrete event loop in
