@@ -127,7 +127,7 @@ class Runtime:
                 self.policy,
                 self.settings,
             )
-            # A request's facts have no effects on the host (docs/architecture.md, "Resize semantics": placement,
+            # A request's facts have no effects on the host (placement,
             # notification and tasks come from the cycles), so the lock is released
             # before the fsync and concurrent requests share one (group commit).
             ticket = self._transition(job_id, facts, wait=False)

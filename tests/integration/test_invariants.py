@@ -1,5 +1,6 @@
 """Random interleavings of everything that can happen to resizes, with the controller
-crashing at fact boundaries, must keep the invariants of docs/architecture.md ("Resize semantics") and docs/failover.md.
+crashing at fact boundaries, must keep the invariants of docs/architecture.md
+("Resize semantics") and docs/failover.md.
 
 A crash is injected inside a host method the plugin calls to carry out an effect: by
 then the facts of the transition are durable in the journal, and the effect is lost.

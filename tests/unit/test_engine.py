@@ -1,4 +1,7 @@
-"""The resize state machine, decision by decision (docs/architecture.md, "Resize semantics"), without a host."""
+"""The resize state machine, decision by decision, without a host.
+
+The rules are those of docs/architecture.md, "Resize semantics".
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""The live embedded controller: real time, real processes, REST on loopback (docs/live-controller.md).
+"""The live embedded controller: real time, real processes, REST on loopback.
+
+See docs/live-controller.md.
+
 
 - :mod:`.config`: the TOML configuration (``[controller]``, ``[cluster]``, ``[users]``,
   ``[limits]``, ``[resize]``);
