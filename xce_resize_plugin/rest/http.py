@@ -29,7 +29,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
+from starlette.routing import BaseRoute, Route
 
 from xce_resize_plugin.errors import NotAuthenticated, ResizeError
 from xce_resize_plugin.host import Principal
@@ -161,7 +161,7 @@ class ApiRoute(Route):
         self.schemas: Mapping[str, Any] = dict(schemas or {})
 
 
-def openapi_route(title: str, version: str, routes: Iterable[Route]) -> ApiRoute:
+def openapi_route(title: str, version: str, routes: Iterable[BaseRoute]) -> ApiRoute:
     """``GET /openapi.json``, serving the document of ``routes`` and of itself."""
     body = b""
 

@@ -3,7 +3,9 @@ notifications, kill, authentication, and the grow latency."""
 
 from __future__ import annotations
 
+import json
 import os
+import socket
 import statistics
 import time
 from pathlib import Path
@@ -97,6 +99,9 @@ def test_job_lifecycle_env_hostfile_grow_shrink(make_cluster: Any, tmp_path: Pat
     # Grow by 1 (the job's token may ask, as an in-job client would).
     assert live.grow(job_id, 1, token=token).status_code == 202
     job = live.idle(job_id, 2)
+    # A job's resize member is the resize routes' status, in one shape.
+    assert job["resize"] == live.ok("GET", f"/v1/jobs/{job_id}/resize", ALICE)
+    assert job["resize"]["pending"] is None and job["resize"]["in_flight"] is None
     new = next(t for t in job["tasks"] if t["id"] == 5)
     assert new["state"] == "RUNNING" and alive(new["pid"])
     assert hostfile.read_text() == "h1\nh1\nh2\nh2\nh3\n"
@@ -247,6 +252,66 @@ def test_authentication_and_problem_documents(make_cluster: Any) -> None:
     assert grow.status_code == 409 and grow.json()["code"] == "LSBE_JOB_RESIZABLE"
     assert grow.json()["lsf_number"] == 357
     assert live.call("GET", "/nowhere").json()["code"] == "HTTP_404"
+
+
+def test_job_answer_carries_the_resize_status(make_cluster: Any) -> None:
+    """A job's ``resize`` member is the status the resize routes answer, one shape: a
+    pending grow says ``min``/``max`` (the job's bounds are ``min_tasks``/``max_tasks``)."""
+    live: LiveCluster = make_cluster()
+    live.start()
+    job_id = live.submit(command=SLEEPER, min_tasks=1, max_tasks=8, resizable=True, alloc={"h1": 1})
+    live.running(job_id, 1)
+    grow = live.grow(job_id, 5, min_tasks=4)  # 3 slots free: it pends
+    assert grow.status_code == 202
+    job = live.job(job_id)
+    assert job["resize"] == live.ok("GET", f"/v1/jobs/{job_id}/resize", ALICE) == grow.json()
+    pending = job["resize"]["pending"]
+    assert (pending["min"], pending["max"]) == (4, 5) and "min_tasks" not in pending
+    assert (job["resize"]["min_tasks"], job["resize"]["max_tasks"]) == (1, 8)
+
+
+def _answer_before_the_body(port: int, head: str, body: bytes = b"") -> tuple[int, Any]:
+    """Send a request's head and ``body`` (perhaps only part of what the head declares)
+    and read the answer without sending more: a server that waited for the rest of the
+    body would never answer (the socket times out)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(head.encode() + body)
+        data = b""
+        while b"\r\n\r\n" not in data:
+            data += sock.recv(65536) or b"!"  # "!": the server closed without answering
+            assert not data.endswith(b"!"), data
+        header, _, rest = data.partition(b"\r\n\r\n")
+        lines = header.decode("latin-1").split("\r\n")
+        fields = dict(line.lower().split(": ", 1) for line in lines[1:])
+        while len(rest) < int(fields["content-length"]):
+            rest += sock.recv(65536)
+        return int(lines[0].split()[1]), json.loads(rest)
+
+
+def test_bodies_are_read_only_after_authentication_and_up_to_the_limit(make_cluster: Any) -> None:
+    """Over real HTTP: no token is refused (401) before any body is read, a declared
+    length over the limit before any is read, a chunked body once it passes the limit,
+    on the host's routes and the plugin's alike."""
+    live: LiveCluster = make_cluster()
+    live.start()
+    auth = f"Authorization: Bearer {ALICE}\r\n"
+    host = "Host: x\r\nContent-Type: application/json\r\n"
+    for path, limit, status, code in (
+        ("/v1/jobs", 256 * 1024, 400, "XCE_RESIZE_INVALID_REQUEST"),
+        ("/v1/jobs/1/resize/grow", 64 * 1024, 413, "XCE_RESIZE_BODY_TOO_LARGE"),
+    ):
+        huge = f"POST {path} HTTP/1.1\r\n{host}Content-Length: {2**40}\r\n"
+        answer = _answer_before_the_body(live.port, huge + "\r\n", b'{"command": [')
+        assert answer[0] == 401 and answer[1]["code"] == "XCE_RESIZE_NOT_AUTHENTICATED"
+        answer = _answer_before_the_body(live.port, huge + auth + "\r\n")
+        assert answer[0] == status and answer[1]["code"] == code
+        chunked = f"POST {path} HTTP/1.1\r\n{host}{auth}Transfer-Encoding: chunked\r\n\r\n"
+        chunks = b"1000\r\n" + b" " * 4096 + b"\r\n"
+        # Past the limit, and no last chunk: only a server that stops reading answers.
+        answer = _answer_before_the_body(live.port, chunked, chunks * (limit // 4096 + 1))
+        assert answer[0] == status and answer[1]["code"] == code
+        assert "larger than" in answer[1]["detail"] or "more than" in answer[1]["detail"]
+    assert live.ok("GET", "/v1/jobs", ALICE) == {"jobs": []}
 
 
 def test_repeated_release_and_grow_start_new_processes(make_cluster: Any) -> None:
