@@ -175,3 +175,22 @@ def test_a_fenced_error_stops_the_controller_and_is_answered() -> None:
     ctl = StubController(fail=RuntimeError("a bug"))
     status, doc = call(host_app(ctl), "POST", "/v1/jobs", Stream(iter([b"{}"])), headers)
     assert (status, doc["code"]) == (500, "XCE_INTERNAL") and ctl.fenced is None
+
+
+def test_one_builder_describes_host_and_resize_routes_alike() -> None:
+    from openapi_spec_validator import validate
+
+    from xce_resize_plugin.rest import openapi
+
+    ctl = StubController()
+    served = [*host_routes(ctl), *api.routes(ctl)]  # type: ignore[arg-type]
+    doc = openapi.document("t", "1", served)
+    validate(doc)
+    described = {(p, m.upper()) for p, item in doc["paths"].items() for m in item}
+    assert described == {(r.path, m) for r in served for m in r.methods - {"HEAD"}}
+    for path, item in doc["paths"].items():
+        for method, op in item.items():
+            public = (path, method) == ("/v1/health", "get")
+            assert op["security"] == ([] if public else [{"bearer": []}]), (path, method)
+            if not public:
+                assert "401" in op["responses"], (path, method)

@@ -17,6 +17,7 @@ exactly as XCE would.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 from attrs import frozen
@@ -144,20 +145,29 @@ class Handlers:
         return reply(converters.history_json(usage), 200)
 
     async def grow(self, request: Request, principal: Principal) -> Response:
-        job_id = _job_id(request, "resize_grow")
-        data = await _json_body(request, "grow")
-        check_fields(data, schema_fields("ResizeGrowRequest"), "grow")
-        grow = converters.grow_from_json(data)
-        status = await run_in_threadpool(self.hooks.change, principal, job_id, grow)
-        return reply(converters.status_json(status), 202)
+        return await self._change(request, principal, "resize_grow", converters.grow_from_json)
 
     async def release(self, request: Request, principal: Principal) -> Response:
-        job_id = _job_id(request, "resize_release")
-        data = await _json_body(request, "release")
-        check_fields(data, schema_fields("ResizeReleaseRequest"), "release")
-        release = converters.release_from_json(data)
-        status = await run_in_threadpool(self.hooks.change, principal, job_id, release)
-        return reply(converters.status_json(status), 202)
+        return await self._change(
+            request, principal, "resize_release", converters.release_from_json
+        )
+
+    async def _change(
+        self,
+        request: Request,
+        principal: Principal,
+        name: str,
+        decode: Callable[[Any], ResizeRequest],
+    ) -> Response:
+        """A change with a JSON body: operation ``name``, its body made by ``decode``."""
+        op = BY_NAME[name]
+        job_id = _job_id(request, name)
+        what = name.removeprefix("resize_")
+        data = await _json_body(request, what)
+        check_fields(data, schema_fields(str(op.body)), what)
+        change = decode(data)
+        status = await run_in_threadpool(self.hooks.change, principal, job_id, change)
+        return reply(converters.status_json(status), op.status)
 
     async def cancel(self, request: Request, principal: Principal) -> Response:
         job_id = _job_id(request, "resize_cancel")

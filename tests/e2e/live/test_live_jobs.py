@@ -41,6 +41,32 @@ def _env_file(path: Path) -> dict[str, str]:
     return dict(line.split("=", 1) for line in path.read_text().splitlines() if "=" in line)
 
 
+def _check_task_3_environment(
+    env: dict[str, str], live: LiveCluster, job_id: str, token: str
+) -> None:
+    """Task 3 of a job on h1 2, h2 2, h3 1 has the XCE and LSF variables."""
+    for name in ENV_NAMES:
+        assert name in env, name
+    assert env["XCE_JOB_ID"] == env["LSB_JOBID"] == job_id
+    assert env["XCE_TASK_ID"] == "3" and env["XCE_HOSTNAME"] == "h2"
+    assert env["LSB_MCPU_HOSTS"] == env["XCE_HOSTS"] == "h1 2 h2 2 h3 1"
+    assert env["LSB_HOSTS"] == "h1 h1 h2 h2 h3"
+    assert env["XCE_ALLOC_VERSION"] == "0" and env["LSB_RESIZABLE"] == "Y"
+    assert env["XCE_JOB_TOKEN"] == token
+    assert env["XCE_CONTROLLER_URL"] == live.url()
+    assert env["LSB_DJOB_HOSTFILE"] == env["XCE_HOSTFILE"]
+
+
+def _hostfiles_seen(log: Path) -> list[str]:
+    """The hostfile lines a task logged, each run of repeats once."""
+    lines = [x for x in log.read_text().splitlines() if x.startswith("hostfile")]
+    out: list[str] = []
+    for line in lines:
+        if not out or out[-1] != line:
+            out.append(line)
+    return out
+
+
 def test_job_lifecycle_env_hostfile_grow_shrink(make_cluster: Any, tmp_path: Path) -> None:
     """Submit -> tasks run with the XCE/LSF environment; grow starts new processes and
     rewrites the hostfile at the commit; shrink stops processes before freeing slots;
@@ -70,17 +96,8 @@ def test_job_lifecycle_env_hostfile_grow_shrink(make_cluster: Any, tmp_path: Pat
     assert all(alive(p) for p in pids.values())
 
     env = wait_until(lambda: (work / "env-3").exists() and _env_file(work / "env-3"))
-    for name in ENV_NAMES:
-        assert name in env, name
-    assert env["XCE_JOB_ID"] == env["LSB_JOBID"] == job_id
-    assert env["XCE_TASK_ID"] == "3" and env["XCE_HOSTNAME"] == "h2"
-    assert env["LSB_MCPU_HOSTS"] == env["XCE_HOSTS"] == "h1 2 h2 2 h3 1"
-    assert env["LSB_HOSTS"] == "h1 h1 h2 h2 h3"
-    assert env["XCE_ALLOC_VERSION"] == "0" and env["LSB_RESIZABLE"] == "Y"
-    assert env["XCE_JOB_TOKEN"] == token
-    assert env["XCE_CONTROLLER_URL"] == live.url()
+    _check_task_3_environment(env, live, job_id, token)
     hostfile = Path(env["XCE_HOSTFILE"])
-    assert env["LSB_DJOB_HOSTFILE"] == str(hostfile)
     assert hostfile.read_text() == "h1\nh1\nh2\nh2\nh3\n"
 
     # Shrink: release h3's task; its slot is freed only once its process is gone.
@@ -109,17 +126,9 @@ def test_job_lifecycle_env_hostfile_grow_shrink(make_cluster: Any, tmp_path: Pat
     assert env5["XCE_ALLOC_VERSION"] == "2" and env5["XCE_HOSTS"] == "h1 2 h2 2 h3 1"
     # The shell loop saw every committed hostfile, whole (atomic rewrites), in order.
     log0 = live.state / "jobs" / job_id / "task-0.out"
-
-    def distinct() -> list[str]:
-        lines = [x for x in log0.read_text().splitlines() if x.startswith("hostfile")]
-        out: list[str] = []
-        for line in lines:
-            if not out or out[-1] != line:
-                out.append(line)
-        return out
-
     five, four = "hostfile h1 h1 h2 h2 h3 ", "hostfile h1 h1 h2 h2 "
-    assert wait_until(lambda: distinct() == [five, four, five], 5, "hostfile versions")
+    versions = [five, four, five]
+    assert wait_until(lambda: _hostfiles_seen(log0) == versions, 5, "hostfile versions")
 
     # Task 0 ends (SIGTERM: status 143) -> the job is EXIT, its other tasks are
     # stopped first and its slots freed.
