@@ -19,15 +19,19 @@ from cattrs.preconf.json import make_converter
 from cattrs.strategies import configure_tagged_union
 
 from xce_resize_plugin import errors
+from xce_resize_plugin.core.accounting import Usage
 from xce_resize_plugin.core.models import (
     FACT_TYPES,
     Fact,
     GrowRequest,
+    PendingGrow,
     ReleaseRequest,
     ResizeRecord,
     ResizeState,
     Task,
+    host_counts,
 )
+from xce_resize_plugin.core.status import ResizeStatus
 from xce_resize_plugin.journal import StoredState, Tail
 
 T = TypeVar("T")
@@ -70,7 +74,62 @@ def _make_api_converter() -> cattrs.Converter:
     for kind in (int, str, bool):
         conv.register_structure_hook(kind, _strict(kind))
     conv.register_unstructure_hook(Task, lambda t: {"id": t.id, "host": t.host})
+    _register_answers(conv)
     return conv
+
+
+def _register_answers(conv: cattrs.Converter) -> None:
+    """The JSON answers of the REST API (docs/rest-api.md): a job's resize status, its
+    history and resize records. Every answer that carries one of these (the resize
+    routes, a live controller's job) is made here, so each has one shape."""
+    # The pending grow says how many tasks it adds as "min"/"max": "min_tasks" and
+    # "max_tasks" beside it in the status are the job's bounds, a different thing.
+    conv.register_unstructure_hook(
+        PendingGrow,
+        make_dict_unstructure_fn(
+            PendingGrow,
+            conv,
+            min_add=override(rename="min"),
+            max_add=override(rename="max"),
+            notify_cmd=override(omit=True),
+        ),
+    )
+    status_fields = make_dict_unstructure_fn(
+        ResizeStatus, conv, in_flight=override(omit=True), in_flight_tasks=override(omit=True)
+    )
+
+    def status(value: ResizeStatus) -> dict[str, Any]:
+        data: dict[str, Any] = status_fields(value)
+        data["hosts"] = host_counts(value.tasks)
+        data["in_flight"] = (
+            None
+            if value.in_flight is None
+            else {"kind": value.in_flight.value, "tasks": conv.unstructure(value.in_flight_tasks)}
+        )
+        return data
+
+    # Allocations in a record are {host: tasks}, as a scenario's resize_records show them.
+    counts = override(unstruct_hook=host_counts)
+    record_fields = make_dict_unstructure_fn(
+        ResizeRecord, conv, kind=override(rename="type"), before=counts, delta=counts, after=counts
+    )
+
+    def record(value: ResizeRecord) -> dict[str, Any]:
+        data: dict[str, Any] = record_fields(value)
+        data["delta_tasks"] = [t.id for t in value.delta]
+        return data
+
+    # Registered before the history's hook is made: cattrs looks the records' hook up then.
+    conv.register_unstructure_hook(ResizeRecord, record)
+    usage_fields = make_dict_unstructure_fn(Usage, conv)
+
+    def usage(value: Usage) -> dict[str, Any]:
+        data: dict[str, Any] = usage_fields(value)
+        data["slot_seconds"] = float(value.slot_seconds)
+        return data
+
+    conv.register_unstructure_hook(ResizeStatus, status)
+    conv.register_unstructure_hook(Usage, usage)
 
 
 JOURNAL = _make_journal_converter()
@@ -229,6 +288,24 @@ def release_from_json(data: Mapping[str, Any]) -> ReleaseRequest:
     return structure_or_error(body, ReleaseRequest, "release")
 
 
+def status_json(status: ResizeStatus) -> dict[str, Any]:
+    """The ``ResizeStatus`` answer: allocation, bounds, pending grow, change in flight."""
+    data: dict[str, Any] = API.unstructure(status)
+    return data
+
+
+def history_json(usage: Usage) -> dict[str, Any]:
+    """The ``ResizeHistory`` answer: the charged-slots timeline and the resize records."""
+    data: dict[str, Any] = API.unstructure(usage)
+    return data
+
+
+def record_json(record: ResizeRecord) -> dict[str, Any]:
+    """One resize record, the same shape as a scenario's ``resize_records`` entries."""
+    data: dict[str, Any] = API.unstructure(record)
+    return data
+
+
 def _object(data: Any, what: str) -> Mapping[str, Any]:
     if not isinstance(data, Mapping):
         raise errors.InvalidRequest(f"{what}: expected a JSON object, got {type(data).__name__}")
@@ -246,7 +323,10 @@ __all__ = [
     "encode_record",
     "encode_state",
     "grow_from_json",
+    "history_json",
     "history_tails",
+    "record_json",
     "release_from_json",
+    "status_json",
     "structure_or_error",
 ]

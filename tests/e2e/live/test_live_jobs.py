@@ -3,7 +3,9 @@ notifications, kill, authentication, and the grow latency."""
 
 from __future__ import annotations
 
+import json
 import os
+import socket
 import statistics
 import time
 from pathlib import Path
@@ -39,6 +41,32 @@ def _env_file(path: Path) -> dict[str, str]:
     return dict(line.split("=", 1) for line in path.read_text().splitlines() if "=" in line)
 
 
+def _check_task_3_environment(
+    env: dict[str, str], live: LiveCluster, job_id: str, token: str
+) -> None:
+    """Task 3 of a job on h1 2, h2 2, h3 1 has the XCE and LSF variables."""
+    for name in ENV_NAMES:
+        assert name in env, name
+    assert env["XCE_JOB_ID"] == env["LSB_JOBID"] == job_id
+    assert env["XCE_TASK_ID"] == "3" and env["XCE_HOSTNAME"] == "h2"
+    assert env["LSB_MCPU_HOSTS"] == env["XCE_HOSTS"] == "h1 2 h2 2 h3 1"
+    assert env["LSB_HOSTS"] == "h1 h1 h2 h2 h3"
+    assert env["XCE_ALLOC_VERSION"] == "0" and env["LSB_RESIZABLE"] == "Y"
+    assert env["XCE_JOB_TOKEN"] == token
+    assert env["XCE_CONTROLLER_URL"] == live.url()
+    assert env["LSB_DJOB_HOSTFILE"] == env["XCE_HOSTFILE"]
+
+
+def _hostfiles_seen(log: Path) -> list[str]:
+    """The hostfile lines a task logged, each run of repeats once."""
+    lines = [x for x in log.read_text().splitlines() if x.startswith("hostfile")]
+    out: list[str] = []
+    for line in lines:
+        if not out or out[-1] != line:
+            out.append(line)
+    return out
+
+
 def test_job_lifecycle_env_hostfile_grow_shrink(make_cluster: Any, tmp_path: Path) -> None:
     """Submit -> tasks run with the XCE/LSF environment; grow starts new processes and
     rewrites the hostfile at the commit; shrink stops processes before freeing slots;
@@ -68,17 +96,8 @@ def test_job_lifecycle_env_hostfile_grow_shrink(make_cluster: Any, tmp_path: Pat
     assert all(alive(p) for p in pids.values())
 
     env = wait_until(lambda: (work / "env-3").exists() and _env_file(work / "env-3"))
-    for name in ENV_NAMES:
-        assert name in env, name
-    assert env["XCE_JOB_ID"] == env["LSB_JOBID"] == job_id
-    assert env["XCE_TASK_ID"] == "3" and env["XCE_HOSTNAME"] == "h2"
-    assert env["LSB_MCPU_HOSTS"] == env["XCE_HOSTS"] == "h1 2 h2 2 h3 1"
-    assert env["LSB_HOSTS"] == "h1 h1 h2 h2 h3"
-    assert env["XCE_ALLOC_VERSION"] == "0" and env["LSB_RESIZABLE"] == "Y"
-    assert env["XCE_JOB_TOKEN"] == token
-    assert env["XCE_CONTROLLER_URL"] == live.url()
+    _check_task_3_environment(env, live, job_id, token)
     hostfile = Path(env["XCE_HOSTFILE"])
-    assert env["LSB_DJOB_HOSTFILE"] == str(hostfile)
     assert hostfile.read_text() == "h1\nh1\nh2\nh2\nh3\n"
 
     # Shrink: release h3's task; its slot is freed only once its process is gone.
@@ -97,6 +116,9 @@ def test_job_lifecycle_env_hostfile_grow_shrink(make_cluster: Any, tmp_path: Pat
     # Grow by 1 (the job's token may ask, as an in-job client would).
     assert live.grow(job_id, 1, token=token).status_code == 202
     job = live.idle(job_id, 2)
+    # A job's resize member is the resize routes' status, in one shape.
+    assert job["resize"] == live.ok("GET", f"/v1/jobs/{job_id}/resize", ALICE)
+    assert job["resize"]["pending"] is None and job["resize"]["in_flight"] is None
     new = next(t for t in job["tasks"] if t["id"] == 5)
     assert new["state"] == "RUNNING" and alive(new["pid"])
     assert hostfile.read_text() == "h1\nh1\nh2\nh2\nh3\n"
@@ -104,17 +126,9 @@ def test_job_lifecycle_env_hostfile_grow_shrink(make_cluster: Any, tmp_path: Pat
     assert env5["XCE_ALLOC_VERSION"] == "2" and env5["XCE_HOSTS"] == "h1 2 h2 2 h3 1"
     # The shell loop saw every committed hostfile, whole (atomic rewrites), in order.
     log0 = live.state / "jobs" / job_id / "task-0.out"
-
-    def distinct() -> list[str]:
-        lines = [x for x in log0.read_text().splitlines() if x.startswith("hostfile")]
-        out: list[str] = []
-        for line in lines:
-            if not out or out[-1] != line:
-                out.append(line)
-        return out
-
     five, four = "hostfile h1 h1 h2 h2 h3 ", "hostfile h1 h1 h2 h2 "
-    assert wait_until(lambda: distinct() == [five, four, five], 5, "hostfile versions")
+    versions = [five, four, five]
+    assert wait_until(lambda: _hostfiles_seen(log0) == versions, 5, "hostfile versions")
 
     # Task 0 ends (SIGTERM: status 143) -> the job is EXIT, its other tasks are
     # stopped first and its slots freed.
@@ -247,6 +261,66 @@ def test_authentication_and_problem_documents(make_cluster: Any) -> None:
     assert grow.status_code == 409 and grow.json()["code"] == "LSBE_JOB_RESIZABLE"
     assert grow.json()["lsf_number"] == 357
     assert live.call("GET", "/nowhere").json()["code"] == "HTTP_404"
+
+
+def test_job_answer_carries_the_resize_status(make_cluster: Any) -> None:
+    """A job's ``resize`` member is the status the resize routes answer, one shape: a
+    pending grow says ``min``/``max`` (the job's bounds are ``min_tasks``/``max_tasks``)."""
+    live: LiveCluster = make_cluster()
+    live.start()
+    job_id = live.submit(command=SLEEPER, min_tasks=1, max_tasks=8, resizable=True, alloc={"h1": 1})
+    live.running(job_id, 1)
+    grow = live.grow(job_id, 5, min_tasks=4)  # 3 slots free: it pends
+    assert grow.status_code == 202
+    job = live.job(job_id)
+    assert job["resize"] == live.ok("GET", f"/v1/jobs/{job_id}/resize", ALICE) == grow.json()
+    pending = job["resize"]["pending"]
+    assert (pending["min"], pending["max"]) == (4, 5) and "min_tasks" not in pending
+    assert (job["resize"]["min_tasks"], job["resize"]["max_tasks"]) == (1, 8)
+
+
+def _answer_before_the_body(port: int, head: str, body: bytes = b"") -> tuple[int, Any]:
+    """Send a request's head and ``body`` (perhaps only part of what the head declares)
+    and read the answer without sending more: a server that waited for the rest of the
+    body would never answer (the socket times out)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(head.encode() + body)
+        data = b""
+        while b"\r\n\r\n" not in data:
+            data += sock.recv(65536) or b"!"  # "!": the server closed without answering
+            assert not data.endswith(b"!"), data
+        header, _, rest = data.partition(b"\r\n\r\n")
+        lines = header.decode("latin-1").split("\r\n")
+        fields = dict(line.lower().split(": ", 1) for line in lines[1:])
+        while len(rest) < int(fields["content-length"]):
+            rest += sock.recv(65536)
+        return int(lines[0].split()[1]), json.loads(rest)
+
+
+def test_bodies_are_read_only_after_authentication_and_up_to_the_limit(make_cluster: Any) -> None:
+    """Over real HTTP: no token is refused (401) before any body is read, a declared
+    length over the limit before any is read, a chunked body once it passes the limit,
+    on the host's routes and the plugin's alike."""
+    live: LiveCluster = make_cluster()
+    live.start()
+    auth = f"Authorization: Bearer {ALICE}\r\n"
+    host = "Host: x\r\nContent-Type: application/json\r\n"
+    for path, limit, status, code in (
+        ("/v1/jobs", 256 * 1024, 400, "XCE_RESIZE_INVALID_REQUEST"),
+        ("/v1/jobs/1/resize/grow", 64 * 1024, 413, "XCE_RESIZE_BODY_TOO_LARGE"),
+    ):
+        huge = f"POST {path} HTTP/1.1\r\n{host}Content-Length: {2**40}\r\n"
+        answer = _answer_before_the_body(live.port, huge + "\r\n", b'{"command": [')
+        assert answer[0] == 401 and answer[1]["code"] == "XCE_RESIZE_NOT_AUTHENTICATED"
+        answer = _answer_before_the_body(live.port, huge + auth + "\r\n")
+        assert answer[0] == status and answer[1]["code"] == code
+        chunked = f"POST {path} HTTP/1.1\r\n{host}{auth}Transfer-Encoding: chunked\r\n\r\n"
+        chunks = b"1000\r\n" + b" " * 4096 + b"\r\n"
+        # Past the limit, and no last chunk: only a server that stops reading answers.
+        answer = _answer_before_the_body(live.port, chunked, chunks * (limit // 4096 + 1))
+        assert answer[0] == status and answer[1]["code"] == code
+        assert "larger than" in answer[1]["detail"] or "more than" in answer[1]["detail"]
+    assert live.ok("GET", "/v1/jobs", ALICE) == {"jobs": []}
 
 
 def test_repeated_release_and_grow_start_new_processes(make_cluster: Any) -> None:

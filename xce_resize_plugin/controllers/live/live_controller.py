@@ -71,6 +71,7 @@ from xce_resize_plugin.controllers.runners import (
 )
 from xce_resize_plugin.controllers.sim.sim_controller import EmbeddedController, TasksSpec
 from xce_resize_plugin.controllers.violations import UnknownJob
+from xce_resize_plugin.core import converters
 from xce_resize_plugin.core.models import GrowHosts, JobInfo, JobState, Task, format_hosts
 from xce_resize_plugin.errors import (
     FencedError,
@@ -847,7 +848,7 @@ class LiveController(EmbeddedController):
                 "allocation": [{"id": t.id, "host": t.host} for t in job.tasks],
                 "held": [{"id": t.id, "host": t.host} for t in view.held],
                 "tasks": tasks,
-                "resize": None if status is None else _status_json(status),
+                "resize": None if status is None else converters.status_json(status),
                 "accounting": {
                     "slot_seconds": 0.0 if usage is None else float(usage.slot_seconds),
                     "charged_slots": charged,
@@ -1327,16 +1328,3 @@ def _counts(tasks: Sequence[Task]) -> dict[str, int]:
     for t in tasks:
         out[t.host] = out.get(t.host, 0) + 1
     return out
-
-
-def _status_json(status: Any) -> dict[str, Any]:
-    pending = status.pending
-    return {
-        "phase": status.phase.value,
-        "version": status.version,
-        "pending": None
-        if pending is None
-        else {"min_tasks": pending.min_add, "max_tasks": pending.max_add},
-        "in_flight": None if status.in_flight is None else status.in_flight.value,
-        "in_flight_tasks": [{"id": t.id, "host": t.host} for t in status.in_flight_tasks],
-    }

@@ -1,0 +1,196 @@
+"""The one HTTP layer (xce_resize_plugin.rest.http) as the resize routes and the live
+controller's host routes use it, driven as ASGI applications with a body stream that
+counts what is read from it: authentication comes before any body byte is read, a
+declared length over the limit is refused before reading, and a body streamed past the
+limit (chunked, no length) is cut off there rather than read to its end."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from starlette.applications import Starlette
+
+from xce_resize_plugin.controllers.live.host_routes import MAX_BODY as HOST_MAX_BODY
+from xce_resize_plugin.controllers.live.host_routes import host_routes
+from xce_resize_plugin.errors import FencedError
+from xce_resize_plugin.host import Principal
+from xce_resize_plugin.rest import http
+from xce_resize_plugin.rest import routes as api
+
+GOOD = "good-token"
+CHUNK = 4096
+
+
+class StubController:
+    """Just what the routes touch before the controller does any work: the token check;
+    ``submit_job`` answers what it was given; ``fence`` records."""
+
+    def __init__(self, fail: Exception | None = None) -> None:
+        self.fenced: BaseException | None = None
+        self.fail = fail
+        self.plugin_manager = None
+
+    def authenticate(self, token: str | None) -> Principal | None:
+        return Principal("alice") if token == GOOD else None
+
+    def submit_job(self, principal: Principal, body: Any) -> Any:
+        if self.fail is not None:
+            raise self.fail
+        return {"id": "1", "token": "t", "job": body}
+
+    def fence(self, reason: BaseException) -> None:
+        self.fenced = reason
+
+
+class Stream:
+    """An ASGI ``receive`` that serves ``chunks`` and counts how many it handed out."""
+
+    def __init__(self, chunks: Iterator[bytes]) -> None:
+        self.chunks = chunks
+        self.read = 0
+
+    async def __call__(self) -> dict[str, Any]:
+        chunk = next(self.chunks, None)
+        if chunk is None:
+            return {"type": "http.request", "body": b"", "more_body": False}
+        self.read += len(chunk)
+        return {"type": "http.request", "body": chunk, "more_body": True}
+
+
+def endless() -> Iterator[bytes]:
+    """More body than any limit: 1 MiB (a server that reads it all fails the count)."""
+    return itertools.repeat(b" " * CHUNK, 256)
+
+
+def call(
+    app: Any, method: str, path: str, stream: Stream, headers: dict[str, str]
+) -> tuple[int, Any]:
+    sent: list[dict[str, Any]] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": method,
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "root_path": "",
+        "headers": [(k.lower().encode(), v.encode()) for k, v in headers.items()],
+        "client": ("127.0.0.1", 1),
+        "server": ("127.0.0.1", 80),
+    }
+    asyncio.run(app(scope, stream, send))
+    body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    return sent[0]["status"], json.loads(body)
+
+
+def resize_app() -> Starlette:
+    return api.app(StubController())  # type: ignore[arg-type]
+
+
+def host_app(ctl: StubController | None = None) -> Starlette:
+    routes = host_routes(ctl or StubController())  # type: ignore[arg-type]
+    return Starlette(routes=routes, exception_handlers=http.exception_handlers())
+
+
+# (app, method, path, limit, status and code of a body over the limit)
+ROUTES = {
+    "resize grow": (resize_app, "POST", "/v1/jobs/7/resize/grow", api.MAX_BODY, 413),
+    "resize cancel": (resize_app, "DELETE", "/v1/jobs/7/resize/pending", api.MAX_BODY, 413),
+    "host submit": (host_app, "POST", "/v1/jobs", HOST_MAX_BODY, 400),
+}
+TOO_LARGE = {413: "XCE_RESIZE_BODY_TOO_LARGE", 400: "XCE_RESIZE_INVALID_REQUEST"}
+
+
+@pytest.mark.parametrize("route", sorted(ROUTES))
+@pytest.mark.parametrize("token", [None, "unknown-token"])
+def test_no_token_is_refused_before_any_body_byte_is_read(route: str, token: str | None) -> None:
+    make, method, path, _, _ = ROUTES[route]
+    headers = {"content-type": "application/json", "content-length": str(2**40)}
+    if token is not None:
+        headers["authorization"] = f"Bearer {token}"
+    stream = Stream(endless())
+    status, doc = call(make(), method, path, stream, headers)
+    assert (status, doc["code"]) == (401, "XCE_RESIZE_NOT_AUTHENTICATED")
+    assert stream.read == 0
+
+
+@pytest.mark.parametrize("route", sorted(ROUTES))
+def test_declared_length_over_the_limit_is_refused_before_reading(route: str) -> None:
+    make, method, path, limit, too_large = ROUTES[route]
+    headers = {"authorization": f"Bearer {GOOD}", "content-length": str(limit + 1)}
+    stream = Stream(endless())
+    status, doc = call(make(), method, path, stream, headers)
+    assert (status, doc["code"]) == (too_large, TOO_LARGE[too_large])
+    assert stream.read == 0
+
+
+@pytest.mark.parametrize("route", sorted(ROUTES))
+def test_streamed_body_over_the_limit_is_cut_off(route: str) -> None:
+    make, method, path, limit, too_large = ROUTES[route]
+    stream = Stream(endless())  # chunked: no Content-Length
+    status, doc = call(make(), method, path, stream, {"authorization": f"Bearer {GOOD}"})
+    assert (status, doc["code"]) == (too_large, TOO_LARGE[too_large])
+    assert limit < stream.read <= limit + CHUNK
+
+
+def test_messages_of_too_large_bodies_stay_as_they_were() -> None:
+    headers = {"authorization": f"Bearer {GOOD}", "content-length": str(10**9)}
+    _, doc = call(host_app(), "POST", "/v1/jobs", Stream(endless()), headers)
+    assert doc["detail"] == f"Invalid resize request: body larger than {HOST_MAX_BODY} bytes"
+    _, doc = call(resize_app(), "POST", "/v1/jobs/7/resize/grow", Stream(endless()), headers)
+    assert doc["detail"] == f"Request body too large: 1000000000 bytes, at most {api.MAX_BODY}"
+    headers.pop("content-length")
+    _, doc = call(resize_app(), "POST", "/v1/jobs/7/resize/grow", Stream(endless()), headers)
+    assert doc["detail"] == f"Request body too large: more than {api.MAX_BODY} bytes"
+
+
+def test_a_body_within_the_limit_reaches_the_host() -> None:
+    body = json.dumps({"command": ["true"], "env": {"X": "y" * 1000}}).encode()
+    stream = Stream(iter([body[:100], body[100:]]))
+    headers = {"authorization": f"Bearer {GOOD}", "content-length": str(len(body))}
+    status, doc = call(host_app(), "POST", "/v1/jobs", stream, headers)
+    assert status == 201 and doc["job"] == json.loads(body)
+    status, doc = call(host_app(), "POST", "/v1/jobs", Stream(iter([b"{"])), headers)
+    assert status == 400 and doc["detail"].startswith("Invalid resize request: body is not JSON")
+
+
+def test_a_fenced_error_stops_the_controller_and_is_answered() -> None:
+    ctl = StubController(fail=RuntimeError("write failed"))
+    ctl.fail.__cause__ = FencedError("epoch 3 took over")  # type: ignore[union-attr]
+    headers = {"authorization": f"Bearer {GOOD}"}
+    status, doc = call(host_app(ctl), "POST", "/v1/jobs", Stream(iter([b"{}"])), headers)
+    assert (status, doc["code"]) == (503, "XCE_RESIZE_FENCED")
+    assert isinstance(ctl.fenced, FencedError)
+    ctl = StubController(fail=RuntimeError("a bug"))
+    status, doc = call(host_app(ctl), "POST", "/v1/jobs", Stream(iter([b"{}"])), headers)
+    assert (status, doc["code"]) == (500, "XCE_INTERNAL") and ctl.fenced is None
+
+
+def test_one_builder_describes_host_and_resize_routes_alike() -> None:
+    from openapi_spec_validator import validate
+
+    from xce_resize_plugin.rest import openapi
+
+    ctl = StubController()
+    served = [*host_routes(ctl), *api.routes(ctl)]  # type: ignore[arg-type]
+    doc = openapi.document("t", "1", served)
+    validate(doc)
+    described = {(p, m.upper()) for p, item in doc["paths"].items() for m in item}
+    assert described == {(r.path, m) for r in served for m in r.methods - {"HEAD"}}
+    for path, item in doc["paths"].items():
+        for method, op in item.items():
+            public = (path, method) == ("/v1/health", "get")
+            assert op["security"] == ([] if public else [{"bearer": []}]), (path, method)
+            if not public:
+                assert "401" in op["responses"], (path, method)

@@ -1,0 +1,287 @@
+"""The live controller's own routes, built with the REST layer
+(:mod:`xce_resize_plugin.rest.http`): every one but ``/v1/health`` behind
+``Authorization: Bearer <token>`` (a user's token from ``[users] tokens``, or a job's
+``XCE_JOB_TOKEN``), authenticated before any byte of a body is read.
+
+- ``GET /v1/health``: liveness and epoch (no token);
+- ``POST /v1/jobs`` (201): submit; ``GET /v1/jobs``: the caller's jobs (all for an
+  administrator); ``GET /v1/jobs/{id}``: one job; ``DELETE /v1/jobs/{id}`` (202): kill;
+- ``GET /v1/cluster``: hosts, users, worker agents and the invariant check.
+
+A submission body is at most :data:`MAX_BODY` bytes. Errors are problem documents, as
+the resize routes' are; an error that means the controller was fenced (a newer one took
+over the state directory) also stops this one.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+from attrs import frozen
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import Response
+
+from xce_resize_plugin.controllers.live.live_controller import LiveController
+from xce_resize_plugin.errors import FencedError, InvalidRequest, ResizeError
+from xce_resize_plugin.host import Principal
+from xce_resize_plugin.rest.http import (
+    ApiRoute,
+    BodyLimit,
+    Translate,
+    endpoint,
+    read_body,
+    reply,
+)
+from xce_resize_plugin.rest.operation import Operation, Param
+
+#: Largest submission body accepted (bytes).
+MAX_BODY = 256 * 1024
+_LIMIT = BodyLimit(MAX_BODY, lambda declared: InvalidRequest(f"body larger than {MAX_BODY} bytes"))
+_ID = Param("id", {"type": "string"}, True, "The job id.", location="path")
+
+HEALTH = Operation(
+    "health",
+    "GET",
+    "/v1/health",
+    "Liveness and the controller's epoch",
+    response="Health",
+    errors=(503,),
+    public=True,
+)
+LIST_JOBS = Operation(
+    "list_jobs",
+    "GET",
+    "/v1/jobs",
+    "The caller's jobs (every job for an administrator)",
+    response="JobList",
+    errors=(401,),
+)
+SUBMIT_JOB = Operation(
+    "submit_job",
+    "POST",
+    "/v1/jobs",
+    "Submit a job (bsub)",
+    status=201,
+    response="SubmitResult",
+    body="JobSubmission",
+    errors=(400, 401, 403, 503),
+)
+SHOW_JOB = Operation(
+    "show_job",
+    "GET",
+    "/v1/jobs/{id}",
+    "One job: allocation, tasks with pids, resize state, accounting",
+    response="Job",
+    params=(_ID,),
+    errors=(401, 403, 404),
+)
+KILL_JOB = Operation(
+    "kill_job",
+    "DELETE",
+    "/v1/jobs/{id}",
+    "Kill a job (bkill): tasks stopped, then EXIT",
+    status=202,
+    response="Job",
+    params=(_ID,),
+    errors=(401, 403, 404, 409, 503),
+)
+CLUSTER = Operation(
+    "cluster",
+    "GET",
+    "/v1/cluster",
+    "Hosts, users, worker agents and the invariant check",
+    response="Cluster",
+    errors=(401,),
+)
+
+_TASK_REF = {
+    "type": "object",
+    "properties": {"id": {"type": "integer"}, "host": {"type": "string"}},
+    "required": ["id", "host"],
+}
+HOST_SCHEMAS: dict[str, Any] = {
+    "JobSubmission": {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["command"],
+        "properties": {
+            "command": {
+                "type": "array",
+                "items": {"type": "string"},
+                "minItems": 1,
+                "description": 'argv of every task (no shell; use ["/bin/sh", "-c", ...])',
+            },
+            "tasks": {
+                "oneOf": [
+                    {"type": "integer", "minimum": 1},
+                    {"type": "string", "pattern": "^[0-9]+,[0-9]+$"},
+                ],
+                "description": 'N, or "MIN,MAX" (bsub -n)',
+            },
+            "min_tasks": {"type": "integer", "minimum": 1},
+            "max_tasks": {"type": "integer", "minimum": 1},
+            "ptile": {"type": ["integer", "null"], "minimum": 1},
+            "resizable": {"type": "boolean", "default": False},
+            "grow_hosts": {"enum": ["prefer-existing", "new-only", "any"]},
+            "notify_cmd": {"type": ["string", "null"]},
+            "env": {"type": "object", "additionalProperties": {"type": "string"}},
+            "cwd": {"type": ["string", "null"], "description": "absolute; default: the log dir"},
+            "estimate": {"type": ["number", "null"], "minimum": 0},
+            "alloc": {
+                "type": ["object", "null"],
+                "additionalProperties": {"type": "integer", "minimum": 1},
+                "description": "start at once on exactly these hosts (host: tasks), in order",
+            },
+        },
+    },
+    "SubmitResult": {
+        "type": "object",
+        "required": ["id", "token", "job"],
+        "properties": {
+            "id": {"type": "string"},
+            "token": {"type": "string", "description": "the job's XCE_JOB_TOKEN"},
+            "job": {"$ref": "#/components/schemas/Job"},
+        },
+    },
+    "JobTask": {
+        "type": "object",
+        "properties": {
+            "id": {"type": "integer"},
+            "host": {"type": "string"},
+            "state": {"enum": ["STARTING", "RUNNING", "STOPPING", "EXITED", "FAILED"]},
+            "pid": {"type": ["integer", "null"]},
+            "status": {"type": ["integer", "null"]},
+            "reason": {"type": "string"},
+        },
+    },
+    "Job": {
+        "type": "object",
+        "properties": {
+            "id": {"type": "string"},
+            "user": {"type": "string"},
+            "state": {"enum": ["PEND", "RUN", "DONE", "EXIT"]},
+            "command": {"type": "array", "items": {"type": "string"}},
+            "min_tasks": {"type": "integer"},
+            "max_tasks": {"type": "integer"},
+            "version": {"type": "integer"},
+            "hosts": {"type": "object", "additionalProperties": {"type": "integer"}},
+            "allocation": {"type": "array", "items": _TASK_REF},
+            "held": {"type": "array", "items": _TASK_REF},
+            "tasks": {"type": "array", "items": {"$ref": "#/components/schemas/JobTask"}},
+            "ending": {"type": ["object", "null"]},
+            "resize": {
+                "type": ["object", "null"],
+                "description": "The job's resize status, as the resize routes answer it "
+                "(their ResizeStatus schema); null before the plugin knows the job.",
+            },
+            "accounting": {"type": "object"},
+            "logs": {"type": "string"},
+            "hostfile": {"type": "string"},
+            "notifications": {"type": "array", "items": {"type": "object"}},
+        },
+        "additionalProperties": True,
+    },
+    "JobList": {
+        "type": "object",
+        "properties": {"jobs": {"type": "array", "items": {"$ref": "#/components/schemas/Job"}}},
+    },
+    "Cluster": {
+        "type": "object",
+        "properties": {
+            "epoch": {"type": "integer"},
+            "hosts": {"type": "object"},
+            "users": {"type": "object"},
+            "problems": {"type": "array", "items": {"type": "string"}},
+        },
+    },
+    "Health": {
+        "type": "object",
+        "properties": {"status": {"enum": ["ok", "fenced"]}, "epoch": {"type": "integer"}},
+    },
+}
+
+
+#: What a host route does for an authenticated caller, in a worker thread: the
+#: principal, the request (for its path) and the decoded body (``None``: no body).
+Call = Callable[[Principal, Request, Any], Any]
+
+
+async def _submission(request: Request) -> Any:
+    """The JSON body of a submission (``None`` when empty)."""
+    raw = await read_body(request, _LIMIT)
+    try:
+        return json.loads(raw) if raw else None
+    except (ValueError, RecursionError) as exc:
+        raise InvalidRequest(f"body is not JSON: {exc}") from None
+
+
+def fencing(ctl: LiveController) -> Translate:
+    """The error translation of the host routes: a fenced error (or one caused by a
+    fenced journal) stops the controller, and is answered."""
+
+    def translate(exc: Exception) -> ResizeError | None:
+        if isinstance(exc, ResizeError):
+            if isinstance(exc, FencedError):
+                ctl.fence(exc)
+            return exc
+        if isinstance(exc.__cause__, FencedError):
+            ctl.fence(exc.__cause__)
+            return exc.__cause__
+        return None
+
+    return translate
+
+
+@frozen
+class HostCalls:
+    """The controller calls behind the host routes."""
+
+    ctl: LiveController
+
+    def list_jobs(self, principal: Principal, request: Request, data: Any) -> Any:
+        return {"jobs": self.ctl.jobs_view(principal)}
+
+    def submit(self, principal: Principal, request: Request, data: Any) -> Any:
+        return self.ctl.submit_job(principal, data)
+
+    def show(self, principal: Principal, request: Request, data: Any) -> Any:
+        return self.ctl.job_view(principal, request.path_params["id"])
+
+    def kill(self, principal: Principal, request: Request, data: Any) -> Any:
+        return self.ctl.kill_job(principal, request.path_params["id"])
+
+    def cluster(self, principal: Principal, request: Request, data: Any) -> Any:
+        return self.ctl.cluster_json()
+
+    async def health(self, request: Request) -> Response:
+        ok = self.ctl.fenced is None
+        body = {"status": "ok" if ok else "fenced", "epoch": self.ctl.live_store.epoch}
+        return reply(body, 200 if ok else 503)
+
+
+def host_routes(ctl: LiveController) -> list[ApiRoute]:
+    """The controller's own routes (the module docstring lists them)."""
+    calls = HostCalls(ctl)
+    translate = fencing(ctl)
+
+    def route(op: Operation, call: Call, *, body: bool = False) -> ApiRoute:
+        async def handle(request: Request, principal: Principal) -> Response:
+            data = await _submission(request) if body else None
+            return reply(await run_in_threadpool(call, principal, request, data), op.status)
+
+        return ApiRoute(op, endpoint(op, handle, ctl.authenticate, translate), HOST_SCHEMAS)
+
+    return [
+        ApiRoute(HEALTH, calls.health, HOST_SCHEMAS),
+        route(LIST_JOBS, calls.list_jobs),
+        route(SUBMIT_JOB, calls.submit, body=True),
+        route(SHOW_JOB, calls.show),
+        route(KILL_JOB, calls.kill),
+        route(CLUSTER, calls.cluster),
+    ]
+
+
+__all__ = ["HOST_SCHEMAS", "MAX_BODY", "HostCalls", "fencing", "host_routes"]

@@ -1,0 +1,215 @@
+"""The HTTP layer every route is built with (Starlette): the resize routes and a host's.
+
+An authenticated route is an :func:`endpoint` around a handler; what it does, in order:
+
+1. authenticate ``Authorization: Bearer <token>`` through the host's
+   ``authenticate`` (missing or unknown: 401), before any byte of the body is read, so
+   a caller without a token cannot make the server read (or hold) a body;
+2. run the handler, which reads its body (if it takes one) with :func:`read_body`:
+   a declared ``Content-Length`` over the limit is refused before reading, and the
+   stream is cut off as soon as it passes the limit (chunked or lying clients), so no
+   more than the limit is ever buffered;
+3. answer every :class:`~xce_resize_plugin.errors.ResizeError` as a problem document
+   (:mod:`.problems`), and anything unexpected as a 500 problem document, logged.
+
+Routes are :class:`ApiRoute` objects: each carries the
+:class:`~xce_resize_plugin.rest.operation.Operation` it serves, from which
+:mod:`.openapi` describes it. This module imports Starlette: import it only when
+routes are built.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from typing import Any
+
+from attrs import frozen
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import BaseRoute, Route
+
+from xce_resize_plugin.errors import NotAuthenticated, ResizeError
+from xce_resize_plugin.host import Principal
+from xce_resize_plugin.rest import openapi
+from xce_resize_plugin.rest.operation import Operation
+from xce_resize_plugin.rest.parsing import bearer_token, declared_length
+from xce_resize_plugin.rest.problems import (
+    JSON,
+    PROBLEM_JSON,
+    error_json,
+    internal_json,
+    render,
+    routing_json,
+)
+
+log = logging.getLogger(__name__)
+
+#: The host's token check (``Controller.authenticate``); called in a worker thread.
+Authenticate = Callable[[str | None], Principal | None]
+#: What an authenticated route does once it knows who asks.
+Handler = Callable[[Request, Principal], Awaitable[Response]]
+#: Which resize error answers an exception (``None``: a bug, answered 500).
+Translate = Callable[[Exception], ResizeError | None]
+Endpoint = Callable[[Request], Awaitable[Response]]
+
+
+# --- answers -----------------------------------------------------------------------------
+
+
+def reply(data: Any, status: int = 200, media_type: str = JSON) -> Response:
+    """A JSON answer."""
+    return Response(render(data), status_code=status, media_type=media_type)
+
+
+def problem(error: ResizeError) -> Response:
+    """The problem-document answer of ``error`` (a 401 says how to authenticate)."""
+    response = reply(error_json(error), error.http_status, PROBLEM_JSON)
+    if error.http_status == 401:
+        response.headers["WWW-Authenticate"] = 'Bearer realm="xce"'
+    return response
+
+
+def internal() -> Response:
+    """The answer to a bug: a 500 problem document whose text stays in the log."""
+    return reply(internal_json(), 500, PROBLEM_JSON)
+
+
+# --- authentication and the request body -------------------------------------------------
+
+
+async def authenticated(request: Request, authenticate: Authenticate) -> Principal:
+    """Who sends ``request``; :class:`NotAuthenticated` (401) for no or an unknown token."""
+    token = bearer_token(request.headers.get("authorization"))
+    principal = await run_in_threadpool(authenticate, token) if token else None
+    if principal is None:
+        raise NotAuthenticated(
+            "send Authorization: Bearer <token>" if token is None else "unknown token"
+        )
+    return principal
+
+
+@frozen
+class BodyLimit:
+    """At most ``size`` bytes of body. ``too_large`` makes the refusal from the declared
+    ``Content-Length`` (``None`` when a stream passed the limit while being read)."""
+
+    size: int
+    too_large: Callable[[int | None], ResizeError]
+
+
+async def read_body(request: Request, limit: BodyLimit) -> bytes:
+    """The request body, never more than ``limit.size`` bytes of it read."""
+    declared = declared_length(request.headers.get("content-length"))
+    if declared is not None and declared > limit.size:
+        raise limit.too_large(declared)
+    chunks: list[bytes] = []
+    size = 0
+    # Read in chunks and stop at the limit: a client that lies about (or omits) the
+    # length cannot make the server buffer more than the limit.
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit.size:
+            raise limit.too_large(None)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+# --- endpoints and routes ----------------------------------------------------------------
+
+
+def as_resize_error(exc: Exception) -> ResizeError | None:
+    """The default :data:`Translate`: resize errors answer themselves."""
+    return exc if isinstance(exc, ResizeError) else None
+
+
+def endpoint(
+    op: Operation,
+    handler: Handler,
+    authenticate: Authenticate,
+    translate: Translate = as_resize_error,
+) -> Endpoint:
+    """The Starlette endpoint of ``op``: authenticate first, then ``handler``; every
+    refusal a problem document (see the module docstring)."""
+
+    async def handle(request: Request) -> Response:
+        try:
+            principal = await authenticated(request, authenticate)
+            return await handler(request, principal)
+        except Exception as exc:
+            error = translate(exc)
+            if error is None:  # a bug: answer a problem document, never a bare 500
+                log.exception("%s %s failed", request.method, request.url.path)
+                return internal()
+            return problem(error)
+
+    handle.__name__ = op.name
+    return handle
+
+
+class ApiRoute(Route):
+    """A route that serves an :class:`Operation`; :func:`.openapi.document` describes
+    it by that operation and the ``schemas`` it names."""
+
+    def __init__(
+        self, operation: Operation, endpoint: Endpoint, schemas: Mapping[str, Any] | None = None
+    ) -> None:
+        super().__init__(operation.path, endpoint, methods=[operation.method], name=operation.name)
+        self.operation = operation
+        self.schemas: Mapping[str, Any] = dict(schemas or {})
+
+
+def openapi_route(title: str, version: str, routes: Iterable[BaseRoute]) -> ApiRoute:
+    """``GET /openapi.json``, serving the document of ``routes`` and of itself."""
+    body = b""
+
+    async def serve(request: Request) -> Response:
+        return Response(body, media_type=JSON)
+
+    route = ApiRoute(openapi.DOCUMENT, serve)
+    # The closure reads ``body`` when a request comes, after it is set here.
+    body = render(openapi.document(title, version, [*routes, route]))
+    return route
+
+
+def exception_handlers() -> dict[Any, Callable[[Request, Exception], Awaitable[Response]]]:
+    """Starlette exception handlers that answer routing errors (404, 405), resize
+    errors and uncaught exceptions as problem documents."""
+
+    async def http_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        doc = routing_json(exc.status_code, str(exc.detail))
+        response = reply(doc, exc.status_code, PROBLEM_JSON)
+        response.headers.update(exc.headers or {})
+        return response
+
+    async def resize_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, ResizeError)
+        return problem(exc)
+
+    async def uncaught(request: Request, exc: Exception) -> Response:
+        log.error("unhandled error on %s", request.url.path, exc_info=exc)
+        return internal()
+
+    return {HTTPException: http_error, ResizeError: resize_error, Exception: uncaught}
+
+
+__all__ = [
+    "ApiRoute",
+    "Authenticate",
+    "BodyLimit",
+    "Endpoint",
+    "Handler",
+    "Translate",
+    "as_resize_error",
+    "authenticated",
+    "endpoint",
+    "exception_handlers",
+    "internal",
+    "openapi_route",
+    "problem",
+    "read_body",
+    "reply",
+]

@@ -1,0 +1,224 @@
+"""What each resize route does once its caller is authenticated (Starlette).
+
+In order: check the path's job id and the query string (unknown parameters are
+refused); for a change, read at most :data:`.resize_operations.MAX_BODY` bytes of JSON
+and decode it with the strict API converter (:mod:`xce_resize_plugin.core.converters`),
+so a rejected body names the field (``… @ $.tasks``); then call the host hooks —
+``xce_resize_request`` for a change, which authorises the principal and returns only
+once the change's facts are durable; for a query the ``xce_resize_authorize`` policy
+with action ``view`` and then ``xce_resize_status`` or ``xce_acct_usage`` — in a worker
+thread, because the journal's fsync blocks.
+
+Why only the hooks and never the runtime: the routes then work for any host and any
+plugin that implements the request hooks, and the embedded controller serves them
+exactly as XCE would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+from attrs import frozen
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import Response
+
+from xce_resize_plugin.core import converters
+from xce_resize_plugin.core.accounting import Usage
+from xce_resize_plugin.core.models import CancelRequest, JobInfo, JobState, ResizeRequest
+from xce_resize_plugin.core.status import ResizeStatus
+from xce_resize_plugin.errors import InvalidRequest, NoJob, PermissionDenied
+from xce_resize_plugin.host import Controller, Principal
+from xce_resize_plugin.rest.http import ApiRoute, BodyLimit, Handler, endpoint, read_body, reply
+from xce_resize_plugin.rest.parsing import check_fields, check_json_type, check_query, parse_json
+from xce_resize_plugin.rest.resize_operations import (
+    BY_NAME,
+    MAX_BODY,
+    OPERATIONS,
+    NoResizeHook,
+    body_too_large,
+    check_job_id,
+    parse_timeout,
+    parse_version,
+)
+from xce_resize_plugin.rest.schemas import SCHEMAS, schema_fields
+
+# Polling of the wait route (seconds): fast at first, since a change that completes
+# within one host cycle is the common case, then gentler on the controller.
+_POLL_FIRST, _POLL_MAX = 0.02, 0.25
+_LIMIT = BodyLimit(MAX_BODY, body_too_large)
+
+
+@frozen
+class Hooks:
+    """The host hooks the routes call, each from a worker thread."""
+
+    controller: Controller
+
+    def view(self, principal: Principal, job_id: str) -> JobInfo:
+        job = self.controller.get_job(job_id)
+        if job is None:
+            raise NoJob(f"job {job_id}")
+        hook = self.controller.plugin_manager.hook
+        if not hook.xce_resize_authorize(principal=principal, job=job, action="view"):
+            raise PermissionDenied(f"{principal.name} may not view job {job_id}")
+        return job
+
+    def status(self, job_id: str) -> ResizeStatus:
+        hook = self.controller.plugin_manager.hook
+        status: ResizeStatus | None = hook.xce_resize_status(
+            controller=self.controller, job_id=job_id
+        )
+        if status is None:
+            if self.controller.get_job(job_id) is None:
+                raise NoJob(f"job {job_id}")
+            raise NoResizeHook("no plugin answered xce_resize_status")
+        return status
+
+    def viewed_status(self, principal: Principal, job_id: str) -> ResizeStatus:
+        self.view(principal, job_id)
+        return self.status(job_id)
+
+    def viewed_history(self, principal: Principal, job_id: str) -> Usage:
+        self.view(principal, job_id)
+        ctl = self.controller
+        usage: Usage | None = ctl.plugin_manager.hook.xce_acct_usage(
+            controller=ctl, job_id=job_id, now=ctl.now()
+        )
+        if usage is None:
+            raise NoResizeHook("no plugin answered xce_acct_usage")
+        return usage
+
+    def change(self, principal: Principal, job_id: str, request: ResizeRequest) -> ResizeStatus:
+        ctl = self.controller
+        status: ResizeStatus | None = ctl.plugin_manager.hook.xce_resize_request(
+            controller=ctl, principal=principal, job_id=job_id, request=request
+        )
+        if status is None:
+            raise NoResizeHook("no plugin answered xce_resize_request")
+        return status
+
+    def poll(self, job_id: str) -> tuple[ResizeStatus, JobState]:
+        job = self.controller.get_job(job_id)
+        if job is None:
+            raise NoJob(f"job {job_id}")
+        return self.status(job_id), job.state
+
+
+async def _body(request: Request) -> bytes:
+    raw = await read_body(request, _LIMIT)
+    if raw:
+        check_json_type(request.headers.get("content-type"))
+    return raw
+
+
+async def _json_body(request: Request, what: str) -> Any:
+    raw = await _body(request)
+    if not raw:
+        raise InvalidRequest(f"{what}: a JSON object body is required")
+    return parse_json(raw)
+
+
+def _job_id(request: Request, name: str) -> str:
+    """The path's job id, checked, then the query string of operation ``name``."""
+    job_id = check_job_id(request.path_params["id"])
+    check_query(request.query_params.multi_items(), BY_NAME[name])
+    return job_id
+
+
+@frozen
+class Handlers:
+    """One handler per resize operation."""
+
+    hooks: Hooks
+
+    async def status(self, request: Request, principal: Principal) -> Response:
+        job_id = _job_id(request, "resize_status")
+        status = await run_in_threadpool(self.hooks.viewed_status, principal, job_id)
+        return reply(converters.status_json(status), 200)
+
+    async def history(self, request: Request, principal: Principal) -> Response:
+        job_id = _job_id(request, "resize_history")
+        usage = await run_in_threadpool(self.hooks.viewed_history, principal, job_id)
+        return reply(converters.history_json(usage), 200)
+
+    async def grow(self, request: Request, principal: Principal) -> Response:
+        return await self._change(request, principal, "resize_grow", converters.grow_from_json)
+
+    async def release(self, request: Request, principal: Principal) -> Response:
+        return await self._change(
+            request, principal, "resize_release", converters.release_from_json
+        )
+
+    async def _change(
+        self,
+        request: Request,
+        principal: Principal,
+        name: str,
+        decode: Callable[[Any], ResizeRequest],
+    ) -> Response:
+        """A change with a JSON body: operation ``name``, its body made by ``decode``."""
+        op = BY_NAME[name]
+        job_id = _job_id(request, name)
+        what = name.removeprefix("resize_")
+        data = await _json_body(request, what)
+        check_fields(data, schema_fields(str(op.body)), what)
+        change = decode(data)
+        status = await run_in_threadpool(self.hooks.change, principal, job_id, change)
+        return reply(converters.status_json(status), op.status)
+
+    async def cancel(self, request: Request, principal: Principal) -> Response:
+        job_id = _job_id(request, "resize_cancel")
+        if await _body(request):
+            raise InvalidRequest("cancel takes no body")
+        status = await run_in_threadpool(self.hooks.change, principal, job_id, CancelRequest())
+        return reply(converters.status_json(status), 200)
+
+    async def wait(self, request: Request, principal: Principal) -> Response:
+        job_id = check_job_id(request.path_params["id"])
+        query = check_query(request.query_params.multi_items(), BY_NAME["resize_wait"])
+        version = parse_version(query["version"])
+        timeout = parse_timeout(query.get("timeout"))
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        await run_in_threadpool(self.hooks.view, principal, job_id)
+        delay = _POLL_FIRST
+        saw_change = False
+        while True:
+            status, job_state = await run_in_threadpool(self.hooks.poll, job_id)
+            idle = status.pending is None and status.in_flight is None
+            done = idle and status.version > version
+            saw_change = saw_change or not idle
+            ended = job_state in (JobState.DONE, JobState.EXIT)
+            left = deadline - loop.time()
+            if done or ended or (idle and saw_change) or left <= 0:
+                break
+            if await request.is_disconnected():
+                break  # nobody to answer; stop polling the controller
+            await asyncio.sleep(min(delay, left))
+            delay = min(delay * 2, _POLL_MAX)
+        result = converters.status_json(status)
+        result.update(done=done, job_state=job_state.value)
+        return reply(result, 200)
+
+
+def resize_routes(controller: Controller) -> list[ApiRoute]:
+    """The resize routes for ``controller``, one per operation."""
+    handlers = Handlers(Hooks(controller))
+    by_operation: dict[str, Handler] = {
+        "resize_status": handlers.status,
+        "resize_grow": handlers.grow,
+        "resize_release": handlers.release,
+        "resize_cancel": handlers.cancel,
+        "resize_history": handlers.history,
+        "resize_wait": handlers.wait,
+    }
+    return [
+        ApiRoute(op, endpoint(op, by_operation[op.name], controller.authenticate), SCHEMAS)
+        for op in OPERATIONS
+    ]
+
+
+__all__ = ["Handlers", "Hooks", "resize_routes"]

@@ -1,0 +1,192 @@
+"""The resize API's operations: the one table its routes and its OpenAPI description
+are built from, its limits, and the checks of its path and query parameters."""
+
+from __future__ import annotations
+
+import math
+import re
+
+from xce_resize_plugin.errors import BadJobId, BodyTooLarge, InvalidRequest, ResizeError
+from xce_resize_plugin.rest.operation import Operation, Param
+from xce_resize_plugin.rest.parsing import INT_RE
+
+#: Largest request body accepted (bytes). A resize body is a few hundred bytes; a
+#: notification command is under 4096 bytes.
+MAX_BODY = 64 * 1024
+#: Longest a ``wait`` holds the connection (seconds); longer timeouts are capped.
+MAX_WAIT = 60.0
+DEFAULT_WAIT = 30.0
+#: Job ids longer than this are refused before any lookup (as the runtime does).
+MAX_JOB_ID = 64
+#: Largest ``version`` a ``wait`` accepts (a signed 64-bit integer, as hosts store it).
+MAX_VERSION = 2**63 - 1
+
+_NUMBER_RE = re.compile(r"\A-?[0-9]{1,40}(\.[0-9]{1,40})?([eE][+-]?[0-9]{1,4})?\Z")
+
+
+class NoResizeHook(ResizeError):
+    """No plugin answered ``xce_resize_*`` (the resize plugin is not registered)."""
+
+    code = "XCE_RESIZE_NO_PLUGIN"
+    message = "No resize plugin answered: it is not registered with this controller"
+    http_status = 503
+
+
+def body_too_large(declared: int | None) -> ResizeError:
+    """The refusal of a body over :data:`MAX_BODY` (413)."""
+    if declared is None:
+        return BodyTooLarge(f"more than {MAX_BODY} bytes")
+    return BodyTooLarge(f"{declared} bytes, at most {MAX_BODY}")
+
+
+def check_job_id(job_id: str) -> str:
+    """Refuse an empty or overlong job id before any lookup."""
+    if not job_id or len(job_id) > MAX_JOB_ID:
+        raise BadJobId(f"job id must be 1 to {MAX_JOB_ID} characters, got {len(job_id)}")
+    return job_id
+
+
+def parse_version(text: str) -> int:
+    """``version``: a decimal integer in 0..MAX_VERSION."""
+    if not INT_RE.match(text) or int(text) > MAX_VERSION:
+        raise InvalidRequest(f"version must be an integer from 0 to {MAX_VERSION}, got {text!r}")
+    return int(text)
+
+
+def parse_timeout(text: str | None) -> float:
+    """``timeout``: a non-negative number of seconds, capped at :data:`MAX_WAIT`."""
+    if text is None:
+        return DEFAULT_WAIT
+    # A number too large for a float ("1e999") is still a number: it is capped below.
+    value = float(text) if _NUMBER_RE.match(text) else math.nan
+    if not value >= 0:  # also refuses NaN
+        raise InvalidRequest(f"timeout must be a number of seconds >= 0, got {text!r}")
+    return min(value, MAX_WAIT)
+
+
+JOB_PATH = "/v1/jobs/{id}/resize"
+
+# The problem statuses each kind of operation can answer (documented per operation).
+_QUERY_ERRORS = (400, 401, 403, 404, 503)
+_CHANGE_ERRORS = (400, 401, 403, 404, 409, 413, 415, 503)
+_JOB_ID = Param(
+    "id",
+    {"type": "string", "minLength": 1, "maxLength": MAX_JOB_ID},
+    True,
+    "The job id.",
+    location="path",
+)
+_WAIT_QUERY = (
+    Param(
+        "version",
+        {"type": "integer", "minimum": 0, "maximum": MAX_VERSION},
+        True,
+        "The allocation version the caller knows (from the change's answer).",
+    ),
+    Param(
+        "timeout",
+        {"type": "number", "minimum": 0, "default": DEFAULT_WAIT},
+        False,
+        f"Seconds to wait at most; values above {MAX_WAIT:g} are capped.",
+    ),
+)
+
+
+OPERATIONS: tuple[Operation, ...] = (
+    Operation(
+        "resize_status",
+        "GET",
+        JOB_PATH,
+        "The job's resize state",
+        "The committed allocation, the bounds, the pending grow and the change in flight.",
+        response="ResizeStatus",
+        params=(_JOB_ID,),
+        errors=_QUERY_ERRORS,
+        tags=("resize",),
+    ),
+    Operation(
+        "resize_grow",
+        "POST",
+        JOB_PATH + "/grow",
+        "Ask for more tasks (bresize request)",
+        "The request pends until the scheduler can place at least `min_tasks` more "
+        "tasks. Answered once the request is durable, with the job's resize state.",
+        status=202,
+        response="ResizeStatus",
+        body="ResizeGrowRequest",
+        params=(_JOB_ID,),
+        errors=_CHANGE_ERRORS,
+        tags=("resize",),
+    ),
+    Operation(
+        "resize_release",
+        "POST",
+        JOB_PATH + "/release",
+        "Give tasks back (bresize release)",
+        "Exactly one of `spec`, `hosts`, `task_ids`, `count`. Answered once the release "
+        "is durable; the tasks are stopped afterwards (see the `wait` operation).",
+        status=202,
+        response="ResizeStatus",
+        body="ResizeReleaseRequest",
+        params=(_JOB_ID,),
+        errors=_CHANGE_ERRORS,
+        tags=("resize",),
+    ),
+    Operation(
+        "resize_cancel",
+        "DELETE",
+        JOB_PATH + "/pending",
+        "Cancel the pending grow (bresize cancel)",
+        "Takes no body. Answered once the cancellation is durable.",
+        response="ResizeStatus",
+        params=(_JOB_ID,),
+        errors=_CHANGE_ERRORS,
+        tags=("resize",),
+    ),
+    Operation(
+        "resize_history",
+        "GET",
+        JOB_PATH + "/history",
+        "The job's allocation timeline and resize records",
+        "Segments of charged slots up to now, their slot-seconds, and one record per "
+        "committed change (LSF's JOB_RESIZE).",
+        response="ResizeHistory",
+        params=(_JOB_ID,),
+        errors=_QUERY_ERRORS,
+        tags=("resize",),
+    ),
+    Operation(
+        "resize_wait",
+        "GET",
+        JOB_PATH + "/wait",
+        "Wait for a resize to finish (long poll, for the in-job API)",
+        "Answers as soon as nothing is pending or in flight and the allocation version "
+        "is greater than `version` (`done` is true); or when a change that was pending "
+        "or in flight during the wait ended without a new version (it failed or was "
+        "cancelled); or when the job ends; or after `timeout` seconds (capped at 60). "
+        "`done` is false in the last three cases.",
+        response="ResizeWaitResult",
+        params=(_JOB_ID, *_WAIT_QUERY),
+        errors=_QUERY_ERRORS,
+        tags=("resize",),
+    ),
+)
+#: The operations by name.
+BY_NAME = {op.name: op for op in OPERATIONS}
+
+
+__all__ = [
+    "BY_NAME",
+    "DEFAULT_WAIT",
+    "JOB_PATH",
+    "MAX_BODY",
+    "MAX_JOB_ID",
+    "MAX_VERSION",
+    "MAX_WAIT",
+    "OPERATIONS",
+    "NoResizeHook",
+    "body_too_large",
+    "check_job_id",
+    "parse_timeout",
+    "parse_version",
+]

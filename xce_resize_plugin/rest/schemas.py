@@ -1,0 +1,224 @@
+"""The JSON schemas of the resize API's bodies and answers, for its OpenAPI description
+(docs/rest-api.md describes the same shapes; :mod:`xce_resize_plugin.core.converters`
+makes the answers)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from xce_resize_plugin.core.models import JobState
+
+_TASK = {
+    "type": "object",
+    "properties": {
+        "id": {"type": "integer", "minimum": 0},
+        "host": {"type": "string"},
+    },
+    "required": ["id", "host"],
+    "additionalProperties": False,
+}
+_HOST_COUNTS = {
+    "type": "object",
+    "description": "Tasks per host, hosts in allocation order (LSB_MCPU_HOSTS).",
+    "additionalProperties": {"type": "integer", "minimum": 1},
+}
+_TASKS = {"type": "array", "items": {"$ref": "#/components/schemas/ResizeTask"}}
+_STATUS_PROPERTIES: dict[str, Any] = {
+    "job_id": {"type": "string"},
+    "phase": {
+        "type": "string",
+        "enum": [
+            "IDLE",
+            "GROW_PENDING",
+            "GROW_NOTIFYING",
+            "GROW_STARTING",
+            "SHRINK_NOTIFYING",
+            "SHRINK_STOPPING",
+            "ENDED",
+        ],
+    },
+    "tasks": {**_TASKS, "description": "The committed allocation; task 0 is the head task."},
+    "hosts": _HOST_COUNTS,
+    "min_tasks": {"type": "integer"},
+    "max_tasks": {"type": "integer"},
+    "version": {"type": "integer", "minimum": 0, "description": "The allocation version."},
+    "pending": {
+        "description": "The pending grow, if any.",
+        "oneOf": [
+            {"type": "null"},
+            {
+                "type": "object",
+                "properties": {
+                    "min": {"type": "integer", "minimum": 1},
+                    "max": {"type": "integer", "minimum": 1},
+                    "failures": {"type": "integer", "minimum": 0},
+                    "requested_at": {"type": "number"},
+                },
+                "required": ["min", "max", "failures", "requested_at"],
+                "additionalProperties": False,
+            },
+        ],
+    },
+    "in_flight": {
+        "description": "The change in flight, if any: tasks added (grow) or released (shrink).",
+        "oneOf": [
+            {"type": "null"},
+            {
+                "type": "object",
+                "properties": {
+                    "kind": {"type": "string", "enum": ["grow", "shrink"]},
+                    "tasks": _TASKS,
+                },
+                "required": ["kind", "tasks"],
+                "additionalProperties": False,
+            },
+        ],
+    },
+}
+_OPTIONS = {
+    "cancel_pending": {
+        "type": "boolean",
+        "default": False,
+        "description": "Cancel the pending grow first (bresize -c).",
+    },
+    "notify_cmd": {
+        "type": ["string", "null"],
+        "maxLength": 4095,
+        "description": "Notification command for this change (bresize -rnc); "
+        "less than 4096 bytes in UTF-8.",
+    },
+    "no_notify": {
+        "type": "boolean",
+        "default": False,
+        "description": "Run no notification command (bresize -rncn).",
+    },
+}
+
+
+def _release_form(name: str) -> dict[str, Any]:
+    schema = _RELEASE_FORMS[name]
+    return {"required": [name], "properties": {name: {"type": schema["type"][0]}}}
+
+
+_RELEASE_FORMS: dict[str, dict[str, Any]] = {
+    "spec": {
+        "type": ["string", "null"],
+        "description": "LSF release specification: `all`, `all ~hostA ~2*hostB`, "
+        "`hostA`, `2*hostB`.",
+    },
+    "hosts": {
+        "type": ["object", "null"],
+        "additionalProperties": {"type": ["integer", "null"], "minimum": 1},
+        "description": "Host -> tasks to release there (null: all of the job's tasks there).",
+    },
+    "task_ids": {
+        "type": ["array", "null"],
+        "items": {"type": "integer", "minimum": 0},
+        "description": "Task ids to release.",
+    },
+    "count": {
+        "type": ["integer", "null"],
+        "minimum": 1,
+        "description": "How many tasks to release (chosen by the site's policy).",
+    },
+}
+
+SCHEMAS: dict[str, Any] = {
+    "ResizeTask": _TASK,
+    "ResizeStatus": {
+        "type": "object",
+        "properties": _STATUS_PROPERTIES,
+        "required": sorted(_STATUS_PROPERTIES),
+        "additionalProperties": False,
+    },
+    "ResizeWaitResult": {
+        "type": "object",
+        "properties": {
+            **_STATUS_PROPERTIES,
+            "done": {
+                "type": "boolean",
+                "description": "Nothing pending or in flight, and a newer version.",
+            },
+            "job_state": {"type": "string", "enum": [s.value for s in JobState]},
+        },
+        "required": [*sorted(_STATUS_PROPERTIES), "done", "job_state"],
+        "additionalProperties": False,
+    },
+    "ResizeHistory": {
+        "type": "object",
+        "properties": {
+            "job_id": {"type": "string"},
+            "segments": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "start": {"type": "number"},
+                        "end": {"type": "number"},
+                        "slots": {"type": "integer", "minimum": 1},
+                    },
+                    "required": ["start", "end", "slots"],
+                    "additionalProperties": False,
+                },
+            },
+            "slot_seconds": {"type": "number", "minimum": 0},
+            "records": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "time": {"type": "number"},
+                        "type": {"type": "string", "enum": ["grow", "shrink"]},
+                        "before": _HOST_COUNTS,
+                        "delta": _HOST_COUNTS,
+                        "after": _HOST_COUNTS,
+                        "delta_tasks": {"type": "array", "items": {"type": "integer"}},
+                        "version": {"type": "integer", "minimum": 1},
+                    },
+                    "required": [
+                        "time",
+                        "type",
+                        "before",
+                        "delta",
+                        "after",
+                        "delta_tasks",
+                        "version",
+                    ],
+                    "additionalProperties": False,
+                },
+            },
+        },
+        "required": ["job_id", "segments", "slot_seconds", "records"],
+        "additionalProperties": False,
+    },
+    "ResizeGrowRequest": {
+        "type": "object",
+        "description": "`bresize request [min_tasks,]tasks`: ask for min_tasks..tasks more.",
+        "properties": {
+            "tasks": {"type": "integer", "minimum": 1, "description": "Most tasks to add."},
+            "min_tasks": {
+                "type": "integer",
+                "minimum": 1,
+                "description": "Fewest tasks worth adding (default: tasks).",
+            },
+            **_OPTIONS,
+        },
+        "required": ["tasks"],
+        "additionalProperties": False,
+    },
+    "ResizeReleaseRequest": {
+        "type": "object",
+        "description": "`bresize release`: exactly one of spec, hosts, task_ids, count.",
+        "properties": {**_RELEASE_FORMS, **_OPTIONS},
+        "oneOf": [_release_form(name) for name in _RELEASE_FORMS],
+        "additionalProperties": False,
+    },
+}
+
+
+def schema_fields(name: str) -> tuple[str, ...]:
+    """The top-level fields of schema ``name`` (what a body may hold)."""
+    return tuple(SCHEMAS[name]["properties"])
+
+
+__all__ = ["SCHEMAS", "schema_fields"]
