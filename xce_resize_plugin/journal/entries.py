@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from typing import Final
+from typing import Final, TypeVar
 
 import attrs
 
@@ -18,6 +18,8 @@ from xce_resize_plugin.journal.records import TAILS
 #: Longest job id (utf-8 bytes): the ``index`` key adds 9 bytes and LMDB's keys are at
 #: most 511 bytes long.
 MAX_JOB_ID_BYTES: Final = 500
+
+_T = TypeVar("_T")
 
 
 def _check_job_id(_instance: object, _attribute: object, value: str) -> None:
@@ -28,12 +30,17 @@ def _check_job_id(_instance: object, _attribute: object, value: str) -> None:
         raise ValueError(f"job_id longer than {MAX_JOB_ID_BYTES} utf-8 bytes: {value[:40]!r}...")
 
 
+def _tuple_of(kind: type[_T], value: Iterable[_T], rule: str) -> tuple[_T, ...]:
+    """``value`` as a tuple, every item of type ``kind`` (else ``TypeError: rule, ...``)."""
+    items = tuple(value)
+    for item in items:
+        if not isinstance(item, kind):
+            raise TypeError(f"{rule}, not {type(item).__name__}")
+    return items
+
+
 def _to_facts(value: Iterable[bytes]) -> tuple[bytes, ...]:
-    facts = tuple(value)
-    for fact in facts:
-        if not isinstance(fact, bytes):
-            raise TypeError(f"facts must be bytes, not {type(fact).__name__}")
-    return facts
+    return _tuple_of(bytes, value, "facts must be bytes")
 
 
 def _is_time(value: object) -> bool:
@@ -75,11 +82,7 @@ class Tail:
 
 
 def _to_tails(value: Iterable[Tail]) -> tuple[Tail, ...]:
-    tails = tuple(value)
-    for tail in tails:
-        if not isinstance(tail, Tail):
-            raise TypeError(f"history must be Tail objects, not {type(tail).__name__}")
-    return tails
+    return _tuple_of(Tail, value, "history must be Tail objects")
 
 
 @attrs.frozen

@@ -19,7 +19,7 @@ import attrs
 import lmdb
 
 from xce_resize_plugin.errors import JournalError
-from xce_resize_plugin.journal.lmdb_env import LmdbEnv, lmdb_reason
+from xce_resize_plugin.journal.lmdb_env import DEFAULT_MAP_SIZE, LmdbEnv, lmdb_reason
 from xce_resize_plugin.journal.records import (
     DATA_FILE,
     DB_NAMES,
@@ -35,10 +35,6 @@ from xce_resize_plugin.journal.turn import TurnLock
 
 if TYPE_CHECKING:
     _Db = lmdb._Database
-
-#: What the journal calls itself in messages, and what an LMDB open failure means.
-_NOUN = "the journal"
-_UNUSABLE = "not a usable LMDB environment"
 
 
 @attrs.define(eq=False)
@@ -132,18 +128,7 @@ def _open_env(
     writemap = not sync and not readonly
     if writemap and size is not None:
         _check_size_read_only(path, data_file)
-    env = LmdbEnv.open(
-        path,
-        name=str(data_file),
-        noun=_NOUN,
-        unusable=_UNUSABLE,
-        map_size=map_size,
-        max_dbs=len(DB_NAMES) + 1,
-        sync=sync,
-        metasync=True,
-        readonly=readonly,
-        writemap=writemap,
-    )
+    env = _lmdb(path, data_file, map_size=map_size, sync=sync, readonly=readonly)
     try:
         _check_size(env.env, data_file)
         dbs = _open_dbs(env.env, data_file, readonly=readonly)
@@ -154,6 +139,32 @@ def _open_env(
         env.close()
         raise
     return SharedEnv(env=env, file=str(data_file), key=key, readonly=readonly, sync=sync, dbs=dbs)
+
+
+def _lmdb(
+    path: Path,
+    data_file: Path,
+    *,
+    readonly: bool,
+    map_size: int = DEFAULT_MAP_SIZE,
+    sync: bool = True,
+    lock: bool = True,
+) -> LmdbEnv:
+    """The journal's environment through the LMDB helper: ``metasync`` always, and
+    without sync LMDB writes through the map (``writemap``)."""
+    return LmdbEnv.open(
+        path,
+        name=str(data_file),
+        noun="the journal",
+        unusable="not a usable LMDB environment",
+        map_size=map_size,
+        max_dbs=len(DB_NAMES) + 1,
+        sync=sync,
+        metasync=True,
+        readonly=readonly,
+        writemap=not sync and not readonly,
+        lock=lock,
+    )
 
 
 def _data_size(path: Path, data_file: Path, *, readonly: bool) -> int | None:
@@ -202,15 +213,7 @@ def _check_size(env: lmdb.Environment, data_file: Path) -> None:
 
 def _check_size_read_only(path: Path, data_file: Path) -> None:
     """:func:`_check_size` on a read-only view of the file (which LMDB leaves as is)."""
-    env = LmdbEnv.open(
-        path,
-        name=str(data_file),
-        noun=_NOUN,
-        unusable=_UNUSABLE,
-        readonly=True,
-        lock=False,
-        max_dbs=0,
-    )
+    env = _lmdb(path, data_file, readonly=True, lock=False)
     try:
         _check_size(env.env, data_file)
     finally:
