@@ -37,6 +37,19 @@ def _get(env: LmdbEnv, key: bytes) -> bytes | None:
     return env.read(lambda txn: txn.get(key))
 
 
+def _in_another_process(path: Path, *lines: str) -> str:
+    """Run ``lines`` in a new interpreter with ``where`` = ``path``; what it printed.
+    LMDB allows one handle per environment and process: a second one needs another."""
+    head = ("import sys; from pathlib import Path", "where = Path(sys.argv[1])")
+    done = subprocess.run(
+        [sys.executable, "-c", "\n".join((*head, *lines)), str(path)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return done.stdout.strip()
+
+
 def test_open_creates_the_directory_with_durable_defaults(tmp_path: Path) -> None:
     path = tmp_path / "a" / "b"
     env = LmdbEnv.open(path, noun="the test state", max_dbs=1)
@@ -143,20 +156,14 @@ def test_fencing_between_two_handles(env: LmdbEnv) -> None:
 def test_fencing_by_another_process(env: LmdbEnv, tmp_path: Path) -> None:
     meta = env.open_db(b"meta")
     fence = env.take_epoch(Fence(meta, subject="the journal", advice="; stop this one"))
-    script = (
-        "import sys; from pathlib import Path\n"
-        "from xce_resize_plugin.journal.lmdb_env import Fence, LmdbEnv\n"
-        "env = LmdbEnv.open(Path(sys.argv[1]), noun='the test state', max_dbs=2)\n"
-        "print(env.take_epoch(Fence(env.open_db(b'meta'))).epoch)\n"
-        "env.close()\n"
+    printed = _in_another_process(
+        tmp_path / "env",
+        "from xce_resize_plugin.journal.lmdb_env import Fence, LmdbEnv",
+        "env = LmdbEnv.open(where, noun='the test state', max_dbs=2)",
+        "print(env.take_epoch(Fence(env.open_db(b'meta'))).epoch)",
+        "env.close()",
     )
-    result = subprocess.run(
-        [sys.executable, "-c", script, str(tmp_path / "env")],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    assert result.stdout.strip() == "2"
+    assert printed == "2"
     with pytest.raises(FencedError, match=r"at epoch 2: .*; stop this one$"):
         env.write(lambda txn: txn.put(b"k", b"v"), fence)
     assert _get(env, b"k") is None
@@ -171,15 +178,13 @@ def test_a_required_epoch_that_is_missing_is_damage(env: LmdbEnv) -> None:
 
 def test_a_map_grown_by_another_process_is_adopted(env: LmdbEnv, tmp_path: Path) -> None:
     env.write(lambda txn: txn.put(b"mine", b"1"))
-    script = (
-        "import sys; from pathlib import Path\n"
-        "from xce_resize_plugin.journal.lmdb_env import LmdbEnv\n"
-        f"env = LmdbEnv.open(Path(sys.argv[1]), noun='the test state', map_size={SMALL}, "
-        "max_dbs=2)\n"
-        f"env.write(lambda txn: txn.put(b'big', b'x' * {len(BIG)}))\n"
-        "env.close()\n"
+    _in_another_process(
+        tmp_path / "env",
+        "from xce_resize_plugin.journal.lmdb_env import LmdbEnv",
+        f"env = LmdbEnv.open(where, noun='the test state', map_size={SMALL}, max_dbs=2)",
+        f"env.write(lambda txn: txn.put(b'big', b'x' * {len(BIG)}))",
+        "env.close()",
     )
-    subprocess.run([sys.executable, "-c", script, str(tmp_path / "env")], check=True)
     assert _get(env, b"big") == BIG
     env.write(lambda txn: txn.put(b"after", b"2"))
     assert _get(env, b"after") == b"2"
@@ -241,12 +246,11 @@ def test_the_live_store_is_fenced_through_the_helper(tmp_path: Path) -> None:
     store = LiveStore(path, durable=False)
     try:
         assert store.epoch == store.stored_epoch() == 1
-        script = (
-            "import sys; from pathlib import Path\n"
-            "from xce_resize_plugin.controllers.live.live_store import LiveStore\n"
-            "LiveStore(Path(sys.argv[1])).close()\n"
+        _in_another_process(
+            path,
+            "from xce_resize_plugin.controllers.live.live_store import LiveStore",
+            "LiveStore(where).close()",
         )
-        subprocess.run([sys.executable, "-c", script, str(path)], check=True)
         assert store.stored_epoch() == 2
         store.put("job:1", {"argv": ["true"]})
         with pytest.raises(FencedError) as info:
