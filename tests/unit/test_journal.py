@@ -251,6 +251,11 @@ def test_fencing_between_two_handles(jdir: Path) -> None:
         message = str(err.value)
         assert data_file(jdir) in message
         assert "epoch 1" in message and "epoch 2" in message
+        # The wording docs/admin-guide.md shows.
+        assert err.value.detail == (
+            f"{data_file(jdir)}: this controller holds epoch 1 but the journal is at epoch 2: "
+            "a newer controller has started on this state directory; stop this one"
+        )
         # Nothing of the fenced transaction was written.
         assert new.last_seq == 1
         assert list(new.facts()) == [(1, "a", b"x")]

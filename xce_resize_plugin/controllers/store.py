@@ -17,13 +17,12 @@ the directory rather than starting on half a state.
 
 from __future__ import annotations
 
-import gc
+import functools
 import json
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-import lmdb
 from attrs import frozen
 
 from xce_resize_plugin.controllers.jobs import (
@@ -35,8 +34,16 @@ from xce_resize_plugin.controllers.jobs import (
 )
 from xce_resize_plugin.controllers.violations import StoreError
 from xce_resize_plugin.core.models import GrowHosts, JobState, Task
+from xce_resize_plugin.journal.lmdb_env import DEFAULT_MAP_SIZE, LmdbEnv
+
+if TYPE_CHECKING:
+    import lmdb
+
+    _Txn = lmdb.Transaction[bytes]
 
 SCHEMA = 1
+#: The key of the meta record in the ``meta`` database.
+_STATE = b"state"
 
 Held = Mapping[int, str]
 
@@ -161,7 +168,12 @@ def encode_meta(meta: Mapping[str, Any]) -> bytes:
     return json.dumps({"schema": SCHEMA, **meta}, default=str).encode()
 
 
-def _check_meta(raw: bytes, where: str) -> dict[str, Any]:
+def encode_jobs(jobs: Iterable[tuple[JobRecord, Held]]) -> list[tuple[bytes, bytes]]:
+    """``(key, value)`` of each job record, as the ``jobs`` database holds them."""
+    return [(job.id.encode(), encode_job(job, held)) for job, held in jobs]
+
+
+def _check_meta(raw: bytes, where: str, writer: str = "embedded controller") -> dict[str, Any]:
     try:
         meta = json.loads(raw)
     except ValueError as exc:
@@ -170,7 +182,7 @@ def _check_meta(raw: bytes, where: str) -> dict[str, Any]:
         raise StoreError(f"{where}: meta record without a schema version")
     if meta["schema"] > SCHEMA:
         raise StoreError(
-            f"{where}: state written by a newer embedded controller "
+            f"{where}: state written by a newer {writer} "
             f"(schema {meta['schema']}, this one reads {SCHEMA})"
         )
     return meta
@@ -230,68 +242,59 @@ class LmdbStore:
 
     ``durable=True`` syncs every write (py-lmdb's defaults); ``False`` leaves flushing
     to the OS, which survives a process crash but not a power cut, for long simulations.
-    The map grows on ``MapFullError`` and the whole write is retried.
+    The map grows on ``MapFullError`` and the whole write is retried (within the bounds
+    of :class:`~xce_resize_plugin.journal.lmdb_env.LmdbEnv`).
     """
 
-    def __init__(self, path: Path, durable: bool = True, map_size: int = 64 << 20) -> None:
+    #: What the store is called in its messages.
+    noun = "the embedded controller state"
+    #: Who wrote a state of a newer schema, in the message refusing it.
+    writer = "embedded controller"
+
+    def __init__(self, path: Path, durable: bool = True, map_size: int = DEFAULT_MAP_SIZE) -> None:
         self.path = path
-        path.mkdir(parents=True, exist_ok=True)
-        self._env = self._open(path, map_size, durable)
+        # A crash simulated in-process leaves the dropped controller holding the
+        # environment until the cycle collector frees it (its runner and timeline refer
+        # back to it); LmdbEnv.open collects and tries again once.
+        self._env = LmdbEnv.open(
+            path,
+            noun=self.noun,
+            error=StoreError,
+            map_size=map_size,
+            max_dbs=4,
+            sync=durable,
+            metasync=durable,
+        )
         self._meta_db = self._env.open_db(b"meta")
         self._jobs_db = self._env.open_db(b"jobs")
 
-    @staticmethod
-    def _open(path: Path, map_size: int, durable: bool) -> Any:
-        def attempt() -> Any:
-            return lmdb.open(
-                str(path), map_size=map_size, max_dbs=4, sync=durable, metasync=durable
-            )
-
-        try:
-            return attempt()
-        except lmdb.Error as exc:
-            if "already open" not in str(exc):
-                raise StoreError(
-                    f"{path}: cannot open the embedded controller state ({exc})"
-                ) from exc
-        # A crash simulated in-process: the dropped controller still holds the
-        # environment until the cycle collector frees it (its runner and timeline refer
-        # back to it), and py-lmdb refuses a second handle. Collect, then retry once.
-        gc.collect()
-        try:
-            return attempt()
-        except lmdb.Error as exc:
-            raise StoreError(
-                f"{path}: the embedded controller state is still open in this process; "
-                "close() the old controller or drop every reference to it first"
-            ) from exc
-
     def load(self) -> Snapshot | None:
-        with self._env.begin() as txn:
-            raw = txn.get(b"state", db=self._meta_db)
-            if raw is None:
-                return None
-            meta = _check_meta(bytes(raw), str(self.path))
-            jobs = tuple(
-                _decode(bytes(value), str(self.path), bytes(key).decode())
-                for key, value in txn.cursor(db=self._jobs_db)
-            )
+        return self._env.read(self._snapshot)
+
+    def _snapshot(self, txn: _Txn) -> Snapshot | None:
+        raw = txn.get(_STATE, db=self._meta_db)
+        if raw is None:
+            return None
+        where = str(self.path)
+        meta = _check_meta(bytes(raw), where, self.writer)
+        jobs = tuple(
+            _decode(bytes(value), where, bytes(key).decode())
+            for key, value in txn.cursor(db=self._jobs_db)
+        )
         return Snapshot(meta, jobs)
 
     def write(self, meta: Mapping[str, Any] | None, jobs: Iterable[tuple[JobRecord, Held]]) -> None:
         # Encode first: a retry after MapFullError must not re-run the iterator.
-        items = [(job.id.encode(), encode_job(job, held)) for job, held in jobs]
+        items = encode_jobs(jobs)
         meta_raw = None if meta is None else encode_meta(meta)
-        while True:
-            try:
-                with self._env.begin(write=True) as txn:
-                    if meta_raw is not None:
-                        txn.put(b"state", meta_raw, db=self._meta_db)
-                    for key, value in items:
-                        txn.put(key, value, db=self._jobs_db)
-                return
-            except lmdb.MapFullError:
-                self._env.set_mapsize(self._env.info()["map_size"] * 2)
+        self._env.write(functools.partial(self._put, meta_raw, items))
+
+    def _put(self, meta_raw: bytes | None, items: list[tuple[bytes, bytes]], txn: _Txn) -> None:
+        """Write the meta record (if given) and these encoded job records in ``txn``."""
+        if meta_raw is not None:
+            txn.put(_STATE, meta_raw, db=self._meta_db)
+        for key, value in items:
+            txn.put(key, value, db=self._jobs_db)
 
     def close(self) -> None:
         self._env.close()

@@ -1,8 +1,8 @@
 """The live controller's own state: LMDB with fencing and the live side records.
 
-It satisfies the embedded controller's :class:`~xce_resize_plugin.controllers.store.Store`
-protocol (the job records and the ``meta`` record, encoded exactly as
-:class:`~xce_resize_plugin.controllers.store.LmdbStore` does) and adds what only the live
+A :class:`~xce_resize_plugin.controllers.store.LmdbStore` (it satisfies the embedded
+controller's :class:`~xce_resize_plugin.controllers.store.Store` protocol and keeps the
+job records and the ``meta`` record as that store does) that adds what only the live
 controller needs, in the same transactions:
 
 - **fencing**: opening the store takes the next epoch (durably); every write checks it
@@ -25,48 +25,40 @@ may share a state directory layout, the two must not share a database).
 
 from __future__ import annotations
 
+import functools
 import json
-import struct
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any
-
-import lmdb
+from typing import TYPE_CHECKING, Any
 
 from xce_resize_plugin.controllers.jobs import JobRecord
 from xce_resize_plugin.controllers.store import (
-    SCHEMA,
     Held,
+    LmdbStore,
     Snapshot,
-    decode_job,
-    encode_job,
+    encode_jobs,
     encode_meta,
 )
 from xce_resize_plugin.controllers.violations import StoreError
-from xce_resize_plugin.errors import FencedError
+from xce_resize_plugin.journal.lmdb_env import DEFAULT_MAP_SIZE, Fence
 
-_U64 = struct.Struct(">Q")
-_EPOCH = b"epoch"
-_STATE = b"state"
+if TYPE_CHECKING:
+    import lmdb
+
+    _Txn = lmdb.Transaction[bytes]
 
 
-class LiveStore:
+class LiveStore(LmdbStore):
     """See the module docstring. Not thread-safe: the controller lock serialises it."""
 
-    def __init__(self, path: Path, durable: bool = True, map_size: int = 64 << 20) -> None:
-        self.path = path
-        path.mkdir(parents=True, exist_ok=True)
-        try:
-            self._env = lmdb.open(
-                str(path), map_size=map_size, max_dbs=4, sync=durable, metasync=durable
-            )
-        except lmdb.Error as exc:
-            raise StoreError(f"{path}: cannot open the live controller state ({exc})") from exc
-        self._meta_db = self._env.open_db(b"meta")
-        self._jobs_db = self._env.open_db(b"jobs")
+    noun = "the live controller state"
+    writer = "controller"
+
+    def __init__(self, path: Path, durable: bool = True, map_size: int = DEFAULT_MAP_SIZE) -> None:
+        super().__init__(path, durable, map_size)
         self._live_db = self._env.open_db(b"live")
-        self.epoch = self._take_epoch()
-        self.side: dict[str, Any] = self._load_side()
+        self._fence = self._env.take_epoch(Fence(self._meta_db, subject="the state"))
+        self.side: dict[str, Any] = self._env.read(self._read_side)
         self._dirty: set[str] = set()
         self._last_meta: dict[str, Any] | None = None
         self.before_commit: Callable[[list[JobRecord]], None] | None = None
@@ -75,52 +67,26 @@ class LiveStore:
 
     # -- fencing ---------------------------------------------------------------------
 
-    def _take_epoch(self) -> int:
-        def bump(txn: Any) -> int:
-            raw = txn.get(_EPOCH, db=self._meta_db)
-            epoch = (_U64.unpack(bytes(raw))[0] if raw is not None else 0) + 1
-            txn.put(_EPOCH, _U64.pack(epoch), db=self._meta_db)
-            return epoch
-
-        epoch: int = self._write(bump)
-        return epoch
+    @property
+    def epoch(self) -> int:
+        """The epoch this controller took when it opened the store."""
+        return self._fence.epoch
 
     def stored_epoch(self) -> int:
         """The epoch in the database now (a newer controller's, if one started)."""
-        with self._env.begin() as txn:
-            raw = txn.get(_EPOCH, db=self._meta_db)
-        return _U64.unpack(bytes(raw))[0] if raw is not None else 0
+        return self._env.read(functools.partial(self._env.stored_epoch, fence=self._fence))
 
     def check_epoch(self) -> None:
         """Raise :class:`FencedError` if a newer controller took the state directory."""
-        stored = self.stored_epoch()
-        if stored != self.epoch:
-            raise self._fenced(stored)
-
-    def _fenced(self, stored: int) -> FencedError:
-        return FencedError(
-            f"{self.path}: this controller holds epoch {self.epoch} but the state is at "
-            f"epoch {stored}: a newer controller has started on this state directory"
-        )
+        self._env.read(functools.partial(self._env.check_fence, fence=self._fence))
 
     # -- the Store protocol ------------------------------------------------------------
 
     def load(self) -> Snapshot | None:
-        with self._env.begin() as txn:
-            raw = txn.get(_STATE, db=self._meta_db)
-            if raw is None:
-                return None
-            meta = self._check_meta(bytes(raw))
-            jobs = []
-            for key, value in txn.cursor(db=self._jobs_db):
-                try:
-                    jobs.append(decode_job(bytes(value)))
-                except (ValueError, KeyError, TypeError) as exc:
-                    raise StoreError(
-                        f"{self.path}: corrupt job record {bytes(key).decode()!r} ({exc!r})"
-                    ) from exc
-        self._last_meta = _without_clock(meta)
-        return Snapshot(meta, tuple(jobs))
+        snapshot = super().load()
+        if snapshot is not None:
+            self._last_meta = _without_clock(snapshot.meta)
+        return snapshot
 
     def write(self, meta: Mapping[str, Any] | None, jobs: Iterable[tuple[JobRecord, Held]]) -> None:
         """Write what changed, fenced, in one transaction; then ``after_commit``.
@@ -137,36 +103,34 @@ class LiveStore:
         meta_raw = None
         if meta is not None and _without_clock(meta) != self._last_meta:
             meta_raw = encode_meta(meta)
-        items = [(job.id.encode(), encode_job(job, held)) for job, held in pairs]
+        items = encode_jobs(pairs)
         side = [(k, self.side.get(k)) for k in sorted(self._dirty)]
         if meta_raw is not None or items or side:
-
-            def apply(txn: Any) -> None:
-                raw = txn.get(_EPOCH, db=self._meta_db)
-                stored = _U64.unpack(bytes(raw))[0] if raw is not None else 0
-                if stored != self.epoch:
-                    raise self._fenced(stored)
-                if meta_raw is not None:
-                    txn.put(_STATE, meta_raw, db=self._meta_db)
-                for key, value in items:
-                    txn.put(key, value, db=self._jobs_db)
-                for skey, svalue in side:
-                    if svalue is None:
-                        txn.delete(skey.encode(), db=self._live_db)
-                    else:
-                        txn.put(skey.encode(), json.dumps(svalue).encode(), db=self._live_db)
-
-            self._write(apply)
+            self._env.write(functools.partial(self._put_all, meta_raw, items, side), self._fence)
             self._dirty.clear()
             if meta_raw is not None and meta is not None:
                 self._last_meta = _without_clock(meta)
         if self.after_commit is not None:
             self.after_commit()
 
+    def _put_all(
+        self,
+        meta_raw: bytes | None,
+        items: list[tuple[bytes, bytes]],
+        side: list[tuple[str, Any]],
+        txn: _Txn,
+    ) -> None:
+        self._put(meta_raw, items, txn)
+        for skey, svalue in side:
+            if svalue is None:
+                txn.delete(skey.encode(), db=self._live_db)
+            else:
+                txn.put(skey.encode(), json.dumps(svalue).encode(), db=self._live_db)
+
     def close(self) -> None:
         if not self._closed:
             self._closed = True
-            self._env.close()
+            super().close()
 
     # -- side records ------------------------------------------------------------------
 
@@ -184,40 +148,15 @@ class LiveStore:
     def keys(self, prefix: str) -> list[str]:
         return [k for k in self.side if k.startswith(prefix)]
 
-    def _load_side(self) -> dict[str, Any]:
+    def _read_side(self, txn: _Txn) -> dict[str, Any]:
         out: dict[str, Any] = {}
-        with self._env.begin() as txn:
-            for key, value in txn.cursor(db=self._live_db):
-                name = bytes(key).decode()
-                try:
-                    out[name] = json.loads(bytes(value))
-                except ValueError as exc:
-                    raise StoreError(f"{self.path}: corrupt side record {name!r} ({exc})") from exc
-        return out
-
-    # -- internals -----------------------------------------------------------------------
-
-    def _check_meta(self, raw: bytes) -> dict[str, Any]:
-        try:
-            meta = json.loads(raw)
-        except ValueError as exc:
-            raise StoreError(f"{self.path}: corrupt meta record ({exc})") from exc
-        if not isinstance(meta, dict) or not isinstance(meta.get("schema"), int):
-            raise StoreError(f"{self.path}: meta record without a schema version")
-        if meta["schema"] > SCHEMA:
-            raise StoreError(
-                f"{self.path}: state written by a newer controller "
-                f"(schema {meta['schema']}, this one reads {SCHEMA})"
-            )
-        return meta
-
-    def _write(self, fn: Callable[[Any], Any]) -> Any:
-        while True:
+        for key, value in txn.cursor(db=self._live_db):
+            name = bytes(key).decode()
             try:
-                with self._env.begin(write=True) as txn:
-                    return fn(txn)
-            except lmdb.MapFullError:
-                self._env.set_mapsize(self._env.info()["map_size"] * 2)
+                out[name] = json.loads(bytes(value))
+            except ValueError as exc:
+                raise StoreError(f"{self.path}: corrupt side record {name!r} ({exc})") from exc
+        return out
 
 
 def _without_clock(meta: Mapping[str, Any]) -> dict[str, Any]:

@@ -1,0 +1,117 @@
+"""``journal compact``: drop the facts of jobs that finished long ago, archiving them."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, TextIO
+
+import lmdb
+
+from xce_resize_plugin.errors import JournalError
+from xce_resize_plugin.journal.exporting import export_line
+from xce_resize_plugin.journal.journal import Journal
+from xce_resize_plugin.journal.records import (
+    DATA_FILE,
+    DONE,
+    FACTS,
+    INDEX,
+    META,
+    REMOVED_KEY,
+    U64,
+    BadRecord,
+    decode_done,
+    decode_fact,
+    index_prefix,
+    key_seq,
+    numbered_rows,
+)
+
+if TYPE_CHECKING:
+    _Txn = lmdb.Transaction[bytes]
+
+
+def compact(path: Path | str, keep_days: float, now: float, archive: TextIO | None = None) -> int:
+    """Drop the history of jobs that finished more than ``keep_days`` before ``now``.
+
+    Their facts and index rows go in one write transaction; each removed fact is first
+    written to ``archive`` as an :func:`~xce_resize_plugin.journal.exporting.export` line,
+    so no history is lost unless the caller chose to pass none. The jobs' final states
+    stay in ``done`` (they are small and carry the accounting: timeline and resize
+    records). Live jobs and recently finished ones are untouched, sequence numbers are
+    never reused and ``meta.removed`` counts what went (so ``verify`` still accounts for
+    every sequence number). Returns the number of facts removed.
+
+    An offline tool: run it with the controller stopped. It does not take an epoch, so
+    it does not fence a running controller, and a running engine may still be reading
+    the history it removes. The data file does not shrink; LMDB reuses freed pages.
+    """
+    if not keep_days >= 0:
+        raise ValueError(f"keep_days must be zero or more, not {keep_days!r}")
+    path = Path(path).absolute()
+    if not (path / DATA_FILE).is_file():
+        raise JournalError(f"{path / DATA_FILE}: no journal here (the file does not exist)")
+    cutoff = now - keep_days * 86400.0
+    with Journal.open(path) as journal:
+
+        def apply(txn: _Txn) -> int:
+            removed = 0
+            for job in _finished_before(journal, txn, cutoff):
+                removed += _drop_facts(journal, txn, job, archive)
+            total = journal._removed(txn)
+            txn.put(REMOVED_KEY, U64.pack(total + removed), db=journal._db(META))
+            if archive is not None:
+                _sync(archive)  # before the transaction commits the deletion
+            return removed
+
+        return journal._write(apply)
+
+
+def _finished_before(journal: Journal, txn: _Txn, cutoff: float) -> list[bytes]:
+    """The keys of the jobs that ended before ``cutoff``."""
+    old: list[bytes] = []
+    for key, value in txn.cursor(journal._db(DONE)):
+        try:
+            ended_at, _ = decode_done(value)
+        except BadRecord as exc:
+            raise JournalError(
+                f"{journal.path}: done state of job {key!r}: {exc}; run verify, "
+                "nothing was compacted"
+            ) from None
+        if ended_at < cutoff:
+            old.append(key)
+    return old
+
+
+def _drop_facts(journal: Journal, txn: _Txn, job: bytes, archive: TextIO | None) -> int:
+    """Delete one job's facts and index rows (archiving the facts); how many facts went."""
+    facts_db, index_db = journal._db(FACTS), journal._db(INDEX)
+    prefix = index_prefix(job)
+    rows = [key for key, _ in numbered_rows(txn.cursor(index_db), prefix)]
+    removed = 0
+    for key in rows:
+        seq = key[len(prefix) :]
+        if archive is not None:
+            stored = txn.get(seq, db=facts_db)
+            if stored is not None:
+                _archive_line(archive, seq, stored)
+        if txn.delete(seq, db=facts_db):
+            removed += 1
+        txn.delete(key, db=index_db)
+    return removed
+
+
+def _archive_line(out: TextIO, seq: bytes, value: bytes) -> None:
+    try:
+        job_id, payload = decode_fact(value)
+    except BadRecord as exc:
+        raise JournalError(f"fact {key_seq(seq)}: {exc}; run verify") from None
+    export_line(out, key_seq(seq), job_id, payload)
+
+
+def _sync(out: TextIO) -> None:
+    """Make the archive durable before the facts it holds are deleted."""
+    out.flush()
+    with contextlib.suppress(AttributeError, OSError, ValueError):
+        os.fsync(out.fileno())

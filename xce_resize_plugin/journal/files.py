@@ -1,0 +1,303 @@
+"""The journal's files: opened and checked before they are trusted, shared in the process.
+
+Opening refuses what LMDB would accept silently (an empty or truncated data file, an
+environment that is not a journal, a schema this version does not read) and creates a
+journal only in an empty environment. One process must not open the same environment
+twice (LMDB's locks are per process and file; py-lmdb refuses it), so every journal
+handle on the same files in this process shares one :class:`SharedEnv`,
+reference-counted and found by the data file's identity.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import attrs
+import lmdb
+
+from xce_resize_plugin.errors import JournalError
+from xce_resize_plugin.journal.lmdb_env import DEFAULT_MAP_SIZE, LmdbEnv, lmdb_reason
+from xce_resize_plugin.journal.records import (
+    DATA_FILE,
+    DB_NAMES,
+    EPOCH_KEY,
+    LAST_SEQ_KEY,
+    META,
+    REMOVED_KEY,
+    SCHEMA,
+    SCHEMA_KEY,
+    U64,
+)
+from xce_resize_plugin.journal.turn import TurnLock
+
+if TYPE_CHECKING:
+    _Db = lmdb._Database
+
+
+@attrs.define(eq=False)
+class SharedEnv:
+    """One open environment and what every handle on it in this process shares."""
+
+    env: LmdbEnv
+    file: str
+    key: tuple[int, int]
+    readonly: bool
+    sync: bool
+    dbs: dict[str, _Db]
+    users: int = 0
+    turn: TurnLock = attrs.field(factory=TurnLock)
+
+
+_REGISTRY: dict[tuple[int, int], SharedEnv] = {}
+_REGISTRY_LOCK = threading.Lock()
+
+
+def _file_key(data_file: Path) -> tuple[int, int] | None:
+    """Identity of the data file: the same files under another path are the same env."""
+    try:
+        st = data_file.stat()
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino)
+
+
+def acquire(path: Path, *, map_size: int, sync: bool, readonly: bool) -> SharedEnv:
+    """The shared environment of the journal in directory ``path``, opened if needed;
+    release it with :func:`release`."""
+    data_file = path / DATA_FILE
+    with _REGISTRY_LOCK:
+        key = _file_key(data_file)
+        shared = _REGISTRY.get(key) if key is not None else None
+        if shared is None:
+            shared = _open_env(path, data_file, map_size=map_size, sync=sync, readonly=readonly)
+            _REGISTRY[shared.key] = shared
+        elif shared.readonly and not readonly:
+            _reopen_writable(shared, path, data_file, map_size=map_size, sync=sync)
+        shared.users += 1
+        return shared
+
+
+def _reopen_writable(
+    shared: SharedEnv, path: Path, data_file: Path, *, map_size: int, sync: bool
+) -> None:
+    """Swap a read-only environment for a writable one under its existing handles.
+
+    The files cannot be opened twice in one process, so the read-only environment is
+    closed and the same files opened for writing; the read-only handles keep working
+    (they refuse writes themselves). Called with the registry lock held.
+    """
+    with shared.turn:
+        shared.env.close()
+        try:
+            fresh = _open_env(path, data_file, map_size=map_size, sync=sync, readonly=False)
+        except BaseException:
+            # Give the existing handles their environment back before reporting.
+            with contextlib.suppress(JournalError):
+                old = _open_env(path, data_file, map_size=map_size, sync=sync, readonly=True)
+                shared.env, shared.dbs = old.env, old.dbs
+            raise
+        shared.env, shared.dbs, shared.readonly, shared.sync = fresh.env, fresh.dbs, False, sync
+
+
+def release(shared: SharedEnv) -> None:
+    """Drop one handle's share; the environment closes with the last one."""
+    # Closed under the registry lock: an open() racing with the last close() must find
+    # either the registered environment or none at all, never one still closing (which
+    # py-lmdb would refuse as "already open in this process").
+    with _REGISTRY_LOCK:
+        shared.users -= 1
+        if shared.users:
+            return
+        if _REGISTRY.get(shared.key) is shared:
+            del _REGISTRY[shared.key]
+        with shared.turn:
+            shared.env.close()
+
+
+def _open_env(
+    path: Path, data_file: Path, *, map_size: int, sync: bool, readonly: bool
+) -> SharedEnv:
+    """Open and check the environment; create a fresh journal only in an empty one."""
+    size = _data_size(path, data_file, readonly=readonly)
+    # Without sync (simulations), LMDB writes through the map instead of copying every
+    # dirty page to the file at each commit. It then extends the file to the map size
+    # as it opens it, which would hide a truncation from _check_size: check first.
+    writemap = not sync and not readonly
+    if writemap and size is not None:
+        _check_size_read_only(path, data_file)
+    env = _lmdb(path, data_file, map_size=map_size, sync=sync, readonly=readonly)
+    try:
+        _check_size(env.env, data_file)
+        dbs = _open_dbs(env.env, data_file, readonly=readonly)
+        key = _file_key(data_file)
+        if key is None:
+            raise JournalError(f"{data_file}: the file disappeared while opening it")
+    except BaseException:
+        env.close()
+        raise
+    return SharedEnv(env=env, file=str(data_file), key=key, readonly=readonly, sync=sync, dbs=dbs)
+
+
+def _lmdb(
+    path: Path,
+    data_file: Path,
+    *,
+    readonly: bool,
+    map_size: int = DEFAULT_MAP_SIZE,
+    sync: bool = True,
+    lock: bool = True,
+) -> LmdbEnv:
+    """The journal's environment through the LMDB helper: ``metasync`` always, and
+    without sync LMDB writes through the map (``writemap``)."""
+    return LmdbEnv.open(
+        path,
+        name=str(data_file),
+        noun="the journal",
+        unusable="not a usable LMDB environment",
+        map_size=map_size,
+        max_dbs=len(DB_NAMES) + 1,
+        sync=sync,
+        metasync=True,
+        readonly=readonly,
+        writemap=not sync and not readonly,
+        lock=lock,
+    )
+
+
+def _data_size(path: Path, data_file: Path, *, readonly: bool) -> int | None:
+    """The data file's size (``None``: no file yet), refusing an empty one; creates the
+    directory unless ``readonly`` (then the file must exist)."""
+    if readonly:
+        if not data_file.is_file():
+            raise JournalError(f"{data_file}: no journal here (the file does not exist)")
+    else:
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise JournalError(f"{data_file}: cannot create the directory: {exc}") from exc
+    try:
+        size: int | None = data_file.stat().st_size
+    except FileNotFoundError:
+        size = None
+    except OSError as exc:
+        raise JournalError(f"{data_file}: cannot stat the file: {exc}") from exc
+    if size == 0:
+        # LMDB would silently start a new, empty environment over a zero-length file.
+        raise JournalError(
+            f"{data_file}: the file is empty (truncated?); refusing to start a new journal "
+            "over it. Move it away only if this is a fresh installation."
+        )
+    return size
+
+
+def _check_size(env: lmdb.Environment, data_file: Path) -> None:
+    """Refuse a data file shorter than its own meta page says it is.
+
+    LMDB maps the file and does not check this: reading a page past the end of a
+    truncated file kills the process with SIGBUS instead of raising.
+    """
+    try:
+        needed = (env.info()["last_pgno"] + 1) * env.stat()["psize"]
+        actual = data_file.stat().st_size
+    except (lmdb.Error, OSError) as exc:
+        raise JournalError(f"{data_file}: cannot read the file ({lmdb_reason(exc)})") from exc
+    if actual < needed:
+        raise JournalError(
+            f"{data_file}: truncated: {actual} bytes on disk, but its last page ends at byte "
+            f"{needed}"
+        )
+
+
+def _check_size_read_only(path: Path, data_file: Path) -> None:
+    """:func:`_check_size` on a read-only view of the file (which LMDB leaves as is)."""
+    env = _lmdb(path, data_file, readonly=True, lock=False)
+    try:
+        _check_size(env.env, data_file)
+    finally:
+        env.close()
+
+
+def _open_dbs(env: lmdb.Environment, data_file: Path, *, readonly: bool) -> dict[str, _Db]:
+    """Open the named databases; initialise a journal only in an empty environment."""
+    try:
+        with env.begin() as txn:
+            has_meta = txn.get(META.encode()) is not None
+            empty = not txn.cursor().first()
+    except lmdb.Error as exc:
+        raise JournalError(f"{data_file}: damaged ({lmdb_reason(exc)})") from exc
+    if not has_meta and not empty:
+        raise JournalError(
+            f"{data_file}: an LMDB environment, but not a journal (no meta database)"
+        )
+    if not has_meta and readonly:
+        raise JournalError(f"{data_file}: an empty LMDB environment, not a journal yet")
+    if has_meta:
+        _check_schema(env, data_file)
+        dbs = _existing_dbs(env, data_file)
+    else:
+        dbs = _create_dbs(env, data_file)
+    _check_schema(env, data_file)
+    return dbs
+
+
+def _existing_dbs(env: lmdb.Environment, data_file: Path) -> dict[str, _Db]:
+    dbs: dict[str, _Db] = {}
+    for name in DB_NAMES:
+        try:
+            dbs[name] = env.open_db(name.encode(), create=False)
+        except lmdb.NotFoundError:
+            raise JournalError(f"{data_file}: damaged: the {name} database is missing") from None
+        except lmdb.Error as exc:
+            raise JournalError(
+                f"{data_file}: cannot open the {name} database ({lmdb_reason(exc)})"
+            ) from exc
+    return dbs
+
+
+def _create_dbs(env: lmdb.Environment, data_file: Path) -> dict[str, _Db]:
+    dbs: dict[str, _Db] = {}
+    try:
+        with env.begin(write=True) as txn:
+            for name in DB_NAMES:
+                dbs[name] = env.open_db(name.encode(), txn=txn, create=True)
+            # overwrite=False: a second process initialising at the same moment must
+            # not reset an epoch the first one has already taken.
+            for key in (SCHEMA_KEY, EPOCH_KEY, LAST_SEQ_KEY, REMOVED_KEY):
+                value = SCHEMA if key == SCHEMA_KEY else 0
+                txn.put(key, U64.pack(value), db=dbs[META], overwrite=False)
+    except lmdb.Error as exc:
+        raise JournalError(
+            f"{data_file}: cannot initialise a new journal ({lmdb_reason(exc)})"
+        ) from exc
+    return dbs
+
+
+def _check_schema(env: lmdb.Environment, data_file: Path) -> None:
+    """Refuse a journal of another schema before opening its databases (a different
+    schema may have different ones)."""
+    try:
+        meta = env.open_db(META.encode(), create=False)
+        with env.begin() as txn:
+            raw = txn.get(SCHEMA_KEY, db=meta)
+    except lmdb.Error as exc:
+        raise JournalError(f"{data_file}: damaged ({lmdb_reason(exc)})") from exc
+    if raw is None or len(raw) != U64.size:
+        raise JournalError(f"{data_file}: damaged: meta has no valid schema version")
+    (schema,) = U64.unpack(raw)
+    if schema > SCHEMA:
+        raise JournalError(
+            f"{data_file}: written by a newer version (journal schema {schema}, this version "
+            f"reads up to {SCHEMA}); upgrade xce_resize_plugin"
+        )
+    if schema == 1:
+        raise JournalError(
+            f"{data_file}: journal schema 1, written by an earlier development version of "
+            f"xce_resize_plugin (this version reads schema {SCHEMA} only); export its facts "
+            "with that version (`xce-resize journal export`) and start from a new state "
+            "directory"
+        )
+    if schema < 1:
+        raise JournalError(f"{data_file}: unknown journal schema {schema}")

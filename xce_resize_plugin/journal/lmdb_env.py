@@ -1,0 +1,343 @@
+"""The one LMDB helper: how every LMDB store of the project opens, writes and fences.
+
+Three stores use it: the plugin's journal (this package), the simulated controller's own
+state (``controllers/store.py``) and the live controller's (``controllers/live/live_store.py``).
+:class:`LmdbEnv` wraps one open :class:`lmdb.Environment` and gives them the same rules:
+
+- **opening** with LMDB's durable defaults (``sync=True``, ``metasync=True``; a store
+  may give them up for simulations), the directory created first, every failure
+  raised as the store's own error naming the file;
+- **writing**: a write transaction is a function of the transaction, run whole. On
+  ``MapFullError`` the transaction is aborted (nothing of it is kept), the map doubled
+  and the function run again on a new transaction. Both the number of growths per
+  transaction and the map size are bounded; past either bound the store's error names
+  the file and says that nothing was written;
+- **fencing**: a write run with a :class:`Fence` first compares the epoch the writer
+  holds with the one stored in ``meta``, inside the same transaction, and raises
+  :class:`~xce_resize_plugin.errors.FencedError` (writing nothing) when a newer
+  controller has taken the state directory since;
+- **reading** in a short read transaction, adopting a map grown by another process.
+
+Epochs and other counters are 8-byte big-endian unsigned integers (the stores' bytes on
+disk are theirs: this module only reads and writes what they ask for).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import logging
+import struct
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Final, Self, TypeVar
+
+import attrs
+import lmdb
+
+from xce_resize_plugin.errors import FencedError, JournalError
+
+__all__ = [
+    "DEFAULT_MAP_SIZE",
+    "EPOCH_KEY",
+    "MAX_GROWTHS",
+    "MAX_MAP_SIZE",
+    "Fence",
+    "LmdbEnv",
+    "abort",
+    "lmdb_reason",
+]
+
+log = logging.getLogger(__name__)
+
+#: Initial map size of every store; the map doubles whenever a transaction does not fit.
+DEFAULT_MAP_SIZE: Final = 64 * 1024 * 1024
+#: The largest map a store grows to (1 TiB: the map is address space, not disk, and a
+#: store this big means something else is wrong).
+MAX_MAP_SIZE: Final = 1 << 40
+#: Map doublings (or adoptions of a map grown by another process) for one transaction:
+#: 2**32 times the initial map is beyond any disk.
+MAX_GROWTHS: Final = 32
+#: Where the stores keep their epoch, in their ``meta`` database.
+EPOCH_KEY: Final = b"epoch"
+
+_U64: Final = struct.Struct(">Q")
+
+_T = TypeVar("_T")
+if TYPE_CHECKING:
+    # py-lmdb's stubs make Transaction generic; the runtime class is not subscriptable.
+    _Txn = lmdb.Transaction[bytes]
+    _Db = lmdb._Database
+
+#: Builds a store's own error (JournalError, StoreError) from a message.
+ErrorFactory = Callable[[str], Exception]
+
+
+def lmdb_reason(exc: BaseException) -> str:
+    """An LMDB error as shown in messages: its type and its text."""
+    return f"{type(exc).__name__}: {exc}"
+
+
+def abort(txn: _Txn) -> None:
+    """Abort ``txn``, keeping quiet if LMDB ended it already."""
+    # After a failed commit LMDB has already ended the transaction; aborting again may
+    # raise, and must not hide the original error.
+    with contextlib.suppress(lmdb.Error):
+        txn.abort()
+
+
+@attrs.frozen
+class Fence:
+    """The epoch a writer holds and where the current epoch is stored.
+
+    ``subject`` and ``advice`` word the :class:`FencedError` (each store says it its
+    own way); ``required`` says whether a missing epoch is damage (the journal writes
+    it when created) or 0 (a store that takes its first epoch on first opening).
+    """
+
+    db: _Db
+    epoch: int = 0
+    key: bytes = EPOCH_KEY
+    subject: str = "the state"
+    advice: str = ""
+    required: bool = False
+
+    def fenced(self, name: str, stored: int) -> FencedError:
+        """The error a writer holding :attr:`epoch` gets when ``stored`` is newer."""
+        return FencedError(
+            f"{name}: this controller holds epoch {self.epoch} but {self.subject} is at "
+            f"epoch {stored}: a newer controller has started on this state directory"
+            f"{self.advice}"
+        )
+
+
+class LmdbEnv:
+    """One open LMDB environment of a store (see the module docstring).
+
+    ``name`` starts every message (the store's data file or directory), ``noun`` says
+    what the store is ("the journal"), ``error`` builds the store's error. Not
+    thread-safe by itself: a store serialises its calls (the journal takes turns, the
+    controllers hold their lock), which also keeps every transaction of this process
+    closed while the map changes size, as LMDB requires.
+    """
+
+    def __init__(
+        self,
+        env: lmdb.Environment,
+        name: str,
+        *,
+        noun: str,
+        error: ErrorFactory = JournalError,
+        max_map_size: int = MAX_MAP_SIZE,
+        max_growths: int = MAX_GROWTHS,
+    ) -> None:
+        self.env = env
+        self.name = name
+        self.noun = noun
+        self.error = error
+        self.max_map_size = max_map_size
+        self.max_growths = max_growths
+
+    @classmethod
+    def open(
+        cls,
+        path: Path,
+        *,
+        noun: str,
+        name: str | None = None,
+        error: ErrorFactory = JournalError,
+        unusable: str | None = None,
+        map_size: int = DEFAULT_MAP_SIZE,
+        max_map_size: int = MAX_MAP_SIZE,
+        max_growths: int = MAX_GROWTHS,
+        max_dbs: int,
+        sync: bool = True,
+        metasync: bool = True,
+        readonly: bool = False,
+        writemap: bool = False,
+        lock: bool = True,
+    ) -> Self:
+        """Open (creating it and its directory unless ``readonly``) the environment in
+        directory ``path``.
+
+        ``sync`` and ``metasync`` are LMDB's durable defaults; ``writemap`` only
+        without sync. A failure raises ``error``: "``name``: ``unusable`` (reason)",
+        ``unusable`` being "cannot open ``noun``" unless given. When the environment
+        is already open in this process by an object nobody refers to any more (a
+        controller dropped without ``close()``, as a simulated crash does), the cycle
+        collector frees it and the open is tried once more.
+        """
+        label = str(path) if name is None else name
+        failure = f"cannot open {noun}" if unusable is None else unusable
+        if not readonly:
+            try:
+                path.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise error(f"{label}: cannot create the directory: {exc}") from exc
+
+        def attempt() -> lmdb.Environment:
+            return lmdb.open(
+                str(path),
+                map_size=map_size,
+                subdir=True,
+                readonly=readonly,
+                sync=sync,
+                metasync=metasync,
+                writemap=writemap,
+                create=not readonly,
+                max_dbs=max_dbs,
+                lock=lock,
+            )
+
+        try:
+            try:
+                env = attempt()
+            except lmdb.Error as exc:
+                if "already open" not in str(exc):
+                    raise
+                gc.collect()
+                env = attempt()
+        except lmdb.Error as exc:
+            if "already open" in str(exc):
+                raise error(
+                    f"{label}: {noun} is still open in this process; close() the old "
+                    "controller or drop every reference to it first"
+                ) from exc
+            raise error(f"{label}: {failure} ({lmdb_reason(exc)})") from exc
+        return cls(
+            env, label, noun=noun, error=error, max_map_size=max_map_size, max_growths=max_growths
+        )
+
+    def close(self) -> None:
+        """Close the environment (every database handle of it becomes invalid)."""
+        self.env.close()
+
+    def open_db(self, name: bytes) -> _Db:
+        """The named database, created if missing (in a writable environment)."""
+        try:
+            return self.env.open_db(name)
+        except lmdb.Error as exc:
+            raise self.fail(f"open the {name.decode()} database", exc) from exc
+
+    @property
+    def map_size(self) -> int:
+        """The current map size in bytes."""
+        return self.env.info()["map_size"]
+
+    def fail(self, what: str, exc: BaseException) -> Exception:
+        """The store's error for an LMDB failure: "``name``: cannot ``what`` (reason)"."""
+        return self.error(f"{self.name}: cannot {what} ({lmdb_reason(exc)})")
+
+    # -- transactions
+
+    def read(self, fn: Callable[[_Txn], _T]) -> _T:
+        """Run ``fn`` in a read transaction; the values it returns are copies (bytes)."""
+        for _ in range(self.max_growths):
+            try:
+                with self.env.begin(buffers=False) as txn:
+                    return fn(txn)
+            except lmdb.MapResizedError:
+                # Another process grew the map: adopt its size, then try again.
+                self.set_map_size(0)
+            except lmdb.Error as exc:
+                raise self.fail(f"read {self.noun}", exc) from exc
+        raise self.error(f"{self.name}: the map keeps changing size under this reader")
+
+    def write(self, fn: Callable[[_Txn], _T], fence: Fence | None = None) -> _T:
+        """Run ``fn`` in one write transaction and commit it, growing the map as needed.
+
+        With a ``fence``, the stored epoch is checked first in the same transaction
+        (:class:`FencedError`, nothing written, when it is not the fence's). ``fn`` must
+        be repeatable: on ``MapFullError`` the transaction is aborted, the map doubled
+        and ``fn`` run again from the start on a new transaction, at most
+        :attr:`max_growths` times and up to :attr:`max_map_size` bytes; past that the
+        store's error says so and nothing of the transaction is written.
+        """
+        for _ in range(self.max_growths + 1):
+            try:
+                txn = self.env.begin(write=True)
+            except lmdb.MapResizedError:
+                self.set_map_size(0)  # another process grew it: adopt, begin again
+                continue
+            except lmdb.Error as exc:
+                raise self.fail("begin a write transaction", exc) from exc
+            try:
+                if fence is not None:
+                    self.check_fence(txn, fence)
+                result = fn(txn)
+                txn.commit()
+            except lmdb.MapFullError:
+                abort(txn)
+                self._grow()
+                continue
+            except lmdb.Error as exc:
+                abort(txn)
+                raise self.fail(f"write {self.noun}", exc) from exc
+            except BaseException:
+                abort(txn)
+                raise
+            return result
+        raise self.error(
+            f"{self.name}: a transaction does not fit even after growing the map "
+            f"{self.max_growths} times (now {self.map_size} bytes); nothing of it was written"
+        )
+
+    def set_map_size(self, size: int) -> None:
+        """Set the map size (0: adopt the size another process set); no transaction of
+        this process may be open."""
+        try:
+            self.env.set_mapsize(size)
+        except lmdb.Error as exc:
+            raise self.fail(f"set the map size to {size or 'the current size'}", exc) from exc
+
+    def _grow(self) -> None:
+        old = self.map_size
+        if old >= self.max_map_size:
+            raise self.error(
+                f"{self.name}: the map is full at {old} bytes, the most it may grow to; "
+                "nothing of this transaction was written"
+            )
+        new = min(old * 2, self.max_map_size)
+        self.set_map_size(new)
+        log.info("%s: map full, grown from %d to %d bytes", self.name, old, new)
+
+    # -- counters and fencing
+
+    def get_u64(self, txn: _Txn, db: _Db, key: bytes, default: int | None = None) -> int:
+        """The 8-byte counter ``key`` of ``db``; ``default`` if absent (``None``: absent
+        is damage, as is a value of another length)."""
+        raw = txn.get(key, db=db)
+        if raw is None and default is not None:
+            return default
+        if raw is None or len(raw) != _U64.size:
+            raise self.error(f"{self.name}: damaged: meta {key.decode()} is missing or invalid")
+        value: int = _U64.unpack(raw)[0]
+        return value
+
+    def put_u64(self, txn: _Txn, db: _Db, key: bytes, value: int) -> None:
+        """Store the 8-byte counter ``key`` of ``db``."""
+        txn.put(key, _U64.pack(value), db=db)
+
+    def stored_epoch(self, txn: _Txn, fence: Fence) -> int:
+        """The epoch stored where ``fence`` keeps it, read in ``txn``."""
+        return self.get_u64(txn, fence.db, fence.key, None if fence.required else 0)
+
+    def check_fence(self, txn: _Txn, fence: Fence) -> None:
+        """Raise :class:`FencedError` if the epoch in ``txn`` is not ``fence``'s."""
+        stored = self.stored_epoch(txn, fence)
+        if stored != fence.epoch:
+            raise fence.fenced(self.name, stored)
+
+    def take_epoch(self, fence: Fence) -> Fence:
+        """Durably take the next epoch where ``fence`` keeps it; the fence holding it.
+
+        From then on, writes fenced with an earlier epoch fail: a controller calls this
+        once when it starts.
+        """
+
+        def bump(txn: _Txn) -> int:
+            epoch = self.stored_epoch(txn, fence) + 1
+            self.put_u64(txn, fence.db, fence.key, epoch)
+            return epoch
+
+        return attrs.evolve(fence, epoch=self.write(bump))
