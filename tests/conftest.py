@@ -11,7 +11,8 @@ entry point. What is here serves only this project's tests:
   its reservation at job end), so that the controller's side can be tested without the
   real engine;
 - ``make_ctl``: embedded controllers with such plugins (``resize_sim_factory`` with
-  this project's defaults).
+  this project's defaults);
+- pytest's own ``pytester``, for running an example test suite as a site would.
 """
 
 from __future__ import annotations
