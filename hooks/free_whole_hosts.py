@@ -11,8 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from xce_resize_plugin import hookimpl
-from xce_resize_plugin.core.models import JobInfo, Task
+from xce_resize_plugin import JobInfo, Task, hookimpl
 
 
 @hookimpl

@@ -11,9 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 
-from xce_resize_plugin import hookimpl
-from xce_resize_plugin.core.models import GrowHosts, JobInfo
-from xce_resize_plugin.core.placement import GrowHostView
+from xce_resize_plugin import GrowHosts, GrowHostView, JobInfo, hookimpl
 
 
 def _order(job: JobInfo, hosts: GrowHostView) -> Iterator[str]:

@@ -10,30 +10,19 @@ Enable with ``[resize] policy_files = ["hooks/power_of_two.py"]``.
 
 from __future__ import annotations
 
-from xce_resize_plugin import hookimpl
-from xce_resize_plugin.core.models import GrowRequest, JobInfo, ReleaseRequest, ResizeRequest
-from xce_resize_plugin.core.releasespec import (
-    parse_release_spec,
-    resolve_host_counts,
-    resolve_release,
-    resolve_task_ids,
+from xce_resize_plugin import (
+    GrowRequest,
+    JobInfo,
+    PolicyRejected,
+    ReleaseRequest,
+    ResizeRequest,
+    hookimpl,
+    release_size,
 )
-from xce_resize_plugin.errors import PolicyRejected
 
 
 def _power_of_two(n: int) -> bool:
     return n > 0 and n & (n - 1) == 0
-
-
-def _released(job: JobInfo, request: ReleaseRequest) -> int:
-    if request.count is not None:
-        return request.count
-    if request.task_ids is not None:
-        return len(resolve_task_ids(request.task_ids, job.tasks))
-    if request.hosts is not None:
-        return len(resolve_host_counts(request.hosts, job.tasks))
-    assert request.spec is not None
-    return len(resolve_release(parse_release_spec(request.spec), job.tasks))
 
 
 @hookimpl
@@ -44,7 +33,7 @@ def xce_resize_validate(job: JobInfo, request: ResizeRequest) -> None:
             raise PolicyRejected("this site allows only exact grows (bresize request N)")
         after = current + request.max_add
     elif isinstance(request, ReleaseRequest):
-        after = current - _released(job, request)
+        after = current - release_size(request, job.tasks)
     else:
         return
     if not _power_of_two(after):

@@ -14,8 +14,7 @@ import csv
 import os
 from pathlib import Path
 
-from xce_resize_plugin import hookimpl
-from xce_resize_plugin.core.models import JobInfo, ResizeRecord, format_hosts
+from xce_resize_plugin import JobInfo, ResizeRecord, format_hosts, hookimpl
 
 FIELDS = ["time", "job", "user", "type", "before", "delta", "after", "delta_hosts", "version"]
 

@@ -1,12 +1,27 @@
-"""Job resize for the XCE workload manager.
+"""Job resize for the XCE workload manager: the public API.
 
-Only the hook marker and the version live here (pluggy's eggsample layout; docs/architecture.md).
-The marker is made on first use so that ``bresize`` — which imports this package —
-starts without importing pluggy.
+Hosts and site policies import what they need from here, and only from here (the
+modules behind these names may move; these names stay):
+
+- the hook marker :data:`hookimpl` and :func:`get_plugin_manager` (pluggy's eggsample
+  layout; docs/architecture.md), :func:`load_policy_file` to load one policy file;
+- the models a hook sees (:class:`JobInfo`, :class:`Task`, the requests, the resize
+  record, :class:`GrowHostView`, :class:`Principal`, :class:`TaskEvent`, ...);
+- the errors a host catches and a site raises (:class:`ResizeError`,
+  :class:`PolicyRejected`, ...; every error class is in :mod:`xce_resize_plugin.errors`);
+- the protocols a host implements (:class:`Controller`, :class:`ClusterView`);
+- helpers a site policy needs (:func:`release_size`, :func:`default_grow_order`,
+  :func:`format_hosts`, :func:`host_counts`).
+
+The pytest fixtures for testing a policy are in :mod:`xce_resize_plugin.testing`.
+
+Every name but ``__version__`` is imported on first use, so that ``bresize``, which
+imports this package, starts without importing pluggy, attrs, cattrs or lmdb.
 """
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
@@ -14,19 +29,129 @@ __version__ = "0.1.0"
 if TYPE_CHECKING:
     import pluggy
 
+    from xce_resize_plugin.core.accounting import Usage
+    from xce_resize_plugin.core.models import (
+        CancelRequest,
+        ChangeKind,
+        GrowHosts,
+        GrowRequest,
+        JobInfo,
+        JobState,
+        Phase,
+        Principal,
+        ReleaseRequest,
+        ResizeRecord,
+        ResizeRequest,
+        Task,
+        TaskEvent,
+        format_hosts,
+        host_counts,
+    )
+    from xce_resize_plugin.core.placement import GrowHostView, default_grow_order
+    from xce_resize_plugin.core.releasespec import release_size
+    from xce_resize_plugin.core.status import ResizeStatus
+    from xce_resize_plugin.errors import (
+        ConfigError,
+        FencedError,
+        InvalidRequest,
+        JournalError,
+        PermissionDenied,
+        PolicyRejected,
+        ResizeError,
+    )
+    from xce_resize_plugin.host import ClusterView, Controller
+    from xce_resize_plugin.manager import get_plugin_manager, load_policy_file
+
     #: Marker for hook implementations (``@hookimpl`` / ``@hookimpl(trylast=True)``),
     #: used by the plugin, the built-in policies and site policy files.
     hookimpl: pluggy.HookimplMarker
+
+# Public name -> the module that defines it (imported on first use).
+_HOME = {
+    "get_plugin_manager": "manager",
+    "load_policy_file": "manager",
+    "Controller": "host",
+    "ClusterView": "host",
+    "CancelRequest": "core.models",
+    "ChangeKind": "core.models",
+    "GrowHosts": "core.models",
+    "GrowRequest": "core.models",
+    "JobInfo": "core.models",
+    "JobState": "core.models",
+    "Phase": "core.models",
+    "Principal": "core.models",
+    "ReleaseRequest": "core.models",
+    "ResizeRecord": "core.models",
+    "ResizeRequest": "core.models",
+    "Task": "core.models",
+    "TaskEvent": "core.models",
+    "format_hosts": "core.models",
+    "host_counts": "core.models",
+    "GrowHostView": "core.placement",
+    "default_grow_order": "core.placement",
+    "release_size": "core.releasespec",
+    "ResizeStatus": "core.status",
+    "Usage": "core.accounting",
+    "ConfigError": "errors",
+    "FencedError": "errors",
+    "InvalidRequest": "errors",
+    "JournalError": "errors",
+    "PermissionDenied": "errors",
+    "PolicyRejected": "errors",
+    "ResizeError": "errors",
+}
 
 
 def __getattr__(name: str) -> Any:
     if name == "hookimpl":
         import pluggy
 
-        marker = pluggy.HookimplMarker("xce")
-        globals()["hookimpl"] = marker
-        return marker
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        value: Any = pluggy.HookimplMarker("xce")
+    elif name in _HOME:
+        module = importlib.import_module(f"{__name__}.{_HOME[name]}")
+        value = getattr(module, name)
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value  # later lookups skip this function
+    return value
 
 
-__all__ = ["__version__", "hookimpl"]
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
+
+__all__ = [
+    "CancelRequest",
+    "ChangeKind",
+    "ClusterView",
+    "ConfigError",
+    "Controller",
+    "FencedError",
+    "GrowHostView",
+    "GrowHosts",
+    "GrowRequest",
+    "InvalidRequest",
+    "JobInfo",
+    "JobState",
+    "JournalError",
+    "PermissionDenied",
+    "Phase",
+    "PolicyRejected",
+    "Principal",
+    "ReleaseRequest",
+    "ResizeError",
+    "ResizeRecord",
+    "ResizeRequest",
+    "ResizeStatus",
+    "Task",
+    "TaskEvent",
+    "Usage",
+    "__version__",
+    "default_grow_order",
+    "format_hosts",
+    "get_plugin_manager",
+    "hookimpl",
+    "host_counts",
+    "load_policy_file",
+    "release_size",
+]

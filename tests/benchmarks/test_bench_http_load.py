@@ -20,10 +20,10 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.live.conftest import ALICE, LiveCluster, kill_marked
 from xce_resize_plugin.core import converters
 from xce_resize_plugin.journal import Journal
 from xce_resize_plugin.rest.client import Client, RemoteError
+from xce_resize_plugin.testing.live import ALICE, LiveCluster, kill_marked
 
 CLIENTS = 200
 REQUESTS = 50

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.live.conftest import ALICE, LiveCluster, kill_marked, wait_until
 from xce_resize_plugin.rest.client import Client
+from xce_resize_plugin.testing.live import ALICE, LiveCluster, kill_marked, wait_until
 
 GROWS = 100
 

@@ -1,4 +1,5 @@
-"""A small harness: the embedded controller in simulated time with the real plugin."""
+"""A small harness: the embedded controller in simulated time with the real plugin
+(made by :class:`~xce_resize_plugin.testing.sim.SimControllers`), crash and restart."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from xce_resize_plugin.core.models import ResizeRequest
 from xce_resize_plugin.core.status import ResizeStatus
 from xce_resize_plugin.host import Principal
 from xce_resize_plugin.journal import Journal
-from xce_resize_plugin.manager import get_plugin_manager
+from xce_resize_plugin.testing.sim import SimControllers
 
 HOSTS = [("hA", 4), ("hB", 4), ("hC", 4), ("hD", 4)]
 
@@ -30,19 +31,12 @@ class Harness:
         self.hosts = list(hosts)
         self.user_slots = dict(user_slots or {})
         self.kw = kw
+        # The testing plugin's factory: the real plugin, a non-durable store.
+        self.controllers = SimControllers(state_dir, self.config)
         self.ctl = self._make()
 
     def _make(self) -> EmbeddedController:
-        pm = get_plugin_manager(self.config, entry_points=False)
-        return EmbeddedController(
-            pm,
-            self.state_dir,
-            hosts=self.hosts,
-            config=self.config,
-            user_slots=self.user_slots,
-            durable=False,
-            **self.kw,
-        )
+        return self.controllers(hosts=self.hosts, user_slots=self.user_slots, **self.kw)
 
     def crash_and_restart(self) -> EmbeddedController:
         """Drop the controller without any stop hook, then start a new one on its state."""

@@ -4,7 +4,8 @@
   and no signature is stale;
 - every hook has a test named ``test_hook_<name>`` somewhere under tests/;
 - every [resize] configuration key is in the admin guide, every error code in the
-  user guide, and every guide the README links to exists.
+  user guide, and every guide the README links to exists;
+- the example of "Testing your policy" in docs/hooks.md runs as a site would run it.
 """
 
 from __future__ import annotations
@@ -59,3 +60,23 @@ def test_readme_links_exist() -> None:
     readme = (ROOT / "README.md").read_text()
     for link in re.findall(r"\]\((docs/[^)#]+)\)", readme):
         assert (ROOT / link).is_file(), link
+
+
+def _files_in(section: str) -> dict[str, str]:
+    """The ``python`` code blocks of a section, by the file name on their first line."""
+    blocks = re.findall(r"```python\n(.*?)```", section, re.S)
+    return {block.split(":", 1)[0].removeprefix("# "): block for block in blocks}
+
+
+def test_the_testing_example_runs_as_a_site_would(pytester: pytest.Pytester) -> None:
+    """The example of "Testing your policy" (docs/hooks.md), copied into an empty
+    directory and run by pytest in its own process: the fixtures come from the
+    installed plugin alone."""
+    page = (DOCS / "hooks.md").read_text()
+    section = page[page.index("\n## Testing your policy\n") :]
+    files = _files_in(section)
+    assert sorted(files) == ["max_grow.py", "test_max_grow.py"]
+    for name, text in files.items():
+        (pytester.path / name).write_text(text)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-W", "error")
+    result.assert_outcomes(passed=3)

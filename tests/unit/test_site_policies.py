@@ -2,24 +2,30 @@
 
 from __future__ import annotations
 
+import ast
 import csv
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
-from xce_resize_plugin import errors
-from xce_resize_plugin.core.models import (
+from xce_resize_plugin import (
     ChangeKind,
     GrowRequest,
-    JobInfo,
-    JobState,
+    InvalidRequest,
+    PolicyRejected,
+    Principal,
     ReleaseRequest,
+    ResizeError,
     ResizeRecord,
     Task,
+    get_plugin_manager,
+    load_policy_file,
+    release_size,
 )
-from xce_resize_plugin.core.placement import FreeSlotIndex, GrowHostView
-from xce_resize_plugin.manager import get_plugin_manager, load_policy_file
+from xce_resize_plugin.testing import grow_host_view
+from xce_resize_plugin.testing import make_job as job
 
 HOOKS = Path(__file__).resolve().parents[2] / "hooks"
 
@@ -28,19 +34,23 @@ def policy(name: str) -> ModuleType:
     return load_policy_file(HOOKS / name)
 
 
-def job(alloc: dict[str, int], **kw: object) -> JobInfo:
-    flat = [h for h, n in alloc.items() for _ in range(n)]
-    fields: dict[str, object] = {
-        "id": "7",
-        "user": "alice",
-        "state": JobState.RUN,
-        "min_tasks": 1,
-        "max_tasks": 64,
-        "tasks": tuple(Task(i, h) for i, h in enumerate(flat)),
-        "resizable": True,
-    }
-    fields.update(kw)
-    return JobInfo(**fields)  # type: ignore[arg-type]
+def _imports(path: Path) -> list[str]:
+    """Every module a file imports from (``import x.y`` and ``from x.y import z``)."""
+    out: list[str] = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out.extend(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            out.append("." * node.level + (node.module or ""))
+    return out
+
+
+@pytest.mark.parametrize("path", sorted(HOOKS.glob("*.py")), ids=lambda p: p.name)
+def test_examples_import_only_the_public_api(path: Path) -> None:
+    """A site copies these files: they use only what the package declares public."""
+    ours = [m for m in _imports(path) if m.split(".")[0] == "xce_resize_plugin" or m[:1] == "."]
+    assert ours, f"{path.name} imports nothing from xce_resize_plugin"
+    assert set(ours) == {"xce_resize_plugin"}, f"{path.name} imports {sorted(set(ours))}"
 
 
 def test_every_example_loads_into_a_manager() -> None:
@@ -68,21 +78,21 @@ def test_power_of_two_sizes() -> None:
     mod = policy("power_of_two.py")
     j = job({"hA": 2, "hB": 2})
     mod.xce_resize_validate(j, GrowRequest(4, 4))
-    with pytest.raises(errors.PolicyRejected, match="exact grows"):
+    with pytest.raises(PolicyRejected, match="exact grows"):
         mod.xce_resize_validate(j, GrowRequest(2, 4))
-    with pytest.raises(errors.PolicyRejected, match="4 -> 6"):
+    with pytest.raises(PolicyRejected, match="4 -> 6"):
         mod.xce_resize_validate(j, GrowRequest(2, 2))
     mod.xce_resize_validate(j, ReleaseRequest(spec="hB"))
     mod.xce_resize_validate(j, ReleaseRequest(count=2))
     mod.xce_resize_validate(j, ReleaseRequest(hosts={"hB": None}))
-    with pytest.raises(errors.PolicyRejected, match="4 -> 3"):
+    with pytest.raises(PolicyRejected, match="4 -> 3"):
         mod.xce_resize_validate(j, ReleaseRequest(task_ids=(3,)))
 
 
 def test_pack_grow_hosts_prefers_fullest_hosts_with_room() -> None:
     mod = policy("pack_grow_hosts.py")
     j = job({"hA": 1})
-    view = GrowHostView(FreeSlotIndex({"hA": 1, "hB": 8, "hC": 2, "hD": 0, "hE": 3}), {"hA": 1})
+    view = grow_host_view({"hA": 1, "hB": 8, "hC": 2, "hD": 0, "hE": 3}, {"hA": 1})
     assert list(mod.xce_resize_order_grow_hosts(j, view)) == ["hA", "hC", "hE", "hB"]
 
 
@@ -96,6 +106,37 @@ def test_resize_log_appends_csv(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     )
     mod.xce_resize_committed(j, rec)
     mod.xce_resize_committed(j, rec)
-    rows = list(csv.DictReader(log.open()))
+    with log.open(newline="") as fh:
+        rows = list(csv.DictReader(fh))
     assert len(rows) == 2
     assert rows[0]["delta_hosts"] == "hB 1" and rows[0]["after"] == "3"
+
+
+@pytest.mark.parametrize(
+    "resize_config", [{"policy_files": [str(HOOKS / "power_of_two.py")]}], ids=["power_of_two"]
+)
+def test_power_of_two_on_the_simulated_controller(resize_sim: Any) -> None:
+    """The policy as the controller loads it (``resize_sim`` with ``resize_config``)."""
+    alice = Principal("alice")
+    job_id = resize_sim.submit("alice", "1,16", alloc={"hA": 2}, resizable=True, runtime=600)
+    with pytest.raises(PolicyRejected, match="2 -> 3"):
+        resize_sim.request_resize(alice, job_id, GrowRequest(1, 1))
+    resize_sim.request_resize(alice, job_id, GrowRequest(2, 2))
+    resize_sim.settle()
+    assert len(resize_sim.job(job_id).tasks) == 4
+    with pytest.raises(PolicyRejected, match="4 -> 3"):
+        resize_sim.request_resize(alice, job_id, ReleaseRequest(count=1))
+    assert resize_sim.check_invariants() == []
+
+
+def test_release_size_counts_every_form() -> None:
+    j = job({"hA": 2, "hB": 3})
+    assert release_size(ReleaseRequest(count=2), j.tasks) == 2
+    assert release_size(ReleaseRequest(spec="hB"), j.tasks) == 3
+    assert release_size(ReleaseRequest(spec="all ~hB"), j.tasks) == 1
+    assert release_size(ReleaseRequest(hosts={"hB": 2}), j.tasks) == 2
+    assert release_size(ReleaseRequest(task_ids=(1, 4)), j.tasks) == 2
+    with pytest.raises(InvalidRequest, match="exactly one of"):
+        release_size(ReleaseRequest(count=1, spec="hB"), j.tasks)
+    with pytest.raises(ResizeError, match="not part of the job's allocation"):
+        release_size(ReleaseRequest(spec="hC"), j.tasks)

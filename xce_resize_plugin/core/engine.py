@@ -51,12 +51,7 @@ from xce_resize_plugin.core.models import (
     held_count,
 )
 from xce_resize_plugin.core.placement import GrowHostView, place
-from xce_resize_plugin.core.releasespec import (
-    parse_release_spec,
-    resolve_host_counts,
-    resolve_release,
-    resolve_task_ids,
-)
+from xce_resize_plugin.core.releasespec import named_release_ids
 
 #: LSF limits notification commands to "less than 4096" (bytes).
 NOTIFY_CMD_MAX = 4096
@@ -283,20 +278,9 @@ def _decide_grow(
 def _release_ids(
     tasks: tuple[Task, ...], job: JobInfo, request: ReleaseRequest, policy: Policy
 ) -> tuple[int, ...]:
-    forms = [
-        request.spec is not None,
-        request.hosts is not None,
-        request.task_ids is not None,
-        request.count is not None,
-    ]
-    if sum(forms) != 1:
-        raise errors.InvalidRequest("give exactly one of spec, hosts, task_ids, count")
-    if request.spec is not None:
-        return resolve_release(parse_release_spec(request.spec), tasks)
-    if request.hosts is not None:
-        return resolve_host_counts(request.hosts, tasks)
-    if request.task_ids is not None:
-        return resolve_task_ids(request.task_ids, tasks)
+    named = named_release_ids(request, tasks)
+    if named is not None:
+        return named
     count = request.count
     assert count is not None
     candidates = tuple(t for t in tasks if t.id != 0)

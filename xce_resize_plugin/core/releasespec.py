@@ -33,7 +33,8 @@ empty (no tokens)                   BadReleaseHostSpec     nothing to read
 ==================================  =====================  ===========================
 
 Resolving (:func:`resolve_release`, :func:`resolve_host_counts`,
-:func:`resolve_task_ids`) raises HostNotInAlloc, BadSlots, ReleaseFirstHost,
+:func:`resolve_task_ids`, and for a whole :class:`ReleaseRequest` :func:`named_release_ids`
+and :func:`release_size`) raises HostNotInAlloc, BadSlots, ReleaseFirstHost,
 ReleaseNoop and InvalidRequest as documented on each function. The head task
 (``tasks[0]``, task 0 on the first execution host) is never released.
 """
@@ -45,7 +46,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from attrs import frozen
 
-from xce_resize_plugin.core.models import Task
+from xce_resize_plugin.core.models import ReleaseRequest, Task
 from xce_resize_plugin.errors import (
     BadHost,
     BadReleaseHostSpec,
@@ -60,7 +61,9 @@ __all__ = [
     "MAX_COUNT",
     "ReleaseSpec",
     "format_release_spec",
+    "named_release_ids",
     "parse_release_spec",
+    "release_size",
     "resolve_host_counts",
     "resolve_release",
     "resolve_task_ids",
@@ -351,3 +354,45 @@ def resolve_task_ids(ids: Iterable[int], tasks: Sequence[Task]) -> tuple[int, ..
         if task_id not in present:
             raise InvalidRequest(f"task {task_id} is not part of the job's allocation")
     return tuple(sorted(seen))
+
+
+def named_release_ids(request: ReleaseRequest, tasks: Sequence[Task]) -> tuple[int, ...] | None:
+    """The task ids a release request names, resolved against the allocation ``tasks``.
+
+    A request gives exactly one of ``spec``, ``hosts``, ``task_ids`` and ``count``
+    (InvalidRequest otherwise). The first three name the tasks: their ids are returned
+    ascending, with the errors of :func:`resolve_release`, :func:`resolve_host_counts`
+    and :func:`resolve_task_ids`. A ``count`` names none: ``None`` is returned, and the
+    ``xce_resize_select_release`` policy picks the tasks when the request is decided.
+    """
+    forms = [
+        request.spec is not None,
+        request.hosts is not None,
+        request.task_ids is not None,
+        request.count is not None,
+    ]
+    if sum(forms) != 1:
+        raise InvalidRequest("give exactly one of spec, hosts, task_ids, count")
+    if request.spec is not None:
+        return resolve_release(parse_release_spec(request.spec), tasks)
+    if request.hosts is not None:
+        return resolve_host_counts(request.hosts, tasks)
+    if request.task_ids is not None:
+        return resolve_task_ids(request.task_ids, tasks)
+    return None
+
+
+def release_size(request: ReleaseRequest, tasks: Sequence[Task]) -> int:
+    """How many tasks ``request`` takes from the allocation ``tasks``.
+
+    For a site policy that rules on the size a job would have after a release, e.g. in
+    ``xce_resize_validate``: ``len(job.tasks) - release_size(request, job.tasks)``. A
+    ``count`` release takes its count; the other forms take the tasks they name, with
+    the errors of :func:`named_release_ids` (the request is refused with the same error
+    when it is decided, so a policy may let them pass).
+    """
+    ids = named_release_ids(request, tasks)
+    if ids is None:
+        assert request.count is not None  # named_release_ids checked there is one form
+        return request.count
+    return len(ids)

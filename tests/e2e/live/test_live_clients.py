@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .conftest import ALICE, BOB, LiveCluster, wait_until
+from xce_resize_plugin.testing.live import ALICE, BOB, LiveCluster, wait_until
 
 ROOT_DIR = Path(__file__).resolve().parents[3]
 
@@ -32,8 +32,8 @@ def cli(live: LiveCluster, *args: str, token: str = ALICE, tool: str = "xce-resi
     return subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60)
 
 
-def test_client_commands_and_bresize_over_http(make_cluster: Any, tmp_path: Path) -> None:
-    live: LiveCluster = make_cluster({"h1": 2, "h2": 2})
+def test_client_commands_and_bresize_over_http(resize_live_factory: Any, tmp_path: Path) -> None:
+    live: LiveCluster = resize_live_factory({"h1": 2, "h2": 2})
     live.start()
     proc = cli(live, "submit", "-n", "1,4", "--resizable", "--", "sleep", "60")
     assert proc.returncode == 0, proc.stderr
@@ -78,8 +78,10 @@ def test_client_commands_and_bresize_over_http(make_cluster: Any, tmp_path: Path
     assert proc.returncode == 255 and "No matching job found" in proc.stderr
 
 
-def test_elastic_task_farm_grows_and_shrinks_itself(make_cluster: Any, tmp_path: Path) -> None:
-    live: LiveCluster = make_cluster({"h1": 2, "h2": 2, "h3": 2})
+def test_elastic_task_farm_grows_and_shrinks_itself(
+    resize_live_factory: Any, tmp_path: Path
+) -> None:
+    live: LiveCluster = resize_live_factory({"h1": 2, "h2": 2, "h3": 2})
     live.start()
     work = tmp_path / "farm"
     work.mkdir()

@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from .conftest import ALICE, LiveCluster, alive, free_port, wait_until
+from xce_resize_plugin.testing.live import ALICE, LiveCluster, alive, free_port, wait_until
 
 STUBBORN = [
     "/bin/sh",
@@ -45,9 +45,9 @@ def _agent_pid(live: LiveCluster, host: str) -> int:
         ("shrink", "after-commit"),
     ],
 )
-def test_crash_at_each_step(make_cluster: Any, kind: str, point: str) -> None:
+def test_crash_at_each_step(resize_live_factory: Any, kind: str, point: str) -> None:
     """SIGKILL at a precise step (``XCE_LIVE_CRASH``), restart, the change completes."""
-    live: LiveCluster = make_cluster({"h1": 2, "h2": 2}, limits=LIMITS)
+    live: LiveCluster = resize_live_factory({"h1": 2, "h2": 2}, limits=LIMITS)
     live.start(env={"XCE_LIVE_CRASH": point})
     alloc = {"h1": 1} if kind == "grow" else {"h1": 1, "h2": 2}
     job_id = live.submit(tasks="1,3", alloc=alloc, resizable=True, notify_cmd="exit 0")
@@ -78,9 +78,9 @@ def test_crash_at_each_step(make_cluster: Any, kind: str, point: str) -> None:
     live.check_consistent(job_id)
 
 
-def test_crash_while_grow_pending(make_cluster: Any) -> None:
+def test_crash_while_grow_pending(resize_live_factory: Any) -> None:
     """An acknowledged grow that waits for slots survives the crash and is placed later."""
-    live: LiveCluster = make_cluster({"h1": 2, "h2": 2})
+    live: LiveCluster = resize_live_factory({"h1": 2, "h2": 2})
     live.start()
     job_id = live.submit(tasks="1,3", alloc={"h1": 1}, resizable=True)
     blocker = live.submit(tasks=3, alloc={"h1": 1, "h2": 2})
@@ -98,10 +98,10 @@ def test_crash_while_grow_pending(make_cluster: Any) -> None:
     live.check_consistent(job_id)
 
 
-def test_crash_while_notifying(make_cluster: Any) -> None:
+def test_crash_while_notifying(resize_live_factory: Any) -> None:
     """The notification command is running when the controller dies: the reserved slots
     stay reserved, the notification runs again (a new attempt), the grow commits."""
-    live: LiveCluster = make_cluster({"h1": 2, "h2": 2})
+    live: LiveCluster = resize_live_factory({"h1": 2, "h2": 2})
     live.start()
     job_id = live.submit(
         tasks="1,3",
@@ -124,10 +124,10 @@ def test_crash_while_notifying(make_cluster: Any) -> None:
     live.check_consistent(job_id)
 
 
-def test_crash_while_tasks_starting(make_cluster: Any) -> None:
+def test_crash_while_tasks_starting(resize_live_factory: Any) -> None:
     """The launch is on its way to a frozen agent (SIGSTOP) when the controller dies;
     the agent then wakes up: the new task runs exactly once."""
-    live: LiveCluster = make_cluster({"h1": 2, "h2": 2})
+    live: LiveCluster = resize_live_factory({"h1": 2, "h2": 2})
     live.start()
     job_id = live.submit(tasks="1,3", alloc={"h1": 1}, resizable=True)
     live.running(job_id, 1)
@@ -147,10 +147,10 @@ def test_crash_while_tasks_starting(make_cluster: Any) -> None:
     live.check_consistent(job_id)
 
 
-def test_crash_while_tasks_stopping(make_cluster: Any) -> None:
+def test_crash_while_tasks_stopping(resize_live_factory: Any) -> None:
     """A released task ignores SIGTERM; the controller dies during the grace period.
     The agent kills the task at the deadline; its slot is freed only after that."""
-    live: LiveCluster = make_cluster({"h1": 2, "h2": 2}, stop_grace=1.0)
+    live: LiveCluster = resize_live_factory({"h1": 2, "h2": 2}, stop_grace=1.0)
     live.start()
     job_id = live.submit(command=STUBBORN, tasks="1,3", alloc={"h1": 1, "h2": 2}, resizable=True)
     job = live.running(job_id, 3)
@@ -170,10 +170,10 @@ def test_crash_while_tasks_stopping(make_cluster: Any) -> None:
     live.check_consistent(job_id)
 
 
-def test_two_controllers_on_one_state_dir(make_cluster: Any) -> None:
+def test_two_controllers_on_one_state_dir(resize_live_factory: Any) -> None:
     """A second controller fences the first: the first stops (exit 3) and the second
     carries on with the same jobs and tasks."""
-    live: LiveCluster = make_cluster({"h1": 2, "h2": 2})
+    live: LiveCluster = resize_live_factory({"h1": 2, "h2": 2})
     first = live.start()
     job_id = live.submit(tasks="1,3", alloc={"h1": 1}, resizable=True)
     job = live.running(job_id, 1)
@@ -190,12 +190,12 @@ def test_two_controllers_on_one_state_dir(make_cluster: Any) -> None:
     live.check_consistent(job_id)
 
 
-def test_worker_agent_killed(make_cluster: Any) -> None:
+def test_worker_agent_killed(resize_live_factory: Any) -> None:
     """An agent dies (SIGKILL): its tasks are reported lost, the job keeps running with
     its allocation (the lost task's slot stays charged until released), a new agent
     kills the orphans; an agent that dies during a grow's launch sends the grow back to
     pending; losing task 0's agent ends the job (EXIT)."""
-    live: LiveCluster = make_cluster({"h1": 2, "h2": 2})
+    live: LiveCluster = resize_live_factory({"h1": 2, "h2": 2})
     live.start()
     job_id = live.submit(tasks="1,3", alloc={"h1": 1, "h2": 2}, resizable=True)
     job = live.running(job_id, 3)

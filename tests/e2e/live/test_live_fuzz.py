@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from schemathesis import GenerationMode
 
-from .conftest import ROOT, LiveCluster, wait_until
+from xce_resize_plugin.testing.live import ROOT, LiveCluster, wait_until
 
 EXAMPLES = 150
 
@@ -42,8 +42,8 @@ def snapshot(live: LiveCluster) -> Any:
     )
 
 
-def test_fuzz_every_live_endpoint(make_cluster: Any) -> None:
-    live: LiveCluster = make_cluster({"h1": 2, "h2": 2})
+def test_fuzz_every_live_endpoint(resize_live_factory: Any) -> None:
+    live: LiveCluster = resize_live_factory({"h1": 2, "h2": 2})
     live.start()
     job = live.submit(min_tasks=1, max_tasks=3, resizable=True, alloc={"h1": 1})
     live.running(job, 1)

@@ -21,8 +21,7 @@ from xce_resize_plugin.core.models import GrowRequest, ReleaseRequest
 from xce_resize_plugin.errors import ConfigError, FencedError, InvalidRequest, ResizeError
 from xce_resize_plugin.host import Principal
 from xce_resize_plugin.manager import get_plugin_manager
-
-from .conftest import kill_marked, wait_until
+from xce_resize_plugin.testing.live import kill_marked, wait_until
 
 GOOD = """
 [controller]

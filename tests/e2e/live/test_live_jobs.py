@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .conftest import ALICE, BOB, ROOT, SLEEPER, LiveCluster, alive, wait_until
+from xce_resize_plugin.testing.live import ALICE, BOB, ROOT, SLEEPER, LiveCluster, alive, wait_until
 
 # Logs its environment and, every 50 ms, its hostfile (a shell loop, as the issue asks).
 HOSTFILE_LOGGER = [
@@ -67,11 +67,11 @@ def _hostfiles_seen(log: Path) -> list[str]:
     return out
 
 
-def test_job_lifecycle_env_hostfile_grow_shrink(make_cluster: Any, tmp_path: Path) -> None:
+def test_job_lifecycle_env_hostfile_grow_shrink(resize_live_factory: Any, tmp_path: Path) -> None:
     """Submit -> tasks run with the XCE/LSF environment; grow starts new processes and
     rewrites the hostfile at the commit; shrink stops processes before freeing slots;
     the job ends DONE when task 0 exits 0."""
-    live: LiveCluster = make_cluster({"h1": 2, "h2": 2, "h3": 2})
+    live: LiveCluster = resize_live_factory({"h1": 2, "h2": 2, "h3": 2})
     live.start()
     work = tmp_path / "work"
     work.mkdir()
@@ -141,8 +141,8 @@ def test_job_lifecycle_env_hostfile_grow_shrink(make_cluster: Any, tmp_path: Pat
     assert live.cluster()["problems"] == []
 
 
-def test_done_on_status_zero_and_kill(make_cluster: Any) -> None:
-    live: LiveCluster = make_cluster()
+def test_done_on_status_zero_and_kill(resize_live_factory: Any) -> None:
+    live: LiveCluster = resize_live_factory()
     live.start()
     quick = live.submit(command=["/bin/sh", "-c", "exit 0"], tasks=1)
     job = wait_until(lambda: (j := live.job(quick))["state"] == "DONE" and j, 10, "DONE")
@@ -163,10 +163,10 @@ def test_done_on_status_zero_and_kill(make_cluster: Any) -> None:
     assert again.status_code == 409 and again.json()["code"] == "LSBE_JOB_FINISH"
 
 
-def test_shrink_sigkill_after_grace(make_cluster: Any) -> None:
+def test_shrink_sigkill_after_grace(resize_live_factory: Any) -> None:
     """A task that ignores SIGTERM is killed at the end of the grace period; its slot is
     freed only then (stop_grace = 1 s)."""
-    live: LiveCluster = make_cluster({"h1": 4})
+    live: LiveCluster = resize_live_factory({"h1": 4})
     live.start()
     stubborn = [
         "/bin/sh",
@@ -188,10 +188,10 @@ def test_shrink_sigkill_after_grace(make_cluster: Any) -> None:
     assert task["status"] == 137 and task["reason"] == "SIGKILL after grace"
 
 
-def test_notification_runs_for_real(make_cluster: Any, tmp_path: Path) -> None:
+def test_notification_runs_for_real(resize_live_factory: Any, tmp_path: Path) -> None:
     """The notification command runs on the first execution host with the LSF
     environment; its output is kept with the job's logs; a failing one refuses."""
-    live: LiveCluster = make_cluster({"h1": 1, "h2": 2})
+    live: LiveCluster = resize_live_factory({"h1": 1, "h2": 2})
     live.start()
     out = tmp_path / "notified"
     notify = f'env | sort > {out}; echo "notified $LSB_RESIZE_EVENT"; cat "$LSB_DJOB_HOSTFILE"'
@@ -229,8 +229,8 @@ def test_notification_runs_for_real(make_cluster: Any, tmp_path: Path) -> None:
     assert all(t["state"] == "RUNNING" for t in job["tasks"])
 
 
-def test_authentication_and_problem_documents(make_cluster: Any) -> None:
-    live: LiveCluster = make_cluster()
+def test_authentication_and_problem_documents(resize_live_factory: Any) -> None:
+    live: LiveCluster = resize_live_factory()
     live.start()
     for token, status, code in (
         (None, 401, "XCE_RESIZE_NOT_AUTHENTICATED"),
@@ -263,10 +263,10 @@ def test_authentication_and_problem_documents(make_cluster: Any) -> None:
     assert live.call("GET", "/nowhere").json()["code"] == "HTTP_404"
 
 
-def test_job_answer_carries_the_resize_status(make_cluster: Any) -> None:
+def test_job_answer_carries_the_resize_status(resize_live_factory: Any) -> None:
     """A job's ``resize`` member is the status the resize routes answer, one shape: a
     pending grow says ``min``/``max`` (the job's bounds are ``min_tasks``/``max_tasks``)."""
-    live: LiveCluster = make_cluster()
+    live: LiveCluster = resize_live_factory()
     live.start()
     job_id = live.submit(command=SLEEPER, min_tasks=1, max_tasks=8, resizable=True, alloc={"h1": 1})
     live.running(job_id, 1)
@@ -297,11 +297,11 @@ def _answer_before_the_body(port: int, head: str, body: bytes = b"") -> tuple[in
         return int(lines[0].split()[1]), json.loads(rest)
 
 
-def test_bodies_are_read_only_after_authentication_and_up_to_the_limit(make_cluster: Any) -> None:
+def test_bodies_are_read_only_after_authentication_and_up_to_the_limit(resize_live_factory: Any) -> None:
     """Over real HTTP: no token is refused (401) before any body is read, a declared
     length over the limit before any is read, a chunked body once it passes the limit,
     on the host's routes and the plugin's alike."""
-    live: LiveCluster = make_cluster()
+    live: LiveCluster = resize_live_factory()
     live.start()
     auth = f"Authorization: Bearer {ALICE}\r\n"
     host = "Host: x\r\nContent-Type: application/json\r\n"
@@ -323,13 +323,13 @@ def test_bodies_are_read_only_after_authentication_and_up_to_the_limit(make_clus
     assert live.ok("GET", "/v1/jobs", ALICE) == {"jobs": []}
 
 
-def test_repeated_release_and_grow_start_new_processes(make_cluster: Any) -> None:
+def test_repeated_release_and_grow_start_new_processes(resize_live_factory: Any) -> None:
     """Eight release/grow cycles: every grow starts exactly its new task processes. The
     time each took is printed; the latency target itself is checked by the benchmark
     (tests/benchmarks/test_bench_live.py), never by a timed assertion here."""
     from xce_resize_plugin.rest.client import Client
 
-    live: LiveCluster = make_cluster({"h1": 4, "h2": 4})
+    live: LiveCluster = resize_live_factory({"h1": 4, "h2": 4})
     live.start()
     client = Client(live.url(), ALICE)
     job_id = live.submit(min_tasks=1, max_tasks=8, resizable=True)

@@ -25,8 +25,7 @@ import pytest
 
 from xce_resize_plugin.recording.format import read_recording
 from xce_resize_plugin.recording.replay import replay
-
-from .conftest import LiveCluster, kill_marked, wait_until
+from xce_resize_plugin.testing.live import LiveCluster, kill_marked, wait_until
 
 #: Task 0 runs until $STOP_FILE exists, then exits 0 (the job ends DONE on its own);
 #: the other tasks sleep until they are stopped.

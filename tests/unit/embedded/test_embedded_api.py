@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import CtlFactory, ToyResizer, make_pm
 
+from tests.conftest import CtlFactory, ToyResizer, make_pm
 from xce_resize_plugin.controllers.sim import (
     EmbeddedController,
     MemoryStore,

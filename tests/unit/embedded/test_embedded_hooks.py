@@ -6,8 +6,8 @@ from collections.abc import Sequence
 from typing import Any
 
 import pytest
-from conftest import CtlFactory, Recorder, ToyResizer, make_pm
 
+from tests.conftest import CtlFactory, Recorder, ToyResizer, make_pm
 from xce_resize_plugin import hookimpl
 from xce_resize_plugin.controllers.sim import (
     ContractViolation,

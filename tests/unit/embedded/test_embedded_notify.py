@@ -5,8 +5,8 @@ from __future__ import annotations
 import time
 
 import pytest
-from conftest import CtlFactory, Recorder
 
+from tests.conftest import CtlFactory, Recorder
 from xce_resize_plugin import hookimpl
 from xce_resize_plugin.controllers.sim import (
     NotificationResult,

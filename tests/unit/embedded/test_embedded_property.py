@@ -7,10 +7,10 @@ import contextlib
 import tempfile
 from typing import Any
 
-from conftest import ToyResizer, make_pm
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.conftest import ToyResizer, make_pm
 from xce_resize_plugin.controllers.sim import EmbeddedController, SubmissionRejected, TaskFaults
 from xce_resize_plugin.core.models import JobState
 

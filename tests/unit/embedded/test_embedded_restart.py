@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import CtlFactory, Recorder, ToyResizer, make_pm
 
+from tests.conftest import CtlFactory, Recorder, ToyResizer, make_pm
 from xce_resize_plugin import hookimpl
 from xce_resize_plugin.controllers.sim import (
     EmbeddedController,

@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 
 import pytest
-from conftest import CtlFactory
 
+from tests.conftest import CtlFactory
 from xce_resize_plugin.controllers.scheduler import (
     PendingJob,
     RunningJob,

@@ -24,6 +24,7 @@ the queue's own condition.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import logging
@@ -49,6 +50,23 @@ log = logging.getLogger(__name__)
 POLL_WAIT = 2.0
 #: Pause before retrying an agent that could not be reached (seconds).
 RETRY = 0.05
+
+
+#: The agents this process started, shared by every fleet of the process: an agent
+#: outlives the fleet that started it (own session), so its handle stays here, and
+#: :func:`reap_agents` (at every fleet's close, and at exit) collects it once it has
+#: exited (no zombie, and no "still running" warning for a handle dropped unwaited).
+_AGENTS: list[subprocess.Popen[bytes]] = []
+_AGENTS_LOCK = threading.Lock()
+
+
+def reap_agents() -> None:
+    """Collect the agents this process started that have exited."""
+    with _AGENTS_LOCK:
+        _AGENTS[:] = [p for p in _AGENTS if p.poll() is None]
+
+
+atexit.register(reap_agents)
 
 
 #: Commands still queued for an agent: ``("launch", job, task)`` and
@@ -89,7 +107,6 @@ class WorkerFleet:
         self.outbox: list[tuple[str, dict[str, Any]]] = []
         self.channels = {h: WorkerChannel(self, h) for h in hosts}
         self.closed = False
-        self._children: list[subprocess.Popen[bytes]] = []
 
     # -- the outbox (controller lock held) ------------------------------------------------
 
@@ -141,8 +158,8 @@ class WorkerFleet:
         self.reap()
 
     def reap(self) -> None:
-        """Collect agents this controller started that have exited (no zombies)."""
-        self._children = [p for p in self._children if p.poll() is None]
+        """Collect agents this process started that have exited (no zombies)."""
+        reap_agents()
 
     def spawn(self, host: str) -> None:
         """Start an agent for ``host`` in its own session (it outlives this process)."""
@@ -167,7 +184,8 @@ class WorkerFleet:
                 start_new_session=True,
                 cwd=str(self.state_dir),
             )
-        self._children.append(child)
+        with _AGENTS_LOCK:
+            _AGENTS.append(child)
         log.info("started the agent for %s (pid %d)", host, child.pid)
 
     def view(self) -> dict[str, dict[str, Any]]:

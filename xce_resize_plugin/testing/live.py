@@ -1,12 +1,15 @@
-"""Harness for the live controller's end-to-end tests: real processes on loopback.
+"""A live cluster for tests: the live controller and its agents as real processes.
 
-:class:`LiveCluster` writes a configuration into the test's temporary directory, runs
+:class:`LiveCluster` writes a configuration into a test's temporary directory, runs
 ``python -m xce_resize_plugin controller`` as a subprocess (which starts one worker
-agent per host), and talks to it over HTTP. Its finalizer kills every process the test
-caused to exist, even when the test failed: the controller, the agents (own sessions),
-the tasks and notification commands (own sessions too). They are found by pid through
-``/proc``: each carries the test's temporary directory in its command line (controller,
-agents) or its environment (tasks, notifications: ``XCE_HOSTFILE``).
+agent per host), and talks to it over HTTP. :meth:`LiveCluster.cleanup` kills every
+process the test caused to exist, even when the test failed: the controller, the agents
+(own sessions), the tasks and notification commands (own sessions too). They are found
+by pid through ``/proc``: each carries the test's temporary directory in its command
+line (controller, agents) or its environment (tasks, notifications: ``XCE_HOSTFILE``).
+
+The ``resize_live_factory`` fixture (:mod:`xce_resize_plugin.testing`) makes them and
+cleans them up. Needs Linux (``/proc``) and the ``live`` extra (httpx, uvicorn, starlette).
 """
 
 from __future__ import annotations
@@ -17,25 +20,34 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import pytest
+import httpx
 
-httpx = pytest.importorskip("httpx")
-pytest.importorskip("uvicorn")
-pytest.importorskip("starlette")
+__all__ = [
+    "ALICE",
+    "BOB",
+    "ROOT",
+    "SLEEPER",
+    "LiveCluster",
+    "alive",
+    "controller_command",
+    "free_port",
+    "kill_marked",
+    "processes_marked",
+    "wait_until",
+]
 
-if not sys.platform.startswith("linux"):  # pragma: no cover
-    pytest.skip("the live controller needs Linux (/proc, flock)", allow_module_level=True)
-
+#: The users' tokens in a :class:`LiveCluster`'s configuration (root is an admin).
 ALICE, BOB, ROOT = "alice-token-0001", "bob-token-00002", "root-token-0003"
 #: A task that says when it started, then sleeps (one process: sh execs sleep).
 SLEEPER = ["/bin/sh", "-c", 'echo "start $XCE_TASK_ID $(date +%s.%N)"; exec sleep 600']
 
 
 def free_port() -> int:
+    """A TCP port on the loopback interface that nothing listens on (now)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -116,8 +128,26 @@ def alive(pid: int) -> bool:
     return stat[stat.rfind(b")") + 2 :].split()[0] not in (b"Z", b"X")
 
 
+def controller_command(config: Path, listen_port: int | None = None) -> list[str]:
+    """The command line that runs a live controller on ``config`` (what a site runs)."""
+    args = [sys.executable, "-m", "xce_resize_plugin", "controller", "--config", str(config)]
+    if listen_port is not None:
+        args += ["--listen", f"127.0.0.1:{listen_port}"]
+    return args
+
+
 class LiveCluster:
-    """One live controller (and its agents) in a temporary directory."""
+    """One live controller (and its agents) in a temporary directory.
+
+    :param tmp: the directory for its configuration, state and logs; every process
+        whose command line or environment mentions it is killed by :meth:`cleanup`.
+    :param hosts: host name -> slots.
+    :param resize: the ``[resize]`` section.
+    :param limits: extra TOML appended to the configuration (e.g. a ``[limits]`` table).
+
+    Nothing runs until :meth:`start`. Users ``alice`` and ``bob`` and the admin
+    ``root`` have the tokens :data:`ALICE`, :data:`BOB` and :data:`ROOT`.
+    """
 
     def __init__(
         self, tmp: Path, hosts: dict[str, int], resize: dict[str, Any], limits: str = ""
@@ -159,18 +189,8 @@ tokens = {{ alice = "{ALICE}", bob = "{BOB}", root = "{ROOT}" }}
     ) -> subprocess.Popen[bytes]:
         self.runs += 1
         log = open(self.tmp / f"controller-{self.runs}.log", "wb")  # noqa: SIM115
-        args = [
-            sys.executable,
-            "-m",
-            "xce_resize_plugin",
-            "controller",
-            "--config",
-            str(self.config),
-        ]
-        if listen_port is not None:
-            args += ["--listen", f"127.0.0.1:{listen_port}"]
         proc = subprocess.Popen(
-            args,
+            controller_command(self.config, listen_port),
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -318,25 +338,3 @@ tokens = {{ alice = "{ALICE}", bob = "{BOB}", root = "{ROOT}" }}
         for user, info in cluster["users"].items():
             assert info["limit"] is None or info["slots_in_use"] <= info["limit"], (user, info)
         return job
-
-
-@pytest.fixture
-def make_cluster(tmp_path: Path) -> Iterator[Callable[..., LiveCluster]]:
-    made: list[LiveCluster] = []
-
-    def make(
-        hosts: dict[str, int] | None = None,
-        limits: str = "",
-        **resize: Any,
-    ) -> LiveCluster:
-        settings = {"stop_grace": 1.0, "notify_timeout": 5.0, **resize}
-        cluster = LiveCluster(tmp_path, hosts or {"h1": 2, "h2": 2}, settings, limits)
-        made.append(cluster)
-        return cluster
-
-    try:
-        yield make
-    finally:
-        for cluster in made:
-            cluster.cleanup()
-        kill_marked(str(tmp_path))

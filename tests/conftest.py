@@ -1,16 +1,23 @@
-"""Fixtures for the embedded controller's tests: plugin managers and test plugins.
+"""The project's own test helpers, on top of the ``xce_resize`` pytest plugin.
 
-The test plugins talk to the controller only through the host contract, like the real
-plugin: :class:`Recorder` records every host hook call (and the controller state the
-call saw), :class:`ToyResizer` is a minimal but correct resize plugin (reserve in the
-scheduler cycle, launch/stop in the dispatch cycle, commit on the task events, free
-its reservation at job end) so that the controller's side can be tested without the
-real engine.
+The fixtures a site could use too (plugin manager, simulated controller, scenario run,
+live cluster) are in :mod:`xce_resize_plugin.testing`, loaded through its ``pytest11``
+entry point. What is here serves only this project's tests:
+
+- test plugins that talk to a controller only through the host contract, like the real
+  plugin: :class:`Recorder` records every host hook call (and the controller state the
+  call saw), :class:`ToyResizer` is a minimal but correct resize plugin (reserve in the
+  scheduler cycle, launch/stop in the dispatch cycle, commit on the task events, free
+  its reservation at job end), so that the controller's side can be tested without the
+  real engine;
+- ``make_ctl``: embedded controllers with such plugins (``resize_sim_factory`` with
+  this project's defaults);
+- pytest's own ``pytester``, for running an example test suite as a site would.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +29,9 @@ from xce_resize_plugin import hookimpl
 from xce_resize_plugin.controllers.sim import EmbeddedController
 from xce_resize_plugin.core.models import JobInfo, Task
 from xce_resize_plugin.host import ClusterView, Controller, TaskEvent
+from xce_resize_plugin.testing.sim import SimControllers
+
+pytest_plugins = ["pytester"]
 
 
 def make_pm(*plugins: object) -> pluggy.PluginManager:
@@ -253,22 +263,16 @@ CtlFactory = Callable[..., EmbeddedController]
 
 
 @pytest.fixture
-def make_ctl(tmp_path: Path) -> Iterator[CtlFactory]:
-    """Build controllers on ``tmp_path`` (closed at teardown); plugins as positional
-    args, controller options as keywords. Default: hosts h1..h3 with 4 slots, a
-    non-durable LMDB store, strict invariants."""
-    made: list[EmbeddedController] = []
+def make_ctl(tmp_path: Path, resize_sim_factory: SimControllers) -> CtlFactory:
+    """Build controllers on ``tmp_path/state`` (closed at teardown); plugins as positional
+    args (instead of the real plugin), controller options as keywords. Default: hosts
+    h1..h3 with 4 slots, a non-durable LMDB store, strict invariants."""
 
     def factory(*plugins: object, **kwargs: Any) -> EmbeddedController:
         kwargs.setdefault("hosts", {"h1": 4, "h2": 4, "h3": 4})
-        kwargs.setdefault("durable", False)
         kwargs.setdefault("strict", True)
-        state_dir = kwargs.pop("state_dir", tmp_path / "state")
+        kwargs.setdefault("state_dir", tmp_path / "state")
         pm = kwargs.pop("pm", None) or make_pm(*plugins)
-        ctl = EmbeddedController(pm, state_dir, **kwargs)
-        made.append(ctl)
-        return ctl
+        return resize_sim_factory(pm=pm, **kwargs)
 
-    yield factory
-    for ctl in made:
-        ctl.close()
+    return factory
