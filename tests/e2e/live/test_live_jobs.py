@@ -297,7 +297,9 @@ def _answer_before_the_body(port: int, head: str, body: bytes = b"") -> tuple[in
         return int(lines[0].split()[1]), json.loads(rest)
 
 
-def test_bodies_are_read_only_after_authentication_and_up_to_the_limit(resize_live_factory: Any) -> None:
+def test_bodies_are_read_only_after_authentication_and_up_to_the_limit(
+    resize_live_factory: Any,
+) -> None:
     """Over real HTTP: no token is refused (401) before any body is read, a declared
     length over the limit before any is read, a chunked body once it passes the limit,
     on the host's routes and the plugin's alike."""
