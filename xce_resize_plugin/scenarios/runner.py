@@ -28,14 +28,13 @@ from xce_resize_plugin.controllers.runners import (
 from xce_resize_plugin.controllers.sim.sim_controller import EmbeddedController
 from xce_resize_plugin.controllers.violations import SubmissionRejected
 from xce_resize_plugin.core import converters
-from xce_resize_plugin.core.models import CancelRequest, Fact, ResizeRequest, host_counts
+from xce_resize_plugin.core.models import CancelRequest, Fact, ResizeRequest, Task, host_counts
 from xce_resize_plugin.errors import ConfigError, InvalidRequest, ResizeError
 from xce_resize_plugin.host import Principal
 from xce_resize_plugin.journal import Journal
 from xce_resize_plugin.manager import get_plugin_manager
 from xce_resize_plugin.recording.format import RecordingWriter
 from xce_resize_plugin.recording.sim_recorder import ScenarioRecorder
-from xce_resize_plugin.rest.routes import record_json
 from xce_resize_plugin.scenarios.files import CommandSpec, JobSpec, Scenario
 
 
@@ -99,6 +98,22 @@ def _command_json(c: CommandResult) -> dict[str, Any]:
         out["resize"] = dict(c.resize or {})
     out.update({"exit": c.exit, "code": c.code, "message": c.message})
     return out
+
+
+def _alloc_json(tasks: tuple[Task, ...]) -> dict[str, int]:
+    return host_counts(tasks)
+
+
+def _record_json(rec: Any) -> dict[str, Any]:
+    return {
+        "time": rec.time,
+        "type": rec.kind.value,
+        "before": _alloc_json(rec.before),
+        "delta": _alloc_json(rec.delta),
+        "after": _alloc_json(rec.after),
+        "delta_tasks": [t.id for t in rec.delta],
+        "version": rec.version,
+    }
 
 
 class _Runner:
@@ -256,7 +271,7 @@ def run(scenario: Scenario, state_dir: Path, record: IO[str] | None = None) -> S
             jobs[view.id] = {
                 "state": view.state.value,
                 "user": view.user,
-                "hosts": host_counts(view.tasks),
+                "hosts": _alloc_json(view.tasks),
                 "tasks": {str(t.id): t.host for t in view.tasks},
                 "pending_grow": (
                     None if pending is None else {"min": pending.min_add, "max": pending.max_add}
@@ -265,7 +280,7 @@ def run(scenario: Scenario, state_dir: Path, record: IO[str] | None = None) -> S
                 "start_time": view.start_time,
                 "end_time": view.end_time,
                 "slot_seconds": usage.slot_seconds if usage is not None else 0.0,
-                "resize_records": [record_json(r) for r in usage.records] if usage else [],
+                "resize_records": [_record_json(r) for r in usage.records] if usage else [],
             }
         notifications = tuple(
             {
