@@ -159,10 +159,14 @@ class SimOptions:
             ):
                 raise ConfigError(f"{key} must be a finite number >= 0, not {value!r}")
         # The rule checks fraction, seed and factors the same way for every caller.
-        MalleableRule(
+        self.malleable_rule(1)
+
+    def malleable_rule(self, machine_procs: int) -> MalleableRule:
+        """The malleable conversion of these options on a machine of ``machine_procs``."""
+        return MalleableRule(
             fraction=self.malleable_fraction,
             seed=self.seed,
-            machine_procs=1,
+            machine_procs=machine_procs,
             min_factor=self.min_factor,
             max_factor=self.max_factor,
         )
@@ -308,14 +312,7 @@ def load_workload(path: str | os.PathLike[str], options: SimOptions) -> Workload
         raise SimulationError(f"{path}: the trace has no job to simulate")
     procs = trace.header.max_procs or max(j.procs for j in trace.jobs)
     hosts = cluster_for(procs, options.slots_per_host)
-    rule = MalleableRule(
-        fraction=options.malleable_fraction,
-        seed=options.seed,
-        machine_procs=procs,
-        min_factor=options.min_factor,
-        max_factor=options.max_factor,
-    )
-    jobs = tuple(convert(trace.jobs, rule))
+    jobs = tuple(convert(trace.jobs, options.malleable_rule(procs)))
     return Workload(os.fspath(path), trace, jobs, hosts)
 
 
