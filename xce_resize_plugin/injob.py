@@ -144,11 +144,8 @@ class ResizeClient:
         body: dict[str, Any] = {
             "tasks": max_tasks if max_tasks is not None else min_tasks,
             "min_tasks": min_tasks,
-            "cancel_pending": cancel_pending,
-            "no_notify": no_notify,
+            **_change_options(cancel_pending, notify_cmd, no_notify),
         }
-        if notify_cmd is not None:
-            body["notify_cmd"] = notify_cmd
         return self._change("grow", body, wait, timeout)
 
     def release(
@@ -168,9 +165,7 @@ class ResizeClient:
         """Give tasks back: all of the job's tasks on ``hosts``, ``host_counts`` tasks on
         hosts, these ``task_ids``, a ``count`` chosen by the site policy, or an LSF
         ``spec``. Exactly one form. Task 0 always stays."""
-        body: dict[str, Any] = {"cancel_pending": cancel_pending, "no_notify": no_notify}
-        if notify_cmd is not None:
-            body["notify_cmd"] = notify_cmd
+        body = _change_options(cancel_pending, notify_cmd, no_notify)
         forms = {
             "hosts": None
             if hosts is None and host_counts is None
@@ -196,3 +191,13 @@ class ResizeClient:
         if not wait:
             return Allocation.from_json(doc)
         return self.wait(before, timeout)
+
+
+def _change_options(
+    cancel_pending: bool, notify_cmd: str | None, no_notify: bool
+) -> dict[str, Any]:
+    """The body fields a grow and a release share (``notify_cmd`` only when given)."""
+    body: dict[str, Any] = {"cancel_pending": cancel_pending, "no_notify": no_notify}
+    if notify_cmd is not None:
+        body["notify_cmd"] = notify_cmd
+    return body

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
+from xce_resize_plugin.controllers.live.proc import pid_alive
 from xce_resize_plugin.controllers.live.tasks import registered_workers
 from xce_resize_plugin.rest.client import Client
 
@@ -51,21 +52,6 @@ def _wait(fn: Callable[[], Any], timeout: float, what: str) -> Any:
             return value
         time.sleep(0.05)
     raise RuntimeError(f"timed out waiting for {what}")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # a zombie (exited, not yet reaped by its parent) is not alive
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return True
 
 
 class _Demo:
@@ -224,13 +210,13 @@ stop_grace = 2
                 killed.append(self.controller.pid)
                 self.controller.wait(5)
         for pid in agents:
-            if _alive(pid):
+            if pid_alive(pid):
                 os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + 10
-        while any(_alive(p) for p in agents) and time.monotonic() < deadline:
+        while any(pid_alive(p) for p in agents) and time.monotonic() < deadline:
             time.sleep(0.05)
         for pid in agents:
-            if _alive(pid):
+            if pid_alive(pid):
                 os.killpg(pid, signal.SIGKILL)
                 killed.append(pid)
         return killed
@@ -265,7 +251,7 @@ def _processes_under(tmp: Path) -> list[int]:
             cwd = b""
         try:
             mentioned = mark in (entry / "cmdline").read_bytes() or cwd.startswith(mark)
-            if mentioned and _alive(int(entry.name)):
+            if mentioned and pid_alive(int(entry.name)):
                 found.append(int(entry.name))
         except OSError:
             continue

@@ -56,16 +56,14 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
     finally:
         if progress is not None:
             progress.close()
-    doc = comparison.to_json()
+    doc = json.dumps(comparison.to_json(), indent=2) + "\n"
     if args.json == "-":
-        json.dump(doc, out, indent=2)
-        out.write("\n")
+        out.write(doc)
     else:
         out.write(format_table(comparison))
         if args.json is not None:
             with open(args.json, "w", encoding="utf-8") as fh:
-                json.dump(doc, fh, indent=2)
-                fh.write("\n")
+                fh.write(doc)
     if args.plot is not None:
         from xce_resize_plugin.simulation.plot import plot_comparison
 

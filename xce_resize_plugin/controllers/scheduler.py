@@ -263,73 +263,105 @@ def easy_pass(
     its planned end); used instead of computing it again when the same job turns out
     to be the head before anything started in this pass.
     """
-    avail = dict(free)
-    total = sum(avail.values())
-    started: list[RunningJob] = []
-    taken: dict[str, int] = {}
-    starts: list[Start] = []
-    reservation: Reservation | None = None
-    # Slots a job running past the shadow time may use: min(free now, extra), per host,
-    # kept up to date as jobs start (a full recomputation per candidate is too slow
-    # for long queues).
-    capped: dict[str, int] = {}
-    capped_total = 0
-    fillable: list[tuple[int, PendingJob]] = []
+    state = _Pass(now, free, headroom)
+    jobs = iter(pending)  # one queue for both phases: backfill goes on after the head
+    head = _start_in_order(state, jobs)
+    if head is None:
+        if state.total > 0:
+            _fill_leftovers(state)  # nobody waits
+        return PassResult(tuple(state.starts), None, state.avail)
+    if known is not None and known.job_id == head.id and not state.starts:
+        reservation = known
+    else:
+        if presorted:
+            # Merge this pass's starts (few) into the sorted running jobs.
+            ends = sorted((r for r in state.started if r.end is not None), key=_end_key)
+            both: Iterable[RunningJob] = heapq.merge(running, ends, key=_end_key)
+        else:
+            both = [*running, *state.started]
+        reservation = reservation_for(now, head, state.avail, both, order, presorted=presorted)
+    reservation = _backfill(state, jobs, reservation)
+    return PassResult(tuple(state.starts), reservation, state.avail)
 
-    def room(user: str) -> int | None:
-        h = headroom(user)
-        return None if h is None else h - taken.get(user, 0)
 
-    def start(job: PendingJob, placed: Placement, backfilled: bool) -> None:
-        nonlocal total, capped_total
+class _Pass:
+    """What one pass has done so far: the free slots left (``avail``, ``total``), the
+    slots each user took, the starts (and the moldable ones that may take more)."""
+
+    __slots__ = ("avail", "fillable", "headroom", "now", "started", "starts", "taken", "total")
+
+    def __init__(
+        self, now: float, free: Mapping[str, int], headroom: Callable[[str], int | None]
+    ) -> None:
+        self.now = now
+        self.headroom = headroom
+        self.avail = dict(free)
+        self.total = sum(self.avail.values())
+        self.taken: dict[str, int] = {}
+        self.starts: list[Start] = []
+        self.started: list[RunningJob] = []
+        self.fillable: list[tuple[int, PendingJob]] = []
+
+    def room(self, user: str) -> int | None:
+        """The user's headroom left, ``None`` for no limit."""
+        h = self.headroom(user)
+        return None if h is None else h - self.taken.get(user, 0)
+
+    def start(self, job: PendingJob, placed: Placement, backfilled: bool) -> None:
         if job.fill_to is not None and job.fill_to > job.max_tasks:
-            fillable.append((len(starts), job))
-        starts.append(Start(job.id, placed, backfilled))
+            self.fillable.append((len(self.starts), job))
+        self.starts.append(Start(job.id, placed, backfilled))
+        avail = self.avail
         n = 0
         for host, count in placed:
             avail[host] -= count
             n += count
-            if reservation is not None:
-                new = min(avail[host], reservation.extra.get(host, 0))
-                capped_total += new - capped[host]
-                capped[host] = new
-        total -= n
-        taken[job.user] = taken.get(job.user, 0) + n
+        self.total -= n
+        self.taken[job.user] = self.taken.get(job.user, 0) + n
         duration = job.duration_for(n)
-        end = None if duration is None else now + duration
-        started.append(RunningJob(job.id, end, dict(placed)))
+        end = None if duration is None else self.now + duration
+        self.started.append(RunningJob(job.id, end, dict(placed)))
 
-    for job in pending:
-        if total <= 0 and reservation is not None:
-            break  # nothing can start or backfill any more
-        if reservation is not None and total < job.min_tasks:
-            continue  # cheap test first: long queues mostly fail here
-        r = room(job.user)
+
+def _start_in_order(state: _Pass, jobs: Iterator[PendingJob]) -> PendingJob | None:
+    """Start jobs in queue order while they fit; the first that does not is the head
+    (returned, ``None`` when every job started or was skipped)."""
+    avail = state.avail
+    for job in jobs:
+        r = state.room(job.user)
         if r is not None and r < job.min_tasks:
             continue  # blocked by its user's limit only: does not hold the queue
-        if reservation is None:
-            if total >= job.min_tasks:
-                placed = place(avail, job.min_tasks, job.max_tasks, job.ptile, r)
-                if placed is not None:
-                    start(job, placed, False)
-                    continue
-            if known is not None and known.job_id == job.id and not starts:
-                reservation = known
-                extra = reservation.extra
-                capped = {h: min(n, extra.get(h, 0)) for h, n in avail.items() if n}
-                capped_total = sum(capped.values())
+        if state.total >= job.min_tasks:
+            placed = place(avail, job.min_tasks, job.max_tasks, job.ptile, r)
+            if placed is not None:
+                state.start(job, placed, False)
                 continue
-            if presorted:
-                # Merge this pass's starts (few) into the sorted running jobs.
-                ends = sorted((r for r in started if r.end is not None), key=_end_key)
-                both: Iterable[RunningJob] = heapq.merge(running, ends, key=_end_key)
-            else:
-                both = [*running, *started]
-            reservation = reservation_for(now, job, avail, both, order, presorted=presorted)
-            extra = reservation.extra
-            capped = {h: min(n, extra.get(h, 0)) for h, n in avail.items() if n}
-            capped_total = sum(capped.values())
-            continue
+        return job
+    return None
+
+
+def _backfill(state: _Pass, jobs: Iterator[PendingJob], reservation: Reservation) -> Reservation:
+    """Backfill the jobs behind the head (see the module docstring); returns the
+    reservation, its extra slots less those that backfilled jobs took."""
+    now = state.now
+    avail = state.avail
+    total = state.total
+    # Slots a job running past the shadow time may use: min(free now, extra), per host,
+    # kept up to date as jobs start (a full recomputation per candidate is too slow
+    # for long queues).
+    extra = reservation.extra
+    capped = {h: min(n, extra.get(h, 0)) for h, n in avail.items() if n}
+    capped_total = sum(capped.values())
+    headroom, taken = state.headroom, state.taken
+    for job in jobs:
+        if total <= 0:
+            break  # nothing can start or backfill any more
+        if total < job.min_tasks:
+            continue  # cheap test first: long queues mostly fail here
+        h = headroom(job.user)  # state.room(), inline: this loop is the hot path
+        r = None if h is None else h - taken.get(job.user, 0)
+        if r is not None and r < job.min_tasks:
+            continue  # blocked by its user's limit only: does not hold the queue
         placed = None
         if job.duration_at is None:
             if job.duration is not None and now + job.duration <= reservation.shadow:
@@ -349,33 +381,42 @@ def easy_pass(
                 _add(extra, dict(placed), -1)
                 reservation = Reservation(reservation.job_id, reservation.shadow, extra)
         if placed is not None:
-            start(job, placed, True)
-    if reservation is None and total > 0:
-        # Nobody waits: the moldable starts of this pass take what is left.
-        for index, job in fillable:
-            if total <= 0:
-                break
-            placed = starts[index].placement
-            have = sum(n for _, n in placed)
-            want = job.fill_to - have if job.fill_to is not None else 0
-            r = room(job.user)
-            if r is not None:
-                want = min(want, r)
-            if want <= 0:
+            state.start(job, placed, True)
+            total = state.total
+            extra = reservation.extra
+            for host, _ in placed:
+                new = min(avail[host], extra.get(host, 0))
+                capped_total += new - capped[host]
+                capped[host] = new
+    return reservation
+
+
+def _fill_leftovers(state: _Pass) -> None:
+    """Give the slots left to this pass's moldable starts, up to their ``fill_to``."""
+    avail = state.avail
+    for index, job in state.fillable:
+        if state.total <= 0:
+            break
+        placed = state.starts[index].placement
+        have = sum(n for _, n in placed)
+        want = job.fill_to - have if job.fill_to is not None else 0
+        r = state.room(job.user)
+        if r is not None:
+            want = min(want, r)
+        if want <= 0:
+            continue
+        per_host = dict(placed)
+        for host, n in avail.items():
+            take = min(n, want)
+            if job.ptile is not None:
+                take = min(take, job.ptile - per_host.get(host, 0))
+            if take <= 0:
                 continue
-            per_host = dict(placed)
-            for host, n in avail.items():
-                take = min(n, want)
-                if job.ptile is not None:
-                    take = min(take, job.ptile - per_host.get(host, 0))
-                if take <= 0:
-                    continue
-                per_host[host] = per_host.get(host, 0) + take
-                avail[host] -= take
-                want -= take
-                total -= take
-                taken[job.user] = taken.get(job.user, 0) + take
-                if want <= 0:
-                    break
-            starts[index] = attrs.evolve(starts[index], placement=tuple(per_host.items()))
-    return PassResult(tuple(starts), reservation, avail)
+            per_host[host] = per_host.get(host, 0) + take
+            avail[host] -= take
+            want -= take
+            state.total -= take
+            state.taken[job.user] = state.taken.get(job.user, 0) + take
+            if want <= 0:
+                break
+        state.starts[index] = attrs.evolve(state.starts[index], placement=tuple(per_host.items()))

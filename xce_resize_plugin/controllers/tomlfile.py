@@ -8,11 +8,15 @@ back to a default.
 from __future__ import annotations
 
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 
 from xce_resize_plugin.errors import ConfigError
+
+#: Checks one integer at a key path (``cluster.hosts.a``): returns it, or the error.
+#: Each kind of file words its own messages, so the check is the caller's.
+IntCheck: TypeAlias = Callable[[str, Any], int]
 
 
 class Where:
@@ -37,6 +41,21 @@ class Where:
         if unknown:
             known = ", ".join(sorted(keys))
             raise self.error(f"{name}.{unknown[0]}", f"unknown key (known: {known})")
+
+    def int_map(self, key: str, value: Any, check: IntCheck) -> dict[str, int]:
+        """``value``, a table of ``name = integer`` at ``key``, each value ``check``-ed."""
+        if not isinstance(value, Mapping):
+            raise self.error(key, "must be a table of name = number")
+        return {str(name): check(f"{key}.{name}", n) for name, n in value.items()}
+
+    def hosts(self, value: Any, check: IntCheck) -> dict[str, int]:
+        """``[cluster] hosts``: at least one ``host = slots``, in the file's order."""
+        if value is None:
+            raise self.error("cluster.hosts", "missing (e.g. hosts = { hostA = 4, hostB = 4 })")
+        hosts = self.int_map("cluster.hosts", value, check)
+        if not hosts:
+            raise self.error("cluster.hosts", "needs at least one host")
+        return hosts
 
 
 def read_toml(path: Path) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from typing import Any
 
 from attrs import field, frozen
 
-from xce_resize_plugin.controllers.tomlfile import Where, read_toml
+from xce_resize_plugin.controllers.tomlfile import IntCheck, Where, read_toml
 from xce_resize_plugin.core import config
 from xce_resize_plugin.core.models import GrowHosts
 
@@ -88,11 +88,12 @@ def parse(data: Mapping[str, Any], path: Path) -> Scenario:
     unknown = sorted(set(data) - SECTIONS)
     if unknown:
         raise where.error(unknown[0], f"unknown section (known: {', '.join(sorted(SECTIONS))})")
-    hosts = _hosts(where, where.table(data, "cluster").get("hosts"))
+    cluster = where.table(data, "cluster")
+    hosts = tuple(where.hosts(cluster.get("hosts"), _ints(where)).items())
     host_names = {h for h, _ in hosts}
     limits = where.table(data, "limits")
     where.only("limits", limits, {"user_slots"})
-    user_slots = _int_map(where, "limits.user_slots", limits.get("user_slots", {}), minimum=0)
+    user_slots = where.int_map("limits.user_slots", limits.get("user_slots", {}), _ints(where, 0))
     users = where.table(data, "users")
     where.only("users", users, {"admins"})
     admins = users.get("admins", [])
@@ -145,19 +146,9 @@ def _int(where: Where, key: str, value: Any, minimum: int = 1) -> int:
     return value
 
 
-def _int_map(where: Where, key: str, value: Any, minimum: int = 1) -> dict[str, int]:
-    if not isinstance(value, Mapping):
-        raise where.error(key, "must be a table of name = number")
-    return {str(k): _int(where, f"{key}.{k}", v, minimum) for k, v in value.items()}
-
-
-def _hosts(where: Where, value: Any) -> tuple[tuple[str, int], ...]:
-    if value is None:
-        raise where.error("cluster.hosts", "missing (e.g. hosts = { hostA = 4, hostB = 4 })")
-    hosts = _int_map(where, "cluster.hosts", value)
-    if not hosts:
-        raise where.error("cluster.hosts", "needs at least one host")
-    return tuple(hosts.items())
+def _ints(where: Where, minimum: int = 1) -> IntCheck:
+    """:func:`_int` as the check of :meth:`Where.int_map`."""
+    return lambda key, value: _int(where, key, value, minimum)
 
 
 def _tasks(where: Where, key: str, raw: Mapping[str, Any]) -> tuple[int, int]:
@@ -217,7 +208,7 @@ def _jobs(where: Where, value: Any, host_names: set[str]) -> tuple[JobSpec, ...]
             raise where.error(f"{key}.resizable", "must be true or false")
         alloc = None
         if "alloc" in raw:
-            amap = _int_map(where, f"{key}.alloc", raw["alloc"])
+            amap = where.int_map(f"{key}.alloc", raw["alloc"], _ints(where))
             for host in amap:
                 if host not in host_names:
                     raise where.error(f"{key}.alloc.{host}", "no such host in [cluster] hosts")

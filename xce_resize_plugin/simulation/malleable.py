@@ -91,6 +91,11 @@ class SimJob:
     status: int | None
     malleable: bool
 
+    @property
+    def estimate(self) -> float:
+        """What the scheduler plans with: the requested time, else the run time."""
+        return self.requested_time if self.requested_time is not None else self.runtime
+
 
 @attrs.frozen(kw_only=True)
 class MalleableRule:
@@ -136,35 +141,23 @@ def convert_job(job: TraceJob, rule: MalleableRule) -> SimJob:
     """Apply the conversion rule to one job."""
     cap = rule.machine_procs
     procs = min(job.procs, cap)
+    kind = job.kind
     if job.min_procs is not None or job.max_procs is not None:
         # The trace fixed the range (ElastiSim): keep it, only capped by the machine.
         hi = min(job.max_procs if job.max_procs is not None else procs, cap)
         lo = min(job.min_procs if job.min_procs is not None else procs, hi)
         procs = min(max(procs, lo), hi)
-        return SimJob(
-            job.id,
-            job.submit,
-            job.runtime,
-            procs,
-            job.requested_time,
-            job.user,
-            job.kind,
-            lo,
-            hi,
-            job.wait,
-            job.status,
-            job.kind == "malleable" and lo < hi,
-        )
-    lo = hi = procs
-    kind = job.kind
-    if procs >= 2 and rule.chooses(job.id):
-        # min_factor <= 1 <= max_factor keeps lo <= procs <= hi; the min/max make that
-        # hold against any rounding too.
-        lo = min(procs, max(1, math.floor(procs * rule.min_factor + _EPS)))
-        hi = max(procs, min(cap, math.ceil(procs * rule.max_factor - _EPS)))
-        if lo < hi:
-            kind = "malleable"
-    malleable = lo < hi
+        malleable = kind == "malleable" and lo < hi
+    else:
+        lo = hi = procs
+        if procs >= 2 and rule.chooses(job.id):
+            # min_factor <= 1 <= max_factor keeps lo <= procs <= hi; the min/max make
+            # that hold against any rounding too.
+            lo = min(procs, max(1, math.floor(procs * rule.min_factor + _EPS)))
+            hi = max(procs, min(cap, math.ceil(procs * rule.max_factor - _EPS)))
+            if lo < hi:
+                kind = "malleable"
+        malleable = lo < hi
     return SimJob(
         job.id,
         job.submit,

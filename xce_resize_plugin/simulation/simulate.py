@@ -159,10 +159,14 @@ class SimOptions:
             ):
                 raise ConfigError(f"{key} must be a finite number >= 0, not {value!r}")
         # The rule checks fraction, seed and factors the same way for every caller.
-        MalleableRule(
+        self.malleable_rule(1)
+
+    def malleable_rule(self, machine_procs: int) -> MalleableRule:
+        """The malleable conversion of these options on a machine of ``machine_procs``."""
+        return MalleableRule(
             fraction=self.malleable_fraction,
             seed=self.seed,
-            machine_procs=1,
+            machine_procs=machine_procs,
             min_factor=self.min_factor,
             max_factor=self.max_factor,
         )
@@ -308,14 +312,7 @@ def load_workload(path: str | os.PathLike[str], options: SimOptions) -> Workload
         raise SimulationError(f"{path}: the trace has no job to simulate")
     procs = trace.header.max_procs or max(j.procs for j in trace.jobs)
     hosts = cluster_for(procs, options.slots_per_host)
-    rule = MalleableRule(
-        fraction=options.malleable_fraction,
-        seed=options.seed,
-        machine_procs=procs,
-        min_factor=options.min_factor,
-        max_factor=options.max_factor,
-    )
-    jobs = tuple(convert(trace.jobs, rule))
+    jobs = tuple(convert(trace.jobs, options.malleable_rule(procs)))
     return Workload(os.fspath(path), trace, jobs, hosts)
 
 
@@ -382,7 +379,7 @@ class _Feeder:
             ctl.at(jobs[i].submit, self.feed)
 
     def submit(self, job: SimJob) -> None:
-        estimate = job.requested_time if job.requested_time is not None else job.runtime
+        estimate = job.estimate
         flexible = self.mode == "elastic" and job.min_procs < job.max_procs
         if not flexible:
             self.on_submit(job, False, None)
@@ -498,20 +495,16 @@ def _run(
         None if progress is None else (lambda done, n: progress(mode, done, n)),
     )
     checks_on = options.check
-    completion = CompletionCheck()
-    ledger = LedgerCheck(dict(workload.hosts))
-    work = WorkCheck(options.speedup)
-    easy = EasyCheck(workload.capacity) if mode == "rigid" else None
+    checks = _RunChecks(workload, mode, options.speedup)
     driver = options.make_driver(mode)
 
     def on_submit(job: SimJob, flexible: bool, work_model: SpeedupWork | None) -> None:
         if recorder is not None:
-            estimate = job.requested_time if job.requested_time is not None else job.runtime
             recorder.submit(
                 job.id,
                 user=job.user,
                 tasks=(job.min_procs, job.max_procs) if flexible else (job.procs, job.procs),
-                estimate=estimate,
+                estimate=job.estimate,
                 start_tasks=job.procs if flexible else None,
                 resizable=job.malleable and flexible,
                 work=work_model,
@@ -520,35 +513,21 @@ def _run(
             spec = MalleableSpec(job.user, job.min_procs, job.max_procs, job.procs, work_model)
             driver.add_spec(job.id, spec)
         if checks_on:
-            completion.add_job(job.id)
-            work.add_job(job.id, job.runtime, job.procs, flexible)
-            if easy is not None:
-                estimate = job.requested_time if job.requested_time is not None else job.runtime
-                easy.add_job(job.id, job.submit, job.procs, estimate)
+            checks.add_job(job, flexible)
 
     ctl.add_observer(stats)
-    if checks_on:
-        for check in (completion, ledger, work, *([easy] if easy else [])):
-            ctl.add_observer(check)
-    for extra in observers:
-        ctl.add_observer(extra)
+    for observer in (*(checks.all if checks_on else ()), *observers):
+        ctl.add_observer(observer)
     if recorder is not None:
         driver.on_request = recorder.request
     ctl.add_observer(driver)  # last: it acts on what the others have seen
-    feeder = _Feeder(ctl, jobs, mode, options.speedup, on_submit)
-    feeder.start()
+    _Feeder(ctl, jobs, mode, options.speedup, on_submit).start()
     ctl.run()
     if progress is not None:
         progress(mode, stats.ended, total)
 
     metrics = stats.metrics()
-    problems: list[str] = []
-    if checks_on:
-        completion.rejected(ctl.rejections)
-        for check in (completion, ledger, work, *([easy] if easy else [])):
-            problems.extend(check.finish())
-        problems.extend(check_utilization(metrics.utilization, stats.usage.peak, workload.capacity))
-        problems.extend(ctl.check_invariants())
+    problems = checks.problems(ctl, metrics, stats.usage.peak) if checks_on else []
     events = total + stats.started + stats.ended + metrics.resizes + driver.requests
     return RunResult(
         mode=mode,
@@ -557,11 +536,45 @@ def _run(
         events=events,
         requests=driver.requests,
         refused=dict(sorted(driver.refused.items())),
-        backfilled=easy.backfilled if easy is not None else None,
+        backfilled=checks.easy.backfilled if checks.easy is not None else None,
         usage=tuple(stats.usage.bins(USAGE_BINS, metrics.makespan)),
         waits=tuple(stats.waits),
         seconds=time.perf_counter() - began,
     )
+
+
+class _RunChecks:
+    """The checks of one run (:mod:`.checks`), fed the jobs as they are submitted."""
+
+    def __init__(self, workload: Workload, mode: Mode, speedup: SpeedupModel) -> None:
+        self.capacity = workload.capacity
+        self.completion = CompletionCheck()
+        self.ledger = LedgerCheck(dict(workload.hosts))
+        self.work = WorkCheck(speedup)
+        # The FCFS + EASY order holds for the rigid run only (resizes move ends).
+        self.easy = EasyCheck(workload.capacity) if mode == "rigid" else None
+        self.all: tuple[CompletionCheck | LedgerCheck | WorkCheck | EasyCheck, ...] = (
+            self.completion,
+            self.ledger,
+            self.work,
+            *([self.easy] if self.easy else []),
+        )
+
+    def add_job(self, job: SimJob, flexible: bool) -> None:
+        self.completion.add_job(job.id)
+        self.work.add_job(job.id, job.runtime, job.procs, flexible)
+        if self.easy is not None:
+            self.easy.add_job(job.id, job.submit, job.procs, job.estimate)
+
+    def problems(self, ctl: EmbeddedController, metrics: RunMetrics, peak: int) -> list[str]:
+        """What the checks found once the run is over."""
+        self.completion.rejected(ctl.rejections)
+        problems: list[str] = []
+        for check in self.all:
+            problems.extend(check.finish())
+        problems.extend(check_utilization(metrics.utilization, peak, self.capacity))
+        problems.extend(ctl.check_invariants())
+        return problems
 
 
 @frozen

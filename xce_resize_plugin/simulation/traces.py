@@ -476,43 +476,41 @@ def _read_swf_jobs(
 ) -> float:
     """The hot loop: one ``split`` and a few conversions a line, appending to ``jobs``.
 
-    Returns the raw submit time of the first kept job (0.0 when none is kept).
+    Returns the raw submit time of the first kept job (0.0 when none is kept). What
+    the cleaning skips or adjusts is counted in ``stats`` as it happens (the rare
+    paths); ``lines`` is then the kept jobs plus the skipped lines.
     """
     if first_line is None or limit == 0:
         return 0.0
     max_procs = header.max_procs if header.max_procs and header.max_procs > 0 else None
-    lines = skipped_runtime = skipped_procs = capped = used_alloc = no_req_time = 0
-    comments = 0
     base: float | None = None
     prev = -math.inf
-    resorted = 0
     kept = 0
-    users: dict[str, str] = {}  # share one str per user instead of one per job
+    # One str per user instead of one per job; -1 (unknown) reads "unknown".
+    users: dict[str, str] = {"-1": "unknown"}
     append = jobs.append
-
     # chain + enumerate stay in C: a generator here costs a frame switch a line.
     for lineno, line in enumerate(itertools.chain((first_line,), f), first_lineno):
         parts = line.split()
         if not parts:
             continue
         if parts[0].startswith(";"):
-            comments += 1
+            stats["comment_lines"] += 1
             continue
         if len(parts) != _SWF_FIELDS:
             raise _bad_line(name, lineno, line, f"{len(parts)} fields, SWF has {_SWF_FIELDS}")
-        lines += 1
         try:
             runtime = float(parts[3])
             if not runtime > 0:  # also catches NaN
-                skipped_runtime += 1
+                stats["skipped_runtime"] += 1
                 continue
             procs = int(parts[7])
             if procs <= 0:
                 procs = int(parts[4])
                 if procs <= 0:
-                    skipped_procs += 1
+                    stats["skipped_procs"] += 1
                     continue
-                used_alloc += 1
+                stats["used_allocated_procs"] += 1
             submit = float(parts[1])
             wait = float(parts[2])
             req_time = float(parts[8])
@@ -523,47 +521,28 @@ def _read_swf_jobs(
             raise _bad_line(name, lineno, line, "submit time is not finite")
         if max_procs is not None and procs > max_procs:
             procs = max_procs
-            capped += 1
+            stats["capped_procs"] += 1
         if req_time <= 0:
-            no_req_time += 1
+            stats["no_requested_time"] += 1
         if base is None:
             base = submit
         if submit < prev:
-            resorted = 1
+            stats["resorted"] = 1
         prev = submit
-        user = parts[11]
-        u = users.get(user)
-        if u is None:
-            u = users[user] = "unknown" if user == "-1" else user
+        u = users.setdefault(parts[11], parts[11])
+        req = req_time if req_time > 0 else None
+        waited = wait if wait >= 0 else None
+        code = status if status >= 0 else None
         append(
             TraceJob(
-                parts[0],
-                submit - base,
-                runtime,
-                procs,
-                req_time if req_time > 0 else None,
-                u,
-                "rigid",
-                None,
-                None,
-                wait if wait >= 0 else None,
-                status if status >= 0 else None,
+                parts[0], submit - base, runtime, procs, req, u, "rigid", None, None, waited, code
             )
         )
         kept += 1
         if limit is not None and kept >= limit:
             break
-    stats.update(
-        lines=lines,
-        jobs=kept,
-        skipped_runtime=skipped_runtime,
-        skipped_procs=skipped_procs,
-        capped_procs=capped,
-        used_allocated_procs=used_alloc,
-        no_requested_time=no_req_time,
-        comment_lines=comments,
-        resorted=resorted,
-    )
+    stats["jobs"] = kept
+    stats["lines"] = kept + stats["skipped_runtime"] + stats["skipped_procs"]
     return 0.0 if base is None else base
 
 
@@ -614,6 +593,11 @@ def _compile(text: str) -> Compiled:
     Names are looked up in the environment at call time, so one compiled expression
     serves every job.
     """
+    return _ExprParser(text).parse()
+
+
+def _tokenize(text: str) -> list[tuple[str, str]]:
+    """The expression's tokens: ``(kind, text)`` with kind ``num``, ``name`` or ``op``."""
     tokens: list[tuple[str, str]] = []
     pos = 0
     text_end = len(text.rstrip())
@@ -625,67 +609,91 @@ def _compile(text: str) -> Compiled:
         assert kind is not None
         tokens.append((kind, m.group(kind)))
         pos = m.end()
-    at = 0
+    return tokens
 
-    def peek() -> tuple[str, str] | None:
-        return tokens[at] if at < len(tokens) else None
 
-    def take() -> tuple[str, str]:
-        nonlocal at
-        if at >= len(tokens):
-            raise _ExprError(f"unexpected end of {text!r}")
-        at += 1
-        return tokens[at - 1]
+def _binary(op: str, a: Compiled, b: Compiled) -> Compiled:
+    """The compiled ``a op b``."""
+    if op == "+":
+        return lambda env: a(env) + b(env)
+    if op == "-":
+        return lambda env: a(env) - b(env)
+    if op == "*":
+        return lambda env: a(env) * b(env)
+    if op == "/":
+        return lambda env: a(env) / b(env)
+    if op == "%":
+        return lambda env: math.fmod(a(env), b(env))
+    return lambda env: float(a(env) ** b(env))
 
-    def binary(op: str, a: Compiled, b: Compiled) -> Compiled:
-        if op == "+":
-            return lambda env: a(env) + b(env)
-        if op == "-":
-            return lambda env: a(env) - b(env)
-        if op == "*":
-            return lambda env: a(env) * b(env)
-        if op == "/":
-            return lambda env: a(env) / b(env)
-        if op == "%":
-            return lambda env: math.fmod(a(env), b(env))
-        return lambda env: float(a(env) ** b(env))
 
-    def expr() -> Compiled:
-        node = term()
-        while (t := peek()) is not None and t[1] in "+-" and t[0] == "op":
-            take()
-            node = binary(t[1], node, term())
+class _ExprParser:
+    """Recursive descent over one expression's tokens, one method per grammar rule::
+
+    expr  = term (("+" | "-") term)*
+    term  = unary (("*" | "/" | "%") unary)*
+    unary = ("+" | "-") unary | power
+    power = atom ("^" unary)?
+    atom  = number | name | "(" expr ")"
+    """
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.tokens = _tokenize(text)
+        self.at = 0
+
+    def parse(self) -> Compiled:
+        compiled = self.expr()
+        if self.at != len(self.tokens):
+            raise _ExprError(f"unexpected {self.tokens[self.at][1]!r} in {self.text!r}")
+        return compiled
+
+    def peek(self) -> tuple[str, str] | None:
+        return self.tokens[self.at] if self.at < len(self.tokens) else None
+
+    def take(self) -> tuple[str, str]:
+        if self.at >= len(self.tokens):
+            raise _ExprError(f"unexpected end of {self.text!r}")
+        self.at += 1
+        return self.tokens[self.at - 1]
+
+    def expr(self) -> Compiled:
+        node = self.term()
+        while (t := self.peek()) is not None and t[1] in "+-" and t[0] == "op":
+            self.take()
+            node = _binary(t[1], node, self.term())
         return node
 
-    def term() -> Compiled:
-        node = unary()
-        while (t := peek()) is not None and t[0] == "op" and t[1] in "*/%":
-            take()
-            node = binary(t[1], node, unary())
+    def term(self) -> Compiled:
+        node = self.unary()
+        while (t := self.peek()) is not None and t[0] == "op" and t[1] in "*/%":
+            self.take()
+            node = _binary(t[1], node, self.unary())
         return node
 
-    def unary() -> Compiled:
-        t = peek()
+    def unary(self) -> Compiled:
+        t = self.peek()
         if t is not None and t[0] == "op" and t[1] in "+-":
-            take()
-            inner = unary()
+            self.take()
+            inner = self.unary()
             return (lambda env: -inner(env)) if t[1] == "-" else inner
-        return power()
+        return self.power()
 
-    def power() -> Compiled:
-        base = atom()
-        t = peek()
+    def power(self) -> Compiled:
+        base = self.atom()
+        t = self.peek()
         if t is not None and t == ("op", "^"):
-            take()
-            return binary("^", base, unary())
+            self.take()
+            return _binary("^", base, self.unary())
         return base
 
-    def atom() -> Compiled:
-        kind, value = take()
+    def atom(self) -> Compiled:
+        kind, value = self.take()
         if kind == "num":
             number = float(value)
             return lambda env: number
         if kind == "name":
+            text = self.text
 
             def lookup(env: Env) -> float:
                 try:
@@ -695,16 +703,11 @@ def _compile(text: str) -> Compiled:
 
             return lookup
         if value == "(":
-            inner = expr()
-            if take() != ("op", ")"):
-                raise _ExprError(f"missing ')' in {text!r}")
+            inner = self.expr()
+            if self.take() != ("op", ")"):
+                raise _ExprError(f"missing ')' in {self.text!r}")
             return inner
-        raise _ExprError(f"unexpected {value!r} in {text!r}")
-
-    compiled = expr()
-    if at != len(tokens):
-        raise _ExprError(f"unexpected {tokens[at][1]!r} in {text!r}")
-    return compiled
+        raise _ExprError(f"unexpected {value!r} in {self.text!r}")
 
 
 class _ModelEvaluator:
@@ -868,134 +871,16 @@ def read_elastisim(
     p = Path(path)
     name = str(p)
     _check_limit(limit, name)
-    try:
-        data = json.loads(p.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise TraceError(f"cannot read: {exc}", source=name) from exc
-    except ValueError as exc:
-        raise TraceError(f"not valid JSON: {exc}", source=name) from exc
-    raw_jobs = data.get("jobs") if isinstance(data, dict) else None
-    if not isinstance(raw_jobs, list):
-        raise TraceError("expected an object with a 'jobs' list", source=name)
+    raw_jobs = _load_elastisim_jobs(p, name)
     if limit is not None:
         raw_jobs = raw_jobs[:limit]
-
-    directory = p.parent
-    plat_speed, plat_nodes, cluster_id = _platform(directory)
+    plat_speed, plat_nodes, cluster_id = _platform(p.parent)
     if node_flops is not None and not (node_flops > 0 and math.isfinite(node_flops)):
         raise TraceError(f"node_flops must be positive, not {node_flops!r}", source=name)
     speed = node_flops or plat_speed or DEFAULT_NODE_FLOPS
-    evaluator = _ModelEvaluator(speed)
-    models: dict[Path, Mapping[str, Any]] = {}
-    stats = dict.fromkeys(
-        ("jobs", *_ELASTISIM_KINDS, "default_model", "capped_procs", "resorted"), 0
-    )
-
-    parsed: list[tuple[float, TraceJob]] = []
-    for index, job in enumerate(raw_jobs):
-        if not isinstance(job, Mapping):
-            raise TraceError("a job must be an object", source=name, job_index=index)
-        for key in ("type", "submit_time", "application_model"):
-            if key not in job:
-                raise TraceError(f"missing required key {key!r}", source=name, job_index=index)
-        etype = job["type"]
-        kind = _ELASTISIM_KINDS.get(etype) if isinstance(etype, str) else None
-        if kind is None:
-            raise TraceError(
-                f"unknown type {etype!r} (expected one of {', '.join(_ELASTISIM_KINDS)})",
-                source=name,
-                job_index=index,
-            )
-        stats[etype] += 1
-        submit = job["submit_time"]
-        if isinstance(submit, bool) or not isinstance(submit, int | float) or submit < 0:
-            raise TraceError(
-                f"submit_time must be a non-negative number, not {submit!r}",
-                source=name,
-                job_index=index,
-            )
-        if kind == "rigid":
-            lo = hi = procs = _int_field(job, "num_nodes", index, name)
-        else:
-            lo = _int_field(job, "num_nodes_min", index, name)
-            hi = _int_field(job, "num_nodes_max", index, name)
-            if lo > hi:
-                raise TraceError(
-                    f"num_nodes_min {lo} > num_nodes_max {hi}", source=name, job_index=index
-                )
-            procs = hi
-        if plat_nodes is not None and hi > plat_nodes:
-            stats["capped_procs"] += 1
-            hi = procs = plat_nodes
-            lo = min(lo, hi)
-        arguments = job.get("arguments", {})
-        if not isinstance(arguments, Mapping):
-            raise TraceError("arguments must be an object", source=name, job_index=index)
-        model_ref = job["application_model"]
-        if not isinstance(model_ref, str):
-            raise TraceError("application_model must be a path", source=name, job_index=index)
-        model_path = _beside(model_ref, directory)
-        if model_path is None:
-            model: Mapping[str, Any] = _DEFAULT_MODEL
-            stats["default_model"] += 1
-        else:
-            cached = models.get(model_path)
-            if cached is None:
-                try:
-                    cached = json.loads(model_path.read_text(encoding="utf-8"))
-                except (OSError, ValueError) as exc:
-                    raise TraceError(
-                        f"cannot read application model: {exc}", source=str(model_path)
-                    ) from exc
-                if not isinstance(cached, Mapping):
-                    raise TraceError("application model is not an object", source=str(model_path))
-                models[model_path] = cached
-            model = cached
-        gpus = job.get("num_gpus_per_node_max", job.get("num_gpus_per_node", 0))
-        env: dict[str, float] = {
-            k: float(v)
-            for k, v in arguments.items()
-            if isinstance(v, int | float) and not isinstance(v, bool)
-        }
-        env.update(
-            num_nodes=float(procs),
-            num_gpus_per_node=float(gpus) if isinstance(gpus, int | float) else 0.0,
-        )
-        env["num_gpus"] = env["num_nodes"] * env["num_gpus_per_node"]
-        try:
-            runtime = evaluator.seconds(model, env)
-        except _ExprError as exc:
-            raise TraceError(
-                f"cannot derive a run time: {exc}", source=name, job_index=index
-            ) from None
-        if not (runtime > 0 and math.isfinite(runtime)):
-            raise TraceError(
-                f"the application model gives no compute time ({runtime!r} s)",
-                source=name,
-                job_index=index,
-            )
-        walltime = job.get("walltime", 0)
-        requested = (
-            float(walltime)
-            if isinstance(walltime, int | float) and not isinstance(walltime, bool) and walltime > 0
-            else None
-        )
-        parsed.append(
-            (
-                float(submit),
-                TraceJob(
-                    id=str(index),
-                    submit=float(submit),
-                    runtime=runtime,
-                    procs=procs,
-                    requested_time=requested,
-                    user="elastisim",
-                    kind=kind,
-                    min_procs=lo,
-                    max_procs=hi,
-                ),
-            )
-        )
+    reader = _ElastisimJobs(name, p.parent, plat_nodes, _ModelEvaluator(speed))
+    parsed = [reader.job(index, job) for index, job in enumerate(raw_jobs)]
+    stats = reader.stats
     submits = [s for s, _ in parsed]
     if any(b < a for a, b in itertools.pairwise(submits)):
         stats["resorted"] = 1
@@ -1015,3 +900,139 @@ def read_elastisim(
         submit_offset=base,
     )
     return Trace(header, jobs, stats, name)
+
+
+def _load_elastisim_jobs(path: Path, name: str) -> list[Any]:
+    """The ``jobs`` list of an ElastiSim job file, entries unchecked."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise TraceError(f"cannot read: {exc}", source=name) from exc
+    except ValueError as exc:
+        raise TraceError(f"not valid JSON: {exc}", source=name) from exc
+    raw_jobs = data.get("jobs") if isinstance(data, dict) else None
+    if not isinstance(raw_jobs, list):
+        raise TraceError("expected an object with a 'jobs' list", source=name)
+    return raw_jobs
+
+
+class _ElastisimJobs:
+    """Turns the entries of one ``jobs.json`` into :class:`TraceJob`, in file order.
+
+    Holds what the jobs share: the platform's node count, the model evaluator, the
+    application models read so far (by path) and the counts for ``trace.stats``.
+    """
+
+    def __init__(
+        self, name: str, directory: Path, plat_nodes: int | None, evaluator: _ModelEvaluator
+    ) -> None:
+        self.name = name
+        self.directory = directory
+        self.plat_nodes = plat_nodes
+        self.evaluator = evaluator
+        self.models: dict[Path, Mapping[str, Any]] = {}
+        self.stats = dict.fromkeys(
+            ("jobs", *_ELASTISIM_KINDS, "default_model", "capped_procs", "resorted"), 0
+        )
+
+    def error(self, reason: str, index: int) -> TraceError:
+        return TraceError(reason, source=self.name, job_index=index)
+
+    def job(self, index: int, job: Any) -> tuple[float, TraceJob]:
+        """The entry at ``index``: its raw submit time and the cleaned job."""
+        if not isinstance(job, Mapping):
+            raise self.error("a job must be an object", index)
+        for key in ("type", "submit_time", "application_model"):
+            if key not in job:
+                raise self.error(f"missing required key {key!r}", index)
+        etype = job["type"]
+        kind = _ELASTISIM_KINDS.get(etype) if isinstance(etype, str) else None
+        if kind is None:
+            raise self.error(
+                f"unknown type {etype!r} (expected one of {', '.join(_ELASTISIM_KINDS)})", index
+            )
+        self.stats[etype] += 1
+        submit = job["submit_time"]
+        if isinstance(submit, bool) or not isinstance(submit, int | float) or submit < 0:
+            raise self.error(f"submit_time must be a non-negative number, not {submit!r}", index)
+        lo, hi, procs = self.sizes(job, index, kind)
+        walltime = job.get("walltime", 0)
+        requested = (
+            float(walltime)
+            if isinstance(walltime, int | float) and not isinstance(walltime, bool) and walltime > 0
+            else None
+        )
+        return float(submit), TraceJob(
+            id=str(index),
+            submit=float(submit),
+            runtime=self.runtime(job, index, procs),
+            procs=procs,
+            requested_time=requested,
+            user="elastisim",
+            kind=kind,
+            min_procs=lo,
+            max_procs=hi,
+        )
+
+    def sizes(self, job: Mapping[str, Any], index: int, kind: TraceKind) -> tuple[int, int, int]:
+        """``(min, max, procs)`` of the job, capped at the platform's nodes."""
+        if kind == "rigid":
+            lo = hi = procs = _int_field(job, "num_nodes", index, self.name)
+        else:
+            lo = _int_field(job, "num_nodes_min", index, self.name)
+            hi = _int_field(job, "num_nodes_max", index, self.name)
+            if lo > hi:
+                raise self.error(f"num_nodes_min {lo} > num_nodes_max {hi}", index)
+            procs = hi
+        if self.plat_nodes is not None and hi > self.plat_nodes:
+            self.stats["capped_procs"] += 1
+            hi = procs = self.plat_nodes
+            lo = min(lo, hi)
+        return lo, hi, procs
+
+    def runtime(self, job: Mapping[str, Any], index: int, procs: int) -> float:
+        """The compute time of the job's application model at ``procs`` nodes."""
+        arguments = job.get("arguments", {})
+        if not isinstance(arguments, Mapping):
+            raise self.error("arguments must be an object", index)
+        model = self.model(job["application_model"], index)
+        gpus = job.get("num_gpus_per_node_max", job.get("num_gpus_per_node", 0))
+        env: dict[str, float] = {
+            k: float(v)
+            for k, v in arguments.items()
+            if isinstance(v, int | float) and not isinstance(v, bool)
+        }
+        env.update(
+            num_nodes=float(procs),
+            num_gpus_per_node=float(gpus) if isinstance(gpus, int | float) else 0.0,
+        )
+        env["num_gpus"] = env["num_nodes"] * env["num_gpus_per_node"]
+        try:
+            runtime = self.evaluator.seconds(model, env)
+        except _ExprError as exc:
+            raise self.error(f"cannot derive a run time: {exc}", index) from None
+        if not (runtime > 0 and math.isfinite(runtime)):
+            raise self.error(f"the application model gives no compute time ({runtime!r} s)", index)
+        return runtime
+
+    def model(self, model_ref: Any, index: int) -> Mapping[str, Any]:
+        """The application model ``model_ref`` names (read once per file), else the
+        example project's."""
+        if not isinstance(model_ref, str):
+            raise self.error("application_model must be a path", index)
+        model_path = _beside(model_ref, self.directory)
+        if model_path is None:
+            self.stats["default_model"] += 1
+            return _DEFAULT_MODEL
+        cached = self.models.get(model_path)
+        if cached is None:
+            try:
+                cached = json.loads(model_path.read_text(encoding="utf-8"))
+            except (OSError, ValueError) as exc:
+                raise TraceError(
+                    f"cannot read application model: {exc}", source=str(model_path)
+                ) from exc
+            if not isinstance(cached, Mapping):
+                raise TraceError("application model is not an object", source=str(model_path))
+            self.models[model_path] = cached
+        return cached

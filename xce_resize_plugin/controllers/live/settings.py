@@ -40,7 +40,7 @@ from typing import Any
 
 from attrs import field, frozen
 
-from xce_resize_plugin.controllers.tomlfile import Where, read_toml
+from xce_resize_plugin.controllers.tomlfile import IntCheck, Where, read_toml
 from xce_resize_plugin.core import config as resize_config
 from xce_resize_plugin.errors import ConfigError
 
@@ -144,7 +144,9 @@ def parse(data: Mapping[str, Any], path: Path) -> LiveConfig:
 
     limits = where.table(data, "limits")
     where.only("limits", limits, {"user_slots"})
-    user_slots = _int_map(where, "limits.user_slots", limits.get("user_slots", {}), minimum=0)
+    user_slots = where.int_map(
+        "limits.user_slots", limits.get("user_slots", {}), _at_least(where, 0)
+    )
 
     resize = dict(where.table(data, "resize"))
     resize_config.check(resize, where=f"{path}: [resize]")
@@ -202,23 +204,17 @@ def _number(where: Where, key: str, value: Any) -> float:
     return float(value)
 
 
-def _int_map(where: Where, key: str, value: Any, minimum: int = 1) -> dict[str, int]:
-    if not isinstance(value, Mapping):
-        raise where.error(key, "must be a table of name = number")
-    out: dict[str, int] = {}
-    for name, n in value.items():
+def _at_least(where: Where, minimum: int) -> IntCheck:
+    def check(key: str, n: Any) -> int:
         if isinstance(n, bool) or not isinstance(n, int) or n < minimum:
-            raise where.error(f"{key}.{name}", f"must be an integer >= {minimum}, got {n!r}")
-        out[str(name)] = n
-    return out
+            raise where.error(key, f"must be an integer >= {minimum}, got {n!r}")
+        return n
+
+    return check
 
 
 def _hosts(where: Where, value: Any) -> tuple[tuple[str, int], ...]:
-    if value is None:
-        raise where.error("cluster.hosts", "missing (e.g. hosts = { hostA = 4, hostB = 4 })")
-    hosts = _int_map(where, "cluster.hosts", value)
-    if not hosts:
-        raise where.error("cluster.hosts", "needs at least one host")
+    hosts = where.hosts(value, _at_least(where, 1))
     for name in hosts:
         # Host names become file names under the state directory.
         if not name.replace("-", "").replace("_", "").replace(".", "").isalnum():
