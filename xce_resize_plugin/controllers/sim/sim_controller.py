@@ -546,7 +546,8 @@ class EmbeddedController:
             for task in new:
                 if held.get(task.id) != task.host:
                     raise ContractViolation(
-                        f"commit_allocation: job {job_id} task {task.id} on {task.host} is not reserved"
+                        f"commit_allocation: job {job_id} task {task.id} on {task.host} "
+                        "is not reserved"
                     )
             resized = len(new) != len(job.tasks)
             job.tasks = new
@@ -1126,7 +1127,8 @@ class EmbeddedController:
                     problems.append(f"job {job.id}: allocation does not start with task 0")
                 if not job.min_tasks <= len(job.tasks) <= job.max_tasks:
                     problems.append(
-                        f"job {job.id}: {len(job.tasks)} tasks outside {job.min_tasks}..{job.max_tasks}"
+                        f"job {job.id}: {len(job.tasks)} tasks outside "
+                        f"{job.min_tasks}..{job.max_tasks}"
                     )
                 for task in job.tasks:
                     if held.get(task.id) != task.host:
