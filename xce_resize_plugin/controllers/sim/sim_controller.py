@@ -139,6 +139,21 @@ def parse_tasks(spec: TasksSpec) -> tuple[int, int]:
     raise SubmissionRejected(f"bad task count {spec!r} (expected N or MIN,MAX)")
 
 
+def _open_store(
+    store: Literal["lmdb", "memory", "none"] | Store, state_dir: Path, durable: bool
+) -> Store:
+    """The ``store`` argument as a store (see :class:`EmbeddedController`)."""
+    if store == "lmdb":
+        return LmdbStore(state_dir / "embedded", durable=durable)
+    if store == "memory":
+        return MemoryStore()
+    if store == "none":
+        return NullStore()
+    if isinstance(store, str):
+        raise ValueError(f"unknown store {store!r} (lmdb, memory or none)")
+    return store
+
+
 def _alloc_pairs(
     alloc: Mapping[str, int] | Sequence[tuple[str, int]] | None,
 ) -> tuple[tuple[str, int], ...] | None:
@@ -273,16 +288,7 @@ class EmbeddedController:
         self._state_dir = Path(state_dir)
         self._state_dir.mkdir(parents=True, exist_ok=True)
         self._work_dir = self._state_dir / "embedded-work"
-        if store == "lmdb":
-            self._store: Store = LmdbStore(self._state_dir / "embedded", durable=durable)
-        elif store == "memory":
-            self._store = MemoryStore()
-        elif store == "none":
-            self._store = NullStore()
-        elif isinstance(store, str):
-            raise ValueError(f"unknown store {store!r} (lmdb, memory or none)")
-        else:
-            self._store = store
+        self._store = _open_store(store, self._state_dir, durable)
         # Nothing to save: skip building records for a store that drops them (a trace
         # simulation would spend a good part of its time there).
         self._persist = not isinstance(self._store, NullStore)
