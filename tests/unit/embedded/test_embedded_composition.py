@@ -1,10 +1,9 @@
 """What a host that holds the embedded controller relies on (the live controller does):
-the typed hook wrapper, the injected lock and hook controller, the observer events, the
-restart that leaves task processes to the holder, and imports without cycles."""
+the typed hook wrapper, the injected lock and hook controller, the observer events, and
+the restart that leaves task processes to the holder."""
 
 from __future__ import annotations
 
-import ast
 import inspect
 import threading
 from collections.abc import Sequence
@@ -13,7 +12,6 @@ from typing import Any
 
 from conftest import CtlFactory, ToyResizer, make_pm
 
-import xce_resize_plugin
 from xce_resize_plugin import hookimpl, hookspecs
 from xce_resize_plugin.controllers.observer import Observer
 from xce_resize_plugin.controllers.sim import (
@@ -243,54 +241,3 @@ def test_restart_can_leave_task_processes_to_the_holder(tmp_path: Path) -> None:
     assert resumed.job(job).task_states[2] is TaskState.FAILED
     assert stops == [(job, 1), (job, 1)]
     resumed.close()
-
-
-def _imports(path: Path, package: str) -> set[str]:
-    """The modules ``path`` imports, at any level (``TYPE_CHECKING`` blocks included)."""
-    found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                parts = package.split(".")[: len(package.split(".")) - node.level + 1]
-                base = ".".join([*parts, base] if base else parts)
-            found.add(base)
-            found.update(f"{base}.{alias.name}" for alias in node.names)
-    return found
-
-
-def test_no_import_cycle_around_the_controllers() -> None:
-    """Neither at run time nor for the type checker: a lower module that needs a type
-    from a higher one defines a Protocol instead."""
-    root = Path(xce_resize_plugin.__file__).parent
-    modules: dict[str, Path] = {}
-    for sub in ("controllers", "recording"):
-        for path in (root / sub).rglob("*.py"):
-            name = ".".join(path.relative_to(root.parent).with_suffix("").parts)
-            modules[name.removesuffix(".__init__")] = path
-    graph = {
-        name: {
-            other
-            for other in _imports(
-                path, name if path.name == "__init__.py" else name.rpartition(".")[0]
-            )
-            if other in modules and other != name
-        }
-        for name, path in modules.items()
-    }
-
-    def reaches(start: str, goal: str) -> bool:
-        todo, seen = [start], set()
-        while todo:
-            here = todo.pop()
-            for nxt in graph[here]:
-                if nxt == goal:
-                    return True
-                if nxt not in seen:
-                    seen.add(nxt)
-                    todo.append(nxt)
-        return False
-
-    assert [name for name in sorted(graph) if reaches(name, name)] == []
