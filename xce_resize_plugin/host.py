@@ -9,19 +9,24 @@ Threads: the plugin's REST routes run in request-handler threads and call
 status, usage and authorize hooks (which call the same methods). A host that serves the
 routes must make these safe to call concurrently with its scheduler loop — the live
 embedded controller takes one lock around its state.
+
+:class:`HostHooks` is the host's side of the hook calls: one typed forwarding method per
+host hook of :mod:`xce_resize_plugin.hookspecs`, so that every call site is checked.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, cast, runtime_checkable
 
 import pluggy
 
-from xce_resize_plugin.core.models import JobInfo, Principal, Task, TaskEvent
+from xce_resize_plugin.core.accounting import Usage
+from xce_resize_plugin.core.models import JobInfo, Principal, ResizeRequest, Task, TaskEvent
+from xce_resize_plugin.core.status import ResizeStatus
 
-__all__ = ["ClusterView", "Controller", "Principal", "TaskEvent"]
+__all__ = ["ClusterView", "Controller", "HostHooks", "Principal", "TaskEvent"]
 
 
 @runtime_checkable
@@ -89,3 +94,85 @@ class ClusterView(Protocol):
 
     def free_slots(self) -> Mapping[str, int]:
         """Free slots per host, in the cluster's host order, as of this cycle."""
+
+
+class HostHooks:
+    """The host hooks, called by a host (as tox 4 does around ``pm.hook``).
+
+    One method per host hook of :mod:`xce_resize_plugin.hookspecs`, named without the
+    ``xce_`` prefix, with the hook's parameters and its typed result, so that mypy checks
+    every call a host makes. Each method is a plain forward to ``pm.hook``: hook-call
+    monitors (pluggy's ``add_hookcall_monitoring``, used for tracing, locking and
+    recording) see the calls as before.
+    """
+
+    def __init__(self, pm: pluggy.PluginManager) -> None:
+        self._hook = pm.hook
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    def controller_start(self, controller: Controller) -> None:
+        self._hook.xce_controller_start(controller=controller)
+
+    def controller_stop(self, controller: Controller) -> None:
+        self._hook.xce_controller_stop(controller=controller)
+
+    # -- submission ---------------------------------------------------------------------
+
+    def job_validate(self, controller: Controller, job: JobInfo) -> None:
+        self._hook.xce_job_validate(controller=controller, job=job)
+
+    # -- requests -----------------------------------------------------------------------
+
+    def resize_request(
+        self, controller: Controller, principal: Principal, job_id: str, request: ResizeRequest
+    ) -> ResizeStatus | None:
+        return cast(
+            "ResizeStatus | None",
+            self._hook.xce_resize_request(
+                controller=controller, principal=principal, job_id=job_id, request=request
+            ),
+        )
+
+    def resize_status(self, controller: Controller, job_id: str) -> ResizeStatus | None:
+        return cast(
+            "ResizeStatus | None",
+            self._hook.xce_resize_status(controller=controller, job_id=job_id),
+        )
+
+    # -- scheduler and dispatch ---------------------------------------------------------
+
+    def sched_cycle(self, controller: Controller, cluster: ClusterView) -> None:
+        self._hook.xce_sched_cycle(controller=controller, cluster=cluster)
+
+    def dispatch_cycle(self, controller: Controller) -> None:
+        self._hook.xce_dispatch_cycle(controller=controller)
+
+    # -- events -------------------------------------------------------------------------
+
+    def task_event(self, controller: Controller, event: TaskEvent) -> None:
+        self._hook.xce_task_event(controller=controller, event=event)
+
+    def task_events(self, controller: Controller, events: Sequence[TaskEvent]) -> None:
+        self._hook.xce_task_events(controller=controller, events=events)
+
+    def notify_done(
+        self, controller: Controller, job_id: str, attempt: int, status: int | None, reason: str
+    ) -> None:
+        self._hook.xce_notify_done(
+            controller=controller, job_id=job_id, attempt=attempt, status=status, reason=reason
+        )
+
+    def job_end(self, controller: Controller, job_id: str) -> None:
+        self._hook.xce_job_end(controller=controller, job_id=job_id)
+
+    # -- accounting and REST ------------------------------------------------------------
+
+    def acct_usage(self, controller: Controller, job_id: str, now: float) -> Usage | None:
+        return cast(
+            "Usage | None", self._hook.xce_acct_usage(controller=controller, job_id=job_id, now=now)
+        )
+
+    def rest_routes(self, controller: Controller) -> list[Sequence[Any]]:
+        """Every implementation's routes (not firstresult: one list per implementation)."""
+        return cast("list[Sequence[Any]]", self._hook.xce_rest_routes(controller=controller))

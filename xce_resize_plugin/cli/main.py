@@ -180,6 +180,7 @@ def _dispatch(args: argparse.Namespace, out: TextIO) -> int:
         return run_simulate(args, out)
     if args.command == "controller":
         from xce_resize_plugin.controllers.live import server
+        from xce_resize_plugin.recording.live_recorder import record_live_run
 
         return server.run(
             args.config,
@@ -187,6 +188,7 @@ def _dispatch(args: argparse.Namespace, out: TextIO) -> int:
             state_dir=args.state_dir,
             ready_file=args.ready_file,
             record=args.record,
+            attach=record_live_run,
         )
     if args.command == "worker":
         from xce_resize_plugin.controllers.live import worker

@@ -7,18 +7,23 @@ the controller's clock, ``cycle`` lines where the controller settled, and for
 comparison the job starts and the plugin's journal facts. ``xce-resize simulate
 --replay FILE`` replays it in simulated time.
 
-Where the :class:`~.controller.LiveController` calls it, always under its lock (so the
-lines are in the order the controller took things):
+It is a :class:`~xce_resize_plugin.controllers.observer.LiveObserver` of the
+:class:`~xce_resize_plugin.controllers.live.live_controller.LiveController`, attached
+by :func:`record_live_run` before the controller opens (the ``xce-resize controller``
+command does it); the controller calls it always under its lock, so the lines are in
+the order the controller took things:
 
-- :meth:`header` at :meth:`~.controller.LiveController.open`, before the plugin starts;
-- ``job_submitted`` / ``job_started`` / ``job_ending`` (the job end) as an observer
-  of the controller;
-- :meth:`input` from the request hook's monitor, the task reporter, the notification
-  callback and the job ending (tasks stopped);
-- :meth:`before_cycle` / :meth:`after_cycle` around every settle, :meth:`sync_facts`
-  after anything that may have written facts;
-- :meth:`finish` after a clean stop (the last facts and the ``closed`` line), or
-  :meth:`close` (fenced, or stopping on an error: the file ends as after a crash).
+- :meth:`header` when it is attached, before any agent or the plugin starts;
+- ``job_submitted`` / ``job_started`` / ``job_ending`` (the job end): input lines and
+  the starts;
+- ``hook_returned``: a resize request with its outcome, then the facts it wrote (and
+  the facts after ``xce_job_end``); ``task_reported``, ``notification_answered`` and
+  ``job_over`` (a job's tasks stopped before its end): input lines;
+- ``cycles_started`` / ``cycles_ended`` around every settle (:meth:`before_cycle` /
+  :meth:`after_cycle`), ``controller_started``: the facts of the plugin's recovery;
+- ``controller_closed``: :meth:`finish` after a clean stop (the last facts and the
+  ``closed`` line), or :meth:`close` (fenced, or stopping on an error: the file ends
+  as after a crash).
 
 **Crash safety.** Every line is flushed as it is written (not fsynced: a controller
 crash loses nothing written, a power cut may). A fact line is written only after the
@@ -36,9 +41,9 @@ the file while it writes, so two controllers cannot write one recording.
 error in the log; the controller goes on (the recording is then a prefix, like after a
 crash).
 
-It reads one internal of the embedded controller (one the live controller relies on
-too): a job's record in ``_jobs`` when it is submitted, for ``alloc`` and
-``start_tasks``, which the public job view does not carry.
+A submission's line is made from the job's record (the embedded controller's
+:meth:`~xce_resize_plugin.controllers.sim.sim_controller.EmbeddedController.record`),
+for ``alloc`` and ``start_tasks``, which the public job view does not carry.
 """
 
 from __future__ import annotations
@@ -48,24 +53,25 @@ import json
 import logging
 from collections.abc import Mapping
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, Any
 
-from xce_resize_plugin.controllers.observer import Observer
-from xce_resize_plugin.core.models import JobState, Task, host_counts
+from xce_resize_plugin.controllers.live.live_controller import LiveController
+from xce_resize_plugin.controllers.observer import LiveObserver
+from xce_resize_plugin.controllers.runners import NotificationRequest, NotificationResult
+from xce_resize_plugin.core.models import JobState, Task, TaskEvent, host_counts
+from xce_resize_plugin.errors import ResizeError
 from xce_resize_plugin.journal import Journal
 from xce_resize_plugin.recording.format import (
     FORMAT,
     RecordingError,
     RecordingWriter,
+    request_fields,
     submit_fields,
 )
 
-if TYPE_CHECKING:
-    from xce_resize_plugin.controllers.live.live_controller import LiveController
-
 log = logging.getLogger(__name__)
 
-__all__ = ["LiveRecorder", "RecordingRefused"]
+__all__ = ["LiveRecorder", "RecordingRefused", "record_live_run"]
 
 
 class RecordingRefused(RecordingError):
@@ -74,7 +80,25 @@ class RecordingRefused(RecordingError):
     message = "Cannot record this run"
 
 
-class LiveRecorder(Observer):
+def record_live_run(ctl: LiveController) -> LiveRecorder | None:
+    """Record ``ctl``'s run when its configuration says so (``[controller] record``):
+    open the file, write the header and attach the recorder. Call it before
+    :meth:`~LiveController.open`; it raises :class:`RecordingRefused` (nothing is
+    started then) when the run cannot be recorded."""
+    if ctl.cfg.record is None:
+        return None
+    with ctl.lock:
+        recorder = LiveRecorder.open(ctl.cfg.record, ctl)
+        try:
+            recorder.header()
+        except BaseException:
+            recorder.close()
+            raise
+        ctl.add_observer(recorder)
+    return recorder
+
+
+class LiveRecorder(LiveObserver):
     """Writes one live controller run's recording; create with :meth:`open`."""
 
     def __init__(self, path: Path, out: IO[str], ctl: LiveController) -> None:
@@ -85,6 +109,8 @@ class LiveRecorder(Observer):
         #: Whether inputs were written since the last ``cycle`` line: the next settle
         #: must then be replayed after them.
         self._pending = False
+        # Whether the settle in progress has its ``cycle`` line already.
+        self._marked = False
         self._journal: Journal | None = None
         self._next_seq = 1
 
@@ -139,6 +165,7 @@ class LiveRecorder(Observer):
         :class:`RecordingRefused` if it cannot be written (the controller does not
         start then)."""
         ctl = self._ctl
+        embedded = ctl.embedded
         assert self._out is not None, "the header is written right after open()"
         try:
             self._writer.header(
@@ -146,11 +173,11 @@ class LiveRecorder(Observer):
                 hosts=ctl.cfg.hosts,
                 config=ctl.config,
                 user_slots=ctl.cfg.user_slots,
-                protect_reservation=ctl.protect_reservation,
-                lean_cycles=ctl.lean_cycles,
+                protect_reservation=embedded.protect_reservation,
+                lean_cycles=embedded.lean_cycles,
                 extra={
                     "t": ctl.now(),
-                    "task_event_batches": ctl.task_event_batches,
+                    "task_event_batches": embedded.task_event_batches,
                     "state_dir": str(ctl.cfg.state_dir),
                 },
             )
@@ -202,8 +229,13 @@ class LiveRecorder(Observer):
 
     # -- observer -------------------------------------------------------------------
 
+    def controller_started(self) -> None:
+        self.sync_facts()  # the plugin's recovery
+
     def job_submitted(self, job_id: str, time: float) -> None:
-        self.input("submit", **submit_fields(self._ctl._jobs[job_id]))
+        record = self._ctl.embedded.record(job_id)
+        assert record is not None, "observers hear of a submission once it is accepted"
+        self.input("submit", **submit_fields(record))
 
     def job_started(self, job_id: str, time: float, tasks: tuple[Task, ...]) -> None:
         self._write({"kind": "started", "t": time, "job": job_id, "hosts": host_counts(tasks)})
@@ -212,6 +244,69 @@ class LiveRecorder(Observer):
         # Before the controller ends it and tells the plugin: the facts of the end
         # come after this line.
         self.input("end", job=job_id, state=state.value, reason=reason)
+
+    def task_reported(self, event: TaskEvent, sync: bool) -> None:
+        # Only reports that changed the controller's state come here: replay drops the
+        # others the same way.
+        self.input(
+            "task",
+            sync=sync,
+            job=event.job_id,
+            task=event.task_id,
+            event=event.kind,
+            status=event.status,
+            reason=event.reason,
+        )
+
+    def notification_answered(
+        self, request: NotificationRequest, result: NotificationResult
+    ) -> None:
+        # The outcome, whichever way it came (the agent's report, a lost agent), before
+        # the controller queues it for the plugin.
+        self.input(
+            "notify",
+            job=request.job_id,
+            attempt=request.attempt,
+            status=result.status,
+            reason=result.reason,
+        )
+
+    def job_over(
+        self, job_id: str, state: JobState, reason: str, tasks: list[int], grace: float
+    ) -> None:
+        self.input("ending", job=job_id, tasks=tasks, grace=grace, state=state.value, reason=reason)
+
+    def hook_returned(
+        self, name: str, kwargs: Mapping[str, Any], error: BaseException | None
+    ) -> None:
+        if name == "xce_resize_request":
+            # Still under the lock the call held: no other input comes between the
+            # request and its line.
+            if error is None:
+                code = None
+            elif isinstance(error, ResizeError):
+                code = error.code
+            else:
+                code = type(error).__name__
+            self.input(
+                "request",
+                **request_fields(kwargs["job_id"], kwargs["principal"], kwargs["request"], code),
+            )
+        if name in ("xce_resize_request", "xce_job_end"):
+            self.sync_facts()
+
+    def cycles_started(self, time: float) -> None:
+        # Where the cycles ran, relative to the inputs.
+        self._marked = self.before_cycle(time)
+
+    def cycles_ended(self, time: float, changed: bool) -> None:
+        self.after_cycle(time, self._marked, changed)
+
+    def controller_closed(self, clean: bool) -> None:
+        if clean:
+            self.finish()
+        else:
+            self.close()  # fenced or failed: the recording ends as after a crash
 
     # -- the end --------------------------------------------------------------------
 

@@ -259,4 +259,6 @@ class ScenarioRecorder(SimRecorder):
     def job_submitted(self, job_id: str, time: float) -> None:
         # The controller's own record: the only place that has the job as accepted
         # (alloc, start_tasks), as the live recorder reads it too.
-        self.input("submit", None, **submit_fields(self.ctl._jobs[job_id]))
+        record = self.ctl.record(job_id)
+        assert record is not None, "observers hear of a submission once it is accepted"
+        self.input("submit", None, **submit_fields(record))

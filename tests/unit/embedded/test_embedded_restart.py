@@ -84,8 +84,8 @@ def test_restart_reports_a_job_end_the_crash_interrupted(tmp_path: Path) -> None
 
 def test_stopping_task_exit_is_rearmed(tmp_path: Path) -> None:
     toy = ToyResizer(grace=30.0)
-    ctl = EmbeddedController(make_pm(toy), tmp_path, {"h1": 4}, store=MemoryStore())
-    store = ctl._store  # the same store object survives the "crash"
+    store = MemoryStore()  # the same store object survives the "crash"
+    ctl = EmbeddedController(make_pm(toy), tmp_path, {"h1": 4}, store=store)
     job_id = ctl.submit("u", "1,4", runtime=100)
     ctl.settle()
     ctl.faults.stop_delay = 8.0

@@ -9,8 +9,8 @@ See docs/live-controller.md.
   notification commands;
 - :mod:`.tasks`: the controller's channels to the agents (commands, events, liveness);
 - :mod:`.store`: the controller's own LMDB state with fencing;
-- :mod:`.controller`: :class:`~.controller.LiveController`, the embedded controller on
-  the wall clock;
+- :mod:`.live_controller`: :class:`~.live_controller.LiveController`, which holds an
+  embedded controller on the wall clock;
 - :mod:`.server`: the REST API and the ``xce-resize controller`` process.
 
 Nothing heavy is imported here: the command line imports what it runs.

@@ -1,24 +1,35 @@
 """The live controller: the embedded controller on the wall clock, with real processes.
 
-:class:`LiveController` is an :class:`~xce_resize_plugin.controllers.sim.EmbeddedController`
-(same scheduler, ledger, hook order and invariants) with:
+:class:`LiveController` holds an
+:class:`~xce_resize_plugin.controllers.sim.sim_controller.EmbeddedController`
+(:attr:`LiveController.embedded`: same scheduler, ledger, hook order and invariants)
+and gives it what differs:
 
 - a wall clock, and a loop thread that runs scheduler and dispatch cycles (``settle``)
   whenever something happened (a request, a worker event) and at least every
   :data:`TICK` seconds;
 - tasks as real processes of per-host worker agents (:mod:`.worker`), reached through
-  :mod:`.tasks`; notification commands run by the first execution host's agent;
-- its own state in LMDB with fencing and side records (:mod:`.store`);
+  :mod:`.tasks`: the embedded controller's task and notification runners are this
+  controller's commands to the agents, and the agents' events come back as its task
+  reports; notification commands run by the first execution host's agent;
+- its own state in LMDB with fencing and side records (:mod:`.live_store`);
 - jobs with a command: a job ends when its task 0 process ends (DONE on status 0, EXIT
   otherwise); its other tasks are stopped first (SIGTERM, ``kill_grace``, SIGKILL) and
   its slots are freed only once they are gone. ``kill`` ends a job the same way.
 
+The hooks get this controller as ``controller`` (the REST routes are built on it too):
+it forwards the Controller protocol to the embedded controller, adding its own token
+check, hostfiles and crash points. It reads job records only through the embedded
+controller's :meth:`~.EmbeddedController.record` / :meth:`~.EmbeddedController.records`
+and changes jobs only through its public methods.
+
 **Locking.** One re-entrant lock (:attr:`LiveController.lock`) guards all controller
-state. Every Controller-protocol and driver method takes it, and so does every hook
-call made through the plugin manager (a hook-call monitor), whichever thread makes it:
-the REST handlers call the plugin's hooks from a thread pool, and the plugin holds its
-own lock while it calls back into the controller, so taking the controller lock first,
-always, is what keeps the two locks in one order (no deadlock).
+state. It is the embedded controller's lock too (injected), taken around each of its
+entry points; this controller takes it around its own compound operations, and every
+hook call made through the plugin manager takes it (a hook-call monitor), whichever
+thread makes it: the REST handlers call the plugin's hooks from a thread pool, and the
+plugin holds its own lock while it calls back into the controller, so taking the
+controller lock first, always, is what keeps the two locks in one order (no deadlock).
 
 **Durability before action.** Commands to agents are queued in the fleet's outbox and
 released only after the store write that records them (see :mod:`.tasks`), so a
@@ -29,17 +40,14 @@ one's writes fail, it stops), connects to the agents (starting missing ones),
 reconciles every live task with what its agent reports, and only then calls
 ``xce_controller_start`` (docs/live-controller.md lists every case).
 
-**Recording.** With ``[controller] record`` (or ``--record``), :mod:`.recorder` writes
-the run's inputs for ``xce-resize simulate --replay``; the hook points are marked
-"recording" below. Task events and job ends are recorded where they enter the embedded
-controller (the reporter methods; the recorder's ``job_ending`` observer call), so every
-path that reaches them (agent events, reconciliation, lost agents, kills) is recorded
-the same way.
-
-Internals of :class:`EmbeddedController` this module relies on (kept few on purpose):
-``_jobs`` (read), ``_job``, ``_end_job`` (called),
-``_flush``, and that ``_restore`` reports STARTING tasks through ``task_start_failed``
-during construction. The live tests (tests/e2e/live/) exercise each of them.
+**Observers.** :meth:`LiveController.add_observer` takes an
+:class:`~xce_resize_plugin.controllers.observer.Observer` (the embedded controller's
+events: submissions, starts, task reports, notification answers, cycles, job ends) or
+a :class:`~xce_resize_plugin.controllers.observer.LiveObserver`, which also sees this
+controller's own: every hook call with its outcome (from any thread), jobs whose tasks
+are being stopped before they end, the start and the close. The recording of a run
+(``[controller] record``) is such an observer, attached by whoever builds the
+controller (the ``xce-resize controller`` command): this module knows nothing of it.
 """
 
 from __future__ import annotations
@@ -56,12 +64,14 @@ from typing import Any
 
 import pluggy
 from attrs import frozen
+from pluggy import HookImpl
 
 from xce_resize_plugin.controllers.jobs import JobRecord, TaskRecord, TaskState
 from xce_resize_plugin.controllers.live.live_store import LiveStore
 from xce_resize_plugin.controllers.live.proc import atomic_write
 from xce_resize_plugin.controllers.live.settings import LiveConfig
 from xce_resize_plugin.controllers.live.tasks import Queued, WorkerFleet
+from xce_resize_plugin.controllers.observer import LiveObserver, Observer
 from xce_resize_plugin.controllers.runners import (
     ESSENTIAL_ENV,
     NotificationDone,
@@ -69,7 +79,7 @@ from xce_resize_plugin.controllers.runners import (
     NotificationResult,
     TaskReporter,
 )
-from xce_resize_plugin.controllers.sim.sim_controller import EmbeddedController, TasksSpec
+from xce_resize_plugin.controllers.sim.sim_controller import EmbeddedController
 from xce_resize_plugin.controllers.violations import UnknownJob
 from xce_resize_plugin.core import converters
 from xce_resize_plugin.core.models import GrowHosts, JobInfo, JobState, Task, format_hosts
@@ -82,9 +92,7 @@ from xce_resize_plugin.errors import (
     PermissionDenied,
     ResizeError,
 )
-from xce_resize_plugin.host import Principal
-from xce_resize_plugin.recording.format import request_fields
-from xce_resize_plugin.recording.live_recorder import LiveRecorder
+from xce_resize_plugin.host import HostHooks, Principal
 
 log = logging.getLogger(__name__)
 
@@ -281,35 +289,41 @@ def allocation_env(tasks: Sequence[Task], version: int, resizable: bool) -> dict
     }
 
 
+StartTask = Callable[[str, Task, Mapping[str, str]], None]
+StopTask = Callable[[str, int, float, float], None]
+
+
 class LiveTaskRunner:
     """The :class:`~xce_resize_plugin.controllers.runners.TaskRunner` of the live
-    controller: turns starts and stops into commands for the host's agent."""
+    controller: ``start`` and ``stop`` are the controller's commands to the host's agent
+    (the agents' events come back to the controller, which reports them)."""
 
-    def __init__(self, ctl: LiveController) -> None:
-        self._ctl = ctl
+    def __init__(self, start: StartTask, stop: StopTask) -> None:
+        self._start = start
+        self._stop = stop
 
     def bind(self, reporter: TaskReporter) -> None:
-        """The controller is the reporter; events come back through the agents."""
+        """Nothing to keep: reports come back through the agents' events."""
 
     def start(self, job_id: str, task: Task, env: Mapping[str, str]) -> None:
-        self._ctl._runner_start(job_id, task, env)
+        self._start(job_id, task, env)
 
     def stop(self, job_id: str, task_id: int, grace: float, since: float) -> None:
-        self._ctl._runner_stop(job_id, task_id, grace, since)
+        self._stop(job_id, task_id, grace, since)
 
 
 class LiveNotificationRunner:
     """Runs notification commands on the first execution host's agent; ``done`` is
     called (under the controller lock) when the agent reports the result."""
 
-    def __init__(self, ctl: LiveController) -> None:
-        self._ctl = ctl
+    def __init__(self, run: Callable[[NotificationRequest, NotificationDone], None]) -> None:
+        self._run = run
 
     def run(self, request: NotificationRequest, done: NotificationDone) -> None:
-        self._ctl._runner_notify(request, done)
+        self._run(request, done)
 
 
-class LiveController(EmbeddedController):
+class LiveController:
     """See the module docstring. Construct, then :meth:`open`; :meth:`shutdown` at the end.
 
     :param plugin_manager: the manager (with the resize plugin registered).
@@ -321,22 +335,18 @@ class LiveController(EmbeddedController):
         self.lock = threading.RLock()
         self.fenced: BaseException | None = None
         self.on_fenced: Callable[[], None] | None = None
+        self._pm = plugin_manager
+        self._hooks = HostHooks(plugin_manager)
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._loop_thread: threading.Thread | None = None
         self._loop_ident: int | None = None
-        # Set while the embedded controller restores its records: STARTING tasks are
-        # then left for reconciliation with their agents instead of being failed.
-        self._restoring = True
         self._ending: dict[str, tuple[JobState, str]] = {}
         self._job_tokens: dict[str, str] = {}
         self._notifying: dict[tuple[str, int], tuple[str, dict[str, Any], NotificationDone]] = {}
         self._broken: set[str] = set()
         self._opened = False
-        #: The recording of this run (``cfg.record``), from :meth:`open` on.
-        self.recorder: LiveRecorder | None = None
-        # How deep we are in a runner call: a task event reported inside one is "sync".
-        self._in_runner = 0
+        self._observers: list[LiveObserver] = []
         self._crash_at = os.environ.get(CRASH_ENV) or None
         if self._crash_at is not None and self._crash_at not in CRASH_POINTS:
             raise ValueError(f"{CRASH_ENV}={self._crash_at}: not one of {', '.join(CRASH_POINTS)}")
@@ -353,7 +363,9 @@ class LiveController(EmbeddedController):
             self.live_store.before_commit = self._before_commit
             self.live_store.after_commit = self.fleet.release
             with self.lock:
-                super().__init__(
+                #: The controller machinery (scheduler, ledger, hook order, invariants),
+                #: on the wall clock, with this controller's lock, runners and store.
+                self.embedded = EmbeddedController(
                     plugin_manager,
                     cfg.state_dir,
                     list(cfg.hosts),
@@ -361,15 +373,18 @@ class LiveController(EmbeddedController):
                     user_slots=cfg.user_slots,
                     store=self.live_store,
                     clock=WallClock(),
-                    task_runner=LiveTaskRunner(self),
-                    notification_runner=LiveNotificationRunner(self),
+                    task_runner=LiveTaskRunner(self._runner_start, self._runner_stop),
+                    notification_runner=LiveNotificationRunner(self._runner_notify),
                     protect_reservation=True,
                     autostart=False,
+                    lock=self.lock,
+                    hook_controller=self,
+                    resume_tasks=False,
                 )
+                self._resume_stops()
         except BaseException:
             self.live_store.close()
             raise
-        self._restoring = False
         for key in self.live_store.keys("job:"):
             spec = self.live_store.get(key)
             job_id = key[len("job:") :]
@@ -386,34 +401,42 @@ class LiveController(EmbeddedController):
     # lifecycle
     # =================================================================================
 
-    def open(self) -> None:
-        """Connect to (or start) the agents, reconcile, start the plugin and the loop.
+    def _resume_stops(self) -> None:
+        """Restart: hand the stops in progress to the agents again. The embedded
+        controller leaves task processes to this controller (``resume_tasks=False``):
+        launches a crash interrupted stay STARTING until reconciliation with their
+        agent decides (:meth:`worker_up`)."""
+        for job in self.embedded.records():
+            if job.finished:
+                continue
+            for tid, rec in job.task_states.items():
+                if rec.state is TaskState.STOPPING and rec.stop_since is not None:
+                    self._runner_stop(job.id, tid, rec.grace or 0.0, rec.stop_since)
+        self.embedded.flush()
 
-        With ``cfg.record``, first open the recording (refused, with
-        :class:`~.recorder.RecordingRefused`, before any agent is started).
-        """
-        if self.cfg.record is not None and self.recorder is None:
-            with self.lock:
-                recorder = LiveRecorder.open(self.cfg.record, self)
-                try:
-                    recorder.header()
-                except BaseException:
-                    recorder.close()
-                    raise
-                self.recorder = recorder
-                self.add_observer(recorder)
+    def add_observer(self, observer: Observer) -> None:
+        """Watch the embedded controller's events (:class:`~.observer.Observer`) and,
+        for a :class:`~.observer.LiveObserver`, this controller's own. Add observers
+        before :meth:`open` (a recording must see the run from its start)."""
+        with self.lock:
+            self.embedded.add_observer(observer)
+            if isinstance(observer, LiveObserver):
+                self._observers.append(observer)
+
+    def open(self) -> None:
+        """Connect to (or start) the agents, reconcile, start the plugin and the loop."""
         self.fleet.owner = self
         missing = self.fleet.connect_all(self.cfg.worker_timeout)
         if missing:
             log.warning("no agent yet for %s; their tasks wait", ", ".join(missing))
         with self.lock:
-            for job in self._jobs.values():
+            for job in self.embedded.records():
                 if job.state is JobState.RUN:
                     self._write_hostfile(job.id, job.tasks)
-            self.start()
+            self.embedded.start()
             self._opened = True
-            if self.recorder is not None:
-                self.recorder.sync_facts()
+            for observer in self._observers:
+                observer.controller_started()
         self.fleet.start_threads()
         self._loop_thread = threading.Thread(target=self._loop, name="controller-loop", daemon=True)
         self._loop_thread.start()
@@ -430,25 +453,26 @@ class LiveController(EmbeddedController):
             self._loop_thread.join(timeout=10)
         self.fleet.close()
         with self.lock:
+            clean = False
             try:
                 if self.fenced is None:
-                    self.stop()
-                    if self.recorder is not None and self._opened:
-                        # The plugin's journal is complete now: the last facts, then
-                        # the line that says the run ended cleanly.
-                        self.recorder.finish()
+                    self.embedded.stop()
+                    # The plugin's journal is complete now (a recording writes its last
+                    # facts, then the line that says the run ended cleanly).
+                    clean = self._opened
                 else:
                     # Fenced: no more writes; only release the plugin's journal handle.
                     try:
-                        self.plugin_manager.hook.xce_controller_stop(controller=self)
+                        self._hooks.controller_stop(self)
                     except Exception:  # the journal may refuse, it is fenced too
                         log.debug("xce_controller_stop after fencing", exc_info=True)
             finally:
-                if self.recorder is not None:
-                    # Fenced or failed: the recording ends as after a crash.
-                    self.recorder.close()
-                self.live_store.close()
-                self._undo_monitor()
+                try:
+                    for observer in self._observers:
+                        observer.controller_closed(clean)
+                finally:
+                    self.live_store.close()
+                    self._undo_monitor()
 
     def fence(self, reason: BaseException) -> None:
         """A newer controller took over (or the state cannot be written): stop at once.
@@ -494,7 +518,7 @@ class LiveController(EmbeddedController):
             try:
                 with self.lock:
                     self._finish_endings()
-                    self.settle()
+                    self.embedded.settle()
                     self._finish_endings()
                     now = time.monotonic()
                     if now - last_check >= FENCE_CHECK:
@@ -518,50 +542,57 @@ class LiveController(EmbeddedController):
         self.lock.acquire()
 
     def _after_hook(
-        self, outcome: Any, hook_name: str, impls: Any, kwargs: Mapping[str, Any]
+        self,
+        outcome: pluggy.Result[Any],
+        hook_name: str,
+        impls: Sequence[HookImpl],
+        kwargs: Mapping[str, Any],
     ) -> None:
+        error = outcome.exception
         try:
-            if self.recorder is not None and hook_name in ("xce_resize_request", "xce_job_end"):
-                self._record_hook(hook_name, outcome, kwargs)
+            if self.fenced is None and not isinstance(error, FencedError):
+                # Nothing of ours happened once a newer controller owns the journal.
+                for observer in self._observers:
+                    observer.hook_returned(hook_name, kwargs, error)
         finally:
             self.lock.release()
-        if hook_name == "xce_resize_request" and getattr(outcome, "exception", None) is None:
+        if hook_name == "xce_resize_request" and error is None:
             self._crash("after-request")
         if threading.get_ident() != self._loop_ident:
             self._wake.set()  # e.g. a resize request: place it now, not at the next tick
-        exc = getattr(outcome, "exception", None)
-        if isinstance(exc, FencedError):
-            self.fence(exc)
-
-    def _record_hook(self, hook_name: str, outcome: Any, kwargs: Mapping[str, Any]) -> None:
-        """Recording: a resize request with its outcome (still under the lock, so no
-        other input comes between it and its line), then the facts it wrote."""
-        recorder = self.recorder
-        assert recorder is not None
-        exc = getattr(outcome, "exception", None)
-        if isinstance(exc, FencedError) or self.fenced is not None:
-            return  # a newer controller owns the journal: nothing of ours happened
-        if hook_name == "xce_resize_request":
-            if exc is None:
-                code = None
-            elif isinstance(exc, ResizeError):
-                code = exc.code
-            else:
-                code = type(exc).__name__
-            recorder.input(
-                "request",
-                **request_fields(kwargs["job_id"], kwargs["principal"], kwargs["request"], code),
-            )
-        recorder.sync_facts()
+        if isinstance(error, FencedError):
+            self.fence(error)
 
     def job_count(self) -> int:
         """How many jobs the controller knows (any state), e.g. 0 on a new state dir."""
-        with self.lock:
-            return len(self._jobs)
+        return len(self.embedded.records())
+
+    def _job(self, job_id: str) -> JobRecord:
+        job = self.embedded.record(job_id)
+        if job is None:
+            raise UnknownJob(f"no job {job_id}")
+        return job
 
     # =================================================================================
-    # the Controller protocol, under the lock
+    # the Controller protocol: the embedded controller's (under the shared lock), with
+    # this controller's tokens, hostfiles and crash points
     # =================================================================================
+
+    @property
+    def plugin_manager(self) -> pluggy.PluginManager:
+        return self._pm
+
+    @property
+    def config(self) -> Mapping[str, Any]:
+        """The ``[resize]`` section (read-only)."""
+        return self.embedded.config
+
+    @property
+    def state_dir(self) -> Path:
+        return self.embedded.state_dir
+
+    def now(self) -> float:
+        return self.embedded.now()
 
     def authenticate(self, token: str | None) -> Principal | None:
         if not token:
@@ -571,37 +602,34 @@ class LiveController(EmbeddedController):
                 return Principal(entry.user, admin=entry.user in self.cfg.admins)
         with self.lock:
             job_id = self._job_tokens.get(token)
-            job = self._jobs.get(job_id) if job_id is not None else None
+            job = self.embedded.record(job_id) if job_id is not None else None
             if job is None or job.finished:
                 return None
             return Principal(job.user, admin=False, job_id=job.id)
 
     def get_job(self, job_id: str) -> JobInfo | None:
-        with self.lock:
-            return super().get_job(job_id)
+        return self.embedded.get_job(job_id)
 
     def slot_headroom(self, user: str) -> int | None:
-        with self.lock:
-            return super().slot_headroom(user)
+        return self.embedded.slot_headroom(user)
+
+    # The plugin calls the methods below from inside its hooks, whose calls hold the
+    # lock (the hook-call monitor): the crash points come before any other input.
 
     def reserve_slots(self, job_id: str, tasks: Sequence[Task]) -> None:
-        with self.lock:
-            super().reserve_slots(job_id, tasks)
-            self._crash("after-reserve")
+        self.embedded.reserve_slots(job_id, tasks)
+        self._crash("after-reserve")
 
     def free_slots(self, job_id: str, task_ids: Sequence[int]) -> None:
-        with self.lock:
-            super().free_slots(job_id, task_ids)
+        self.embedded.free_slots(job_id, task_ids)
 
     def launch_tasks(self, job_id: str, tasks: Sequence[Task], env: Mapping[str, str]) -> None:
-        with self.lock:
-            super().launch_tasks(job_id, tasks, env)
-            self._crash("after-launch")
+        self.embedded.launch_tasks(job_id, tasks, env)
+        self._crash("after-launch")
 
     def stop_tasks(self, job_id: str, task_ids: Sequence[int], grace: float) -> None:
-        with self.lock:
-            super().stop_tasks(job_id, task_ids, grace)
-            self._crash("after-stop")
+        self.embedded.stop_tasks(job_id, task_ids, grace)
+        self._crash("after-stop")
 
     def run_notification(
         self,
@@ -612,87 +640,22 @@ class LiveController(EmbeddedController):
         env: Mapping[str, str],
         timeout: float,
     ) -> None:
-        with self.lock:
-            super().run_notification(job_id, attempt, host, command, env, timeout)
-            self._crash("after-notify")
+        self.embedded.run_notification(job_id, attempt, host, command, env, timeout)
+        self._crash("after-notify")
 
     def commit_allocation(self, job_id: str, tasks: Sequence[Task], version: int) -> None:
         with self.lock:
             before = self._job(job_id).version
-            super().commit_allocation(job_id, tasks, version)
+            self.embedded.commit_allocation(job_id, tasks, version)
             job = self._job(job_id)
             if job.version != before:
                 # Every committed change rewrites the hostfile, atomically.
                 self._write_hostfile(job_id, job.tasks)
                 self._crash("after-commit")
 
-    # -- TaskReporter (called by this class, under the lock) ------------------------------
-
-    def task_started(self, job_id: str, task_id: int) -> None:
-        with self.lock:
-            before = self.changes
-            super().task_started(job_id, task_id)
-            self._record_task(before, job_id, task_id, "started", None, "")
-
-    def task_start_failed(self, job_id: str, task_id: int, reason: str) -> None:
-        if self._restoring:
-            return  # left STARTING: reconciliation with the agent decides
-        with self.lock:
-            before = self.changes
-            super().task_start_failed(job_id, task_id, reason)
-            self._record_task(before, job_id, task_id, "start_failed", None, reason)
-
-    def task_exited(self, job_id: str, task_id: int, status: int | None, reason: str) -> None:
-        with self.lock:
-            before = self.changes
-            super().task_exited(job_id, task_id, status, reason)
-            self._record_task(before, job_id, task_id, "exited", status, reason)
-
-    def _record_task(
-        self,
-        before: int,
-        job_id: str,
-        task_id: int,
-        event: str,
-        status: int | None,
-        reason: str,
-    ) -> None:
-        """Recording: a task event that changed the controller's state. Reports that
-        change nothing (an agent's "started" for a task the job started with, an exit
-        of a task the job's end already took down) are left out: replay would drop
-        them the same way."""
-        if self.recorder is None or self.changes == before:
-            return
-        self.recorder.input(
-            "task",
-            sync=self._in_runner > 0,
-            job=job_id,
-            task=task_id,
-            event=event,
-            status=status,
-            reason=reason,
-        )
-
     # =================================================================================
-    # driver methods, under the lock
+    # driver methods
     # =================================================================================
-
-    def submit(self, user: str, n: TasksSpec | None = None, **options: Any) -> str:
-        with self.lock:
-            return super().submit(user, n, **options)
-
-    def settle(self) -> None:
-        with self.lock:
-            recorder = self.recorder
-            if recorder is None:
-                super().settle()
-                return
-            # Recording: where the cycles ran, relative to the inputs (see .recorder).
-            t = self.now()
-            marked = recorder.before_cycle(t)
-            before = self.changes
-            super().settle()
-            recorder.after_cycle(t, marked, self.changes != before)
 
     def kill(self, job_id: str, reason: str = "killed") -> bool:
         """End a job as EXIT: a pending one at once, a running one once its tasks have
@@ -702,14 +665,13 @@ class LiveController(EmbeddedController):
             if job.finished:
                 return False
             if job.state is JobState.PEND:
-                return super().kill(job_id, reason)
+                return self.embedded.kill(job_id, reason)
             self._begin_end(job_id, JobState.EXIT, reason)
-            self._flush()
+            self.embedded.flush()
             return True
 
     def check_invariants(self) -> list[str]:
-        with self.lock:
-            return super().check_invariants()
+        return self.embedded.check_invariants()
 
     # -- the REST host routes' operations --------------------------------------------------
 
@@ -733,7 +695,7 @@ class LiveController(EmbeddedController):
                 },
             )
             try:
-                super().submit(
+                self.embedded.submit(
                     principal.name,
                     sub.tasks,
                     estimate=sub.estimate,
@@ -786,7 +748,7 @@ class LiveController(EmbeddedController):
         with self.lock:
             return [
                 self.job_json(j.id)
-                for j in self.jobs()
+                for j in self.embedded.jobs()
                 if principal.admin
                 or principal.job_id == j.id
                 or (principal.job_id is None and principal.name == j.user)
@@ -796,7 +758,7 @@ class LiveController(EmbeddedController):
         """Everything about one job, JSON-ready (the ``Job`` schema)."""
         with self.lock:
             job = self._job(job_id)
-            view = self.job(job_id)
+            view = self.embedded.job(job_id)
             spec = self.live_store.get(f"job:{job_id}") or {}
             tasks = []
             for tid, rec in sorted(job.task_states.items()):
@@ -811,15 +773,8 @@ class LiveController(EmbeddedController):
                         "reason": rec.reason,
                     }
                 )
-            hook = self.plugin_manager.hook
-            status = (
-                hook.xce_resize_status(controller=self, job_id=job_id) if self._opened else None
-            )
-            usage = (
-                hook.xce_acct_usage(controller=self, job_id=job_id, now=self.now())
-                if self._opened
-                else None
-            )
+            status = self._hooks.resize_status(self, job_id) if self._opened else None
+            usage = self._hooks.acct_usage(self, job_id, self.now()) if self._opened else None
             charged = 0
             if usage is not None and usage.segments and job.state is JobState.RUN:
                 charged = usage.segments[-1].slots
@@ -879,11 +834,12 @@ class LiveController(EmbeddedController):
             return {
                 "epoch": self.live_store.epoch,
                 "hosts": {
-                    h: {**v, "worker": workers.get(h, {})} for h, v in self.hosts_view().items()
+                    h: {**v, "worker": workers.get(h, {})}
+                    for h, v in self.embedded.hosts_view().items()
                 },
                 "users": {
                     u: {**v, "limit": self.cfg.user_slots.get(u)}
-                    for u, v in self.users_view().items()
+                    for u, v in self.embedded.users_view().items()
                 },
                 "problems": self.check_invariants(),
             }
@@ -894,11 +850,7 @@ class LiveController(EmbeddedController):
 
     def _new_job_id(self) -> str:
         counter = int(self.live_store.get("next_job_id") or 101)
-        while True:
-            try:
-                self.job(str(counter))
-            except UnknownJob:
-                break
+        while self.embedded.record(str(counter)) is not None:
             counter += 1
         self.live_store.put("next_job_id", counter + 1)
         return str(counter)
@@ -908,21 +860,17 @@ class LiveController(EmbeddedController):
     # =================================================================================
 
     def _runner_start(self, job_id: str, task: Task, env: Mapping[str, str]) -> None:
-        self._in_runner += 1
-        try:
-            if job_id in self._ending:
-                self.task_start_failed(job_id, task.id, "the job is ending")
-                return
-            self._send_launch(job_id, task, env)
-        finally:
-            self._in_runner -= 1
+        if job_id in self._ending:
+            self.embedded.task_start_failed(job_id, task.id, "the job is ending")
+            return
+        self._send_launch(self._job(job_id), task, env)
 
-    def _send_launch(self, job_id: str, task: Task, alloc_env: Mapping[str, str]) -> None:
+    def _send_launch(self, job: JobRecord, task: Task, alloc_env: Mapping[str, str]) -> None:
+        job_id = job.id
         spec = self.live_store.get(f"job:{job_id}")
         if spec is None:
-            self.task_start_failed(job_id, task.id, "no command recorded for the job")
+            self.embedded.task_start_failed(job_id, task.id, "no command recorded for the job")
             return
-        job = self._job(job_id)
         jdir = self.job_dir(job_id)
         command = {
             "op": "launch",
@@ -1017,23 +965,7 @@ class LiveController(EmbeddedController):
             "cwd": str(jdir),
             "log": str(jdir / f"notify-{request.attempt}.log"),
         }
-        answer = done
-        recorder = self.recorder
-        if recorder is not None:
-
-            def answer(result: NotificationResult) -> None:
-                # Recording: the outcome, whichever way it comes (the agent's report, a
-                # lost agent), before the embedded controller queues it for the plugin.
-                recorder.input(
-                    "notify",
-                    job=request.job_id,
-                    attempt=request.attempt,
-                    status=result.status,
-                    reason=result.reason,
-                )
-                done(result)
-
-        self._notifying[(request.job_id, request.attempt)] = (request.host, command, answer)
+        self._notifying[(request.job_id, request.attempt)] = (request.host, command, done)
         self.fleet.send(request.host, command)
 
     def _write_hostfile(self, job_id: str, tasks: Sequence[Task]) -> None:
@@ -1058,7 +990,7 @@ class LiveController(EmbeddedController):
             self._write_hostfile(job.id, tasks)
             env = allocation_env(tasks, 0, job.resizable)
             for task in tasks:
-                self._send_launch(job.id, task, env)
+                self._send_launch(job, task, env)
 
     # =================================================================================
     # agent events and reconciliation (FleetOwner; called from the channel threads)
@@ -1071,7 +1003,7 @@ class LiveController(EmbeddedController):
                     return
                 for event in events:
                     self._on_event(host, event)
-                self._flush()
+                self.embedded.flush()
         except JournalError as exc:
             self.fence(exc)
         except Exception as exc:
@@ -1088,7 +1020,7 @@ class LiveController(EmbeddedController):
                 if self.fenced is not None:
                     return
                 self._host_lost(host, queued, f"lost: the agent of {host} died")
-                self._flush()
+                self.embedded.flush()
         except JournalError as exc:
             self.fence(exc)
         self._wake.set()
@@ -1100,7 +1032,7 @@ class LiveController(EmbeddedController):
                 if self.fenced is not None:
                     return
                 self._reconcile(host, snapshot, queued)
-                self._flush()
+                self.embedded.flush()
         except JournalError as exc:
             self.fence(exc)
         self._wake.set()
@@ -1114,7 +1046,7 @@ class LiveController(EmbeddedController):
             record = self.live_store.get(f"host:{host}") or record
         same = record.get("instance") == instance
         known = {(str(t["job"]), int(t["task"])): t for t in snapshot.get("tasks", [])}
-        for job in list(self._jobs.values()):
+        for job in self.embedded.records():
             if job.finished:
                 continue
             for tid, rec in list(job.task_states.items()):
@@ -1163,7 +1095,7 @@ class LiveController(EmbeddedController):
 
     def _host_lost(self, host: str, queued: Queued, why: str) -> None:
         record = self.live_store.get(f"host:{host}") or {"instance": None, "gen": 0}
-        for job in list(self._jobs.values()):
+        for job in self.embedded.records():
             if job.finished:
                 continue
             for tid, rec in list(job.task_states.items()):
@@ -1184,9 +1116,9 @@ class LiveController(EmbeddedController):
     def _task_lost(self, job: JobRecord, tid: int, rec: TaskRecord, why: str) -> None:
         log.warning("job %s task %s on %s: %s", job.id, tid, rec.host, why)
         if rec.state is TaskState.STARTING:
-            self.task_start_failed(job.id, tid, why)
+            self.embedded.task_start_failed(job.id, tid, why)
         else:
-            self.task_exited(job.id, tid, None, why)
+            self.embedded.task_exited(job.id, tid, None, why)
         if tid == 0:
             self._begin_end(job.id, JobState.EXIT, f"task 0 {why}")
 
@@ -1231,7 +1163,7 @@ class LiveController(EmbeddedController):
             )
             return
         job_id, tid = str(event["job"]), int(event["task"])
-        job = self._jobs.get(job_id)
+        job = self.embedded.record(job_id)
         rec = job.task_states.get(tid) if job is not None else None
         if job is None or rec is None or rec.host != host:
             log.debug("%s: event for unknown task %s.%s ignored", host, job_id, tid)
@@ -1242,23 +1174,23 @@ class LiveController(EmbeddedController):
             if side is not None and side.get("pid") != event.get("pid"):
                 side["pid"] = event.get("pid")
                 self.live_store.put(key, side)
-            self.task_started(job_id, tid)
+            self.embedded.task_started(job_id, tid)
         elif kind == "start_failed":
             reason = str(event.get("reason", ""))
             if rec.state is TaskState.STARTING:
-                self.task_start_failed(job_id, tid, reason)
+                self.embedded.task_start_failed(job_id, tid, reason)
             elif rec.state in LIVE:
                 # A task the job started with (the controller counts those as running
                 # from the start): it never ran.
-                self.task_exited(job_id, tid, None, f"start failed: {reason}")
+                self.embedded.task_exited(job_id, tid, None, f"start failed: {reason}")
             if tid == 0:
                 self._begin_end(job_id, JobState.EXIT, f"task 0 failed to start: {reason}")
         elif kind == "exited":
             status = event.get("status")
             reason = str(event.get("reason", ""))
             if rec.state is TaskState.STARTING:
-                self.task_started(job_id, tid)
-            self.task_exited(job_id, tid, status, reason)
+                self.embedded.task_started(job_id, tid)
+            self.embedded.task_exited(job_id, tid, status, reason)
             if tid == 0:
                 if status == 0:
                     self._begin_end(job_id, JobState.DONE, "done")
@@ -1274,7 +1206,7 @@ class LiveController(EmbeddedController):
         none is left (slots are freed only after the processes are gone)."""
         if job_id in self._ending:
             return
-        job = self._jobs.get(job_id)
+        job = self.embedded.record(job_id)
         if job is None or job.state is not JobState.RUN:
             return
         self._ending[job_id] = (state, reason)
@@ -1287,15 +1219,8 @@ class LiveController(EmbeddedController):
             for tid, rec in job.task_states.items()
             if rec.state in (TaskState.STARTING, TaskState.RUNNING)
         ]
-        if self.recorder is not None:
-            self.recorder.input(
-                "ending",
-                job=job_id,
-                tasks=live,
-                grace=self.cfg.kill_grace,
-                state=state.value,
-                reason=reason,
-            )
+        for observer in self._observers:
+            observer.job_over(job_id, state, reason, live, self.cfg.kill_grace)
         if live:
             self.stop_tasks(job_id, live, self.cfg.kill_grace)
         self._wake.set()
@@ -1305,7 +1230,7 @@ class LiveController(EmbeddedController):
             self._broken.discard(job_id)
             self._begin_end(job_id, JobState.EXIT, "no command recorded for the job")
         for job_id in list(self._ending):
-            job = self._jobs.get(job_id)
+            job = self.embedded.record(job_id)
             if job is None or job.finished:
                 self._ending.pop(job_id, None)
                 continue
@@ -1313,14 +1238,17 @@ class LiveController(EmbeddedController):
                 continue
             state, reason = self._ending.pop(job_id)
             hosts = sorted({rec.host for rec in job.task_states.values()})
-            self._end_job(job, state, reason)
+            # Over since its tasks are gone: the embedded controller frees its slots,
+            # sets its state and calls xce_job_end.
+            end = self.embedded.finish if state is JobState.DONE else self.embedded.kill
+            end(job_id, reason)
             key = f"job:{job_id}"
             spec = dict(self.live_store.get(key) or {})
             spec["ended"] = True
             self.live_store.put(key, spec)
             for host in hosts:
                 self.fleet.send(host, {"op": "forget", "job": job_id})
-            self._flush()
+            self.embedded.flush()
 
 
 def _counts(tasks: Sequence[Task]) -> dict[str, int]:

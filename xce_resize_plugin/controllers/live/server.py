@@ -78,10 +78,13 @@ def run(
     state_dir: Path | None = None,
     ready_file: Path | None = None,
     record: Path | None = None,
+    attach: Callable[[LiveController], object] | None = None,
 ) -> int:
     """``xce-resize controller``: serve until SIGTERM/SIGINT; the exit status.
 
     ``listen``, ``state_dir`` and ``record`` override the configuration's keys.
+    ``attach`` is called with the controller before it opens (the command line attaches
+    the run's recording there, when the configuration asks for one).
     """
     _configure_logging()
     cfg = _settings(config_path, listen=listen, state_dir=state_dir, record=record)
@@ -98,6 +101,8 @@ def run(
         print(f"xce-resize controller: {exc}", file=sys.stderr)
         return EXIT_ERROR
     try:
+        if attach is not None:
+            attach(ctl)
         ctl.open()
         app = build_app(ctl)
     except BaseException:

@@ -1,15 +1,19 @@
-"""The embedded controller: the host side of the plugin contract (docs/architecture.md).
+"""The embedded controller: the host side of the plugin contract (docs/host-integration.md).
 
 A small, faithful XCE controller for the demo, the tests, what-if scenarios and trace
 simulation: ordered hosts with slots, FCFS + EASY backfill, a discrete event loop in
 simulated time, its own state in LMDB, and the host hooks called in XCE's order. The
 plugin is reached only through the hooks; nothing in the plugin depends on this
-package.
+package. The live controller (:mod:`..live.live_controller`) holds one of these, with
+its own clock, runners, store and lock injected.
 
-Modules: :mod:`.cluster` (hosts, slots, limits), :mod:`.jobs` (job records and views),
-:mod:`.scheduler` (FCFS + EASY), :mod:`.events` (timeline and plugin event queue),
-:mod:`.runners` (clock, task and notification runners), :mod:`.store` (LMDB / memory),
-:mod:`.controller` (:class:`EmbeddedController`).
+Modules: :mod:`.sim_controller` (:class:`EmbeddedController`), :mod:`.events`
+(timeline and plugin event queue), :mod:`.work` (work-based run times),
+:mod:`.speedup` (speedup models); shared with the live controller, in
+:mod:`xce_resize_plugin.controllers`: :mod:`~..cluster` (hosts, slots, limits),
+:mod:`~..jobs` (job records and views), :mod:`~..scheduler` (FCFS + EASY),
+:mod:`~..runners` (clock, task and notification runners), :mod:`~..store` (LMDB /
+memory), :mod:`~..observer` (what a driver may watch).
 """
 
 from xce_resize_plugin.controllers.cluster import Cluster

@@ -1,7 +1,8 @@
-"""The embedded controller: the host side of the plugin contract, in simulated time.
+"""The embedded controller: the host side of the plugin contract, on a clock it is given.
 
 :class:`EmbeddedController` satisfies :class:`~xce_resize_plugin.host.Controller` and
-calls the host hooks the way XCE does (docs/host-integration.md):
+calls the host hooks (through :class:`~xce_resize_plugin.host.HostHooks`) the way XCE
+does (docs/host-integration.md):
 
 - ``xce_controller_start`` once its own state is loaded (constructor or :meth:`start`);
 - ``xce_job_validate`` before a job is accepted (an exception rejects it, no change);
@@ -26,6 +27,16 @@ forwarding methods (:meth:`request_resize`, :meth:`resize_status`,
 :meth:`acct_usage`), the views (:meth:`jobs`, :meth:`job`, :meth:`hosts_view`,
 :meth:`users_view`, :meth:`notifications`, :meth:`check_invariants`) and fault
 injection (:attr:`faults`, :meth:`inject_task_exit`).
+
+**One controller, two clocks.** The same class is the live controller's machinery
+(:mod:`..live.live_controller` holds one; it never subclasses it). What differs is
+injected: the clock, the task and notification runners, the store, the lock taken
+around every public entry point (one re-entrant lock shared with the host that holds
+this controller), the object handed to the hooks as ``controller`` (the holder, which
+forwards the Controller protocol here), and observers (:mod:`..observer`) for what the
+holder needs to see: job starts and ends, task reports, notification outcomes,
+scheduler cycles. A holder reads job records through :meth:`record` and
+:meth:`records`, and writes through the public methods only.
 """
 
 from __future__ import annotations
@@ -34,11 +45,13 @@ import bisect
 import logging
 import math
 import operator
+import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from functools import partial
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Literal, cast
+from typing import TYPE_CHECKING, Any, Literal, ParamSpec, TypeVar
 
 import pluggy
 
@@ -83,9 +96,10 @@ from xce_resize_plugin.controllers.violations import (
     UnknownJob,
 )
 from xce_resize_plugin.core.models import GrowHosts, JobInfo, JobState, Task
-from xce_resize_plugin.host import Principal, TaskEvent
+from xce_resize_plugin.host import Controller, HostHooks, Principal, TaskEvent
 
 if TYPE_CHECKING:
+    from xce_resize_plugin.core.accounting import Usage
     from xce_resize_plugin.core.models import ResizeRequest
     from xce_resize_plugin.core.status import ResizeStatus
 
@@ -99,6 +113,9 @@ _LIVE = (TaskState.STARTING, TaskState.RUNNING, TaskState.STOPPING)
 
 
 _third = operator.itemgetter(2)
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
 
 
 def parse_tasks(spec: TasksSpec) -> tuple[int, int]:
@@ -120,6 +137,32 @@ def parse_tasks(spec: TasksSpec) -> tuple[int, int]:
     except ValueError:
         pass
     raise SubmissionRejected(f"bad task count {spec!r} (expected N or MIN,MAX)")
+
+
+def _open_store(
+    store: Literal["lmdb", "memory", "none"] | Store, state_dir: Path, durable: bool
+) -> Store:
+    """The ``store`` argument as a store (see :class:`EmbeddedController`)."""
+    if store == "lmdb":
+        return LmdbStore(state_dir / "embedded", durable=durable)
+    if store == "memory":
+        return MemoryStore()
+    if store == "none":
+        return NullStore()
+    if isinstance(store, str):
+        raise ValueError(f"unknown store {store!r} (lmdb, memory or none)")
+    return store
+
+
+def _alloc_pairs(
+    alloc: Mapping[str, int] | Sequence[tuple[str, int]] | None,
+) -> tuple[tuple[str, int], ...] | None:
+    """``submit(alloc=...)`` as ``((host, tasks), ...)`` in allocation order."""
+    if alloc is None:
+        return None
+    return tuple(
+        (str(h), int(c)) for h, c in (alloc.items() if isinstance(alloc, Mapping) else alloc)
+    )
 
 
 class SimClusterView:
@@ -194,6 +237,17 @@ class EmbeddedController:
     :param task_event_batches: deliver the task events queued together in one
         ``xce_task_events`` call (default), or each in its own ``xce_task_event`` call
         (``False``), as a host that gets them one at a time would.
+    :param lock: the lock taken around every public entry point (default: a new
+        re-entrant lock). A host that holds this controller and serves other threads
+        passes its own re-entrant lock, the one it takes around its own state.
+    :param hook_controller: the object the hooks get as ``controller`` (default: this
+        controller). A host that holds this controller passes itself; it must forward the
+        Controller protocol here.
+    :param resume_tasks: on restart, resume the task processes the saved records
+        describe (default): stops in progress are handed to the task runner again, and
+        launches a crash interrupted (tasks saved STARTING) are reported as failed.
+        ``False`` leaves both to the host holding this controller, which can find out
+        what became of them (the live controller asks its agents).
     """
 
     def __init__(
@@ -218,22 +272,23 @@ class EmbeddedController:
         keep_finished: bool = True,
         lean_cycles: bool = False,
         task_event_batches: bool = True,
+        lock: AbstractContextManager[Any] | None = None,
+        hook_controller: Controller | None = None,
+        resume_tasks: bool = True,
     ) -> None:
         self._pm = plugin_manager
+        self._hooks = HostHooks(plugin_manager)
+        self._host: Controller = hook_controller if hook_controller is not None else self
+        self._lock: AbstractContextManager[Any] = lock if lock is not None else threading.RLock()
+        self._resume_tasks = resume_tasks
+        # How deep the controller is in a call to its task runner: a report made inside
+        # one answers that call ("sync" for observers).
+        self._runner_depth = 0
         self.task_event_batches = task_event_batches
         self._state_dir = Path(state_dir)
         self._state_dir.mkdir(parents=True, exist_ok=True)
         self._work_dir = self._state_dir / "embedded-work"
-        if store == "lmdb":
-            self._store: Store = LmdbStore(self._state_dir / "embedded", durable=durable)
-        elif store == "memory":
-            self._store = MemoryStore()
-        elif store == "none":
-            self._store = NullStore()
-        elif isinstance(store, str):
-            raise ValueError(f"unknown store {store!r} (lmdb, memory or none)")
-        else:
-            self._store = store
+        self._store = _open_store(store, self._state_dir, durable)
         # Nothing to save: skip building records for a store that drops them (a trace
         # simulation would spend a good part of its time there).
         self._persist = not isinstance(self._store, NullStore)
@@ -245,6 +300,10 @@ class EmbeddedController:
         self._on_commit: list[Callable[[str, float, tuple[Task, ...], int], None]] = []
         self._on_ending: list[Callable[[str, float, JobState, str], None]] = []
         self._on_end: list[Callable[[FinishedJob], None]] = []
+        self._on_task: list[Callable[[TaskEvent, bool], None]] = []
+        self._on_answer: list[Callable[[NotificationRequest, NotificationResult], None]] = []
+        self._on_cycles: list[Callable[[float], None]] = []
+        self._on_cycled: list[Callable[[float, bool], None]] = []
         self._on_settled: list[Callable[[EmbeddedController], None]] = []
         try:
             self._setup(hosts, config, user_slots, clock, task_runner, notification_runner, faults)
@@ -366,74 +425,86 @@ class EmbeddedController:
         return self.tokens.get(token) if token else None
 
     def get_job(self, job_id: str) -> JobInfo | None:
-        job = self._jobs.get(job_id)
-        return None if job is None else job.info()
+        with self._lock:
+            job = self._jobs.get(job_id)
+            return None if job is None else job.info()
 
     def slot_headroom(self, user: str) -> int | None:
-        return self._cluster.headroom(user)
+        with self._lock:
+            return self._cluster.headroom(user)
 
     def reserve_slots(self, job_id: str, tasks: Sequence[Task]) -> None:
-        job = self._job(job_id)
-        if job.state is not JobState.RUN:
-            raise ContractViolation(f"reserve_slots: job {job_id} is {job.state.value}, not RUN")
-        if self._cluster.reserve(job_id, list(tasks)):
-            self._changed(job_id)
-        self._flush()
+        with self._lock:
+            job = self._job(job_id)
+            if job.state is not JobState.RUN:
+                raise ContractViolation(
+                    f"reserve_slots: job {job_id} is {job.state.value}, not RUN"
+                )
+            if self._cluster.reserve(job_id, list(tasks)):
+                self._changed(job_id)
+            self._flush()
 
     def free_slots(self, job_id: str, task_ids: Sequence[int]) -> None:
-        self._job(job_id)
-        if self._cluster.free(job_id, list(task_ids)):
-            self._changed(job_id)
-        self._flush()
+        with self._lock:
+            self._job(job_id)
+            if self._cluster.free(job_id, list(task_ids)):
+                self._changed(job_id)
+            self._flush()
 
     def launch_tasks(self, job_id: str, tasks: Sequence[Task], env: Mapping[str, str]) -> None:
-        job = self._job(job_id)
-        held = self._cluster.held(job_id)
-        for task in tasks:
-            rec = job.task_states.get(task.id)
-            if rec is not None:
-                if rec.host != task.host:
-                    raise ContractViolation(
-                        f"launch_tasks: job {job_id} task {task.id} is on {rec.host}, "
-                        f"not {task.host}"
+        with self._lock:
+            job = self._job(job_id)
+            held = self._cluster.held(job_id)
+            for task in tasks:
+                rec = job.task_states.get(task.id)
+                if rec is not None:
+                    if rec.host != task.host:
+                        raise ContractViolation(
+                            f"launch_tasks: job {job_id} task {task.id} is on {rec.host}, "
+                            f"not {task.host}"
+                        )
+                    self._rereport(job_id, task.id, rec)
+                    continue
+                if job.state is not JobState.RUN:
+                    job.task_states[task.id] = TaskRecord(
+                        task.host, TaskState.FAILED, self.now(), reason="job not running"
                     )
-                self._rereport(job_id, task.id, rec)
-                continue
-            if job.state is not JobState.RUN:
-                job.task_states[task.id] = TaskRecord(
-                    task.host, TaskState.FAILED, self.now(), reason="job not running"
-                )
+                    self._changed(job_id)
+                    self._events.put(
+                        TaskEvent(job_id, task.id, "start_failed", None, "job not running")
+                    )
+                    continue
+                if held.get(task.id) != task.host:
+                    raise ContractViolation(
+                        f"launch_tasks: job {job_id} task {task.id} on {task.host} is not reserved"
+                    )
+                job.task_states[task.id] = TaskRecord(task.host, TaskState.STARTING, self.now())
                 self._changed(job_id)
-                self._events.put(
-                    TaskEvent(job_id, task.id, "start_failed", None, "job not running")
-                )
-                continue
-            if held.get(task.id) != task.host:
-                raise ContractViolation(
-                    f"launch_tasks: job {job_id} task {task.id} on {task.host} is not reserved"
-                )
-            job.task_states[task.id] = TaskRecord(task.host, TaskState.STARTING, self.now())
-            self._changed(job_id)
-            self._runner.start(job_id, task, dict(env))
-        self._flush()
+                self._runner_depth += 1
+                try:
+                    self._runner.start(job_id, task, dict(env))
+                finally:
+                    self._runner_depth -= 1
+            self._flush()
 
     def stop_tasks(self, job_id: str, task_ids: Sequence[int], grace: float) -> None:
-        job = self._job(job_id)
-        for tid in task_ids:
-            rec = job.task_states.get(tid)
-            if rec is None:
-                self._events.put(TaskEvent(job_id, tid, "exited", None, "no such task"))
-            elif rec.state in (TaskState.STARTING, TaskState.RUNNING):
-                rec.state = TaskState.STOPPING
-                rec.stop_since = self.now()
-                rec.grace = grace
-                self._changed(job_id)
-                self._runner.stop(job_id, tid, grace, rec.stop_since)
-            elif rec.state is TaskState.STOPPING:
-                continue  # its exit will be reported
-            else:
-                self._events.put(TaskEvent(job_id, tid, "exited", rec.status, rec.reason))
-        self._flush()
+        with self._lock:
+            job = self._job(job_id)
+            for tid in task_ids:
+                rec = job.task_states.get(tid)
+                if rec is None:
+                    self._events.put(TaskEvent(job_id, tid, "exited", None, "no such task"))
+                elif rec.state in (TaskState.STARTING, TaskState.RUNNING):
+                    rec.state = TaskState.STOPPING
+                    rec.stop_since = self.now()
+                    rec.grace = grace
+                    self._changed(job_id)
+                    self._runner_stop(job_id, tid, grace, rec.stop_since)
+                elif rec.state is TaskState.STOPPING:
+                    continue  # its exit will be reported
+                else:
+                    self._events.put(TaskEvent(job_id, tid, "exited", rec.status, rec.reason))
+            self._flush()
 
     def run_notification(
         self,
@@ -444,53 +515,59 @@ class EmbeddedController:
         env: Mapping[str, str],
         timeout: float,
     ) -> None:
-        job = self._job(job_id)
-        self._changed(job_id)  # notification started
-        request = NotificationRequest(
-            job_id, attempt, host, command, dict(env), timeout, self._work_dir / job_id
-        )
-        done = partial(self._notification_done, request, self.now())
-        if job.finished:
-            done(NotificationResult(None, "job finished"))
-        else:
-            self._notifier.run(request, done)
-        self._flush()
+        with self._lock:
+            job = self._job(job_id)
+            self._changed(job_id)  # notification started
+            request = NotificationRequest(
+                job_id, attempt, host, command, dict(env), timeout, self._work_dir / job_id
+            )
+            if job.finished:
+                self._notification_done(
+                    request, self.now(), NotificationResult(None, "job finished")
+                )
+            else:
+                self._notifier.run(
+                    request, partial(self._notification_answered, request, self.now())
+                )
+            self._flush()
 
     def commit_allocation(self, job_id: str, tasks: Sequence[Task], version: int) -> None:
-        job = self._job(job_id)
-        new = tuple(tasks)
-        if job.state is not JobState.RUN:
-            # A commit re-issued after the job ended changes nothing any more.
-            log.info("commit_allocation v%s for %s job %s ignored", version, job.state, job_id)
-            return
-        if version <= job.version:
-            if version == job.version and new != job.tasks:
-                raise ContractViolation(
-                    f"commit_allocation: job {job_id} version {version} committed "
-                    "twice with different tasks"
-                )
-            return  # a re-issue after a failover
-        if not new:
-            raise ContractViolation(f"commit_allocation: job {job_id}: empty allocation")
-        held = self._cluster.held(job_id)
-        for task in new:
-            if held.get(task.id) != task.host:
-                raise ContractViolation(
-                    f"commit_allocation: job {job_id} task {task.id} on {task.host} is not reserved"
-                )
-        resized = len(new) != len(job.tasks)
-        job.tasks = new
-        job.version = version
-        job.versions.append(VersionRecord(version, self.now(), new))
-        self._changed(job_id)
-        work = self._work.get(job_id)
-        if work is not None and resized:
-            # A work-based job runs at another speed from now on: its end moves.
-            self._schedule_end(job, work.resize(self.now(), len(new)))
-            self._update_running_view(job)
-        for fn in self._on_commit:
-            fn(job_id, self.now(), new, version)
-        self._flush()
+        with self._lock:
+            job = self._job(job_id)
+            new = tuple(tasks)
+            if job.state is not JobState.RUN:
+                # A commit re-issued after the job ended changes nothing any more.
+                log.info("commit_allocation v%s for %s job %s ignored", version, job.state, job_id)
+                return
+            if version <= job.version:
+                if version == job.version and new != job.tasks:
+                    raise ContractViolation(
+                        f"commit_allocation: job {job_id} version {version} committed "
+                        "twice with different tasks"
+                    )
+                return  # a re-issue after a failover
+            if not new:
+                raise ContractViolation(f"commit_allocation: job {job_id}: empty allocation")
+            held = self._cluster.held(job_id)
+            for task in new:
+                if held.get(task.id) != task.host:
+                    raise ContractViolation(
+                        f"commit_allocation: job {job_id} task {task.id} on {task.host} "
+                        "is not reserved"
+                    )
+            resized = len(new) != len(job.tasks)
+            job.tasks = new
+            job.version = version
+            job.versions.append(VersionRecord(version, self.now(), new))
+            self._changed(job_id)
+            work = self._work.get(job_id)
+            if work is not None and resized:
+                # A work-based job runs at another speed from now on: its end moves.
+                self._schedule_end(job, work.resize(self.now(), len(new)))
+                self._update_running_view(job)
+            for fn in self._on_commit:
+                fn(job_id, self.now(), new, version)
+            self._flush()
 
     # =================================================================================
     # TaskReporter (what the task runner calls back on)
@@ -502,40 +579,44 @@ class EmbeddedController:
         Callbacks are inputs of the driver and are not saved: after a restart they
         must be registered again.
         """
-        if time < self.now():
-            raise ValueError(f"at({time}): the clock is already at {self.now()}")
-        self._timeline.at(time, fn)
+        with self._lock:
+            if time < self.now():
+                raise ValueError(f"at({time}): the clock is already at {self.now()}")
+            self._timeline.at(time, fn)
 
     def task_started(self, job_id: str, task_id: int) -> None:
-        rec = self._live_task(job_id, task_id)
-        if rec is None or rec.state is not TaskState.STARTING:
-            return
-        rec.state = TaskState.RUNNING
-        rec.since = self.now()
-        self._changed(job_id)
-        self._events.put(TaskEvent(job_id, task_id, "started"))
+        with self._lock:
+            rec = self._live_task(job_id, task_id)
+            if rec is None or rec.state is not TaskState.STARTING:
+                return
+            rec.state = TaskState.RUNNING
+            rec.since = self.now()
+            self._changed(job_id)
+            self._reported(TaskEvent(job_id, task_id, "started"))
 
     def task_start_failed(self, job_id: str, task_id: int, reason: str) -> None:
-        rec = self._live_task(job_id, task_id)
-        if rec is None or rec.state is not TaskState.STARTING:
-            return
-        rec.state = TaskState.FAILED
-        rec.since = self.now()
-        rec.reason = reason
-        self._changed(job_id)
-        self._events.put(TaskEvent(job_id, task_id, "start_failed", None, reason))
+        with self._lock:
+            rec = self._live_task(job_id, task_id)
+            if rec is None or rec.state is not TaskState.STARTING:
+                return
+            rec.state = TaskState.FAILED
+            rec.since = self.now()
+            rec.reason = reason
+            self._changed(job_id)
+            self._reported(TaskEvent(job_id, task_id, "start_failed", None, reason))
 
     def task_exited(self, job_id: str, task_id: int, status: int | None, reason: str) -> None:
-        rec = self._live_task(job_id, task_id)
-        if rec is None:
-            return
-        rec.state = TaskState.EXITED
-        rec.since = self.now()
-        rec.status = status
-        rec.reason = reason
-        rec.stop_since = rec.grace = None
-        self._changed(job_id)
-        self._events.put(TaskEvent(job_id, task_id, "exited", status, reason))
+        with self._lock:
+            rec = self._live_task(job_id, task_id)
+            if rec is None:
+                return
+            rec.state = TaskState.EXITED
+            rec.since = self.now()
+            rec.status = status
+            rec.reason = reason
+            rec.stop_since = rec.grace = None
+            self._changed(job_id)
+            self._reported(TaskEvent(job_id, task_id, "exited", status, reason))
 
     def _live_task(self, job_id: str, task_id: int) -> TaskRecord | None:
         """The task's record if its process may still be alive (reports about tasks the
@@ -555,6 +636,29 @@ class EmbeddedController:
         elif rec.state is TaskState.FAILED:
             self._events.put(TaskEvent(job_id, task_id, "start_failed", None, rec.reason))
         # STARTING: the runner's report is still to come.
+
+    def _runner_stop(self, job_id: str, task_id: int, grace: float, since: float) -> None:
+        self._runner_depth += 1
+        try:
+            self._runner.stop(job_id, task_id, grace, since)
+        finally:
+            self._runner_depth -= 1
+
+    def _reported(self, event: TaskEvent) -> None:
+        """Queue a runner's report for the plugin, and tell the observers."""
+        self._events.put(event)
+        if self._on_task:
+            sync = self._runner_depth > 0
+            for fn in self._on_task:
+                fn(event, sync)
+
+    def _notification_answered(
+        self, request: NotificationRequest, started: float, result: NotificationResult
+    ) -> None:
+        """The notification runner's answer: observers first, then the bookkeeping."""
+        for fn in self._on_answer:
+            fn(request, result)
+        self._notification_done(request, started, result)
 
     def _notification_done(
         self, request: NotificationRequest, started: float, result: NotificationResult
@@ -583,30 +687,33 @@ class EmbeddedController:
 
     def start(self) -> None:
         """Call ``xce_controller_start``, then report job ends a crash left unreported."""
-        if self._started:
-            return
-        self._top_level("start")
-        self._started = True
-        self._hook("xce_controller_start", controller=self)
-        for job in self._ordered_jobs():
-            if job.finished and not job.end_reported:
-                self._report_end(job)
-        self._flush()
+        with self._lock:
+            if self._started:
+                return
+            self._top_level("start")
+            self._started = True
+            self._hook(self._hooks.controller_start, self._host)
+            for job in self._ordered_jobs():
+                if job.finished and not job.end_reported:
+                    self._report_end(job)
+            self._flush()
 
     def stop(self) -> None:
         """A clean stop: ``xce_controller_stop``, then close the store."""
-        self._top_level("stop")
-        if self._started:
-            self._hook("xce_controller_stop", controller=self)
-            self._started = False
-        self.close()
+        with self._lock:
+            self._top_level("stop")
+            if self._started:
+                self._hook(self._hooks.controller_stop, self._host)
+                self._started = False
+            self.close()
 
     def close(self) -> None:
         """Release the store without calling any hook (what a crash leaves behind)."""
-        if not self._closed:
-            self._flush()
-            self._closed = True
-            self._store.close()
+        with self._lock:
+            if not self._closed:
+                self._flush()
+                self._closed = True
+                self._store.close()
 
     # =================================================================================
     # driver inputs
@@ -655,48 +762,34 @@ class EmbeddedController:
         Raises :class:`SubmissionRejected` (the host's checks) or whatever
         ``xce_job_validate`` raised; nothing changes then.
         """
-        self._top_level("submit")
-        now = self.now()
-        arrival = now if submit_time is None else float(submit_time)
-        if arrival < now:
-            raise SubmissionRejected(f"submit time {arrival} is before now ({now})")
-        pairs = None
-        if alloc is not None:
-            pairs = tuple(
-                (str(h), int(c))
-                for h, c in (alloc.items() if isinstance(alloc, Mapping) else alloc)
+        with self._lock:
+            self._top_level("submit")
+            now = self.now()
+            arrival = now if submit_time is None else float(submit_time)
+            if arrival < now:
+                raise SubmissionRejected(f"submit time {arrival} is before now ({now})")
+            pairs = _alloc_pairs(alloc)
+            if n is None:
+                n = sum(c for _, c in pairs) if pairs else 1
+            min_tasks, max_tasks = parse_tasks(n)
+            record = JobRecord(
+                id=self._claim_id(job_id),
+                user=user,
+                min_tasks=min_tasks,
+                max_tasks=max_tasks,
+                submit_time=arrival,
+                runtime=runtime,
+                estimate=estimate,
+                ptile=ptile,
+                resizable=resizable,
+                grow_hosts=GrowHosts(grow_hosts),
+                notify_cmd=notify_cmd,
+                env=dict(env or {}),
+                alloc=pairs,
+                start_tasks=start_tasks,
             )
-        if n is None:
-            n = sum(c for _, c in pairs) if pairs else 1
-        min_tasks, max_tasks = parse_tasks(n)
-        if job_id is None:
-            job_id = self._allocate_id()
-        elif job_id in self._jobs or job_id in self._future or job_id in self._forgotten:
-            raise SubmissionRejected(f"job id {job_id} is already in use")
-        record = JobRecord(
-            id=str(job_id),
-            user=user,
-            min_tasks=min_tasks,
-            max_tasks=max_tasks,
-            submit_time=arrival,
-            runtime=runtime,
-            estimate=estimate,
-            ptile=ptile,
-            resizable=resizable,
-            grow_hosts=GrowHosts(grow_hosts),
-            notify_cmd=notify_cmd,
-            env=dict(env or {}),
-            alloc=pairs,
-            start_tasks=start_tasks,
-        )
-        if work is not None:
-            self._work[record.id] = work
-        if arrival > now:
-            self._future[record.id] = record
-            self._timeline.at(arrival, partial(self._arrive, record.id))
-        else:
-            self._accept(record)
-        return record.id
+            self._admit(record, work, now)
+            return record.id
 
     def kill(self, job_id: str, reason: str = "killed") -> bool:
         """End a job as EXIT (``bkill``); ``False`` if it had already finished.
@@ -705,14 +798,15 @@ class EmbeddedController:
         input, the scheduler uses the freed slots at the next :meth:`settle` /
         :meth:`run`. A job whose arrival is still scheduled is simply not submitted.
         """
-        self._top_level("kill")
-        if self._future.pop(job_id, None) is not None:
+        with self._lock:
+            self._top_level("kill")
+            if self._future.pop(job_id, None) is not None:
+                return True
+            job = self._job(job_id)
+            if job.finished:
+                return False
+            self._end_job(job, JobState.EXIT, reason)
             return True
-        job = self._job(job_id)
-        if job.finished:
-            return False
-        self._end_job(job, JobState.EXIT, reason)
-        return True
 
     def finish(self, job_id: str, reason: str = "done") -> bool:
         """End a running job as DONE now, as if its last task had exited normally;
@@ -721,42 +815,50 @@ class EmbeddedController:
         For drivers whose jobs end on outside events rather than a runtime (replaying a
         recorded run). A job still pending ends too, without having run.
         """
-        self._top_level("finish")
-        job = self._job(job_id)
-        if job.finished:
-            return False
-        self._end_job(job, JobState.DONE, reason)
-        return True
+        with self._lock:
+            self._top_level("finish")
+            job = self._job(job_id)
+            if job.finished:
+                return False
+            self._end_job(job, JobState.DONE, reason)
+            return True
 
     def add_observer(self, observer: Observer) -> None:
         """Watch job starts, commits and ends, and act at each settled instant.
 
         Only the callbacks the observer overrides are called (see :mod:`.observer`).
         """
-        self._observers.append(observer)
-        for name, target in (
-            ("job_submitted", self._on_submit),
-            ("job_started", self._on_start),
-            ("allocation_committed", self._on_commit),
-            ("job_ending", self._on_ending),
-            ("job_ended", self._on_end),
-            ("settled", self._on_settled),
-        ):
-            if getattr(type(observer), name) is not getattr(Observer, name):
-                target.append(getattr(observer, name))
+        with self._lock:
+            self._observers.append(observer)
+            targets: tuple[tuple[str, list[Any]], ...] = (
+                ("job_submitted", self._on_submit),
+                ("job_started", self._on_start),
+                ("allocation_committed", self._on_commit),
+                ("job_ending", self._on_ending),
+                ("job_ended", self._on_end),
+                ("task_reported", self._on_task),
+                ("notification_answered", self._on_answer),
+                ("cycles_started", self._on_cycles),
+                ("cycles_ended", self._on_cycled),
+                ("settled", self._on_settled),
+            )
+            for name, target in targets:
+                if getattr(type(observer), name) is not getattr(Observer, name):
+                    target.append(getattr(observer, name))
 
     def inject_task_exit(
         self, job_id: str, task_id: int, status: int | None = 1, reason: str = "task failed"
     ) -> None:
         """Fault injection: a task's process dies on its own (reported as ``exited``;
         its slot stays charged, as on a real host, until someone frees it)."""
-        self._top_level("inject_task_exit")
-        job = self._job(job_id)
-        rec = job.task_states.get(task_id)
-        if rec is None or rec.state not in _LIVE:
-            raise ValueError(f"job {job_id} task {task_id} is not running")
-        self.task_exited(job_id, task_id, status, reason)
-        self._flush()
+        with self._lock:
+            self._top_level("inject_task_exit")
+            job = self._job(job_id)
+            rec = job.task_states.get(task_id)
+            if rec is None or rec.state not in _LIVE:
+                raise ValueError(f"job {job_id} task {task_id} is not running")
+            self.task_exited(job_id, task_id, status, reason)
+            self._flush()
 
     @property
     def faults(self) -> TaskFaults:
@@ -771,31 +873,25 @@ class EmbeddedController:
         self, principal: Principal, job_id: str, request: ResizeRequest
     ) -> ResizeStatus | None:
         """Forward a grow, release or cancel to ``xce_resize_request``."""
-        self._top_level("request_resize")
-        # A request changes the plugin's state even when the host sees no call back (a
-        # grow pends until the next scheduler cycle): count it, so that a driver acting
-        # at a settled instant gets the cycles that place it.
-        self._changes += 1
-        result = self._hook(
-            "xce_resize_request",
-            controller=self,
-            principal=principal,
-            job_id=job_id,
-            request=request,
-        )
-        return cast("ResizeStatus | None", result)
+        with self._lock:
+            self._top_level("request_resize")
+            # A request changes the plugin's state even when the host sees no call back (a
+            # grow pends until the next scheduler cycle): count it, so that a driver acting
+            # at a settled instant gets the cycles that place it.
+            self._changes += 1
+            return self._hook(self._hooks.resize_request, self._host, principal, job_id, request)
 
     def resize_status(self, job_id: str) -> ResizeStatus | None:
         """``xce_resize_status`` for a job."""
-        self._top_level("resize_status")
-        return cast(
-            "ResizeStatus | None", self._hook("xce_resize_status", controller=self, job_id=job_id)
-        )
+        with self._lock:
+            self._top_level("resize_status")
+            return self._hook(self._hooks.resize_status, self._host, job_id)
 
-    def acct_usage(self, job_id: str) -> Any:
+    def acct_usage(self, job_id: str) -> Usage | None:
         """``xce_acct_usage`` for a job up to now (the plugin's ``Usage``)."""
-        self._top_level("acct_usage")
-        return self._hook("xce_acct_usage", controller=self, job_id=job_id, now=self.now())
+        with self._lock:
+            self._top_level("acct_usage")
+            return self._hook(self._hooks.acct_usage, self._host, job_id, self.now())
 
     # =================================================================================
     # time
@@ -812,22 +908,35 @@ class EmbeddedController:
         decide nothing new (the next one is skipped as unchanged), so another cycle
         would repeat the same calls on the same state. :attr:`settle_cap` cycles raise
         :class:`SettleLoopError` (a plugin that keeps changing something).
+
+        Observers see ``cycles_started`` before the first cycle and ``cycles_ended``
+        after the last (not when a cycle raised).
         """
-        self._top_level("settle")
+        with self._lock:
+            self._top_level("settle")
+            t = self.now()
+            for fn in self._on_cycles:
+                fn(t)
+            before = self._changes
+            self._cycle_until_settled()
+            for fn2 in self._on_cycled:
+                fn2(t, self._changes != before)
+
+    def _cycle_until_settled(self) -> None:
         for _ in range(self.settle_cap):
             before = self._changes
             self._host_pass()
             after_pass = self._changes
             self._hook(
-                "xce_sched_cycle",
-                controller=self,
-                cluster=SimClusterView(
+                self._hooks.sched_cycle,
+                self._host,
+                SimClusterView(
                     self._cluster,
                     self._reservation if self.protect_reservation else None,
                     self._free_at_pass,
                 ),
             )
-            self._hook("xce_dispatch_cycle", controller=self)
+            self._hook(self._hooks.dispatch_cycle, self._host)
             self._deliver()
             if self._changes == before:
                 return
@@ -843,25 +952,26 @@ class EmbeddedController:
         (arrivals, job ends, task exits, :meth:`at` callbacks), settling after each,
         up to ``until`` inclusive (the clock ends at ``until``) or until nothing is
         scheduled any more (``until=None``)."""
-        self._top_level("run")
-        if until is not None and until < self.now():
-            raise ValueError(f"run(until={until}): the clock is already at {self.now()}")
-        self._settle_observed()
-        timeline = self._timeline
-        while True:
-            t = timeline.next_time()
-            if t is None or (until is not None and t > until):
-                break
-            self._advance_clock(t)
-            self._instant += 1
-            for fn in timeline.pop_at(t):
-                fn()
-            self._flush()
+        with self._lock:
+            self._top_level("run")
+            if until is not None and until < self.now():
+                raise ValueError(f"run(until={until}): the clock is already at {self.now()}")
             self._settle_observed()
-        if until is not None and until > self.now():
-            self._advance_clock(until)
-            self._instant += 1
-            self._settle_observed()
+            timeline = self._timeline
+            while True:
+                t = timeline.next_time()
+                if t is None or (until is not None and t > until):
+                    break
+                self._advance_clock(t)
+                self._instant += 1
+                for fn in timeline.pop_at(t):
+                    fn()
+                self._flush()
+                self._settle_observed()
+            if until is not None and until > self.now():
+                self._advance_clock(until)
+                self._instant += 1
+                self._settle_observed()
 
     def _settle_observed(self) -> None:
         """Settle, then let observers act on the settled instant; settle again after
@@ -903,30 +1013,35 @@ class EmbeddedController:
 
     def jobs(self) -> list[JobView]:
         """Every known job, in queue order (submit time, then job id)."""
-        return [job.view(self._cluster.held(job.id)) for job in self._ordered_jobs()]
+        with self._lock:
+            return [job.view(self._cluster.held(job.id)) for job in self._ordered_jobs()]
 
     def job(self, job_id: str) -> JobView:
-        job = self._job(job_id)
-        return job.view(self._cluster.held(job_id))
+        with self._lock:
+            job = self._job(job_id)
+            return job.view(self._cluster.held(job_id))
 
     def hosts_view(self) -> dict[str, dict[str, int]]:
         """``{host: {"slots": n, "used": m}}`` in host order."""
-        return {
-            host: {"slots": slots, "used": self._cluster.used(host)}
-            for host, slots in self._cluster.hosts.items()
-        }
+        with self._lock:
+            return {
+                host: {"slots": slots, "used": self._cluster.used(host)}
+                for host, slots in self._cluster.hosts.items()
+            }
 
     def users_view(self) -> dict[str, dict[str, int]]:
         """``{user: {"slots_in_use": n}}`` for users holding slots or with a limit."""
-        in_use = self._cluster.users_in_use()
-        users = sorted(set(in_use) | set(self._cluster.user_limits))
-        return {u: {"slots_in_use": in_use.get(u, 0)} for u in users}
+        with self._lock:
+            in_use = self._cluster.users_in_use()
+            users = sorted(set(in_use) | set(self._cluster.user_limits))
+            return {u: {"slots_in_use": in_use.get(u, 0)} for u in users}
 
     def notifications(self, job_id: str | None = None) -> list[NotificationLog]:
         """Notification runs with their output: one job's, or all in job order."""
-        if job_id is not None:
-            return list(self._job(job_id).notifications)
-        return [n for job in self._ordered_jobs() for n in job.notifications]
+        with self._lock:
+            if job_id is not None:
+                return list(self._job(job_id).notifications)
+            return [n for job in self._ordered_jobs() for n in job.notifications]
 
     @property
     def rejections(self) -> list[tuple[float, str, str]]:
@@ -1000,38 +1115,63 @@ class EmbeddedController:
         live task process runs on a slot its job holds; finished jobs have no live
         task.
         """
-        problems = list(self._problems)
-        problems.extend(self._cluster.check())
-        for job in self._ordered_jobs():
-            held = self._cluster.held(job.id)
-            if job.state is not JobState.RUN:
-                if held:
+        with self._lock:
+            problems = list(self._problems)
+            problems.extend(self._cluster.check())
+            for job in self._ordered_jobs():
+                held = self._cluster.held(job.id)
+                if job.state is not JobState.RUN:
+                    if held:
+                        problems.append(
+                            f"job {job.id} is {job.state.value} but holds {len(held)} slot(s)"
+                        )
+                    live = [tid for tid, r in job.task_states.items() if r.state in _LIVE]
+                    if live:
+                        problems.append(f"job {job.id} is {job.state.value} with live tasks {live}")
+                    continue
+                if not job.tasks or job.tasks[0].id != 0:
+                    problems.append(f"job {job.id}: allocation does not start with task 0")
+                if not job.min_tasks <= len(job.tasks) <= job.max_tasks:
                     problems.append(
-                        f"job {job.id} is {job.state.value} but holds {len(held)} slot(s)"
+                        f"job {job.id}: {len(job.tasks)} tasks outside "
+                        f"{job.min_tasks}..{job.max_tasks}"
                     )
-                live = [tid for tid, r in job.task_states.items() if r.state in _LIVE]
-                if live:
-                    problems.append(f"job {job.id} is {job.state.value} with live tasks {live}")
-                continue
-            if not job.tasks or job.tasks[0].id != 0:
-                problems.append(f"job {job.id}: allocation does not start with task 0")
-            if not job.min_tasks <= len(job.tasks) <= job.max_tasks:
-                problems.append(
-                    f"job {job.id}: {len(job.tasks)} tasks outside {job.min_tasks}..{job.max_tasks}"
-                )
-            for task in job.tasks:
-                if held.get(task.id) != task.host:
-                    problems.append(f"job {job.id}: committed task {task.id} is not held")
-            if job.ptile is not None:
-                for host, n in self._cluster.job_host_counts(job.id).items():
-                    if n > job.ptile:
-                        problems.append(f"job {job.id}: {n} slots on {host} > ptile {job.ptile}")
-            for tid, rec in job.task_states.items():
-                if rec.state in _LIVE and held.get(tid) != rec.host:
-                    problems.append(
-                        f"job {job.id}: task {tid} is {rec.state.value} without a held slot"
-                    )
-        return problems
+                for task in job.tasks:
+                    if held.get(task.id) != task.host:
+                        problems.append(f"job {job.id}: committed task {task.id} is not held")
+                if job.ptile is not None:
+                    for host, n in self._cluster.job_host_counts(job.id).items():
+                        if n > job.ptile:
+                            problems.append(
+                                f"job {job.id}: {n} slots on {host} > ptile {job.ptile}"
+                            )
+                for tid, rec in job.task_states.items():
+                    if rec.state in _LIVE and held.get(tid) != rec.host:
+                        problems.append(
+                            f"job {job.id}: task {tid} is {rec.state.value} without a held slot"
+                        )
+            return problems
+
+    # -- for a host that holds this controller (the live controller) and recorders -----
+
+    def record(self, job_id: str) -> JobRecord | None:
+        """The job's own record (``None``: unknown, or forgotten). Read it only: jobs
+        change through this controller's methods, which keep the ledger, the queue and
+        the store in step."""
+        with self._lock:
+            return self._jobs.get(job_id)
+
+    def records(self) -> list[JobRecord]:
+        """Every known job's record, in the order the controller took them (see
+        :meth:`record`)."""
+        with self._lock:
+            return list(self._jobs.values())
+
+    def flush(self) -> None:
+        """Write what changed to the store now (the reporter methods leave that to
+        their caller, so that a batch of reports is one write)."""
+        with self._lock:
+            self._flush()
 
     # =================================================================================
     # internals: jobs
@@ -1058,6 +1198,24 @@ class EmbeddedController:
         self._meta_dirty = True
         return job_id
 
+    def _claim_id(self, job_id: str | None) -> str:
+        """The new job's id: the one asked for if it is free, else the next number."""
+        if job_id is None:
+            return self._allocate_id()
+        if job_id in self._jobs or job_id in self._future or job_id in self._forgotten:
+            raise SubmissionRejected(f"job id {job_id} is already in use")
+        return str(job_id)
+
+    def _admit(self, record: JobRecord, work: JobWork | None, now: float) -> None:
+        """Accept a submitted job now, or schedule its arrival at its submit time."""
+        if work is not None:
+            self._work[record.id] = work
+        if record.submit_time > now:
+            self._future[record.id] = record
+            self._timeline.at(record.submit_time, partial(self._arrive, record.id))
+        else:
+            self._accept(record)
+
     def _arrive(self, job_id: str) -> None:
         record = self._future.pop(job_id, None)
         if record is None:
@@ -1071,7 +1229,7 @@ class EmbeddedController:
     def _accept(self, record: JobRecord) -> None:
         """Validate and admit an arriving job (queue it, or start it on its ``alloc``)."""
         try:
-            self._hook("xce_job_validate", controller=self, job=record.info())
+            self._hook(self._hooks.job_validate, self._host, record.info())
             placement = self._host_checks(record)
         except BaseException:
             self._work.pop(record.id, None)  # rejected: it will never run
@@ -1243,7 +1401,7 @@ class EmbeddedController:
         self._report_end(job)
 
     def _report_end(self, job: JobRecord) -> None:
-        self._hook("xce_job_end", controller=self, job_id=job.id)
+        self._hook(self._hooks.job_end, self._host, job.id)
         leftover = self._cluster.held(job.id)
         job.end_reported = True
         self._changed(job.id)
@@ -1387,30 +1545,31 @@ class EmbeddedController:
                 self._deliver_tasks(batch)
                 batch = []
             self._hook(
-                "xce_notify_done",
-                controller=self,
-                job_id=event.job_id,
-                attempt=event.attempt,
-                status=event.status,
-                reason=event.reason,
+                self._hooks.notify_done,
+                self._host,
+                event.job_id,
+                event.attempt,
+                event.status,
+                event.reason,
             )
 
     def _deliver_tasks(self, batch: list[TaskEvent]) -> None:
         if self.task_event_batches:
-            self._hook("xce_task_events", controller=self, events=tuple(batch))
+            self._hook(self._hooks.task_events, self._host, tuple(batch))
         else:
             for event in batch:
-                self._hook("xce_task_event", controller=self, event=event)
+                self._hook(self._hooks.task_event, self._host, event)
 
-    def _hook(self, name: str, **kwargs: Any) -> Any:
-        """Call a host hook: state saved first (a plugin crash loses nothing), and the
-        depth tracked so the plugin cannot re-enter the driver API from inside."""
+    def _hook(self, call: Callable[_P, _R], /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        """Call a host hook (a :class:`~xce_resize_plugin.host.HostHooks` method): state
+        saved first (a plugin crash loses nothing), and the depth tracked so the plugin
+        cannot re-enter the driver API from inside."""
         persist = self._persist
         if persist:
             self._flush()
         self._hook_depth += 1
         try:
-            return getattr(self._pm.hook, name)(**kwargs)
+            return call(*args, **kwargs)
         finally:
             self._hook_depth -= 1
             if persist:
@@ -1469,11 +1628,13 @@ class EmbeddedController:
                 self._update_running_view(job)
         # Task processes do not wait for the controller: re-arm the exits of tasks that
         # were being stopped, and report launches the crash interrupted as failed.
+        if not self._resume_tasks:
+            return
         for job, _ in records:
             if job.finished:
                 continue
             for tid, rec in job.task_states.items():
                 if rec.state is TaskState.STOPPING and rec.stop_since is not None:
-                    self._runner.stop(job.id, tid, rec.grace or 0.0, rec.stop_since)
+                    self._runner_stop(job.id, tid, rec.grace or 0.0, rec.stop_since)
                 elif rec.state is TaskState.STARTING:
                     self.task_start_failed(job.id, tid, "controller restarted during launch")
