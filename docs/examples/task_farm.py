@@ -67,11 +67,14 @@ def coordinator(root: Path, items: int, max_backlog_per_worker: int) -> int:
             log(f"releasing {idle} idle worker(s)")
             client.release(count=idle, no_notify=True)
         time.sleep(0.2)
-    workers = client.allocation().size - 1
+    # A release or grow may still be under way: its tasks cannot be released until it
+    # settles, so wait for that before counting the workers to give back.
+    workers = client.wait(timeout=30).size - 1
     if workers > 0:
         # Give the workers back before the job ends, and see it committed: the job's
-        # accounting then shows the shrink, and nothing is charged for idle tasks.
-        client.release(count=workers, no_notify=True, wait=True, timeout=30)
+        # accounting then shows the shrink, and nothing is charged for idle tasks. A
+        # grow that still pends is cancelled by the same request.
+        client.release(count=workers, no_notify=True, wait=True, timeout=30, cancel_pending=True)
     log("all items done")
     return 0
 

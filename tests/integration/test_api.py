@@ -30,10 +30,10 @@ from starlette.applications import Starlette
 from starlette.routing import Route
 
 from xce_resize_plugin import errors, hookimpl
+from xce_resize_plugin.core import converters
 from xce_resize_plugin.core.models import GrowRequest, JobInfo
 from xce_resize_plugin.host import Principal
 from xce_resize_plugin.rest import routes as api
-from xce_resize_plugin.scenarios.runner import _record_json
 
 from .live_api import Cluster, LiveServer, Switch, live_server
 
@@ -212,7 +212,7 @@ def test_history(cluster: Cluster, http: httpx.Client) -> None:
     assert body["slot_seconds"] == 400.0
     usage = cluster.ctl.acct_usage(cluster.job1)
     # The same record shape as a scenario's resize_records.
-    assert body["records"] == [_record_json(rec) for rec in usage.records]
+    assert body["records"] == [converters.record_json(rec) for rec in usage.records]
     assert [(r["type"], r["before"], r["after"], r["version"]) for r in body["records"]] == [
         ("grow", {"hA": 2}, {"hA": 3}, 1),
         ("shrink", {"hA": 3}, {"hA": 1}, 2),

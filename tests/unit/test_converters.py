@@ -172,3 +172,16 @@ def test_release_accepted_round_trip() -> None:
 def test_grow_body_refuses_the_models_internal_names(key: str) -> None:
     with pytest.raises(errors.InvalidRequest, match=key):
         converters.grow_from_json({"tasks": 2, key: 5})
+
+
+def test_record_json_keeps_the_documented_key_order() -> None:
+    """Scenario ``--json`` output and REST history print records in this order."""
+    from xce_resize_plugin.core.converters import record_json
+    from xce_resize_plugin.core.models import ChangeKind, ResizeRecord, Task
+
+    before = (Task(0, "a"),)
+    delta = (Task(1, "b"), Task(2, "b"))
+    record = ResizeRecord(1.5, ChangeKind.GROW, before, delta, before + delta, 3)
+    data = record_json(record)
+    assert list(data) == ["time", "type", "before", "delta", "after", "delta_tasks", "version"]
+    assert data["delta"] == {"b": 2} and data["delta_tasks"] == [1, 2]

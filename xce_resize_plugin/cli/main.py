@@ -204,6 +204,7 @@ def _dispatch(args: argparse.Namespace, out: TextIO) -> int:
 def _scenario(args: argparse.Namespace, out: TextIO) -> int:
     from xce_resize_plugin.scenarios import files as scenario_file
     from xce_resize_plugin.scenarios import runner as scenario
+    from xce_resize_plugin.scenarios.timeline import render as render_timeline
 
     spec = scenario_file.load(args.file)
     with contextlib.ExitStack() as stack:
@@ -220,7 +221,7 @@ def _scenario(args: argparse.Namespace, out: TextIO) -> int:
         json.dump(result.to_json(), out, indent=2, sort_keys=False)
         out.write("\n")
     else:
-        out.write(result.timeline())
+        out.write(render_timeline(result))
     if result.problems:
         for line in result.problems:
             print(f"xce-resize: invariant problem: {line}", file=sys.stderr)

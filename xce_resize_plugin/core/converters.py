@@ -116,7 +116,10 @@ def _register_answers(conv: cattrs.Converter) -> None:
 
     def record(value: ResizeRecord) -> dict[str, Any]:
         data: dict[str, Any] = record_fields(value)
+        # The task ids of the delta go before the version, where the answers always had them.
+        version = data.pop("version")
         data["delta_tasks"] = [t.id for t in value.delta]
+        data["version"] = version
         return data
 
     # Registered before the history's hook is made: cattrs looks the records' hook up then.

@@ -10,6 +10,7 @@ from typing import TextIO
 
 from xce_resize_plugin.scenarios import files as scenario_file
 from xce_resize_plugin.scenarios import runner as scenario
+from xce_resize_plugin.scenarios.timeline import render as render_timeline
 
 
 def demo_path() -> Path:
@@ -24,5 +25,5 @@ def main(out: TextIO, *, as_json: bool = False) -> int:
         json.dump(result.to_json(), out, indent=2)
         out.write("\n")
     else:
-        out.write(result.timeline())
+        out.write(render_timeline(result))
     return 0 if not result.problems else 1

@@ -11,11 +11,10 @@ bodies through the same decoding as the REST API, both ending in the host's
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any
 
-from attrs import evolve, frozen
+from attrs import evolve
 
 from xce_resize_plugin.cli import bresize
 from xce_resize_plugin.cli.bresize_args import Command, to_request
@@ -28,7 +27,7 @@ from xce_resize_plugin.controllers.runners import (
 from xce_resize_plugin.controllers.sim.sim_controller import EmbeddedController
 from xce_resize_plugin.controllers.violations import SubmissionRejected
 from xce_resize_plugin.core import converters
-from xce_resize_plugin.core.models import CancelRequest, Fact, ResizeRequest, Task, host_counts
+from xce_resize_plugin.core.models import CancelRequest, ResizeRequest, host_counts
 from xce_resize_plugin.errors import ConfigError, InvalidRequest, ResizeError
 from xce_resize_plugin.host import Principal
 from xce_resize_plugin.journal import Journal
@@ -36,84 +35,7 @@ from xce_resize_plugin.manager import get_plugin_manager
 from xce_resize_plugin.recording.format import RecordingWriter
 from xce_resize_plugin.recording.sim_recorder import ScenarioRecorder
 from xce_resize_plugin.scenarios.files import CommandSpec, JobSpec, Scenario
-
-
-@frozen
-class CommandResult:
-    at: float
-    user: str
-    argv: tuple[str, ...] | None
-    resize: Mapping[str, Any] | None
-    exit: int
-    code: str | None
-    message: str
-    output: str = ""
-    #: The journal's last sequence number before the command ran: orders the command
-    #: among the facts of the same instant in the timeline.
-    seq: int = 0
-
-
-@frozen
-class ScenarioResult:
-    """Everything a scenario run produced, for ``--json`` and for the timeline."""
-
-    scenario: Scenario
-    end_time: float
-    commands: tuple[CommandResult, ...]
-    jobs: Mapping[str, Mapping[str, Any]]
-    hosts: Mapping[str, Mapping[str, int]]
-    users: Mapping[str, Mapping[str, int]]
-    facts: tuple[tuple[int, Fact], ...]
-    notifications: tuple[Mapping[str, Any], ...]
-    problems: tuple[str, ...]
-    #: Jobs refused when they arrived (submit > 0): ``(time, job id, reason)``.
-    rejected: tuple[tuple[float, str, str], ...] = ()
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "scenario": str(self.scenario.path),
-            "end_time": self.end_time,
-            "commands": [_command_json(c) for c in self.commands],
-            "jobs": dict(self.jobs),
-            "hosts": dict(self.hosts),
-            "users": dict(self.users),
-            "rejected_jobs": [
-                {"time": t, "job": j, "reason": reason} for t, j, reason in self.rejected
-            ],
-            "notifications": list(self.notifications),
-            "invariant_problems": list(self.problems),
-        }
-
-    def timeline(self) -> str:
-        from xce_resize_plugin.scenarios.timeline import render
-
-        return render(self)
-
-
-def _command_json(c: CommandResult) -> dict[str, Any]:
-    out: dict[str, Any] = {"at": c.at, "user": c.user}
-    if c.argv is not None:
-        out["argv"] = list(c.argv)
-    else:
-        out["resize"] = dict(c.resize or {})
-    out.update({"exit": c.exit, "code": c.code, "message": c.message})
-    return out
-
-
-def _alloc_json(tasks: tuple[Task, ...]) -> dict[str, int]:
-    return host_counts(tasks)
-
-
-def _record_json(rec: Any) -> dict[str, Any]:
-    return {
-        "time": rec.time,
-        "type": rec.kind.value,
-        "before": _alloc_json(rec.before),
-        "delta": _alloc_json(rec.delta),
-        "after": _alloc_json(rec.after),
-        "delta_tasks": [t.id for t in rec.delta],
-        "version": rec.version,
-    }
+from xce_resize_plugin.scenarios.result import CommandResult, ScenarioResult
 
 
 class _Runner:
@@ -271,7 +193,7 @@ def run(scenario: Scenario, state_dir: Path, record: IO[str] | None = None) -> S
             jobs[view.id] = {
                 "state": view.state.value,
                 "user": view.user,
-                "hosts": _alloc_json(view.tasks),
+                "hosts": host_counts(view.tasks),
                 "tasks": {str(t.id): t.host for t in view.tasks},
                 "pending_grow": (
                     None if pending is None else {"min": pending.min_add, "max": pending.max_add}
@@ -280,7 +202,9 @@ def run(scenario: Scenario, state_dir: Path, record: IO[str] | None = None) -> S
                 "start_time": view.start_time,
                 "end_time": view.end_time,
                 "slot_seconds": usage.slot_seconds if usage is not None else 0.0,
-                "resize_records": [_record_json(r) for r in usage.records] if usage else [],
+                "resize_records": [converters.record_json(r) for r in usage.records]
+                if usage
+                else [],
             }
         notifications = tuple(
             {

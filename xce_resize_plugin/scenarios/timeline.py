@@ -25,7 +25,7 @@ from xce_resize_plugin.core.models import (
 )
 
 if TYPE_CHECKING:
-    from xce_resize_plugin.scenarios.runner import ScenarioResult
+    from xce_resize_plugin.scenarios.result import ScenarioResult
 
 _CANCEL_REASONS = {
     "cancel": "cancelled",

@@ -14,7 +14,7 @@ test run where ``xce_resize_plugin`` is installed has these fixtures (docs/hooks
 - ``resize_sim_factory``: makes more such controllers
   (:class:`~xce_resize_plugin.testing.sim.SimControllers`), all closed after the test;
 - ``resize_scenario``: runs a scenario file, or a scenario table, and returns its
-  :class:`~xce_resize_plugin.scenarios.runner.ScenarioResult`;
+  :class:`~xce_resize_plugin.scenarios.result.ScenarioResult`;
 - ``resize_live_factory``: makes live clusters, a real controller and agents in
   ``tmp_path`` (:class:`~xce_resize_plugin.testing.live.LiveCluster`); every process
   they caused is killed by pid after the test.
@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     import pluggy
 
     from xce_resize_plugin.controllers.sim import EmbeddedController
-    from xce_resize_plugin.scenarios.runner import ScenarioResult
+    from xce_resize_plugin.scenarios.result import ScenarioResult
     from xce_resize_plugin.testing.live import LiveCluster
     from xce_resize_plugin.testing.sim import SimControllers, grow_host_view, make_job
 

@@ -21,7 +21,7 @@ from xce_resize_plugin.core.models import JobInfo, JobState, Task
 from xce_resize_plugin.core.placement import FreeSlotIndex, GrowHostView
 from xce_resize_plugin.manager import get_plugin_manager
 from xce_resize_plugin.scenarios import files, runner
-from xce_resize_plugin.scenarios.runner import ScenarioResult
+from xce_resize_plugin.scenarios.result import ScenarioResult
 
 __all__ = [
     "DEFAULT_HOSTS",
