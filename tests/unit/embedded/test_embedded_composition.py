@@ -10,8 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from conftest import CtlFactory, ToyResizer, make_pm
-
+from tests.conftest import CtlFactory, ToyResizer, make_pm
 from xce_resize_plugin import hookimpl, hookspecs
 from xce_resize_plugin.controllers.observer import Observer
 from xce_resize_plugin.controllers.sim import (
