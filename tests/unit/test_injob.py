@@ -94,7 +94,7 @@ def test_grow_and_release_send_the_options_they_share() -> None:
 
 
 def test_unreachable_controller_names_the_url() -> None:
-    from xce_resize_plugin.rest.client import Unreachable
+    from xce_resize_plugin.errors import Unreachable
 
     client = ResizeClient.from_env({"XCE_JOB_ID": "7", "XCE_CONTROLLER_URL": "http://127.0.0.1:9"})
     with pytest.raises(Unreachable, match=r"127\.0\.0\.1:9"):

@@ -24,14 +24,6 @@ MAX_VERSION = 2**63 - 1
 _NUMBER_RE = re.compile(r"\A-?[0-9]{1,40}(\.[0-9]{1,40})?([eE][+-]?[0-9]{1,4})?\Z")
 
 
-class NoResizeHook(ResizeError):
-    """No plugin answered ``xce_resize_*`` (the resize plugin is not registered)."""
-
-    code = "XCE_RESIZE_NO_PLUGIN"
-    message = "No resize plugin answered: it is not registered with this controller"
-    http_status = 503
-
-
 def body_too_large(declared: int | None) -> ResizeError:
     """The refusal of a body over :data:`MAX_BODY` (413)."""
     if declared is None:
@@ -199,7 +191,6 @@ __all__ = [
     "MAX_VERSION",
     "MAX_WAIT",
     "OPERATIONS",
-    "NoResizeHook",
     "body_too_large",
     "check_job_id",
     "parse_timeout",
