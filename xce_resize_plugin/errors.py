@@ -214,6 +214,22 @@ class UnsupportedMediaType(ResizeError):
     http_status = 415
 
 
+class NoResizeHook(ResizeError):
+    """No plugin answered ``xce_resize_*`` (the resize plugin is not registered)."""
+
+    code = "XCE_RESIZE_NO_PLUGIN"
+    message = "No resize plugin answered: it is not registered with this controller"
+    http_status = 503
+
+
+class Unreachable(ResizeError):
+    """The controller did not answer (refused, timed out, no such host)."""
+
+    code = "XCE_RESIZE_UNREACHABLE"
+    message = "Cannot reach the controller"
+    http_status = 503
+
+
 class UsageError(ResizeError):
     """Bad command-line syntax; the command exits 2 without contacting the controller."""
 
@@ -268,6 +284,8 @@ ERRORS: tuple[type[ResizeError], ...] = (
     InvalidRequest,
     BodyTooLarge,
     UnsupportedMediaType,
+    NoResizeHook,
+    Unreachable,
     UsageError,
     ConfigError,
     JournalError,

@@ -22,7 +22,7 @@ import time
 import urllib.parse
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 from xce_resize_plugin.rest.client import Client
 
@@ -74,6 +74,24 @@ class Allocation:
             in_flight=doc.get("in_flight"),
             raw=doc,
         )
+
+
+class ChangeOptions(TypedDict, total=False):
+    """The options every change (:meth:`ResizeClient.grow`, :meth:`ResizeClient.release`)
+    takes, all by keyword.
+
+    ``wait`` (default ``False``): return once the change is committed (or given up),
+    waiting at most ``timeout`` seconds (default 60). ``cancel_pending`` (LSF's ``-c``)
+    cancels the job's pending grow first; ``notify_cmd`` (``-rnc``) is the notification
+    command for this change, ``no_notify`` (``-rncn``) runs none; by default the job's
+    own command runs.
+    """
+
+    wait: bool
+    timeout: float
+    cancel_pending: bool
+    notify_cmd: str | None
+    no_notify: bool
 
 
 class ResizeClient:
@@ -129,24 +147,16 @@ class ResizeClient:
     # --- changes (PMIx EXTEND, RELEASE, REQ_CANCEL) ---------------------------------------
 
     def grow(
-        self,
-        min_tasks: int,
-        max_tasks: int | None = None,
-        *,
-        wait: bool = False,
-        timeout: float = 60.0,
-        cancel_pending: bool = False,
-        notify_cmd: str | None = None,
-        no_notify: bool = False,
+        self, min_tasks: int, max_tasks: int | None = None, **options: Unpack[ChangeOptions]
     ) -> Allocation:
         """Ask for ``min_tasks..max_tasks`` more tasks (``max_tasks`` defaults to
         ``min_tasks``). With ``wait``, return once the grow is committed (or given up)."""
         body: dict[str, Any] = {
             "tasks": max_tasks if max_tasks is not None else min_tasks,
             "min_tasks": min_tasks,
-            **_change_options(cancel_pending, notify_cmd, no_notify),
+            **_change_fields(options),
         }
-        return self._change("grow", body, wait, timeout)
+        return self._change("grow", body, options)
 
     def release(
         self,
@@ -156,16 +166,12 @@ class ResizeClient:
         task_ids: Sequence[int] | None = None,
         count: int | None = None,
         spec: str | None = None,
-        wait: bool = False,
-        timeout: float = 60.0,
-        cancel_pending: bool = False,
-        notify_cmd: str | None = None,
-        no_notify: bool = False,
+        **options: Unpack[ChangeOptions],
     ) -> Allocation:
         """Give tasks back: all of the job's tasks on ``hosts``, ``host_counts`` tasks on
         hosts, these ``task_ids``, a ``count`` chosen by the site policy, or an LSF
         ``spec``. Exactly one form. Task 0 always stays."""
-        body = _change_options(cancel_pending, notify_cmd, no_notify)
+        body = _change_fields(options)
         forms = {
             "hosts": None
             if hosts is None and host_counts is None
@@ -178,26 +184,32 @@ class ResizeClient:
         if len(given) != 1:
             raise ValueError("give exactly one of hosts/host_counts, task_ids, count, spec")
         body.update(given)
-        return self._change("release", body, wait, timeout)
+        return self._change("release", body, options)
 
     def cancel(self) -> Allocation:
         """Cancel the pending grow (PMIx REQ_CANCEL)."""
         self.client.call("DELETE", f"{self._base}/pending")
         return self.allocation()
 
-    def _change(self, kind: str, body: Mapping[str, Any], wait: bool, timeout: float) -> Allocation:
+    def _change(self, kind: str, body: Mapping[str, Any], options: ChangeOptions) -> Allocation:
         before = self.allocation().version
         doc = self.client.call("POST", f"{self._base}/{kind}", dict(body))
-        if not wait:
+        if not options.get("wait", False):
             return Allocation.from_json(doc)
-        return self.wait(before, timeout)
+        return self.wait(before, options.get("timeout", 60.0))
 
 
-def _change_options(
-    cancel_pending: bool, notify_cmd: str | None, no_notify: bool
-) -> dict[str, Any]:
-    """The body fields a grow and a release share (``notify_cmd`` only when given)."""
-    body: dict[str, Any] = {"cancel_pending": cancel_pending, "no_notify": no_notify}
+def _change_fields(options: ChangeOptions) -> dict[str, Any]:
+    """The body fields a grow and a release share (``notify_cmd`` only when given);
+    refuses an option :class:`ChangeOptions` does not name, as a parameter list would."""
+    unknown = options.keys() - ChangeOptions.__annotations__.keys()
+    if unknown:
+        raise TypeError(f"unexpected keyword argument {min(unknown)!r}")
+    body: dict[str, Any] = {
+        "cancel_pending": options.get("cancel_pending", False),
+        "no_notify": options.get("no_notify", False),
+    }
+    notify_cmd = options.get("notify_cmd")
     if notify_cmd is not None:
         body["notify_cmd"] = notify_cmd
     return body

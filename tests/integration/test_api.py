@@ -33,6 +33,7 @@ from xce_resize_plugin import errors, hookimpl
 from xce_resize_plugin.core import converters
 from xce_resize_plugin.core.models import GrowRequest, JobInfo
 from xce_resize_plugin.host import Principal
+from xce_resize_plugin.rest import resize_operations as operations
 from xce_resize_plugin.rest import routes as api
 
 from .live_api import Cluster, LiveServer, Switch, live_server
@@ -260,8 +261,8 @@ def test_wait_times_out(cluster: Cluster, http: httpx.Client) -> None:
     assert r.status_code == 200 and elapsed >= 0.4
     body = r.json()
     assert body["done"] is False and body["phase"] == "IDLE" and body["version"] == 0
-    assert api.parse_timeout("600") == api.MAX_WAIT  # capped, not refused
-    assert api.parse_timeout(None) == api.DEFAULT_WAIT
+    assert operations.parse_timeout("600") == operations.MAX_WAIT  # capped, not refused
+    assert operations.parse_timeout(None) == operations.DEFAULT_WAIT
 
 
 def test_wait_returns_when_the_grow_is_cancelled(cluster: Cluster, http: httpx.Client) -> None:
@@ -557,7 +558,7 @@ def test_not_json_is_400(cluster: Cluster, http: httpx.Client, content: bytes) -
 
 def test_oversized_body_is_413(cluster: Cluster, http: httpx.Client) -> None:
     before = cluster.snapshot()
-    big = json.dumps({"tasks": 1, "notify_cmd": "x" * api.MAX_BODY}).encode()
+    big = json.dumps({"tasks": 1, "notify_cmd": "x" * operations.MAX_BODY}).encode()
     for suffix in ("/grow", "/release", "/pending"):
         method = "DELETE" if suffix == "/pending" else "POST"
         assert_problem(
@@ -669,14 +670,14 @@ def _content(body: st.SearchStrategy[Any]) -> st.SearchStrategy[bytes | None]:
 
 def _is_valid_timeout(text: str) -> bool:
     try:
-        api.parse_timeout(text)
+        operations.parse_timeout(text)
     except errors.ResizeError:
         return False
     return True
 
 
 def _is_small_timeout(text: str) -> bool:
-    return not _is_valid_timeout(text) or api.parse_timeout(text) <= 0.05
+    return not _is_valid_timeout(text) or operations.parse_timeout(text) <= 0.05
 
 
 QUERY_TEXT = st.text(st.characters(codec="utf-8"), max_size=12)
@@ -795,7 +796,7 @@ def test_openapi_document_is_valid_and_matches_the_routes(
         extra_paths={"/v1/jobs": {"get": {"responses": {"200": {"description": "jobs"}}}}},
     )
     validate(merged)
-    assert {"/v1/jobs", api.JOB_PATH} <= set(merged["paths"])
+    assert {"/v1/jobs", operations.JOB_PATH} <= set(merged["paths"])
 
 
 def _schemathesis_cases(schema: Any, cluster: Cluster) -> st.SearchStrategy[Any]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 
@@ -37,8 +38,63 @@ def test_release_needs_exactly_one_form() -> None:
         client.release()
 
 
+def test_an_unknown_option_is_refused_before_any_request() -> None:
+    client = ResizeClient.from_env({"XCE_JOB_ID": "7", "XCE_CONTROLLER_URL": "http://127.0.0.1:9"})
+    with pytest.raises(TypeError, match="'notify'"):
+        client.grow(1, notify="x")  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match="'waits'"):
+        client.release(count=1, waits=True)  # type: ignore[call-arg]
+
+
+class _Recorder:
+    """A client that records what the in-job API sends and answers a settled job."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str, Any]] = []
+
+    def call(self, method: str, path: str, body: Any = None, timeout: float = 0.0) -> Any:
+        self.calls.append((method, path, body))
+        return {
+            "job_id": "7",
+            "phase": "IDLE",
+            "version": 1,
+            "min_tasks": 1,
+            "max_tasks": 8,
+            "tasks": [{"id": 0, "host": "a"}],
+        }
+
+
+def test_grow_and_release_send_the_options_they_share() -> None:
+    recorder = _Recorder()
+    client = ResizeClient("7", recorder)  # type: ignore[arg-type]
+    client.grow(2, 4, cancel_pending=True, notify_cmd="veto.sh")
+    client.grow(3)
+    client.release(count=1, no_notify=True)
+    posts = [(path, body) for method, path, body in recorder.calls if method == "POST"]
+    assert posts == [
+        (
+            "/v1/jobs/7/resize/grow",
+            {
+                "tasks": 4,
+                "min_tasks": 2,
+                "cancel_pending": True,
+                "no_notify": False,
+                "notify_cmd": "veto.sh",
+            },
+        ),
+        (
+            "/v1/jobs/7/resize/grow",
+            {"tasks": 3, "min_tasks": 3, "cancel_pending": False, "no_notify": False},
+        ),
+        (
+            "/v1/jobs/7/resize/release",
+            {"cancel_pending": False, "no_notify": True, "count": 1},
+        ),
+    ]
+
+
 def test_unreachable_controller_names_the_url() -> None:
-    from xce_resize_plugin.rest.client import Unreachable
+    from xce_resize_plugin.errors import Unreachable
 
     client = ResizeClient.from_env({"XCE_JOB_ID": "7", "XCE_CONTROLLER_URL": "http://127.0.0.1:9"})
     with pytest.raises(Unreachable, match=r"127\.0\.0\.1:9"):

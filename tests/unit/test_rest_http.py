@@ -21,6 +21,7 @@ from xce_resize_plugin.errors import FencedError
 from xce_resize_plugin.host import Principal
 from xce_resize_plugin.rest import http
 from xce_resize_plugin.rest import routes as api
+from xce_resize_plugin.rest.resize_operations import MAX_BODY
 
 GOOD = "good-token"
 CHUNK = 4096
@@ -105,8 +106,8 @@ def host_app(ctl: StubController | None = None) -> Starlette:
 
 # (app, method, path, limit, status and code of a body over the limit)
 ROUTES = {
-    "resize grow": (resize_app, "POST", "/v1/jobs/7/resize/grow", api.MAX_BODY, 413),
-    "resize cancel": (resize_app, "DELETE", "/v1/jobs/7/resize/pending", api.MAX_BODY, 413),
+    "resize grow": (resize_app, "POST", "/v1/jobs/7/resize/grow", MAX_BODY, 413),
+    "resize cancel": (resize_app, "DELETE", "/v1/jobs/7/resize/pending", MAX_BODY, 413),
     "host submit": (host_app, "POST", "/v1/jobs", HOST_MAX_BODY, 400),
 }
 TOO_LARGE = {413: "XCE_RESIZE_BODY_TOO_LARGE", 400: "XCE_RESIZE_INVALID_REQUEST"}
@@ -149,10 +150,10 @@ def test_messages_of_too_large_bodies_stay_as_they_were() -> None:
     _, doc = call(host_app(), "POST", "/v1/jobs", Stream(endless()), headers)
     assert doc["detail"] == f"Invalid resize request: body larger than {HOST_MAX_BODY} bytes"
     _, doc = call(resize_app(), "POST", "/v1/jobs/7/resize/grow", Stream(endless()), headers)
-    assert doc["detail"] == f"Request body too large: 1000000000 bytes, at most {api.MAX_BODY}"
+    assert doc["detail"] == f"Request body too large: 1000000000 bytes, at most {MAX_BODY}"
     headers.pop("content-length")
     _, doc = call(resize_app(), "POST", "/v1/jobs/7/resize/grow", Stream(endless()), headers)
-    assert doc["detail"] == f"Request body too large: more than {api.MAX_BODY} bytes"
+    assert doc["detail"] == f"Request body too large: more than {MAX_BODY} bytes"
 
 
 def test_a_body_within_the_limit_reaches_the_host() -> None:

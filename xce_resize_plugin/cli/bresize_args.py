@@ -147,12 +147,26 @@ def _parse_cancel(args: list[str]) -> Command:
 
 
 def _parse_resize(op: Literal["request", "release"], args: list[str]) -> Command:
-    cancel_pending = False
-    notify_cmd: str | None = None
-    no_notify = False
+    cmd, positionals = _parse_options(Command(op=op), args)
+    if op == "request":
+        min_add, max_add, job_text = _request_positionals(positionals)
+        cmd = cmd._replace(min_add=min_add, max_add=max_add)
+    else:
+        spec, job_text = _release_positionals(positionals)
+        cmd = cmd._replace(spec=spec)
+    if cmd.notify_cmd is not None:
+        size = _utf8_len(cmd.notify_cmd)
+        if size >= MAX_NOTIFY_BYTES:
+            raise NotifyCmdTooLong(f"-rnc command is {size} bytes")
+    return cmd._replace(job_id=parse_job_id(job_text))
+
+
+def _parse_options(cmd: Command, args: list[str]) -> tuple[Command, list[str]]:
+    """The options of ``cmd.op``, from just after the subcommand up to the first
+    positional (or ``--``), set on ``cmd``; and the positionals."""
+    op = cmd.op
     i = 0
     dashdash = False
-    # Options: from just after the subcommand up to the first positional (or "--").
     while i < len(args) and _is_option(args[i]):
         option = args[i]
         i += 1
@@ -160,24 +174,24 @@ def _parse_resize(op: Literal["request", "release"], args: list[str]) -> Command
             dashdash = True
             break
         if option == "-c":
-            if cancel_pending:
+            if cmd.cancel_pending:
                 raise UsageError("-c given more than once")
-            cancel_pending = True
+            cmd = cmd._replace(cancel_pending=True)
         elif option == "-rnc":
-            if notify_cmd is not None:
+            if cmd.notify_cmd is not None:
                 raise UsageError("-rnc given more than once")
-            if no_notify:
+            if cmd.no_notify:
                 raise UsageError("-rnc and -rncn are mutually exclusive")
             if i >= len(args) or not args[i].strip():
                 raise UsageError("-rnc needs a command")
-            notify_cmd = args[i]
+            cmd = cmd._replace(notify_cmd=args[i])
             i += 1
         elif option == "-rncn":
-            if no_notify:
+            if cmd.no_notify:
                 raise UsageError("-rncn given more than once")
-            if notify_cmd is not None:
+            if cmd.notify_cmd is not None:
                 raise UsageError("-rnc and -rncn are mutually exclusive")
-            no_notify = True
+            cmd = cmd._replace(no_notify=True)
         elif option in _HELP or option in _VERSION:
             raise UsageError(f"-h/-V stand alone: got {option} after {op}")
         else:
@@ -191,28 +205,7 @@ def _parse_resize(op: Literal["request", "release"], args: list[str]) -> Command
         for arg in positionals:
             if _is_option(arg):
                 raise UsageError(f"options come before {what}: got {arg!r} after it")
-
-    min_add: int | None = None
-    max_add: int | None = None
-    spec: tuple[str, ...] = ()
-    if op == "request":
-        min_add, max_add, job_text = _request_positionals(positionals)
-    else:
-        spec, job_text = _release_positionals(positionals)
-    if notify_cmd is not None:
-        size = _utf8_len(notify_cmd)
-        if size >= MAX_NOTIFY_BYTES:
-            raise NotifyCmdTooLong(f"-rnc command is {size} bytes")
-    return Command(
-        op=op,
-        job_id=parse_job_id(job_text),
-        min_add=min_add,
-        max_add=max_add,
-        spec=spec,
-        cancel_pending=cancel_pending,
-        notify_cmd=notify_cmd,
-        no_notify=no_notify,
-    )
+    return cmd, positionals
 
 
 def _utf8_len(text: str) -> int:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from xce_resize_plugin import __version__
-from xce_resize_plugin.errors import ResizeError
+from xce_resize_plugin.errors import ResizeError, Unreachable
 
 EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE, EXIT_REJECTED = 0, 1, 2, 255
 
@@ -154,7 +154,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _dispatch(args, sys.stdout)
     except ResizeError as exc:
         print(f"xce-resize: {exc.text}", file=sys.stderr)
-        from xce_resize_plugin.rest.client import RemoteError, Unreachable
+        from xce_resize_plugin.rest.client import RemoteError
 
         # As bresize: the controller refused, or could not be reached.
         return EXIT_REJECTED if isinstance(exc, RemoteError | Unreachable) else EXIT_USAGE

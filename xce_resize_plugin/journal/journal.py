@@ -21,7 +21,7 @@ import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Self, TypeVar
+from typing import TYPE_CHECKING, Final, Self, TypeVar
 
 import lmdb
 
@@ -113,7 +113,10 @@ class Journal(Closing):
         """Private: use :meth:`open`."""
         self._shared_env: SharedEnv | None = shared
         self._file = shared.file
-        self._readonly = readonly
+        #: The data file (``<dir>/data.mdb``), as named in error messages.
+        self.path: Final = Path(shared.file)
+        #: Whether this handle refuses writes.
+        self.readonly: Final = readonly
         self._sync = sync
         self._epoch = 0
         self._close_lock = threading.Lock()
@@ -157,16 +160,6 @@ class Journal(Closing):
             shared, self._shared_env = self._shared_env, None
         if shared is not None:
             release(shared)
-
-    @property
-    def path(self) -> Path:
-        """The data file (``<dir>/data.mdb``), as named in error messages."""
-        return Path(self._file)
-
-    @property
-    def readonly(self) -> bool:
-        """Whether this handle refuses writes."""
-        return self._readonly
 
     @property
     def epoch(self) -> int:
@@ -424,7 +417,7 @@ class Journal(Closing):
         )
 
     def _require_writable(self) -> None:
-        if self._readonly:
+        if self.readonly:
             raise JournalError(f"{self._file}: the journal is open read-only")
 
     def _get_meta(self, txn: _Txn, key: bytes) -> int:

@@ -111,6 +111,7 @@ class Fence:
         )
 
 
+@attrs.define(eq=False)
 class LmdbEnv:
     """One open LMDB environment of a store (see the module docstring).
 
@@ -121,22 +122,12 @@ class LmdbEnv:
     closed while the map changes size, as LMDB requires.
     """
 
-    def __init__(
-        self,
-        env: lmdb.Environment,
-        name: str,
-        *,
-        noun: str,
-        error: ErrorFactory = JournalError,
-        max_map_size: int = MAX_MAP_SIZE,
-        max_growths: int = MAX_GROWTHS,
-    ) -> None:
-        self.env = env
-        self.name = name
-        self.noun = noun
-        self.error = error
-        self.max_map_size = max_map_size
-        self.max_growths = max_growths
+    env: lmdb.Environment
+    name: str
+    noun: str = attrs.field(kw_only=True)
+    error: ErrorFactory = attrs.field(default=JournalError, kw_only=True)
+    max_map_size: int = attrs.field(default=MAX_MAP_SIZE, kw_only=True)
+    max_growths: int = attrs.field(default=MAX_GROWTHS, kw_only=True)
 
     @classmethod
     def open(

@@ -2,8 +2,9 @@
 
 Shared by ``bresize``, the in-job API and the ``xce-resize`` client commands, so that a
 rejection always surfaces the same way: a :class:`RemoteError` carrying the problem
-document's LSF code and message, or :class:`Unreachable` naming the URL. urllib and
-json are imported on first use, so importing this module costs nothing at start-up.
+document's LSF code and message, or :class:`~xce_resize_plugin.errors.Unreachable`
+naming the URL. urllib and json are imported on first use, so importing this module
+costs nothing at start-up.
 """
 
 from __future__ import annotations
@@ -11,17 +12,9 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from xce_resize_plugin.errors import ResizeError
+from xce_resize_plugin.errors import ResizeError, Unreachable
 
 DEFAULT_URL = "http://127.0.0.1:6820"
-
-
-class Unreachable(ResizeError):
-    """The controller did not answer (refused, timed out, no such host)."""
-
-    code = "XCE_RESIZE_UNREACHABLE"
-    message = "Cannot reach the controller"
-    http_status = 503
 
 
 class RemoteError(ResizeError):

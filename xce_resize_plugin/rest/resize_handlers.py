@@ -29,7 +29,7 @@ from xce_resize_plugin.core import converters
 from xce_resize_plugin.core.accounting import Usage
 from xce_resize_plugin.core.models import CancelRequest, JobInfo, JobState, ResizeRequest
 from xce_resize_plugin.core.status import ResizeStatus
-from xce_resize_plugin.errors import InvalidRequest, NoJob, PermissionDenied
+from xce_resize_plugin.errors import InvalidRequest, NoJob, NoResizeHook, PermissionDenied
 from xce_resize_plugin.host import Controller, Principal
 from xce_resize_plugin.rest.http import ApiRoute, BodyLimit, Handler, endpoint, read_body, reply
 from xce_resize_plugin.rest.parsing import check_fields, check_json_type, check_query, parse_json
@@ -37,7 +37,6 @@ from xce_resize_plugin.rest.resize_operations import (
     BY_NAME,
     MAX_BODY,
     OPERATIONS,
-    NoResizeHook,
     body_too_large,
     check_job_id,
     parse_timeout,

@@ -24,14 +24,6 @@ MAX_VERSION = 2**63 - 1
 _NUMBER_RE = re.compile(r"\A-?[0-9]{1,40}(\.[0-9]{1,40})?([eE][+-]?[0-9]{1,4})?\Z")
 
 
-class NoResizeHook(ResizeError):
-    """No plugin answered ``xce_resize_*`` (the resize plugin is not registered)."""
-
-    code = "XCE_RESIZE_NO_PLUGIN"
-    message = "No resize plugin answered: it is not registered with this controller"
-    http_status = 503
-
-
 def body_too_large(declared: int | None) -> ResizeError:
     """The refusal of a body over :data:`MAX_BODY` (413)."""
     if declared is None:
@@ -92,73 +84,89 @@ _WAIT_QUERY = (
 )
 
 
+def _job_operation(
+    name: str,
+    method: str,
+    suffix: str,
+    summary: str,
+    description: str,
+    *,
+    errors: tuple[int, ...],
+    status: int = 200,
+    response: str = "ResizeStatus",
+    body: str | None = None,
+    query: tuple[Param, ...] = (),
+) -> Operation:
+    """An operation of the resize API: on the job's resize path (:data:`JOB_PATH` then
+    ``suffix``), taking the job id, tagged ``resize``."""
+    return Operation(
+        name,
+        method,
+        JOB_PATH + suffix,
+        summary,
+        description,
+        status=status,
+        response=response,
+        body=body,
+        params=(_JOB_ID, *query),
+        errors=errors,
+        tags=("resize",),
+    )
+
+
 OPERATIONS: tuple[Operation, ...] = (
-    Operation(
+    _job_operation(
         "resize_status",
         "GET",
-        JOB_PATH,
+        "",
         "The job's resize state",
         "The committed allocation, the bounds, the pending grow and the change in flight.",
-        response="ResizeStatus",
-        params=(_JOB_ID,),
         errors=_QUERY_ERRORS,
-        tags=("resize",),
     ),
-    Operation(
+    _job_operation(
         "resize_grow",
         "POST",
-        JOB_PATH + "/grow",
+        "/grow",
         "Ask for more tasks (bresize request)",
         "The request pends until the scheduler can place at least `min_tasks` more "
         "tasks. Answered once the request is durable, with the job's resize state.",
         status=202,
-        response="ResizeStatus",
         body="ResizeGrowRequest",
-        params=(_JOB_ID,),
         errors=_CHANGE_ERRORS,
-        tags=("resize",),
     ),
-    Operation(
+    _job_operation(
         "resize_release",
         "POST",
-        JOB_PATH + "/release",
+        "/release",
         "Give tasks back (bresize release)",
         "Exactly one of `spec`, `hosts`, `task_ids`, `count`. Answered once the release "
         "is durable; the tasks are stopped afterwards (see the `wait` operation).",
         status=202,
-        response="ResizeStatus",
         body="ResizeReleaseRequest",
-        params=(_JOB_ID,),
         errors=_CHANGE_ERRORS,
-        tags=("resize",),
     ),
-    Operation(
+    _job_operation(
         "resize_cancel",
         "DELETE",
-        JOB_PATH + "/pending",
+        "/pending",
         "Cancel the pending grow (bresize cancel)",
         "Takes no body. Answered once the cancellation is durable.",
-        response="ResizeStatus",
-        params=(_JOB_ID,),
         errors=_CHANGE_ERRORS,
-        tags=("resize",),
     ),
-    Operation(
+    _job_operation(
         "resize_history",
         "GET",
-        JOB_PATH + "/history",
+        "/history",
         "The job's allocation timeline and resize records",
         "Segments of charged slots up to now, their slot-seconds, and one record per "
         "committed change (LSF's JOB_RESIZE).",
         response="ResizeHistory",
-        params=(_JOB_ID,),
         errors=_QUERY_ERRORS,
-        tags=("resize",),
     ),
-    Operation(
+    _job_operation(
         "resize_wait",
         "GET",
-        JOB_PATH + "/wait",
+        "/wait",
         "Wait for a resize to finish (long poll, for the in-job API)",
         "Answers as soon as nothing is pending or in flight and the allocation version "
         "is greater than `version` (`done` is true); or when a change that was pending "
@@ -166,9 +174,8 @@ OPERATIONS: tuple[Operation, ...] = (
         "cancelled); or when the job ends; or after `timeout` seconds (capped at 60). "
         "`done` is false in the last three cases.",
         response="ResizeWaitResult",
-        params=(_JOB_ID, *_WAIT_QUERY),
+        query=_WAIT_QUERY,
         errors=_QUERY_ERRORS,
-        tags=("resize",),
     ),
 )
 #: The operations by name.
@@ -184,7 +191,6 @@ __all__ = [
     "MAX_VERSION",
     "MAX_WAIT",
     "OPERATIONS",
-    "NoResizeHook",
     "body_too_large",
     "check_job_id",
     "parse_timeout",

@@ -5,10 +5,12 @@ that builds its application with :mod:`.http` gets them described in its own
 ``/openapi.json`` by :func:`.openapi.document`, and any other host merges
 :func:`openapi_paths` into its document; a host with no API of its own can serve
 :func:`app`. The routes and the document are built from one table of operations
-(:data:`OPERATIONS`), so what is documented is what is served.
+(:data:`OPERATIONS`, in :mod:`.resize_operations` with the API's limits and parameter
+checks), so what is documented is what is served.
 
 Every route is built with the HTTP layer (:mod:`.http`): authentication first (401
-before any byte of the body is read), bodies read up to :data:`MAX_BODY` bytes, every
+before any byte of the body is read), bodies read up to
+:data:`~.resize_operations.MAX_BODY` bytes, every
 :class:`~xce_resize_plugin.errors.ResizeError` answered as an RFC 9457 problem document
 (``application/problem+json``) with LSF's code name, number and message; what each
 route then does is in :mod:`.resize_handlers`. The JSON answers are made by
@@ -35,19 +37,7 @@ from xce_resize_plugin.rest.problems import (
     error_json,
     problem_json,
 )
-from xce_resize_plugin.rest.resize_operations import (
-    DEFAULT_WAIT,
-    JOB_PATH,
-    MAX_BODY,
-    MAX_JOB_ID,
-    MAX_VERSION,
-    MAX_WAIT,
-    OPERATIONS,
-    NoResizeHook,
-    check_job_id,
-    parse_timeout,
-    parse_version,
-)
+from xce_resize_plugin.rest.resize_operations import OPERATIONS
 from xce_resize_plugin.rest.schemas import SCHEMAS
 
 if TYPE_CHECKING:
@@ -112,25 +102,17 @@ def openapi_document(
 
 __all__ = [
     "BEARER",
-    "DEFAULT_WAIT",
-    "JOB_PATH",
-    "MAX_BODY",
-    "MAX_JOB_ID",
-    "MAX_VERSION",
-    "MAX_WAIT",
     "OPERATIONS",
     "PROBLEM_BASE",
     "PROBLEM_JSON",
     "SCHEMAS",
     "BodyTooLarge",
-    "NoResizeHook",
     "Operation",
     "Param",
     "UnsupportedMediaType",
     "app",
     "bearer_token",
     "check_fields",
-    "check_job_id",
     "check_query",
     "error_json",
     "exception_handlers",
@@ -138,8 +120,6 @@ __all__ = [
     "openapi_document",
     "openapi_paths",
     "parse_json",
-    "parse_timeout",
-    "parse_version",
     "problem_json",
     "record_json",
     "routes",

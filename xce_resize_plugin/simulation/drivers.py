@@ -37,6 +37,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
+from attrs import frozen
+
 from xce_resize_plugin.controllers.observer import FinishedJob, Observer
 from xce_resize_plugin.controllers.sim.work import SpeedupWork
 from xce_resize_plugin.core.models import CancelRequest, GrowRequest, Phase, ReleaseRequest, Task
@@ -49,6 +51,7 @@ if TYPE_CHECKING:
 __all__ = [
     "DRIVERS",
     "Driver",
+    "GrowSettings",
     "GrowShrink",
     "GrowWhenIdle",
     "MalleableSpec",
@@ -61,21 +64,38 @@ __all__ = [
 SITE = Principal("site-policy", admin=True)
 
 
+@frozen
 class MalleableSpec:
     """What a driver knows of a malleable job: its owner, range and recorded size, and
     (optionally) its work, from which it knows its own progress, as an application
     does."""
 
-    __slots__ = ("max_tasks", "min_tasks", "ref", "user", "work")
+    user: str
+    min_tasks: int
+    max_tasks: int
+    ref: int
+    work: SpeedupWork | None = None
 
-    def __init__(
-        self, user: str, min_tasks: int, max_tasks: int, ref: int, work: SpeedupWork | None = None
-    ) -> None:
-        self.user = user
-        self.min_tasks = min_tasks
-        self.max_tasks = max_tasks
-        self.ref = ref
-        self.work = work
+
+@frozen
+class GrowSettings:
+    """When malleable jobs ask to grow (``grow-when-idle``, and the grow half of
+    ``grow-shrink``).
+
+    :param margin: a job asks only if growing is expected to save it at least
+        ``margin`` times the reconfiguration cost beyond paying for it (known from
+        its :class:`~.work.SpeedupWork`; jobs without one always ask). An application
+        does not stop to redistribute its data for a gain it will not see.
+    :param when_queue_empty: ask only while no job waits in the queue.
+    :param cooldown: seconds after a job's last resize (or its start) during which it
+        does not ask to grow: applications reconfigure at their synchronisation points,
+        not whenever a slot frees, and a job just shrunk for the queue should not take
+        the slots back at once.
+    """
+
+    margin: float = 1.0
+    when_queue_empty: bool = False
+    cooldown: float = 0.0
 
 
 class RequestCounts:
@@ -177,32 +197,16 @@ class NoDriver(Driver):
 
 
 class GrowWhenIdle(Driver):
-    """Malleable jobs ask to grow toward their max while slots are idle.
-
-    :param margin: a job asks only if growing is expected to save it at least
-        ``margin`` times the reconfiguration cost beyond paying for it (known from
-        its :class:`~.work.SpeedupWork`; jobs without one always ask). An application
-        does not stop to redistribute its data for a gain it will not see.
-    :param when_queue_empty: ask only while no job waits in the queue.
-    :param cooldown: seconds after a job's last resize (or its start) during which it
-        does not ask to grow: applications reconfigure at their synchronisation points,
-        not whenever a slot frees, and a job just shrunk for the queue should not take
-        the slots back at once.
-    """
+    """Malleable jobs ask to grow toward their max while slots are idle, as
+    ``settings`` say (by default: always, whatever the gain)."""
 
     name = "grow-when-idle"
 
     def __init__(
-        self,
-        specs: Mapping[str, MalleableSpec],
-        margin: float = 1.0,
-        when_queue_empty: bool = False,
-        cooldown: float = 0.0,
+        self, specs: Mapping[str, MalleableSpec], settings: GrowSettings | None = None
     ) -> None:
         super().__init__(specs)
-        self.margin = margin
-        self.when_queue_empty = when_queue_empty
-        self.cooldown = cooldown
+        self.settings = GrowSettings() if settings is None else settings
         self._asked: set[str] = set()
 
     def settled(self, controller: EmbeddedController) -> None:
@@ -226,11 +230,12 @@ class GrowWhenIdle(Driver):
 
     def grow(self, ctl: EmbeddedController) -> bool:
         """Share the idle slots out as grow requests; ``True`` if any was made."""
-        if ctl.free_slot_count <= 0 or (self.when_queue_empty and ctl.pending_count):
+        settings = self.settings
+        if ctl.free_slot_count <= 0 or (settings.when_queue_empty and ctl.pending_count):
             return False
         specs, sizes = self._specs, self.sizes
         now = ctl.now()
-        last, ready = self._last, now - self.cooldown
+        last, ready = self._last, now - settings.cooldown
         growable = [j for j, n in sizes.items() if n < specs[j].max_tasks and last[j] <= ready]
         if not growable:
             return False
@@ -248,7 +253,7 @@ class GrowWhenIdle(Driver):
             work = spec.work
             if work is not None:
                 cost = work.model.reconfig_cost
-                if work.gain(now, sizes[job_id] + share) < self.margin * cost:
+                if work.gain(now, sizes[job_id] + share) < settings.margin * cost:
                     continue  # the largest grow is the most worth it: none is
             if self._ask(
                 ctl, self._principal(job_id), job_id, GrowRequest(1, share, no_notify=True)
@@ -336,20 +341,18 @@ class ShrinkForQueue(Driver):
 
 class GrowShrink(Driver):
     """``shrink-for-queue`` and ``grow-when-idle`` together: shrinking comes first.
-    Takes the parameters of both."""
+    Takes the settings of both (``grow`` for the one, ``min_delay`` for the other)."""
 
     name = "grow-shrink"
 
     def __init__(
         self,
         specs: Mapping[str, MalleableSpec],
-        margin: float = 1.0,
-        when_queue_empty: bool = False,
-        cooldown: float = 0.0,
+        grow: GrowSettings | None = None,
         min_delay: float = 0.0,
     ) -> None:
         super().__init__(specs)
-        self._grow = GrowWhenIdle({}, margin, when_queue_empty, cooldown)
+        self._grow = GrowWhenIdle({}, grow)
         self._shrink = ShrinkForQueue({}, min_delay)
         # One view of the jobs: the parts share the specs, sizes and counters.
         for part in (self._grow, self._shrink):
@@ -402,12 +405,11 @@ def make_driver(
     """A driver by name (see :data:`DRIVERS`) with its settings (those a driver does
     not use are ignored); a bad name raises ``ValueError``."""
     specs = specs or {}
+    grow = GrowSettings(grow_margin, grow_when_queue_empty, grow_cooldown)
     if name == "grow-shrink":
-        return GrowShrink(
-            specs, grow_margin, grow_when_queue_empty, grow_cooldown, shrink_min_delay
-        )
+        return GrowShrink(specs, grow, shrink_min_delay)
     if name == "grow-when-idle":
-        return GrowWhenIdle(specs, grow_margin, grow_when_queue_empty, grow_cooldown)
+        return GrowWhenIdle(specs, grow)
     if name == "shrink-for-queue":
         return ShrinkForQueue(specs, shrink_min_delay)
     if name == "none":

@@ -344,24 +344,18 @@ class RunResult:
         return out
 
 
+@attrs.define
 class _Feeder:
     """Submits the trace's jobs as they arrive (one timeline entry at a time, so the
     controller never holds more than the jobs that arrived and have not ended)."""
 
-    def __init__(
-        self,
-        ctl: EmbeddedController,
-        jobs: Sequence[SimJob],
-        mode: Mode,
-        model: SpeedupModel,
-        on_submit: Callable[[SimJob, bool, SpeedupWork | None], None],
-    ) -> None:
-        self.ctl = ctl
-        self.jobs = jobs
-        self.mode = mode
-        self.model = model
-        self.on_submit = on_submit
-        self.i = 0
+    ctl: EmbeddedController
+    jobs: Sequence[SimJob]
+    mode: Mode
+    model: SpeedupModel
+    on_submit: Callable[[SimJob, bool, SpeedupWork | None], None]
+    #: The next job to submit.
+    i: int = attrs.field(default=0, init=False)
 
     def start(self) -> None:
         if self.jobs:
