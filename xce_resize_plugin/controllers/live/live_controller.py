@@ -60,7 +60,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import pluggy
 from attrs import frozen
@@ -82,7 +82,7 @@ from xce_resize_plugin.controllers.runners import (
 from xce_resize_plugin.controllers.sim.sim_controller import EmbeddedController
 from xce_resize_plugin.controllers.violations import UnknownJob
 from xce_resize_plugin.core import converters
-from xce_resize_plugin.core.models import GrowHosts, JobInfo, JobState, Task, format_hosts
+from xce_resize_plugin.core.models import GrowHosts, JobState, Task, allocation_env
 from xce_resize_plugin.errors import (
     FencedError,
     InvalidRequest,
@@ -277,18 +277,6 @@ def _task_range(body: Mapping[str, Any]) -> tuple[int, int]:
     return lo, hi
 
 
-def allocation_env(tasks: Sequence[Task], version: int, resizable: bool) -> dict[str, str]:
-    """The allocation as a task sees it (the same names the plugin uses for grows)."""
-    mcpu = format_hosts(tasks)
-    return {
-        "XCE_HOSTS": mcpu,
-        "LSB_MCPU_HOSTS": mcpu,
-        "LSB_HOSTS": " ".join(t.host for t in tasks),
-        "XCE_ALLOC_VERSION": str(version),
-        "LSB_RESIZABLE": "Y" if resizable else "N",
-    }
-
-
 StartTask = Callable[[str, Task, Mapping[str, str]], None]
 StopTask = Callable[[str, int, float, float], None]
 
@@ -321,6 +309,34 @@ class LiveNotificationRunner:
 
     def run(self, request: NotificationRequest, done: NotificationDone) -> None:
         self._run(request, done)
+
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _forward(
+    method: Callable[Concatenate[EmbeddedController, _P], _R], crash: str | None = None
+) -> Callable[Concatenate[LiveController, _P], _R]:
+    """A Controller protocol method of the live controller: the embedded controller's
+    ``method``, then the crash point ``crash`` if one is given (see :data:`CRASH_ENV`).
+
+    The signatures stay where the protocol and the embedded controller state them; mypy
+    checks every forward against both.
+    """
+    if crash is not None and crash not in CRASH_POINTS:
+        raise ValueError(f"unknown crash point {crash!r}")
+
+    def forward(self: LiveController, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        result = method(self.embedded, *args, **kwargs)
+        if crash is not None:
+            self._crash(crash)
+        return result
+
+    forward.__name__ = method.__name__
+    forward.__qualname__ = f"LiveController.{method.__name__}"
+    forward.__doc__ = method.__doc__
+    return forward
 
 
 class LiveController:
@@ -591,8 +607,9 @@ class LiveController:
     def state_dir(self) -> Path:
         return self.embedded.state_dir
 
-    def now(self) -> float:
-        return self.embedded.now()
+    now = _forward(EmbeddedController.now)
+    get_job = _forward(EmbeddedController.get_job)
+    slot_headroom = _forward(EmbeddedController.slot_headroom)
 
     def authenticate(self, token: str | None) -> Principal | None:
         if not token:
@@ -607,41 +624,14 @@ class LiveController:
                 return None
             return Principal(job.user, admin=False, job_id=job.id)
 
-    def get_job(self, job_id: str) -> JobInfo | None:
-        return self.embedded.get_job(job_id)
-
-    def slot_headroom(self, user: str) -> int | None:
-        return self.embedded.slot_headroom(user)
-
     # The plugin calls the methods below from inside its hooks, whose calls hold the
     # lock (the hook-call monitor): the crash points come before any other input.
 
-    def reserve_slots(self, job_id: str, tasks: Sequence[Task]) -> None:
-        self.embedded.reserve_slots(job_id, tasks)
-        self._crash("after-reserve")
-
-    def free_slots(self, job_id: str, task_ids: Sequence[int]) -> None:
-        self.embedded.free_slots(job_id, task_ids)
-
-    def launch_tasks(self, job_id: str, tasks: Sequence[Task], env: Mapping[str, str]) -> None:
-        self.embedded.launch_tasks(job_id, tasks, env)
-        self._crash("after-launch")
-
-    def stop_tasks(self, job_id: str, task_ids: Sequence[int], grace: float) -> None:
-        self.embedded.stop_tasks(job_id, task_ids, grace)
-        self._crash("after-stop")
-
-    def run_notification(
-        self,
-        job_id: str,
-        attempt: int,
-        host: str,
-        command: str,
-        env: Mapping[str, str],
-        timeout: float,
-    ) -> None:
-        self.embedded.run_notification(job_id, attempt, host, command, env, timeout)
-        self._crash("after-notify")
+    reserve_slots = _forward(EmbeddedController.reserve_slots, crash="after-reserve")
+    free_slots = _forward(EmbeddedController.free_slots)
+    launch_tasks = _forward(EmbeddedController.launch_tasks, crash="after-launch")
+    stop_tasks = _forward(EmbeddedController.stop_tasks, crash="after-stop")
+    run_notification = _forward(EmbeddedController.run_notification, crash="after-notify")
 
     def commit_allocation(self, job_id: str, tasks: Sequence[Task], version: int) -> None:
         with self.lock:
