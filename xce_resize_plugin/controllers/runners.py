@@ -97,6 +97,29 @@ class TaskRunner(Protocol):
     def stop(self, job_id: str, task_id: int, grace: float, since: float) -> None: ...
 
 
+class InRunner:
+    """Whether a call to a task runner is under way (``with in_runner:`` around each).
+
+    A runner may report inside the call that started or stopped a task (the simulated
+    one does); such a report answers that call ("sync"), which the controller tells its
+    observers and a recording keeps.
+    """
+
+    __slots__ = ("_depth",)
+
+    def __init__(self) -> None:
+        self._depth = 0
+
+    def __enter__(self) -> None:
+        self._depth += 1
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._depth -= 1
+
+    def __bool__(self) -> bool:
+        return self._depth > 0
+
+
 StartFailurePredicate = Callable[[str, Task], "bool | str"]
 
 

@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, TypeVar
 
-from attrs import field, frozen
+from attrs import AttrsInstance, field, fields, frozen
+
+_A = TypeVar("_A", bound=AttrsInstance)
 
 
 class JobState(enum.Enum):
@@ -78,6 +81,16 @@ def allocation_env(tasks: Sequence[Task], version: int, resizable: bool) -> dict
         "XCE_ALLOC_VERSION": str(version),
         "LSB_RESIZABLE": "Y" if resizable else "N",
     }
+
+
+def project(cls: type[_A], source: object, **values: Any) -> _A:
+    """An instance of the attrs class ``cls`` whose fields are ``source``'s attributes
+    of the same names, but for those given in ``values``: one frozen view of a record
+    or a state, its fields named once, in ``cls`` (a field ``source`` lacks raises)."""
+    for attribute in fields(cls):
+        if attribute.name not in values:
+            values[attribute.name] = getattr(source, attribute.name)
+    return cls(**values)
 
 
 @frozen

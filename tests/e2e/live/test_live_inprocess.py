@@ -14,9 +14,10 @@ from typing import Any
 import pytest
 
 from xce_resize_plugin.controllers.live import settings as live_config
-from xce_resize_plugin.controllers.live.live_controller import LiveController, parse_submission
+from xce_resize_plugin.controllers.live.live_controller import LiveController
 from xce_resize_plugin.controllers.live.live_store import LiveStore
 from xce_resize_plugin.controllers.live.server import build_app
+from xce_resize_plugin.controllers.live.submission import parse_submission
 from xce_resize_plugin.core.models import GrowRequest, ReleaseRequest
 from xce_resize_plugin.errors import ConfigError, FencedError, InvalidRequest, ResizeError
 from xce_resize_plugin.host import Principal

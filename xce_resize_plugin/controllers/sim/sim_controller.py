@@ -67,6 +67,7 @@ from xce_resize_plugin.controllers.jobs import (
 )
 from xce_resize_plugin.controllers.observer import FinishedJob, Observer
 from xce_resize_plugin.controllers.runners import (
+    InRunner,
     NotificationRequest,
     NotificationResult,
     NotificationRunner,
@@ -281,9 +282,8 @@ class EmbeddedController:
         self._host: Controller = hook_controller if hook_controller is not None else self
         self._lock: AbstractContextManager[Any] = lock if lock is not None else threading.RLock()
         self._resume_tasks = resume_tasks
-        # How deep the controller is in a call to its task runner: a report made inside
-        # one answers that call ("sync" for observers).
-        self._runner_depth = 0
+        # A report made inside a call to the task runner answers it ("sync").
+        self._in_runner = InRunner()
         self.task_event_batches = task_event_batches
         self._state_dir = Path(state_dir)
         self._state_dir.mkdir(parents=True, exist_ok=True)
@@ -480,11 +480,8 @@ class EmbeddedController:
                     )
                 job.task_states[task.id] = TaskRecord(task.host, TaskState.STARTING, self.now())
                 self._changed(job_id)
-                self._runner_depth += 1
-                try:
+                with self._in_runner:
                     self._runner.start(job_id, task, dict(env))
-                finally:
-                    self._runner_depth -= 1
             self._flush()
 
     def stop_tasks(self, job_id: str, task_ids: Sequence[int], grace: float) -> None:
@@ -638,17 +635,14 @@ class EmbeddedController:
         # STARTING: the runner's report is still to come.
 
     def _runner_stop(self, job_id: str, task_id: int, grace: float, since: float) -> None:
-        self._runner_depth += 1
-        try:
+        with self._in_runner:
             self._runner.stop(job_id, task_id, grace, since)
-        finally:
-            self._runner_depth -= 1
 
     def _reported(self, event: TaskEvent) -> None:
         """Queue a runner's report for the plugin, and tell the observers."""
         self._events.put(event)
         if self._on_task:
-            sync = self._runner_depth > 0
+            sync = bool(self._in_runner)
             for fn in self._on_task:
                 fn(event, sync)
 
