@@ -13,6 +13,8 @@ without touching the controller:
   notification command for real with ``/bin/sh -c`` and reports its result through a
   callback. :class:`ScriptedNotificationRunner` answers from a function instead (for
   fast trace simulation and for tests).
+- :class:`InRunner`: whether a call to the task runner is under way (a report made
+  inside one answers it).
 
 The controller does the bookkeeping (task states, idempotency, queuing of plugin
 events); runners only do the work and report.

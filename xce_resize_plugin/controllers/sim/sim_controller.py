@@ -191,12 +191,15 @@ class SimClusterView:
         res = self._reservation
         if res is None:
             return free
-        offered: dict[str, int] = {}
-        for host, n in free.items():
-            # Slots taken since the pass already came out of the extra slots.
-            taken = max(0, self._free_at_pass.get(host, n) - n)
-            offered[host] = max(0, min(n, res.extra.get(host, 0) - taken))
-        return offered
+        return {host: _offered(host, n, res, self._free_at_pass) for host, n in free.items()}
+
+
+def _offered(host: str, free: int, res: Reservation, free_at_pass: Mapping[str, int]) -> int:
+    """How many of ``host``'s ``free`` slots a grow may take without delaying the
+    blocked queue head (reservation ``res``, made when ``host`` had ``free_at_pass``)."""
+    # Slots taken since the pass already came out of the extra slots.
+    taken = max(0, free_at_pass.get(host, free) - free)
+    return max(0, min(free, res.extra.get(host, 0) - taken))
 
 
 class EmbeddedController:
@@ -1077,12 +1080,8 @@ class EmbeddedController:
         if not self.protect_reservation or res is None:
             return self._cluster.free_total
         # SimClusterView.free_slots() summed, over the hosts with free slots only.
-        at_pass, extra = self._free_at_pass, res.extra
-        total = 0
-        for host, n in self._cluster.open_slots().items():
-            taken = max(0, at_pass.get(host, n) - n)
-            total += max(0, min(n, extra.get(host, 0) - taken))
-        return total
+        at_pass = self._free_at_pass
+        return sum(_offered(h, n, res, at_pass) for h, n in self._cluster.open_slots().items())
 
     @property
     def changes(self) -> int:
