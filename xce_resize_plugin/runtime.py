@@ -26,8 +26,10 @@ from xce_resize_plugin.core.models import (
     ResizeRequest,
     ResizeState,
     Task,
+    allocation_env,
     format_hosts,
     host_counts,
+    project,
 )
 from xce_resize_plugin.core.placement import FreeSlotIndex, GrowHostView
 from xce_resize_plugin.core.status import ResizeStatus
@@ -38,18 +40,6 @@ from xce_resize_plugin.policy import HookPolicy
 
 #: LSF's notification exit values (reference: not documented by LSF; we use 0 and 1).
 NOTIFY_OK, NOTIFY_FAIL = "0", "1"
-
-
-def allocation_env(tasks: Sequence[Task], version: int) -> dict[str, str]:
-    """The allocation as tasks and notification commands see it (LSF and XCE names)."""
-    mcpu = format_hosts(tasks)
-    return {
-        "XCE_HOSTS": mcpu,
-        "LSB_MCPU_HOSTS": mcpu,
-        "LSB_HOSTS": " ".join(t.host for t in tasks),
-        "XCE_ALLOC_VERSION": str(version),
-        "LSB_RESIZABLE": "Y",
-    }
 
 
 class Runtime:
@@ -148,14 +138,9 @@ class Runtime:
                 return ResizeStatus(job.id, Phase.IDLE, job.tasks, job.min_tasks, job.max_tasks, 0)
             state = converters.decode_state(stored)
         change = state.change
-        return ResizeStatus(
-            job_id=state.job_id,
-            phase=state.phase,
-            tasks=state.tasks,
-            min_tasks=state.min_tasks,
-            max_tasks=state.max_tasks,
-            version=state.version,
-            pending=state.pending,
+        return project(
+            ResizeStatus,
+            state,
             in_flight=change.kind if change else None,
             in_flight_tasks=change.tasks if change else (),
         )
@@ -355,8 +340,12 @@ class Runtime:
                 if effect.tasks:
                     state = self.states[effect.job_id]
                     after = state.tasks + effect.tasks
+                    # Only a resizable job changes size (hence resizable=True, here and
+                    # in the notification's environment).
                     ctl.launch_tasks(
-                        effect.job_id, effect.tasks, allocation_env(after, state.version + 1)
+                        effect.job_id,
+                        effect.tasks,
+                        allocation_env(after, state.version + 1, resizable=True),
                     )
             elif isinstance(effect, engine.Stop):
                 if effect.task_ids:
@@ -377,7 +366,7 @@ class Runtime:
         if job is None or state is None or not state.tasks:
             return
         env: dict[str, str] = dict(job.env)
-        env.update(allocation_env(effect.after, state.version + 1))
+        env.update(allocation_env(effect.after, state.version + 1, resizable=True))
         env.update(
             {
                 "LSB_JOBID": job.id,

@@ -15,7 +15,22 @@ from typing import Any
 
 from attrs import define, field, frozen
 
-from xce_resize_plugin.core.models import GrowHosts, JobInfo, JobState, Task
+from xce_resize_plugin.core.models import GrowHosts, JobInfo, JobState, Task, project
+
+#: The job options a submission gives under these names wherever it comes from: a
+#: scenario file's ``[[jobs]]`` and a ``POST /v1/jobs`` body to the live controller
+#: (``tasks``, or ``min_tasks`` and ``max_tasks``, is ``bsub -n``).
+SUBMIT_OPTIONS = {
+    "tasks",
+    "min_tasks",
+    "max_tasks",
+    "ptile",
+    "resizable",
+    "grow_hosts",
+    "notify_cmd",
+    "estimate",
+    "alloc",
+}
 
 
 class TaskState(enum.Enum):
@@ -145,28 +160,13 @@ class JobRecord:
         return job_info(self)
 
     def view(self, held: Mapping[int, str]) -> JobView:
-        return JobView(
-            id=self.id,
-            user=self.user,
-            state=self.state,
-            min_tasks=self.min_tasks,
-            max_tasks=self.max_tasks,
-            tasks=self.tasks,
+        return project(
+            JobView,
+            self,
             held=tuple(Task(tid, host) for tid, host in held.items()),
             task_states={tid: rec.state for tid, rec in self.task_states.items()},
-            resizable=self.resizable,
-            ptile=self.ptile,
-            grow_hosts=self.grow_hosts,
-            notify_cmd=self.notify_cmd,
-            runtime=self.runtime,
-            estimate=self.estimate,
-            submit_time=self.submit_time,
-            start_time=self.start_time,
-            end_time=self.end_time,
             env=dict(self.env),
-            version=self.version,
             versions=tuple(self.versions),
-            exit_reason=self.exit_reason,
         )
 
 
@@ -233,18 +233,4 @@ class JobView:
 
 def job_info(job: JobRecord | JobView) -> JobInfo:
     """The plugin's view of a job (the record and its frozen view share these fields)."""
-    return JobInfo(
-        id=job.id,
-        user=job.user,
-        state=job.state,
-        min_tasks=job.min_tasks,
-        max_tasks=job.max_tasks,
-        tasks=job.tasks,
-        resizable=job.resizable,
-        ptile=job.ptile,
-        grow_hosts=job.grow_hosts,
-        notify_cmd=job.notify_cmd,
-        start_time=job.start_time,
-        end_time=job.end_time,
-        env=dict(job.env),
-    )
+    return project(JobInfo, job, env=dict(job.env))

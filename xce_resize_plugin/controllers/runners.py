@@ -13,6 +13,8 @@ without touching the controller:
   notification command for real with ``/bin/sh -c`` and reports its result through a
   callback. :class:`ScriptedNotificationRunner` answers from a function instead (for
   fast trace simulation and for tests).
+- :class:`InRunner`: whether a call to the task runner is under way (a report made
+  inside one answers it).
 
 The controller does the bookkeeping (task states, idempotency, queuing of plugin
 events); runners only do the work and report.
@@ -95,6 +97,29 @@ class TaskRunner(Protocol):
     def start(self, job_id: str, task: Task, env: Mapping[str, str]) -> None: ...
 
     def stop(self, job_id: str, task_id: int, grace: float, since: float) -> None: ...
+
+
+class InRunner:
+    """Whether a call to a task runner is under way (``with in_runner:`` around each).
+
+    A runner may report inside the call that started or stopped a task (the simulated
+    one does); such a report answers that call ("sync"), which the controller tells its
+    observers and a recording keeps.
+    """
+
+    __slots__ = ("_depth",)
+
+    def __init__(self) -> None:
+        self._depth = 0
+
+    def __enter__(self) -> None:
+        self._depth += 1
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._depth -= 1
+
+    def __bool__(self) -> bool:
+        return self._depth > 0
 
 
 StartFailurePredicate = Callable[[str, Task], "bool | str"]

@@ -42,6 +42,12 @@ class Where:
             known = ", ".join(sorted(keys))
             raise self.error(f"{name}.{unknown[0]}", f"unknown key (known: {known})")
 
+    def section(self, data: Mapping[str, Any], name: str, keys: set[str]) -> Mapping[str, Any]:
+        """The table ``[name]`` (default empty), holding none but ``keys``."""
+        table = self.table(data, name)
+        self.only(name, table, keys)
+        return table
+
     def int_map(self, key: str, value: Any, check: IntCheck) -> dict[str, int]:
         """``value``, a table of ``name = integer`` at ``key``, each value ``check``-ed."""
         if not isinstance(value, Mapping):

@@ -7,9 +7,12 @@ Everything here is immutable; state changes are made with :func:`attrs.evolve`.
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, TypeVar
 
-from attrs import field, frozen
+from attrs import AttrsInstance, field, fields, frozen
+
+_A = TypeVar("_A", bound=AttrsInstance)
 
 
 class JobState(enum.Enum):
@@ -65,6 +68,29 @@ def host_counts(tasks: Iterable[Task]) -> dict[str, int]:
 def format_hosts(tasks: Iterable[Task]) -> str:
     """``hostA 2 hostB 1``, the form of ``LSB_RESIZE_HOSTS`` and ``LSB_MCPU_HOSTS``."""
     return " ".join(f"{host} {n}" for host, n in host_counts(tasks).items())
+
+
+def allocation_env(tasks: Sequence[Task], version: int, resizable: bool) -> dict[str, str]:
+    """A job's allocation as its tasks and notification commands see it, under LSF's and
+    XCE's names: set by the host when the job starts, by the plugin at every change."""
+    mcpu = format_hosts(tasks)
+    return {
+        "XCE_HOSTS": mcpu,
+        "LSB_MCPU_HOSTS": mcpu,
+        "LSB_HOSTS": " ".join(t.host for t in tasks),
+        "XCE_ALLOC_VERSION": str(version),
+        "LSB_RESIZABLE": "Y" if resizable else "N",
+    }
+
+
+def project(cls: type[_A], source: object, **values: Any) -> _A:
+    """An instance of the attrs class ``cls`` whose fields are ``source``'s attributes
+    of the same names, but for those given in ``values``: one frozen view of a record
+    or a state, its fields named once, in ``cls`` (a field ``source`` lacks raises)."""
+    for attribute in fields(cls):
+        if attribute.name not in values:
+            values[attribute.name] = getattr(source, attribute.name)
+    return cls(**values)
 
 
 @frozen

@@ -14,9 +14,10 @@ from typing import Any
 import pytest
 
 from xce_resize_plugin.controllers.live import settings as live_config
-from xce_resize_plugin.controllers.live.live_controller import LiveController, parse_submission
+from xce_resize_plugin.controllers.live.live_controller import LiveController
 from xce_resize_plugin.controllers.live.live_store import LiveStore
 from xce_resize_plugin.controllers.live.server import build_app
+from xce_resize_plugin.controllers.live.submission import parse_submission
 from xce_resize_plugin.core.models import GrowRequest, ReleaseRequest
 from xce_resize_plugin.errors import ConfigError, FencedError, InvalidRequest, ResizeError
 from xce_resize_plugin.host import Principal
@@ -70,6 +71,25 @@ def test_config(tmp_path: Path) -> None:
             _config(tmp_path, bad)
 
 
+def test_config_names_its_first_mistake(tmp_path: Path) -> None:
+    """Keys are checked in the order of the file's sections; the first bad one is named."""
+    bad_url = GOOD.replace('state_dir = "state"', 'state_dir = "state"\nurl = "ftp://x"')
+    bad_hosts = bad_url.replace("h1 = 2", 'h1 = "2"')
+    bad_admins = bad_hosts.replace('admins = ["root"]', "admins = [1]")
+    for text, where in (
+        (bad_admins, "controller.url"),
+        (bad_admins.replace('url = "ftp://x"', ""), "cluster.hosts.h1"),
+        (bad_admins.replace('url = "ftp://x"', "").replace('h1 = "2"', "h1 = 2"), "users.admins"),
+        (GOOD.replace('state_dir = "state"', 'state_dir = "state"\nkill_grace = -1'), "kill_grace"),
+        (GOOD.replace('state_dir = "state"', 'state_dir = "s"\nrecord = ""'), "controller.record"),
+        (GOOD.replace('state_dir = "state"', 'state_dir = "s"\nmanage_workers = 1'), "manage"),
+    ):
+        with pytest.raises(ConfigError, match=where.replace(".", r"\.")):
+            _config(tmp_path, text)
+    cfg = _config(tmp_path, GOOD.replace('state_dir = "state"', 'state_dir = "s"\nrecord = "r"'))
+    assert cfg.record == (tmp_path / "r").resolve() and cfg.manage_workers
+
+
 def test_store_fencing(tmp_path: Path) -> None:
     """Two controllers on one state directory: the older one's writes fail. (The newer
     store is opened by another process, as it would be: LMDB allows one handle per
@@ -119,6 +139,14 @@ def test_parse_submission() -> None:
     ):
         with pytest.raises(InvalidRequest, match=field.replace("$", r"\$").replace(".", r"\.")):
             parse_submission(body)
+    # Several bad fields: the first in the order of the Submission's fields is named.
+    with pytest.raises(InvalidRequest, match=r"@ \$\.ptile"):
+        parse_submission({"command": ["x"], "alloc": {}, "env": [], "ptile": "2"})
+    sub = parse_submission(
+        {"command": ["x"], "estimate": 5, "alloc": {"h1": 1}, "env": {"A": "b"}, "cwd": "/"}
+    )
+    assert sub.estimate == 5.0 and isinstance(sub.estimate, float)
+    assert sub.alloc == (("h1", 1),) and sub.env == {"A": "b"} and sub.cwd == "/"
 
 
 def test_openapi_matches_served_routes(tmp_path: Path) -> None:

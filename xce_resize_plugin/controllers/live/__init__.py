@@ -1,17 +1,16 @@
 """The live embedded controller: real time, real processes, REST on loopback.
 
-See docs/live-controller.md.
-
-
-- :mod:`.config`: the TOML configuration (``[controller]``, ``[cluster]``, ``[users]``,
+- :mod:`.settings`: the TOML configuration (``[controller]``, ``[cluster]``, ``[users]``,
   ``[limits]``, ``[resize]``);
 - :mod:`.worker`: the per-host worker agent (``xce-resize worker``) that runs tasks and
-  notification commands;
+  notification commands; :mod:`.proc`, the process helpers it shares with the controller;
 - :mod:`.tasks`: the controller's channels to the agents (commands, events, liveness);
-- :mod:`.store`: the controller's own LMDB state with fencing;
+- :mod:`.live_store`: the controller's own LMDB state with fencing;
+- :mod:`.submission`: a job submission (``POST /v1/jobs``), checked;
 - :mod:`.live_controller`: :class:`~.live_controller.LiveController`, which holds an
   embedded controller on the wall clock;
-- :mod:`.server`: the REST API and the ``xce-resize controller`` process.
+- :mod:`.host_routes` and :mod:`.server`: the REST API and the ``xce-resize controller``
+  process.
 
 Nothing heavy is imported here: the command line imports what it runs.
 See docs/live-controller.md.

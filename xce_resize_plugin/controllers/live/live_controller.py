@@ -60,16 +60,16 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import pluggy
-from attrs import frozen
 from pluggy import HookImpl
 
 from xce_resize_plugin.controllers.jobs import JobRecord, TaskRecord, TaskState
 from xce_resize_plugin.controllers.live.live_store import LiveStore
 from xce_resize_plugin.controllers.live.proc import atomic_write
 from xce_resize_plugin.controllers.live.settings import LiveConfig
+from xce_resize_plugin.controllers.live.submission import parse_submission
 from xce_resize_plugin.controllers.live.tasks import Queued, WorkerFleet
 from xce_resize_plugin.controllers.observer import LiveObserver, Observer
 from xce_resize_plugin.controllers.runners import (
@@ -82,10 +82,9 @@ from xce_resize_plugin.controllers.runners import (
 from xce_resize_plugin.controllers.sim.sim_controller import EmbeddedController
 from xce_resize_plugin.controllers.violations import UnknownJob
 from xce_resize_plugin.core import converters
-from xce_resize_plugin.core.models import GrowHosts, JobInfo, JobState, Task, format_hosts
+from xce_resize_plugin.core.models import JobState, Task, allocation_env
 from xce_resize_plugin.errors import (
     FencedError,
-    InvalidRequest,
     JobFinished,
     JournalError,
     NoJob,
@@ -102,8 +101,6 @@ TICK = 0.1
 FENCE_CHECK = 0.5
 #: Task states whose process may still be alive.
 LIVE = (TaskState.STARTING, TaskState.RUNNING, TaskState.STOPPING)
-#: Largest submission fields (bytes / entries), so one request cannot bloat the state.
-MAX_ARGV, MAX_ENV = 256, 256
 #: Fault injection for the failover tests: ``XCE_LIVE_CRASH=POINT`` makes the
 #: controller SIGKILL itself at that point (the first time it is reached). Points:
 #: ``after-request`` (a resize request is durable, its answer not sent yet),
@@ -147,148 +144,6 @@ class SubmitRejected(ResizeError):
     http_status = 400
 
 
-@frozen
-class Submission:
-    """A checked ``POST /v1/jobs`` body."""
-
-    command: tuple[str, ...]
-    tasks: tuple[int, int]
-    ptile: int | None = None
-    resizable: bool = False
-    grow_hosts: GrowHosts = GrowHosts.PREFER_EXISTING
-    notify_cmd: str | None = None
-    env: Mapping[str, str] = {}
-    cwd: str | None = None
-    estimate: float | None = None
-    alloc: tuple[tuple[str, int], ...] | None = None
-
-
-SUBMIT_KEYS = {
-    "command",
-    "tasks",
-    "min_tasks",
-    "max_tasks",
-    "ptile",
-    "resizable",
-    "grow_hosts",
-    "notify_cmd",
-    "env",
-    "cwd",
-    "estimate",
-    "alloc",
-}
-
-
-def parse_submission(body: Any) -> Submission:
-    """Check a submission body; :class:`InvalidRequest` names the field (``@ $.tasks``)."""
-    if not isinstance(body, Mapping):
-        raise InvalidRequest("submit: expected a JSON object")
-    unknown = sorted(set(body) - SUBMIT_KEYS)
-    if unknown:
-        raise InvalidRequest(f"submit: unknown field @ $.{unknown[0]}")
-    command = body.get("command")
-    if (
-        not isinstance(command, list)
-        or not command
-        or len(command) > MAX_ARGV
-        or not all(isinstance(a, str) and "\0" not in a for a in command)
-    ):
-        raise InvalidRequest("submit: command must be a non-empty list of strings @ $.command")
-    tasks = _task_range(body)
-    ptile = body.get("ptile")
-    if ptile is not None and (isinstance(ptile, bool) or not isinstance(ptile, int)):
-        raise InvalidRequest("submit: ptile must be an integer @ $.ptile")
-    resizable = body.get("resizable", False)
-    if not isinstance(resizable, bool):
-        raise InvalidRequest("submit: resizable must be true or false @ $.resizable")
-    try:
-        grow_hosts = GrowHosts(body.get("grow_hosts", GrowHosts.PREFER_EXISTING.value))
-    except ValueError:
-        known = ", ".join(g.value for g in GrowHosts)
-        raise InvalidRequest(f"submit: grow_hosts must be one of {known} @ $.grow_hosts") from None
-    notify = body.get("notify_cmd")
-    if notify is not None and not isinstance(notify, str):
-        raise InvalidRequest("submit: notify_cmd must be a string @ $.notify_cmd")
-    env = body.get("env", {})
-    if (
-        not isinstance(env, Mapping)
-        or len(env) > MAX_ENV
-        or not all(isinstance(k, str) and k and "=" not in k and "\0" not in k for k in env)
-        or not all(isinstance(v, str) and "\0" not in v for v in env.values())
-    ):
-        raise InvalidRequest("submit: env must map variable names to strings @ $.env")
-    cwd = body.get("cwd")
-    if cwd is not None and (not isinstance(cwd, str) or not os.path.isabs(cwd)):
-        raise InvalidRequest("submit: cwd must be an absolute path @ $.cwd")
-    if cwd is not None and not os.path.isdir(cwd):
-        raise InvalidRequest(f"submit: no such directory {cwd} @ $.cwd")
-    estimate = body.get("estimate")
-    if estimate is not None and (
-        isinstance(estimate, bool) or not isinstance(estimate, int | float) or estimate < 0
-    ):
-        raise InvalidRequest("submit: estimate must be a number of seconds @ $.estimate")
-    alloc = body.get("alloc")
-    if alloc is not None:
-        if (
-            not isinstance(alloc, Mapping)
-            or not alloc
-            or not all(isinstance(h, str) for h in alloc)
-            or not all(isinstance(n, int) and not isinstance(n, bool) for n in alloc.values())
-        ):
-            raise InvalidRequest("submit: alloc must map host names to task counts @ $.alloc")
-        alloc = tuple(alloc.items())
-    return Submission(
-        command=tuple(command),
-        tasks=tasks,
-        ptile=ptile,
-        resizable=resizable,
-        grow_hosts=grow_hosts,
-        notify_cmd=notify,
-        env=dict(env),
-        cwd=cwd,
-        estimate=None if estimate is None else float(estimate),
-        alloc=alloc,
-    )
-
-
-def _task_range(body: Mapping[str, Any]) -> tuple[int, int]:
-    def count(key: str, value: Any) -> int:
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise InvalidRequest(f"submit: {key} must be an integer >= 1 @ $.{key}")
-        return value
-
-    if "tasks" in body:
-        if "min_tasks" in body or "max_tasks" in body:
-            raise InvalidRequest("submit: give tasks or min_tasks/max_tasks, not both @ $.tasks")
-        value = body["tasks"]
-        if isinstance(value, str):
-            parts = value.split(",")
-            if len(parts) == 2 and all(p.strip().isdigit() for p in parts):
-                lo, hi = (int(p) for p in parts)
-            else:
-                raise InvalidRequest('submit: tasks must be N or "MIN,MAX" @ $.tasks')
-        else:
-            lo = hi = count("tasks", value)
-    else:
-        hi = count("max_tasks", body.get("max_tasks", body.get("min_tasks", 1)))
-        lo = count("min_tasks", body.get("min_tasks", hi))
-    if not 1 <= lo <= hi:
-        raise InvalidRequest(f"submit: needs 1 <= min <= max, got {lo},{hi} @ $.tasks")
-    return lo, hi
-
-
-def allocation_env(tasks: Sequence[Task], version: int, resizable: bool) -> dict[str, str]:
-    """The allocation as a task sees it (the same names the plugin uses for grows)."""
-    mcpu = format_hosts(tasks)
-    return {
-        "XCE_HOSTS": mcpu,
-        "LSB_MCPU_HOSTS": mcpu,
-        "LSB_HOSTS": " ".join(t.host for t in tasks),
-        "XCE_ALLOC_VERSION": str(version),
-        "LSB_RESIZABLE": "Y" if resizable else "N",
-    }
-
-
 StartTask = Callable[[str, Task, Mapping[str, str]], None]
 StopTask = Callable[[str, int, float, float], None]
 
@@ -321,6 +176,34 @@ class LiveNotificationRunner:
 
     def run(self, request: NotificationRequest, done: NotificationDone) -> None:
         self._run(request, done)
+
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _forward(
+    method: Callable[Concatenate[EmbeddedController, _P], _R], crash: str | None = None
+) -> Callable[Concatenate[LiveController, _P], _R]:
+    """A Controller protocol method of the live controller: the embedded controller's
+    ``method``, then the crash point ``crash`` if one is given (see :data:`CRASH_ENV`).
+
+    The signatures stay where the protocol and the embedded controller state them; mypy
+    checks every forward against both.
+    """
+    if crash is not None and crash not in CRASH_POINTS:
+        raise ValueError(f"unknown crash point {crash!r}")
+
+    def forward(self: LiveController, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        result = method(self.embedded, *args, **kwargs)
+        if crash is not None:
+            self._crash(crash)
+        return result
+
+    forward.__name__ = method.__name__
+    forward.__qualname__ = f"LiveController.{method.__name__}"
+    forward.__doc__ = method.__doc__
+    return forward
 
 
 class LiveController:
@@ -591,8 +474,9 @@ class LiveController:
     def state_dir(self) -> Path:
         return self.embedded.state_dir
 
-    def now(self) -> float:
-        return self.embedded.now()
+    now = _forward(EmbeddedController.now)
+    get_job = _forward(EmbeddedController.get_job)
+    slot_headroom = _forward(EmbeddedController.slot_headroom)
 
     def authenticate(self, token: str | None) -> Principal | None:
         if not token:
@@ -607,41 +491,14 @@ class LiveController:
                 return None
             return Principal(job.user, admin=False, job_id=job.id)
 
-    def get_job(self, job_id: str) -> JobInfo | None:
-        return self.embedded.get_job(job_id)
-
-    def slot_headroom(self, user: str) -> int | None:
-        return self.embedded.slot_headroom(user)
-
     # The plugin calls the methods below from inside its hooks, whose calls hold the
     # lock (the hook-call monitor): the crash points come before any other input.
 
-    def reserve_slots(self, job_id: str, tasks: Sequence[Task]) -> None:
-        self.embedded.reserve_slots(job_id, tasks)
-        self._crash("after-reserve")
-
-    def free_slots(self, job_id: str, task_ids: Sequence[int]) -> None:
-        self.embedded.free_slots(job_id, task_ids)
-
-    def launch_tasks(self, job_id: str, tasks: Sequence[Task], env: Mapping[str, str]) -> None:
-        self.embedded.launch_tasks(job_id, tasks, env)
-        self._crash("after-launch")
-
-    def stop_tasks(self, job_id: str, task_ids: Sequence[int], grace: float) -> None:
-        self.embedded.stop_tasks(job_id, task_ids, grace)
-        self._crash("after-stop")
-
-    def run_notification(
-        self,
-        job_id: str,
-        attempt: int,
-        host: str,
-        command: str,
-        env: Mapping[str, str],
-        timeout: float,
-    ) -> None:
-        self.embedded.run_notification(job_id, attempt, host, command, env, timeout)
-        self._crash("after-notify")
+    reserve_slots = _forward(EmbeddedController.reserve_slots, crash="after-reserve")
+    free_slots = _forward(EmbeddedController.free_slots)
+    launch_tasks = _forward(EmbeddedController.launch_tasks, crash="after-launch")
+    stop_tasks = _forward(EmbeddedController.stop_tasks, crash="after-stop")
+    run_notification = _forward(EmbeddedController.run_notification, crash="after-notify")
 
     def commit_allocation(self, job_id: str, tasks: Sequence[Task], version: int) -> None:
         with self.lock:

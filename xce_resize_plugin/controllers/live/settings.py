@@ -113,60 +113,25 @@ def parse(data: Mapping[str, Any], path: Path) -> LiveConfig:
     unknown = sorted(set(data) - SECTIONS)
     if unknown:
         raise where.error(unknown[0], f"unknown section (known: {', '.join(sorted(SECTIONS))})")
-    ctl = where.table(data, "controller")
-    where.only("controller", ctl, CONTROLLER_KEYS)
+    ctl = where.section(data, "controller", CONTROLLER_KEYS)
     host, port = parse_listen(ctl.get("listen", DEFAULT_LISTEN), where)
-    if "state_dir" not in ctl or not isinstance(ctl["state_dir"], str) or not ctl["state_dir"]:
-        raise where.error("controller.state_dir", "missing or not a path string")
-    state_dir = (base / ctl["state_dir"]).resolve()
-    url = ctl.get("url")
-    if url is not None and (not isinstance(url, str) or not url.startswith("http")):
-        raise where.error("controller.url", f"must be an http URL, got {url!r}")
-    manage = ctl.get("manage_workers", True)
-    if not isinstance(manage, bool):
-        raise where.error("controller.manage_workers", "must be true or false")
-    kill_grace = _number(where, "controller.kill_grace", ctl.get("kill_grace", 10.0))
-    worker_timeout = _number(where, "controller.worker_timeout", ctl.get("worker_timeout", 10.0))
-    record = ctl.get("record")
-    if record is not None and (not isinstance(record, str) or not record):
-        raise where.error("controller.record", f"must be a file name, got {record!r}")
-
-    hosts_raw = where.table(data, "cluster")
-    where.only("cluster", hosts_raw, {"hosts"})
-    hosts = _hosts(where, hosts_raw.get("hosts"))
-
-    users = where.table(data, "users")
-    where.only("users", users, {"admins", "tokens"})
-    admins = users.get("admins", [])
-    if not isinstance(admins, list) or not all(isinstance(a, str) and a for a in admins):
-        raise where.error("users.admins", "must be a list of user names")
-    tokens = _tokens(where, users.get("tokens", {}))
-
-    limits = where.table(data, "limits")
-    where.only("limits", limits, {"user_slots"})
-    user_slots = where.int_map(
-        "limits.user_slots", limits.get("user_slots", {}), _at_least(where, 0)
-    )
-
-    resize = dict(where.table(data, "resize"))
-    resize_config.check(resize, where=f"{path}: [resize]")
-    if "policy_files" in resize:
-        resize["policy_files"] = [str((base / f).resolve()) for f in resize["policy_files"]]
+    # Keyword arguments are evaluated in the order written: the keys are checked in the
+    # order of the example in the module docstring (the first mistake is reported).
     return LiveConfig(
-        state_dir=state_dir,
-        hosts=hosts,
         listen_host=host,
         listen_port=port,
-        url=url,
-        manage_workers=manage,
-        kill_grace=kill_grace,
-        worker_timeout=worker_timeout,
-        admins=frozenset(admins),
-        tokens=tokens,
-        user_slots=user_slots,
-        resize=resize,
+        state_dir=_state_dir(where, ctl.get("state_dir"), base),
+        url=_url(where, ctl.get("url")),
+        manage_workers=_flag(where, "controller.manage_workers", ctl.get("manage_workers", True)),
+        kill_grace=_number(where, "controller.kill_grace", ctl.get("kill_grace", 10.0)),
+        worker_timeout=_number(where, "controller.worker_timeout", ctl.get("worker_timeout", 10.0)),
+        record=_record(where, ctl.get("record"), base),
+        hosts=_hosts(where, where.section(data, "cluster", {"hosts"}).get("hosts")),
+        admins=_admins(where, where.section(data, "users", {"admins", "tokens"}).get("admins", [])),
+        tokens=_tokens(where, where.table(data, "users").get("tokens", {})),
+        user_slots=_user_slots(where, where.section(data, "limits", {"user_slots"})),
+        resize=_resize(where, where.table(data, "resize"), path),
         path=path,
-        record=None if record is None else (base / record).resolve(),
     )
 
 
@@ -196,6 +161,51 @@ def parse_listen(value: Any, where: Where | None = None) -> tuple[str, int]:
         # The embedded controller is an evaluation tool: tokens travel in clear HTTP.
         raise error(f"{host} is not a loopback address (the live controller serves loopback only)")
     return host, port
+
+
+def _state_dir(where: Where, value: Any, base: Path) -> Path:
+    if not isinstance(value, str) or not value:
+        raise where.error("controller.state_dir", "missing or not a path string")
+    return (base / value).resolve()
+
+
+def _url(where: Where, value: Any) -> str | None:
+    if value is not None and (not isinstance(value, str) or not value.startswith("http")):
+        raise where.error("controller.url", f"must be an http URL, got {value!r}")
+    return value
+
+
+def _flag(where: Where, key: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise where.error(key, "must be true or false")
+    return value
+
+
+def _record(where: Where, value: Any, base: Path) -> Path | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        raise where.error("controller.record", f"must be a file name, got {value!r}")
+    return (base / value).resolve()
+
+
+def _admins(where: Where, value: Any) -> frozenset[str]:
+    if not isinstance(value, list) or not all(isinstance(a, str) and a for a in value):
+        raise where.error("users.admins", "must be a list of user names")
+    return frozenset(value)
+
+
+def _user_slots(where: Where, limits: Mapping[str, Any]) -> dict[str, int]:
+    return where.int_map("limits.user_slots", limits.get("user_slots", {}), _at_least(where, 0))
+
+
+def _resize(where: Where, table: Mapping[str, Any], path: Path) -> dict[str, Any]:
+    """The plugin's ``[resize]`` section, its policy files taken from the file's directory."""
+    resize = dict(table)
+    resize_config.check(resize, where=f"{path}: [resize]")
+    if "policy_files" in resize:
+        resize["policy_files"] = [str((path.parent / f).resolve()) for f in resize["policy_files"]]
+    return resize
 
 
 def _number(where: Where, key: str, value: Any) -> float:

@@ -67,6 +67,7 @@ from xce_resize_plugin.controllers.jobs import (
 )
 from xce_resize_plugin.controllers.observer import FinishedJob, Observer
 from xce_resize_plugin.controllers.runners import (
+    InRunner,
     NotificationRequest,
     NotificationResult,
     NotificationRunner,
@@ -190,12 +191,15 @@ class SimClusterView:
         res = self._reservation
         if res is None:
             return free
-        offered: dict[str, int] = {}
-        for host, n in free.items():
-            # Slots taken since the pass already came out of the extra slots.
-            taken = max(0, self._free_at_pass.get(host, n) - n)
-            offered[host] = max(0, min(n, res.extra.get(host, 0) - taken))
-        return offered
+        return {host: _offered(host, n, res, self._free_at_pass) for host, n in free.items()}
+
+
+def _offered(host: str, free: int, res: Reservation, free_at_pass: Mapping[str, int]) -> int:
+    """How many of ``host``'s ``free`` slots a grow may take without delaying the
+    blocked queue head (reservation ``res``, made when ``host`` had ``free_at_pass``)."""
+    # Slots taken since the pass already came out of the extra slots.
+    taken = max(0, free_at_pass.get(host, free) - free)
+    return max(0, min(free, res.extra.get(host, 0) - taken))
 
 
 class EmbeddedController:
@@ -281,9 +285,8 @@ class EmbeddedController:
         self._host: Controller = hook_controller if hook_controller is not None else self
         self._lock: AbstractContextManager[Any] = lock if lock is not None else threading.RLock()
         self._resume_tasks = resume_tasks
-        # How deep the controller is in a call to its task runner: a report made inside
-        # one answers that call ("sync" for observers).
-        self._runner_depth = 0
+        # A report made inside a call to the task runner answers it ("sync").
+        self._in_runner = InRunner()
         self.task_event_batches = task_event_batches
         self._state_dir = Path(state_dir)
         self._state_dir.mkdir(parents=True, exist_ok=True)
@@ -480,11 +483,8 @@ class EmbeddedController:
                     )
                 job.task_states[task.id] = TaskRecord(task.host, TaskState.STARTING, self.now())
                 self._changed(job_id)
-                self._runner_depth += 1
-                try:
+                with self._in_runner:
                     self._runner.start(job_id, task, dict(env))
-                finally:
-                    self._runner_depth -= 1
             self._flush()
 
     def stop_tasks(self, job_id: str, task_ids: Sequence[int], grace: float) -> None:
@@ -638,17 +638,14 @@ class EmbeddedController:
         # STARTING: the runner's report is still to come.
 
     def _runner_stop(self, job_id: str, task_id: int, grace: float, since: float) -> None:
-        self._runner_depth += 1
-        try:
+        with self._in_runner:
             self._runner.stop(job_id, task_id, grace, since)
-        finally:
-            self._runner_depth -= 1
 
     def _reported(self, event: TaskEvent) -> None:
         """Queue a runner's report for the plugin, and tell the observers."""
         self._events.put(event)
         if self._on_task:
-            sync = self._runner_depth > 0
+            sync = bool(self._in_runner)
             for fn in self._on_task:
                 fn(event, sync)
 
@@ -1083,12 +1080,8 @@ class EmbeddedController:
         if not self.protect_reservation or res is None:
             return self._cluster.free_total
         # SimClusterView.free_slots() summed, over the hosts with free slots only.
-        at_pass, extra = self._free_at_pass, res.extra
-        total = 0
-        for host, n in self._cluster.open_slots().items():
-            taken = max(0, at_pass.get(host, n) - n)
-            total += max(0, min(n, extra.get(host, 0) - taken))
-        return total
+        at_pass = self._free_at_pass
+        return sum(_offered(h, n, res, at_pass) for h, n in self._cluster.open_slots().items())
 
     @property
     def changes(self) -> int:

@@ -21,7 +21,7 @@ such a job at ``start + runtime`` again.
 from __future__ import annotations
 
 import math
-from typing import Protocol
+from typing import Final, Protocol
 
 from xce_resize_plugin.controllers.sim.speedup import SpeedupModel
 
@@ -61,12 +61,12 @@ class SpeedupWork:
 
     __slots__ = (
         "_blocked_until",
-        "_est",
-        "_model",
-        "_ref",
         "_runtime",
         "_since",
+        "estimate",
         "estimated_remaining",
+        "model",
+        "ref_procs",
         "remaining",
         "resizes",
         "size",
@@ -77,10 +77,13 @@ class SpeedupWork:
     ) -> None:
         if not (runtime > 0 and math.isfinite(runtime)):
             raise ValueError(f"run time must be positive and finite, not {runtime!r}")
-        self._model = model
+        # What the job was given (read-only: Final).
+        self.model: Final = model
         self._runtime = float(runtime)
-        self._ref = int(ref_procs)
-        self._est = float(estimate) if estimate is not None and estimate > 0 else self._runtime
+        self.ref_procs: Final = int(ref_procs)
+        self.estimate: Final = (
+            float(estimate) if estimate is not None and estimate > 0 else self._runtime
+        )
         self.size = 0
         #: Fraction of the job still to do (true run time).
         self.remaining = 1.0
@@ -91,24 +94,12 @@ class SpeedupWork:
         self._since = 0.0
         self._blocked_until = 0.0
 
-    @property
-    def model(self) -> SpeedupModel:
-        return self._model
-
-    @property
-    def ref_procs(self) -> int:
-        return self._ref
-
-    @property
-    def estimate(self) -> float:
-        return self._est
-
     def time_at(self, size: int) -> float:
         """``T(size)``: the whole job's run time at a fixed size."""
-        return self._model.time_for(self._runtime, self._ref, size)
+        return self.model.time_for(self._runtime, self.ref_procs, size)
 
     def _estimated_time_at(self, size: int) -> float:
-        return self._model.time_for(self._est, self._ref, size)
+        return self.model.time_for(self.estimate, self.ref_procs, size)
 
     def _progress(self, now: float) -> None:
         """Credit the work done since the last change (none while reconfiguring)."""
@@ -131,7 +122,7 @@ class SpeedupWork:
         self.size = size
         self.resizes += 1
         # A change during a reconfiguration restarts it: the redistribution starts over.
-        self._blocked_until = now + self._model.reconfig_cost
+        self._blocked_until = now + self.model.reconfig_cost
         return self._blocked_until + self.remaining * self.time_at(size)
 
     def expected_end(self) -> float:
@@ -150,7 +141,7 @@ class SpeedupWork:
         done = (begin - max(self._since, self._blocked_until)) / time_now
         left = max(0.0, self.estimated_remaining - done)
         stay = (begin - now) + left * time_now
-        move = self._model.reconfig_cost + left * self._estimated_time_at(size)
+        move = self.model.reconfig_cost + left * self._estimated_time_at(size)
         return stay - move
 
 

@@ -1,0 +1,47 @@
+"""The helpers of core.models: frozen views of records, the allocation environment."""
+
+from __future__ import annotations
+
+import pytest
+from attrs import frozen
+
+from xce_resize_plugin.core.models import Task, allocation_env, project
+
+
+@frozen
+class _View:
+    id: str
+    size: int
+    note: str = "none"
+
+
+class _Record:
+    def __init__(self) -> None:
+        self.id = "101"
+        self.size = 4
+        self.note = "kept"
+        self.extra = "not in the view"
+
+
+def test_project_copies_same_named_fields_unless_given() -> None:
+    assert project(_View, _Record()) == _View("101", 4, "kept")
+    assert project(_View, _Record(), size=8) == _View("101", 8, "kept")
+
+
+def test_project_refuses_a_source_without_a_field() -> None:
+    source = _Record()
+    del source.note
+    with pytest.raises(AttributeError, match="note"):
+        project(_View, source)
+
+
+def test_allocation_env() -> None:
+    tasks = (Task(0, "a"), Task(1, "a"), Task(2, "b"))
+    assert allocation_env(tasks, 3, resizable=True) == {
+        "XCE_HOSTS": "a 2 b 1",
+        "LSB_MCPU_HOSTS": "a 2 b 1",
+        "LSB_HOSTS": "a a b",
+        "XCE_ALLOC_VERSION": "3",
+        "LSB_RESIZABLE": "Y",
+    }
+    assert allocation_env(tasks[:1], 0, resizable=False)["LSB_RESIZABLE"] == "N"

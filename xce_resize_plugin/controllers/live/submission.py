@@ -1,0 +1,165 @@
+"""A job submission to the live controller (``POST /v1/jobs``), checked.
+
+:func:`parse_submission` checks a decoded body field by field, in the order of
+:class:`Submission`'s fields, each with its own check below; the first bad field raises
+:class:`~xce_resize_plugin.errors.InvalidRequest` naming it (``@ $.tasks``), so the
+client learns which one to fix and nothing is submitted.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from attrs import frozen
+
+from xce_resize_plugin.controllers.jobs import SUBMIT_OPTIONS
+from xce_resize_plugin.core.models import GrowHosts
+from xce_resize_plugin.errors import InvalidRequest
+
+#: Largest submission fields (bytes / entries), so one request cannot bloat the state.
+MAX_ARGV, MAX_ENV = 256, 256
+#: The keys of a body: the job options every host takes, and the job's process.
+SUBMIT_KEYS = SUBMIT_OPTIONS | {"command", "env", "cwd"}
+
+
+@frozen
+class Submission:
+    """A checked ``POST /v1/jobs`` body."""
+
+    command: tuple[str, ...]
+    tasks: tuple[int, int]
+    ptile: int | None = None
+    resizable: bool = False
+    grow_hosts: GrowHosts = GrowHosts.PREFER_EXISTING
+    notify_cmd: str | None = None
+    env: Mapping[str, str] = {}
+    cwd: str | None = None
+    estimate: float | None = None
+    alloc: tuple[tuple[str, int], ...] | None = None
+
+
+def parse_submission(body: Any) -> Submission:
+    """Check a submission body; :class:`InvalidRequest` names the field (``@ $.tasks``)."""
+    if not isinstance(body, Mapping):
+        raise InvalidRequest("submit: expected a JSON object")
+    unknown = sorted(set(body) - SUBMIT_KEYS)
+    if unknown:
+        raise InvalidRequest(f"submit: unknown field @ $.{unknown[0]}")
+    # Keyword arguments are evaluated in the order written: the checks run in this order.
+    return Submission(
+        command=_command(body.get("command")),
+        tasks=_task_range(body),
+        ptile=_ptile(body.get("ptile")),
+        resizable=_resizable(body.get("resizable", False)),
+        grow_hosts=_grow_hosts(body.get("grow_hosts", GrowHosts.PREFER_EXISTING.value)),
+        notify_cmd=_notify_cmd(body.get("notify_cmd")),
+        env=_env(body.get("env", {})),
+        cwd=_cwd(body.get("cwd")),
+        estimate=_estimate(body.get("estimate")),
+        alloc=_alloc(body.get("alloc")),
+    )
+
+
+def _command(value: Any) -> tuple[str, ...]:
+    if (
+        not isinstance(value, list)
+        or not value
+        or len(value) > MAX_ARGV
+        or not all(isinstance(a, str) and "\0" not in a for a in value)
+    ):
+        raise InvalidRequest("submit: command must be a non-empty list of strings @ $.command")
+    return tuple(value)
+
+
+def _task_range(body: Mapping[str, Any]) -> tuple[int, int]:
+    def count(key: str, value: Any) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise InvalidRequest(f"submit: {key} must be an integer >= 1 @ $.{key}")
+        return value
+
+    if "tasks" in body:
+        if "min_tasks" in body or "max_tasks" in body:
+            raise InvalidRequest("submit: give tasks or min_tasks/max_tasks, not both @ $.tasks")
+        value = body["tasks"]
+        if isinstance(value, str):
+            parts = value.split(",")
+            if len(parts) == 2 and all(p.strip().isdigit() for p in parts):
+                lo, hi = (int(p) for p in parts)
+            else:
+                raise InvalidRequest('submit: tasks must be N or "MIN,MAX" @ $.tasks')
+        else:
+            lo = hi = count("tasks", value)
+    else:
+        hi = count("max_tasks", body.get("max_tasks", body.get("min_tasks", 1)))
+        lo = count("min_tasks", body.get("min_tasks", hi))
+    if not 1 <= lo <= hi:
+        raise InvalidRequest(f"submit: needs 1 <= min <= max, got {lo},{hi} @ $.tasks")
+    return lo, hi
+
+
+def _ptile(value: Any) -> int | None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+        raise InvalidRequest("submit: ptile must be an integer @ $.ptile")
+    return value
+
+
+def _resizable(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise InvalidRequest("submit: resizable must be true or false @ $.resizable")
+    return value
+
+
+def _grow_hosts(value: Any) -> GrowHosts:
+    try:
+        return GrowHosts(value)
+    except ValueError:
+        known = ", ".join(g.value for g in GrowHosts)
+        raise InvalidRequest(f"submit: grow_hosts must be one of {known} @ $.grow_hosts") from None
+
+
+def _notify_cmd(value: Any) -> str | None:
+    if value is not None and not isinstance(value, str):
+        raise InvalidRequest("submit: notify_cmd must be a string @ $.notify_cmd")
+    return value
+
+
+def _env(value: Any) -> dict[str, str]:
+    if (
+        not isinstance(value, Mapping)
+        or len(value) > MAX_ENV
+        or not all(isinstance(k, str) and k and "=" not in k and "\0" not in k for k in value)
+        or not all(isinstance(v, str) and "\0" not in v for v in value.values())
+    ):
+        raise InvalidRequest("submit: env must map variable names to strings @ $.env")
+    return dict(value)
+
+
+def _cwd(value: Any) -> str | None:
+    if value is not None and (not isinstance(value, str) or not os.path.isabs(value)):
+        raise InvalidRequest("submit: cwd must be an absolute path @ $.cwd")
+    if value is not None and not os.path.isdir(value):
+        raise InvalidRequest(f"submit: no such directory {value} @ $.cwd")
+    return value
+
+
+def _estimate(value: Any) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+        raise InvalidRequest("submit: estimate must be a number of seconds @ $.estimate")
+    return float(value)
+
+
+def _alloc(value: Any) -> tuple[tuple[str, int], ...] | None:
+    if value is None:
+        return None
+    if (
+        not isinstance(value, Mapping)
+        or not value
+        or not all(isinstance(h, str) for h in value)
+        or not all(isinstance(n, int) and not isinstance(n, bool) for n in value.values())
+    ):
+        raise InvalidRequest("submit: alloc must map host names to task counts @ $.alloc")
+    return tuple(value.items())
