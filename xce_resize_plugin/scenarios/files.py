@@ -14,26 +14,15 @@ from typing import Any
 
 from attrs import field, frozen
 
+from xce_resize_plugin.controllers.jobs import SUBMIT_OPTIONS
 from xce_resize_plugin.controllers.tomlfile import IntCheck, Where, read_toml
 from xce_resize_plugin.core import config
 from xce_resize_plugin.core.models import GrowHosts
 
 SECTIONS = {"cluster", "limits", "users", "resize", "scenario", "jobs", "commands"}
-JOB_KEYS = {
-    "id",
-    "user",
-    "submit",
-    "tasks",
-    "min_tasks",
-    "max_tasks",
-    "ptile",
-    "resizable",
-    "grow_hosts",
-    "notify_cmd",
-    "runtime",
-    "alloc",
-    "estimate",
-}
+#: A ``[[jobs]]`` table: the submission options every controller takes, and the
+#: scenario's own (id, owner, arrival time, true run time).
+JOB_KEYS = SUBMIT_OPTIONS | {"id", "user", "submit", "runtime"}
 COMMAND_KEYS = {"at", "user", "bresize", "resize"}
 RESIZE_OPS = {"grow", "release", "cancel"}
 
