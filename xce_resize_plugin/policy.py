@@ -11,7 +11,7 @@ from collections.abc import Iterable, Sequence
 
 import pluggy
 
-from xce_resize_plugin.core.models import JobInfo, ResizeRequest, Task
+from xce_resize_plugin.core.models import JobInfo, ResizeRecord, ResizeRequest, Task
 from xce_resize_plugin.core.placement import GrowHostView, default_grow_order
 from xce_resize_plugin.errors import PolicyRejected, ResizeError
 from xce_resize_plugin.host import Principal
@@ -42,3 +42,7 @@ class HookPolicy:
     def order_grow_hosts(self, job: JobInfo, hosts: GrowHostView) -> Iterable[str]:
         result = self._hook.xce_resize_order_grow_hosts(job=job, hosts=hosts)
         return result if result is not None else default_grow_order(job, hosts)
+
+    def committed(self, job: JobInfo, change: ResizeRecord) -> None:
+        """Tell the sites' ``xce_resize_committed`` hooks about a committed change."""
+        self._hook.xce_resize_committed(job=job, change=change)

@@ -357,7 +357,7 @@ class Runtime:
                 if effect.record is not None:
                     job = ctl.get_job(effect.job_id)
                     if job is not None:
-                        ctl.plugin_manager.hook.xce_resize_committed(job=job, change=effect.record)
+                        self.policy.committed(job, effect.record)
 
     def _notify(self, effect: engine.Notify) -> None:
         ctl = self.controller

@@ -145,3 +145,21 @@ def test_license_file_matches_the_declared_license() -> None:
     cfg.read(ROOT / "setup.cfg")
     assert cfg["metadata"]["license"] == "MIT"
     assert (ROOT / "LICENSE").read_text().startswith("MIT License\n")
+
+
+HOOK_CALL = re.compile(r"\.hook\.xce_\w+\s*\(")
+TYPED_WRAPPERS = {PACKAGE / "host.py", PACKAGE / "policy.py"}
+
+
+def test_hooks_are_called_only_through_the_typed_wrappers() -> None:
+    """``host.HostHooks`` and ``policy.HookPolicy`` are the only callers of ``pm.hook``,
+    so mypy checks every call site's arguments and result."""
+    bad = [
+        f"{f.relative_to(ROOT)}:{i}"
+        for f in package_files()
+        if f not in TYPED_WRAPPERS
+        for i, line in enumerate(f.read_text().splitlines(), 1)
+        if HOOK_CALL.search(line) or "getattr(self._pm.hook" in line
+    ]
+    assert not bad, "hook called by name outside the typed wrappers: " + ", ".join(bad)
+    assert HOOK_CALL.search("pm.hook.xce_sched_cycle(controller=c)")

@@ -30,7 +30,8 @@ from xce_resize_plugin.core.accounting import Usage
 from xce_resize_plugin.core.models import CancelRequest, JobInfo, JobState, ResizeRequest
 from xce_resize_plugin.core.status import ResizeStatus
 from xce_resize_plugin.errors import InvalidRequest, NoJob, NoResizeHook, PermissionDenied
-from xce_resize_plugin.host import Controller, Principal
+from xce_resize_plugin.host import Controller, HostHooks, Principal
+from xce_resize_plugin.policy import HookPolicy
 from xce_resize_plugin.rest.http import ApiRoute, BodyLimit, Handler, endpoint, read_body, reply
 from xce_resize_plugin.rest.parsing import check_fields, check_json_type, check_query, parse_json
 from xce_resize_plugin.rest.resize_operations import (
@@ -60,16 +61,12 @@ class Hooks:
         job = self.controller.get_job(job_id)
         if job is None:
             raise NoJob(f"job {job_id}")
-        hook = self.controller.plugin_manager.hook
-        if not hook.xce_resize_authorize(principal=principal, job=job, action="view"):
+        if not HookPolicy(self.controller.plugin_manager).authorize(principal, job, "view"):
             raise PermissionDenied(f"{principal.name} may not view job {job_id}")
         return job
 
     def status(self, job_id: str) -> ResizeStatus:
-        hook = self.controller.plugin_manager.hook
-        status: ResizeStatus | None = hook.xce_resize_status(
-            controller=self.controller, job_id=job_id
-        )
+        status = HostHooks(self.controller.plugin_manager).resize_status(self.controller, job_id)
         if status is None:
             if self.controller.get_job(job_id) is None:
                 raise NoJob(f"job {job_id}")
@@ -83,18 +80,14 @@ class Hooks:
     def viewed_history(self, principal: Principal, job_id: str) -> Usage:
         self.view(principal, job_id)
         ctl = self.controller
-        usage: Usage | None = ctl.plugin_manager.hook.xce_acct_usage(
-            controller=ctl, job_id=job_id, now=ctl.now()
-        )
+        usage = HostHooks(ctl.plugin_manager).acct_usage(ctl, job_id, ctl.now())
         if usage is None:
             raise NoResizeHook("no plugin answered xce_acct_usage")
         return usage
 
     def change(self, principal: Principal, job_id: str, request: ResizeRequest) -> ResizeStatus:
         ctl = self.controller
-        status: ResizeStatus | None = ctl.plugin_manager.hook.xce_resize_request(
-            controller=ctl, principal=principal, job_id=job_id, request=request
-        )
+        status = HostHooks(ctl.plugin_manager).resize_request(ctl, principal, job_id, request)
         if status is None:
             raise NoResizeHook("no plugin answered xce_resize_request")
         return status

@@ -32,6 +32,7 @@ from xce_resize_plugin.controllers.live.live_controller import LiveController
 from xce_resize_plugin.controllers.live.settings import LiveConfig, parse_listen
 from xce_resize_plugin.controllers.violations import EmbeddedError
 from xce_resize_plugin.errors import ConfigError
+from xce_resize_plugin.host import HostHooks
 
 if TYPE_CHECKING:
     import uvicorn
@@ -49,7 +50,7 @@ def plugin_routes(ctl: LiveController) -> list[BaseRoute]:
     from starlette.routing import BaseRoute
 
     out: list[BaseRoute] = []
-    for result in ctl.plugin_manager.hook.xce_rest_routes(controller=ctl):
+    for result in HostHooks(ctl.plugin_manager).rest_routes(ctl):
         for route in result or ():
             if not isinstance(route, BaseRoute):
                 raise ConfigError(f"xce_rest_routes returned {type(route).__name__}, not a route")
