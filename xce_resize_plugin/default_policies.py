@@ -33,6 +33,4 @@ def xce_resize_order_grow_hosts(job: JobInfo, hosts: GrowHostView) -> Iterable[s
 @hookimpl(trylast=True)
 def xce_resize_authorize(principal: Principal, job: JobInfo, action: str) -> bool | None:
     """The owner, an administrator, or the job's own token (for that job only)."""
-    if principal.job_id is not None:
-        return principal.job_id == job.id
-    return principal.admin or principal.name == job.user
+    return principal.may_act_on(job.id, job.user)

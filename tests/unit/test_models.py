@@ -45,3 +45,14 @@ def test_allocation_env() -> None:
         "LSB_RESIZABLE": "Y",
     }
     assert allocation_env(tasks[:1], 0, resizable=False)["LSB_RESIZABLE"] == "N"
+
+
+def test_may_act_on_keeps_a_job_token_to_its_own_job() -> None:
+    from xce_resize_plugin.core.models import Principal
+
+    token = Principal("alice", job_id="101")
+    assert token.may_act_on("101", "alice")
+    assert not token.may_act_on("103", "alice")  # another job of the same owner
+    assert Principal("alice").may_act_on("103", "alice")
+    assert not Principal("bob").may_act_on("103", "alice")
+    assert Principal("root", admin=True).may_act_on("103", "alice")

@@ -454,6 +454,16 @@ class Principal:
     admin: bool = False
     job_id: str | None = None
 
+    def may_act_on(self, job_id: str, owner: str) -> bool:
+        """Whether this principal may see and act on the job ``job_id`` of ``owner``.
+
+        A job's token reaches its own job only (never another job of the same owner);
+        anyone else must be the job's owner or an administrator.
+        """
+        if self.job_id is not None:
+            return self.job_id == job_id
+        return self.admin or self.name == owner
+
 
 @frozen
 class TaskEvent:

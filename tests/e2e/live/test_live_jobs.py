@@ -361,3 +361,24 @@ def test_repeated_release_and_grow_start_new_processes(resize_live_factory: Any)
         f"p50 {p50 * 1000:.1f} ms, max {max(samples) * 1000:.1f} ms over {len(samples)}"
     )
     live.check_consistent(job_id)
+
+
+def test_a_job_token_reaches_its_own_job_only(resize_live_factory: Any) -> None:
+    """Job A's XCE_JOB_TOKEN sees and acts on job A only: another job of the same owner
+    is refused on every route (view, list, kill, resize), and is left running."""
+    live: LiveCluster = resize_live_factory({"h1": 2, "h2": 2})
+    live.start()
+    mine = live.ok("POST", "/v1/jobs", ALICE, {"command": SLEEPER, "tasks": 1})
+    other = live.submit(command=SLEEPER, min_tasks=1, max_tasks=2, resizable=True)
+    live.running(mine["id"], 1)
+    live.running(other, 2)
+    token = mine["token"]
+    assert live.call("GET", f"/v1/jobs/{mine['id']}", token).status_code == 200
+    assert live.call("GET", f"/v1/jobs/{other}", token).status_code == 403
+    assert [j["id"] for j in live.ok("GET", "/v1/jobs", token)["jobs"]] == [mine["id"]]
+    assert live.call("DELETE", f"/v1/jobs/{other}", token).status_code == 403
+    assert live.call("GET", f"/v1/jobs/{other}/resize", token).status_code == 403
+    assert live.grow(other, 1, token=token).status_code == 403
+    assert live.job(other)["state"] == "RUN"
+    # The owner's own token still reaches both.
+    assert live.call("GET", f"/v1/jobs/{other}", ALICE).status_code == 200

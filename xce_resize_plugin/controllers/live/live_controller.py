@@ -592,7 +592,7 @@ class LiveController:
             job = self._job(job_id)
         except UnknownJob:
             raise NoJob(f"job {job_id}") from None
-        if not (principal.admin or principal.name == job.user or principal.job_id == job_id):
+        if not principal.may_act_on(job_id, job.user):
             raise PermissionDenied(f"{principal.name} may not act on job {job_id}")
         return job
 
@@ -606,9 +606,7 @@ class LiveController:
             return [
                 self.job_json(j.id)
                 for j in self.embedded.jobs()
-                if principal.admin
-                or principal.job_id == j.id
-                or (principal.job_id is None and principal.name == j.user)
+                if principal.may_act_on(j.id, j.user)
             ]
 
     def job_json(self, job_id: str) -> dict[str, Any]:
