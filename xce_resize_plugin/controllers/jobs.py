@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from attrs import define, field, frozen
 
@@ -31,6 +31,26 @@ SUBMIT_OPTIONS = {
     "estimate",
     "alloc",
 }
+
+
+class JobOptions(Protocol):
+    """The options of :data:`SUBMIT_OPTIONS` as a submission carries them (a scenario's
+    job table, a live ``POST /v1/jobs``): handed to
+    :meth:`~xce_resize_plugin.controllers.sim.sim_controller.EmbeddedController.submit_job`
+    as one object, so the two paths pass them on in one place."""
+
+    @property
+    def estimate(self) -> float | None: ...
+    @property
+    def ptile(self) -> int | None: ...
+    @property
+    def resizable(self) -> bool: ...
+    @property
+    def grow_hosts(self) -> GrowHosts: ...
+    @property
+    def notify_cmd(self) -> str | None: ...
+    @property
+    def alloc(self) -> tuple[tuple[str, int], ...] | None: ...
 
 
 class TaskState(enum.Enum):

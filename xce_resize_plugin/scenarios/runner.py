@@ -81,18 +81,9 @@ class _Runner:
                 ) from None
 
     def _submit(self, job: JobSpec) -> None:
-        self.ctl.submit(
-            job.user,
-            (job.min_tasks, job.max_tasks),
-            runtime=job.runtime,
-            estimate=job.estimate,
-            ptile=job.ptile,
-            resizable=job.resizable,
-            grow_hosts=job.grow_hosts,
-            notify_cmd=job.notify_cmd,
-            alloc=job.alloc,
-            job_id=job.id,
-            submit_time=job.submit,
+        tasks = (job.min_tasks, job.max_tasks)
+        self.ctl.submit_job(
+            job.user, tasks, job, runtime=job.runtime, job_id=job.id, submit_time=job.submit
         )
 
     def principal(self, user: str) -> Principal:

@@ -7,7 +7,7 @@ shows what was made durable, not what the runner believes happened.
 from __future__ import annotations
 
 import shlex
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from xce_resize_plugin.core.models import (
@@ -41,36 +41,44 @@ def _ids(tasks: Iterable[Task]) -> str:
     return "task" + ("s " if len(ids) != 1 else " ") + ",".join(map(str, ids))
 
 
+def _size(fact: GrowRequested) -> str:
+    if fact.min_add == fact.max_add:
+        return f"{fact.min_add}"
+    return f"{fact.min_add}..{fact.max_add}"
+
+
+#: The one line each kind of fact gets (after ``job N: ``); a notification's outcome,
+#: with its output and what it rolled back, is :func:`_notify_lines`.
+_ONE_LINE: dict[type[Any], Callable[[Any], str]] = {
+    GrowRequested: lambda f: f"grow of {_size(f)} tasks pending",
+    GrowCancelled: lambda f: f"pending grow {_CANCEL_REASONS.get(f.reason, f.reason)}",
+    GrowPlaced: lambda f: f"placed, slots reserved: {format_hosts(f.tasks)} ({_ids(f.tasks)})",
+    ReleaseAccepted: lambda f: f"release accepted: {format_hosts(f.tasks)} ({_ids(f.tasks)})",
+    TaskStartFailed: lambda f: f"task {f.task_id} failed to start ({f.reason}); slot freed",
+    GrowReverted: lambda f: "no task started; grow back to pending",
+    Committed: lambda f: f"committed allocation v{f.version}",
+}
+
+
+def _notify_lines(
+    job: str, fact: NotifyDone, notes: Mapping[tuple[str, int], Mapping[str, Any]]
+) -> list[str]:
+    note = notes.get((fact.job_id, fact.attempt), {})
+    out = (note.get("stdout") or "").strip()
+    verdict = "OK" if fact.ok else f"FAIL ({fact.reason})"
+    lines = [f"{job}: notification (attempt {fact.attempt}) on {note.get('host', '?')}: {verdict}"]
+    lines += [f"    | {text}" for text in out.splitlines()[:5]]
+    if not fact.ok:
+        lines.append(f"{job}: change rolled back" + ("; grow given up" if fact.gave_up else ""))
+    return lines
+
+
 def _fact_lines(fact: Fact, notes: Mapping[tuple[str, int], Mapping[str, Any]]) -> list[str]:
     job = f"job {fact.job_id}"
-    if isinstance(fact, GrowRequested):
-        size = (
-            f"{fact.min_add}" if fact.min_add == fact.max_add else f"{fact.min_add}..{fact.max_add}"
-        )
-        return [f"{job}: grow of {size} tasks pending"]
-    if isinstance(fact, GrowCancelled):
-        return [f"{job}: pending grow {_CANCEL_REASONS.get(fact.reason, fact.reason)}"]
-    if isinstance(fact, GrowPlaced):
-        return [f"{job}: placed, slots reserved: {format_hosts(fact.tasks)} ({_ids(fact.tasks)})"]
-    if isinstance(fact, ReleaseAccepted):
-        return [f"{job}: release accepted: {format_hosts(fact.tasks)} ({_ids(fact.tasks)})"]
     if isinstance(fact, NotifyDone):
-        note = notes.get((fact.job_id, fact.attempt), {})
-        out = (note.get("stdout") or "").strip()
-        verdict = "OK" if fact.ok else f"FAIL ({fact.reason})"
-        line = f"{job}: notification (attempt {fact.attempt}) on {note.get('host', '?')}: {verdict}"
-        lines = [line]
-        lines += [f"    | {text}" for text in out.splitlines()[:5]]
-        if not fact.ok:
-            lines.append(f"{job}: change rolled back" + ("; grow given up" if fact.gave_up else ""))
-        return lines
-    if isinstance(fact, TaskStartFailed):
-        return [f"{job}: task {fact.task_id} failed to start ({fact.reason}); slot freed"]
-    if isinstance(fact, GrowReverted):
-        return [f"{job}: no task started; grow back to pending"]
-    if isinstance(fact, Committed):
-        return [f"{job}: committed allocation v{fact.version}"]
-    return []
+        return _notify_lines(job, fact, notes)
+    line = _ONE_LINE.get(type(fact))
+    return [f"{job}: {line(fact)}"] if line is not None else []
 
 
 def render(result: ScenarioResult) -> str:

@@ -26,7 +26,7 @@ import math
 from array import array
 from collections.abc import Callable, Sequence
 
-from attrs import frozen
+from attrs import define, field, frozen
 
 from xce_resize_plugin.controllers.observer import FinishedJob, Observer
 from xce_resize_plugin.core.models import Task
@@ -60,6 +60,7 @@ def median(values: Sequence[float]) -> float:
     return float(s[mid]) if n % 2 else (s[mid - 1] + s[mid]) / 2.0
 
 
+@define(eq=False)
 class UsageTrack:
     """Slots in use over time as a step function, with its integral.
 
@@ -68,14 +69,13 @@ class UsageTrack:
     but every value for :attr:`peak` (an overbooking within an instant still counts).
     """
 
-    def __init__(self, capacity: int) -> None:
-        self.capacity = capacity
-        self.times = array("d")
-        self.used = array("q")
-        self.area = 0.0
-        self.peak = 0
-        self._t = 0.0
-        self._u = 0
+    capacity: int
+    times: array[float] = field(init=False, factory=lambda: array("d"))
+    used: array[int] = field(init=False, factory=lambda: array("q"))
+    area: float = field(init=False, default=0.0)
+    peak: int = field(init=False, default=0)
+    _t: float = field(init=False, default=0.0)
+    _u: int = field(init=False, default=0)
 
     def step(self, t: float, used: int) -> None:
         if t < self._t:

@@ -552,18 +552,7 @@ class LiveController:
                 },
             )
             try:
-                self.embedded.submit(
-                    principal.name,
-                    sub.tasks,
-                    estimate=sub.estimate,
-                    ptile=sub.ptile,
-                    resizable=sub.resizable,
-                    grow_hosts=sub.grow_hosts,
-                    notify_cmd=sub.notify_cmd,
-                    env=sub.env,
-                    alloc=sub.alloc,
-                    job_id=job_id,
-                )
+                self.embedded.submit_job(principal.name, sub.tasks, sub, env=sub.env, job_id=job_id)
             except ResizeError:
                 self.live_store.put(key, None)
                 raise

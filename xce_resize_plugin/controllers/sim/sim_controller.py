@@ -57,6 +57,7 @@ import pluggy
 
 from xce_resize_plugin.controllers.cluster import Cluster
 from xce_resize_plugin.controllers.jobs import (
+    JobOptions,
     JobRecord,
     JobView,
     NotificationLog,
@@ -715,6 +716,21 @@ class EmbeddedController:
     # =================================================================================
     # driver inputs
     # =================================================================================
+
+    def submit_job(self, user: str, n: TasksSpec, options: JobOptions, **extra: Any) -> str:
+        """:meth:`submit` with the job's options from one object (``extra``: the other
+        keywords of :meth:`submit`, e.g. ``runtime``, ``env``, ``job_id``)."""
+        return self.submit(
+            user,
+            n,
+            estimate=options.estimate,
+            ptile=options.ptile,
+            resizable=options.resizable,
+            grow_hosts=options.grow_hosts,
+            notify_cmd=options.notify_cmd,
+            alloc=options.alloc,
+            **extra,
+        )
 
     def submit(
         self,
