@@ -138,7 +138,6 @@ def test_first_error_in_written_order_wins() -> None:
         ("hostB", (2, 3, 6)),
         ("2*hostB", (3, 6)),  # newest first
         ("1*hostB", (6,)),
-        ("hostA", (1,)),  # the first host keeps task 0
         ("1*hostA", (1,)),
         ("all", (1, 2, 3, 4, 5, 6)),
         ("all ~hostB", (1, 4, 5)),
@@ -165,6 +164,9 @@ def test_resolve(text: str, released: tuple[int, ...]) -> None:
         ("3*hostC", BadSlots, "3*hostC"),
         ("all ~3*hostC", BadSlots, "~3*hostC"),
         ("2*hostA", ReleaseFirstHost, "2*hostA"),  # N = all of the first host's tasks
+        # The first execution host cannot be named as a whole (LSF refuses it too).
+        ("hostA", ReleaseFirstHost, "'hostA': hostA is the first execution host"),
+        ("hostB hostA", ReleaseFirstHost, "'hostA'"),
         ("3*hostA", BadSlots, "3*hostA"),  # more than there are: the count is wrong
         ("all ~hostA ~hostB ~hostC", ReleaseNoop, "all"),
         ("all ~2*hostA ~3*hostB ~hostC", ReleaseNoop, "all"),
@@ -195,7 +197,9 @@ def test_head_task_is_tasks_zero_not_lowest_id_elsewhere() -> None:
     job = (Task(0, "a"), Task(9, "b"), Task(4, "b"), Task(7, "a"), Task(12, "b"))
     assert resolve_release(parse_release_spec("2*b"), job) == (9, 12)
     assert resolve_release(parse_release_spec("all ~1*b"), job) == (7, 9, 12)
-    assert resolve_release(parse_release_spec("a"), job) == (7,)
+    assert resolve_release(parse_release_spec("1*a"), job) == (7,)
+    with pytest.raises(ReleaseFirstHost, match="keeps the head task \\(task 0\\)"):
+        resolve_release(parse_release_spec("a"), job)
 
 
 def test_empty_hand_built_spec_releases_nothing() -> None:
@@ -213,7 +217,7 @@ def test_format_round_trips_the_examples() -> None:
 
 def test_resolve_host_counts() -> None:
     assert resolve_host_counts({"hostB": 2, "hostC": None}, JOB) == (3, 4, 5, 6)
-    assert resolve_host_counts({"hostA": None}, JOB) == (1,)
+    assert resolve_host_counts({"hostA": 1}, JOB) == (1,)
 
 
 @pytest.mark.parametrize(
@@ -230,6 +234,7 @@ def test_resolve_host_counts() -> None:
         ({"hostZ": 1}, HostNotInAlloc, "hostZ"),
         ({"hostB": 4}, BadSlots, "4*hostB"),
         ({"hostA": 2}, ReleaseFirstHost, "2*hostA"),
+        ({"hostA": None}, ReleaseFirstHost, "hostA"),
     ],
 )
 def test_resolve_host_counts_errors(

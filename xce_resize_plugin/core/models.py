@@ -7,6 +7,7 @@ Everything here is immutable; state changes are made with :func:`attrs.evolve`.
 from __future__ import annotations
 
 import enum
+import functools
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -87,10 +88,16 @@ def project(cls: type[_A], source: object, **values: Any) -> _A:
     """An instance of the attrs class ``cls`` whose fields are ``source``'s attributes
     of the same names, but for those given in ``values``: one frozen view of a record
     or a state, its fields named once, in ``cls`` (a field ``source`` lacks raises)."""
-    for attribute in fields(cls):
-        if attribute.name not in values:
-            values[attribute.name] = getattr(source, attribute.name)
+    for name in _field_names(cls):
+        if name not in values:
+            values[name] = getattr(source, name)
     return cls(**values)
+
+
+@functools.cache
+def _field_names(cls: type) -> tuple[str, ...]:
+    # Views are built on the simulator's hot path; the names of a class never change.
+    return tuple(attribute.name for attribute in fields(cls))
 
 
 @frozen

@@ -288,9 +288,12 @@ def _resolve_hosts(
         # The head task is not a candidate; on the first host this leaves one fewer.
         candidates = [t for t in there if t.id != head_id]
         if count is None:
-            if not candidates:
+            # As in LSF, the first execution host cannot be named as a whole: it keeps
+            # the head task (``all`` and ``all ~...`` keep it without being told).
+            if len(candidates) < len(there):
                 raise ReleaseFirstHost(
-                    f"{token!r}: only the head task (task {there[0].id}) runs on {host}"
+                    f"{token!r}: {host} is the first execution host and keeps the head task"
+                    f" (task {head_id}); release N*{host} or use all"
                 )
             released.update(t.id for t in candidates)
             continue
