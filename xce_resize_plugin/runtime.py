@@ -29,7 +29,6 @@ from xce_resize_plugin.core.models import (
     allocation_env,
     format_hosts,
     host_counts,
-    project,
 )
 from xce_resize_plugin.core.placement import FreeSlotIndex, GrowHostView
 from xce_resize_plugin.core.status import ResizeStatus
@@ -138,9 +137,14 @@ class Runtime:
                 return ResizeStatus(job.id, Phase.IDLE, job.tasks, job.min_tasks, job.max_tasks, 0)
             state = converters.decode_state(stored)
         change = state.change
-        return project(
-            ResizeStatus,
-            state,
+        return ResizeStatus(
+            job_id=state.job_id,
+            phase=state.phase,
+            tasks=state.tasks,
+            min_tasks=state.min_tasks,
+            max_tasks=state.max_tasks,
+            version=state.version,
+            pending=state.pending,
             in_flight=change.kind if change else None,
             in_flight_tasks=change.tasks if change else (),
         )

@@ -252,5 +252,23 @@ class JobView:
 
 
 def job_info(job: JobRecord | JobView) -> JobInfo:
-    """The plugin's view of a job (the record and its frozen view share these fields)."""
-    return project(JobInfo, job, env=dict(job.env))
+    """The plugin's view of a job (the record and its frozen view share these fields).
+
+    Spelled out, not built by reflection: the plugin asks for it at every transition,
+    and mypy checks each field here.
+    """
+    return JobInfo(
+        id=job.id,
+        user=job.user,
+        state=job.state,
+        min_tasks=job.min_tasks,
+        max_tasks=job.max_tasks,
+        tasks=job.tasks,
+        resizable=job.resizable,
+        ptile=job.ptile,
+        grow_hosts=job.grow_hosts,
+        notify_cmd=job.notify_cmd,
+        start_time=job.start_time,
+        end_time=job.end_time,
+        env=dict(job.env),
+    )
