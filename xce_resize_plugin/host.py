@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol, cast, runtime_checkable
+from typing import Any, Protocol, TypeAlias, cast, runtime_checkable
 
 import pluggy
 
@@ -26,7 +26,11 @@ from xce_resize_plugin.core.accounting import Usage
 from xce_resize_plugin.core.models import JobInfo, Principal, ResizeRequest, Task, TaskEvent
 from xce_resize_plugin.core.status import ResizeStatus
 
-__all__ = ["ClusterView", "Controller", "HostHooks", "Principal", "TaskEvent"]
+__all__ = ["ClusterView", "Controller", "Environment", "HostHooks", "Principal", "TaskEvent"]
+
+#: Variables the plugin hands to started tasks and notification commands (``XCE_*``,
+#: ``LSB_*``); the host adds them to the job's own environment.
+Environment: TypeAlias = Mapping[str, str]
 
 
 @runtime_checkable
@@ -64,7 +68,7 @@ class Controller(Protocol):
     def free_slots(self, job_id: str, task_ids: Sequence[int]) -> None:
         """Stop charging the job for these tasks' slots; unknown ids are ignored."""
 
-    def launch_tasks(self, job_id: str, tasks: Sequence[Task], env: Mapping[str, str]) -> None:
+    def launch_tasks(self, job_id: str, tasks: Sequence[Task], env: Environment) -> None:
         """Start these tasks (already reserved); report through ``xce_task_event``.
 
         A task id that was launched before is not launched again.
@@ -74,13 +78,7 @@ class Controller(Protocol):
         """SIGTERM, ``grace`` seconds, SIGKILL; report ``exited`` through ``xce_task_event``."""
 
     def run_notification(
-        self,
-        job_id: str,
-        attempt: int,
-        host: str,
-        command: str,
-        env: Mapping[str, str],
-        timeout: float,
+        self, job_id: str, attempt: int, host: str, command: str, env: Environment, timeout: float
     ) -> None:
         """Run ``command`` on ``host`` as the job owner; report via ``xce_notify_done``."""
 

@@ -137,16 +137,12 @@ class Runtime:
                 return ResizeStatus(job.id, Phase.IDLE, job.tasks, job.min_tasks, job.max_tasks, 0)
             state = converters.decode_state(stored)
         change = state.change
+        # Positional, in ResizeStatus's field order (mypy checks each type).
+        committed = (state.tasks, state.min_tasks, state.max_tasks, state.version)
+        if change is None:
+            return ResizeStatus(state.job_id, state.phase, *committed, state.pending)
         return ResizeStatus(
-            job_id=state.job_id,
-            phase=state.phase,
-            tasks=state.tasks,
-            min_tasks=state.min_tasks,
-            max_tasks=state.max_tasks,
-            version=state.version,
-            pending=state.pending,
-            in_flight=change.kind if change else None,
-            in_flight_tasks=change.tasks if change else (),
+            state.job_id, state.phase, *committed, state.pending, change.kind, change.tasks
         )
 
     def _job(self, job_id: str) -> JobInfo:
