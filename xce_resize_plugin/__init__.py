@@ -21,12 +21,12 @@ imports this package, starts without importing pluggy, attrs, cattrs or lmdb.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
-
 __version__ = "0.1.0"
 
+TYPE_CHECKING = False  # typing is not imported on bresize's path (see cli/lean.py)
 if TYPE_CHECKING:
+    from typing import Any
+
     import pluggy
 
     from xce_resize_plugin.core.accounting import Usage
@@ -108,6 +108,8 @@ def __getattr__(name: str) -> Any:
 
         value: Any = pluggy.HookimplMarker("xce")
     elif name in _HOME:
+        import importlib
+
         module = importlib.import_module(f"{__name__}.{_HOME[name]}")
         value = getattr(module, name)
     else:

@@ -12,18 +12,22 @@ json are imported only when a request is really sent (``-h``/``-V`` never need t
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
 
 from xce_resize_plugin import __version__
 from xce_resize_plugin.cli.bresize_args import USAGE, Command, parse
+from xce_resize_plugin.cli.lean import NamedTuple
 from xce_resize_plugin.errors import ResizeError, UsageError
 from xce_resize_plugin.rest.client import Client
 
-EXIT_OK, EXIT_USAGE, EXIT_REJECTED = 0, 2, 255
+TYPE_CHECKING = False  # typing is not imported on this path (see cli/lean.py)
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+    from typing import Any, TypeAlias
 
-#: Sends a parsed command to the controller; raises ResizeError when it is rejected.
-Sender = Callable[[Command], None]
+    #: Sends a parsed command to the controller; raises ResizeError when it is rejected.
+    Sender: TypeAlias = Callable[[Command], None]
+
+EXIT_OK, EXIT_USAGE, EXIT_REJECTED = 0, 2, 255
 
 
 class Outcome(NamedTuple):

@@ -36,20 +36,24 @@ calls so that ``bresize`` rejects a bad spec before contacting the controller.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Literal, NamedTuple
 
+from xce_resize_plugin.cli.lean import NamedTuple
 from xce_resize_plugin.errors import BadJobId, NotifyCmdTooLong, UsageError
 
+TYPE_CHECKING = False  # typing is not imported on this path (see cli/lean.py)
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from typing import Literal, TypeAlias
+
     from xce_resize_plugin.core.models import CancelRequest, GrowRequest, ReleaseRequest
+
+    Op: TypeAlias = Literal["request", "release", "cancel", "help", "version"]
 
 __all__ = [
     "MAX_NOTIFY_BYTES",
     "MAX_TASKS",
     "USAGE",
     "Command",
-    "Op",
     "parse",
     "parse_job_id",
     "to_argv",
@@ -74,18 +78,16 @@ MAX_NOTIFY_BYTES = 4096
 #: away from digit strings long enough to be slow or refused.
 MAX_TASKS = 2**31 - 1
 
-Op = Literal["request", "release", "cancel", "help", "version"]
-
 _SUBCOMMANDS = ("request", "release", "cancel")
 _HELP = frozenset({"-h", "--help"})
 _VERSION = frozenset({"-V", "--version"})
-# re.ASCII: int() accepts other scripts' digits, the controller would not.
-_DIGITS = re.compile(r"[0-9]+", re.ASCII)
-_COUNTS = re.compile(r"([0-9]+)(?:,([0-9]+))?", re.ASCII)
-_JOB_ID = re.compile(r"([0-9]+)(?:\[([0-9]+)\])?", re.ASCII)
+# Patterns are compiled on first use (re caches them), not at import: -h and -V need
+# none. (?a), ASCII: int() accepts other scripts' digits, the controller would not.
+_COUNTS = r"(?a)([0-9]+)(?:,([0-9]+))?"
+_JOB_ID = r"(?a)([0-9]+)(?:\[([0-9]+)\])?"
 # A token such as "-1" or "-2*hostA" is a (wrong) positional, not an unknown option:
 # letting it through gives the user the count or spec error that actually applies.
-_NEGATIVE = re.compile(r"-[0-9]", re.ASCII)
+_NEGATIVE = r"(?a)-[0-9]"
 # Job IDs and array indices longer than this are certainly not real jobs.
 _MAX_ID_DIGITS = 20
 
@@ -220,7 +222,7 @@ def _utf8_len(text: str) -> int:
 
 
 def _is_option(arg: str) -> bool:
-    return arg.startswith("-") and not _NEGATIVE.match(arg)
+    return arg.startswith("-") and not re.match(_NEGATIVE, arg)
 
 
 def _request_positionals(positionals: list[str]) -> tuple[int, int, str]:
@@ -228,7 +230,7 @@ def _request_positionals(positionals: list[str]) -> tuple[int, int, str]:
         raise UsageError("missing [min_task,]tasks and job ID")
     if len(positionals) == 1:
         # One argument: say which of the two is missing by what the one given looks like.
-        if _COUNTS.fullmatch(positionals[0]):
+        if re.fullmatch(_COUNTS, positionals[0]):
             raise UsageError("missing job ID")
         raise UsageError(f"missing [min_task,]tasks before job ID {positionals[0]!r}")
     if len(positionals) > 2:
@@ -241,7 +243,7 @@ def _request_positionals(positionals: list[str]) -> tuple[int, int, str]:
 
 
 def _parse_counts(text: str) -> tuple[int, int]:
-    match = _COUNTS.fullmatch(text)
+    match = re.fullmatch(_COUNTS, text)
     if match is None:
         raise UsageError(f"request takes [min_task,]tasks: got {text!r}")
     max_text = match.group(2) or match.group(1)
@@ -271,7 +273,7 @@ def _release_positionals(positionals: list[str]) -> tuple[tuple[str, ...], str]:
     # One quoted argument or several, or a mix: the tokens are what counts.
     spec = tuple(token for arg in spec_args for token in arg.split())
     if not spec:
-        if not spec_args and _JOB_ID.fullmatch(job_text):
+        if not spec_args and re.fullmatch(_JOB_ID, job_text):
             raise UsageError(f"missing release specification before job ID {job_text!r}")
         if not spec_args:
             raise UsageError(f"missing job ID after release specification {job_text!r}")
@@ -281,7 +283,7 @@ def _release_positionals(positionals: list[str]) -> tuple[tuple[str, ...], str]:
 
 def parse_job_id(text: str) -> str:
     """``N`` or ``N[i]`` (an array element), normalised; else BadJobId naming ``text``."""
-    match = _JOB_ID.fullmatch(text)
+    match = re.fullmatch(_JOB_ID, text)
     if match is None:
         raise BadJobId(f"{text!r}: a job ID is a number, or number[index] for an array element")
     parts = [match.group(1)] if match.group(2) is None else [match.group(1), match.group(2)]

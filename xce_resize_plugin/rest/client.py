@@ -10,9 +10,12 @@ costs nothing at start-up.
 from __future__ import annotations
 
 import os
-from typing import Any
 
 from xce_resize_plugin.errors import ResizeError, Unreachable
+
+TYPE_CHECKING = False  # typing is not imported on bresize's path (see cli/lean.py)
+if TYPE_CHECKING:
+    from typing import Any
 
 DEFAULT_URL = "http://127.0.0.1:6820"
 
