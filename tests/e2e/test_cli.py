@@ -309,9 +309,18 @@ submit = 5
 tasks = 3
 """
     )
-    doc = scenario_json(path)
+    # Refused at t=5: the whole output still comes, then one line, exit 2.
+    proc = run("scenario", "run", str(path), "--json")
+    assert proc.returncode == 2
+    doc = json.loads(proc.stdout)
     assert doc["rejected_jobs"][0]["job"] == "102" and doc["rejected_jobs"][0]["time"] == 5
     assert "102" not in doc["jobs"]
+    assert proc.stderr.splitlines() == [
+        f"xce-resize: {path}: job 102 refused at t=5s: SubmissionRejected: job 102 can never "
+        "start: 3 task(s) on 2 slot(s)"
+    ]
+    text = run("scenario", "run", str(path))
+    assert text.returncode == 2 and "job 102 refused on arrival" in text.stdout
     path.write_text(path.read_text().replace("submit = 5\n", ""))
     proc = run("scenario", "run", str(path))
     assert proc.returncode == 2
@@ -360,3 +369,24 @@ def test_a_tampered_scenario_recording_is_reported(tmp_path: Path) -> None:
     proc = run("simulate", "--replay", str(out))
     assert proc.returncode == 1
     assert "DIFFERENT" in proc.stdout
+
+
+@pytest.mark.parametrize("argv", [["xce-resize", "demo"], ["bresize", "-h"]])
+def test_a_closed_pipe_ends_the_command_quietly(argv: list[str]) -> None:
+    """``xce-resize demo | head -0``: no BrokenPipeError traceback, SIGPIPE's status."""
+    exe = str(Path(sys.executable).parent / argv[0])
+    proc = subprocess.Popen(
+        [exe, *argv[1:]], stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # the reader is gone before the command writes a byte
+    try:
+        err = proc.stderr.read().decode()
+        status = proc.wait(timeout=120)
+    finally:
+        proc.stderr.close()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert err == ""
+    assert status == 141

@@ -106,8 +106,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Console entry point of ``bresize``."""
     args = list(sys.argv[1:] if argv is None else argv)
     outcome = run(args, http_sender(Client.from_env()))
-    if outcome.stdout:
-        print(outcome.stdout)
+    try:
+        if outcome.stdout:
+            print(outcome.stdout)
+            sys.stdout.flush()  # a closed pipe shows here, not at exit
+    except BrokenPipeError:
+        import os
+
+        # As a C command killed by SIGPIPE: quiet. Python flushes stdout again at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + 13
     if outcome.message:
         print(outcome.message, file=sys.stderr)
     return outcome.exit

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import sys
 import tempfile
 import time
@@ -21,6 +22,7 @@ from xce_resize_plugin import __version__
 from xce_resize_plugin.errors import ResizeError, Unreachable
 
 EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE, EXIT_REJECTED = 0, 1, 2, 255
+EXIT_PIPE = 128 + 13  # SIGPIPE
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -151,7 +153,11 @@ def _simulate_parser(sub: Any) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        return _dispatch(args, sys.stdout)
+        status = _dispatch(args, sys.stdout)
+        sys.stdout.flush()  # a closed pipe shows here, inside the try, not at exit
+        return status
+    except BrokenPipeError:
+        return closed_stdout()
     except ResizeError as exc:
         print(f"xce-resize: {exc.text}", file=sys.stderr)
         from xce_resize_plugin.rest.client import RemoteError
@@ -161,6 +167,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("xce-resize: interrupted", file=sys.stderr)
         return 130
+
+
+def closed_stdout() -> int:
+    """The reader of our output went away (``xce-resize ... | head``): exit quietly, with
+    the status a shell shows for a C program killed by SIGPIPE."""
+    # Python flushes stdout again at exit; pointed at /dev/null, that flush cannot fail.
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    return EXIT_PIPE
 
 
 def _dispatch(args: argparse.Namespace, out: TextIO) -> int:
@@ -222,11 +237,17 @@ def _scenario(args: argparse.Namespace, out: TextIO) -> int:
         out.write("\n")
     else:
         out.write(render_timeline(result))
+    for line in result.problems:
+        print(f"xce-resize: invariant problem: {line}", file=sys.stderr)
+    # A job the controller refused on arrival means the file does not describe the run its
+    # author meant: as a refusal at time 0 does, it fails the run (after the output).
+    for t, job_id, reason in result.rejected:
+        print(
+            f"xce-resize: {args.file}: job {job_id} refused at t={t:g}s: {reason}", file=sys.stderr
+        )
     if result.problems:
-        for line in result.problems:
-            print(f"xce-resize: invariant problem: {line}", file=sys.stderr)
         return EXIT_PROBLEMS
-    return EXIT_OK
+    return EXIT_USAGE if result.rejected else EXIT_OK
 
 
 def _journal(args: argparse.Namespace, out: TextIO) -> int:
