@@ -123,6 +123,22 @@ _SHOWN = (
 )
 
 
+def resize_summary(resize: Mapping[str, Any]) -> str:
+    """One line for a job's resize status (the REST status document): the phase, then
+    the pending grow and the change in flight, when there are any."""
+    parts = [str(resize.get("phase", ""))]
+    pending = resize.get("pending")
+    if isinstance(pending, Mapping):
+        low, high = pending.get("min"), pending.get("max")
+        span = f"{high}" if low == high else f"{low} to {high}"
+        parts.append(f"pending grow of {span} task(s)")
+    in_flight = resize.get("in_flight")
+    if isinstance(in_flight, Mapping):
+        ids = ",".join(str(t.get("id")) for t in in_flight.get("tasks", ()))
+        parts.append(f"{in_flight.get('kind')} in flight (tasks {ids})")
+    return "; ".join(parts)
+
+
 def _jobs(args: argparse.Namespace, out: TextIO, client: Client) -> int:
     if args.job is not None:
         doc = client.call("GET", f"/v1/jobs/{_quote(args.job)}")
@@ -139,9 +155,7 @@ def _jobs(args: argparse.Namespace, out: TextIO, client: Client) -> int:
                 out.write(f"{key:>10}: {value}\n")
         resize = doc.get("resize")
         if isinstance(resize, Mapping):
-            out.write(
-                f"{'resize':>10}: {resize.get('phase', '')} pending={resize.get('pending')}\n"
-            )
+            out.write(f"{'resize':>10}: {resize_summary(resize)}\n")
         return 0
     docs = client.call("GET", "/v1/jobs")
     if args.json:
