@@ -373,6 +373,9 @@ class Runtime:
                 "XCE_JOB_ID": job.id,
                 "LSB_RESIZE_EVENT": effect.kind.value,
                 "LSB_RESIZE_HOSTS": format_hosts(effect.delta),
+                # Which tasks, not only how many per host: a framework retires exactly
+                # these workers (docs/user-guide.md, "The notification command").
+                "XCE_RESIZE_TASK_IDS": ",".join(str(t.id) for t in effect.delta),
                 "LSB_RESIZE_NOTIFY_OK": NOTIFY_OK,
                 "LSB_RESIZE_NOTIFY_FAIL": NOTIFY_FAIL,
             }

@@ -126,12 +126,11 @@ def test_hook_xce_sched_cycle(tmp_path: Path) -> None:
 def test_hook_xce_dispatch_cycle(tmp_path: Path) -> None:
     h = started(tmp_path)
     h.ctl.submit("bob", 1, runtime=10, alloc={"hD": 1}, job_id="2")
-    h.request(
-        "alice", "1", GrowRequest(2, 2, notify_cmd="echo $LSB_RESIZE_EVENT $LSB_RESIZE_HOSTS")
-    )
+    notify = "echo $LSB_RESIZE_EVENT $LSB_RESIZE_HOSTS / $XCE_RESIZE_TASK_IDS"
+    h.request("alice", "1", GrowRequest(2, 2, notify_cmd=notify))
     notes = h.ctl.notifications("1")
     assert len(notes) == 1 and notes[0].status == 0
-    assert notes[0].stdout.strip() == "grow hA 2"  # the job's own host first
+    assert notes[0].stdout.strip() == "grow hA 2 / 2,3"  # the job's own host first
     assert len(h.ctl.job("1").tasks) == 4
 
 

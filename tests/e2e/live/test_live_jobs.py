@@ -201,7 +201,7 @@ def test_notification_runs_for_real(resize_live_factory: Any, tmp_path: Path) ->
     job = live.idle(job_id, 1)
     env = _env_file(out)
     assert env["LSB_RESIZE_EVENT"] == "grow"
-    assert env["LSB_RESIZE_HOSTS"] == "h2 2"
+    assert env["LSB_RESIZE_HOSTS"] == "h2 2" and env["XCE_RESIZE_TASK_IDS"] == "1,2"
     assert env["LSB_MCPU_HOSTS"] == "h1 1 h2 2" and env["LSB_HOSTS"] == "h1 h2 h2"
     assert env["XCE_HOSTNAME"] == "h1" and env["LSB_JOBID"] == job_id
     assert env["XCE_ALLOC_VERSION"] == "1" and env["LSB_RESIZE_NOTIFY_OK"] == "0"
