@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, TextIO
 
 from xce_resize_plugin.errors import UsageError
@@ -31,6 +31,25 @@ def add_parsers(sub: Any) -> None:
     submit.add_argument("--rnc", dest="notify_cmd", help="resize notification command")
     submit.add_argument(
         "--grow-hosts", choices=["prefer-existing", "new-only", "any"], help="where grows go"
+    )
+    submit.add_argument(
+        "--estimate", type=float, metavar="S", help="runtime estimate in seconds (backfilling)"
+    )
+    submit.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="K=V",
+        help="set a variable in the job's environment (repeatable)",
+    )
+    submit.add_argument("--cwd", metavar="DIR", help="the tasks' working directory (absolute)")
+    submit.add_argument(
+        "--alloc",
+        action="append",
+        default=[],
+        metavar="HOST=N",
+        help="start at once with N tasks on HOST, bypassing the queue (repeatable; the "
+        "first host holds task 0)",
     )
     submit.add_argument("--json", action="store_true")
     submit.add_argument("argv", nargs=argparse.REMAINDER, help="-- COMMAND ARGS...")
@@ -93,12 +112,38 @@ def _submit(args: argparse.Namespace, out: TextIO, client: Client) -> int:
         body["notify_cmd"] = args.notify_cmd
     if args.grow_hosts is not None:
         body["grow_hosts"] = args.grow_hosts
+    if args.estimate is not None:
+        body["estimate"] = args.estimate
+    if args.env:
+        body["env"] = dict(_pair("--env", item, str) for item in args.env)
+    if args.cwd is not None:
+        body["cwd"] = args.cwd
+    if args.alloc:
+        body["alloc"] = dict(_pair("--alloc", item, _count) for item in args.alloc)
     doc = client.call("POST", "/v1/jobs", body)
     if args.json:
         _dump(doc, out)
     else:
         out.write(f"Job <{doc['id']}> is submitted.\n")
     return 0
+
+
+def _count(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise ValueError(text)
+    return int(text)
+
+
+def _pair(option: str, item: str, value: Callable[[str], Any]) -> tuple[str, Any]:
+    """``K=V`` of a repeatable option; a usage error names the option and the item."""
+    key, sep, text = item.partition("=")
+    try:
+        if not sep or not key:
+            raise ValueError(item)
+        return key, value(text)
+    except ValueError:
+        what = "HOST=N with N a positive integer" if value is _count else "NAME=VALUE"
+        raise UsageError(f"{option} takes {what}, got {item!r}") from None
 
 
 def _hosts(doc: Mapping[str, Any]) -> str:

@@ -131,3 +131,26 @@ def test_live_demo_runs_and_leaves_nothing_behind() -> None:
     assert [len(line.split(":")[1].split()) for line in seen] == [2, 4, 3]
     assert "notified: grow of hostB 2" in out and "notified: shrink of hostB 1" in out
     assert "JOB_RESIZE" in out and "no process left behind" in out
+
+
+def test_submit_options_env_cwd_alloc_estimate(resize_live_factory: Any, tmp_path: Path) -> None:
+    """`xce-resize submit --env --cwd --alloc --estimate` reach the job; bad items are
+    usage errors (exit 2) that submit nothing."""
+    live: LiveCluster = resize_live_factory({"h1": 2, "h2": 2})
+    live.start()
+    out = tmp_path / "seen"
+    script = f'echo "$GREETING $(pwd) $XCE_TASK_ID" >> {out}; sleep 60'
+    args = ["submit", "-n", "1,4", "--resizable", "--estimate", "90"]
+    args += ["--env", "GREETING=hello=world", "--cwd", str(tmp_path), "--alloc", "h2=1"]
+    proc = cli(live, *args, "--json", "--", "sh", "-c", script)
+    assert proc.returncode == 0, proc.stderr
+    job_id = json.loads(proc.stdout)["id"]
+    job = live.running(job_id, 1)  # started small, on h2, though 4 would fit
+    assert job["hosts"] == {"h2": 1}
+    wait_until(lambda: out.exists() and out.read_text().strip(), 15, "task output")
+    assert out.read_text().split() == ["hello=world", str(tmp_path), "0"]
+    for bad, word in [("--alloc", "h2"), ("--alloc", "h2=0"), ("--env", "=x")]:
+        proc = cli(live, "submit", bad, word, "--", "true")
+        assert proc.returncode == 2, proc.stderr
+        assert f"{bad} takes" in proc.stderr and repr(word) in proc.stderr
+    assert [j["id"] for j in json.loads(cli(live, "jobs", "--json").stdout)["jobs"]] == [job_id]
