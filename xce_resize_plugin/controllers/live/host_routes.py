@@ -3,14 +3,16 @@
 ``Authorization: Bearer <token>`` (a user's token from ``[users] tokens``, or a job's
 ``XCE_JOB_TOKEN``), authenticated before any byte of a body is read.
 
-- ``GET /v1/health``: liveness and epoch (no token);
+- ``GET /v1/health``: liveness and epoch (no token; 503 when fenced, or while the
+  state cannot be written);
 - ``POST /v1/jobs`` (201): submit; ``GET /v1/jobs``: the caller's jobs (all for an
   administrator); ``GET /v1/jobs/{id}``: one job; ``DELETE /v1/jobs/{id}`` (202): kill;
 - ``GET /v1/cluster``: hosts, users, worker agents and the invariant check.
 
 A submission body is at most :data:`MAX_BODY` bytes. Errors are problem documents, as
 the resize routes' are; an error that means the controller was fenced (a newer one took
-over the state directory) also stops this one.
+over the state directory) also stops this one, and a write that failed (a full disk) is
+answered 503 after the controller went back to what is on disk.
 """
 
 from __future__ import annotations
@@ -25,12 +27,11 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from xce_resize_plugin.controllers.live.live_controller import LiveController
-from xce_resize_plugin.errors import FencedError, InvalidRequest, ResizeError
+from xce_resize_plugin.errors import InvalidRequest
 from xce_resize_plugin.host import Principal
 from xce_resize_plugin.rest.http import (
     ApiRoute,
     BodyLimit,
-    Translate,
     endpoint,
     read_body,
     reply,
@@ -199,7 +200,16 @@ HOST_SCHEMAS: dict[str, Any] = {
     },
     "Health": {
         "type": "object",
-        "properties": {"status": {"enum": ["ok", "fenced"]}, "epoch": {"type": "integer"}},
+        "required": ["status", "epoch"],
+        "properties": {
+            "status": {"enum": ["ok", "fenced", "failing"]},
+            "epoch": {"type": "integer"},
+            "reason": {
+                "type": "string",
+                "description": "why not ok: fenced by a newer controller, or the state "
+                "cannot be written (e.g. a full disk)",
+            },
+        },
     },
 }
 
@@ -216,23 +226,6 @@ async def _submission(request: Request) -> Any:
         return json.loads(raw) if raw else None
     except (ValueError, RecursionError) as exc:
         raise InvalidRequest(f"body is not JSON: {exc}") from None
-
-
-def fencing(ctl: LiveController) -> Translate:
-    """The error translation of the host routes: a fenced error (or one caused by a
-    fenced journal) stops the controller, and is answered."""
-
-    def translate(exc: Exception) -> ResizeError | None:
-        if isinstance(exc, ResizeError):
-            if isinstance(exc, FencedError):
-                ctl.fence(exc)
-            return exc
-        if isinstance(exc.__cause__, FencedError):
-            ctl.fence(exc.__cause__)
-            return exc.__cause__
-        return None
-
-    return translate
 
 
 @frozen
@@ -257,15 +250,15 @@ class HostCalls:
         return self.ctl.cluster_json()
 
     async def health(self, request: Request) -> Response:
-        ok = self.ctl.fenced is None
-        body = {"status": "ok" if ok else "fenced", "epoch": self.ctl.live_store.epoch}
-        return reply(body, 200 if ok else 503)
+        body, status = self.ctl.health()
+        return reply(body, status)
 
 
 def host_routes(ctl: LiveController) -> list[ApiRoute]:
     """The controller's own routes (the module docstring lists them)."""
     calls = HostCalls(ctl)
-    translate = fencing(ctl)
+    # A fenced error stops the controller; a failed write is answered 503.
+    translate = ctl.translate
 
     def route(op: Operation, call: Call, *, body: bool = False) -> ApiRoute:
         async def handle(request: Request, principal: Principal) -> Response:
@@ -284,4 +277,4 @@ def host_routes(ctl: LiveController) -> list[ApiRoute]:
     ]
 
 
-__all__ = ["HOST_SCHEMAS", "MAX_BODY", "HostCalls", "fencing", "host_routes"]
+__all__ = ["HOST_SCHEMAS", "MAX_BODY", "HostCalls", "host_routes"]
