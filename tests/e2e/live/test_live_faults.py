@@ -170,3 +170,39 @@ def test_failed_writes_change_nothing_answer_503_and_recover_without_restart(
     live.running(second, 2)
     live.running(third, 1)
     live.check_consistent(second)
+
+
+def test_a_resize_request_the_journal_cannot_record_is_503_and_changes_nothing(
+    resize_live_factory: Any,
+) -> None:
+    """The first write that fails is the plugin's journal's, in a grow request: it is
+    answered 503 with Retry-After (not acknowledged, so not applied), the controller goes
+    back to what is on disk instead of stopping, and the same request succeeds once the
+    journal can be written again."""
+    live: LiveCluster = resize_live_factory({"h1": 2, "h2": 2})
+    controller = live.start()
+    job_id = live.submit(tasks="1,3", alloc={"h1": 1}, resizable=True)
+    live.running(job_id, 1)
+
+    _limit_file_size(controller.pid, 8192)
+    response = live.grow(job_id, 1)
+    assert response.status_code == 503, response.text
+    assert response.json()["code"] == "XCE_RESIZE_JOURNAL", response.text
+    assert int(response.headers["retry-after"]) > 0
+    health = _health(live)
+    assert health.status_code == 503 and health.json()["status"] == "failing", health.text
+    job = live.job(job_id)
+    assert len(job["held"]) == 1 and len(job["tasks"]) == 1, job
+    refused = live.grow(job_id, 1)
+    assert refused.status_code == 503, refused.text
+    assert refused.json()["code"] == "XCE_STATE_NOT_WRITABLE", refused.text
+
+    _limit_file_size(controller.pid, resource.RLIM_INFINITY)
+    wait_until(lambda: _health(live).status_code == 200, 20, "health ok again")
+    assert controller.poll() is None
+    assert live.phase(job_id) == "IDLE"
+    job = live.job(job_id)
+    assert job["version"] == 0 and len(job["held"]) == 1, job
+    assert live.grow(job_id, 1).status_code == 202
+    live.idle(job_id, 1)
+    live.check_consistent(job_id)
