@@ -27,11 +27,13 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from xce_resize_plugin.controllers.live.live_controller import LiveController
-from xce_resize_plugin.errors import InvalidRequest
+from xce_resize_plugin.controllers.live.storage_faults import fenced_cause, storage_failure
+from xce_resize_plugin.errors import InvalidRequest, ResizeError
 from xce_resize_plugin.host import Principal
 from xce_resize_plugin.rest.http import (
     ApiRoute,
     BodyLimit,
+    Translate,
     endpoint,
     read_body,
     reply,
@@ -228,6 +230,23 @@ async def _submission(request: Request) -> Any:
         raise InvalidRequest(f"body is not JSON: {exc}") from None
 
 
+def fencing(ctl: LiveController) -> Translate:
+    """The error translation of the host routes: a fenced error (or one caused by a
+    fenced journal) stops the controller, and is answered; a failed write (a full disk)
+    makes the controller go back to what is on disk, and is answered 503."""
+
+    def translate(exc: Exception) -> ResizeError | None:
+        fenced = fenced_cause(exc)
+        if fenced is not None:
+            ctl.fence(fenced)
+            return fenced
+        if storage_failure(exc) is not None:
+            return ctl.storage_failed(exc)
+        return exc if isinstance(exc, ResizeError) else None
+
+    return translate
+
+
 @frozen
 class HostCalls:
     """The controller calls behind the host routes."""
@@ -257,8 +276,7 @@ class HostCalls:
 def host_routes(ctl: LiveController) -> list[ApiRoute]:
     """The controller's own routes (the module docstring lists them)."""
     calls = HostCalls(ctl)
-    # A fenced error stops the controller; a failed write is answered 503.
-    translate = ctl.translate
+    translate = fencing(ctl)
 
     def route(op: Operation, call: Call, *, body: bool = False) -> ApiRoute:
         async def handle(request: Request, principal: Principal) -> Response:
@@ -277,4 +295,4 @@ def host_routes(ctl: LiveController) -> list[ApiRoute]:
     ]
 
 
-__all__ = ["HOST_SCHEMAS", "MAX_BODY", "HostCalls", "host_routes"]
+__all__ = ["HOST_SCHEMAS", "MAX_BODY", "HostCalls", "fencing", "host_routes"]

@@ -612,18 +612,6 @@ class LiveController:
         if isinstance(error, FencedError):
             self.fence(error)
 
-    def translate(self, exc: Exception) -> ResizeError | None:
-        """The answer of a host route that raised ``exc`` (``None``: a bug, 500). A
-        fenced error stops this controller; a failed write makes the controller go back
-        to what is on disk (:meth:`storage_failed`) and is answered 503."""
-        fenced = fenced_cause(exc)
-        if fenced is not None:
-            self.fence(fenced)
-            return fenced
-        if storage_failure(exc) is not None:
-            return self.storage_failed(exc)
-        return exc if isinstance(exc, ResizeError) else None
-
     def health(self) -> tuple[dict[str, Any], int]:
         """``GET /v1/health``: the answer and its status (503 unless ``ok``)."""
         body: dict[str, Any] = {"status": "ok", "epoch": self.live_store.epoch}
