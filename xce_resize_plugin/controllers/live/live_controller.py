@@ -40,6 +40,18 @@ one's writes fail, it stops), connects to the agents (starting missing ones),
 reconciles every live task with what its agent reports, and only then calls
 ``xce_controller_start`` (docs/live-controller.md lists every case).
 
+**When the state cannot be written** (a full or failing disk: a write of the store, of
+the plugin's journal or of a hostfile fails), the controller goes back to what is on
+disk rather than go on with a memory that ran ahead of it: it drops the generation that
+failed — the embedded controller (whose store lease is revoked, so nothing of it can
+write any more), the commands waiting in the outbox, the plugin's runtime, the
+observers — and builds the embedded controller again from the store
+(:meth:`LiveController.storage_failed`). Changes are refused with 503 meanwhile, and
+health says ``failing``. Every :data:`STORAGE_RETRY` seconds the loop starts again from
+the disk as a restart would, in this process: reconcile with every agent, then
+``xce_controller_start``; the first attempt that writes ends the failure
+(docs/live-controller.md).
+
 **Observers.** :meth:`LiveController.add_observer` takes an
 :class:`~xce_resize_plugin.controllers.observer.Observer` (the embedded controller's
 events: submissions, starts, task reports, notification answers, cycles, job ends) or
@@ -349,8 +361,14 @@ class LiveController:
         if missing:
             log.warning("no agent yet for %s; their tasks wait", ", ".join(missing))
         with self.lock:
-            self._start_plugin()
-            for observer in self._observers:
+            try:
+                if self.failing is None:
+                    self._start_plugin()
+            except Exception as exc:
+                if storage_failure(exc) is None:
+                    raise
+                self.storage_failed(exc)  # serve while failing: the loop recovers
+            for observer in self._observers:  # none left if the state is not writable
                 observer.controller_started()
         self.fleet.start_threads()
         self._loop_thread = threading.Thread(target=self._loop, name="controller-loop", daemon=True)
