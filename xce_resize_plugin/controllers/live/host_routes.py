@@ -60,7 +60,7 @@ LIST_JOBS = Operation(
     "/v1/jobs",
     "The caller's jobs (every job for an administrator)",
     response="JobList",
-    errors=(401,),
+    errors=(401, 503),
 )
 SUBMIT_JOB = Operation(
     "submit_job",
@@ -79,7 +79,7 @@ SHOW_JOB = Operation(
     "One job: allocation, tasks with pids, resize state, accounting",
     response="Job",
     params=(_ID,),
-    errors=(401, 403, 404),
+    errors=(401, 403, 404, 503),
 )
 KILL_JOB = Operation(
     "kill_job",
@@ -97,7 +97,7 @@ CLUSTER = Operation(
     "/v1/cluster",
     "Hosts, users, worker agents and the invariant check",
     response="Cluster",
-    errors=(401,),
+    errors=(401, 503),
 )
 
 _TASK_REF = {
