@@ -7,6 +7,7 @@ limit (chunked, no length) is cut off there rather than read to its end."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import itertools
 import json
 from collections.abc import Iterator
@@ -17,7 +18,9 @@ from starlette.applications import Starlette
 
 from xce_resize_plugin.controllers.live.host_routes import MAX_BODY as HOST_MAX_BODY
 from xce_resize_plugin.controllers.live.host_routes import host_routes
-from xce_resize_plugin.errors import FencedError
+from xce_resize_plugin.controllers.live.storage_faults import StateNotWritable
+from xce_resize_plugin.controllers.violations import StoreError
+from xce_resize_plugin.errors import FencedError, JournalError
 from xce_resize_plugin.host import Principal
 from xce_resize_plugin.rest import http
 from xce_resize_plugin.rest import routes as api
@@ -29,10 +32,11 @@ CHUNK = 4096
 
 class StubController:
     """Just what the routes touch before the controller does any work: the token check;
-    ``submit_job`` answers what it was given; ``fence`` records."""
+    ``submit_job`` answers what it was given; ``fence`` and ``storage_failed`` record."""
 
     def __init__(self, fail: Exception | None = None) -> None:
         self.fenced: BaseException | None = None
+        self.failed: BaseException | None = None
         self.fail = fail
         self.plugin_manager = None
 
@@ -46,6 +50,10 @@ class StubController:
 
     def fence(self, reason: BaseException) -> None:
         self.fenced = reason
+
+    def storage_failed(self, exc: BaseException) -> StateNotWritable:
+        self.failed = exc
+        return StateNotWritable(str(exc))
 
 
 class Stream:
@@ -71,6 +79,14 @@ def endless() -> Iterator[bytes]:
 def call(
     app: Any, method: str, path: str, stream: Stream, headers: dict[str, str]
 ) -> tuple[int, Any]:
+    status, _, doc = exchange(app, method, path, stream, headers)
+    return status, doc
+
+
+def exchange(
+    app: Any, method: str, path: str, stream: Stream, headers: dict[str, str]
+) -> tuple[int, dict[str, str], Any]:
+    """Status, headers and JSON body of the answer to one request."""
     sent: list[dict[str, Any]] = []
 
     async def send(message: dict[str, Any]) -> None:
@@ -92,7 +108,8 @@ def call(
     }
     asyncio.run(app(scope, stream, send))
     body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
-    return sent[0]["status"], json.loads(body)
+    answer = {k.decode(): v.decode() for k, v in sent[0]["headers"]}
+    return sent[0]["status"], answer, json.loads(body)
 
 
 def resize_app() -> Starlette:
@@ -170,12 +187,46 @@ def test_a_fenced_error_stops_the_controller_and_is_answered() -> None:
     ctl = StubController(fail=RuntimeError("write failed"))
     ctl.fail.__cause__ = FencedError("epoch 3 took over")  # type: ignore[union-attr]
     headers = {"authorization": f"Bearer {GOOD}"}
-    status, doc = call(host_app(ctl), "POST", "/v1/jobs", Stream(iter([b"{}"])), headers)
+    status, answer, doc = exchange(
+        host_app(ctl), "POST", "/v1/jobs", Stream(iter([b"{}"])), headers
+    )
     assert (status, doc["code"]) == (503, "XCE_RESIZE_FENCED")
+    assert "retry-after" not in answer  # a fenced controller never comes back
     assert isinstance(ctl.fenced, FencedError)
     ctl = StubController(fail=RuntimeError("a bug"))
     status, doc = call(host_app(ctl), "POST", "/v1/jobs", Stream(iter([b"{}"])), headers)
     assert (status, doc["code"]) == (500, "XCE_INTERNAL") and ctl.fenced is None
+
+
+@pytest.mark.parametrize(
+    "failure",
+    [
+        StoreError("state/controller: cannot write (Error: mdb_txn_commit: File too large)"),
+        JournalError("state/resize: cannot write the journal (Error: Input/output error)"),
+        OSError(errno.ENOSPC, "No space left on device"),
+    ],
+    ids=["state", "journal", "hostfile"],
+)
+def test_a_failed_write_is_answered_503_with_retry_after(failure: Exception) -> None:
+    """A write that failed is the disk's fault, not the request's: 503 (never 4xx, never
+    500), with Retry-After; the controller hears of it (and goes back to its disk)."""
+    ctl = StubController(fail=RuntimeError("submission failed"))
+    ctl.fail.__cause__ = failure  # type: ignore[union-attr]
+    headers = {"authorization": f"Bearer {GOOD}"}
+    status, answer, doc = exchange(
+        host_app(ctl), "POST", "/v1/jobs", Stream(iter([b"{}"])), headers
+    )
+    assert (status, doc["code"]) == (503, "XCE_STATE_NOT_WRITABLE")
+    assert answer["content-type"] == "application/problem+json"
+    assert int(answer["retry-after"]) > 0
+    assert ctl.failed is not None and ctl.fenced is None
+    # A refusal because of an earlier failure is not a new failure.
+    ctl = StubController(fail=StateNotWritable("disk full"))
+    status, answer, doc = exchange(
+        host_app(ctl), "POST", "/v1/jobs", Stream(iter([b"{}"])), headers
+    )
+    assert (status, doc["code"], ctl.failed) == (503, "XCE_STATE_NOT_WRITABLE", None)
+    assert int(answer["retry-after"]) > 0
 
 
 def test_one_builder_describes_host_and_resize_routes_alike() -> None:

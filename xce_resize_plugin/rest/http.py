@@ -42,6 +42,7 @@ from xce_resize_plugin.rest.problems import (
     error_json,
     internal_json,
     render,
+    retry_after,
     routing_json,
 )
 
@@ -69,6 +70,9 @@ def problem(error: ResizeError) -> Response:
     response = reply(error_json(error), error.http_status, PROBLEM_JSON)
     if error.http_status == 401:
         response.headers["WWW-Authenticate"] = 'Bearer realm="xce"'
+    seconds = retry_after(error)
+    if seconds is not None:
+        response.headers["Retry-After"] = str(seconds)
     return response
 
 

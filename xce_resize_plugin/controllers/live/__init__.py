@@ -6,6 +6,7 @@
   notification commands; :mod:`.proc`, the process helpers it shares with the controller;
 - :mod:`.tasks`: the controller's channels to the agents (commands, events, liveness);
 - :mod:`.live_store`: the controller's own LMDB state with fencing;
+- :mod:`.storage_faults`: what an error of the write path means (fenced, or the disk);
 - :mod:`.submission`: a job submission (``POST /v1/jobs``), checked;
 - :mod:`.live_controller`: :class:`~.live_controller.LiveController`, which holds an
   embedded controller on the wall clock;

@@ -3,14 +3,16 @@
 ``Authorization: Bearer <token>`` (a user's token from ``[users] tokens``, or a job's
 ``XCE_JOB_TOKEN``), authenticated before any byte of a body is read.
 
-- ``GET /v1/health``: liveness and epoch (no token);
+- ``GET /v1/health``: liveness and epoch (no token; 503 when fenced, or while the
+  state cannot be written);
 - ``POST /v1/jobs`` (201): submit; ``GET /v1/jobs``: the caller's jobs (all for an
   administrator); ``GET /v1/jobs/{id}``: one job; ``DELETE /v1/jobs/{id}`` (202): kill;
 - ``GET /v1/cluster``: hosts, users, worker agents and the invariant check.
 
 A submission body is at most :data:`MAX_BODY` bytes. Errors are problem documents, as
 the resize routes' are; an error that means the controller was fenced (a newer one took
-over the state directory) also stops this one.
+over the state directory) also stops this one, and a write that failed (a full disk) is
+answered 503 after the controller went back to what is on disk.
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from xce_resize_plugin.controllers.live.live_controller import LiveController
-from xce_resize_plugin.errors import FencedError, InvalidRequest, ResizeError
+from xce_resize_plugin.controllers.live.storage_faults import fenced_cause, storage_failure
+from xce_resize_plugin.errors import InvalidRequest, ResizeError
 from xce_resize_plugin.host import Principal
 from xce_resize_plugin.rest.http import (
     ApiRoute,
@@ -57,7 +60,7 @@ LIST_JOBS = Operation(
     "/v1/jobs",
     "The caller's jobs (every job for an administrator)",
     response="JobList",
-    errors=(401,),
+    errors=(401, 503),
 )
 SUBMIT_JOB = Operation(
     "submit_job",
@@ -76,7 +79,7 @@ SHOW_JOB = Operation(
     "One job: allocation, tasks with pids, resize state, accounting",
     response="Job",
     params=(_ID,),
-    errors=(401, 403, 404),
+    errors=(401, 403, 404, 503),
 )
 KILL_JOB = Operation(
     "kill_job",
@@ -94,7 +97,7 @@ CLUSTER = Operation(
     "/v1/cluster",
     "Hosts, users, worker agents and the invariant check",
     response="Cluster",
-    errors=(401,),
+    errors=(401, 503),
 )
 
 _TASK_REF = {
@@ -199,7 +202,16 @@ HOST_SCHEMAS: dict[str, Any] = {
     },
     "Health": {
         "type": "object",
-        "properties": {"status": {"enum": ["ok", "fenced"]}, "epoch": {"type": "integer"}},
+        "required": ["status", "epoch"],
+        "properties": {
+            "status": {"enum": ["ok", "fenced", "failing"]},
+            "epoch": {"type": "integer"},
+            "reason": {
+                "type": "string",
+                "description": "why not ok: fenced by a newer controller, or the state "
+                "cannot be written (e.g. a full disk)",
+            },
+        },
     },
 }
 
@@ -220,17 +232,17 @@ async def _submission(request: Request) -> Any:
 
 def fencing(ctl: LiveController) -> Translate:
     """The error translation of the host routes: a fenced error (or one caused by a
-    fenced journal) stops the controller, and is answered."""
+    fenced journal) stops the controller, and is answered; a failed write (a full disk)
+    makes the controller go back to what is on disk, and is answered 503."""
 
     def translate(exc: Exception) -> ResizeError | None:
-        if isinstance(exc, ResizeError):
-            if isinstance(exc, FencedError):
-                ctl.fence(exc)
-            return exc
-        if isinstance(exc.__cause__, FencedError):
-            ctl.fence(exc.__cause__)
-            return exc.__cause__
-        return None
+        fenced = fenced_cause(exc)
+        if fenced is not None:
+            ctl.fence(fenced)
+            return fenced
+        if storage_failure(exc) is not None:
+            return ctl.storage_failed(exc)
+        return exc if isinstance(exc, ResizeError) else None
 
     return translate
 
@@ -257,9 +269,8 @@ class HostCalls:
         return self.ctl.cluster_json()
 
     async def health(self, request: Request) -> Response:
-        ok = self.ctl.fenced is None
-        body = {"status": "ok" if ok else "fenced", "epoch": self.ctl.live_store.epoch}
-        return reply(body, 200 if ok else 503)
+        body, status = self.ctl.health()
+        return reply(body, status)
 
 
 def host_routes(ctl: LiveController) -> list[ApiRoute]:

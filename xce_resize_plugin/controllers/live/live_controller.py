@@ -40,6 +40,18 @@ one's writes fail, it stops), connects to the agents (starting missing ones),
 reconciles every live task with what its agent reports, and only then calls
 ``xce_controller_start`` (docs/live-controller.md lists every case).
 
+**When the state cannot be written** (a full or failing disk: a write of the store, of
+the plugin's journal or of a hostfile fails), the controller goes back to what is on
+disk rather than go on with a memory that ran ahead of it: it drops the generation that
+failed — the embedded controller (whose store lease is revoked, so nothing of it can
+write any more), the commands waiting in the outbox, the plugin's runtime, the
+observers — and builds the embedded controller again from the store
+(:meth:`LiveController.storage_failed`). Changes are refused with 503 meanwhile, and
+health says ``failing``. Every :data:`STORAGE_RETRY` seconds the loop starts again from
+the disk as a restart would, in this process: reconcile with every agent, then
+``xce_controller_start``; the first attempt that writes ends the failure
+(docs/live-controller.md).
+
 **Observers.** :meth:`LiveController.add_observer` takes an
 :class:`~xce_resize_plugin.controllers.observer.Observer` (the embedded controller's
 events: submissions, starts, task reports, notification answers, cycles, job ends) or
@@ -66,9 +78,14 @@ import pluggy
 from pluggy import HookImpl
 
 from xce_resize_plugin.controllers.jobs import JobRecord, TaskRecord, TaskState
-from xce_resize_plugin.controllers.live.live_store import LiveStore
+from xce_resize_plugin.controllers.live.live_store import Lease, LiveStore
 from xce_resize_plugin.controllers.live.proc import atomic_write
 from xce_resize_plugin.controllers.live.settings import LiveConfig
+from xce_resize_plugin.controllers.live.storage_faults import (
+    StateNotWritable,
+    fenced_cause,
+    storage_failure,
+)
 from xce_resize_plugin.controllers.live.submission import parse_submission
 from xce_resize_plugin.controllers.live.tasks import Queued, WorkerFleet
 from xce_resize_plugin.controllers.observer import LiveObserver, Observer
@@ -86,7 +103,6 @@ from xce_resize_plugin.core.models import JobState, Task, allocation_env
 from xce_resize_plugin.errors import (
     FencedError,
     JobFinished,
-    JournalError,
     NoJob,
     PermissionDenied,
     ResizeError,
@@ -99,6 +115,10 @@ log = logging.getLogger(__name__)
 TICK = 0.1
 #: How often the loop checks that no newer controller took the state directory.
 FENCE_CHECK = 0.5
+#: Seconds between attempts to write again while the state cannot be written.
+STORAGE_RETRY = 1.0
+#: Hooks the controller still calls while the state cannot be written.
+LIFECYCLE_HOOKS = frozenset({"xce_controller_start", "xce_controller_stop"})
 #: Task states whose process may still be alive.
 LIVE = (TaskState.STARTING, TaskState.RUNNING, TaskState.STOPPING)
 #: Fault injection for the failover tests: ``XCE_LIVE_CRASH=POINT`` makes the
@@ -230,6 +250,14 @@ class LiveController:
         self._broken: set[str] = set()
         self._opened = False
         self._observers: list[LiveObserver] = []
+        #: Why the state cannot be written (``None``: it can): see :meth:`storage_failed`.
+        self.failing: BaseException | None = None
+        self._failure_seen: BaseException | None = None
+        self._writable = threading.Event()
+        self._writable.set()
+        # The in-memory view is not what is on disk (a reload from it failed): nothing
+        # is shown until one succeeds.
+        self._stale = False
         self._crash_at = os.environ.get(CRASH_ENV) or None
         if self._crash_at is not None and self._crash_at not in CRASH_POINTS:
             raise ValueError(f"{CRASH_ENV}={self._crash_at}: not one of {', '.join(CRASH_POINTS)}")
@@ -246,28 +274,44 @@ class LiveController:
             self.live_store.before_commit = self._before_commit
             self.live_store.after_commit = self.fleet.release
             with self.lock:
+                self._lease = Lease(self.live_store)
                 #: The controller machinery (scheduler, ledger, hook order, invariants),
                 #: on the wall clock, with this controller's lock, runners and store.
-                self.embedded = EmbeddedController(
-                    plugin_manager,
-                    cfg.state_dir,
-                    list(cfg.hosts),
-                    config=cfg.resize,
-                    user_slots=cfg.user_slots,
-                    store=self.live_store,
-                    clock=WallClock(),
-                    task_runner=LiveTaskRunner(self._runner_start, self._runner_stop),
-                    notification_runner=LiveNotificationRunner(self._runner_notify),
-                    protect_reservation=True,
-                    autostart=False,
-                    lock=self.lock,
-                    hook_controller=self,
-                    resume_tasks=False,
-                )
+                #: Built again from the store after a failed write (:meth:`_reload`).
+                self.embedded = self._new_embedded(self._lease)
                 self._resume_stops()
         except BaseException:
             self.live_store.close()
             raise
+        self._read_side()
+        self._undo_monitor = plugin_manager.add_hookcall_monitoring(
+            self._before_hook, self._after_hook
+        )
+
+    def _new_embedded(self, lease: Lease) -> EmbeddedController:
+        """An embedded controller on what the store holds, writing through ``lease``."""
+        cfg = self.cfg
+        return EmbeddedController(
+            self._pm,
+            cfg.state_dir,
+            list(cfg.hosts),
+            config=cfg.resize,
+            user_slots=cfg.user_slots,
+            store=lease,
+            clock=WallClock(),
+            task_runner=LiveTaskRunner(self._runner_start, self._runner_stop),
+            notification_runner=LiveNotificationRunner(self._runner_notify),
+            protect_reservation=True,
+            autostart=False,
+            lock=self.lock,
+            hook_controller=self,
+            resume_tasks=False,
+        )
+
+    def _read_side(self) -> None:
+        """The job tokens and the job ends in progress, from the side records."""
+        self._job_tokens.clear()
+        self._ending.clear()
         for key in self.live_store.keys("job:"):
             spec = self.live_store.get(key)
             job_id = key[len("job:") :]
@@ -276,9 +320,6 @@ class LiveController:
             ending = spec.get("ending")
             if ending and not spec.get("ended"):
                 self._ending[job_id] = (JobState(ending[0]), str(ending[1]))
-        self._undo_monitor = plugin_manager.add_hookcall_monitoring(
-            self._before_hook, self._after_hook
-        )
 
     # =================================================================================
     # lifecycle
@@ -307,22 +348,40 @@ class LiveController:
                 self._observers.append(observer)
 
     def open(self) -> None:
-        """Connect to (or start) the agents, reconcile, start the plugin and the loop."""
+        """Connect to (or start) the agents, reconcile, start the plugin and the loop.
+
+        An agent that refuses this controller's epoch (it has seen a newer controller,
+        e.g. after the state directory was restored from a backup) fences it: then
+        nothing else starts, and :attr:`fenced` says why.
+        """
         self.fleet.owner = self
         missing = self.fleet.connect_all(self.cfg.worker_timeout)
+        if self.fenced is not None:
+            return
         if missing:
             log.warning("no agent yet for %s; their tasks wait", ", ".join(missing))
         with self.lock:
-            for job in self.embedded.records():
-                if job.state is JobState.RUN:
-                    self._write_hostfile(job.id, job.tasks)
-            self.embedded.start()
-            self._opened = True
-            for observer in self._observers:
+            try:
+                if self.failing is None:
+                    self._start_plugin()
+            except Exception as exc:
+                if storage_failure(exc) is None:
+                    raise
+                self.storage_failed(exc)  # serve while failing: the loop recovers
+            for observer in self._observers:  # none left if the state is not writable
                 observer.controller_started()
         self.fleet.start_threads()
         self._loop_thread = threading.Thread(target=self._loop, name="controller-loop", daemon=True)
         self._loop_thread.start()
+
+    def _start_plugin(self) -> None:
+        """Hostfiles of the running jobs, then ``xce_controller_start``: the plugin
+        resumes what its journal says is in flight (after reconciliation)."""
+        for job in self.embedded.records():
+            if job.state is JobState.RUN:
+                self._write_hostfile(job.id, job.tasks)
+        self.embedded.start()
+        self._opened = True
 
     def shutdown(self) -> None:
         """Stop the loop and the channels; a clean stop calls ``xce_controller_stop``.
@@ -338,17 +397,15 @@ class LiveController:
         with self.lock:
             clean = False
             try:
-                if self.fenced is None:
+                if self.fenced is None and self.failing is None:
                     self.embedded.stop()
                     # The plugin's journal is complete now (a recording writes its last
                     # facts, then the line that says the run ended cleanly).
                     clean = self._opened
                 else:
-                    # Fenced: no more writes; only release the plugin's journal handle.
-                    try:
-                        self._hooks.controller_stop(self)
-                    except Exception:  # the journal may refuse, it is fenced too
-                        log.debug("xce_controller_stop after fencing", exc_info=True)
+                    # Fenced, or the state cannot be written: no more writes; only
+                    # release the plugin's journal handle.
+                    self._stop_plugin()
             finally:
                 try:
                     for observer in self._observers:
@@ -357,8 +414,16 @@ class LiveController:
                     self.live_store.close()
                     self._undo_monitor()
 
+    def _stop_plugin(self) -> None:
+        """``xce_controller_stop`` without writing: the plugin drops its runtime (and
+        its journal handle), whatever state that runtime was in."""
+        try:
+            self._hooks.controller_stop(self)
+        except Exception:  # the journal may refuse: fenced, or not writable
+            log.debug("xce_controller_stop without writing", exc_info=True)
+
     def fence(self, reason: BaseException) -> None:
-        """A newer controller took over (or the state cannot be written): stop at once.
+        """A newer controller took over: stop at once (exit status 3).
 
         May be called from any thread, with or without the lock; it only sets flags.
         """
@@ -373,6 +438,91 @@ class LiveController:
         if self.on_fenced is not None:
             self.on_fenced()
 
+    # -- when the state cannot be written ----------------------------------------------
+
+    def storage_failed(self, exc: BaseException) -> StateNotWritable:
+        """A durable write failed (``exc``, or what caused it): go back to what is on
+        disk; the refusal to answer. Any thread; idempotent for one failure.
+
+        What had changed in memory since the last write — the failed write's records,
+        the commands waiting for it in the outbox, the plugin's runtime — is dropped,
+        and the embedded controller is built again from the store, so that what the
+        controller shows and does is what is on disk: nothing started on slots whose
+        release was not recorded, no task without a process. Changes are refused with
+        :class:`StateNotWritable` (503) until the loop's :meth:`_recover` succeeds.
+        """
+        cause = storage_failure(exc) or exc
+        with self.lock:
+            if cause is not self._failure_seen:
+                self._failure_seen = cause
+                if self.failing is None:
+                    log.error(
+                        "the state cannot be written, changes refused until it can: %s", cause
+                    )
+                self.failing = cause
+                self._writable.clear()
+                self._drop_generation()
+                self._reload()
+            self._wake.set()
+        return StateNotWritable(str(cause))
+
+    def _drop_generation(self) -> None:
+        """Nothing the current embedded controller and plugin runtime hold may be
+        written or acted on any more (lock held)."""
+        self._stale = True
+        self._lease.revoked = True
+        self.fleet.discard()
+        self._notifying.clear()
+        self._broken.clear()
+        self._opened = False
+        # A recording goes on only with the run it records: it ends as after a crash.
+        observers, self._observers = self._observers, []
+        for observer in observers:
+            try:
+                observer.controller_closed(False)
+            except Exception:
+                log.exception("observer failed to close")
+        self._stop_plugin()
+
+    def _reload(self) -> None:
+        """Build the embedded controller again from the store (lock held). A failure
+        to read leaves the view stale (:meth:`_check_view`) until the next attempt."""
+        try:
+            self.live_store.reload()
+            lease = Lease(self.live_store)
+            embedded = self._new_embedded(lease)
+        except Exception as exc:
+            if storage_failure(exc) is None:
+                raise
+            log.warning("the state could not be read back: %s", exc)
+            return
+        self._lease, self.embedded = lease, embedded
+        self._read_side()
+        self._stale = False
+
+    def _recover(self) -> None:
+        """The loop, while the state cannot be written: start again from the disk, as
+        a restarted controller would, in this process — reload, hand stops in progress
+        to the agents, reconcile with every agent, restart the plugin (its recovery
+        resumes what its journal has in flight). Raises what fails (the next attempt
+        starts over, :data:`STORAGE_RETRY` seconds later)."""
+        with self.lock:
+            self._drop_generation()
+            self._reload()
+            if self._stale:
+                return
+            failure = self._failure_seen
+            self._resume_stops()
+        # Without the lock: an agent's channel takes its own lock first (see .tasks).
+        self.fleet.connect_all(self.cfg.worker_timeout)
+        with self.lock:
+            if self.fenced is not None or self._failure_seen is not failure:
+                return  # fenced, or failed again meanwhile: start over
+            self._start_plugin()
+            log.warning("the state can be written again (was: %s); serving", self.failing)
+            self.failing = None
+            self._writable.set()
+
     def _crash(self, point: str) -> None:
         """Fault injection (see :data:`CRASH_ENV`): die here as a crash would."""
         if self._crash_at == point:
@@ -385,44 +535,73 @@ class LiveController:
         self._wake.set()
 
     def _check_open(self) -> None:
+        """Refuse a change: fenced or stopping (503), or the state cannot be written."""
         if self.fenced is not None:
             raise ControllerStopping(f"fenced: {self.fenced}")
         if self._stopping.is_set():
             raise ControllerStopping("shutting down")
+        if self.failing is not None:
+            raise StateNotWritable(str(self.failing))
+
+    def _check_view(self) -> None:
+        """Refuse to show a view that is not what is on disk (a reload failed)."""
+        if self._stale:
+            raise StateNotWritable(f"{self.failing}; the state could not be read back either")
 
     def _loop(self) -> None:
         self._loop_ident = threading.get_ident()
-        last_check = 0.0
+        last_check = next_try = 0.0
         while not self._stopping.is_set():
             self._wake.wait(TICK)
             self._wake.clear()
             if self._stopping.is_set():
                 break
             try:
+                now = time.monotonic()
+                if self.failing is not None and now >= next_try:
+                    next_try = now + STORAGE_RETRY
+                    self._recover()
                 with self.lock:
-                    self._finish_endings()
-                    self.embedded.settle()
-                    self._finish_endings()
-                    now = time.monotonic()
+                    if self.failing is None:
+                        self._finish_endings()
+                        self.embedded.settle()
+                        self._finish_endings()
                     if now - last_check >= FENCE_CHECK:
                         last_check = now
                         self.live_store.check_epoch()
                         self.fleet.reap()
-            except (JournalError, ControllerStopping) as exc:
-                # The plugin's journal or our state cannot be written any more (fenced
-                # by a newer controller, or broken): a controller must not go on.
-                self.fence(exc)
-                return
             except Exception as exc:
-                if isinstance(exc.__cause__, FencedError):
-                    self.fence(exc.__cause__)
+                if self._on_error(exc):
                     return
-                log.exception("controller cycle failed")
+
+    def _on_error(self, exc: BaseException, what: str = "controller cycle") -> bool:
+        """What an exception of the loop or of an agent's channel means; ``True`` when
+        the controller stops: fenced (by a newer controller's epoch, or stopping), a
+        failed write (:meth:`storage_failed`), or a bug (logged; the controller goes on).
+        """
+        fenced = fenced_cause(exc)
+        if fenced is not None or isinstance(exc, ControllerStopping):
+            self.fence(fenced or exc)
+            return True
+        if storage_failure(exc) is not None:
+            self.storage_failed(exc)
+        else:
+            log.error("%s failed", what, exc_info=exc)
+        return False
 
     # -- hook calls hold the controller lock (see the module docstring) -------------------
 
     def _before_hook(self, hook_name: str, impls: Any, kwargs: Mapping[str, Any]) -> None:
         self.lock.acquire()
+        if (
+            self.failing is not None
+            and hook_name not in LIFECYCLE_HOOKS
+            and threading.get_ident() != self._loop_ident
+        ):
+            # The plugin is stopped until the state can be written again (the resize
+            # routes call hooks directly): refuse, with the reason.
+            self.lock.release()
+            raise StateNotWritable(str(self.failing))
 
     def _after_hook(
         self,
@@ -432,8 +611,13 @@ class LiveController:
         kwargs: Mapping[str, Any],
     ) -> None:
         error = outcome.exception
+        failure = storage_failure(error)
         try:
-            if self.fenced is None and not isinstance(error, FencedError):
+            if failure is not None:
+                # E.g. the plugin's journal could not be written during a resize
+                # request (no other catch of this controller's is on that path).
+                self.storage_failed(failure)
+            elif self.fenced is None and not isinstance(error, FencedError):
                 # Nothing of ours happened once a newer controller owns the journal.
                 for observer in self._observers:
                     observer.hook_returned(hook_name, kwargs, error)
@@ -445,6 +629,15 @@ class LiveController:
             self._wake.set()  # e.g. a resize request: place it now, not at the next tick
         if isinstance(error, FencedError):
             self.fence(error)
+
+    def health(self) -> tuple[dict[str, Any], int]:
+        """``GET /v1/health``: the answer and its status (503 unless ``ok``)."""
+        body: dict[str, Any] = {"status": "ok", "epoch": self.live_store.epoch}
+        if self.fenced is not None:
+            body.update(status="fenced", reason=str(self.fenced))
+        elif self.failing is not None:
+            body.update(status="failing", reason=f"the state cannot be written: {self.failing}")
+        return body, 200 if body["status"] == "ok" else 503
 
     def job_count(self) -> int:
         """How many jobs the controller knows (any state), e.g. 0 on a new state dir."""
@@ -553,12 +746,13 @@ class LiveController:
             )
             try:
                 self.embedded.submit_job(principal.name, sub.tasks, sub, env=sub.env, job_id=job_id)
-            except ResizeError:
-                self.live_store.put(key, None)
-                raise
             except Exception as exc:
+                if storage_failure(exc) is not None:
+                    raise self.storage_failed(exc) from exc  # not the submission's fault
+                if fenced_cause(exc) is not None:
+                    raise
                 self.live_store.put(key, None)
-                if isinstance(exc.__cause__, FencedError) or isinstance(exc, FencedError):
+                if isinstance(exc, ResizeError):
                     raise
                 raise SubmitRejected(str(exc)) from exc
             self._job_tokens[token] = job_id
@@ -572,7 +766,12 @@ class LiveController:
             job = self._visible(principal, job_id)
             if job.finished:
                 raise JobFinished(f"job {job_id} is {job.state.value}")
-            self.kill(job_id, f"killed by {principal.name}")
+            try:
+                self.kill(job_id, f"killed by {principal.name}")
+            except Exception as exc:
+                if storage_failure(exc) is not None:
+                    raise self.storage_failed(exc) from exc
+                raise
         self._wake.set()
         return self.job_json(job_id)
 
@@ -587,11 +786,13 @@ class LiveController:
 
     def job_view(self, principal: Principal, job_id: str) -> dict[str, Any]:
         with self.lock:
+            self._check_view()
             self._visible(principal, job_id)
             return self.job_json(job_id)
 
     def jobs_view(self, principal: Principal) -> list[dict[str, Any]]:
         with self.lock:
+            self._check_view()
             return [
                 self.job_json(j.id)
                 for j in self.embedded.jobs()
@@ -674,6 +875,7 @@ class LiveController:
     def cluster_json(self) -> dict[str, Any]:
         """Hosts, users, agents and the invariant check (the ``Cluster`` schema)."""
         with self.lock:
+            self._check_view()
             workers = self.fleet.view()
             return {
                 "epoch": self.live_store.epoch,
@@ -841,45 +1043,58 @@ class LiveController:
     # =================================================================================
 
     def worker_events(self, host: str, events: Sequence[Mapping[str, Any]]) -> None:
+        # While the state cannot be written the agent's events wait here (applied
+        # after the recovery's reconciliation, they change nothing it did not see).
+        if not self._await_writable():
+            return
         try:
             with self.lock:
-                if self.fenced is not None:
+                if self.fenced is not None or self.failing is not None:
                     return
                 for event in events:
                     self._on_event(host, event)
                 self.embedded.flush()
-        except JournalError as exc:
-            self.fence(exc)
         except Exception as exc:
-            if isinstance(exc.__cause__, FencedError):
-                self.fence(exc.__cause__)
-            else:
-                log.exception("events of %s could not be applied", host)
+            self._on_error(exc, f"applying the events of {host}")
         self._wake.set()
 
     def worker_down(self, host: str, queued: Queued) -> None:
         """The host's agent is dead: its tasks are lost (see docs/live-controller.md)."""
         try:
             with self.lock:
-                if self.fenced is not None:
+                if self.fenced is not None or not self._reconciling():
                     return
                 self._host_lost(host, queued, f"lost: the agent of {host} died")
                 self.embedded.flush()
-        except JournalError as exc:
-            self.fence(exc)
+        except Exception as exc:
+            self._on_error(exc)
         self._wake.set()
 
     def worker_up(self, host: str, snapshot: Mapping[str, Any], queued: Queued) -> None:
         """Reconcile this host's tasks with the agent's snapshot (see the module doc)."""
         try:
             with self.lock:
-                if self.fenced is not None:
+                if self.fenced is not None or not self._reconciling():
                     return
                 self._reconcile(host, snapshot, queued)
                 self.embedded.flush()
-        except JournalError as exc:
-            self.fence(exc)
+        except Exception as exc:
+            self._on_error(exc)
         self._wake.set()
+
+    def _await_writable(self) -> bool:
+        """Wait while the state cannot be written; ``False`` once the controller stops."""
+        while not self._writable.wait(TICK):
+            if self._stopping.is_set():
+                return False
+        return True
+
+    def _reconciling(self) -> bool:
+        """Whether an agent's state may be reconciled now: always, except while the
+        state cannot be written — then only by the recovery (:meth:`_recover`), which
+        reconciles every agent with the state read back from the disk. (A channel
+        calls this holding its own lock: it must not wait here.)"""
+        return self.failing is None or threading.get_ident() == self._loop_ident
 
     def _reconcile(self, host: str, snapshot: Mapping[str, Any], queued: Queued) -> None:
         instance = str(snapshot["instance"])

@@ -132,6 +132,17 @@ class LiveStore(LmdbStore):
             self._closed = True
             super().close()
 
+    def reload(self) -> None:
+        """Forget every change not written: the side records as on disk, none pending.
+
+        After a write failed, so that what the controller knows is what is on disk; the
+        job records are read again by the embedded controller built on a new
+        :class:`Lease`.
+        """
+        self.side = self._env.read(self._read_side)
+        self._dirty.clear()
+        self._last_meta = None
+
     # -- side records ------------------------------------------------------------------
 
     def get(self, key: str) -> Any:
@@ -161,3 +172,29 @@ class LiveStore(LmdbStore):
 
 def _without_clock(meta: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in meta.items() if k not in ("clock", "schema")}
+
+
+class Lease:
+    """The store as one generation of the embedded controller sees it.
+
+    After a failed write the live controller drops its embedded controller (whose
+    records ran ahead of the disk) and builds a new one from the store: it revokes the
+    old generation's lease first, so that nothing the old one still does — a ``finally``
+    on the way out of the failed call — can write. Closing is the live controller's
+    business, not a generation's.
+    """
+
+    def __init__(self, store: LiveStore) -> None:
+        self._store = store
+        self.revoked = False
+
+    def load(self) -> Snapshot | None:
+        return self._store.load()
+
+    def write(self, meta: Mapping[str, Any] | None, jobs: Iterable[tuple[JobRecord, Held]]) -> None:
+        """:meth:`LiveStore.write`, unless the lease was revoked (then nothing)."""
+        if not self.revoked:
+            self._store.write(meta, jobs)
+
+    def close(self) -> None:
+        """Nothing: the live controller closes the store itself."""

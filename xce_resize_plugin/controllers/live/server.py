@@ -14,6 +14,7 @@ documents (``application/problem+json``) with LSF's code name, number and messag
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import signal
@@ -31,7 +32,7 @@ from xce_resize_plugin import __version__
 from xce_resize_plugin.controllers.live.live_controller import LiveController
 from xce_resize_plugin.controllers.live.settings import LiveConfig, parse_listen
 from xce_resize_plugin.controllers.violations import EmbeddedError
-from xce_resize_plugin.errors import ConfigError
+from xce_resize_plugin.errors import ConfigError, FencedError
 from xce_resize_plugin.host import HostHooks
 
 if TYPE_CHECKING:
@@ -102,17 +103,17 @@ def run(
         sock.close()
         print(f"xce-resize controller: {exc}", file=sys.stderr)
         return EXIT_ERROR
-    try:
-        if attach is not None:
-            attach(ctl)
-        ctl.open()
-        app = build_app(ctl)
-    except BaseException:
+    app = _open(ctl, sock, attach)
+    server = None if app is None else _server(app)
+    if server is not None:
+        ctl.on_fenced = functools.partial(_stop_fenced, server)
+    # Fenced at any moment until now (an agent refused this controller's epoch while it
+    # started, e.g. on a state directory restored from a backup): stop before serving,
+    # rather than hold the port and answer 503 for ever.
+    if server is None or ctl.fenced is not None:
         ctl.shutdown()
         sock.close()
-        raise
-    server = _server(app)
-    ctl.on_fenced = lambda: _stop_fenced(server)
+        return _exit_status(ctl)
     if ready_file is not None:
         _write_ready(ready_file, cfg, ctl)
     log.info(
@@ -123,10 +124,42 @@ def run(
         len(cfg.hosts),
     )
     _serve(server, sock, ctl)
+    return _exit_status(ctl)
+
+
+def _exit_status(ctl: LiveController) -> int:
+    """The exit status of a controller that stopped, after saying why if not cleanly:
+    fenced (3), or stopped while its state could not be written (1)."""
     if ctl.fenced is not None:
         print(f"xce-resize controller: stopped: {ctl.fenced}", file=sys.stderr)
         return EXIT_FENCED
+    if ctl.failing is not None:
+        print(
+            f"xce-resize controller: stopped while the state could not be written: "
+            f"{ctl.failing} (what was acknowledged is on disk)",
+            file=sys.stderr,
+        )
+        return EXIT_ERROR
     return EXIT_OK
+
+
+def _open(
+    ctl: LiveController, sock: socket.socket, attach: Callable[[LiveController], object] | None
+) -> Starlette | None:
+    """Open ``ctl`` and build its application; ``None`` when it was fenced meanwhile."""
+    try:
+        if attach is not None:
+            attach(ctl)
+        ctl.open()
+        if ctl.fenced is None:
+            return build_app(ctl)
+    except FencedError as exc:
+        ctl.fence(exc)  # e.g. the plugin's journal found a newer epoch at start-up
+    except BaseException:
+        ctl.shutdown()
+        sock.close()
+        raise
+    return None
 
 
 def make_controller(cfg: LiveConfig) -> LiveController:
