@@ -31,7 +31,7 @@ from xce_resize_plugin import __version__
 from xce_resize_plugin.controllers.live.live_controller import LiveController
 from xce_resize_plugin.controllers.live.settings import LiveConfig, parse_listen
 from xce_resize_plugin.controllers.violations import EmbeddedError
-from xce_resize_plugin.errors import ConfigError
+from xce_resize_plugin.errors import ConfigError, FencedError, JournalError
 from xce_resize_plugin.host import HostHooks
 
 if TYPE_CHECKING:
@@ -97,16 +97,18 @@ def run(
         return EXIT_USAGE
     try:
         ctl = make_controller(cfg)
-    except EmbeddedError as exc:
-        # A corrupt or newer-schema state directory: never start on half a state.
+    except (EmbeddedError, JournalError) as exc:
         sock.close()
-        print(f"xce-resize controller: {exc}", file=sys.stderr)
-        return EXIT_ERROR
+        return _refuse_state(exc)
     try:
         if attach is not None:
             attach(ctl)
         ctl.open()
         app = build_app(ctl)
+    except (EmbeddedError, JournalError) as exc:
+        ctl.shutdown()
+        sock.close()
+        return _refuse_state(exc)
     except BaseException:
         ctl.shutdown()
         sock.close()
@@ -127,6 +129,17 @@ def run(
         print(f"xce-resize controller: stopped: {ctl.fenced}", file=sys.stderr)
         return EXIT_FENCED
     return EXIT_OK
+
+
+def _refuse_state(exc: EmbeddedError | JournalError) -> int:
+    """A state directory the controller cannot start on (damaged, truncated, of a newer
+    schema, the two stores disagreeing; docs/live-controller.md): one line naming the
+    file, and the exit status for errors. Never start on half a state."""
+    if isinstance(exc, FencedError):
+        print(f"xce-resize controller: stopped: {exc}", file=sys.stderr)
+        return EXIT_FENCED
+    print(f"xce-resize controller: {exc}", file=sys.stderr)
+    return EXIT_ERROR
 
 
 def make_controller(cfg: LiveConfig) -> LiveController:

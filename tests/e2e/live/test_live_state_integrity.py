@@ -1,0 +1,111 @@
+"""The live controller refuses a damaged state directory at start, with real processes
+and real LMDB files (docs/live-controller.md, "State directory"): exit status 1 and one
+line naming the file, nothing changed; and what it creates is private to its user."""
+
+from __future__ import annotations
+
+import os
+import signal
+import stat
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import lmdb
+
+from xce_resize_plugin.testing.live import LiveCluster, controller_command
+
+#: The exit status of ``xce-resize controller`` for a state it cannot use.
+EXIT_ERROR = 1
+
+
+def _stop(live: LiveCluster) -> None:
+    """A clean stop (SIGTERM): the controller exits 0; agents and tasks live on."""
+    proc = live.procs[-1]
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(20) == 0, live.logs()
+
+
+def _state_with_a_resized_job(factory: Any) -> tuple[LiveCluster, str]:
+    """A stopped controller whose state holds a running job grown once (so both the
+    controller's store and the plugin's journal hold it)."""
+    live: LiveCluster = factory({"h1": 2, "h2": 2})
+    live.start()
+    job_id = live.submit(tasks="1,3", alloc={"h1": 1}, resizable=True)
+    live.running(job_id, 1)
+    assert live.grow(job_id, 1).status_code == 202
+    live.idle(job_id, 1)
+    _stop(live)
+    return live, job_id
+
+
+def _refused(live: LiveCluster, env: dict[str, str] | None = None) -> str:
+    """Start a controller on ``live``'s state, which must refuse it: the one line it
+    printed (after its log lines), once it has exited with :data:`EXIT_ERROR`."""
+    out = subprocess.run(
+        controller_command(live.config),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+        env={**os.environ, **(env or {})},
+    )
+    assert out.returncode == EXIT_ERROR, (out.returncode, out.stderr)
+    assert "Traceback" not in out.stderr, out.stderr
+    lines = [line for line in out.stderr.splitlines() if line.startswith("xce-resize")]
+    assert len(lines) == 1, out.stderr
+    return lines[0]
+
+
+def _used_bytes(data_file: Path) -> int:
+    env = lmdb.open(str(data_file.parent), readonly=True, lock=False)
+    try:
+        return int((env.info()["last_pgno"] + 1) * env.stat()["psize"])
+    finally:
+        env.close()
+
+
+def test_truncated_controller_store_is_refused(resize_live_factory: Any) -> None:
+    """Issue #13 §5: LMDB maps the file, and a page past its end killed the controller
+    with SIGBUS and no message."""
+    live, _ = _state_with_a_resized_job(resize_live_factory)
+    data = live.state / "controller" / "data.mdb"
+    os.truncate(data, _used_bytes(data) // 2)
+    size = data.stat().st_size
+    line = _refused(live)
+    assert line.startswith(f"xce-resize controller: {data}: truncated: {size} bytes on disk")
+    assert data.stat().st_size == size
+
+
+def test_empty_controller_store_is_refused(resize_live_factory: Any) -> None:
+    """An empty data file would silently become a new, empty state: every job lost."""
+    live, _ = _state_with_a_resized_job(resize_live_factory)
+    data = live.state / "controller" / "data.mdb"
+    os.truncate(data, 0)
+    line = _refused(live)
+    assert line.startswith(f"xce-resize controller: {data}: the file is empty")
+    assert data.stat().st_size == 0
+
+
+def test_truncated_journal_is_refused_with_the_documented_status(resize_live_factory: Any) -> None:
+    """The journal's own truncation check exited 2 ("bad usage") where the controller's
+    documentation says 1 (error); and it stops the start before anything is touched."""
+    live, _ = _state_with_a_resized_job(resize_live_factory)
+    journal = live.state / "resize" / "data.mdb"
+    store = live.state / "controller" / "data.mdb"
+    os.truncate(journal, _used_bytes(journal) // 2)
+    before = store.read_bytes()
+    line = _refused(live)
+    assert line.startswith(f"xce-resize controller: Journal error: {journal}: truncated: ")
+    assert store.read_bytes() == before  # not even a new epoch
+
+
+def _modes(state: Path) -> dict[str, str]:
+    """Mode of every directory and file of the state that is not a job's own output."""
+    out = {}
+    for path in [state, *state.rglob("*")]:
+        rel = path.relative_to(state)
+        if rel.parts[:1] in (("jobs",), ("workers",)):
+            continue
+        out[str(rel)] = oct(stat.S_IMODE(path.stat().st_mode))
+    return out
