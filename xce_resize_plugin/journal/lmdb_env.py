@@ -57,6 +57,7 @@ __all__ = [
     "abort",
     "lmdb_reason",
     "private_dir",
+    "restrict_mode",
 ]
 
 log = logging.getLogger(__name__)
@@ -114,11 +115,14 @@ def private_dir(path: Path, *, error: ErrorFactory = JournalError, name: str | N
         path.mkdir(mode=PRIVATE_DIR, parents=True, exist_ok=True)
     except OSError as exc:
         raise error(f"{label}: cannot create the directory: {exc}") from exc
-    _restrict(path, PRIVATE_DIR, label, error)
+    restrict_mode(path, PRIVATE_DIR, label, error)
 
 
-def _restrict(path: Path, mode: int, label: str, error: ErrorFactory) -> None:
-    """Give ``path`` exactly ``mode`` if it exists; say so when it was open to others."""
+def restrict_mode(
+    path: Path, mode: int, label: str | None = None, error: ErrorFactory = JournalError
+) -> None:
+    """Give ``path`` exactly ``mode`` if it exists, logging a warning when it was open to
+    other users; failures raise ``error``, the message starting with ``label``."""
     try:
         current = stat.S_IMODE(os.stat(path).st_mode)
         if current == mode:
@@ -127,7 +131,7 @@ def _restrict(path: Path, mode: int, label: str, error: ErrorFactory) -> None:
     except FileNotFoundError:
         return  # lock.mdb of an environment opened without a lock
     except OSError as exc:
-        raise error(f"{label}: cannot make {path} private (mode {mode:o}): {exc}") from exc
+        raise error(f"{label or path}: cannot make {path} private (mode {mode:o}): {exc}") from exc
     if current & ~mode & 0o077:
         log.warning("%s: mode was %o, open to other users; made %o", path, current, mode)
 
@@ -294,7 +298,7 @@ class LmdbEnv:
             _check_size(env, data_file, label, error)
             if not readonly:
                 for file in (data_file, path / LOCK_FILE):
-                    _restrict(file, PRIVATE_FILE, label, error)
+                    restrict_mode(file, PRIVATE_FILE, label, error)
         except BaseException:
             env.close()
             raise

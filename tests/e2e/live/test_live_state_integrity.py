@@ -109,3 +109,63 @@ def _modes(state: Path) -> dict[str, str]:
             continue
         out[str(rel)] = oct(stat.S_IMODE(path.stat().st_mode))
     return out
+
+
+def _rewrite(env_dir: Path, db: bytes, key: bytes, change: Any) -> None:
+    """Rewrite one value through LMDB, as a stray tool would: ``change(old) -> new``."""
+    env = lmdb.open(str(env_dir), max_dbs=8)
+    try:
+        handle = env.open_db(db, create=False)
+        with env.begin(write=True) as txn:
+            old = txn.get(key, db=handle)
+            assert old is not None, (db, key)
+            txn.put(key, change(old), db=handle)
+    finally:
+        env.close()
+
+
+def test_edited_job_owner_in_the_store_is_refused(resize_live_factory: Any) -> None:
+    """Issue #13 §6: a same-length edit of the raw file changed a job's owner silently."""
+    live, job_id = _state_with_a_resized_job(resize_live_factory)
+    data = live.state / "controller" / "data.mdb"
+    raw = data.read_bytes()
+    assert b'"user":"alice"' in raw
+    data.write_bytes(raw.replace(b'"user":"alice"', b'"user":"mallo"'))
+    line = _refused(live)
+    assert line.startswith(f"xce-resize controller: {data}: job record '{job_id}': CRC mismatch")
+    assert "edited outside the controller" in line
+
+
+def test_value_rewritten_through_lmdb_is_refused(resize_live_factory: Any) -> None:
+    """The same edit made through LMDB (the pages are sound, only the record changed)."""
+    live, job_id = _state_with_a_resized_job(resize_live_factory)
+    _rewrite(
+        live.state / "controller",
+        b"jobs",
+        job_id.encode(),
+        lambda old: old.replace(b'"user":"alice"', b'"user":"mallo"'),
+    )
+    line = _refused(live)
+    data = live.state / "controller" / "data.mdb"
+    assert line.startswith(f"xce-resize controller: {data}: job record '{job_id}': CRC mismatch")
+
+
+def test_journal_fact_with_a_bad_crc_is_refused_at_start(resize_live_factory: Any) -> None:
+    """Issue #13 §6: `journal verify` found a damaged fact, the controller did not look
+    (it would have served it later); the store is left as it was."""
+    live, _ = _state_with_a_resized_job(resize_live_factory)
+    flip = lambda old: old[:-1] + bytes([old[-1] ^ 0x01])  # noqa: E731
+    _rewrite(live.state / "resize", b"facts", (1).to_bytes(8, "big"), flip)
+    store = live.state / "controller" / "data.mdb"
+    before = store.read_bytes()
+    line = _refused(live)
+    journal = live.state / "resize" / "data.mdb"
+    assert line.startswith(f"xce-resize controller: Journal error: {journal}: damaged: fact 1: ")
+    assert "CRC mismatch" in line
+    assert store.read_bytes() == before
+    # Turned off, the check is skipped: the controller starts (and serves nothing of
+    # the damaged fact at start: it reads only live states).
+    text = live.config.read_text()
+    live.config.write_text(text.replace("[controller]\n", "[controller]\nverify_journal = false\n"))
+    live.start()
+    _stop(live)

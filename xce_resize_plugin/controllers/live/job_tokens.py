@@ -62,18 +62,15 @@ class JobTokens:
         be derived again.
         """
         path = state_dir / KEY_FILE
-        if recorded is None:
-            text = secret_file(path)
-        else:
-            try:
-                text = path.read_text().strip()
-            except FileNotFoundError:
-                raise StoreError(
-                    f"{path}: missing, but the controller's store holds job tokens derived "
-                    "from it: restore it with the rest of the state directory"
-                ) from None
-            except OSError as exc:
-                raise StoreError(f"{path}: cannot read the job token key: {exc}") from exc
+        try:
+            text = secret_file(path, create=recorded is None)
+        except FileNotFoundError:
+            raise StoreError(
+                f"{path}: missing, but the controller's store holds job tokens derived "
+                "from it: restore it with the rest of the state directory"
+            ) from None
+        except OSError as exc:
+            raise StoreError(f"{path}: cannot read the job token key: {exc}") from exc
         if not text:
             raise StoreError(f"{path}: the job token key is empty")
         tokens = cls(text.encode(), path)

@@ -17,6 +17,8 @@ import signal
 import tempfile
 from pathlib import Path
 
+from xce_resize_plugin.journal.lmdb_env import PRIVATE_FILE, restrict_mode
+
 
 def atomic_write(path: Path, data: str | bytes, mode: int = 0o644) -> None:
     """Replace ``path`` with ``data`` atomically: a reader sees the old or the new
@@ -37,16 +39,21 @@ def atomic_write(path: Path, data: str | bytes, mode: int = 0o644) -> None:
         raise
 
 
-def secret_file(path: Path) -> str:
-    """The random secret in ``path`` (mode 0600), created on first use.
+def secret_file(path: Path, *, create: bool = True) -> str:
+    """The random secret in ``path``, created on first use unless ``create`` is false
+    (then :class:`FileNotFoundError`); mode 0600, an existing looser file is tightened.
 
     Two processes creating it at the same moment agree on one secret: the new file is
     written under a temporary name and linked into place, which fails if it exists.
     """
     try:
-        return path.read_text().strip()
+        text = path.read_text().strip()
     except FileNotFoundError:
-        pass
+        if not create:
+            raise
+    else:
+        restrict_mode(path, PRIVATE_FILE, error=OSError)
+        return text
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)  # mode 0600
     try:
