@@ -5,8 +5,8 @@ line naming the file, nothing changed; and what it creates is private to its use
 from __future__ import annotations
 
 import os
+import shutil
 import signal
-import stat
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -100,17 +100,6 @@ def test_truncated_journal_is_refused_with_the_documented_status(resize_live_fac
     assert store.read_bytes() == before  # not even a new epoch
 
 
-def _modes(state: Path) -> dict[str, str]:
-    """Mode of every directory and file of the state that is not a job's own output."""
-    out = {}
-    for path in [state, *state.rglob("*")]:
-        rel = path.relative_to(state)
-        if rel.parts[:1] in (("jobs",), ("workers",)):
-            continue
-        out[str(rel)] = oct(stat.S_IMODE(path.stat().st_mode))
-    return out
-
-
 def _rewrite(env_dir: Path, db: bytes, key: bytes, change: Any) -> None:
     """Rewrite one value through LMDB, as a stray tool would: ``change(old) -> new``."""
     env = lmdb.open(str(env_dir), max_dbs=8)
@@ -169,3 +158,59 @@ def test_journal_fact_with_a_bad_crc_is_refused_at_start(resize_live_factory: An
     live.config.write_text(text.replace("[controller]\n", "[controller]\nverify_journal = false\n"))
     live.start()
     _stop(live)
+
+
+def _swap(live: LiveCluster, name: str, replacement: Path) -> Path:
+    """Put ``replacement`` in place of the state's ``name`` directory; the current one
+    is kept aside (returned) to be put back."""
+    current = live.tmp / f"{name}-current"
+    (live.state / name).rename(current)
+    shutil.copytree(replacement, live.state / name)
+    return current
+
+
+def _put_back(live: LiveCluster, name: str, kept: Path) -> None:
+    shutil.rmtree(live.state / name)
+    kept.rename(live.state / name)
+
+
+def test_store_and_journal_of_different_moments_are_refused(resize_live_factory: Any) -> None:
+    """A store or a journal restored from an older backup without the other: the start
+    refuses it, naming both files, instead of running jobs the journal has forgotten or
+    resizing jobs the store does not know."""
+    live: LiveCluster = resize_live_factory({"h1": 2, "h2": 2})
+    live.start()
+    _stop(live)
+    shutil.copytree(live.state / "controller", live.tmp / "store-without-jobs")
+    live.start()
+    job_id = live.submit(tasks="1,3", alloc={"h1": 1}, resizable=True)
+    live.running(job_id, 1)
+    _stop(live)
+    shutil.copytree(live.state / "resize", live.tmp / "journal-before-the-grow")
+    live.start()
+    assert live.grow(job_id, 1).status_code == 202
+    live.idle(job_id, 1)
+    _stop(live)
+    store = live.state / "controller" / "data.mdb"
+    journal = live.state / "resize" / "data.mdb"
+
+    kept = _swap(live, "resize", live.tmp / "journal-before-the-grow")
+    line = _refused(live)
+    assert line == (
+        f"xce-resize controller: {store}: job {job_id}: resized to version 1, but the journal "
+        f"{journal} knows nothing of it: the two were not written by one controller (one "
+        "restored without the other?): restore both from one backup"
+    )
+    _put_back(live, "resize", kept)
+
+    kept = _swap(live, "controller", live.tmp / "store-without-jobs")
+    line = _refused(live)
+    assert line.startswith(
+        f"xce-resize controller: {store}: job {job_id}: unknown to the controller's store, but "
+        f"live in the journal {journal}: "
+    )
+    _put_back(live, "controller", kept)
+
+    live.start()  # both put back: the job carries on
+    live.running(job_id, 2)
+    live.check_consistent(job_id)
