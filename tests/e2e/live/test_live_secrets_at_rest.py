@@ -6,20 +6,18 @@ token still reaches the tasks a grow starts after a failover."""
 from __future__ import annotations
 
 import os
-import signal
 import stat
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.e2e.live.startup import refused_start, stop_cleanly
 from xce_resize_plugin.testing.live import (
     ALICE,
     BOB,
     SLEEPER,
     LiveCluster,
-    controller_command,
     processes_marked,
 )
 
@@ -49,12 +47,6 @@ def _modes(state: Path) -> dict[str, str]:
     return out
 
 
-def _stop(live: LiveCluster) -> None:
-    proc = live.procs[-1]
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(20) == 0, live.logs()
-
-
 @pytest.mark.parametrize("umask", [0o022, 0o000])
 def test_state_is_private_whatever_the_umask(resize_live_factory: Any, umask: int) -> None:
     """Issue #13 §6: the state directory was created 0755 and controller/data.mdb 0644."""
@@ -73,7 +65,7 @@ def test_looser_modes_of_an_existing_state_are_tightened(resize_live_factory: An
     at start, and the controller's log says what it changed."""
     live: LiveCluster = resize_live_factory({"h1": 1})
     live.start()
-    _stop(live)
+    stop_cleanly(live)
     os.chmod(live.state, 0o755)
     os.chmod(live.state / "controller" / "data.mdb", 0o644)
     os.chmod(live.state / "resize", 0o755)
@@ -131,26 +123,13 @@ def test_a_replaced_or_missing_token_key_is_refused(resize_live_factory: Any) ->
     live: LiveCluster = resize_live_factory({"h1": 2})
     live.start()
     live.running(live.submit(tasks=1), 1)
-    _stop(live)
+    stop_cleanly(live)
     key = live.state / "job-token.key"
     original = key.read_bytes()
     key.write_text("another-key-entirely-000000000000\n")
-    assert _refused(live).startswith(f"xce-resize controller: {key}: not the key")
+    assert refused_start(live).startswith(f"xce-resize controller: {key}: not the key")
     key.unlink()
-    assert _refused(live).startswith(f"xce-resize controller: {key}: missing")
+    assert refused_start(live).startswith(f"xce-resize controller: {key}: missing")
     assert not key.exists()  # not made up afresh
     key.write_bytes(original)
     live.start()
-
-
-def _refused(live: LiveCluster) -> str:
-    """The last line of a controller that refused to start (exit status 1)."""
-    out = subprocess.run(
-        controller_command(live.config),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        stdin=subprocess.DEVNULL,
-    )
-    assert out.returncode == 1, out.stderr
-    return out.stderr.splitlines()[-1]

@@ -1,29 +1,18 @@
 """The live controller refuses a damaged state directory at start, with real processes
-and real LMDB files (docs/live-controller.md, "State directory"): exit status 1 and one
-line naming the file, nothing changed; and what it creates is private to its user."""
+and real LMDB files (docs/live-controller.md, "Checks at start"): exit status 1 and one
+line naming the file, nothing changed."""
 
 from __future__ import annotations
 
 import os
 import shutil
-import signal
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import lmdb
 
-from xce_resize_plugin.testing.live import LiveCluster, controller_command
-
-#: The exit status of ``xce-resize controller`` for a state it cannot use.
-EXIT_ERROR = 1
-
-
-def _stop(live: LiveCluster) -> None:
-    """A clean stop (SIGTERM): the controller exits 0; agents and tasks live on."""
-    proc = live.procs[-1]
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(20) == 0, live.logs()
+from tests.e2e.live.startup import refused_start, stop_cleanly
+from xce_resize_plugin.testing.live import LiveCluster
 
 
 def _state_with_a_resized_job(factory: Any) -> tuple[LiveCluster, str]:
@@ -35,26 +24,8 @@ def _state_with_a_resized_job(factory: Any) -> tuple[LiveCluster, str]:
     live.running(job_id, 1)
     assert live.grow(job_id, 1).status_code == 202
     live.idle(job_id, 1)
-    _stop(live)
+    stop_cleanly(live)
     return live, job_id
-
-
-def _refused(live: LiveCluster, env: dict[str, str] | None = None) -> str:
-    """Start a controller on ``live``'s state, which must refuse it: the one line it
-    printed (after its log lines), once it has exited with :data:`EXIT_ERROR`."""
-    out = subprocess.run(
-        controller_command(live.config),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        stdin=subprocess.DEVNULL,
-        env={**os.environ, **(env or {})},
-    )
-    assert out.returncode == EXIT_ERROR, (out.returncode, out.stderr)
-    assert "Traceback" not in out.stderr, out.stderr
-    lines = [line for line in out.stderr.splitlines() if line.startswith("xce-resize")]
-    assert len(lines) == 1, out.stderr
-    return lines[0]
 
 
 def _used_bytes(data_file: Path) -> int:
@@ -72,7 +43,7 @@ def test_truncated_controller_store_is_refused(resize_live_factory: Any) -> None
     data = live.state / "controller" / "data.mdb"
     os.truncate(data, _used_bytes(data) // 2)
     size = data.stat().st_size
-    line = _refused(live)
+    line = refused_start(live)
     assert line.startswith(f"xce-resize controller: {data}: truncated: {size} bytes on disk")
     assert data.stat().st_size == size
 
@@ -82,7 +53,7 @@ def test_empty_controller_store_is_refused(resize_live_factory: Any) -> None:
     live, _ = _state_with_a_resized_job(resize_live_factory)
     data = live.state / "controller" / "data.mdb"
     os.truncate(data, 0)
-    line = _refused(live)
+    line = refused_start(live)
     assert line.startswith(f"xce-resize controller: {data}: the file is empty")
     assert data.stat().st_size == 0
 
@@ -95,7 +66,7 @@ def test_truncated_journal_is_refused_with_the_documented_status(resize_live_fac
     store = live.state / "controller" / "data.mdb"
     os.truncate(journal, _used_bytes(journal) // 2)
     before = store.read_bytes()
-    line = _refused(live)
+    line = refused_start(live)
     assert line.startswith(f"xce-resize controller: Journal error: {journal}: truncated: ")
     assert store.read_bytes() == before  # not even a new epoch
 
@@ -120,7 +91,7 @@ def test_edited_job_owner_in_the_store_is_refused(resize_live_factory: Any) -> N
     raw = data.read_bytes()
     assert b'"user":"alice"' in raw
     data.write_bytes(raw.replace(b'"user":"alice"', b'"user":"mallo"'))
-    line = _refused(live)
+    line = refused_start(live)
     assert line.startswith(f"xce-resize controller: {data}: job record '{job_id}': CRC mismatch")
     assert "edited outside the controller" in line
 
@@ -134,7 +105,7 @@ def test_value_rewritten_through_lmdb_is_refused(resize_live_factory: Any) -> No
         job_id.encode(),
         lambda old: old.replace(b'"user":"alice"', b'"user":"mallo"'),
     )
-    line = _refused(live)
+    line = refused_start(live)
     data = live.state / "controller" / "data.mdb"
     assert line.startswith(f"xce-resize controller: {data}: job record '{job_id}': CRC mismatch")
 
@@ -147,7 +118,7 @@ def test_journal_fact_with_a_bad_crc_is_refused_at_start(resize_live_factory: An
     _rewrite(live.state / "resize", b"facts", (1).to_bytes(8, "big"), flip)
     store = live.state / "controller" / "data.mdb"
     before = store.read_bytes()
-    line = _refused(live)
+    line = refused_start(live)
     journal = live.state / "resize" / "data.mdb"
     assert line.startswith(f"xce-resize controller: Journal error: {journal}: damaged: fact 1: ")
     assert "CRC mismatch" in line
@@ -157,7 +128,7 @@ def test_journal_fact_with_a_bad_crc_is_refused_at_start(resize_live_factory: An
     text = live.config.read_text()
     live.config.write_text(text.replace("[controller]\n", "[controller]\nverify_journal = false\n"))
     live.start()
-    _stop(live)
+    stop_cleanly(live)
 
 
 def _swap(live: LiveCluster, name: str, replacement: Path) -> Path:
@@ -180,22 +151,22 @@ def test_store_and_journal_of_different_moments_are_refused(resize_live_factory:
     resizing jobs the store does not know."""
     live: LiveCluster = resize_live_factory({"h1": 2, "h2": 2})
     live.start()
-    _stop(live)
+    stop_cleanly(live)
     shutil.copytree(live.state / "controller", live.tmp / "store-without-jobs")
     live.start()
     job_id = live.submit(tasks="1,3", alloc={"h1": 1}, resizable=True)
     live.running(job_id, 1)
-    _stop(live)
+    stop_cleanly(live)
     shutil.copytree(live.state / "resize", live.tmp / "journal-before-the-grow")
     live.start()
     assert live.grow(job_id, 1).status_code == 202
     live.idle(job_id, 1)
-    _stop(live)
+    stop_cleanly(live)
     store = live.state / "controller" / "data.mdb"
     journal = live.state / "resize" / "data.mdb"
 
     kept = _swap(live, "resize", live.tmp / "journal-before-the-grow")
-    line = _refused(live)
+    line = refused_start(live)
     assert line == (
         f"xce-resize controller: {store}: job {job_id}: resized to version 1, but the journal "
         f"{journal} knows nothing of it: the two were not written by one controller (one "
@@ -204,7 +175,7 @@ def test_store_and_journal_of_different_moments_are_refused(resize_live_factory:
     _put_back(live, "resize", kept)
 
     kept = _swap(live, "controller", live.tmp / "store-without-jobs")
-    line = _refused(live)
+    line = refused_start(live)
     assert line.startswith(
         f"xce-resize controller: {store}: job {job_id}: unknown to the controller's store, but "
         f"live in the journal {journal}: "
