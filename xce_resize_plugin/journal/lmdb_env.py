@@ -37,7 +37,7 @@ import stat
 import struct
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Final, Self, TypeVar
+from typing import TYPE_CHECKING, Any, Final, Self, TypeVar
 
 import attrs
 import lmdb
@@ -171,6 +171,40 @@ def _check_size(env: lmdb.Environment, data_file: Path, label: str, error: Error
 
 
 @attrs.frozen
+class _Where:
+    """An environment about to be opened, and how its failures are worded."""
+
+    path: Path
+    label: str
+    noun: str
+    failure: str
+
+    def open(self, error: ErrorFactory, **options: Any) -> lmdb.Environment:
+        """``lmdb.open`` in the directory with ``options``, new files 0600; a failure
+        is ``error`` naming :attr:`label`. An environment still open in this process
+        by an object nobody refers to any more is collected and the open tried again."""
+
+        def attempt() -> lmdb.Environment:
+            return lmdb.open(str(self.path), subdir=True, mode=PRIVATE_FILE, **options)
+
+        try:
+            try:
+                return attempt()
+            except lmdb.Error as exc:
+                if "already open" not in str(exc):
+                    raise
+                gc.collect()
+                return attempt()
+        except lmdb.Error as exc:
+            if "already open" in str(exc):
+                raise error(
+                    f"{self.label}: {self.noun} is still open in this process; close() the "
+                    "old controller or drop every reference to it first"
+                ) from exc
+            raise error(f"{self.label}: {self.failure} ({lmdb_reason(exc)})") from exc
+
+
+@attrs.frozen
 class Fence:
     """The epoch a writer holds and where the current epoch is stored.
 
@@ -247,53 +281,28 @@ class LmdbEnv:
         """
         data_file = path / DATA_FILE
         label = str(data_file) if name is None else name
-        failure = f"cannot open {noun}" if unusable is None else unusable
+        where = _Where(path, label, noun, f"cannot open {noun}" if unusable is None else unusable)
         if not readonly:
             private_dir(path, error=error, name=label)
         if _data_size(data_file, label, noun, error) is not None and writemap and not readonly:
             # With writemap LMDB makes the file as long as the map as it opens it, which
             # would hide a truncation: look at the file as it is first, read-only.
-            cls.open(
-                path,
-                noun=noun,
-                name=label,
-                error=error,
-                unusable=failure,
-                max_dbs=max_dbs,
-                readonly=True,
-                lock=False,
-            ).close()
-
-        def attempt() -> lmdb.Environment:
-            return lmdb.open(
-                str(path),
-                map_size=map_size,
-                subdir=True,
-                readonly=readonly,
-                sync=sync,
-                metasync=metasync,
-                writemap=writemap,
-                create=not readonly,
-                max_dbs=max_dbs,
-                lock=lock,
-                mode=PRIVATE_FILE,
-            )
-
-        try:
+            env = where.open(error, readonly=True, create=False, lock=False, max_dbs=max_dbs)
             try:
-                env = attempt()
-            except lmdb.Error as exc:
-                if "already open" not in str(exc):
-                    raise
-                gc.collect()
-                env = attempt()
-        except lmdb.Error as exc:
-            if "already open" in str(exc):
-                raise error(
-                    f"{label}: {noun} is still open in this process; close() the old "
-                    "controller or drop every reference to it first"
-                ) from exc
-            raise error(f"{label}: {failure} ({lmdb_reason(exc)})") from exc
+                _check_size(env, data_file, label, error)
+            finally:
+                env.close()
+        env = where.open(
+            error,
+            map_size=map_size,
+            readonly=readonly,
+            sync=sync,
+            metasync=metasync,
+            writemap=writemap,
+            create=not readonly,
+            max_dbs=max_dbs,
+            lock=lock,
+        )
         try:
             _check_size(env, data_file, label, error)
             if not readonly:
