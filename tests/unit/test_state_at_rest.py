@@ -9,6 +9,8 @@ from __future__ import annotations
 import logging
 import os
 import stat
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -363,3 +365,39 @@ def test_the_rules_of_the_cross_check(
         assert found[0] is not None and found[0].startswith(problem), found
     if repair is not None:
         assert found[1] is not None and found[1].startswith(repair), found
+
+
+def test_a_snapshot_read_to_check_is_not_decoded_again_unless_written_since(
+    tmp_path: Path,
+) -> None:
+    """The start reads the store once to check it and the controller loads it again after
+    taking the epoch: the first snapshot serves if only the epoch was written between,
+    and not if another writer got in (a controller still running on the directory)."""
+    path = tmp_path / "controller"
+    first = LiveStore(path)
+    first.write({"clock": 1.0}, [(_job("101", "alice"), {0: "h1"})])
+    first.close()
+    checking = LiveStore(path, start=False)
+    seen = checking.load()
+    checking.start()
+    assert checking.load() is seen
+    assert checking.load() is not seen  # kept once only
+    checking.close()
+
+    checking = LiveStore(path, start=False)
+    seen = checking.load()
+    # Another controller (another process: LMDB allows one handle per process) writes
+    # between the check and the epoch.
+    script = (
+        "import sys; from pathlib import Path; "
+        "from tests.unit.test_state_at_rest import _job; "
+        "from xce_resize_plugin.controllers.live.live_store import LiveStore; "
+        "s = LiveStore(Path(sys.argv[1])); s.write(None, [(_job('102', 'bob'), {0: 'h1'})]); "
+        "s.close()"
+    )
+    subprocess.run([sys.executable, "-c", script, str(path)], check=True, cwd=Path.cwd())
+    checking.start()
+    again = checking.load()
+    assert again is not None and again is not seen
+    assert sorted(job.id for job, _ in again.jobs) == ["101", "102"]
+    checking.close()

@@ -76,6 +76,8 @@ class LiveStore(LmdbStore):
             self.close()
             raise
         self._fence = Fence(self._meta_db, subject="the state")
+        #: A snapshot read before start() and the transaction that read it (see load()).
+        self._kept: tuple[int, Snapshot | None] | None = None
         self._dirty: set[str] = set()
         self._last_meta: dict[str, Any] | None = None
         self.before_commit: Callable[[list[JobRecord]], None] | None = None
@@ -105,7 +107,16 @@ class LiveStore(LmdbStore):
     # -- the Store protocol ------------------------------------------------------------
 
     def load(self) -> Snapshot | None:
-        snapshot = super().load()
+        """The saved state. Read before :meth:`start` (to check it), it is kept and
+        given again by the next call if the only commit since was this store's epoch:
+        decoding every job record is the bulk of a start, and need not be done twice."""
+        kept, self._kept = self._kept, None
+        if kept is not None and self._env.env.info()["last_txnid"] == kept[0] + 1:
+            snapshot = kept[1]
+        else:
+            txn_id, snapshot = self._env.read(lambda txn: (txn.id(), self._snapshot(txn)))
+            if not self.epoch:
+                self._kept = (txn_id, snapshot)
         if snapshot is not None:
             self._last_meta = _without_clock(snapshot.meta)
         return snapshot
