@@ -25,7 +25,7 @@ from pathlib import Path
 
 import lmdb
 
-from xce_resize_plugin.journal import Entry, GroupCommitter, Journal
+from xce_resize_plugin.journal import Entry, GroupCommitter, Journal, require_intact, verify
 
 THREADS = 64
 PER_THREAD = 50  # entries per requester thread: 3,200 per round
@@ -221,3 +221,32 @@ def test_recovery_does_not_grow_with_history(tmp_path: Path) -> None:
     )
     ok = ratio <= TARGET_RECOVERY and big < TARGET_RECOVERY_S
     print(f"TARGET recovery <= {TARGET_RECOVERY:g}x and < {TARGET_RECOVERY_S:g} s: {verdict(ok)}")
+
+
+# --------------------------------------------------------------------- 3. start check
+
+START_CHECK_ROUNDS = 3
+
+
+def test_the_start_check_of_a_large_journal(tmp_path: Path) -> None:
+    """What the live controller's check at start (``require_intact``: every record's CRC,
+    the meta keys, the sequence accounting) costs on 1,000,000 facts, against the
+    recovery it precedes and against ``journal verify``'s record checks (which add the
+    index cross-references). Not a target: the figure goes to docs/performance.md."""
+    history = tmp_path / "history"
+    build_history(history)
+    checks, verifies, recoveries = [], [], []
+    for _ in range(START_CHECK_ROUNDS):
+        t0 = time.perf_counter()
+        report = require_intact(history)
+        checks.append(time.perf_counter() - t0)
+        assert report.facts == HISTORY_FACTS
+        t0 = time.perf_counter()
+        assert verify(history, structure=False).ok
+        verifies.append(time.perf_counter() - t0)
+        recoveries.append(recover(history))
+    check, full, rec = (statistics.median(x) for x in (checks, verifies, recoveries))
+    print(
+        f"\nstart check of {HISTORY_FACTS:,} facts: {check:.2f} s (journal verify without "
+        f"the page walk: {full:.2f} s; recovery itself: {rec * 1e3:.0f} ms)"
+    )

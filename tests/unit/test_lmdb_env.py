@@ -57,7 +57,7 @@ def test_open_creates_the_directory_with_durable_defaults(tmp_path: Path) -> Non
         assert (path / "data.mdb").is_file()
         flags = env.env.flags()
         assert flags["sync"] and flags["metasync"]
-        assert env.name == str(path)
+        assert env.name == str(path / "data.mdb")
     finally:
         env.close()
 
@@ -99,7 +99,7 @@ def test_the_number_of_growths_is_bounded(tmp_path: Path) -> None:
         with pytest.raises(StateError) as info:
             env.write(put)
         message = str(info.value)
-        assert message.startswith(f"{tmp_path / 'env'}: ")
+        assert message.startswith(f"{tmp_path / 'env' / 'data.mdb'}: ")
         assert "growing the map 2 times" in message
         assert "nothing of it was written" in message
         # Nothing half-written: not even the rows put before the map filled up.
@@ -196,7 +196,7 @@ def test_open_errors_name_the_file(tmp_path: Path) -> None:
     (path / "data.mdb").write_bytes(b"not an LMDB file at all" * 512)
     with pytest.raises(StateError) as info:
         LmdbEnv.open(path, noun="the test state", error=StateError, max_dbs=1)
-    assert str(info.value).startswith(f"{path}: cannot open the test state (")
+    assert str(info.value).startswith(f"{path / 'data.mdb'}: cannot open the test state (")
     with pytest.raises(JournalError, match=r"data.mdb: not a usable LMDB environment \("):
         LmdbEnv.open(
             path,
@@ -213,8 +213,8 @@ def test_an_environment_still_open_in_this_process(env: LmdbEnv, tmp_path: Path)
     with pytest.raises(StateError) as info:
         LmdbEnv.open(tmp_path / "env", noun="the test state", error=StateError, max_dbs=2)
     assert str(info.value) == (
-        f"{tmp_path / 'env'}: the test state is still open in this process; close() the old "
-        "controller or drop every reference to it first"
+        f"{tmp_path / 'env' / 'data.mdb'}: the test state is still open in this process; "
+        "close() the old controller or drop every reference to it first"
     )
 
 
@@ -256,7 +256,7 @@ def test_the_live_store_is_fenced_through_the_helper(tmp_path: Path) -> None:
         with pytest.raises(FencedError) as info:
             store.write({"clock": 2.0}, [])
         assert info.value.detail == (
-            f"{path}: this controller holds epoch 1 but the state is at epoch 2: "
+            f"{path / 'data.mdb'}: this controller holds epoch 1 but the state is at epoch 2: "
             "a newer controller has started on this state directory"
         )
         with pytest.raises(FencedError):

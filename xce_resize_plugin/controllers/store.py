@@ -9,10 +9,14 @@ so dropping the controller object at any point (a crash) loses nothing but the e
 it had not delivered yet.
 
 Layout: one LMDB environment in ``state_dir/embedded`` with two named databases,
-``meta`` (key ``state``) and ``jobs`` (job id -> record). Values are JSON: small,
+``meta`` (key ``state``) and ``jobs`` (job id -> record). Values are JSON (small,
 readable with ``mdb_dump`` when debugging a scenario, and independent of the plugin's
-converters. A newer schema or an undecodable record raises :class:`StoreError` naming
-the directory rather than starting on half a state.
+converters) sealed as the journal's records are: a 4-byte big-endian CRC-32 over the
+record's key and its JSON, then the JSON (:func:`~xce_resize_plugin.journal.records.seal`).
+A record that fails its CRC (damaged, or edited outside the controller: a same-length
+edit of a job's owner is no longer silent), a job record under another job's key, a
+newer or older schema, or an undecodable record raises :class:`StoreError` naming the
+data file and the record rather than starting on half a state.
 """
 
 from __future__ import annotations
@@ -35,15 +39,19 @@ from xce_resize_plugin.controllers.jobs import (
 from xce_resize_plugin.controllers.violations import StoreError
 from xce_resize_plugin.core.models import GrowHosts, JobState, Task
 from xce_resize_plugin.journal.lmdb_env import DEFAULT_MAP_SIZE, LmdbEnv
+from xce_resize_plugin.journal.records import BadRecord, seal, unseal
 
 if TYPE_CHECKING:
     import lmdb
 
     _Txn = lmdb.Transaction[bytes]
 
-SCHEMA = 1
+#: The store's schema: 2 since its records carry CRCs (schema 1 wrote bare JSON).
+SCHEMA = 2
 #: The key of the meta record in the ``meta`` database.
 _STATE = b"state"
+#: What a record that fails its CRC tells the administrator.
+_RESTORE = "damaged, or edited outside the controller; restore the state directory from a backup"
 
 Held = Mapping[int, str]
 
@@ -163,36 +171,80 @@ def decode_job(raw: bytes) -> tuple[JobRecord, dict[int, str]]:
 
 
 def encode_meta(meta: Mapping[str, Any]) -> bytes:
+    """The meta record as stored: JSON with the schema version, sealed."""
     # default=str: a [resize] value TOML can express but JSON cannot (a date) is kept
     # as text rather than refusing to save the controller's state.
-    return json.dumps({"schema": SCHEMA, **meta}, default=str).encode()
+    return seal(json.dumps({"schema": SCHEMA, **meta}, default=str).encode(), _STATE)
 
 
 def encode_jobs(jobs: Iterable[tuple[JobRecord, Held]]) -> list[tuple[bytes, bytes]]:
     """``(key, value)`` of each job record, as the ``jobs`` database holds them."""
-    return [(job.id.encode(), encode_job(job, held)) for job, held in jobs]
+    out = []
+    for job, held in jobs:
+        key = job.id.encode()
+        out.append((key, seal(encode_job(job, held), key)))
+    return out
+
+
+def unseal_record(raw: bytes, key: bytes, where: str, what: str) -> bytes:
+    """The body of a sealed record, or :class:`StoreError` naming ``where`` (the data
+    file) and ``what`` (which record)."""
+    try:
+        return unseal(raw, key)
+    except BadRecord as exc:
+        raise StoreError(f"{where}: {what}: {exc}: {_RESTORE}") from None
 
 
 def _check_meta(raw: bytes, where: str, writer: str = "embedded controller") -> dict[str, Any]:
     try:
-        meta = json.loads(raw)
+        body = unseal(raw, _STATE)
+    except BadRecord as exc:
+        _check_schema(_bare_json(raw), where, writer)
+        raise StoreError(f"{where}: meta record: {exc}: {_RESTORE}") from None
+    try:
+        meta = json.loads(body)
     except ValueError as exc:
         raise StoreError(f"{where}: corrupt meta record ({exc})") from exc
     if not isinstance(meta, dict) or not isinstance(meta.get("schema"), int):
         raise StoreError(f"{where}: meta record without a schema version")
-    if meta["schema"] > SCHEMA:
-        raise StoreError(
-            f"{where}: state written by a newer {writer} "
-            f"(schema {meta['schema']}, this one reads {SCHEMA})"
-        )
+    _check_schema(meta, where, writer)
     return meta
 
 
-def _decode(raw: bytes, where: str, key: str) -> tuple[JobRecord, dict[int, str]]:
+def _bare_json(raw: bytes) -> Any:
+    """A meta record written without a CRC (schema 1), decoded; ``None`` if it is not."""
     try:
-        return decode_job(raw)
+        return json.loads(raw)
+    except ValueError:
+        return None
+
+
+def _check_schema(meta: Any, where: str, writer: str) -> None:
+    """Refuse a state of another schema (``meta`` decoded, or ``None``)."""
+    schema = meta.get("schema") if isinstance(meta, dict) else None
+    if not isinstance(schema, int) or schema == SCHEMA:
+        return
+    if schema > SCHEMA:
+        raise StoreError(
+            f"{where}: state written by a newer {writer} (schema {schema}, this one reads {SCHEMA})"
+        )
+    raise StoreError(
+        f"{where}: state of schema {schema}, written by an earlier development version "
+        f"(records without CRCs; this version reads schema {SCHEMA} only): start the "
+        f"{writer} on a new state directory"
+    )
+
+
+def _decode(raw: bytes, where: str, key: str) -> tuple[JobRecord, dict[int, str]]:
+    what = f"job record {key!r}"
+    body = unseal_record(raw, key.encode(), where, what)
+    try:
+        job, held = decode_job(body)
     except (ValueError, KeyError, TypeError) as exc:
-        raise StoreError(f"{where}: corrupt job record {key!r} ({exc!r})") from exc
+        raise StoreError(f"{where}: corrupt {what} ({exc!r})") from exc
+    if job.id != key:
+        raise StoreError(f"{where}: {what} holds job {job.id!r}: {_RESTORE}")
+    return job, held
 
 
 # -- stores ---------------------------------------------------------------------------
@@ -217,8 +269,8 @@ class MemoryStore:
     def write(self, meta: Mapping[str, Any] | None, jobs: Iterable[tuple[JobRecord, Held]]) -> None:
         if meta is not None:
             self._meta = encode_meta(meta)
-        for job, held in jobs:
-            self._jobs[job.id] = encode_job(job, held)
+        for key, value in encode_jobs(jobs):
+            self._jobs[key.decode()] = value
 
     def close(self) -> None:
         """Nothing to release."""
@@ -268,6 +320,11 @@ class LmdbStore:
         self._meta_db = self._env.open_db(b"meta")
         self._jobs_db = self._env.open_db(b"jobs")
 
+    @property
+    def data_file(self) -> str:
+        """The store's data file, as its messages name it."""
+        return self._env.name
+
     def load(self) -> Snapshot | None:
         return self._env.read(self._snapshot)
 
@@ -275,7 +332,7 @@ class LmdbStore:
         raw = txn.get(_STATE, db=self._meta_db)
         if raw is None:
             return None
-        where = str(self.path)
+        where = self.data_file
         meta = _check_meta(bytes(raw), where, self.writer)
         jobs = tuple(
             _decode(bytes(value), where, bytes(key).decode())

@@ -19,7 +19,8 @@ Modules:
 - :mod:`~xce_resize_plugin.journal.group_commit`: :class:`GroupCommitter`, :class:`Ticket`;
 - :mod:`~xce_resize_plugin.journal.verification`, :mod:`~xce_resize_plugin.journal.exporting`,
   :mod:`~xce_resize_plugin.journal.compaction`: the offline tools behind
-  ``xce-resize journal verify|export|compact``.
+  ``xce-resize journal verify|export|compact``, and the check a controller makes of
+  its journal before it starts (:func:`require_intact`).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from xce_resize_plugin.journal.group_commit import GroupCommitter, Ticket
 from xce_resize_plugin.journal.journal import Journal
 from xce_resize_plugin.journal.lmdb_env import DEFAULT_MAP_SIZE, Fence, LmdbEnv
 from xce_resize_plugin.journal.records import SCHEMA
-from xce_resize_plugin.journal.verification import VerifyReport, verify
+from xce_resize_plugin.journal.verification import VerifyReport, require_intact, verify
 
 __all__ = [
     "DEFAULT_MAP_SIZE",
@@ -48,5 +49,6 @@ __all__ = [
     "VerifyReport",
     "compact",
     "export",
+    "require_intact",
     "verify",
 ]

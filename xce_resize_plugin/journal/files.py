@@ -1,11 +1,11 @@
 """The journal's files: opened and checked before they are trusted, shared in the process.
 
-Opening refuses what LMDB would accept silently (an empty or truncated data file, an
-environment that is not a journal, a schema this version does not read) and creates a
-journal only in an empty environment. One process must not open the same environment
-twice (LMDB's locks are per process and file; py-lmdb refuses it), so every journal
-handle on the same files in this process shares one :class:`SharedEnv`,
-reference-counted and found by the data file's identity.
+Opening refuses what LMDB would accept silently (an empty or truncated data file, which
+the LMDB helper refuses for every store; an environment that is not a journal; a schema
+this version does not read) and creates a journal only in an empty environment. One
+process must not open the same environment twice (LMDB's locks are per process and
+file; py-lmdb refuses it), so every journal handle on the same files in this process
+shares one :class:`SharedEnv`, reference-counted and found by the data file's identity.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import attrs
 import lmdb
 
 from xce_resize_plugin.errors import JournalError
-from xce_resize_plugin.journal.lmdb_env import DEFAULT_MAP_SIZE, LmdbEnv, lmdb_reason
+from xce_resize_plugin.journal.lmdb_env import LmdbEnv, lmdb_reason
 from xce_resize_plugin.journal.records import (
     DATA_FILE,
     DB_NAMES,
@@ -120,17 +120,16 @@ def release(shared: SharedEnv) -> None:
 def _open_env(
     path: Path, data_file: Path, *, map_size: int, sync: bool, readonly: bool
 ) -> SharedEnv:
-    """Open and check the environment; create a fresh journal only in an empty one."""
-    size = _data_size(path, data_file, readonly=readonly)
-    # Without sync (simulations), LMDB writes through the map instead of copying every
-    # dirty page to the file at each commit. It then extends the file to the map size
-    # as it opens it, which would hide a truncation from _check_size: check first.
-    writemap = not sync and not readonly
-    if writemap and size is not None:
-        _check_size_read_only(path, data_file)
+    """Open and check the environment; create a fresh journal only in an empty one.
+
+    The LMDB helper refuses an empty or truncated data file (before LMDB reads it) and
+    makes the directory and files private; what is checked here is what makes the
+    environment a journal.
+    """
+    if readonly and not data_file.is_file():
+        raise JournalError(f"{data_file}: no journal here (the file does not exist)")
     env = _lmdb(path, data_file, map_size=map_size, sync=sync, readonly=readonly)
     try:
-        _check_size(env.env, data_file)
         dbs = _open_dbs(env.env, data_file, readonly=readonly)
         key = _file_key(data_file)
         if key is None:
@@ -141,15 +140,7 @@ def _open_env(
     return SharedEnv(env=env, file=str(data_file), key=key, readonly=readonly, sync=sync, dbs=dbs)
 
 
-def _lmdb(
-    path: Path,
-    data_file: Path,
-    *,
-    readonly: bool,
-    map_size: int = DEFAULT_MAP_SIZE,
-    sync: bool = True,
-    lock: bool = True,
-) -> LmdbEnv:
+def _lmdb(path: Path, data_file: Path, *, readonly: bool, map_size: int, sync: bool) -> LmdbEnv:
     """The journal's environment through the LMDB helper: ``metasync`` always, and
     without sync LMDB writes through the map (``writemap``)."""
     return LmdbEnv.open(
@@ -163,61 +154,7 @@ def _lmdb(
         metasync=True,
         readonly=readonly,
         writemap=not sync and not readonly,
-        lock=lock,
     )
-
-
-def _data_size(path: Path, data_file: Path, *, readonly: bool) -> int | None:
-    """The data file's size (``None``: no file yet), refusing an empty one; creates the
-    directory unless ``readonly`` (then the file must exist)."""
-    if readonly:
-        if not data_file.is_file():
-            raise JournalError(f"{data_file}: no journal here (the file does not exist)")
-    else:
-        try:
-            path.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise JournalError(f"{data_file}: cannot create the directory: {exc}") from exc
-    try:
-        size: int | None = data_file.stat().st_size
-    except FileNotFoundError:
-        size = None
-    except OSError as exc:
-        raise JournalError(f"{data_file}: cannot stat the file: {exc}") from exc
-    if size == 0:
-        # LMDB would silently start a new, empty environment over a zero-length file.
-        raise JournalError(
-            f"{data_file}: the file is empty (truncated?); refusing to start a new journal "
-            "over it. Move it away only if this is a fresh installation."
-        )
-    return size
-
-
-def _check_size(env: lmdb.Environment, data_file: Path) -> None:
-    """Refuse a data file shorter than its own meta page says it is.
-
-    LMDB maps the file and does not check this: reading a page past the end of a
-    truncated file kills the process with SIGBUS instead of raising.
-    """
-    try:
-        needed = (env.info()["last_pgno"] + 1) * env.stat()["psize"]
-        actual = data_file.stat().st_size
-    except (lmdb.Error, OSError) as exc:
-        raise JournalError(f"{data_file}: cannot read the file ({lmdb_reason(exc)})") from exc
-    if actual < needed:
-        raise JournalError(
-            f"{data_file}: truncated: {actual} bytes on disk, but its last page ends at byte "
-            f"{needed}"
-        )
-
-
-def _check_size_read_only(path: Path, data_file: Path) -> None:
-    """:func:`_check_size` on a read-only view of the file (which LMDB leaves as is)."""
-    env = _lmdb(path, data_file, readonly=True, lock=False)
-    try:
-        _check_size(env.env, data_file)
-    finally:
-        env.close()
 
 
 def _open_dbs(env: lmdb.Environment, data_file: Path, *, readonly: bool) -> dict[str, _Db]:

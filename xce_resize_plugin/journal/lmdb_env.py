@@ -5,8 +5,13 @@ state (``controllers/store.py``) and the live controller's (``controllers/live/l
 :class:`LmdbEnv` wraps one open :class:`lmdb.Environment` and gives them the same rules:
 
 - **opening** with LMDB's durable defaults (``sync=True``, ``metasync=True``; a store
-  may give them up for simulations), the directory created first, every failure
-  raised as the store's own error naming the file;
+  may give them up for simulations), every failure raised as the store's own error
+  naming the data file. An empty data file, or one shorter than its own meta page says,
+  is refused before anything reads it: LMDB would start a new environment over the
+  first and kill the process with SIGBUS on the second;
+- **private files**: the directory is made mode 0700 and ``data.mdb`` and ``lock.mdb``
+  0600, whatever the umask (a store holds jobs' commands and environments); looser modes
+  found on an existing store are tightened, with a warning naming the path;
 - **writing**: a write transaction is a function of the transaction, run whole. On
   ``MapFullError`` the transaction is aborted (nothing of it is kept), the map doubled
   and the function run again on a new transaction. Both the number of growths per
@@ -27,10 +32,12 @@ from __future__ import annotations
 import contextlib
 import gc
 import logging
+import os
+import stat
 import struct
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Final, Self, TypeVar
+from typing import TYPE_CHECKING, Any, Final, Self, TypeVar
 
 import attrs
 import lmdb
@@ -38,14 +45,19 @@ import lmdb
 from xce_resize_plugin.errors import FencedError, JournalError
 
 __all__ = [
+    "DATA_FILE",
     "DEFAULT_MAP_SIZE",
     "EPOCH_KEY",
     "MAX_GROWTHS",
     "MAX_MAP_SIZE",
+    "PRIVATE_DIR",
+    "PRIVATE_FILE",
     "Fence",
     "LmdbEnv",
     "abort",
     "lmdb_reason",
+    "private_dir",
+    "restrict_mode",
 ]
 
 log = logging.getLogger(__name__)
@@ -60,6 +72,12 @@ MAX_MAP_SIZE: Final = 1 << 40
 MAX_GROWTHS: Final = 32
 #: Where the stores keep their epoch, in their ``meta`` database.
 EPOCH_KEY: Final = b"epoch"
+#: An environment's data file, in its directory (``lock.mdb`` is beside it).
+DATA_FILE: Final = "data.mdb"
+LOCK_FILE: Final = "lock.mdb"
+#: The modes of a store's directory and files (and of the live state directory).
+PRIVATE_DIR: Final = 0o700
+PRIVATE_FILE: Final = 0o600
 
 _U64: Final = struct.Struct(">Q")
 
@@ -84,6 +102,106 @@ def abort(txn: _Txn) -> None:
     # raise, and must not hide the original error.
     with contextlib.suppress(lmdb.Error):
         txn.abort()
+
+
+def private_dir(path: Path, *, error: ErrorFactory = JournalError, name: str | None = None) -> None:
+    """Create directory ``path`` (and its missing parents) with mode 0700 whatever the
+    umask, or make an existing one 0700 (a looser mode is logged as a warning).
+
+    Failures raise ``error``, the message starting with ``name`` (default: ``path``).
+    """
+    label = str(path) if name is None else name
+    try:
+        path.mkdir(mode=PRIVATE_DIR, parents=True, exist_ok=True)
+    except OSError as exc:
+        raise error(f"{label}: cannot create the directory: {exc}") from exc
+    restrict_mode(path, PRIVATE_DIR, label, error)
+
+
+def restrict_mode(
+    path: Path, mode: int, label: str | None = None, error: ErrorFactory = JournalError
+) -> None:
+    """Give ``path`` exactly ``mode`` if it exists, logging a warning when it was open to
+    other users; failures raise ``error``, the message starting with ``label``."""
+    try:
+        current = stat.S_IMODE(os.stat(path).st_mode)
+        if current == mode:
+            return
+        os.chmod(path, mode)
+    except FileNotFoundError:
+        return  # lock.mdb of an environment opened without a lock
+    except OSError as exc:
+        raise error(f"{label or path}: cannot make {path} private (mode {mode:o}): {exc}") from exc
+    if current & ~mode & 0o077:
+        log.warning("%s: mode was %o, open to other users; made %o", path, current, mode)
+
+
+def _data_size(data_file: Path, label: str, noun: str, error: ErrorFactory) -> int | None:
+    """The data file's size (``None``: no file yet), refusing an empty one."""
+    try:
+        size = data_file.stat().st_size
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise error(f"{label}: cannot stat the file: {exc}") from exc
+    if size == 0:
+        # LMDB would silently start a new, empty environment over a zero-length file.
+        raise error(
+            f"{label}: the file is empty (truncated?); refusing to start {noun} afresh over "
+            "it. Move it away only if this is a fresh installation."
+        )
+    return size
+
+
+def _check_size(env: lmdb.Environment, data_file: Path, label: str, error: ErrorFactory) -> None:
+    """Refuse a data file shorter than its own meta page says it is.
+
+    LMDB maps the file and does not check this: reading a page past the end of a
+    truncated file kills the process with SIGBUS instead of raising.
+    """
+    try:
+        needed = (env.info()["last_pgno"] + 1) * env.stat()["psize"]
+        actual = data_file.stat().st_size
+    except (lmdb.Error, OSError) as exc:
+        raise error(f"{label}: cannot read the file ({lmdb_reason(exc)})") from exc
+    if actual < needed:
+        raise error(
+            f"{label}: truncated: {actual} bytes on disk, but its last page ends at byte {needed}"
+        )
+
+
+@attrs.frozen
+class _Where:
+    """An environment about to be opened, and how its failures are worded."""
+
+    path: Path
+    label: str
+    noun: str
+    failure: str
+
+    def open(self, error: ErrorFactory, **options: Any) -> lmdb.Environment:
+        """``lmdb.open`` in the directory with ``options``, new files 0600; a failure
+        is ``error`` naming :attr:`label`. An environment still open in this process
+        by an object nobody refers to any more is collected and the open tried again."""
+
+        def attempt() -> lmdb.Environment:
+            return lmdb.open(str(self.path), subdir=True, mode=PRIVATE_FILE, **options)
+
+        try:
+            try:
+                return attempt()
+            except lmdb.Error as exc:
+                if "already open" not in str(exc):
+                    raise
+                gc.collect()
+                return attempt()
+        except lmdb.Error as exc:
+            if "already open" in str(exc):
+                raise error(
+                    f"{self.label}: {self.noun} is still open in this process; close() the "
+                    "old controller or drop every reference to it first"
+                ) from exc
+            raise error(f"{self.label}: {self.failure} ({lmdb_reason(exc)})") from exc
 
 
 @attrs.frozen
@@ -153,48 +271,46 @@ class LmdbEnv:
 
         ``sync`` and ``metasync`` are LMDB's durable defaults; ``writemap`` only
         without sync. A failure raises ``error``: "``name``: ``unusable`` (reason)",
-        ``unusable`` being "cannot open ``noun``" unless given. When the environment
-        is already open in this process by an object nobody refers to any more (a
-        controller dropped without ``close()``, as a simulated crash does), the cycle
-        collector frees it and the open is tried once more.
+        ``name`` being the data file unless given and ``unusable`` "cannot open
+        ``noun``" unless given. An empty or truncated data file is refused before
+        LMDB reads it. Unless ``readonly``, the directory and the files are made
+        private (see the module docstring). When the environment is already open in
+        this process by an object nobody refers to any more (a controller dropped
+        without ``close()``, as a simulated crash does), the cycle collector frees it
+        and the open is tried once more.
         """
-        label = str(path) if name is None else name
-        failure = f"cannot open {noun}" if unusable is None else unusable
+        data_file = path / DATA_FILE
+        label = str(data_file) if name is None else name
+        where = _Where(path, label, noun, f"cannot open {noun}" if unusable is None else unusable)
         if not readonly:
+            private_dir(path, error=error, name=label)
+        if _data_size(data_file, label, noun, error) is not None and writemap and not readonly:
+            # With writemap LMDB makes the file as long as the map as it opens it, which
+            # would hide a truncation: look at the file as it is first, read-only.
+            env = where.open(error, readonly=True, create=False, lock=False, max_dbs=max_dbs)
             try:
-                path.mkdir(parents=True, exist_ok=True)
-            except OSError as exc:
-                raise error(f"{label}: cannot create the directory: {exc}") from exc
-
-        def attempt() -> lmdb.Environment:
-            return lmdb.open(
-                str(path),
-                map_size=map_size,
-                subdir=True,
-                readonly=readonly,
-                sync=sync,
-                metasync=metasync,
-                writemap=writemap,
-                create=not readonly,
-                max_dbs=max_dbs,
-                lock=lock,
-            )
-
+                _check_size(env, data_file, label, error)
+            finally:
+                env.close()
+        env = where.open(
+            error,
+            map_size=map_size,
+            readonly=readonly,
+            sync=sync,
+            metasync=metasync,
+            writemap=writemap,
+            create=not readonly,
+            max_dbs=max_dbs,
+            lock=lock,
+        )
         try:
-            try:
-                env = attempt()
-            except lmdb.Error as exc:
-                if "already open" not in str(exc):
-                    raise
-                gc.collect()
-                env = attempt()
-        except lmdb.Error as exc:
-            if "already open" in str(exc):
-                raise error(
-                    f"{label}: {noun} is still open in this process; close() the old "
-                    "controller or drop every reference to it first"
-                ) from exc
-            raise error(f"{label}: {failure} ({lmdb_reason(exc)})") from exc
+            _check_size(env, data_file, label, error)
+            if not readonly:
+                for file in (data_file, path / LOCK_FILE):
+                    restrict_mode(file, PRIVATE_FILE, label, error)
+        except BaseException:
+            env.close()
+            raise
         return cls(
             env, label, noun=noun, error=error, max_map_size=max_map_size, max_growths=max_growths
         )

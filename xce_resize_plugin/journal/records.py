@@ -60,18 +60,22 @@ class BadRecord(Exception):
     """A stored value failed its checks; the caller adds which record and which file."""
 
 
-def seal(body: bytes) -> bytes:
-    """Prefix ``body`` with its CRC-32, so bit rot and torn writes outside LMDB show."""
-    return _CRC.pack(zlib.crc32(body)) + body
+def seal(body: bytes, key: bytes = b"") -> bytes:
+    """Prefix ``body`` with its CRC-32, so bit rot and torn writes outside LMDB show.
+
+    With ``key`` (the record's LMDB key, not stored in the value) the CRC covers the key
+    too, so that a record copied under another key shows as well.
+    """
+    return _CRC.pack(zlib.crc32(body, zlib.crc32(key))) + body
 
 
-def unseal(value: bytes) -> bytes:
-    """Return the body of a sealed value, or raise :class:`BadRecord`."""
+def unseal(value: bytes, key: bytes = b"") -> bytes:
+    """Return the body of a value sealed with ``key``, or raise :class:`BadRecord`."""
     if len(value) < _CRC.size:
         raise BadRecord(f"record too short ({len(value)} bytes)")
     (stored,) = _CRC.unpack_from(value)
     body = value[_CRC.size :]
-    computed = zlib.crc32(body)
+    computed = zlib.crc32(body, zlib.crc32(key))
     if stored != computed:
         raise BadRecord(f"CRC mismatch (stored {stored:08x}, computed {computed:08x})")
     return body

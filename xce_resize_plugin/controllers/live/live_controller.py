@@ -66,7 +66,6 @@ from __future__ import annotations
 
 import logging
 import os
-import secrets
 import signal
 import threading
 import time
@@ -78,9 +77,16 @@ import pluggy
 from pluggy import HookImpl
 
 from xce_resize_plugin.controllers.jobs import JobRecord, TaskRecord, TaskState
+from xce_resize_plugin.controllers.live.job_tokens import (
+    FINGERPRINT_KEY,
+    SALT_FIELD,
+    TOKEN_ENV,
+    JobTokens,
+)
 from xce_resize_plugin.controllers.live.live_store import Lease, LiveStore
 from xce_resize_plugin.controllers.live.proc import atomic_write
 from xce_resize_plugin.controllers.live.settings import LiveConfig
+from xce_resize_plugin.controllers.live.state_check import JOURNAL_DIR, check_journal, cross_check
 from xce_resize_plugin.controllers.live.storage_faults import (
     StateNotWritable,
     fenced_cause,
@@ -97,7 +103,7 @@ from xce_resize_plugin.controllers.runners import (
     TaskReporter,
 )
 from xce_resize_plugin.controllers.sim.sim_controller import EmbeddedController
-from xce_resize_plugin.controllers.violations import UnknownJob
+from xce_resize_plugin.controllers.violations import StoreError, UnknownJob
 from xce_resize_plugin.core import converters
 from xce_resize_plugin.core.models import JobState, Task, allocation_env
 from xce_resize_plugin.errors import (
@@ -108,6 +114,7 @@ from xce_resize_plugin.errors import (
     ResizeError,
 )
 from xce_resize_plugin.host import HostHooks, Principal
+from xce_resize_plugin.journal.lmdb_env import private_dir
 
 log = logging.getLogger(__name__)
 
@@ -245,7 +252,6 @@ class LiveController:
         self._loop_thread: threading.Thread | None = None
         self._loop_ident: int | None = None
         self._ending: dict[str, tuple[JobState, str]] = {}
-        self._job_tokens: dict[str, str] = {}
         self._notifying: dict[tuple[str, int], tuple[str, dict[str, Any], NotificationDone]] = {}
         self._broken: set[str] = set()
         self._opened = False
@@ -261,8 +267,7 @@ class LiveController:
         self._crash_at = os.environ.get(CRASH_ENV) or None
         if self._crash_at is not None and self._crash_at not in CRASH_POINTS:
             raise ValueError(f"{CRASH_ENV}={self._crash_at}: not one of {', '.join(CRASH_POINTS)}")
-        cfg.state_dir.mkdir(parents=True, exist_ok=True)
-        self.live_store = LiveStore(cfg.state_dir / "controller")
+        self.live_store, self._tokens = _open_state(cfg)
         try:
             self.fleet = WorkerFleet(
                 cfg.state_dir,
@@ -309,14 +314,12 @@ class LiveController:
         )
 
     def _read_side(self) -> None:
-        """The job tokens and the job ends in progress, from the side records."""
-        self._job_tokens.clear()
+        """The job ends in progress, from the side records (job tokens are derived,
+        not stored: :mod:`.job_tokens`)."""
         self._ending.clear()
         for key in self.live_store.keys("job:"):
             spec = self.live_store.get(key)
             job_id = key[len("job:") :]
-            if spec.get("token"):
-                self._job_tokens[spec["token"]] = job_id
             ending = spec.get("ending")
             if ending and not spec.get("ended"):
                 self._ending[job_id] = (JobState(ending[0]), str(ending[1]))
@@ -677,10 +680,15 @@ class LiveController:
         for entry in self.cfg.tokens:
             if entry.matches(token):
                 return Principal(entry.user, admin=entry.user in self.cfg.admins)
+        job_id = self._tokens.job_of(token)
+        if job_id is None:
+            return None
         with self.lock:
-            job_id = self._job_tokens.get(token)
-            job = self.embedded.record(job_id) if job_id is not None else None
-            if job is None or job.finished:
+            job = self.embedded.record(job_id)
+            salt = (self.live_store.get(f"job:{job_id}") or {}).get(SALT_FIELD)
+            if job is None or job.finished or not isinstance(salt, str):
+                return None
+            if not self._tokens.matches(token, job_id, salt):
                 return None
             return Principal(job.user, admin=False, job_id=job.id)
 
@@ -733,14 +741,14 @@ class LiveController:
         with self.lock:
             self._check_open()
             job_id = self._new_job_id()
-            token = secrets.token_urlsafe(32)
+            salt = self._tokens.new_salt()
             key = f"job:{job_id}"
             self.live_store.put(
                 key,
                 {
                     "argv": list(sub.command),
                     "cwd": sub.cwd,
-                    "token": token,
+                    SALT_FIELD: salt,
                     "launched": False,
                 },
             )
@@ -755,8 +763,8 @@ class LiveController:
                 if isinstance(exc, ResizeError):
                     raise
                 raise SubmitRejected(str(exc)) from exc
-            self._job_tokens[token] = job_id
         self._wake.set()
+        token = self._tokens.token(job_id, salt)
         return {"id": job_id, "token": token, "job": self.job_json(job_id)}
 
     def kill_job(self, principal: Principal, job_id: str) -> dict[str, Any]:
@@ -929,11 +937,13 @@ class LiveController:
             "stderr": str(jdir / f"task-{task.id}.err"),
         }
         host = self.live_store.get(f"host:{task.host}") or {}
+        env = {k: v for k, v in command["env"].items() if k != TOKEN_ENV}
         self.live_store.put(
             f"task:{job_id}:{task.id}",
             {
                 "host": task.host,
-                "launch": command,
+                # Without the token (never stored): a resend derives it again.
+                "launch": {**command, "env": env},
                 "pid": None,
                 # Which agent could have received it (see worker_up).
                 "instance": host.get("instance"),
@@ -961,10 +971,21 @@ class LiveController:
                 "LSB_DJOB_NUMPROC": str(len(alloc.get("LSB_HOSTS", "").split())),
                 "LSB_RESIZABLE": "Y" if job.resizable else "N",
                 "XCE_CONTROLLER_URL": self.cfg.controller_url,
-                "XCE_JOB_TOKEN": str(spec["token"]),
+                TOKEN_ENV: self._job_token(job.id, spec),
             }
         )
         return env
+
+    def _job_token(self, job_id: str, spec: Mapping[str, Any]) -> str:
+        """The job's token, derived again (it is never stored); "" without a salt."""
+        salt = spec.get(SALT_FIELD)
+        return self._tokens.token(job_id, salt) if isinstance(salt, str) else ""
+
+    def _with_token(self, launch: Mapping[str, Any]) -> dict[str, Any]:
+        """A recorded launch command, with the job token its record leaves out."""
+        job_id = str(launch["job"])
+        spec = self.live_store.get(f"job:{job_id}") or {}
+        return {**launch, "env": {**launch["env"], TOKEN_ENV: self._job_token(job_id, spec)}}
 
     def _runner_stop(self, job_id: str, task_id: int, grace: float, since: float) -> None:
         # Never answers inside the call (the agent reports the exit), so nothing to mark
@@ -998,7 +1019,7 @@ class LiveController:
                 "LSB_DJOB_NUMPROC": str(len(hosts)),
                 "XCE_HOSTNAME": request.host,
                 "XCE_CONTROLLER_URL": self.cfg.controller_url,
-                "XCE_JOB_TOKEN": str(spec.get("token", "")),
+                TOKEN_ENV: self._job_token(request.job_id, spec),
             }
         )
         command = {
@@ -1127,7 +1148,7 @@ class LiveController:
                 )
                 if never_sent and side.get("launch"):
                     log.info("resending the launch of %s.%s to %s", job.id, tid, host)
-                    self.fleet.send(host, side["launch"])
+                    self.fleet.send(host, self._with_token(side["launch"]))
                     if rec.state is TaskState.STOPPING and side.get("stop"):
                         self.fleet.send(
                             host, {"op": "stop", "job": job.id, "task": tid, **side["stop"]}
@@ -1308,6 +1329,30 @@ class LiveController:
             for host in hosts:
                 self.fleet.send(host, {"op": "forget", "job": job_id})
             self.embedded.flush()
+
+
+def _open_state(cfg: LiveConfig) -> tuple[LiveStore, JobTokens]:
+    """The checked state directory: the store (started: the epoch is taken) and the
+    job token key, or the error that names what is wrong.
+
+    The checks (:mod:`.state_check`) only read and come before the epoch, so a refused
+    start changes nothing and leaves a controller still running on the directory be.
+    """
+    private_dir(cfg.state_dir, error=StoreError)
+    journal_dir = cfg.state_dir / JOURNAL_DIR
+    if cfg.verify_journal:
+        check_journal(journal_dir)
+    store = LiveStore(cfg.state_dir / "controller", start=False)
+    try:
+        cross_check(store.load(), journal_dir, store.data_file)
+        tokens = JobTokens.load(cfg.state_dir, store.get(FINGERPRINT_KEY))
+        store.start()
+        if store.get(FINGERPRINT_KEY) is None:
+            store.put(FINGERPRINT_KEY, tokens.fingerprint)
+    except BaseException:
+        store.close()
+        raise
+    return store, tokens
 
 
 def _counts(tasks: Sequence[Task]) -> dict[str, int]:

@@ -5,14 +5,17 @@ controller's :class:`~xce_resize_plugin.controllers.store.Store` protocol and ke
 job records and the ``meta`` record as that store does) that adds what only the live
 controller needs, in the same transactions:
 
-- **fencing**: opening the store takes the next epoch (durably); every write checks it
-  first and raises :class:`~xce_resize_plugin.errors.FencedError`, writing nothing,
-  when a newer controller has opened the same state directory (docs/failover.md: the older
-  controller's writes fail and it stops);
-- **side records** (database ``live``, JSON): per job its command, working directory,
-  token and end in progress; per task the launch request sent to its worker (so a
-  restarted controller can resend a launch that never arrived) and its process id;
-  per host the worker instance last reconciled with.
+- **fencing**: :meth:`LiveStore.start` (by default when the store opens) takes the next
+  epoch (durably); every write checks it first and raises
+  :class:`~xce_resize_plugin.errors.FencedError`, writing nothing, when a newer
+  controller has opened the same state directory (docs/failover.md: the older
+  controller's writes fail and it stops). Opened with ``start=False``, the store can be
+  read and checked first without changing anything;
+- **side records** (database ``live``, JSON sealed with a CRC as the job records are):
+  per job its command, working directory, the salt of its token (never the token:
+  :mod:`.job_tokens`) and end in progress; per task the launch request sent to its
+  worker, without the job token (so a restarted controller can resend a launch that
+  never arrived) and its process id; per host the worker instance last reconciled with.
 
 Two callbacks let the controller act at the right moment: ``before_commit`` sees the
 job records about to be written (the controller adds side records to the same
@@ -38,9 +41,11 @@ from xce_resize_plugin.controllers.store import (
     Snapshot,
     encode_jobs,
     encode_meta,
+    unseal_record,
 )
 from xce_resize_plugin.controllers.violations import StoreError
 from xce_resize_plugin.journal.lmdb_env import DEFAULT_MAP_SIZE, Fence
+from xce_resize_plugin.journal.records import seal
 
 if TYPE_CHECKING:
     import lmdb
@@ -54,22 +59,41 @@ class LiveStore(LmdbStore):
     noun = "the live controller state"
     writer = "controller"
 
-    def __init__(self, path: Path, durable: bool = True, map_size: int = DEFAULT_MAP_SIZE) -> None:
+    def __init__(
+        self,
+        path: Path,
+        durable: bool = True,
+        map_size: int = DEFAULT_MAP_SIZE,
+        *,
+        start: bool = True,
+    ) -> None:
         super().__init__(path, durable, map_size)
-        self._live_db = self._env.open_db(b"live")
-        self._fence = self._env.take_epoch(Fence(self._meta_db, subject="the state"))
-        self.side: dict[str, Any] = self._env.read(self._read_side)
+        self._closed = False
+        try:
+            self._live_db = self._env.open_db(b"live")
+            self.side: dict[str, Any] = self._env.read(self._read_side)
+        except BaseException:
+            self.close()
+            raise
+        self._fence = Fence(self._meta_db, subject="the state")
+        #: A snapshot read before start() and the transaction that read it (see load()).
+        self._kept: tuple[int, Snapshot | None] | None = None
         self._dirty: set[str] = set()
         self._last_meta: dict[str, Any] | None = None
         self.before_commit: Callable[[list[JobRecord]], None] | None = None
         self.after_commit: Callable[[], None] | None = None
-        self._closed = False
+        if start:
+            self.start()
 
     # -- fencing ---------------------------------------------------------------------
 
+    def start(self) -> None:
+        """Take the next epoch: from now on an older controller's writes fail."""
+        self._fence = self._env.take_epoch(self._fence)
+
     @property
     def epoch(self) -> int:
-        """The epoch this controller took when it opened the store."""
+        """The epoch this controller took when it started the store (0 before)."""
         return self._fence.epoch
 
     def stored_epoch(self) -> int:
@@ -83,7 +107,16 @@ class LiveStore(LmdbStore):
     # -- the Store protocol ------------------------------------------------------------
 
     def load(self) -> Snapshot | None:
-        snapshot = super().load()
+        """The saved state. Read before :meth:`start` (to check it), it is kept and
+        given again by the next call if the only commit since was this store's epoch:
+        decoding every job record is the bulk of a start, and need not be done twice."""
+        kept, self._kept = self._kept, None
+        if kept is not None and self._env.env.info()["last_txnid"] == kept[0] + 1:
+            snapshot = kept[1]
+        else:
+            txn_id, snapshot = self._env.read(lambda txn: (txn.id(), self._snapshot(txn)))
+            if not self.epoch:
+                self._kept = (txn_id, snapshot)
         if snapshot is not None:
             self._last_meta = _without_clock(snapshot.meta)
         return snapshot
@@ -122,10 +155,11 @@ class LiveStore(LmdbStore):
     ) -> None:
         self._put(meta_raw, items, txn)
         for skey, svalue in side:
+            key = skey.encode()
             if svalue is None:
-                txn.delete(skey.encode(), db=self._live_db)
+                txn.delete(key, db=self._live_db)
             else:
-                txn.put(skey.encode(), json.dumps(svalue).encode(), db=self._live_db)
+                txn.put(key, seal(json.dumps(svalue).encode(), key), db=self._live_db)
 
     def close(self) -> None:
         if not self._closed:
@@ -162,11 +196,13 @@ class LiveStore(LmdbStore):
     def _read_side(self, txn: _Txn) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for key, value in txn.cursor(db=self._live_db):
-            name = bytes(key).decode()
+            name = bytes(key).decode(errors="replace")
+            what = f"side record {name!r}"
+            body = unseal_record(bytes(value), bytes(key), self.data_file, what)
             try:
-                out[name] = json.loads(bytes(value))
+                out[name] = json.loads(body)
             except ValueError as exc:
-                raise StoreError(f"{self.path}: corrupt side record {name!r} ({exc})") from exc
+                raise StoreError(f"{self.data_file}: corrupt {what} ({exc})") from exc
         return out
 
 

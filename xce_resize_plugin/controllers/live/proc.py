@@ -12,9 +12,12 @@ import contextlib
 import errno
 import fcntl
 import os
+import secrets
 import signal
 import tempfile
 from pathlib import Path
+
+from xce_resize_plugin.journal.lmdb_env import PRIVATE_FILE, restrict_mode
 
 
 def atomic_write(path: Path, data: str | bytes, mode: int = 0o644) -> None:
@@ -34,6 +37,35 @@ def atomic_write(path: Path, data: str | bytes, mode: int = 0o644) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def secret_file(path: Path, *, create: bool = True) -> str:
+    """The random secret in ``path``, created on first use unless ``create`` is false
+    (then :class:`FileNotFoundError`); mode 0600, an existing looser file is tightened.
+
+    Two processes creating it at the same moment agree on one secret: the new file is
+    written under a temporary name and linked into place, which fails if it exists.
+    """
+    try:
+        text = path.read_text().strip()
+    except FileNotFoundError:
+        if not create:
+            raise
+    else:
+        restrict_mode(path, PRIVATE_FILE, error=OSError)
+        return text
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)  # mode 0600
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(secrets.token_urlsafe(32))
+            fh.flush()
+            os.fsync(fh.fileno())
+        with contextlib.suppress(FileExistsError):
+            os.link(tmp, path)
+    finally:
+        os.unlink(tmp)
+    return path.read_text().strip()
 
 
 def _stat_fields(pid: int) -> list[str] | None:

@@ -32,7 +32,7 @@ from xce_resize_plugin import __version__
 from xce_resize_plugin.controllers.live.live_controller import LiveController
 from xce_resize_plugin.controllers.live.settings import LiveConfig, parse_listen
 from xce_resize_plugin.controllers.violations import EmbeddedError
-from xce_resize_plugin.errors import ConfigError, FencedError
+from xce_resize_plugin.errors import ConfigError, FencedError, JournalError
 from xce_resize_plugin.host import HostHooks
 
 if TYPE_CHECKING:
@@ -98,12 +98,13 @@ def run(
         return EXIT_USAGE
     try:
         ctl = make_controller(cfg)
-    except EmbeddedError as exc:
-        # A corrupt or newer-schema state directory: never start on half a state.
+    except (EmbeddedError, JournalError) as exc:
         sock.close()
-        print(f"xce-resize controller: {exc}", file=sys.stderr)
-        return EXIT_ERROR
-    app = _open(ctl, sock, attach)
+        return _refuse_state(exc)
+    try:
+        app = _open(ctl, sock, attach)
+    except (EmbeddedError, JournalError) as exc:
+        return _refuse_state(exc)  # _open closed the controller and the socket
     server = None if app is None else _server(app)
     if server is not None:
         ctl.on_fenced = functools.partial(_stop_fenced, server)
@@ -160,6 +161,17 @@ def _open(
         sock.close()
         raise
     return None
+
+
+def _refuse_state(exc: EmbeddedError | JournalError) -> int:
+    """A state directory the controller cannot start on (damaged, truncated, of a newer
+    schema, the two stores disagreeing; docs/live-controller.md): one line naming the
+    file, and the exit status for errors. Never start on half a state."""
+    if isinstance(exc, FencedError):
+        print(f"xce-resize controller: stopped: {exc}", file=sys.stderr)
+        return EXIT_FENCED
+    print(f"xce-resize controller: {exc}", file=sys.stderr)
+    return EXIT_ERROR
 
 
 def make_controller(cfg: LiveConfig) -> LiveController:

@@ -10,6 +10,7 @@
     # kill_grace = 10.0         SIGTERM -> SIGKILL seconds when a job ends or is killed
     # worker_timeout = 10.0     seconds a new worker agent may take to come up
     # record = "run.jsonl"      record this run's inputs for replay (relative to this file)
+    # verify_journal = true     check every record's CRC of the plugin's journal at start
 
     [cluster]
     hosts = { hostA = 4, hostB = 4 }
@@ -53,6 +54,7 @@ CONTROLLER_KEYS = {
     "kill_grace",
     "worker_timeout",
     "record",
+    "verify_journal",
 }
 DEFAULT_LISTEN = "127.0.0.1:6820"
 #: Prefix of a token given as its SHA-256 digest rather than in clear.
@@ -93,6 +95,9 @@ class LiveConfig:
     #: Where this run's recording is written (``None``: not recorded); see
     #: :mod:`.recorder`.
     record: Path | None = None
+    #: Check every record's CRC of the plugin's journal at start (docs/performance.md
+    #: gives the cost per million facts).
+    verify_journal: bool = True
 
     @property
     def controller_url(self) -> str:
@@ -126,6 +131,7 @@ def parse(data: Mapping[str, Any], path: Path) -> LiveConfig:
         kill_grace=_number(where, "controller.kill_grace", ctl.get("kill_grace", 10.0)),
         worker_timeout=_number(where, "controller.worker_timeout", ctl.get("worker_timeout", 10.0)),
         record=_record(where, ctl.get("record"), base),
+        verify_journal=_flag(where, "controller.verify_journal", ctl.get("verify_journal", True)),
         hosts=_hosts(where, where.section(data, "cluster", {"hosts"}).get("hosts")),
         admins=_admins(where, where.section(data, "users", {"admins", "tokens"}).get("admins", [])),
         tokens=_tokens(where, where.table(data, "users").get("tokens", {})),

@@ -25,15 +25,11 @@ the queue's own condition.
 from __future__ import annotations
 
 import atexit
-import contextlib
 import json
 import logging
-import os
-import secrets
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections import deque
@@ -41,7 +37,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from xce_resize_plugin.controllers.live.proc import lock_held
+from xce_resize_plugin.controllers.live.proc import lock_held, secret_file
 from xce_resize_plugin.controllers.live.worker import secret_path, worker_dir
 
 log = logging.getLogger(__name__)
@@ -429,24 +425,7 @@ def _code(response: Any) -> str:
 
 def ensure_secret(state_dir: Path) -> str:
     """The controller-agent secret (``workers/secret``, 0600), created on first use."""
-    path = secret_path(state_dir)
-    try:
-        return path.read_text().strip()
-    except FileNotFoundError:
-        pass
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".secret.", dir=path.parent)  # mode 0600
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(secrets.token_urlsafe(32))
-            fh.flush()
-            os.fsync(fh.fileno())
-        # link() fails if the file exists: two first starts agree on one secret.
-        with contextlib.suppress(FileExistsError):
-            os.link(tmp, path)
-    finally:
-        os.unlink(tmp)
-    return path.read_text().strip()
+    return secret_file(secret_path(state_dir))
 
 
 def registered_workers(state_dir: Path) -> dict[str, dict[str, Any]]:
