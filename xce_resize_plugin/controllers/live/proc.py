@@ -4,17 +4,26 @@ Linux only (``/proc``, ``flock``), like the live controller itself. Why not just
 ``os.kill(pid, 0)``: a process that exited but was not reaped yet (a zombie) still
 answers it, and the live controller's workers and tasks are often somebody else's
 children (they outlive the process that started them), so nobody here can reap them.
+
+A task is every process it started, not only its process group: :func:`become_subreaper`
+makes the agent the parent of the task's orphans, :class:`ProcessTable` finds a task's
+descendants, and :func:`signal_verified` signals a pid only while it is still the process
+that was seen (docs/live-controller.md, "Jobs and tasks").
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import fcntl
 import os
 import signal
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
+
+from attrs import frozen
 
 
 def atomic_write(path: Path, data: str | bytes, mode: int = 0o644) -> None:
@@ -61,6 +70,129 @@ def pid_alive(pid: int, ticks: int | None = None) -> bool:
     if fields is None or fields[0] in ("Z", "X"):
         return False
     return ticks is None or int(fields[19]) == ticks
+
+
+#: ``prctl(2)`` option: orphaned descendants are re-parented to the calling process
+#: (instead of init), which can then find, stop and reap them.
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def become_subreaper() -> bool:
+    """Make this process the "child subreaper" of its descendants: a task's process whose
+    parent exits (a daemon's double fork, ``setsid cmd &``) becomes our child, not init's.
+    ``False`` where the kernel or the C library does not allow it (not Linux, Linux
+    older than 3.4): tasks are then contained as far as their descendants can be seen."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return int(libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+@frozen
+class ProcInfo:
+    """One process as ``/proc`` shows it (``uid``: the owner of ``/proc/PID``)."""
+
+    pid: int
+    ppid: int
+    pgid: int
+    ticks: int
+    uid: int
+    zombie: bool
+
+
+class ProcessTable:
+    """One scan of ``/proc``: every process's parent, group, start time and owner, and
+    who descends from whom. A scan costs a read per process; callers take one and ask it
+    several questions."""
+
+    def __init__(self) -> None:
+        self.procs: dict[int, ProcInfo] = {}
+        self.children: dict[int, list[int]] = {}
+        try:
+            names = os.listdir("/proc")
+        except OSError:
+            names = []
+        for name in names:
+            if not name.isdigit():
+                continue
+            try:
+                uid = os.stat(f"/proc/{name}").st_uid
+            except OSError:
+                continue
+            fields = _stat_fields(int(name))
+            if fields is None:
+                continue
+            # fields: state, ppid, pgrp, ..., starttime (the 22nd field of the line)
+            zombie = fields[0] in ("Z", "X")
+            info = ProcInfo(int(name), int(fields[1]), int(fields[2]), int(fields[19]), uid, zombie)
+            self.procs[info.pid] = info
+            self.children.setdefault(info.ppid, []).append(info.pid)
+
+    def alive(self, pid: int, ticks: int | None = None) -> bool:
+        """Whether ``pid`` runs (not a zombie) and, given ``ticks``, is the same process."""
+        info = self.procs.get(pid)
+        return info is not None and not info.zombie and (ticks is None or info.ticks == ticks)
+
+    def tree(self, roots: Iterable[int]) -> dict[int, int]:
+        """The live ``roots`` and every live descendant of them: pid -> start ticks."""
+        out: dict[int, int] = {}
+        todo = [pid for pid in roots if pid in self.procs]
+        while todo:
+            pid = todo.pop()
+            if pid in out:
+                continue
+            info = self.procs[pid]
+            if not info.zombie:
+                out[pid] = info.ticks
+            # A zombie's children are still its descendants until they are re-parented.
+            todo.extend(self.children.get(pid, ()))
+        return out
+
+    def group(self, pgid: int) -> list[int]:
+        """The live members of process group ``pgid``."""
+        return [p.pid for p in self.procs.values() if p.pgid == pgid and not p.zombie]
+
+
+def environ_marks(pid: int, names: tuple[str, ...]) -> dict[str, str]:
+    """The values of ``names`` in the environment ``pid`` was started with (empty when
+    it cannot be read)."""
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return {}
+    wanted = {n.encode() for n in names}
+    out: dict[str, str] = {}
+    for item in raw.split(b"\0"):
+        key, sep, value = item.partition(b"=")
+        if sep and key in wanted:
+            out[key.decode()] = value.decode(errors="replace")
+    return out
+
+
+def signal_verified(pid: int, ticks: int, sig: int) -> bool:
+    """Send ``sig`` to ``pid`` if it is still the process that started at ``ticks``;
+    whether it was sent. A pidfd pins the process between the check and the signal, so
+    a recycled pid is never signalled."""
+    try:
+        pidfd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return False
+    except (OSError, AttributeError):
+        pidfd = -1  # no pidfd (Linux < 5.3): the start time check alone
+    try:
+        if start_ticks(pid) != ticks:
+            return False
+        if pidfd >= 0:
+            signal.pidfd_send_signal(pidfd, sig)
+        else:
+            os.kill(pid, sig)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
+    finally:
+        if pidfd >= 0:
+            os.close(pidfd)
 
 
 def group_alive(pgid: int) -> bool:
