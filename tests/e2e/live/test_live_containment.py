@@ -74,3 +74,31 @@ def test_a_task_that_exits_leaves_nothing_behind(resize_live_factory: Any, tmp_p
         assert [p for p in escaped if alive(p)] == [], "processes of the ended job survive"
     finally:
         _kill(escaped)
+
+
+def test_a_new_agent_kills_what_a_dead_one_knew_of(
+    resize_live_factory: Any, tmp_path: Path
+) -> None:
+    """The agent dies (SIGKILL) while its task has a process in another session: the
+    agent's successor kills it too (the processes each task had are in tasks.json)."""
+    live: LiveCluster = resize_live_factory({"h1": 1, "h2": 1})
+    live.start()
+    pidfile = tmp_path / "escaped.pid"
+    script = (
+        f'if [ "$XCE_TASK_ID" = 1 ]; then setsid sleep 1000 & echo $! > "{pidfile}"; fi; '
+        "exec sleep 600"
+    )
+    job_id = live.submit(command=["/bin/sh", "-c", script], tasks=2, ptile=1)
+    escaped: list[int] = []
+    try:
+        live.running(job_id, 2)
+        escaped.append(_pid_in(pidfile))
+        tasks_json = live.state / "workers" / "h2" / "tasks.json"
+        wait_until(lambda: str(escaped[0]) in tasks_json.read_text(), 15, "the process recorded")
+        agent = int(live.cluster()["hosts"]["h2"]["worker"]["pid"])
+        os.kill(agent, signal.SIGKILL)
+        wait_until(lambda: not alive(escaped[0]), 20, "the dead agent's task process killed")
+        job = live.job(job_id)
+        assert job["state"] == "RUN" and "lost" in job["tasks"][1]["reason"]
+    finally:
+        _kill(escaped)

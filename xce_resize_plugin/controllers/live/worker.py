@@ -195,6 +195,8 @@ class WorkerAgent:
         for entry in entries if isinstance(entries, list) else []:
             pid, ticks = entry.get("pid"), entry.get("ticks")
             if isinstance(pid, int) and pid > 1:
+                if table.alive(pid, ticks if isinstance(ticks, int) else -1):
+                    roots.append(pid)
                 kill_group_verified(pid, ticks if isinstance(ticks, int) else None)
                 killed += 1
             # The processes the predecessor knew were the task's, with their descendants.
