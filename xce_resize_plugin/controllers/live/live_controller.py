@@ -16,6 +16,10 @@ and gives it what differs:
 - jobs with a command: a job ends when its task 0 process ends (DONE on status 0, EXIT
   otherwise); its other tasks are stopped first (SIGTERM, ``kill_grace``, SIGKILL) and
   its slots are freed only once they are gone. ``kill`` ends a job the same way.
+- who a job runs as, decided at submission (:func:`.submission.job_account`): its
+  owner's account when the controller runs as root, else the controller's user; the
+  job's directory is the owner's to read, the rest of the state directory nobody's but
+  the controller's (:meth:`LiveController._prepare_state_dir`).
 
 The hooks get this controller as ``controller`` (the REST routes are built on it too):
 it forwards the Controller protocol to the embedded controller, adding its own token
@@ -52,10 +56,12 @@ controller (the ``xce-resize controller`` command): this module knows nothing of
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import secrets
 import signal
+import stat
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -67,9 +73,18 @@ from pluggy import HookImpl
 
 from xce_resize_plugin.controllers.jobs import JobRecord, TaskRecord, TaskState
 from xce_resize_plugin.controllers.live.live_store import LiveStore
-from xce_resize_plugin.controllers.live.proc import atomic_write
+from xce_resize_plugin.controllers.live.proc import (
+    Account,
+    account_json,
+    atomic_write,
+    parse_account,
+)
 from xce_resize_plugin.controllers.live.settings import LiveConfig
-from xce_resize_plugin.controllers.live.submission import parse_submission
+from xce_resize_plugin.controllers.live.submission import (
+    SubmitRejected,
+    job_account,
+    parse_submission,
+)
 from xce_resize_plugin.controllers.live.tasks import Queued, WorkerFleet
 from xce_resize_plugin.controllers.observer import LiveObserver, Observer
 from xce_resize_plugin.controllers.runners import (
@@ -84,6 +99,7 @@ from xce_resize_plugin.controllers.violations import UnknownJob
 from xce_resize_plugin.core import converters
 from xce_resize_plugin.core.models import JobState, Task, allocation_env
 from xce_resize_plugin.errors import (
+    ConfigError,
     FencedError,
     JobFinished,
     JournalError,
@@ -134,14 +150,6 @@ class ControllerStopping(ResizeError):
     code = "XCE_CONTROLLER_STOPPING"
     message = "The controller is stopping"
     http_status = 503
-
-
-class SubmitRejected(ResizeError):
-    """The host refused a job submission (bad options, a job that could never start)."""
-
-    code = "XCE_SUBMIT_REJECTED"
-    message = "Job submission rejected"
-    http_status = 400
 
 
 StartTask = Callable[[str, Task, Mapping[str, str]], None]
@@ -233,7 +241,9 @@ class LiveController:
         self._crash_at = os.environ.get(CRASH_ENV) or None
         if self._crash_at is not None and self._crash_at not in CRASH_POINTS:
             raise ValueError(f"{CRASH_ENV}={self._crash_at}: not one of {', '.join(CRASH_POINTS)}")
-        cfg.state_dir.mkdir(parents=True, exist_ok=True)
+        #: The user this controller and its agents run as (0: jobs run as their owners).
+        self.euid = os.geteuid()
+        self._prepare_state_dir()
         self.live_store = LiveStore(cfg.state_dir / "controller")
         try:
             self.fleet = WorkerFleet(
@@ -283,6 +293,34 @@ class LiveController:
     # =================================================================================
     # lifecycle
     # =================================================================================
+
+    def _prepare_state_dir(self) -> None:
+        """Jobs that run as their owners must reach their directories (``jobs/ID``), and
+        nothing else: the stores hold every job's token, ``workers`` the agents'
+        secret. A state directory other users cannot reach is a configuration error
+        then, not a job that fails later."""
+        state = self.cfg.state_dir
+        state.mkdir(parents=True, exist_ok=True)
+        for name, mode in (("controller", 0o700), ("resize", 0o700), ("workers", 0o700)):
+            (state / name).mkdir(mode=mode, exist_ok=True)
+            os.chmod(state / name, mode)
+        (state / "jobs").mkdir(mode=0o711, exist_ok=True)
+        os.chmod(state / "jobs", 0o711)
+        if self.cfg.single_user:
+            if self.euid == 0:
+                log.warning("single_user = true and running as root: every job runs as root")
+            return
+        if self.euid != 0:
+            return
+        for path in (state, *state.parents):
+            mode = path.stat().st_mode
+            if not mode & stat.S_IXOTH:
+                where = f"{self.cfg.path}: " if self.cfg.path else ""
+                raise ConfigError(
+                    f"{where}controller.state_dir: {path} (mode {stat.S_IMODE(mode):04o}) "
+                    "cannot be searched by other users, and jobs run as their owners: they "
+                    "could not read their hostfiles (give it o+x, or use another directory)"
+                )
 
     def _resume_stops(self) -> None:
         """Restart: hand the stops in progress to the agents again. The embedded
@@ -537,6 +575,7 @@ class LiveController:
         if principal.job_id is not None:
             raise PermissionDenied("a job token cannot submit jobs")
         sub = parse_submission(body)
+        account = job_account(principal.name, single_user=self.cfg.single_user, euid=self.euid)
         with self.lock:
             self._check_open()
             job_id = self._new_job_id()
@@ -549,16 +588,17 @@ class LiveController:
                     "cwd": sub.cwd,
                     "token": token,
                     "launched": False,
+                    "account": account_json(account),
                 },
             )
+            self._make_job_dir(job_id, account)
             try:
                 self.embedded.submit_job(principal.name, sub.tasks, sub, env=sub.env, job_id=job_id)
-            except ResizeError:
-                self.live_store.put(key, None)
-                raise
             except Exception as exc:
                 self.live_store.put(key, None)
-                if isinstance(exc.__cause__, FencedError) or isinstance(exc, FencedError):
+                with contextlib.suppress(OSError):
+                    self.job_dir(job_id).rmdir()  # nothing in it: the job never started
+                if isinstance(exc, ResizeError) or isinstance(exc.__cause__, FencedError):
                     raise
                 raise SubmitRejected(str(exc)) from exc
             self._job_tokens[token] = job_id
@@ -692,6 +732,23 @@ class LiveController:
         """Where a job's logs, hostfiles and (by default) working directory are."""
         return self.cfg.state_dir / "jobs" / job_id
 
+    def _make_job_dir(self, job_id: str, account: Account) -> None:
+        """The job's directory: the controller's (the agents write logs and hostfiles
+        into it: a directory the job could change would let it redirect them), readable
+        by the job's group (its owner's primary group)."""
+        jdir = self.job_dir(job_id)
+        jdir.mkdir(mode=0o750, exist_ok=True)
+        os.chmod(jdir, 0o750)
+        if self.euid == 0:
+            os.chown(jdir, 0, account.gid)
+
+    def _account(self, job: JobRecord, spec: Mapping[str, Any]) -> Account:
+        """Who the job runs as: decided at submission (a job recorded by an older
+        version is decided now; ``SubmitRejected`` when it cannot run)."""
+        if "account" in spec:
+            return parse_account(spec["account"])
+        return job_account(job.user, single_user=self.cfg.single_user, euid=self.euid)
+
     def _new_job_id(self) -> str:
         counter = int(self.live_store.get("next_job_id") or 101)
         while self.embedded.record(str(counter)) is not None:
@@ -715,14 +772,23 @@ class LiveController:
         if spec is None:
             self.embedded.task_start_failed(job_id, task.id, "no command recorded for the job")
             return
+        try:
+            account = self._account(job, spec)
+        except (SubmitRejected, ValueError) as exc:
+            self.embedded.task_start_failed(job_id, task.id, str(exc))
+            return
         jdir = self.job_dir(job_id)
+        # The job's directory is not writable by a job that runs as another user than
+        # the controller's: such a job starts in its owner's home.
+        cwd = spec.get("cwd") or (str(jdir) if account.uid == self.euid else account.home)
         command = {
             "op": "launch",
             "job": job_id,
             "task": task.id,
             "argv": spec["argv"],
-            "env": self._task_env(job, spec, task, alloc_env),
-            "cwd": spec.get("cwd") or str(jdir),
+            "user": account_json(account),
+            "env": self._task_env(job, spec, task, alloc_env, account),
+            "cwd": cwd,
             "stdout": str(jdir / f"task-{task.id}.out"),
             "stderr": str(jdir / f"task-{task.id}.err"),
         }
@@ -741,10 +807,16 @@ class LiveController:
         self.fleet.send(task.host, command)
 
     def _task_env(
-        self, job: JobRecord, spec: Mapping[str, Any], task: Task, alloc: Mapping[str, str]
+        self,
+        job: JobRecord,
+        spec: Mapping[str, Any],
+        task: Task,
+        alloc: Mapping[str, str],
+        account: Account,
     ) -> dict[str, str]:
         env = {k: os.environ[k] for k in ESSENTIAL_ENV if k in os.environ}
         env.setdefault("PATH", os.defpath)
+        env.update(_account_env(account))
         env.update(job.env)
         env.update(alloc)
         hostfile = str(self.job_dir(job.id) / "hostfile")
@@ -781,8 +853,13 @@ class LiveController:
 
     def _runner_notify(self, request: NotificationRequest, done: NotificationDone) -> None:
         spec = self.live_store.get(f"job:{request.job_id}") or {}
+        try:
+            account = self._account(self._job(request.job_id), spec)
+        except (SubmitRejected, ValueError) as exc:
+            done(NotificationResult(None, f"cannot run: {exc}"))
+            return
         jdir = self.job_dir(request.job_id)
-        env = dict(request.env)
+        env = {**_account_env(account), **request.env}
         hosts = env.get("LSB_HOSTS", "").split()
         version = env.get("XCE_ALLOC_VERSION", "next")
         # The notification sees the allocation the change would commit: a hostfile of
@@ -803,6 +880,7 @@ class LiveController:
             "op": "notify",
             "job": request.job_id,
             "attempt": request.attempt,
+            "user": account_json(account),
             "command": request.command,
             "env": env,
             "timeout": request.timeout,
@@ -1093,6 +1171,12 @@ class LiveController:
             for host in hosts:
                 self.fleet.send(host, {"op": "forget", "job": job_id})
             self.embedded.flush()
+
+
+def _account_env(account: Account) -> dict[str, str]:
+    """What a login would set for the job's user (the controller's own are not the job's
+    when it runs as its owner)."""
+    return {"HOME": account.home, "USER": account.name, "LOGNAME": account.name}
 
 
 def _counts(tasks: Sequence[Task]) -> dict[str, int]:

@@ -9,6 +9,11 @@ A task is every process it started, not only its process group: :func:`become_su
 makes the agent the parent of the task's orphans, :class:`ProcessTable` finds a task's
 descendants, and :func:`signal_verified` signals a pid only while it is still the process
 that was seen (docs/live-controller.md, "Jobs and tasks").
+
+Who a job's processes run as is an :class:`Account`: the controller decides it at
+submission, the agent starts the processes as it (:func:`run_as_options`) and gives it
+the log files it writes for them (:func:`open_log`) (docs/live-controller.md, "Who runs
+a job").
 """
 
 from __future__ import annotations
@@ -18,12 +23,103 @@ import ctypes
 import errno
 import fcntl
 import os
+import pwd
 import signal
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import Any, BinaryIO
 
 from attrs import frozen
+
+
+@frozen
+class Account:
+    """A local account a job's processes run as: user and group ids, the groups it is
+    a member of (``os.getgrouplist``), and its home directory."""
+
+    name: str
+    uid: int
+    gid: int
+    groups: tuple[int, ...]
+    home: str
+
+    @classmethod
+    def named(cls, name: str) -> Account:
+        """The account of the local user ``name`` (``KeyError``: there is none)."""
+        return cls._of(pwd.getpwnam(name))
+
+    @classmethod
+    def of_uid(cls, uid: int) -> Account:
+        """The account of user id ``uid``; one without a passwd entry (a container's
+        arbitrary uid) is named by its number, with this process's groups."""
+        try:
+            return cls._of(pwd.getpwuid(uid))
+        except KeyError:
+            home = os.environ.get("HOME", "/")
+            return cls(str(uid), uid, os.getegid(), tuple(os.getgroups()), home)
+
+    @classmethod
+    def _of(cls, entry: pwd.struct_passwd) -> Account:
+        groups = tuple(os.getgrouplist(entry.pw_name, entry.pw_gid))
+        return cls(entry.pw_name, entry.pw_uid, entry.pw_gid, groups, entry.pw_dir)
+
+
+def account_json(account: Account) -> dict[str, Any]:
+    """An account as the controller stores it and sends it to the agents."""
+    return {
+        "name": account.name,
+        "uid": account.uid,
+        "gid": account.gid,
+        "groups": list(account.groups),
+        "home": account.home,
+    }
+
+
+def parse_account(data: Any) -> Account:
+    """The account of a stored job or an agent command (``ValueError`` when malformed)."""
+    ids = ("uid", "gid")
+    if (
+        not isinstance(data, Mapping)
+        or not isinstance(data.get("name"), str)
+        or not isinstance(data.get("home"), str)
+        or not all(type(data.get(k)) is int and data[k] >= 0 for k in ids)
+        or not isinstance(data.get("groups"), list)
+        or not all(type(g) is int and g >= 0 for g in data["groups"])
+    ):
+        raise ValueError(f"no valid user to run as: {data!r}")
+    return Account(data["name"], data["uid"], data["gid"], tuple(data["groups"]), data["home"])
+
+
+def run_as_options(account: Account) -> dict[str, Any]:
+    """``subprocess.Popen``'s keyword arguments that run a child as ``account``: none
+    when this process has its uid already; its uid, gid and groups when this process is
+    root. ``PermissionError`` otherwise: a process that is not root never starts
+    anything as somebody else."""
+    uid = os.geteuid()
+    if account.uid == uid:
+        return {}
+    if uid != 0:
+        raise PermissionError(
+            f"this agent runs as uid {uid}, not root: it cannot run processes as "
+            f"{account.name} (uid {account.uid})"
+        )
+    return {"user": account.uid, "group": account.gid, "extra_groups": list(account.groups)}
+
+
+def open_log(path: Path | str, owner: Account | None, *, append: bool = True) -> BinaryIO:
+    """Open a log file the agent writes for a job, mode 0600, given to ``owner`` (the
+    job's user, when the job runs as another user than the agent's) so that the job's
+    owner, and only it, reads it. Never through a symbolic link."""
+    mode = os.O_APPEND if append else os.O_TRUNC
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | mode, 0o600)
+    try:
+        if owner is not None:
+            os.fchown(fd, owner.uid, owner.gid)
+        return os.fdopen(fd, "ab" if append else "wb")
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def atomic_write(path: Path, data: str | bytes, mode: int = 0o644) -> None:

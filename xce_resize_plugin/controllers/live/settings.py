@@ -10,6 +10,7 @@
     # kill_grace = 10.0         SIGTERM -> SIGKILL seconds when a job ends or is killed
     # worker_timeout = 10.0     seconds a new worker agent may take to come up
     # record = "run.jsonl"      record this run's inputs for replay (relative to this file)
+    # single_user = false       true: a personal controller, every job runs as its user
 
     [cluster]
     hosts = { hostA = 4, hostB = 4 }
@@ -53,6 +54,7 @@ CONTROLLER_KEYS = {
     "kill_grace",
     "worker_timeout",
     "record",
+    "single_user",
 }
 DEFAULT_LISTEN = "127.0.0.1:6820"
 #: Prefix of a token given as its SHA-256 digest rather than in clear.
@@ -93,6 +95,10 @@ class LiveConfig:
     #: Where this run's recording is written (``None``: not recorded); see
     #: :mod:`.recorder`.
     record: Path | None = None
+    #: A personal controller: every job runs as the controller's own user, whoever
+    #: submitted it (otherwise a job runs as its owner's account, or is refused:
+    #: :func:`~.submission.job_account`).
+    single_user: bool = False
 
     @property
     def controller_url(self) -> str:
@@ -126,6 +132,7 @@ def parse(data: Mapping[str, Any], path: Path) -> LiveConfig:
         kill_grace=_number(where, "controller.kill_grace", ctl.get("kill_grace", 10.0)),
         worker_timeout=_number(where, "controller.worker_timeout", ctl.get("worker_timeout", 10.0)),
         record=_record(where, ctl.get("record"), base),
+        single_user=_flag(where, "controller.single_user", ctl.get("single_user", False)),
         hosts=_hosts(where, where.section(data, "cluster", {"hosts"}).get("hosts")),
         admins=_admins(where, where.section(data, "users", {"admins", "tokens"}).get("admins", [])),
         tokens=_tokens(where, where.table(data, "users").get("tokens", {})),

@@ -54,6 +54,7 @@ their replacements.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hmac
 import json
 import logging
@@ -72,6 +73,7 @@ from typing import TYPE_CHECKING, Any
 from attrs import define, field
 
 from xce_resize_plugin.controllers.live.proc import (
+    Account,
     FileLock,
     ProcessTable,
     atomic_write,
@@ -79,6 +81,9 @@ from xce_resize_plugin.controllers.live.proc import (
     environ_marks,
     exit_status,
     kill_group_verified,
+    open_log,
+    parse_account,
+    run_as_options,
     signal_verified,
     start_ticks,
 )
@@ -107,6 +112,10 @@ TRACK_INTERVAL = 0.5
 EXIT_POLL = 0.01
 #: The environment variables that tie an adopted orphan to its task.
 MARKS = ("XCE_JOB_ID", "XCE_TASK_ID")
+#: What starts a task that runs as another user: change to its working directory as
+#: that user, then become its command (status 126 when the directory cannot be entered).
+SHELL = "/bin/sh"
+CD_EXEC = 'cd -- "$1" || exit 126; shift; exec "$@"'
 
 
 def worker_dir(state_dir: Path, host: str) -> Path:
@@ -168,7 +177,7 @@ class WorkerAgent:
         self.seq = 0
         self.max_epoch = 0
         self.closing = False
-        self.notifier = SubprocessNotificationRunner(max_output=max_output, popen=self.spawn)
+        self.max_output = max_output
         #: Whether this process adopts its tasks' orphans (set by :func:`serve`); only
         #: then does the tracker kill and reap the children it did not start.
         self.subreaper = False
@@ -405,18 +414,28 @@ class WorkerAgent:
             return
         t = TaskProc(key[0], key[1], "running")
         try:
+            account = parse_account(cmd.get("user"))
+            run_as = run_as_options(account)
+            owner = account if run_as else None
+            argv, cwd = [str(a) for a in cmd["argv"]], str(cmd["cwd"])
+            if run_as:
+                # Popen changes directory before it changes user: as root, it would give
+                # the task a directory its owner may not enter. The owner's shell does it.
+                argv, cwd = [SHELL, "-c", CD_EXEC, "xce-task", cwd, *argv], "/"
             Path(cmd["stdout"]).parent.mkdir(parents=True, exist_ok=True)
-            with open(cmd["stdout"], "ab") as out, open(cmd["stderr"], "ab") as err:
+            with open_log(cmd["stdout"], owner) as out, open_log(cmd["stderr"], owner) as err:
                 t.popen = self.spawn(
-                    [str(a) for a in cmd["argv"]],
-                    cwd=cmd["cwd"],
+                    argv,
+                    cwd=cwd,
                     env={str(k): str(v) for k, v in cmd["env"].items()},
                     stdin=subprocess.DEVNULL,
                     stdout=out,
                     stderr=err,
                     close_fds=True,
                     start_new_session=True,
+                    **run_as,
                 )
+            t.uid = account.uid
         except (OSError, ValueError, subprocess.SubprocessError) as exc:
             t.state, t.reason = "failed", f"cannot start: {exc}"
             self.tasks[key] = t
@@ -424,7 +443,6 @@ class WorkerAgent:
             return
         t.pid = t.popen.pid
         t.ticks = start_ticks(t.pid)
-        t.uid = os.geteuid()
         if t.ticks is not None:
             t.members = {t.pid: t.ticks}
         self.tasks[key] = t
@@ -516,20 +534,38 @@ class WorkerAgent:
             Path(cmd["cwd"]),
         )
         log_path = Path(cmd["log"])
+        user = cmd.get("user")
 
         def run() -> None:
-            self.notifier.run(request, lambda result: self._notified(key, log_path, result))
+            try:
+                account = parse_account(user)
+                run_as = run_as_options(account)
+            except (ValueError, PermissionError) as exc:
+                self._notified(key, log_path, None, NotificationResult(None, f"cannot run: {exc}"))
+                return
+            owner = account if run_as else None
+            runner = SubprocessNotificationRunner(
+                self.max_output, popen=functools.partial(self.spawn, **run_as)
+            )
+            runner.run(request, lambda result: self._notified(key, log_path, owner, result))
 
         threading.Thread(target=run, name=f"notify-{key[0]}.{key[1]}", daemon=True).start()
 
-    def _notified(self, key: tuple[str, int], log_path: Path, result: NotificationResult) -> None:
+    def _notified(
+        self,
+        key: tuple[str, int],
+        log_path: Path,
+        owner: Account | None,
+        result: NotificationResult,
+    ) -> None:
         text = (
             f"# attempt {key[1]} on {self.host}: {result.reason} after {result.elapsed:.3f}s\n"
             f"# stdout\n{result.stdout}# stderr\n{result.stderr}"
         )
         with contextlib.suppress(OSError):
             log_path.parent.mkdir(parents=True, exist_ok=True)
-            log_path.write_text(text)
+            with open_log(log_path, owner, append=False) as fh:
+                fh.write(text.encode())
         done = {
             "job": key[0],
             "attempt": key[1],
