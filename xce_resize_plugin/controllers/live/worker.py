@@ -25,6 +25,13 @@ resends what it is not sure about (docs/failover.md):
 A task whose process exits on its own is reported ``exited`` with its status; the rest
 of its processes are stopped first.
 
+**Who runs them**: every launch and notification names the account to run as (the
+controller decided it at submission). The agent starts the process as that user, with
+its groups, when it is root; it runs it as itself when the account is its own, and
+refuses anything else (a start failure, a failed notification). As another user, the
+working directory is entered by that user's shell (Popen would enter it as root, before
+it changes user), and the logs written for the job are given to that user.
+
 **A task's processes** are its process group and every descendant of a process known
 to be the task's, including one that left the group or the session (``setsid``). The
 agent is the child subreaper of its tasks (:func:`~.proc.become_subreaper`): a process
@@ -192,23 +199,25 @@ class WorkerAgent:
     # -- lifecycle ---------------------------------------------------------------------
 
     def kill_orphans(self) -> int:
-        """Kill the live tasks a dead predecessor left (see the module docstring)."""
-        path = self.dir / "tasks.json"
+        """Kill the live tasks a dead predecessor left (see the module docstring): each
+        task's process group, its descendants, and the processes recorded as its."""
         try:
-            entries = json.loads(path.read_text())
+            entries = json.loads((self.dir / "tasks.json").read_text())
         except (OSError, ValueError):
             return 0
-        killed = 0
         table = ProcessTable()
+        leaders: list[int] = []
         roots: list[int] = []
         for entry in entries if isinstance(entries, list) else []:
+            if not isinstance(entry, dict):
+                continue
             pid, ticks = entry.get("pid"), entry.get("ticks")
+            ticks = ticks if isinstance(ticks, int) else None
             if isinstance(pid, int) and pid > 1:
-                if table.alive(pid, ticks if isinstance(ticks, int) else -1):
+                leaders.append(pid)
+                if ticks is not None and table.alive(pid, ticks):
                     roots.append(pid)
-                kill_group_verified(pid, ticks if isinstance(ticks, int) else None)
-                killed += 1
-            # The processes the predecessor knew were the task's, with their descendants.
+                kill_group_verified(pid, ticks)
             for member in entry.get("members", []):
                 if isinstance(member, list) and len(member) == 2 and table.alive(*member):
                     roots.append(member[0])
@@ -218,14 +227,17 @@ class WorkerAgent:
         deadline = time.monotonic() + 5.0
         while time.monotonic() < deadline:
             table = ProcessTable()
-            left = [pid for pid, ticks in victims.items() if table.alive(pid, ticks)]
-            if not left and not any(table.group(e.get("pid", 0)) for e in entries):
+            if not any(table.alive(pid, ticks) for pid, ticks in victims.items()) and not any(
+                table.group(pid) for pid in leaders
+            ):
                 break
             time.sleep(0.01)
         self._save()
-        if killed:
-            log.warning("killed %d task(s) left by a previous agent for %s", killed, self.host)
-        return killed
+        if leaders:
+            log.warning(
+                "killed %d task(s) left by a previous agent for %s", len(leaders), self.host
+            )
+        return len(leaders)
 
     def shutdown(self, grace: float = 2.0) -> None:
         """A clean stop of the agent: its tasks are stopped (SIGTERM, ``grace``, SIGKILL)."""
