@@ -45,8 +45,10 @@ import or `conftest.py`:
 - `resize_scenario`: runs a scenario file, or the same as a table (scenarios.md), and
   returns its result: each command's exit, code and message, each job's end state.
 - `resize_live_factory`: makes a live cluster in `tmp_path`, a real controller and its
-  agents (call `start()`, then use its REST helpers). Every process it caused is
-  killed by pid after the test. Needs Linux and the `live` extra.
+  agents (call `start()`, then use its REST helpers). It is a personal controller
+  (`single_user = true`): the jobs of its users `alice`, `bob` and `root` all run as
+  the user who runs the tests. Every process it caused is killed by pid after the
+  test. Needs Linux and the `live` extra.
 
 To call a policy's functions directly, `load_policy_file(path)` loads the file as the
 controller does, and `xce_resize_plugin.testing.make_job` and `grow_host_view` build

@@ -98,6 +98,7 @@ class _Demo:
 listen = "127.0.0.1:{self.port}"
 state_dir = "state"
 kill_grace = 1.0
+single_user = true
 
 [cluster]
 hosts = {{ hostA = 2, hostB = 2, hostC = 2 }}

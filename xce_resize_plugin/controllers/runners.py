@@ -240,11 +240,18 @@ class SubprocessNotificationRunner:
     """Runs the command for real: ``/bin/sh -c command`` in its own session, with the
     essential environment plus the request's, output captured (truncated to
     ``max_output`` characters per stream), killed with its whole process group on
-    timeout."""
+    timeout. ``popen`` starts the process (the live worker agent's keeps track of its
+    children with it)."""
 
-    def __init__(self, max_output: int = 65536, shell: str = "/bin/sh") -> None:
+    def __init__(
+        self,
+        max_output: int = 65536,
+        shell: str = "/bin/sh",
+        popen: Callable[..., subprocess.Popen[bytes]] = subprocess.Popen,
+    ) -> None:
         self.max_output = max_output
         self.shell = shell
+        self.popen = popen
 
     def environment(self, request: NotificationRequest) -> dict[str, str]:
         env = {k: os.environ[k] for k in ESSENTIAL_ENV if k in os.environ}
@@ -256,7 +263,7 @@ class SubprocessNotificationRunner:
         begin = time.monotonic()
         request.cwd.mkdir(parents=True, exist_ok=True)
         try:
-            proc = subprocess.Popen(
+            proc = self.popen(
                 [self.shell, "-c", request.command],
                 cwd=request.cwd,
                 env=self.environment(request),

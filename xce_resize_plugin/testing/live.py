@@ -144,13 +144,23 @@ class LiveCluster:
     :param hosts: host name -> slots.
     :param resize: the ``[resize]`` section.
     :param limits: extra TOML appended to the configuration (e.g. a ``[limits]`` table).
+    :param single_user: ``[controller] single_user``: by default a personal controller
+        (every job runs as the user who runs the tests, whatever its owner's name).
+    :param tokens: more users and their tokens.
 
     Nothing runs until :meth:`start`. Users ``alice`` and ``bob`` and the admin
     ``root`` have the tokens :data:`ALICE`, :data:`BOB` and :data:`ROOT`.
     """
 
     def __init__(
-        self, tmp: Path, hosts: dict[str, int], resize: dict[str, Any], limits: str = ""
+        self,
+        tmp: Path,
+        hosts: dict[str, int],
+        resize: dict[str, Any],
+        limits: str = "",
+        *,
+        single_user: bool = True,
+        tokens: dict[str, str] | None = None,
     ) -> None:
         self.tmp = tmp
         self.state = tmp / "state"
@@ -158,6 +168,8 @@ class LiveCluster:
         self.config = tmp / "controller.toml"
         hosts_toml = ", ".join(f"{h} = {n}" for h, n in hosts.items())
         resize_toml = "\n".join(f"{k} = {v!r}" for k, v in resize.items())
+        users = {"alice": ALICE, "bob": BOB, "root": ROOT, **(tokens or {})}
+        tokens_toml = ", ".join(f'"{u}" = "{t}"' for u, t in users.items())
         self.config.write_text(
             f"""
 [controller]
@@ -165,13 +177,14 @@ listen = "127.0.0.1:{self.port}"
 state_dir = "state"
 kill_grace = 0.5
 worker_timeout = 10
+single_user = {str(single_user).lower()}
 
 [cluster]
 hosts = {{ {hosts_toml} }}
 
 [users]
 admins = ["root"]
-tokens = {{ alice = "{ALICE}", bob = "{BOB}", root = "{ROOT}" }}
+tokens = {{ {tokens_toml} }}
 
 {limits}
 
@@ -185,8 +198,13 @@ tokens = {{ alice = "{ALICE}", bob = "{BOB}", root = "{ROOT}" }}
     # -- the controller process -------------------------------------------------------
 
     def start(
-        self, env: dict[str, str] | None = None, listen_port: int | None = None
+        self,
+        env: dict[str, str] | None = None,
+        listen_port: int | None = None,
+        user: int | None = None,
     ) -> subprocess.Popen[bytes]:
+        """Start the controller (as user id ``user``, when given: the test runs as root)
+        and wait until it serves."""
         self.runs += 1
         log = open(self.tmp / f"controller-{self.runs}.log", "wb")  # noqa: SIM115
         proc = subprocess.Popen(
@@ -196,6 +214,7 @@ tokens = {{ alice = "{ALICE}", bob = "{BOB}", root = "{ROOT}" }}
             stdin=subprocess.DEVNULL,
             start_new_session=True,
             env={**os.environ, **(env or {})},
+            user=user,
         )
         log.close()
         self.procs.append(proc)

@@ -28,6 +28,7 @@ GOOD = """
 [controller]
 listen = "127.0.0.1:7001"
 state_dir = "state"
+single_user = true
 
 [cluster]
 hosts = {{ h1 = 2, h2 = 2 }}

@@ -7,7 +7,8 @@
 - :mod:`.tasks`: the controller's channels to the agents (commands, events, liveness);
 - :mod:`.live_store`: the controller's own LMDB state with fencing;
 - :mod:`.storage_faults`: what an error of the write path means (fenced, or the disk);
-- :mod:`.submission`: a job submission (``POST /v1/jobs``), checked;
+- :mod:`.submission`: a job submission (``POST /v1/jobs``), checked, and who the job
+  runs as;
 - :mod:`.live_controller`: :class:`~.live_controller.LiveController`, which holds an
   embedded controller on the wall clock;
 - :mod:`.host_routes` and :mod:`.server`: the REST API and the ``xce-resize controller``

@@ -131,7 +131,10 @@ HOST_SCHEMAS: dict[str, Any] = {
             "grow_hosts": {"enum": ["prefer-existing", "new-only", "any"]},
             "notify_cmd": {"type": ["string", "null"]},
             "env": {"type": "object", "additionalProperties": {"type": "string"}},
-            "cwd": {"type": ["string", "null"], "description": "absolute; default: the log dir"},
+            "cwd": {
+                "type": ["string", "null"],
+                "description": "absolute; default: the log dir, or the owner's home",
+            },
             "estimate": {"type": ["number", "null"], "minimum": 0},
             "alloc": {
                 "type": ["object", "null"],

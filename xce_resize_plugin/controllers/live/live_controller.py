@@ -16,6 +16,10 @@ and gives it what differs:
 - jobs with a command: a job ends when its task 0 process ends (DONE on status 0, EXIT
   otherwise); its other tasks are stopped first (SIGTERM, ``kill_grace``, SIGKILL) and
   its slots are freed only once they are gone. ``kill`` ends a job the same way.
+- who a job runs as, decided at submission (:func:`.submission.job_account`): its
+  owner's account when the controller runs as root, else the controller's user; the
+  job's directory is the owner's to read, the rest of the state directory nobody's but
+  the controller's (:meth:`LiveController._prepare_state_dir`).
 
 The hooks get this controller as ``controller`` (the REST routes are built on it too):
 it forwards the Controller protocol to the embedded controller, adding its own token
@@ -64,9 +68,11 @@ controller (the ``xce-resize controller`` command): this module knows nothing of
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
+import stat
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -84,7 +90,12 @@ from xce_resize_plugin.controllers.live.job_tokens import (
     JobTokens,
 )
 from xce_resize_plugin.controllers.live.live_store import Lease, LiveStore
-from xce_resize_plugin.controllers.live.proc import atomic_write
+from xce_resize_plugin.controllers.live.proc import (
+    Account,
+    account_json,
+    atomic_write,
+    parse_account,
+)
 from xce_resize_plugin.controllers.live.settings import LiveConfig
 from xce_resize_plugin.controllers.live.state_check import JOURNAL_DIR, check_journal, cross_check
 from xce_resize_plugin.controllers.live.storage_faults import (
@@ -92,7 +103,11 @@ from xce_resize_plugin.controllers.live.storage_faults import (
     fenced_cause,
     storage_failure,
 )
-from xce_resize_plugin.controllers.live.submission import parse_submission
+from xce_resize_plugin.controllers.live.submission import (
+    SubmitRejected,
+    job_account,
+    parse_submission,
+)
 from xce_resize_plugin.controllers.live.tasks import Queued, WorkerFleet
 from xce_resize_plugin.controllers.observer import LiveObserver, Observer
 from xce_resize_plugin.controllers.runners import (
@@ -107,6 +122,7 @@ from xce_resize_plugin.controllers.violations import StoreError, UnknownJob
 from xce_resize_plugin.core import converters
 from xce_resize_plugin.core.models import JobState, Task, allocation_env
 from xce_resize_plugin.errors import (
+    ConfigError,
     FencedError,
     JobFinished,
     NoJob,
@@ -114,7 +130,7 @@ from xce_resize_plugin.errors import (
     ResizeError,
 )
 from xce_resize_plugin.host import HostHooks, Principal
-from xce_resize_plugin.journal.lmdb_env import private_dir
+from xce_resize_plugin.journal.lmdb_env import PRIVATE_DIR, private_dir, restrict_mode
 
 log = logging.getLogger(__name__)
 
@@ -161,14 +177,6 @@ class ControllerStopping(ResizeError):
     code = "XCE_CONTROLLER_STOPPING"
     message = "The controller is stopping"
     http_status = 503
-
-
-class SubmitRejected(ResizeError):
-    """The host refused a job submission (bad options, a job that could never start)."""
-
-    code = "XCE_SUBMIT_REJECTED"
-    message = "Job submission rejected"
-    http_status = 400
 
 
 StartTask = Callable[[str, Task, Mapping[str, str]], None]
@@ -267,6 +275,9 @@ class LiveController:
         self._crash_at = os.environ.get(CRASH_ENV) or None
         if self._crash_at is not None and self._crash_at not in CRASH_POINTS:
             raise ValueError(f"{CRASH_ENV}={self._crash_at}: not one of {', '.join(CRASH_POINTS)}")
+        #: The user this controller and its agents run as (0: jobs run as their owners).
+        self.euid = os.geteuid()
+        self._prepare_state_dir()
         self.live_store, self._tokens = _open_state(cfg)
         try:
             self.fleet = WorkerFleet(
@@ -327,6 +338,41 @@ class LiveController:
     # =================================================================================
     # lifecycle
     # =================================================================================
+
+    def _prepare_state_dir(self) -> None:
+        """Jobs that run as their owners must reach their directories (``jobs/ID``), and
+        nothing else: the stores hold every job's token, ``workers`` the agents'
+        secret. A state directory other users cannot reach is a configuration error
+        then, not a job that fails later."""
+        state = self.cfg.state_dir
+        # Private (0700) unless jobs run as their owners: they then traverse it to their
+        # own directory under jobs/ (0711 lists nothing; the stores and the key stay 0700
+        # and 0600 below it).
+        as_owners = self.euid == 0 and not self.cfg.single_user
+        try:
+            state.mkdir(mode=0o700, parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StoreError(f"{state}: cannot create the directory: {exc}") from exc
+        restrict_mode(state, 0o711 if as_owners else PRIVATE_DIR, error=StoreError)
+        for name in ("controller", "resize", "workers"):
+            private_dir(state / name, error=StoreError)
+        (state / "jobs").mkdir(mode=0o711, exist_ok=True)
+        os.chmod(state / "jobs", 0o711)
+        if self.cfg.single_user:
+            if self.euid == 0:
+                log.warning("single_user = true and running as root: every job runs as root")
+            return
+        if self.euid != 0:
+            return
+        for path in (state, *state.parents):
+            mode = path.stat().st_mode
+            if not mode & stat.S_IXOTH:
+                where = f"{self.cfg.path}: " if self.cfg.path else ""
+                raise ConfigError(
+                    f"{where}controller.state_dir: {path} (mode {stat.S_IMODE(mode):04o}) "
+                    "cannot be searched by other users, and jobs run as their owners: they "
+                    "could not read their hostfiles (give it o+x, or use another directory)"
+                )
 
     def _resume_stops(self) -> None:
         """Restart: hand the stops in progress to the agents again. The embedded
@@ -738,6 +784,7 @@ class LiveController:
         if principal.job_id is not None:
             raise PermissionDenied("a job token cannot submit jobs")
         sub = parse_submission(body)
+        account = job_account(principal.name, single_user=self.cfg.single_user, euid=self.euid)
         with self.lock:
             self._check_open()
             job_id = self._new_job_id()
@@ -750,8 +797,10 @@ class LiveController:
                     "cwd": sub.cwd,
                     SALT_FIELD: salt,
                     "launched": False,
+                    "account": account_json(account),
                 },
             )
+            self._make_job_dir(job_id, account)
             try:
                 self.embedded.submit_job(principal.name, sub.tasks, sub, env=sub.env, job_id=job_id)
             except Exception as exc:
@@ -760,6 +809,8 @@ class LiveController:
                 if fenced_cause(exc) is not None:
                     raise
                 self.live_store.put(key, None)
+                with contextlib.suppress(OSError):
+                    self.job_dir(job_id).rmdir()  # nothing in it: the job never started
                 if isinstance(exc, ResizeError):
                     raise
                 raise SubmitRejected(str(exc)) from exc
@@ -902,6 +953,23 @@ class LiveController:
         """Where a job's logs, hostfiles and (by default) working directory are."""
         return self.cfg.state_dir / "jobs" / job_id
 
+    def _make_job_dir(self, job_id: str, account: Account) -> None:
+        """The job's directory: the controller's (the agents write logs and hostfiles
+        into it: a directory the job could change would let it redirect them), readable
+        by the job's group (its owner's primary group)."""
+        jdir = self.job_dir(job_id)
+        jdir.mkdir(mode=0o750, exist_ok=True)
+        os.chmod(jdir, 0o750)
+        if self.euid == 0:
+            os.chown(jdir, 0, account.gid)
+
+    def _account(self, job: JobRecord, spec: Mapping[str, Any]) -> Account:
+        """Who the job runs as: decided at submission (a job recorded by an older
+        version is decided now; ``SubmitRejected`` when it cannot run)."""
+        if "account" in spec:
+            return parse_account(spec["account"])
+        return job_account(job.user, single_user=self.cfg.single_user, euid=self.euid)
+
     def _new_job_id(self) -> str:
         counter = int(self.live_store.get("next_job_id") or 101)
         while self.embedded.record(str(counter)) is not None:
@@ -925,14 +993,23 @@ class LiveController:
         if spec is None:
             self.embedded.task_start_failed(job_id, task.id, "no command recorded for the job")
             return
+        try:
+            account = self._account(job, spec)
+        except (SubmitRejected, ValueError) as exc:
+            self.embedded.task_start_failed(job_id, task.id, str(exc))
+            return
         jdir = self.job_dir(job_id)
+        # The job's directory is not writable by a job that runs as another user than
+        # the controller's: such a job starts in its owner's home.
+        cwd = spec.get("cwd") or (str(jdir) if account.uid == self.euid else account.home)
         command = {
             "op": "launch",
             "job": job_id,
             "task": task.id,
             "argv": spec["argv"],
-            "env": self._task_env(job, spec, task, alloc_env),
-            "cwd": spec.get("cwd") or str(jdir),
+            "user": account_json(account),
+            "env": self._task_env(job, spec, task, alloc_env, account),
+            "cwd": cwd,
             "stdout": str(jdir / f"task-{task.id}.out"),
             "stderr": str(jdir / f"task-{task.id}.err"),
         }
@@ -953,10 +1030,16 @@ class LiveController:
         self.fleet.send(task.host, command)
 
     def _task_env(
-        self, job: JobRecord, spec: Mapping[str, Any], task: Task, alloc: Mapping[str, str]
+        self,
+        job: JobRecord,
+        spec: Mapping[str, Any],
+        task: Task,
+        alloc: Mapping[str, str],
+        account: Account,
     ) -> dict[str, str]:
         env = {k: os.environ[k] for k in ESSENTIAL_ENV if k in os.environ}
         env.setdefault("PATH", os.defpath)
+        env.update(_account_env(account))
         env.update(job.env)
         env.update(alloc)
         hostfile = str(self.job_dir(job.id) / "hostfile")
@@ -1004,8 +1087,13 @@ class LiveController:
 
     def _runner_notify(self, request: NotificationRequest, done: NotificationDone) -> None:
         spec = self.live_store.get(f"job:{request.job_id}") or {}
+        try:
+            account = self._account(self._job(request.job_id), spec)
+        except (SubmitRejected, ValueError) as exc:
+            done(NotificationResult(None, f"cannot run: {exc}"))
+            return
         jdir = self.job_dir(request.job_id)
-        env = dict(request.env)
+        env = {**_account_env(account), **request.env}
         hosts = env.get("LSB_HOSTS", "").split()
         version = env.get("XCE_ALLOC_VERSION", "next")
         # The notification sees the allocation the change would commit: a hostfile of
@@ -1026,6 +1114,7 @@ class LiveController:
             "op": "notify",
             "job": request.job_id,
             "attempt": request.attempt,
+            "user": account_json(account),
             "command": request.command,
             "env": env,
             "timeout": request.timeout,
@@ -1338,7 +1427,6 @@ def _open_state(cfg: LiveConfig) -> tuple[LiveStore, JobTokens]:
     The checks (:mod:`.state_check`) only read and come before the epoch, so a refused
     start changes nothing and leaves a controller still running on the directory be.
     """
-    private_dir(cfg.state_dir, error=StoreError)
     journal_dir = cfg.state_dir / JOURNAL_DIR
     if cfg.verify_journal:
         check_journal(journal_dir)
@@ -1353,6 +1441,12 @@ def _open_state(cfg: LiveConfig) -> tuple[LiveStore, JobTokens]:
         store.close()
         raise
     return store, tokens
+
+
+def _account_env(account: Account) -> dict[str, str]:
+    """What a login would set for the job's user (the controller's own are not the job's
+    when it runs as its owner)."""
+    return {"HOME": account.home, "USER": account.name, "LOGNAME": account.name}
 
 
 def _counts(tasks: Sequence[Task]) -> dict[str, int]:

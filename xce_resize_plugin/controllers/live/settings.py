@@ -11,6 +11,7 @@
     # worker_timeout = 10.0     seconds a new worker agent may take to come up
     # record = "run.jsonl"      record this run's inputs for replay (relative to this file)
     # verify_journal = true     check every record's CRC of the plugin's journal at start
+    # single_user = false       true: a personal controller, every job runs as its user
 
     [cluster]
     hosts = { hostA = 4, hostB = 4 }
@@ -55,6 +56,7 @@ CONTROLLER_KEYS = {
     "worker_timeout",
     "record",
     "verify_journal",
+    "single_user",
 }
 DEFAULT_LISTEN = "127.0.0.1:6820"
 #: Prefix of a token given as its SHA-256 digest rather than in clear.
@@ -98,6 +100,10 @@ class LiveConfig:
     #: Check every record's CRC of the plugin's journal at start (docs/performance.md
     #: gives the cost per million facts).
     verify_journal: bool = True
+    #: A personal controller: every job runs as the controller's own user, whoever
+    #: submitted it (otherwise a job runs as its owner's account, or is refused:
+    #: :func:`~.submission.job_account`).
+    single_user: bool = False
 
     @property
     def controller_url(self) -> str:
@@ -132,6 +138,7 @@ def parse(data: Mapping[str, Any], path: Path) -> LiveConfig:
         worker_timeout=_number(where, "controller.worker_timeout", ctl.get("worker_timeout", 10.0)),
         record=_record(where, ctl.get("record"), base),
         verify_journal=_flag(where, "controller.verify_journal", ctl.get("verify_journal", True)),
+        single_user=_flag(where, "controller.single_user", ctl.get("single_user", False)),
         hosts=_hosts(where, where.section(data, "cluster", {"hosts"}).get("hosts")),
         admins=_admins(where, where.section(data, "users", {"admins", "tokens"}).get("admins", [])),
         tokens=_tokens(where, where.table(data, "users").get("tokens", {})),

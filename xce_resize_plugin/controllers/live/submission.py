@@ -4,6 +4,9 @@
 :class:`Submission`'s fields, each with its own check below; the first bad field raises
 :class:`~xce_resize_plugin.errors.InvalidRequest` naming it (``@ $.tasks``), so the
 client learns which one to fix and nothing is submitted.
+
+:func:`job_account` decides who a job's processes run as, or refuses the job
+(:class:`SubmitRejected`) when this controller cannot run it as its owner.
 """
 
 from __future__ import annotations
@@ -15,13 +18,53 @@ from typing import Any
 from attrs import frozen
 
 from xce_resize_plugin.controllers.jobs import SUBMIT_OPTIONS
+from xce_resize_plugin.controllers.live.proc import Account
 from xce_resize_plugin.core.models import GrowHosts
-from xce_resize_plugin.errors import InvalidRequest
+from xce_resize_plugin.errors import InvalidRequest, ResizeError
 
 #: Largest submission fields (bytes / entries), so one request cannot bloat the state.
 MAX_ARGV, MAX_ENV = 256, 256
 #: The keys of a body: the job options every host takes, and the job's process.
 SUBMIT_KEYS = SUBMIT_OPTIONS | {"command", "env", "cwd"}
+
+
+class SubmitRejected(ResizeError):
+    """The host refused a job submission (bad options, a job that could never start,
+    an owner it cannot run jobs as)."""
+
+    code = "XCE_SUBMIT_REJECTED"
+    message = "Job submission rejected"
+    http_status = 400
+
+
+def job_account(owner: str, *, single_user: bool, euid: int) -> Account:
+    """Who the processes of ``owner``'s job run as, on a controller (and agents) running
+    as ``euid`` — an argument, so that both cases are tested wherever the tests run.
+
+    - ``single_user`` (a personal controller): its own user, whoever submitted.
+    - root: the owner's local account, its uid, gid and groups; an owner without one
+      is refused.
+    - any other user: its own user, for its own jobs only; other users' jobs are
+      refused (it could only run them as itself).
+    """
+    if single_user:
+        return Account.of_uid(euid)
+    if euid == 0:
+        try:
+            return Account.named(owner)
+        except KeyError:
+            raise SubmitRejected(
+                f"submit: user {owner} has no local account here, and this controller "
+                "runs every job as its owner"
+            ) from None
+    own = Account.of_uid(euid)
+    if owner != own.name:
+        raise SubmitRejected(
+            f"submit: this controller runs as {own.name}, not root: it runs only "
+            f"{own.name}'s jobs, not {owner}'s (a personal controller that runs every "
+            "job as its own user sets [controller] single_user = true)"
+        )
+    return own
 
 
 @frozen

@@ -15,15 +15,34 @@ resends what it is not sure about (docs/failover.md):
 - ``launch``: start the task's command in a new session (``start_new_session``), its
   output appended to the job's log files; report ``started`` (or ``start_failed``).
   A task it knows already is never started again: its state is reported again.
-- ``stop``: SIGTERM to the task's process group, SIGKILL at ``since + grace``; report
-  ``exited`` only once no process of the group is left, so that the controller frees
-  the slot only after the processes are gone. A task that is gone is reported again.
+- ``stop``: SIGTERM to the task's processes, SIGKILL at ``since + grace``; report
+  ``exited`` only once none is left, so that the controller frees the slot only after
+  the processes are gone. A task that is gone is reported again.
 - ``notify``: run a resize notification command with ``/bin/sh -c`` and a timeout; its
   output goes to the job's log directory and into the ``notify_done`` event.
 - ``forget``: drop what it remembers of an ended job's tasks.
 
 A task whose process exits on its own is reported ``exited`` with its status; the rest
-of its process group is stopped first (a task is its process group).
+of its processes are stopped first.
+
+**Who runs them**: every launch and notification names the account to run as (the
+controller decided it at submission). The agent starts the process as that user, with
+its groups, when it is root; it runs it as itself when the account is its own, and
+refuses anything else (a start failure, a failed notification). As another user, the
+working directory is entered by that user's shell (Popen would enter it as root, before
+it changes user), and the logs written for the job are given to that user.
+
+**A task's processes** are its process group and every descendant of a process known
+to be the task's, including one that left the group or the session (``setsid``). The
+agent is the child subreaper of its tasks (:func:`~.proc.become_subreaper`): a process
+whose parent exits becomes the agent's child instead of init's, and is the task's when
+the environment it was started with names the task (``XCE_JOB_ID``, ``XCE_TASK_ID``)
+and it runs as the task's user. A tracker thread (:meth:`WorkerAgent.track`, every
+:data:`TRACK_INTERVAL` seconds and when a task ends) remembers every task's processes,
+so that one that later leaves the tree or clears its environment is still known; kills
+the orphans it adopted that belong to no live task (a notification command's leftover,
+a task's that cleared its environment in the instant before its parent exited); and
+reaps the adopted ones that exited.
 
 The controller reads events with a long poll (``GET /v1/events?after=SEQ``) and takes a
 consistent snapshot of the tasks with ``GET /v1/snapshot`` when it (re)connects.
@@ -42,6 +61,7 @@ their replacements.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hmac
 import json
 import logging
@@ -57,15 +77,21 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from attrs import define
+from attrs import define, field
 
 from xce_resize_plugin.controllers.live.proc import (
+    Account,
     FileLock,
+    ProcessTable,
     atomic_write,
+    become_subreaper,
+    environ_marks,
     exit_status,
-    group_alive,
     kill_group_verified,
-    signal_group,
+    open_log,
+    parse_account,
+    run_as_options,
+    signal_verified,
     start_ticks,
 )
 from xce_resize_plugin.controllers.runners import (
@@ -87,6 +113,16 @@ CLEANUP_GRACE = 2.0
 MAX_EVENTS = 10000
 #: Longest a long poll may wait (seconds).
 MAX_POLL = 10.0
+#: Seconds between two passes of the process tracker (:meth:`WorkerAgent.track`).
+TRACK_INTERVAL = 0.5
+#: How often a task that is ending is checked for processes left (seconds).
+EXIT_POLL = 0.01
+#: The environment variables that tie an adopted orphan to its task.
+MARKS = ("XCE_JOB_ID", "XCE_TASK_ID")
+#: What starts a task that runs as another user: change to its working directory as
+#: that user, then become its command (status 126 when the directory cannot be entered).
+SHELL = "/bin/sh"
+CD_EXEC = 'cd -- "$1" || exit 126; shift; exec "$@"'
 
 
 def worker_dir(state_dir: Path, host: str) -> Path:
@@ -116,6 +152,10 @@ class TaskProc:
     kill_at: float | None = None
     killed: bool = False
     timer: threading.Timer | None = None
+    #: Every process known to be the task's: pid -> start ticks (the leader included).
+    members: dict[int, int] = field(factory=dict)
+    #: The user its processes run as (an adopted orphan of another user is not its).
+    uid: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -144,32 +184,60 @@ class WorkerAgent:
         self.seq = 0
         self.max_epoch = 0
         self.closing = False
-        self.notifier = SubprocessNotificationRunner(max_output=max_output)
+        self.max_output = max_output
+        #: Whether this process adopts its tasks' orphans (set by :func:`serve`); only
+        #: then does the tracker kill and reap the children it did not start.
+        self.subreaper = False
+        #: The children this agent started (tasks, notification commands), until reaped:
+        #: taken under ``spawn_lock``, which the tracker holds while it judges adopted
+        #: children, so that a child just started is never mistaken for an orphan.
+        self.spawn_lock = threading.Lock()
+        self._spawned: dict[int, subprocess.Popen[bytes]] = {}
+        #: (pid, start ticks) -> the (job, task) its environment names, or None.
+        self._marks: dict[tuple[int, int], tuple[str, str] | None] = {}
 
     # -- lifecycle ---------------------------------------------------------------------
 
     def kill_orphans(self) -> int:
-        """Kill the live tasks a dead predecessor left (see the module docstring)."""
-        path = self.dir / "tasks.json"
+        """Kill the live tasks a dead predecessor left (see the module docstring): each
+        task's process group, its descendants, and the processes recorded as its."""
         try:
-            entries = json.loads(path.read_text())
+            entries = json.loads((self.dir / "tasks.json").read_text())
         except (OSError, ValueError):
             return 0
-        killed = 0
+        table = ProcessTable()
+        leaders: list[int] = []
+        roots: list[int] = []
         for entry in entries if isinstance(entries, list) else []:
+            if not isinstance(entry, dict):
+                continue
             pid, ticks = entry.get("pid"), entry.get("ticks")
+            ticks = ticks if isinstance(ticks, int) else None
             if isinstance(pid, int) and pid > 1:
-                kill_group_verified(pid, ticks if isinstance(ticks, int) else None)
-                killed += 1
+                leaders.append(pid)
+                if ticks is not None and table.alive(pid, ticks):
+                    roots.append(pid)
+                kill_group_verified(pid, ticks)
+            for member in entry.get("members", []):
+                if isinstance(member, list) and len(member) == 2 and table.alive(*member):
+                    roots.append(member[0])
+        victims = table.tree(roots)
+        for pid, ticks in victims.items():
+            signal_verified(pid, ticks, signal.SIGKILL)
         deadline = time.monotonic() + 5.0
-        for entry in entries if isinstance(entries, list) else []:
-            pid = entry.get("pid")
-            while isinstance(pid, int) and group_alive(pid) and time.monotonic() < deadline:
-                time.sleep(0.01)
+        while time.monotonic() < deadline:
+            table = ProcessTable()
+            if not any(table.alive(pid, ticks) for pid, ticks in victims.items()) and not any(
+                table.group(pid) for pid in leaders
+            ):
+                break
+            time.sleep(0.01)
         self._save()
-        if killed:
-            log.warning("killed %d task(s) left by a previous agent for %s", killed, self.host)
-        return killed
+        if leaders:
+            log.warning(
+                "killed %d task(s) left by a previous agent for %s", len(leaders), self.host
+            )
+        return len(leaders)
 
     def shutdown(self, grace: float = 2.0) -> None:
         """A clean stop of the agent: its tasks are stopped (SIGTERM, ``grace``, SIGKILL)."""
@@ -178,14 +246,111 @@ class WorkerAgent:
             self._cond.notify_all()
             live = [t for t in self.tasks.values() if t.state in ("running", "stopping")]
             for t in live:
-                if t.pid is not None:
-                    signal_group(t.pid, signal.SIGTERM)
+                self._signal_task(t, signal.SIGTERM)
         deadline = time.monotonic() + grace
         for t in live:
-            while t.pid is not None and group_alive(t.pid) and time.monotonic() < deadline:
+            while self._task_alive(t) and time.monotonic() < deadline:
                 time.sleep(0.02)
-            if t.pid is not None:
-                signal_group(t.pid, signal.SIGKILL)
+            with self._lock:
+                self._signal_task(t, signal.SIGKILL)
+
+    # -- processes ---------------------------------------------------------------------
+
+    def spawn(self, argv: list[str], **options: Any) -> subprocess.Popen[bytes]:
+        """Start a child (a task, a notification command) and remember it until it is
+        reaped: the tracker never takes the agent's own children for adopted orphans."""
+        with self.spawn_lock:
+            proc = subprocess.Popen(argv, **options)
+            self._spawned[proc.pid] = proc
+        return proc
+
+    def _task_of(self, pid: int, ticks: int) -> tuple[str, str] | None:
+        """The (job, task) an adopted orphan's environment names (read once per process)."""
+        key = (pid, ticks)
+        if key not in self._marks:
+            marks = environ_marks(pid, MARKS)
+            named = (marks.get(MARKS[0], ""), marks.get(MARKS[1], ""))
+            self._marks[key] = named if all(named) else None
+        return self._marks[key]
+
+    def _members(self, t: TaskProc, table: ProcessTable) -> dict[int, int]:
+        """The live processes of task ``t`` (see the module docstring)."""
+        roots = [pid for pid, ticks in t.members.items() if table.alive(pid, ticks)]
+        if t.pid is not None:
+            if table.alive(t.pid, t.ticks):
+                roots.append(t.pid)
+            roots += table.group(t.pid)
+        me = os.getpid()
+        for p in table.procs.values():
+            if p.ppid != me or p.zombie or (t.uid is not None and p.uid != t.uid):
+                continue
+            if self._task_of(p.pid, p.ticks) == (t.job, str(t.task)):
+                roots.append(p.pid)
+        return table.tree(roots)
+
+    def _signal_task(self, t: TaskProc, sig: int) -> bool:
+        """Send ``sig`` to every process of the task; whether there was any."""
+        t.members = self._members(t, ProcessTable())
+        sent = False
+        for pid, ticks in t.members.items():
+            sent = signal_verified(pid, ticks, sig) or sent
+        return sent
+
+    def _task_alive(self, t: TaskProc) -> bool:
+        table = ProcessTable()
+        with self._lock:
+            t.members = self._members(t, table)
+            return bool(t.members)
+
+    def start_tracker(self) -> None:
+        """Run :meth:`track` every :data:`TRACK_INTERVAL` seconds until the agent closes."""
+
+        def loop() -> None:
+            while True:
+                with self._cond:
+                    if self._cond.wait_for(lambda: self.closing, TRACK_INTERVAL):
+                        return
+                try:
+                    self.track()
+                except Exception:  # pragma: no cover - logged, the tracker goes on
+                    log.exception("process tracker")
+
+        threading.Thread(target=loop, name="tracker", daemon=True).start()
+
+    def track(self) -> None:
+        """Remember every live task's processes, and (as a subreaper) kill the adopted
+        orphans that belong to no live task and reap those that exited."""
+        with self._lock, self.spawn_lock:
+            table = ProcessTable()
+            claimed: set[int] = set()
+            changed = False
+            for t in self.tasks.values():
+                if t.state in ("running", "stopping") and t.pid is not None:
+                    members = self._members(t, table)
+                    changed = changed or members.keys() != t.members.keys()
+                    t.members = members
+                    claimed |= members.keys()
+            if changed:
+                self._save()
+            self._marks = {k: v for k, v in self._marks.items() if table.alive(*k)}
+            if self.subreaper:
+                self._collect(table, claimed)
+
+    def _collect(self, table: ProcessTable, claimed: set[int]) -> None:
+        """Adopted children (``spawn_lock`` held): reap the exited, kill the unclaimed."""
+        self._spawned = {pid: p for pid, p in self._spawned.items() if p.returncode is None}
+        me = os.getpid()
+        for p in table.procs.values():
+            if p.ppid != me or p.pid in self._spawned or p.pid in claimed:
+                continue
+            if p.zombie:
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(p.pid, os.WNOHANG)
+                continue
+            victims = {k: v for k, v in table.tree([p.pid]).items() if k not in claimed}
+            for pid, ticks in victims.items():
+                signal_verified(pid, ticks, signal.SIGKILL)
+            log.warning("killed %s: adopted, of no live task", sorted(victims))
 
     # -- calls -------------------------------------------------------------------------
 
@@ -261,18 +426,28 @@ class WorkerAgent:
             return
         t = TaskProc(key[0], key[1], "running")
         try:
+            account = parse_account(cmd.get("user"))
+            run_as = run_as_options(account)
+            owner = account if run_as else None
+            argv, cwd = [str(a) for a in cmd["argv"]], str(cmd["cwd"])
+            if run_as:
+                # Popen changes directory before it changes user: as root, it would give
+                # the task a directory its owner may not enter. The owner's shell does it.
+                argv, cwd = [SHELL, "-c", CD_EXEC, "xce-task", cwd, *argv], "/"
             Path(cmd["stdout"]).parent.mkdir(parents=True, exist_ok=True)
-            with open(cmd["stdout"], "ab") as out, open(cmd["stderr"], "ab") as err:
-                t.popen = subprocess.Popen(
-                    [str(a) for a in cmd["argv"]],
-                    cwd=cmd["cwd"],
+            with open_log(cmd["stdout"], owner) as out, open_log(cmd["stderr"], owner) as err:
+                t.popen = self.spawn(
+                    argv,
+                    cwd=cwd,
                     env={str(k): str(v) for k, v in cmd["env"].items()},
                     stdin=subprocess.DEVNULL,
                     stdout=out,
                     stderr=err,
                     close_fds=True,
                     start_new_session=True,
+                    **run_as,
                 )
+            t.uid = account.uid
         except (OSError, ValueError, subprocess.SubprocessError) as exc:
             t.state, t.reason = "failed", f"cannot start: {exc}"
             self.tasks[key] = t
@@ -280,6 +455,8 @@ class WorkerAgent:
             return
         t.pid = t.popen.pid
         t.ticks = start_ticks(t.pid)
+        if t.ticks is not None:
+            t.members = {t.pid: t.ticks}
         self.tasks[key] = t
         self._emit("started", job=t.job, task=t.task, pid=t.pid)
         threading.Thread(
@@ -303,8 +480,7 @@ class WorkerAgent:
         start = float(since) if isinstance(since, int | float) else time.time()
         t.state = "stopping"
         t.kill_at = start + grace
-        assert t.pid is not None
-        signal_group(t.pid, signal.SIGTERM)
+        self._signal_task(t, signal.SIGTERM)
         delay = t.kill_at - time.time()
         if delay <= 0:
             self._kill(t)
@@ -319,28 +495,28 @@ class WorkerAgent:
                 self._kill(t)
 
     def _kill(self, t: TaskProc) -> None:
-        if t.pid is not None and group_alive(t.pid):
+        if self._signal_task(t, signal.SIGKILL):
             t.killed = True
-            signal_group(t.pid, signal.SIGKILL)
 
     def _supervise(self, t: TaskProc) -> None:
-        """Wait for the task's main process, then for the rest of its group."""
+        """Wait for the task's main process, then for the rest of its processes."""
         assert t.popen is not None and t.pid is not None
         returncode = t.popen.wait()
         with self._lock:
             if t.state == "running":
-                # Exited on its own: give leftovers of its group a short grace.
+                # Exited on its own: give its leftovers a short grace.
                 t.kill_at = time.time() + CLEANUP_GRACE
-                if group_alive(t.pid):
-                    signal_group(t.pid, signal.SIGTERM)
-        while group_alive(t.pid):
+                self._signal_task(t, signal.SIGTERM)
+        while self._task_alive(t):
             with self._lock:
                 if t.kill_at is not None and time.time() >= t.kill_at and not t.killed:
                     self._kill(t)
             if t.killed and t.kill_at is not None and time.time() > t.kill_at + 5.0:
                 log.error("task %s.%s: processes survive SIGKILL; reporting it gone", t.job, t.task)
                 break
-            time.sleep(0.005)
+            time.sleep(EXIT_POLL)
+        if self.subreaper:
+            self.track()  # orphans that belong to no live task go now, not at the next pass
         with self._lock:
             if t.timer is not None:
                 t.timer.cancel()
@@ -370,20 +546,38 @@ class WorkerAgent:
             Path(cmd["cwd"]),
         )
         log_path = Path(cmd["log"])
+        user = cmd.get("user")
 
         def run() -> None:
-            self.notifier.run(request, lambda result: self._notified(key, log_path, result))
+            try:
+                account = parse_account(user)
+                run_as = run_as_options(account)
+            except (ValueError, PermissionError) as exc:
+                self._notified(key, log_path, None, NotificationResult(None, f"cannot run: {exc}"))
+                return
+            owner = account if run_as else None
+            runner = SubprocessNotificationRunner(
+                self.max_output, popen=functools.partial(self.spawn, **run_as)
+            )
+            runner.run(request, lambda result: self._notified(key, log_path, owner, result))
 
         threading.Thread(target=run, name=f"notify-{key[0]}.{key[1]}", daemon=True).start()
 
-    def _notified(self, key: tuple[str, int], log_path: Path, result: NotificationResult) -> None:
+    def _notified(
+        self,
+        key: tuple[str, int],
+        log_path: Path,
+        owner: Account | None,
+        result: NotificationResult,
+    ) -> None:
         text = (
             f"# attempt {key[1]} on {self.host}: {result.reason} after {result.elapsed:.3f}s\n"
             f"# stdout\n{result.stdout}# stderr\n{result.stderr}"
         )
         with contextlib.suppress(OSError):
             log_path.parent.mkdir(parents=True, exist_ok=True)
-            log_path.write_text(text)
+            with open_log(log_path, owner, append=False) as fh:
+                fh.write(text.encode())
         done = {
             "job": key[0],
             "attempt": key[1],
@@ -408,7 +602,13 @@ class WorkerAgent:
         """Live tasks with pid and start time, for a successor's orphan cleanup. Not
         fsynced: it only matters when this process dies and the machine does not."""
         live = [
-            {"job": t.job, "task": t.task, "pid": t.pid, "ticks": t.ticks}
+            {
+                "job": t.job,
+                "task": t.task,
+                "pid": t.pid,
+                "ticks": t.ticks,
+                "members": [[pid, ticks] for pid, ticks in t.members.items()],
+            }
             for t in self.tasks.values()
             if t.state in ("running", "stopping") and t.pid is not None
         ]
@@ -505,7 +705,11 @@ def serve(state_dir: Path, host: str) -> int:
             print(f"xce-resize worker: an agent for {host} already runs", file=sys.stderr)
             return 3
         time.sleep(0.02)
+    agent.subreaper = become_subreaper()
+    if not agent.subreaper:
+        log.warning("not a child subreaper: a task's process whose parent exits may escape")
     agent.kill_orphans()
+    agent.start_tracker()
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
