@@ -76,7 +76,7 @@ SHOW_JOB = Operation(
     "One job: allocation, tasks with pids, resize state, accounting",
     response="Job",
     params=(_ID,),
-    errors=(401, 403, 404),
+    errors=(401, 404),
 )
 KILL_JOB = Operation(
     "kill_job",
@@ -86,7 +86,7 @@ KILL_JOB = Operation(
     status=202,
     response="Job",
     params=(_ID,),
-    errors=(401, 403, 404, 409, 503),
+    errors=(401, 404, 409, 503),
 )
 CLUSTER = Operation(
     "cluster",
