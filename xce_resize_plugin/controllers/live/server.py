@@ -95,6 +95,9 @@ def run(
     sock = _bind(cfg)
     if sock is None:
         return EXIT_USAGE
+    # With port 0 the system chose the port: tasks (XCE_CONTROLLER_URL), the start-up
+    # line and the ready file must name the one that serves.
+    cfg = evolve(cfg, listen_port=sock.getsockname()[1])
     try:
         ctl = make_controller(cfg)
     except EmbeddedError as exc:
@@ -204,13 +207,19 @@ def _stop_fenced(server: uvicorn.Server) -> None:
 
 
 def _write_ready(ready_file: Path, cfg: LiveConfig, ctl: LiveController) -> None:
-    """The ready file: where the controller serves and its epoch, once it does."""
+    """The ready file, once the controller serves: its URL (``XCE_CONTROLLER_URL``),
+    the address and port it listens on (the bound port, also when the configuration
+    said 0), its epoch and the time."""
     from xce_resize_plugin.controllers.live.proc import atomic_write
 
-    atomic_write(
-        ready_file,
-        json.dumps({"url": cfg.controller_url, "epoch": ctl.live_store.epoch, "time": time.time()}),
-    )
+    ready = {
+        "url": cfg.controller_url,
+        "listen": f"{cfg.listen_host}:{cfg.listen_port}",
+        "port": cfg.listen_port,
+        "epoch": ctl.live_store.epoch,
+        "time": time.time(),
+    }
+    atomic_write(ready_file, json.dumps(ready))
 
 
 def _serve(server: uvicorn.Server, sock: socket.socket, ctl: LiveController) -> None:

@@ -3,7 +3,7 @@
 ::
 
     [controller]
-    listen = "127.0.0.1:6820"   # loopback only
+    listen = "127.0.0.1:6820"   # loopback only; port 0: any free port
     state_dir = "state"         # relative to this file
     # url = "http://127.0.0.1:6820"   XCE_CONTROLLER_URL given to tasks (default: listen)
     # manage_workers = true     start one worker agent per host (false: start them yourself)
@@ -136,7 +136,11 @@ def parse(data: Mapping[str, Any], path: Path) -> LiveConfig:
 
 
 def parse_listen(value: Any, where: Where | None = None) -> tuple[str, int]:
-    """``"127.0.0.1:6820"`` -> ``("127.0.0.1", 6820)``; loopback addresses only."""
+    """``"127.0.0.1:6820"`` -> ``("127.0.0.1", 6820)``; loopback addresses only.
+
+    Port 0 asks the system for a free port when the controller binds: the controller
+    then uses (and reports) the port it got.
+    """
 
     def error(message: str) -> ConfigError:
         if where is None:
@@ -151,8 +155,8 @@ def parse_listen(value: Any, where: Where | None = None) -> tuple[str, int]:
         port = int(port_text)
     except ValueError:
         raise error(f"bad port {port_text!r}") from None
-    if not 1 <= port <= 65535:
-        raise error(f"port {port} out of range")
+    if not 0 <= port <= 65535:
+        raise error(f"port {port} out of range (0 to 65535; 0: any free port)")
     try:
         loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
     except ValueError:
