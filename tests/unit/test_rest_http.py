@@ -1,8 +1,9 @@
 """The one HTTP layer (xce_resize_plugin.rest.http) as the resize routes and the live
 controller's host routes use it, driven as ASGI applications with a body stream that
 counts what is read from it: authentication comes before any body byte is read, a
-declared length over the limit is refused before reading, and a body streamed past the
-limit (chunked, no length) is cut off there rather than read to its end."""
+declared length over the limit is refused before reading, a body streamed past the
+limit (chunked, no length) is cut off there rather than read to its end, and a body
+that stops half way is answered 408 at the body deadline."""
 
 from __future__ import annotations
 
@@ -68,9 +69,33 @@ def endless() -> Iterator[bytes]:
     return itertools.repeat(b" " * CHUNK, 256)
 
 
-def call(
-    app: Any, method: str, path: str, stream: Stream, headers: dict[str, str]
-) -> tuple[int, Any]:
+class Stalled:
+    """An ASGI ``receive`` that hands out ``first`` (more to come), then either waits
+    for ever (a client that stopped sending) or says the client went away."""
+
+    def __init__(self, first: bytes, then: str = "wait") -> None:
+        self.first: bytes | None = first
+        self.then = then
+
+    async def __call__(self) -> dict[str, Any]:
+        if self.first is not None:
+            chunk, self.first = self.first, None
+            return {"type": "http.request", "body": chunk, "more_body": True}
+        if self.then == "disconnect":
+            return {"type": "http.disconnect"}
+        await asyncio.Event().wait()
+        raise AssertionError("never reached")
+
+
+def call(app: Any, method: str, path: str, stream: Any, headers: dict[str, str]) -> tuple[int, Any]:
+    status, _, doc = answer(app, method, path, stream, headers)
+    return status, doc
+
+
+def answer(
+    app: Any, method: str, path: str, stream: Any, headers: dict[str, str]
+) -> tuple[int, dict[str, str], Any]:
+    """The status, headers and decoded JSON body of the app's answer."""
     sent: list[dict[str, Any]] = []
 
     async def send(message: dict[str, Any]) -> None:
@@ -92,7 +117,8 @@ def call(
     }
     asyncio.run(app(scope, stream, send))
     body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
-    return sent[0]["status"], json.loads(body)
+    headers_sent = {k.decode(): v.decode() for k, v in sent[0]["headers"]}
+    return sent[0]["status"], headers_sent, json.loads(body)
 
 
 def resize_app() -> Starlette:
@@ -164,6 +190,37 @@ def test_a_body_within_the_limit_reaches_the_host() -> None:
     assert status == 201 and doc["job"] == json.loads(body)
     status, doc = call(host_app(), "POST", "/v1/jobs", Stream(iter([b"{"])), headers)
     assert status == 400 and doc["detail"].startswith("Invalid resize request: body is not JSON")
+
+
+@pytest.mark.parametrize("route", sorted(ROUTES))
+def test_a_body_that_stops_half_way_is_answered_408_at_the_deadline(route: str) -> None:
+    """The app's body deadline (set_body_timeout) holds for the host's routes and the
+    plugin's alike; the answer closes the connection."""
+    make, method, path, _, _ = ROUTES[route]
+    app = make()
+    http.set_body_timeout(app, 0.05)
+    headers = {"authorization": f"Bearer {GOOD}", "content-length": "100"}
+    status, sent, doc = answer(app, method, path, Stalled(b'{"tasks": '), headers)
+    assert (status, doc["code"]) == (408, "XCE_RESIZE_BODY_TIMEOUT")
+    assert doc["detail"] == "Request body not received in time: only 10 bytes in the 0.05 s allowed"
+    assert sent["connection"] == "close"
+
+
+def test_a_client_gone_half_way_is_a_refusal_not_a_bug() -> None:
+    headers = {"authorization": f"Bearer {GOOD}", "content-length": "100"}
+    stream = Stalled(b'{"command": ', then="disconnect")
+    status, doc = call(host_app(), "POST", "/v1/jobs", stream, headers)
+    assert (status, doc["code"]) == (400, "XCE_RESIZE_INVALID_REQUEST")
+
+
+def test_the_body_deadline_is_30_s_unless_the_host_sets_one() -> None:
+    from starlette.requests import Request
+
+    app = resize_app()
+    assert http.body_timeout(Request({"type": "http", "app": app})) == 30.0
+    http.set_body_timeout(app, 2)
+    assert http.body_timeout(Request({"type": "http", "app": app})) == 2.0
+    assert http.body_timeout(Request({"type": "http"})) == http.DEFAULT_BODY_TIMEOUT == 30.0
 
 
 def test_a_fenced_error_stops_the_controller_and_is_answered() -> None:

@@ -1,10 +1,14 @@
 """The live controller's server as a site runs it (a real `xce-resize controller`
-process): what ``GET /v1/cluster`` shows to whom; listening on port 0."""
+process): what ``GET /v1/cluster`` shows to whom; listening on port 0; the deadlines
+for receiving a request, checked with raw sockets against the controller and an agent."""
 
 from __future__ import annotations
 
 import json
+import select
+import socket
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -94,3 +98,107 @@ def test_listen_on_port_0_reports_the_bound_port(resize_live_factory: Any) -> No
     job = live.submit(command=["/bin/sh", "-c", 'echo "$XCE_CONTROLLER_URL"; exec sleep 600'])
     out = live.state / "jobs" / job / "task-0.out"
     assert wait_until(lambda: out.exists() and out.read_text().strip()) == info["url"]
+
+
+# -- deadlines for receiving a request -----------------------------------------------------
+
+#: How long a raw client waits for the server before the test gives up: a bound that
+#: keeps a broken server from hanging the test, far above the deadlines set here.
+PATIENCE = 30.0
+#: The deadlines the tests set, short so that they pass quickly.
+DEADLINES = "header_timeout = 0.5\nbody_timeout = 0.5\n"
+
+
+def _short_deadlines(live: LiveCluster) -> None:
+    text = live.config.read_text()
+    live.config.write_text(text.replace("[controller]\n", f"[controller]\n{DEADLINES}", 1))
+
+
+def _connect(port: int, first: bytes = b"") -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", port), timeout=PATIENCE)
+    if first:
+        sock.sendall(first)
+    return sock
+
+
+def _closed(sock: socket.socket) -> bool:
+    """Whether the server closes ``sock`` (reading what it sends until then); raises
+    ``TimeoutError`` if it neither closes nor sends within :data:`PATIENCE`."""
+    with sock:
+        try:
+            while sock.recv(65536):
+                pass
+        except ConnectionResetError:
+            pass
+    return True
+
+
+def _trickle_until_closed(sock: socket.socket) -> bool:
+    """Send a header a byte every 50 ms; True once the server closed the connection."""
+    deadline = time.monotonic() + PATIENCE
+    with sock:
+        sock.sendall(b"GET /v1/health HTTP/1.1\r\nHost: x\r\nX-Pad: ")
+        while time.monotonic() < deadline:
+            try:
+                sock.sendall(b"a")
+            except (BrokenPipeError, ConnectionResetError):
+                return True
+            readable, _, _ = select.select([sock], [], [], 0.05)
+            if readable:
+                try:
+                    return sock.recv(1) == b""
+                except ConnectionResetError:
+                    return True
+    return False
+
+
+def _answer(sock: socket.socket) -> tuple[int, dict[str, str], bytes]:
+    """The status, headers and body of the one answer on ``sock``, which the server
+    then closes."""
+    data = b""
+    with sock:
+        while chunk := sock.recv(65536):
+            data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    status_line, *lines = head.decode().split("\r\n")
+    headers = dict(line.lower().split(": ", 1) for line in lines)
+    return int(status_line.split()[1]), headers, body
+
+
+def test_a_half_sent_request_is_cut_off(resize_live_factory: Any) -> None:
+    """With header_timeout and body_timeout set, the controller and its agents close a
+    connection whose request headers do not come (half a request line, nothing at all,
+    a header trickled a byte at a time, after a kept-alive answer), and answer 408 to a
+    body that stops half way; a normal client, and a long poll that outlasts both
+    deadlines, are served."""
+    live: LiveCluster = resize_live_factory({"h1": 2})
+    _short_deadlines(live)
+    live.start()
+    assert _closed(_connect(live.port, b"GET /v1/heal"))
+    assert _closed(_connect(live.port))
+    assert _trickle_until_closed(_connect(live.port))
+    kept = _connect(live.port, b"GET /v1/health HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert kept.recv(65536).startswith(b"HTTP/1.1 200 ")
+    kept.sendall(b"GET /v1/heal")
+    assert _closed(kept)
+    agent = json.loads((live.state / "workers" / "h1" / "worker.json").read_text())
+    assert _closed(_connect(agent["port"], b"GET /v1/pi"))
+    assert _trickle_until_closed(_connect(agent["port"]))
+
+    job = live.submit(min_tasks=1, max_tasks=2, resizable=True, alloc={"h1": 1})
+    live.running(job, 1)
+    for path in ("/v1/jobs", f"/v1/jobs/{job}/resize/grow"):
+        head = (
+            f"POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {ALICE}\r\n"
+            "Content-Type: application/json\r\nContent-Length: 100\r\n\r\n"
+        )
+        status, headers, body = _answer(_connect(live.port, head.encode() + b'{"tasks": '))
+        assert status == 408 and headers["connection"] == "close", body
+        assert headers["content-type"] == "application/problem+json"
+        assert json.loads(body)["code"] == "XCE_RESIZE_BODY_TIMEOUT"
+
+    assert live.ok("GET", "/v1/jobs")["jobs"][0]["id"] == job
+    assert live.grow(job, 1).status_code == 202
+    live.idle(job, 1)
+    wait = live.ok("GET", f"/v1/jobs/{job}/resize/wait?version=1&timeout=1.5")
+    assert wait["done"] is False and wait["job_state"] == "RUN"

@@ -242,6 +242,7 @@ class LiveController:
                 self.live_store.epoch,
                 manage=cfg.manage_workers,
                 start_timeout=cfg.worker_timeout,
+                header_timeout=cfg.header_timeout,
             )
             self.live_store.before_commit = self._before_commit
             self.live_store.after_commit = self.fleet.release

@@ -9,6 +9,11 @@ and ``GET /openapi.json``. All are built with one HTTP layer
 by it, any other plugin route gets a minimal entry, so the document always lists
 exactly what is served. Errors, routing errors included, are RFC 9457 problem
 documents (``application/problem+json``) with LSF's code name, number and message.
+
+Every client has ``[controller] header_timeout`` seconds to send a request's headers
+(:mod:`xce_resize_plugin.rest.header_deadline`) and ``body_timeout`` seconds to send
+its body (:func:`xce_resize_plugin.rest.http.read_body`), so that a client that stops
+half way does not hold a connection or a handler for ever.
 """
 
 from __future__ import annotations
@@ -63,11 +68,13 @@ def build_app(ctl: LiveController) -> Starlette:
     from starlette.applications import Starlette
 
     from xce_resize_plugin.controllers.live.host_routes import host_routes
-    from xce_resize_plugin.rest.http import exception_handlers, openapi_route
+    from xce_resize_plugin.rest.http import exception_handlers, openapi_route, set_body_timeout
 
     served = [*host_routes(ctl), *plugin_routes(ctl)]
     document = openapi_route(TITLE, __version__, served)
-    return Starlette(routes=[*served, document], exception_handlers=exception_handlers())
+    app = Starlette(routes=[*served, document], exception_handlers=exception_handlers())
+    set_body_timeout(app, ctl.cfg.body_timeout)
+    return app
 
 
 # -- the process --------------------------------------------------------------------------
@@ -114,7 +121,7 @@ def run(
         ctl.shutdown()
         sock.close()
         raise
-    server = _server(app)
+    server = _server(app, cfg)
     ctl.on_fenced = lambda: _stop_fenced(server)
     if ready_file is not None:
         _write_ready(ready_file, cfg, ctl)
@@ -183,12 +190,15 @@ def _bind(cfg: LiveConfig) -> socket.socket | None:
     return sock
 
 
-def _server(app: Starlette) -> uvicorn.Server:
+def _server(app: Starlette, cfg: LiveConfig) -> uvicorn.Server:
     import uvicorn
+
+    from xce_resize_plugin.rest.header_deadline import header_deadline
 
     return uvicorn.Server(
         uvicorn.Config(
             app,
+            http=header_deadline(cfg.header_timeout),
             log_level="warning",
             access_log=False,
             lifespan="off",

@@ -9,6 +9,8 @@
     # manage_workers = true     start one worker agent per host (false: start them yourself)
     # kill_grace = 10.0         SIGTERM -> SIGKILL seconds when a job ends or is killed
     # worker_timeout = 10.0     seconds a new worker agent may take to come up
+    # header_timeout = 10.0     seconds a client has to send a request's headers
+    # body_timeout = 30.0       seconds a client has to send a request's body
     # record = "run.jsonl"      record this run's inputs for replay (relative to this file)
 
     [cluster]
@@ -52,9 +54,13 @@ CONTROLLER_KEYS = {
     "manage_workers",
     "kill_grace",
     "worker_timeout",
+    "header_timeout",
+    "body_timeout",
     "record",
 }
 DEFAULT_LISTEN = "127.0.0.1:6820"
+#: Longest request deadline accepted (seconds): a longer one protects nothing.
+MAX_REQUEST_TIMEOUT = 3600.0
 #: Prefix of a token given as its SHA-256 digest rather than in clear.
 SHA256 = "sha256:"
 
@@ -85,6 +91,10 @@ class LiveConfig:
     manage_workers: bool = True
     kill_grace: float = 10.0
     worker_timeout: float = 10.0
+    #: Seconds a client has to send a request's headers (the controller's server and
+    #: the agents it starts), then its body (the controller's routes).
+    header_timeout: float = 10.0
+    body_timeout: float = 30.0
     admins: frozenset[str] = frozenset()
     tokens: tuple[UserToken, ...] = ()
     user_slots: Mapping[str, int] = field(factory=dict)
@@ -125,6 +135,10 @@ def parse(data: Mapping[str, Any], path: Path) -> LiveConfig:
         manage_workers=_flag(where, "controller.manage_workers", ctl.get("manage_workers", True)),
         kill_grace=_number(where, "controller.kill_grace", ctl.get("kill_grace", 10.0)),
         worker_timeout=_number(where, "controller.worker_timeout", ctl.get("worker_timeout", 10.0)),
+        header_timeout=_deadline(
+            where, "controller.header_timeout", ctl.get("header_timeout", 10.0)
+        ),
+        body_timeout=_deadline(where, "controller.body_timeout", ctl.get("body_timeout", 30.0)),
         record=_record(where, ctl.get("record"), base),
         hosts=_hosts(where, where.section(data, "cluster", {"hosts"}).get("hosts")),
         admins=_admins(where, where.section(data, "users", {"admins", "tokens"}).get("admins", [])),
@@ -215,6 +229,20 @@ def _resize(where: Where, table: Mapping[str, Any], path: Path) -> dict[str, Any
 def _number(where: Where, key: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
         raise where.error(key, f"must be a number >= 0, got {value!r}")
+    return float(value)
+
+
+def _deadline(where: Where, key: str, value: Any) -> float:
+    """A request deadline: more than 0 (a request needs some time) and at most
+    :data:`MAX_REQUEST_TIMEOUT` seconds."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not 0 < value <= MAX_REQUEST_TIMEOUT
+    ):
+        raise where.error(
+            key, f"must be a number of seconds > 0 and <= {MAX_REQUEST_TIMEOUT:g}, got {value!r}"
+        )
     return float(value)
 
 
