@@ -69,7 +69,7 @@ SUBMIT_JOB = Operation(
     status=201,
     response="SubmitResult",
     body="JobSubmission",
-    errors=(400, 401, 403, 503),
+    errors=(400, 401, 403, 408, 503),
 )
 SHOW_JOB = Operation(
     "show_job",
