@@ -214,6 +214,14 @@ class UnsupportedMediaType(ResizeError):
     http_status = 415
 
 
+class BodyTimeout(ResizeError):
+    """A REST request body that did not arrive within the server's body deadline."""
+
+    code = "XCE_RESIZE_BODY_TIMEOUT"
+    message = "Request body not received in time"
+    http_status = 408
+
+
 class NoResizeHook(ResizeError):
     """No plugin answered ``xce_resize_*`` (the resize plugin is not registered)."""
 
@@ -284,6 +292,7 @@ ERRORS: tuple[type[ResizeError], ...] = (
     InvalidRequest,
     BodyTooLarge,
     UnsupportedMediaType,
+    BodyTimeout,
     NoResizeHook,
     Unreachable,
     UsageError,

@@ -295,6 +295,8 @@ ACTIONS = {
     "release": ("POST", "/release", {"task_ids": [1]}, 202),
     "cancel": ("DELETE", "/pending", None, 200),
 }
+#: A job id no job has.
+MISSING = "999999"
 # Who may act on which job by the default rule: the owner, an admin, the job's token.
 ALLOWED = {
     ("alice", "job1"),
@@ -312,7 +314,9 @@ def test_authorisation_matrix(
     cluster: Cluster, http: httpx.Client, who: str, job: str, action: str
 ) -> None:
     """job1 is alice's resizable job, job3 bob's rigid one; job2-token is alice's other
-    job's token. Refusals change nothing."""
+    job's token. Refusals change nothing. A job the caller may not see is answered
+    exactly as a job that does not exist (404, same words but the id): no answer tells
+    which job ids exist."""
     if action == "cancel" and job == "job1":
         # Something to cancel, made by an admin outside the HTTP path.
         cluster.ctl.request_resize(Principal("root", admin=True), cluster.job1, GrowRequest(1, 1))
@@ -325,8 +329,13 @@ def test_authorisation_matrix(
         assert_problem(r, 401, "XCE_RESIZE_NOT_AUTHENTICATED")
         assert r.headers["www-authenticate"].startswith("Bearer")
     elif (who, job) not in ALLOWED:
-        doc = assert_problem(r, 403, "LSBE_PERMISSION")
-        assert doc["title"] == "User permission denied"
+        doc = assert_problem(r, 404, "LSBE_NO_JOB")
+        missing = call(http, method, path(MISSING, suffix), TOKENS[who], **kw)
+        assert missing.status_code == 404
+        assert doc == {
+            **missing.json(),
+            "detail": missing.json()["detail"].replace(MISSING, job_id),
+        }
     elif job == "job3" and not action.startswith("view"):
         assert_problem(r, 409, "LSBE_JOB_RESIZABLE")  # allowed, but not resizable
     else:
@@ -370,6 +379,31 @@ def test_authorize_hook_tightens_and_widens(cluster: Cluster, http: httpx.Client
     )
 
 
+class HiddenFromBob:
+    """Bob may grow alice's jobs but not see them."""
+
+    @hookimpl
+    def xce_resize_authorize(self, principal: Principal, job: JobInfo, action: str) -> bool | None:
+        if principal.name == "bob":
+            return action != "view"
+        return None
+
+
+def test_a_job_hidden_by_the_view_policy_is_not_found_on_every_route(
+    cluster: Cluster, http: httpx.Client
+) -> None:
+    """The view check comes first on every route, changes included: a job the caller
+    may not see is not found, whatever the action's own rule says, and nothing changes."""
+    cluster.ctl.unwrapped.plugin_manager.register(HiddenFromBob())
+    before = cluster.snapshot()
+    for method, suffix, body, _ in ACTIONS.values():
+        kw = {"json": body} if body is not None else {}
+        assert_problem(
+            call(http, method, path(cluster.job1, suffix), "tok-bob", **kw), 404, "LSBE_NO_JOB"
+        )
+    assert cluster.snapshot() == before
+
+
 class BrokenPolicy:
     @hookimpl
     def xce_resize_authorize(self, principal: Principal, job: JobInfo, action: str) -> bool | None:
@@ -392,7 +426,7 @@ def test_job_token_waits_only_on_its_job(cluster: Cluster, http: httpx.Client) -
     r = call(
         http, "GET", path(cluster.job2, "/wait"), "tok-job1", params={"version": 0, "timeout": 0}
     )
-    assert_problem(r, 403, "LSBE_PERMISSION")
+    assert_problem(r, 404, "LSBE_NO_JOB")
     r = call(http, "GET", path(cluster.job1, "/wait"), None, params={"version": 0, "timeout": 0})
     assert_problem(r, 401, "XCE_RESIZE_NOT_AUTHENTICATED")
 

@@ -1,8 +1,9 @@
 """The one HTTP layer (xce_resize_plugin.rest.http) as the resize routes and the live
 controller's host routes use it, driven as ASGI applications with a body stream that
 counts what is read from it: authentication comes before any body byte is read, a
-declared length over the limit is refused before reading, and a body streamed past the
-limit (chunked, no length) is cut off there rather than read to its end."""
+declared length over the limit is refused before reading, a body streamed past the
+limit (chunked, no length) is cut off there rather than read to its end, and a body
+that stops half way is answered 408 at the body deadline."""
 
 from __future__ import annotations
 
@@ -76,17 +77,33 @@ def endless() -> Iterator[bytes]:
     return itertools.repeat(b" " * CHUNK, 256)
 
 
-def call(
-    app: Any, method: str, path: str, stream: Stream, headers: dict[str, str]
-) -> tuple[int, Any]:
-    status, _, doc = exchange(app, method, path, stream, headers)
+class Stalled:
+    """An ASGI ``receive`` that hands out ``first`` (more to come), then either waits
+    for ever (a client that stopped sending) or says the client went away."""
+
+    def __init__(self, first: bytes, then: str = "wait") -> None:
+        self.first: bytes | None = first
+        self.then = then
+
+    async def __call__(self) -> dict[str, Any]:
+        if self.first is not None:
+            chunk, self.first = self.first, None
+            return {"type": "http.request", "body": chunk, "more_body": True}
+        if self.then == "disconnect":
+            return {"type": "http.disconnect"}
+        await asyncio.Event().wait()
+        raise AssertionError("never reached")
+
+
+def call(app: Any, method: str, path: str, stream: Any, headers: dict[str, str]) -> tuple[int, Any]:
+    status, _, doc = answer(app, method, path, stream, headers)
     return status, doc
 
 
-def exchange(
-    app: Any, method: str, path: str, stream: Stream, headers: dict[str, str]
+def answer(
+    app: Any, method: str, path: str, stream: Any, headers: dict[str, str]
 ) -> tuple[int, dict[str, str], Any]:
-    """Status, headers and JSON body of the answer to one request."""
+    """The status, headers and decoded JSON body of the app's answer."""
     sent: list[dict[str, Any]] = []
 
     async def send(message: dict[str, Any]) -> None:
@@ -108,8 +125,8 @@ def exchange(
     }
     asyncio.run(app(scope, stream, send))
     body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
-    answer = {k.decode(): v.decode() for k, v in sent[0]["headers"]}
-    return sent[0]["status"], answer, json.loads(body)
+    headers_sent = {k.decode(): v.decode() for k, v in sent[0]["headers"]}
+    return sent[0]["status"], headers_sent, json.loads(body)
 
 
 def resize_app() -> Starlette:
@@ -183,15 +200,44 @@ def test_a_body_within_the_limit_reaches_the_host() -> None:
     assert status == 400 and doc["detail"].startswith("Invalid resize request: body is not JSON")
 
 
+@pytest.mark.parametrize("route", sorted(ROUTES))
+def test_a_body_that_stops_half_way_is_answered_408_at_the_deadline(route: str) -> None:
+    """The app's body deadline (set_body_timeout) holds for the host's routes and the
+    plugin's alike; the answer closes the connection."""
+    make, method, path, _, _ = ROUTES[route]
+    app = make()
+    http.set_body_timeout(app, 0.05)
+    headers = {"authorization": f"Bearer {GOOD}", "content-length": "100"}
+    status, sent, doc = answer(app, method, path, Stalled(b'{"tasks": '), headers)
+    assert (status, doc["code"]) == (408, "XCE_RESIZE_BODY_TIMEOUT")
+    assert doc["detail"] == "Request body not received in time: only 10 bytes in the 0.05 s allowed"
+    assert sent["connection"] == "close"
+
+
+def test_a_client_gone_half_way_is_a_refusal_not_a_bug() -> None:
+    headers = {"authorization": f"Bearer {GOOD}", "content-length": "100"}
+    stream = Stalled(b'{"command": ', then="disconnect")
+    status, doc = call(host_app(), "POST", "/v1/jobs", stream, headers)
+    assert (status, doc["code"]) == (400, "XCE_RESIZE_INVALID_REQUEST")
+
+
+def test_the_body_deadline_is_30_s_unless_the_host_sets_one() -> None:
+    from starlette.requests import Request
+
+    app = resize_app()
+    assert http.body_timeout(Request({"type": "http", "app": app})) == 30.0
+    http.set_body_timeout(app, 2)
+    assert http.body_timeout(Request({"type": "http", "app": app})) == 2.0
+    assert http.body_timeout(Request({"type": "http"})) == http.DEFAULT_BODY_TIMEOUT == 30.0
+
+
 def test_a_fenced_error_stops_the_controller_and_is_answered() -> None:
     ctl = StubController(fail=RuntimeError("write failed"))
     ctl.fail.__cause__ = FencedError("epoch 3 took over")  # type: ignore[union-attr]
     headers = {"authorization": f"Bearer {GOOD}"}
-    status, answer, doc = exchange(
-        host_app(ctl), "POST", "/v1/jobs", Stream(iter([b"{}"])), headers
-    )
+    status, sent, doc = answer(host_app(ctl), "POST", "/v1/jobs", Stream(iter([b"{}"])), headers)
     assert (status, doc["code"]) == (503, "XCE_RESIZE_FENCED")
-    assert "retry-after" not in answer  # a fenced controller never comes back
+    assert "retry-after" not in sent  # a fenced controller never comes back
     assert isinstance(ctl.fenced, FencedError)
     ctl = StubController(fail=RuntimeError("a bug"))
     status, doc = call(host_app(ctl), "POST", "/v1/jobs", Stream(iter([b"{}"])), headers)
@@ -213,20 +259,16 @@ def test_a_failed_write_is_answered_503_with_retry_after(failure: Exception) -> 
     ctl = StubController(fail=RuntimeError("submission failed"))
     ctl.fail.__cause__ = failure  # type: ignore[union-attr]
     headers = {"authorization": f"Bearer {GOOD}"}
-    status, answer, doc = exchange(
-        host_app(ctl), "POST", "/v1/jobs", Stream(iter([b"{}"])), headers
-    )
+    status, sent, doc = answer(host_app(ctl), "POST", "/v1/jobs", Stream(iter([b"{}"])), headers)
     assert (status, doc["code"]) == (503, "XCE_STATE_NOT_WRITABLE")
-    assert answer["content-type"] == "application/problem+json"
-    assert int(answer["retry-after"]) > 0
+    assert sent["content-type"] == "application/problem+json"
+    assert int(sent["retry-after"]) > 0
     assert ctl.failed is not None and ctl.fenced is None
     # A refusal because of an earlier failure is not a new failure.
     ctl = StubController(fail=StateNotWritable("disk full"))
-    status, answer, doc = exchange(
-        host_app(ctl), "POST", "/v1/jobs", Stream(iter([b"{}"])), headers
-    )
+    status, sent, doc = answer(host_app(ctl), "POST", "/v1/jobs", Stream(iter([b"{}"])), headers)
     assert (status, doc["code"], ctl.failed) == (503, "XCE_STATE_NOT_WRITABLE", None)
-    assert int(answer["retry-after"]) > 0
+    assert int(sent["retry-after"]) > 0
 
 
 def test_one_builder_describes_host_and_resize_routes_alike() -> None:

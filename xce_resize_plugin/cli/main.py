@@ -25,6 +25,22 @@ EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE, EXIT_REJECTED = 0, 1, 2, 255
 EXIT_PIPE = 128 + 13  # SIGPIPE
 
 
+def _request_deadline(text: str) -> float:
+    """A request deadline on the command line: seconds, > 0 and at most an hour (as
+    ``[controller] header_timeout``)."""
+    from xce_resize_plugin.controllers.live.settings import MAX_REQUEST_TIMEOUT
+
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value <= MAX_REQUEST_TIMEOUT:
+        raise argparse.ArgumentTypeError(
+            f"must be a number of seconds > 0 and <= {MAX_REQUEST_TIMEOUT:g}, got {text!r}"
+        )
+    return value
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="xce-resize",
@@ -80,6 +96,16 @@ def _parser() -> argparse.ArgumentParser:
     )
     compact.add_argument("--now", type=float, help="the current time (default: the clock)")
 
+    _live_parsers(sub)
+
+    from xce_resize_plugin.cli.jobs import add_parsers as add_client_parsers
+
+    add_client_parsers(sub)
+    return p
+
+
+def _live_parsers(sub: Any) -> None:
+    """``controller`` and ``worker``: the live controller's processes."""
     ctl = sub.add_parser(
         "controller", help="run the live embedded controller (real processes, REST on loopback)"
     )
@@ -98,11 +124,14 @@ def _parser() -> argparse.ArgumentParser:
     wk = sub.add_parser("worker", help="run one host's worker agent for the live controller")
     wk.add_argument("--state-dir", type=Path, required=True, help="the controller's state_dir")
     wk.add_argument("--host", required=True, help="the host this agent stands for")
-
-    from xce_resize_plugin.cli.jobs import add_parsers as add_client_parsers
-
-    add_client_parsers(sub)
-    return p
+    wk.add_argument(
+        "--header-timeout",
+        type=_request_deadline,
+        default=10.0,
+        metavar="SECONDS",
+        help="seconds a client has to send a request's headers (the controller passes "
+        "its [controller] header_timeout; default 10)",
+    )
 
 
 def _simulate_parser(sub: Any) -> None:
@@ -208,7 +237,7 @@ def _dispatch(args: argparse.Namespace, out: TextIO) -> int:
     if args.command == "worker":
         from xce_resize_plugin.controllers.live import worker
 
-        return worker.serve(args.state_dir.resolve(), args.host)
+        return worker.serve(args.state_dir.resolve(), args.host, args.header_timeout)
     if args.command in ("submit", "jobs", "history", "kill"):
         from xce_resize_plugin.cli.jobs import run as run_client
 

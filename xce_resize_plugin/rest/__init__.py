@@ -1,8 +1,10 @@
 """The REST layer: one HTTP machinery for the plugin's resize routes and a host's own.
 
 - :mod:`.http`: the endpoint wrapper (authentication before any body byte, bounded
-  body reading, problem documents), :class:`~.http.ApiRoute`, exception handlers
-  (imports Starlette: imported only when routes are built);
+  body reading within a deadline, problem documents), :class:`~.http.ApiRoute`,
+  exception handlers (imports Starlette: imported only when routes are built);
+- :mod:`.header_deadline`: the uvicorn protocol that closes a connection whose request
+  headers do not come in time (imports uvicorn: imported only when serving);
 - :mod:`.openapi`: the one OpenAPI builder, from the operations the routes carry;
 - :mod:`.operation`, :mod:`.parsing`, :mod:`.problems`: what a route is, reading the
   parts of a request, what a refusal looks like;

@@ -8,7 +8,9 @@ An authenticated route is an :func:`endpoint` around a handler; what it does, in
 2. run the handler, which reads its body (if it takes one) with :func:`read_body`:
    a declared ``Content-Length`` over the limit is refused before reading, and the
    stream is cut off as soon as it passes the limit (chunked or lying clients), so no
-   more than the limit is ever buffered;
+   more than the limit is ever buffered; a body not complete within the body deadline
+   (:func:`body_timeout`) is answered 408 and the connection closed, so a client that
+   stops half way cannot hold a handler for ever;
 3. answer every :class:`~xce_resize_plugin.errors.ResizeError` as a problem document
    (:mod:`.problems`), and anything unexpected as a 500 problem document, logged.
 
@@ -20,18 +22,22 @@ routes are built.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from attrs import frozen
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from xce_resize_plugin.errors import NotAuthenticated, ResizeError
+if TYPE_CHECKING:
+    from starlette.applications import Starlette
+
+from xce_resize_plugin.errors import BodyTimeout, InvalidRequest, NotAuthenticated, ResizeError
 from xce_resize_plugin.host import Principal
 from xce_resize_plugin.rest import openapi
 from xce_resize_plugin.rest.operation import Operation
@@ -56,6 +62,12 @@ Handler = Callable[[Request, Principal], Awaitable[Response]]
 Translate = Callable[[Exception], ResizeError | None]
 Endpoint = Callable[[Request], Awaitable[Response]]
 
+#: Seconds a request body may take to arrive, counted from when the handler starts
+#: reading it (right after authentication), unless the host sets its own deadline
+#: (:func:`set_body_timeout`).
+DEFAULT_BODY_TIMEOUT = 30.0
+_BODY_TIMEOUT = "xce_body_timeout"
+
 
 # --- answers -----------------------------------------------------------------------------
 
@@ -66,10 +78,14 @@ def reply(data: Any, status: int = 200, media_type: str = JSON) -> Response:
 
 
 def problem(error: ResizeError) -> Response:
-    """The problem-document answer of ``error`` (a 401 says how to authenticate)."""
+    """The problem-document answer of ``error`` (a 401 says how to authenticate; a 408
+    closes the connection, whose unread rest of a body would be taken for the next
+    request)."""
     response = reply(error_json(error), error.http_status, PROBLEM_JSON)
     if error.http_status == 401:
         response.headers["WWW-Authenticate"] = 'Bearer realm="xce"'
+    elif error.http_status == 408:
+        response.headers["Connection"] = "close"
     seconds = retry_after(error)
     if seconds is not None:
         response.headers["Retry-After"] = str(seconds)
@@ -104,20 +120,46 @@ class BodyLimit:
     too_large: Callable[[int | None], ResizeError]
 
 
+def set_body_timeout(app: Starlette, seconds: float) -> None:
+    """Make ``seconds`` the body deadline of every route ``app`` serves that reads its
+    body with :func:`read_body` (the host's own routes and the plugin's alike)."""
+    setattr(app.state, _BODY_TIMEOUT, float(seconds))
+
+
+def body_timeout(request: Request) -> float:
+    """The body deadline of ``request``: its application's (:func:`set_body_timeout`),
+    else :data:`DEFAULT_BODY_TIMEOUT`."""
+    app = request.scope.get("app")
+    seconds = getattr(getattr(app, "state", None), _BODY_TIMEOUT, None)
+    return DEFAULT_BODY_TIMEOUT if seconds is None else float(seconds)
+
+
 async def read_body(request: Request, limit: BodyLimit) -> bytes:
-    """The request body, never more than ``limit.size`` bytes of it read."""
+    """The request body, never more than ``limit.size`` bytes of it read, and all of it
+    within :func:`body_timeout` seconds (:class:`BodyTimeout`, 408, otherwise)."""
     declared = declared_length(request.headers.get("content-length"))
     if declared is not None and declared > limit.size:
         raise limit.too_large(declared)
     chunks: list[bytes] = []
     size = 0
-    # Read in chunks and stop at the limit: a client that lies about (or omits) the
-    # length cannot make the server buffer more than the limit.
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit.size:
-            raise limit.too_large(None)
-        chunks.append(chunk)
+    seconds = body_timeout(request)
+    try:
+        # Read in chunks and stop at the limit: a client that lies about (or omits) the
+        # length cannot make the server buffer more than the limit. The deadline is for
+        # the whole body: a client that sends a byte now and then is cut off too.
+        async with asyncio.timeout(seconds):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit.size:
+                    raise limit.too_large(None)
+                chunks.append(chunk)
+    except TimeoutError:
+        raise BodyTimeout(f"only {size} bytes in the {seconds:g} s allowed") from None
+    except ClientDisconnect:
+        # Nobody reads the answer; a refusal (not a 500 with a traceback in the log).
+        raise InvalidRequest(
+            "the client closed the connection before the body was complete"
+        ) from None
     return b"".join(chunks)
 
 
@@ -201,6 +243,7 @@ def exception_handlers() -> dict[Any, Callable[[Request, Exception], Awaitable[R
 
 
 __all__ = [
+    "DEFAULT_BODY_TIMEOUT",
     "ApiRoute",
     "Authenticate",
     "BodyLimit",
@@ -209,6 +252,7 @@ __all__ = [
     "Translate",
     "as_resize_error",
     "authenticated",
+    "body_timeout",
     "endpoint",
     "exception_handlers",
     "internal",
@@ -216,4 +260,5 @@ __all__ = [
     "problem",
     "read_body",
     "reply",
+    "set_body_timeout",
 ]

@@ -3,11 +3,14 @@
 In order: check the path's job id and the query string (unknown parameters are
 refused); for a change, read at most :data:`.resize_operations.MAX_BODY` bytes of JSON
 and decode it with the strict API converter (:mod:`xce_resize_plugin.core.converters`),
-so a rejected body names the field (``… @ $.tasks``); then call the host hooks —
-``xce_resize_request`` for a change, which authorises the principal and returns only
-once the change's facts are durable; for a query the ``xce_resize_authorize`` policy
-with action ``view`` and then ``xce_resize_status`` or ``xce_acct_usage`` — in a worker
-thread, because the journal's fsync blocks.
+so a rejected body names the field (``… @ $.tasks``); then call the host hooks — first
+the ``xce_resize_authorize`` policy with action ``view`` (a job the caller may not see
+is answered 404 "No matching job found", exactly as a job that does not exist, so that
+no answer tells which job ids exist), then ``xce_resize_request`` for a change, which
+authorises the action (403 for a job the caller sees but may not change) and returns
+only once the change's facts are durable, or ``xce_resize_status`` or
+``xce_acct_usage`` for a query — in a worker thread, because the journal's fsync
+blocks.
 
 Why only the hooks and never the runtime: the routes then work for any host and any
 plugin that implements the request hooks, and the embedded controller serves them
@@ -29,7 +32,7 @@ from xce_resize_plugin.core import converters
 from xce_resize_plugin.core.accounting import Usage
 from xce_resize_plugin.core.models import CancelRequest, JobInfo, JobState, ResizeRequest
 from xce_resize_plugin.core.status import ResizeStatus
-from xce_resize_plugin.errors import InvalidRequest, NoJob, NoResizeHook, PermissionDenied
+from xce_resize_plugin.errors import InvalidRequest, NoJob, NoResizeHook
 from xce_resize_plugin.host import Controller, HostHooks, Principal
 from xce_resize_plugin.policy import HookPolicy
 from xce_resize_plugin.rest.http import ApiRoute, BodyLimit, Handler, endpoint, read_body, reply
@@ -58,11 +61,14 @@ class Hooks:
     controller: Controller
 
     def view(self, principal: Principal, job_id: str) -> JobInfo:
+        """The job, if ``principal`` may see it; :class:`NoJob` alike when it does not
+        exist and when the ``view`` policy hides it, so that the answer never tells
+        which job ids exist (docs/rest-api.md, "Authentication and who may do what")."""
         job = self.controller.get_job(job_id)
-        if job is None:
+        if job is None or not HookPolicy(self.controller.plugin_manager).authorize(
+            principal, job, "view"
+        ):
             raise NoJob(f"job {job_id}")
-        if not HookPolicy(self.controller.plugin_manager).authorize(principal, job, "view"):
-            raise PermissionDenied(f"{principal.name} may not view job {job_id}")
         return job
 
     def status(self, job_id: str) -> ResizeStatus:
@@ -86,6 +92,9 @@ class Hooks:
         return usage
 
     def change(self, principal: Principal, job_id: str, request: ResizeRequest) -> ResizeStatus:
+        # A job the caller may not see is answered as one that does not exist; one it
+        # sees but may not change is refused by the action's own check (403).
+        self.view(principal, job_id)
         ctl = self.controller
         status = HostHooks(ctl.plugin_manager).resize_request(ctl, principal, job_id, request)
         if status is None:

@@ -59,8 +59,11 @@ def parse_timeout(text: str | None) -> float:
 JOB_PATH = "/v1/jobs/{id}/resize"
 
 # The problem statuses each kind of operation can answer (documented per operation).
-_QUERY_ERRORS = (400, 401, 403, 404, 503)
-_CHANGE_ERRORS = (400, 401, 403, 404, 409, 413, 415, 503)
+# A query never answers 403: a job the caller may not view is answered 404, as one
+# that does not exist; a change answers 403 for a job the caller sees but may not
+# change (a site policy, or grows turned off).
+_QUERY_ERRORS = (400, 401, 404, 503)
+_CHANGE_ERRORS = (400, 401, 403, 404, 408, 409, 413, 415, 503)
 _JOB_ID = Param(
     "id",
     {"type": "string", "minLength": 1, "maxLength": MAX_JOB_ID},

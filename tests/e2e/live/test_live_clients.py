@@ -54,8 +54,9 @@ def test_client_commands_and_bresize_over_http(resize_live_factory: Any, tmp_pat
     # LSF's codes and exit values come back from the controller
     proc = cli(live, "request", "9", job_id, tool="bresize")
     assert proc.returncode == 255 and "Incorrect number of tasks specified" in proc.stderr
+    # another user's job is not found, as one that does not exist (docs/rest-api.md)
     proc = cli(live, "release", "1*h1", job_id, tool="bresize", token=BOB)
-    assert proc.returncode == 255 and "User permission denied" in proc.stderr
+    assert proc.returncode == 255 and "No matching job found" in proc.stderr
     proc = cli(live, "release", "h1*2", job_id, tool="bresize")  # refused locally
     assert proc.returncode == 255 and "Incorrect host specified for release" in proc.stderr
     proc = cli(live, "request", "-rnc", "x", "-rncn", "1", job_id, tool="bresize")

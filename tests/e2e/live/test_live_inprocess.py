@@ -91,6 +91,25 @@ def test_config_names_its_first_mistake(tmp_path: Path) -> None:
     assert cfg.record == (tmp_path / "r").resolve() and cfg.manage_workers
 
 
+def test_config_request_deadlines(tmp_path: Path) -> None:
+    """header_timeout and body_timeout: 10 s and 30 s unless given; a number of seconds
+    above 0 and at most an hour, anything else named as the key's mistake."""
+    cfg = _config(tmp_path)
+    assert (cfg.header_timeout, cfg.body_timeout) == (10.0, 30.0)
+    given = GOOD.replace(
+        'state_dir = "state"', 'state_dir = "state"\nheader_timeout = 2\nbody_timeout = 0.5'
+    )
+    cfg = _config(tmp_path, given)
+    assert (cfg.header_timeout, cfg.body_timeout) == (2.0, 0.5)
+    for key in ("header_timeout", "body_timeout"):
+        for value in ("0", "-1", "true", '"10"', "3601", "nan", "inf"):
+            text = GOOD.replace('state_dir = "state"', f'state_dir = "state"\n{key} = {value}')
+            with pytest.raises(
+                ConfigError, match=rf"controller\.{key}: must be a number of seconds"
+            ):
+                _config(tmp_path, text)
+
+
 def test_store_fencing(tmp_path: Path) -> None:
     """Two controllers on one state directory: the older one's writes fail. (The newer
     store is opened by another process, as it would be: LMDB allows one handle per

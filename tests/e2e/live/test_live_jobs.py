@@ -151,10 +151,12 @@ def test_done_on_status_zero_and_kill(resize_live_factory: Any) -> None:
     job_id = live.submit(tasks=3)
     job = live.running(job_id, 3)
     pids = [t["pid"] for t in job["tasks"]]
+    # Another user's job is not found, as a job that does not exist (same words but the id).
     response = live.call("DELETE", f"/v1/jobs/{job_id}", BOB)
-    assert response.status_code == 403
+    assert response.status_code == 404
     assert response.headers["content-type"].startswith("application/problem+json")
-    assert response.json()["code"] == "LSBE_PERMISSION"
+    missing = live.call("DELETE", "/v1/jobs/999999", BOB).json()
+    assert response.json() == {**missing, "detail": missing["detail"].replace("999999", job_id)}
     assert live.call("DELETE", f"/v1/jobs/{job_id}").status_code == 202
     job = wait_until(lambda: (j := live.job(job_id))["state"] == "EXIT" and j, 10, "EXIT")
     assert job["exit_reason"] == "killed by alice" and job["held"] == []
@@ -253,7 +255,7 @@ def test_authentication_and_problem_documents(resize_live_factory: Any) -> None:
     assert [j["id"] for j in live.ok("GET", "/v1/jobs", BOB)["jobs"]] == []
     assert {j["id"] for j in live.ok("GET", "/v1/jobs", ALICE)["jobs"]} == {job_id, answer["id"]}
     assert [j["id"] for j in live.ok("GET", "/v1/jobs", answer["token"])["jobs"]] == [answer["id"]]
-    assert live.call("GET", f"/v1/jobs/{job_id}", BOB).status_code == 403
+    assert live.call("GET", f"/v1/jobs/{job_id}", BOB).json()["code"] == "LSBE_NO_JOB"
     assert live.call("GET", "/v1/jobs/999", ROOT).json()["code"] == "LSBE_NO_JOB"
     own = live.call("POST", "/v1/jobs", answer["token"], {"command": ["true"]})
     assert own.status_code == 403
@@ -365,7 +367,7 @@ def test_repeated_release_and_grow_start_new_processes(resize_live_factory: Any)
 
 def test_a_job_token_reaches_its_own_job_only(resize_live_factory: Any) -> None:
     """Job A's XCE_JOB_TOKEN sees and acts on job A only: another job of the same owner
-    is refused on every route (view, list, kill, resize), and is left running."""
+    is not found on any route (view, list, kill, resize), and is left running."""
     live: LiveCluster = resize_live_factory({"h1": 2, "h2": 2})
     live.start()
     mine = live.ok("POST", "/v1/jobs", ALICE, {"command": SLEEPER, "tasks": 1})
@@ -374,11 +376,12 @@ def test_a_job_token_reaches_its_own_job_only(resize_live_factory: Any) -> None:
     live.running(other, 2)
     token = mine["token"]
     assert live.call("GET", f"/v1/jobs/{mine['id']}", token).status_code == 200
-    assert live.call("GET", f"/v1/jobs/{other}", token).status_code == 403
+    assert live.call("GET", f"/v1/jobs/{other}", token).status_code == 404
     assert [j["id"] for j in live.ok("GET", "/v1/jobs", token)["jobs"]] == [mine["id"]]
-    assert live.call("DELETE", f"/v1/jobs/{other}", token).status_code == 403
-    assert live.call("GET", f"/v1/jobs/{other}/resize", token).status_code == 403
-    assert live.grow(other, 1, token=token).status_code == 403
+    assert live.call("DELETE", f"/v1/jobs/{other}", token).status_code == 404
+    assert live.call("GET", f"/v1/jobs/{other}/resize", token).status_code == 404
+    grow = live.grow(other, 1, token=token)
+    assert grow.status_code == 404 and grow.json()["code"] == "LSBE_NO_JOB"
     assert live.job(other)["state"] == "RUN"
     # The owner's own token still reaches both.
     assert live.call("GET", f"/v1/jobs/{other}", ALICE).status_code == 200

@@ -7,7 +7,9 @@
   state cannot be written);
 - ``POST /v1/jobs`` (201): submit; ``GET /v1/jobs``: the caller's jobs (all for an
   administrator); ``GET /v1/jobs/{id}``: one job; ``DELETE /v1/jobs/{id}`` (202): kill;
-- ``GET /v1/cluster``: hosts, users, worker agents and the invariant check.
+- ``GET /v1/cluster``: hosts, users, worker agents and the invariant check for an
+  administrator; for anyone else what :func:`cluster_view` leaves (no other user's
+  usage, no agent's pid or port).
 
 A submission body is at most :data:`MAX_BODY` bytes. Errors are problem documents, as
 the resize routes' are; an error that means the controller was fenced (a newer one took
@@ -18,7 +20,7 @@ answered 503 after the controller went back to what is on disk.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from attrs import frozen
@@ -70,7 +72,7 @@ SUBMIT_JOB = Operation(
     status=201,
     response="SubmitResult",
     body="JobSubmission",
-    errors=(400, 401, 403, 503),
+    errors=(400, 401, 403, 408, 503),
 )
 SHOW_JOB = Operation(
     "show_job",
@@ -79,7 +81,7 @@ SHOW_JOB = Operation(
     "One job: allocation, tasks with pids, resize state, accounting",
     response="Job",
     params=(_ID,),
-    errors=(401, 403, 404, 503),
+    errors=(401, 404, 503),
 )
 KILL_JOB = Operation(
     "kill_job",
@@ -89,13 +91,16 @@ KILL_JOB = Operation(
     status=202,
     response="Job",
     params=(_ID,),
-    errors=(401, 403, 404, 409, 503),
+    errors=(401, 404, 409, 503),
 )
 CLUSTER = Operation(
     "cluster",
     "GET",
     "/v1/cluster",
     "Hosts, users, worker agents and the invariant check",
+    "An administrator sees everything. Anyone else sees each host's slots and use and "
+    "whether its agent is ready, and their own usage only: no other user's usage, no "
+    "agent's pid, port or instance, no invariant check.",
     response="Cluster",
     errors=(401, 503),
 )
@@ -196,11 +201,24 @@ HOST_SCHEMAS: dict[str, Any] = {
     },
     "Cluster": {
         "type": "object",
+        "required": ["epoch", "hosts", "users"],
         "properties": {
             "epoch": {"type": "integer"},
-            "hosts": {"type": "object"},
-            "users": {"type": "object"},
-            "problems": {"type": "array", "items": {"type": "string"}},
+            "hosts": {
+                "type": "object",
+                "description": "host: {slots, used, worker}; worker is {ready} but for an "
+                "administrator, who also sees the agent's pid, port, instance and queue",
+            },
+            "users": {
+                "type": "object",
+                "description": "user: {slots_in_use, limit}; only the caller's own entry "
+                "but for an administrator",
+            },
+            "problems": {
+                "type": "array",
+                "items": {"type": "string"},
+                "description": "the invariant check (administrators only)",
+            },
         },
     },
     "Health": {
@@ -250,6 +268,31 @@ def fencing(ctl: LiveController) -> Translate:
     return translate
 
 
+def cluster_view(full: Mapping[str, Any], principal: Principal) -> dict[str, Any]:
+    """What ``principal`` may see of the cluster answer ``full`` (the ``Cluster`` schema).
+
+    An administrator sees all of it. Anyone else (a user, or a job's token, which sees
+    what its owner sees) gets each host's ``slots`` and ``used`` and whether its agent
+    is ``ready``, and their own entry in ``users``: what a user needs to know where
+    their jobs could run and how close they are to their limit. Left out: other
+    users' usage (who runs how much), the agents' pids, ports and instance ids (an
+    agent's address is for the controller only) and the invariant check (its lines
+    name jobs and users).
+    """
+    if principal.admin:
+        return dict(full)
+    hosts = {
+        name: {
+            "slots": host["slots"],
+            "used": host["used"],
+            "worker": {"ready": bool(host.get("worker", {}).get("ready", False))},
+        }
+        for name, host in full["hosts"].items()
+    }
+    own = full["users"].get(principal.name, {"slots_in_use": 0, "limit": None})
+    return {"epoch": full["epoch"], "hosts": hosts, "users": {principal.name: dict(own)}}
+
+
 @frozen
 class HostCalls:
     """The controller calls behind the host routes."""
@@ -269,7 +312,7 @@ class HostCalls:
         return self.ctl.kill_job(principal, request.path_params["id"])
 
     def cluster(self, principal: Principal, request: Request, data: Any) -> Any:
-        return self.ctl.cluster_json()
+        return cluster_view(self.ctl.cluster_json(), principal)
 
     async def health(self, request: Request) -> Response:
         body, status = self.ctl.health()
@@ -298,4 +341,4 @@ def host_routes(ctl: LiveController) -> list[ApiRoute]:
     ]
 
 
-__all__ = ["HOST_SCHEMAS", "MAX_BODY", "HostCalls", "fencing", "host_routes"]
+__all__ = ["HOST_SCHEMAS", "MAX_BODY", "HostCalls", "cluster_view", "fencing", "host_routes"]

@@ -286,6 +286,7 @@ class LiveController:
                 self.live_store.epoch,
                 manage=cfg.manage_workers,
                 start_timeout=cfg.worker_timeout,
+                header_timeout=cfg.header_timeout,
             )
             self.live_store.before_commit = self._before_commit
             self.live_store.after_commit = self.fleet.release
@@ -835,12 +836,14 @@ class LiveController:
         return self.job_json(job_id)
 
     def _visible(self, principal: Principal, job_id: str) -> JobRecord:
+        """The job, if ``principal`` may see it. A job it may not see is answered as one
+        that does not exist (LSBE_NO_JOB, 404): no answer tells which job ids exist."""
         try:
             job = self._job(job_id)
         except UnknownJob:
             raise NoJob(f"job {job_id}") from None
         if not principal.may_act_on(job_id, job.user):
-            raise PermissionDenied(f"{principal.name} may not act on job {job_id}")
+            raise NoJob(f"job {job_id}")
         return job
 
     def job_view(self, principal: Principal, job_id: str) -> dict[str, Any]:

@@ -9,6 +9,11 @@ and ``GET /openapi.json``. All are built with one HTTP layer
 by it, any other plugin route gets a minimal entry, so the document always lists
 exactly what is served. Errors, routing errors included, are RFC 9457 problem
 documents (``application/problem+json``) with LSF's code name, number and message.
+
+Every client has ``[controller] header_timeout`` seconds to send a request's headers
+(:mod:`xce_resize_plugin.rest.header_deadline`) and ``body_timeout`` seconds to send
+its body (:func:`xce_resize_plugin.rest.http.read_body`), so that a client that stops
+half way does not hold a connection or a handler for ever.
 """
 
 from __future__ import annotations
@@ -64,11 +69,13 @@ def build_app(ctl: LiveController) -> Starlette:
     from starlette.applications import Starlette
 
     from xce_resize_plugin.controllers.live.host_routes import host_routes
-    from xce_resize_plugin.rest.http import exception_handlers, openapi_route
+    from xce_resize_plugin.rest.http import exception_handlers, openapi_route, set_body_timeout
 
     served = [*host_routes(ctl), *plugin_routes(ctl)]
     document = openapi_route(TITLE, __version__, served)
-    return Starlette(routes=[*served, document], exception_handlers=exception_handlers())
+    app = Starlette(routes=[*served, document], exception_handlers=exception_handlers())
+    set_body_timeout(app, ctl.cfg.body_timeout)
+    return app
 
 
 # -- the process --------------------------------------------------------------------------
@@ -96,6 +103,9 @@ def run(
     sock = _bind(cfg)
     if sock is None:
         return EXIT_USAGE
+    # With port 0 the system chose the port: tasks (XCE_CONTROLLER_URL), the start-up
+    # line and the ready file must name the one that serves.
+    cfg = evolve(cfg, listen_port=sock.getsockname()[1])
     try:
         ctl = make_controller(cfg)
     except (EmbeddedError, JournalError) as exc:
@@ -105,7 +115,7 @@ def run(
         app = _open(ctl, sock, attach)
     except (EmbeddedError, JournalError) as exc:
         return _refuse_state(exc)  # _open closed the controller and the socket
-    server = None if app is None else _server(app)
+    server = None if app is None else _server(app, cfg)
     if server is not None:
         ctl.on_fenced = functools.partial(_stop_fenced, server)
     # Fenced at any moment until now (an agent refused this controller's epoch while it
@@ -225,12 +235,15 @@ def _bind(cfg: LiveConfig) -> socket.socket | None:
     return sock
 
 
-def _server(app: Starlette) -> uvicorn.Server:
+def _server(app: Starlette, cfg: LiveConfig) -> uvicorn.Server:
     import uvicorn
+
+    from xce_resize_plugin.rest.header_deadline import header_deadline
 
     return uvicorn.Server(
         uvicorn.Config(
             app,
+            http=header_deadline(cfg.header_timeout),
             log_level="warning",
             access_log=False,
             lifespan="off",
@@ -249,13 +262,19 @@ def _stop_fenced(server: uvicorn.Server) -> None:
 
 
 def _write_ready(ready_file: Path, cfg: LiveConfig, ctl: LiveController) -> None:
-    """The ready file: where the controller serves and its epoch, once it does."""
+    """The ready file, once the controller serves: its URL (``XCE_CONTROLLER_URL``),
+    the address and port it listens on (the bound port, also when the configuration
+    said 0), its epoch and the time."""
     from xce_resize_plugin.controllers.live.proc import atomic_write
 
-    atomic_write(
-        ready_file,
-        json.dumps({"url": cfg.controller_url, "epoch": ctl.live_store.epoch, "time": time.time()}),
-    )
+    ready = {
+        "url": cfg.controller_url,
+        "listen": f"{cfg.listen_host}:{cfg.listen_port}",
+        "port": cfg.listen_port,
+        "epoch": ctl.live_store.epoch,
+        "time": time.time(),
+    }
+    atomic_write(ready_file, json.dumps(ready))
 
 
 def _serve(server: uvicorn.Server, sock: socket.socket, ctl: LiveController) -> None:

@@ -3,12 +3,14 @@
 ::
 
     [controller]
-    listen = "127.0.0.1:6820"   # loopback only
+    listen = "127.0.0.1:6820"   # loopback only; port 0: any free port
     state_dir = "state"         # relative to this file
     # url = "http://127.0.0.1:6820"   XCE_CONTROLLER_URL given to tasks (default: listen)
     # manage_workers = true     start one worker agent per host (false: start them yourself)
     # kill_grace = 10.0         SIGTERM -> SIGKILL seconds when a job ends or is killed
     # worker_timeout = 10.0     seconds a new worker agent may take to come up
+    # header_timeout = 10.0     seconds a client has to send a request's headers
+    # body_timeout = 30.0       seconds a client has to send a request's body
     # record = "run.jsonl"      record this run's inputs for replay (relative to this file)
     # verify_journal = true     check every record's CRC of the plugin's journal at start
     # single_user = false       true: a personal controller, every job runs as its user
@@ -54,11 +56,15 @@ CONTROLLER_KEYS = {
     "manage_workers",
     "kill_grace",
     "worker_timeout",
+    "header_timeout",
+    "body_timeout",
     "record",
     "verify_journal",
     "single_user",
 }
 DEFAULT_LISTEN = "127.0.0.1:6820"
+#: Longest request deadline accepted (seconds): a longer one protects nothing.
+MAX_REQUEST_TIMEOUT = 3600.0
 #: Prefix of a token given as its SHA-256 digest rather than in clear.
 SHA256 = "sha256:"
 
@@ -89,6 +95,10 @@ class LiveConfig:
     manage_workers: bool = True
     kill_grace: float = 10.0
     worker_timeout: float = 10.0
+    #: Seconds a client has to send a request's headers (the controller's server and
+    #: the agents it starts), then its body (the controller's routes).
+    header_timeout: float = 10.0
+    body_timeout: float = 30.0
     admins: frozenset[str] = frozenset()
     tokens: tuple[UserToken, ...] = ()
     user_slots: Mapping[str, int] = field(factory=dict)
@@ -136,6 +146,10 @@ def parse(data: Mapping[str, Any], path: Path) -> LiveConfig:
         manage_workers=_flag(where, "controller.manage_workers", ctl.get("manage_workers", True)),
         kill_grace=_number(where, "controller.kill_grace", ctl.get("kill_grace", 10.0)),
         worker_timeout=_number(where, "controller.worker_timeout", ctl.get("worker_timeout", 10.0)),
+        header_timeout=_deadline(
+            where, "controller.header_timeout", ctl.get("header_timeout", 10.0)
+        ),
+        body_timeout=_deadline(where, "controller.body_timeout", ctl.get("body_timeout", 30.0)),
         record=_record(where, ctl.get("record"), base),
         verify_journal=_flag(where, "controller.verify_journal", ctl.get("verify_journal", True)),
         single_user=_flag(where, "controller.single_user", ctl.get("single_user", False)),
@@ -149,7 +163,11 @@ def parse(data: Mapping[str, Any], path: Path) -> LiveConfig:
 
 
 def parse_listen(value: Any, where: Where | None = None) -> tuple[str, int]:
-    """``"127.0.0.1:6820"`` -> ``("127.0.0.1", 6820)``; loopback addresses only."""
+    """``"127.0.0.1:6820"`` -> ``("127.0.0.1", 6820)``; loopback addresses only.
+
+    Port 0 asks the system for a free port when the controller binds: the controller
+    then uses (and reports) the port it got.
+    """
 
     def error(message: str) -> ConfigError:
         if where is None:
@@ -164,8 +182,8 @@ def parse_listen(value: Any, where: Where | None = None) -> tuple[str, int]:
         port = int(port_text)
     except ValueError:
         raise error(f"bad port {port_text!r}") from None
-    if not 1 <= port <= 65535:
-        raise error(f"port {port} out of range")
+    if not 0 <= port <= 65535:
+        raise error(f"port {port} out of range (0 to 65535; 0: any free port)")
     try:
         loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
     except ValueError:
@@ -224,6 +242,20 @@ def _resize(where: Where, table: Mapping[str, Any], path: Path) -> dict[str, Any
 def _number(where: Where, key: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
         raise where.error(key, f"must be a number >= 0, got {value!r}")
+    return float(value)
+
+
+def _deadline(where: Where, key: str, value: Any) -> float:
+    """A request deadline: more than 0 (a request needs some time) and at most
+    :data:`MAX_REQUEST_TIMEOUT` seconds."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not 0 < value <= MAX_REQUEST_TIMEOUT
+    ):
+        raise where.error(
+            key, f"must be a number of seconds > 0 and <= {MAX_REQUEST_TIMEOUT:g}, got {value!r}"
+        )
     return float(value)
 
 

@@ -93,11 +93,14 @@ class WorkerFleet:
         *,
         manage: bool = True,
         start_timeout: float = 10.0,
+        header_timeout: float = 10.0,
     ) -> None:
         self.state_dir = state_dir
         self.epoch = epoch
         self.manage = manage
         self.start_timeout = start_timeout
+        #: Passed to the agents this fleet starts (``--header-timeout``).
+        self.header_timeout = header_timeout
         self.secret = ensure_secret(state_dir)
         self.owner: FleetOwner | None = None
         self.outbox: list[tuple[str, dict[str, Any]]] = []
@@ -172,6 +175,8 @@ class WorkerFleet:
                     str(self.state_dir),
                     "--host",
                     host,
+                    "--header-timeout",
+                    repr(self.header_timeout),
                 ],
                 stdin=subprocess.DEVNULL,
                 stdout=logfile,

@@ -683,9 +683,18 @@ def make_app(agent: WorkerAgent, secret: str) -> Starlette:
     )
 
 
-def serve(state_dir: Path, host: str) -> int:
-    """Run the agent for ``host`` until SIGTERM/SIGINT; the process's exit status."""
+def serve(state_dir: Path, host: str, header_timeout: float = 10.0) -> int:
+    """Run the agent for ``host`` until SIGTERM/SIGINT; the process's exit status.
+
+    Its port is reachable by every process on the host, tasks included: a client gets
+    ``header_timeout`` seconds to send a request's headers, then is cut off
+    (:mod:`xce_resize_plugin.rest.header_deadline`), so that nobody can hold the
+    agent's connections open without a request. A body is read only after the secret
+    was checked, that is from the controller.
+    """
     import uvicorn
+
+    from xce_resize_plugin.rest.header_deadline import header_deadline
 
     logging.basicConfig(
         level=logging.INFO, format=f"%(asctime)s worker[{host}] %(levelname)s %(message)s"
@@ -726,6 +735,7 @@ def serve(state_dir: Path, host: str) -> int:
 
     config = uvicorn.Config(
         make_app(agent, secret),
+        http=header_deadline(header_timeout),
         log_level="warning",
         access_log=False,
         lifespan="off",
