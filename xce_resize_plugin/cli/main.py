@@ -94,6 +94,13 @@ def _parser() -> argparse.ArgumentParser:
         help="record this run's inputs for `xce-resize simulate --replay FILE` "
         "(overrides [controller] record; a new file, an empty state directory)",
     )
+    ctl.add_argument(
+        "--log-format",
+        choices=("text", "json"),
+        default="text",
+        help="the log on standard error: text lines (default) or one JSON object per line "
+        "with request_id, job and user on lines about a request (docs/operations.md)",
+    )
 
     wk = sub.add_parser("worker", help="run one host's worker agent for the live controller")
     wk.add_argument("--state-dir", type=Path, required=True, help="the controller's state_dir")
@@ -204,6 +211,7 @@ def _dispatch(args: argparse.Namespace, out: TextIO) -> int:
             ready_file=args.ready_file,
             record=args.record,
             attach=record_live_run,
+            log_format=args.log_format,
         )
     if args.command == "worker":
         from xce_resize_plugin.controllers.live import worker

@@ -20,7 +20,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -144,13 +144,21 @@ class LiveCluster:
     :param hosts: host name -> slots.
     :param resize: the ``[resize]`` section.
     :param limits: extra TOML appended to the configuration (e.g. a ``[limits]`` table).
+    :param controller: extra lines of its ``[controller]`` table (e.g. a
+        ``metrics_token``).
 
-    Nothing runs until :meth:`start`. Users ``alice`` and ``bob`` and the admin
+    Nothing runs until :meth:`start` (whose ``args`` are added to the command line,
+    e.g. ``["--log-format", "json"]``). Users ``alice`` and ``bob`` and the admin
     ``root`` have the tokens :data:`ALICE`, :data:`BOB` and :data:`ROOT`.
     """
 
     def __init__(
-        self, tmp: Path, hosts: dict[str, int], resize: dict[str, Any], limits: str = ""
+        self,
+        tmp: Path,
+        hosts: dict[str, int],
+        resize: dict[str, Any],
+        limits: str = "",
+        controller: str = "",
     ) -> None:
         self.tmp = tmp
         self.state = tmp / "state"
@@ -165,6 +173,7 @@ listen = "127.0.0.1:{self.port}"
 state_dir = "state"
 kill_grace = 0.5
 worker_timeout = 10
+{controller}
 
 [cluster]
 hosts = {{ {hosts_toml} }}
@@ -185,12 +194,15 @@ tokens = {{ alice = "{ALICE}", bob = "{BOB}", root = "{ROOT}" }}
     # -- the controller process -------------------------------------------------------
 
     def start(
-        self, env: dict[str, str] | None = None, listen_port: int | None = None
+        self,
+        env: dict[str, str] | None = None,
+        listen_port: int | None = None,
+        args: Sequence[str] = (),
     ) -> subprocess.Popen[bytes]:
         self.runs += 1
         log = open(self.tmp / f"controller-{self.runs}.log", "wb")  # noqa: SIM115
         proc = subprocess.Popen(
-            controller_command(self.config, listen_port),
+            [*controller_command(self.config, listen_port), *args],
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,

@@ -91,7 +91,7 @@ from xce_resize_plugin.errors import (
     PermissionDenied,
     ResizeError,
 )
-from xce_resize_plugin.host import HostHooks, Principal
+from xce_resize_plugin.host import HostHooks, Principal, ResizeObserver
 
 log = logging.getLogger(__name__)
 
@@ -230,6 +230,8 @@ class LiveController:
         self._broken: set[str] = set()
         self._opened = False
         self._observers: list[LiveObserver] = []
+        #: What the plugin tells of its work (metrics); set before :meth:`open`.
+        self.resize_observer: ResizeObserver | None = None
         self._crash_at = os.environ.get(CRASH_ENV) or None
         if self._crash_at is not None and self._crash_at not in CRASH_POINTS:
             raise ValueError(f"{CRASH_ENV}={self._crash_at}: not one of {', '.join(CRASH_POINTS)}")

@@ -10,6 +10,7 @@
     # kill_grace = 10.0         SIGTERM -> SIGKILL seconds when a job ends or is killed
     # worker_timeout = 10.0     seconds a new worker agent may take to come up
     # record = "run.jsonl"      record this run's inputs for replay (relative to this file)
+    # metrics_token = "sha256:<hex digest>"   may read GET /metrics (and nothing else)
 
     [cluster]
     hosts = { hostA = 4, hostB = 4 }
@@ -53,10 +54,13 @@ CONTROLLER_KEYS = {
     "kill_grace",
     "worker_timeout",
     "record",
+    "metrics_token",
 }
 DEFAULT_LISTEN = "127.0.0.1:6820"
 #: Prefix of a token given as its SHA-256 digest rather than in clear.
 SHA256 = "sha256:"
+#: Who the ``metrics_token`` stands for (in log lines): it may read ``/metrics`` only.
+SCRAPER = "metrics-token"
 
 
 @frozen
@@ -93,6 +97,9 @@ class LiveConfig:
     #: Where this run's recording is written (``None``: not recorded); see
     #: :mod:`.recorder`.
     record: Path | None = None
+    #: The scrape token: it may read ``GET /metrics`` and nothing else (``None``: only
+    #: administrators may).
+    metrics_token: UserToken | None = None
 
     @property
     def controller_url(self) -> str:
@@ -117,7 +124,7 @@ def parse(data: Mapping[str, Any], path: Path) -> LiveConfig:
     host, port = parse_listen(ctl.get("listen", DEFAULT_LISTEN), where)
     # Keyword arguments are evaluated in the order written: the keys are checked in the
     # order of the example in the module docstring (the first mistake is reported).
-    return LiveConfig(
+    cfg = LiveConfig(
         listen_host=host,
         listen_port=port,
         state_dir=_state_dir(where, ctl.get("state_dir"), base),
@@ -126,6 +133,7 @@ def parse(data: Mapping[str, Any], path: Path) -> LiveConfig:
         kill_grace=_number(where, "controller.kill_grace", ctl.get("kill_grace", 10.0)),
         worker_timeout=_number(where, "controller.worker_timeout", ctl.get("worker_timeout", 10.0)),
         record=_record(where, ctl.get("record"), base),
+        metrics_token=_metrics_token(where, ctl.get("metrics_token")),
         hosts=_hosts(where, where.section(data, "cluster", {"hosts"}).get("hosts")),
         admins=_admins(where, where.section(data, "users", {"admins", "tokens"}).get("admins", [])),
         tokens=_tokens(where, where.table(data, "users").get("tokens", {})),
@@ -133,6 +141,11 @@ def parse(data: Mapping[str, Any], path: Path) -> LiveConfig:
         resize=_resize(where, where.table(data, "resize"), path),
         path=path,
     )
+    scrape = cfg.metrics_token
+    for user in cfg.tokens:
+        if scrape is not None and scrape.secret == user.secret:
+            raise where.error("controller.metrics_token", f"same token as user {user.user}")
+    return cfg
 
 
 def parse_listen(value: Any, where: Where | None = None) -> tuple[str, int]:
@@ -232,6 +245,26 @@ def _hosts(where: Where, value: Any) -> tuple[tuple[str, int], ...]:
     return tuple(hosts.items())
 
 
+def _secret(where: Where, key: str, secret: Any) -> str:
+    """A token as the configuration gives it: in clear (8 characters at least) or as
+    ``sha256:`` and 64 hex digits."""
+    if not isinstance(secret, str) or not secret:
+        raise where.error(key, "must be a non-empty string")
+    if secret.startswith(SHA256):
+        digest = secret[len(SHA256) :]
+        if len(digest) != 64 or any(c not in "0123456789abcdefABCDEF" for c in digest):
+            raise where.error(key, "sha256: must be followed by 64 hex digits")
+    elif len(secret) < 8:
+        raise where.error(key, "too short (use at least 8 characters; 32 random ones)")
+    return secret
+
+
+def _metrics_token(where: Where, value: Any) -> UserToken | None:
+    if value is None:
+        return None
+    return UserToken(SCRAPER, _secret(where, "controller.metrics_token", value))
+
+
 def _tokens(where: Where, value: Any) -> tuple[UserToken, ...]:
     if not isinstance(value, Mapping):
         raise where.error("users.tokens", 'must be a table of user = "token"')
@@ -239,14 +272,7 @@ def _tokens(where: Where, value: Any) -> tuple[UserToken, ...]:
     seen: dict[str, str] = {}
     for user, secret in value.items():
         key = f"users.tokens.{user}"
-        if not isinstance(secret, str) or not secret:
-            raise where.error(key, "must be a non-empty string")
-        if secret.startswith(SHA256):
-            digest = secret[len(SHA256) :]
-            if len(digest) != 64 or any(c not in "0123456789abcdefABCDEF" for c in digest):
-                raise where.error(key, "sha256: must be followed by 64 hex digits")
-        elif len(secret) < 8:
-            raise where.error(key, "too short (use at least 8 characters; 32 random ones)")
+        _secret(where, key, secret)
         if secret in seen:
             raise where.error(key, f"same token as user {seen[secret]}")
         seen[secret] = str(user)
