@@ -80,6 +80,19 @@ def _parser() -> argparse.ArgumentParser:
     )
     compact.add_argument("--now", type=float, help="the current time (default: the clock)")
 
+    _controller_parser(sub)
+
+    wk = sub.add_parser("worker", help="run one host's worker agent for the live controller")
+    wk.add_argument("--state-dir", type=Path, required=True, help="the controller's state_dir")
+    wk.add_argument("--host", required=True, help="the host this agent stands for")
+
+    from xce_resize_plugin.cli.jobs import add_parsers as add_client_parsers
+
+    add_client_parsers(sub)
+    return p
+
+
+def _controller_parser(sub: Any) -> None:
     ctl = sub.add_parser(
         "controller", help="run the live embedded controller (real processes, REST on loopback)"
     )
@@ -101,15 +114,6 @@ def _parser() -> argparse.ArgumentParser:
         help="the log on standard error: text lines (default) or one JSON object per line "
         "with request_id, job and user on lines about a request (docs/operations.md)",
     )
-
-    wk = sub.add_parser("worker", help="run one host's worker agent for the live controller")
-    wk.add_argument("--state-dir", type=Path, required=True, help="the controller's state_dir")
-    wk.add_argument("--host", required=True, help="the host this agent stands for")
-
-    from xce_resize_plugin.cli.jobs import add_parsers as add_client_parsers
-
-    add_client_parsers(sub)
-    return p
 
 
 def _simulate_parser(sub: Any) -> None:
