@@ -22,6 +22,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from tests.conftest import http_scope
 from xce_resize_plugin.controllers.live.logs import JsonFormatter
 from xce_resize_plugin.host import Principal
 from xce_resize_plugin.rest import http
@@ -81,21 +82,7 @@ def call(
     async def send(message: dict[str, Any]) -> None:
         sent.append(message)
 
-    scope = {
-        "type": "http",
-        "asgi": {"version": "3.0"},
-        "http_version": "1.1",
-        "method": method,
-        "scheme": "http",
-        "path": path,
-        "raw_path": path.encode(),
-        "query_string": b"",
-        "root_path": "",
-        "headers": [(k.lower().encode(), v.encode()) for k, v in headers.items()],
-        "client": ("127.0.0.1", 1),
-        "server": ("127.0.0.1", 80),
-    }
-    asyncio.run(application(scope, receive, send))
+    asyncio.run(application(http_scope(method, path, headers), receive, send))
     start = sent[0]
     answer = {k.decode(): v.decode() for k, v in start["headers"]}
     body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")

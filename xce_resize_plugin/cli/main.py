@@ -114,6 +114,11 @@ def _controller_parser(sub: Any) -> None:
         help="the log on standard error: text lines (default) or one JSON object per line "
         "with request_id, job and user on lines about a request (docs/operations.md)",
     )
+    ctl.add_argument(
+        "--access-log",
+        action="store_true",
+        help="log one line per request: method, path, status, milliseconds",
+    )
 
 
 def _simulate_parser(sub: Any) -> None:
@@ -216,6 +221,7 @@ def _dispatch(args: argparse.Namespace, out: TextIO) -> int:
             record=args.record,
             attach=record_live_run,
             log_format=args.log_format,
+            access_log=args.access_log,
         )
     if args.command == "worker":
         from xce_resize_plugin.controllers.live import worker

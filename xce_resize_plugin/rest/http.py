@@ -55,7 +55,8 @@ from xce_resize_plugin.rest.problems import (
 )
 
 log = logging.getLogger(__name__)
-#: One line per request served: method, path, status, milliseconds.
+#: One line per request served: method, path, status, milliseconds (at INFO: a host
+#: that wants none sets this logger's level higher).
 access_log = logging.getLogger("xce_resize_plugin.access")
 
 #: The host's token check (``Controller.authenticate``); called in a worker thread.

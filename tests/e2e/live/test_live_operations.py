@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from xce_resize_plugin.testing.live import ALICE, BOB, ROOT, SLEEPER, LiveCluster, wait_until
 
 SCRAPE = "scrape-token-0123456789"
-JSON_LOG = ["--log-format", "json"]
+JSON_LOG = ["--log-format", "json", "--access-log"]
 
 
 def scrape(live: LiveCluster, token: str = ROOT) -> dict[tuple[str, tuple[Any, ...]], float]:
@@ -108,7 +108,7 @@ def test_metrics_answer_administrators_and_the_scrape_token_only(
     resize_live_factory: Any,
 ) -> None:
     live: LiveCluster = resize_live_factory(controller=f'metrics_token = "{SCRAPE}"')
-    live.start()
+    live.start(args=["--access-log"])  # text lines, one per request
     job = live.ok("POST", "/v1/jobs", ALICE, {"command": SLEEPER, "tasks": 1})
     for token, status in (
         (None, 401),
@@ -130,7 +130,9 @@ def test_metrics_answer_administrators_and_the_scrape_token_only(
     assert live.call("GET", "/v1/jobs", SCRAPE).status_code == 401
     assert live.call("GET", f"/v1/jobs/{job['id']}", SCRAPE).status_code == 401
     assert "/metrics" in live.ok("GET", "/openapi.json", ROOT)["paths"]
-    assert_no_token_in(live.logs(), job["token"])
+    text = live.logs()
+    assert " controller INFO xce_resize_plugin.access: GET /metrics 403 " in text
+    assert_no_token_in(text, job["token"])
 
 
 def assert_no_token_in(text: str, *more: str) -> None:
@@ -207,4 +209,6 @@ def test_without_prometheus_client_all_but_metrics_is_served(
     live.running(job_id, 1)
     assert live.grow(job_id, 1).status_code == 202
     live.idle(job_id, 1)
-    assert "no metrics (GET /metrics is not served): prometheus_client blocked" in live.logs()
+    text = live.logs()
+    assert "no metrics (GET /metrics is not served): prometheus_client blocked" in text
+    assert "xce_resize_plugin.access" not in text  # no access lines without --access-log

@@ -151,7 +151,7 @@ class ControllerMetrics(LiveObserver):
             "Transitions written to the journal (several share an fsync)",
             registry=r,
         )
-        self._http: dict[tuple[str, str, int], tuple[Any, Any]] = {}
+        self._children: dict[tuple[Any, ...], Any] = {}
         self._lock = threading.Lock()
         #: Jobs with a pending grow or a change in flight: their phase and since when.
         self._busy: dict[str, tuple[Phase, float]] = {}
@@ -173,17 +173,17 @@ class ControllerMetrics(LiveObserver):
     def http_request(self, route: str, method: str, status: int, seconds: float) -> None:
         if method not in _METHODS:
             method = "other"
-        key = (route, method, status)
-        children = self._http.get(key)
-        if children is None:
-            # Label lookups cost more than the update: each series' children once.
-            children = (
-                self.http_requests.labels(route, method, str(status)),
-                self.http_seconds.labels(route, method),
-            )
-            self._http[key] = children
-        children[0].inc()
-        children[1].observe(seconds)
+        self._child(self.http_requests, route, method, str(status)).inc()
+        self._child(self.http_seconds, route, method).observe(seconds)
+
+    def _child(self, metric: Counter | Histogram, *values: str) -> Any:
+        """``metric.labels(*values)``, looked up once: the lookup costs more than the
+        update (several locks and a tuple), and it happens on every request."""
+        key = (id(metric), *values)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*values)
+        return child
 
     # -- the controller (LiveObserver) --------------------------------------------------
 
@@ -199,13 +199,13 @@ class ControllerMetrics(LiveObserver):
             code = error.code
         else:
             code = "XCE_INTERNAL"
-        self.resize_requests.labels(kind, code).inc()
+        self._child(self.resize_requests, kind, code).inc()
 
     def notification_answered(
         self, request: NotificationRequest, result: NotificationResult
     ) -> None:
         outcome = notification_result(result)
-        self.notifications.labels(outcome).inc()
+        self._child(self.notifications, outcome).inc()
         if result.status is not None or outcome == "timeout":
             self.notification_seconds.observe(result.elapsed)
 
@@ -224,14 +224,14 @@ class ControllerMetrics(LiveObserver):
                     self._busy[after.job_id] = (new, at)
             if before is not None and old in _BUSY:
                 since = entered[1] if entered is not None else phase_since(before)
-                self.phase_seconds.labels(old.value).observe(max(0.0, at - since))
+                self._child(self.phase_seconds, old.value).observe(max(0.0, at - since))
         change = None if before is None else before.change
         if change is not None and after.change is None:
             if any(type(fact) is Committed for fact in facts):
                 outcome = "committed"
             else:
                 outcome = "job_ended" if new is Phase.ENDED else "failed"
-            self.changes.labels(change.kind.value, outcome).inc()
+            self._child(self.changes, change.kind.value, outcome).inc()
 
     def journal_committed(self, seconds: float, entries: int) -> None:
         self.commit_seconds.observe(seconds)

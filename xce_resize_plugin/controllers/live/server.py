@@ -10,8 +10,8 @@ routes as ``xce_rest_routes`` returns them (the resize API, ``/v1/jobs/{id}/resi
 by it, any other plugin route gets a minimal entry, so the document always lists
 exactly what is served. Errors, routing errors included, are RFC 9457 problem
 documents (``application/problem+json``) with LSF's code name, number and message.
-Every request gets an id (``X-Request-ID``, echoed) and an access line in the log, whose
-lines about a request name it, its user and its job (:mod:`.logs`, ``--log-format``).
+Every request gets an id (``X-Request-ID``, echoed); the log's lines about a request
+name it, its user and its job (:mod:`.logs`, ``--log-format``, ``--access-log``).
 """
 
 from __future__ import annotations
@@ -113,17 +113,18 @@ def run(
     record: Path | None = None,
     attach: Callable[[LiveController], object] | None = None,
     log_format: str = "text",
+    access_log: bool = False,
 ) -> int:
     """``xce-resize controller``: serve until SIGTERM/SIGINT; the exit status.
 
     ``listen``, ``state_dir`` and ``record`` override the configuration's keys.
     ``attach`` is called with the controller before it opens (the command line attaches
     the run's recording there, when the configuration asks for one). ``log_format``:
-    ``text`` or ``json`` (:mod:`.logs`).
+    ``text`` or ``json``; ``access_log``: a line per request (:mod:`.logs`).
     """
     from xce_resize_plugin.controllers.live import logs
 
-    logs.configure(log_format)
+    logs.configure(log_format, access=access_log)
     cfg = _settings(config_path, listen=listen, state_dir=state_dir, record=record)
     # Bind first: a controller started twice by mistake on one address must fail
     # before it opens the state directory (opening it would fence the running one).
