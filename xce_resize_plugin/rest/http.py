@@ -15,8 +15,9 @@ An authenticated route is an :func:`endpoint` around a handler; what it does, in
 Around the whole application, :class:`RequestContext` gives every request an id
 (the client's ``X-Request-ID`` when sane, else a new one; echoed in the answer), opens
 its log context (:mod:`.logcontext`: request id, then user and job as they are
-learnt), logs one access line per request and tells an optional observer the route,
-method, status and duration (the live controller's metrics).
+learnt), logs an access line per request (logger ``xce_resize_plugin.access``, INFO;
+the live controller keeps it off unless asked) and tells an optional observer the
+route, method, status and duration (the live controller's metrics).
 
 Routes are :class:`ApiRoute` objects: each carries the
 :class:`~xce_resize_plugin.rest.operation.Operation` it serves, from which
@@ -55,8 +56,9 @@ from xce_resize_plugin.rest.problems import (
 )
 
 log = logging.getLogger(__name__)
-#: One line per request served: method, path, status, milliseconds (at INFO: a host
-#: that wants none sets this logger's level higher).
+#: One line per request served: method, path, status, milliseconds, at INFO (a host
+#: that wants none sets this logger's level higher, as the live controller does unless
+#: started with ``--access-log``).
 access_log = logging.getLogger("xce_resize_plugin.access")
 
 #: The host's token check (``Controller.authenticate``); called in a worker thread.
