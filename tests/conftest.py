@@ -12,7 +12,8 @@ entry point. What is here serves only this project's tests:
   real engine;
 - ``make_ctl``: embedded controllers with such plugins (``resize_sim_factory`` with
   this project's defaults);
-- pytest's own ``pytester``, for running an example test suite as a site would.
+- pytest's own ``pytester``, for running an example test suite as a site would;
+- ``http_scope``: the ASGI scope of a request, for driving an application in-process.
 """
 
 from __future__ import annotations
@@ -276,3 +277,21 @@ def make_ctl(tmp_path: Path, resize_sim_factory: SimControllers) -> CtlFactory:
         return resize_sim_factory(pm=pm, **kwargs)
 
     return factory
+
+
+def http_scope(method: str, path: str, headers: dict[str, str]) -> dict[str, Any]:
+    """The ASGI scope of an HTTP/1.1 request from loopback."""
+    return {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": method,
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "root_path": "",
+        "headers": [(k.lower().encode(), v.encode()) for k, v in headers.items()],
+        "client": ("127.0.0.1", 1),
+        "server": ("127.0.0.1", 80),
+    }

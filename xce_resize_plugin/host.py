@@ -12,6 +12,10 @@ embedded controller takes one lock around its state.
 
 :class:`HostHooks` is the host's side of the hook calls: one typed forwarding method per
 host hook of :mod:`xce_resize_plugin.hookspecs`, so that every call site is checked.
+
+A host may also watch the plugin's work (for metrics): a controller object with a
+``resize_observer`` attribute holding a :class:`ResizeObserver` is told of every resize
+transition and every durable journal write. Without it the plugin does no such work.
 """
 
 from __future__ import annotations
@@ -23,10 +27,27 @@ from typing import Any, Protocol, TypeAlias, cast, runtime_checkable
 import pluggy
 
 from xce_resize_plugin.core.accounting import Usage
-from xce_resize_plugin.core.models import JobInfo, Principal, ResizeRequest, Task, TaskEvent
+from xce_resize_plugin.core.models import (
+    Fact,
+    JobInfo,
+    Principal,
+    ResizeRequest,
+    ResizeState,
+    Task,
+    TaskEvent,
+)
 from xce_resize_plugin.core.status import ResizeStatus
 
-__all__ = ["ClusterView", "Controller", "Environment", "HostHooks", "Principal", "TaskEvent"]
+__all__ = [
+    "ClusterView",
+    "Controller",
+    "Environment",
+    "HostHooks",
+    "Principal",
+    "ResizeObserver",
+    "TaskEvent",
+    "resize_observer_of",
+]
 
 #: Variables the plugin hands to started tasks and notification commands (``XCE_*``,
 #: ``LSB_*``); the host adds them to the job's own environment.
@@ -92,6 +113,30 @@ class ClusterView(Protocol):
 
     def free_slots(self) -> Mapping[str, int]:
         """Free slots per host, in the cluster's host order, as of this cycle."""
+
+
+class ResizeObserver(Protocol):
+    """What a host may watch of the plugin's work, e.g. to export metrics. Optional: a
+    controller offers one as its ``resize_observer`` attribute (see the module
+    docstring). Both methods are called on the plugin's hot paths and must be cheap;
+    they must not call back into the controller or the plugin."""
+
+    def resize_transition(
+        self, before: ResizeState | None, after: ResizeState, facts: Sequence[Fact]
+    ) -> None:
+        """A job's resize state went from ``before`` to ``after`` through ``facts``, as
+        decided (under the plugin's lock, in decision order). At start, each job the
+        journal holds live is passed once as ``(None, state, ())``."""
+
+    def journal_committed(self, seconds: float, entries: int) -> None:
+        """A durable journal write (one fsync) took ``seconds`` and held ``entries``
+        transitions (group commit). Called from the journal's writer thread."""
+
+
+def resize_observer_of(controller: Controller) -> ResizeObserver | None:
+    """The controller's :class:`ResizeObserver`, or ``None`` when it offers none."""
+    observer = getattr(controller, "resize_observer", None)
+    return cast("ResizeObserver | None", observer)
 
 
 class HostHooks:

@@ -33,7 +33,13 @@ from xce_resize_plugin.core.models import (
 from xce_resize_plugin.core.placement import FreeSlotIndex, GrowHostView
 from xce_resize_plugin.core.status import ResizeStatus
 from xce_resize_plugin.errors import InvalidRequest, JournalError, NoJob
-from xce_resize_plugin.host import ClusterView, Controller, Principal, TaskEvent
+from xce_resize_plugin.host import (
+    ClusterView,
+    Controller,
+    Principal,
+    TaskEvent,
+    resize_observer_of,
+)
 from xce_resize_plugin.journal import Entry, GroupCommitter, Journal, StoredState, Ticket
 from xce_resize_plugin.policy import HookPolicy
 
@@ -54,9 +60,19 @@ class Runtime:
             map_size=values["journal_map_size"],
             sync=values["journal_sync"],
         )
+        # The host's observer (metrics), if it offers one; None costs one test per
+        # transition.
+        self._observer = resize_observer_of(controller)
         # Durable mode shares fsyncs between concurrent requests (group commit); with
         # journal_sync off (throw-away simulations) a direct commit is cheaper.
-        self._committer = GroupCommitter(self.journal) if values["journal_sync"] else None
+        self._committer = (
+            GroupCommitter(
+                self.journal,
+                observe=None if self._observer is None else self._observer.journal_committed,
+            )
+            if values["journal_sync"]
+            else None
+        )
         self._failed: BaseException | None = None
         # journal_defer: entries of transitions that need not be written yet; they go
         # first in the next commit, in the same transaction.
@@ -76,7 +92,10 @@ class Runtime:
         """Fence older controllers, load live jobs, resume their in-flight changes."""
         self.journal.start()
         for _job_id, data in self.journal.live_states():
-            self._store(converters.decode_state(data))
+            loaded = converters.decode_state(data)
+            self._store(loaded)
+            if self._observer is not None:
+                self._observer.resize_transition(None, loaded, ())
         now = self.controller.now()
         for state in list(self.states.values()):
             job = self.controller.get_job(state.job_id)
@@ -261,6 +280,8 @@ class Runtime:
         before = self.states.get(job_id)
         state, effects = engine.transition(before, facts)
         assert state is not None
+        if self._observer is not None:
+            self._observer.resize_transition(before, state, facts)
         if self._committer is None:
             if self._defer and (
                 not effects or all(isinstance(f, engine.DEFERRABLE) for f in facts)

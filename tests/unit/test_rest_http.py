@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from starlette.applications import Starlette
 
+from tests.conftest import http_scope
 from xce_resize_plugin.controllers.live.host_routes import MAX_BODY as HOST_MAX_BODY
 from xce_resize_plugin.controllers.live.host_routes import host_routes
 from xce_resize_plugin.controllers.live.storage_faults import StateNotWritable
@@ -109,21 +110,7 @@ def answer(
     async def send(message: dict[str, Any]) -> None:
         sent.append(message)
 
-    scope = {
-        "type": "http",
-        "asgi": {"version": "3.0"},
-        "http_version": "1.1",
-        "method": method,
-        "scheme": "http",
-        "path": path,
-        "raw_path": path.encode(),
-        "query_string": b"",
-        "root_path": "",
-        "headers": [(k.lower().encode(), v.encode()) for k, v in headers.items()],
-        "client": ("127.0.0.1", 1),
-        "server": ("127.0.0.1", 80),
-    }
-    asyncio.run(app(scope, stream, send))
+    asyncio.run(app(http_scope(method, path, headers), stream, send))
     body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
     headers_sent = {k.decode(): v.decode() for k, v in sent[0]["headers"]}
     return sent[0]["status"], headers_sent, json.loads(body)

@@ -96,7 +96,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     compact.add_argument("--now", type=float, help="the current time (default: the clock)")
 
-    _live_parsers(sub)
+    _controller_parser(sub)
+    _worker_parser(sub)
 
     from xce_resize_plugin.cli.jobs import add_parsers as add_client_parsers
 
@@ -104,8 +105,8 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _live_parsers(sub: Any) -> None:
-    """``controller`` and ``worker``: the live controller's processes."""
+def _controller_parser(sub: Any) -> None:
+    """``controller``: the live controller's process."""
     ctl = sub.add_parser(
         "controller", help="run the live embedded controller (real processes, REST on loopback)"
     )
@@ -120,7 +121,22 @@ def _live_parsers(sub: Any) -> None:
         help="record this run's inputs for `xce-resize simulate --replay FILE` "
         "(overrides [controller] record; a new file, an empty state directory)",
     )
+    ctl.add_argument(
+        "--log-format",
+        choices=("text", "json"),
+        default="text",
+        help="the log on standard error: text lines (default) or one JSON object per line "
+        "with request_id, job and user on lines about a request (docs/operations.md)",
+    )
+    ctl.add_argument(
+        "--access-log",
+        action="store_true",
+        help="log one line per request: method, path, status, milliseconds",
+    )
 
+
+def _worker_parser(sub: Any) -> None:
+    """``worker``: one host's agent of the live controller."""
     wk = sub.add_parser("worker", help="run one host's worker agent for the live controller")
     wk.add_argument("--state-dir", type=Path, required=True, help="the controller's state_dir")
     wk.add_argument("--host", required=True, help="the host this agent stands for")
@@ -233,6 +249,8 @@ def _dispatch(args: argparse.Namespace, out: TextIO) -> int:
             ready_file=args.ready_file,
             record=args.record,
             attach=record_live_run,
+            log_format=args.log_format,
+            access_log=args.access_log,
         )
     if args.command == "worker":
         from xce_resize_plugin.controllers.live import worker

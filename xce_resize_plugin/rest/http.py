@@ -14,6 +14,13 @@ An authenticated route is an :func:`endpoint` around a handler; what it does, in
 3. answer every :class:`~xce_resize_plugin.errors.ResizeError` as a problem document
    (:mod:`.problems`), and anything unexpected as a 500 problem document, logged.
 
+Around the whole application, :class:`RequestContext` gives every request an id
+(the client's ``X-Request-ID`` when sane, else a new one; echoed in the answer), opens
+its log context (:mod:`.logcontext`: request id, then user and job as they are
+learnt), logs an access line per request (logger ``xce_resize_plugin.access``, INFO;
+the live controller keeps it off unless asked) and tells an optional observer the
+route, method, status and duration (the live controller's metrics).
+
 Routes are :class:`ApiRoute` objects: each carries the
 :class:`~xce_resize_plugin.rest.operation.Operation` it serves, from which
 :mod:`.openapi` describes it. This module imports Starlette: import it only when
@@ -24,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -33,6 +41,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 if TYPE_CHECKING:
     from starlette.applications import Starlette
@@ -40,6 +49,7 @@ if TYPE_CHECKING:
 from xce_resize_plugin.errors import BodyTimeout, InvalidRequest, NotAuthenticated, ResizeError
 from xce_resize_plugin.host import Principal
 from xce_resize_plugin.rest import openapi
+from xce_resize_plugin.rest.logcontext import CURRENT, RequestLog, note_job, request_id
 from xce_resize_plugin.rest.operation import Operation
 from xce_resize_plugin.rest.parsing import bearer_token, declared_length
 from xce_resize_plugin.rest.problems import (
@@ -53,6 +63,10 @@ from xce_resize_plugin.rest.problems import (
 )
 
 log = logging.getLogger(__name__)
+#: One line per request served: method, path, status, milliseconds, at INFO (a host
+#: that wants none sets this logger's level higher, as the live controller does unless
+#: started with ``--access-log``).
+access_log = logging.getLogger("xce_resize_plugin.access")
 
 #: The host's token check (``Controller.authenticate``); called in a worker thread.
 Authenticate = Callable[[str | None], Principal | None]
@@ -61,6 +75,16 @@ Handler = Callable[[Request, Principal], Awaitable[Response]]
 #: Which resize error answers an exception (``None``: a bug, answered 500).
 Translate = Callable[[Exception], ResizeError | None]
 Endpoint = Callable[[Request], Awaitable[Response]]
+#: Told of every request served: its route (the path template, :data:`UNMATCHED` when
+#: no route matched), method, status and duration in seconds. Called in the event loop:
+#: it must be cheap and must not block.
+RequestObserver = Callable[[str, str, int, float], None]
+#: The route label of a request no route matched (never the raw path: unbounded).
+UNMATCHED = "unmatched"
+#: The header that carries a request's id, in and out.
+REQUEST_ID = "X-Request-ID"
+_REQUEST_ID = REQUEST_ID.lower().encode("ascii")
+_MAX_LOGGED_PATH = 256
 
 #: Seconds a request body may take to arrive, counted from when the handler starts
 #: reading it (right after authentication), unless the host sets its own deadline
@@ -108,6 +132,11 @@ async def authenticated(request: Request, authenticate: Authenticate) -> Princip
         raise NotAuthenticated(
             "send Authorization: Bearer <token>" if token is None else "unknown token"
         )
+    current = CURRENT.get()
+    if current is not None:
+        current.user = principal.name
+        if current.job is None:
+            current.job = principal.job_id
     return principal
 
 
@@ -182,6 +211,7 @@ def endpoint(
 
     async def handle(request: Request) -> Response:
         try:
+            note_job(request.path_params.get("id"))
             principal = await authenticated(request, authenticate)
             return await handler(request, principal)
         except Exception as exc:
@@ -220,6 +250,79 @@ def openapi_route(title: str, version: str, routes: Iterable[BaseRoute]) -> ApiR
     return route
 
 
+# --- around the application: request ids, log context, access lines, metrics ------------
+
+
+class RequestContext:
+    """ASGI middleware: the request id, the log context, the access line and the
+    observer's call of every HTTP request (see the module docstring).
+
+    An exception that escapes the application before it answered (a route not built
+    with :func:`endpoint`) is logged and answered here, as :func:`internal`, so that
+    its log line and its answer carry the request id too.
+    """
+
+    def __init__(self, app: ASGIApp, observe: RequestObserver | None = None) -> None:
+        self.app = app
+        self.observe = observe
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        began = time.perf_counter()
+        rid = request_id(_header(scope, _REQUEST_ID))
+        context = CURRENT.set(RequestLog(rid))
+        echo = (_REQUEST_ID, rid.encode("ascii"))
+        status = 0
+
+        async def send_with_id(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                message = {**message, "headers": [*message.get("headers", ()), echo]}
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_id)
+        except Exception:
+            log.exception("%s %s failed", scope["method"], _logged_path(scope))
+            if status:
+                raise  # the answer had begun: nothing more can be said
+            await internal()(scope, receive, send_with_id)
+        finally:
+            try:
+                self._served(scope, status or 500, time.perf_counter() - began)
+            finally:
+                CURRENT.reset(context)
+
+    def _served(self, scope: Scope, status: int, seconds: float) -> None:
+        method = scope["method"]
+        if self.observe is not None:
+            route = getattr(scope.get("route"), "path", None)
+            self.observe(route if isinstance(route, str) else UNMATCHED, method, status, seconds)
+        if access_log.isEnabledFor(logging.INFO):
+            path = _logged_path(scope)
+            access_log.info("%s %s %d %.1f ms", method, path, status, seconds * 1e3)
+
+
+def _header(scope: Scope, name: bytes) -> str | None:
+    """The first ``name`` header of the request (latin-1, as HTTP has it), or ``None``."""
+    for key, value in scope["headers"]:
+        if key == name:
+            return bytes(value).decode("latin-1")
+    return None
+
+
+def _logged_path(scope: Scope) -> str:
+    """The request's path as a log line may show it: as sent (percent-encoded, no
+    query string: nothing secret travels there, but keep it out anyway), bounded, and
+    quoted if it holds anything but printable ASCII."""
+    raw = scope.get("raw_path") or scope["path"].encode("utf-8", "backslashreplace")
+    path = bytes(raw).split(b"?", 1)[0][:_MAX_LOGGED_PATH].decode("ascii", "backslashreplace")
+    return path if path.isprintable() and " " not in path else repr(path)
+
+
 def exception_handlers() -> dict[Any, Callable[[Request, Exception], Awaitable[Response]]]:
     """Starlette exception handlers that answer routing errors (404, 405), resize
     errors and uncaught exceptions as problem documents."""
@@ -244,11 +347,15 @@ def exception_handlers() -> dict[Any, Callable[[Request, Exception], Awaitable[R
 
 __all__ = [
     "DEFAULT_BODY_TIMEOUT",
+    "REQUEST_ID",
+    "UNMATCHED",
     "ApiRoute",
     "Authenticate",
     "BodyLimit",
     "Endpoint",
     "Handler",
+    "RequestContext",
+    "RequestObserver",
     "Translate",
     "as_resize_error",
     "authenticated",

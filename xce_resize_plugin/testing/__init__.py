@@ -142,9 +142,10 @@ def resize_scenario(
 def resize_live_factory(
     tmp_path: Path, resize_config: Mapping[str, Any], pytestconfig: pytest.Config
 ) -> Iterator[Callable[..., LiveCluster]]:
-    """``resize_live_factory(hosts=None, limits="", **resize)``: a live cluster in
-    ``tmp_path`` (not started: call its ``start()``), ``[resize]`` = ``resize_config``
-    with short test timeouts and ``resize``. Needs Linux and the ``live`` extra."""
+    """``resize_live_factory(hosts=None, limits="", controller="", **resize)``: a live
+    cluster in ``tmp_path`` (not started: call its ``start()``), ``[resize]`` =
+    ``resize_config`` with short test timeouts and ``resize``, ``controller``: extra
+    ``[controller]`` lines. Needs Linux and the ``live`` extra."""
     if not sys.platform.startswith("linux"):  # pragma: no cover
         pytest.skip("the live controller needs Linux (/proc, flock)")
     for module in ("httpx", "uvicorn", "starlette"):
@@ -155,10 +156,13 @@ def resize_live_factory(
     base = _rooted(resize_config, pytestconfig.rootpath)
 
     def make(
-        hosts: Mapping[str, int] | None = None, limits: str = "", **resize: Any
+        hosts: Mapping[str, int] | None = None,
+        limits: str = "",
+        controller: str = "",
+        **resize: Any,
     ) -> LiveCluster:
         settings = {**base, **LIVE_RESIZE, **resize}
-        cluster = LiveCluster(tmp_path, dict(hosts or LIVE_HOSTS), settings, limits)
+        cluster = LiveCluster(tmp_path, dict(hosts or LIVE_HOSTS), settings, limits, controller)
         made.append(cluster)
         return cluster
 

@@ -20,7 +20,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -147,8 +147,11 @@ class LiveCluster:
     :param single_user: ``[controller] single_user``: by default a personal controller
         (every job runs as the user who runs the tests, whatever its owner's name).
     :param tokens: more users and their tokens.
+    :param controller: extra lines of its ``[controller]`` table (e.g. a
+        ``metrics_token``).
 
-    Nothing runs until :meth:`start`. Users ``alice`` and ``bob`` and the admin
+    Nothing runs until :meth:`start` (whose ``args`` are added to the command line,
+    e.g. ``["--log-format", "json"]``). Users ``alice`` and ``bob`` and the admin
     ``root`` have the tokens :data:`ALICE`, :data:`BOB` and :data:`ROOT`.
     """
 
@@ -158,6 +161,7 @@ class LiveCluster:
         hosts: dict[str, int],
         resize: dict[str, Any],
         limits: str = "",
+        controller: str = "",
         *,
         single_user: bool = True,
         tokens: dict[str, str] | None = None,
@@ -178,6 +182,7 @@ state_dir = "state"
 kill_grace = 0.5
 worker_timeout = 10
 single_user = {str(single_user).lower()}
+{controller}
 
 [cluster]
 hosts = {{ {hosts_toml} }}
@@ -202,13 +207,14 @@ tokens = {{ {tokens_toml} }}
         env: dict[str, str] | None = None,
         listen_port: int | None = None,
         user: int | None = None,
+        args: Sequence[str] = (),
     ) -> subprocess.Popen[bytes]:
         """Start the controller (as user id ``user``, when given: the test runs as root)
         and wait until it serves."""
         self.runs += 1
         log = open(self.tmp / f"controller-{self.runs}.log", "wb")  # noqa: SIM115
         proc = subprocess.Popen(
-            controller_command(self.config, listen_port),
+            [*controller_command(self.config, listen_port), *args],
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,

@@ -110,6 +110,30 @@ def test_config_request_deadlines(tmp_path: Path) -> None:
                 _config(tmp_path, text)
 
 
+def test_config_metrics_token(tmp_path: Path) -> None:
+    """The scrape token: in clear or as its SHA-256, checked like a user's token, and
+    never one of the users' tokens."""
+
+    def with_token(value: str) -> str:
+        return GOOD.replace('state_dir = "state"', f'state_dir = "state"\nmetrics_token = {value}')
+
+    assert _config(tmp_path).metrics_token is None
+    scrape = _config(tmp_path, with_token('"scrape-secret-1"')).metrics_token
+    assert scrape is not None and scrape.matches("scrape-secret-1")
+    assert not scrape.matches("scrape-secret-2") and not scrape.matches("alice-secret-1")
+    digest = hashlib.sha256(b"scrape-secret-1").hexdigest()
+    scrape = _config(tmp_path, with_token(f'"sha256:{digest}"')).metrics_token
+    assert scrape is not None and scrape.matches("scrape-secret-1")
+    for value, message in (
+        ('"short"', "too short"),
+        ("42", "must be a non-empty string"),
+        ('"sha256:abc"', "64 hex digits"),
+        ('"alice-secret-1"', "same token as user alice"),
+    ):
+        with pytest.raises(ConfigError, match=rf"controller\.metrics_token.*{message}"):
+            _config(tmp_path, with_token(value))
+
+
 def test_store_fencing(tmp_path: Path) -> None:
     """Two controllers on one state directory: the older one's writes fail. (The newer
     store is opened by another process, as it would be: LMDB allows one handle per

@@ -40,6 +40,7 @@ from xce_resize_plugin.rest.http import (
     read_body,
     reply,
 )
+from xce_resize_plugin.rest.logcontext import note_job
 from xce_resize_plugin.rest.operation import Operation, Param
 
 #: Largest submission body accepted (bytes).
@@ -303,7 +304,9 @@ class HostCalls:
         return {"jobs": self.ctl.jobs_view(principal)}
 
     def submit(self, principal: Principal, request: Request, data: Any) -> Any:
-        return self.ctl.submit_job(principal, data)
+        result = self.ctl.submit_job(principal, data)
+        note_job(result["id"])  # the request's log lines name the job it made
+        return result
 
     def show(self, principal: Principal, request: Request, data: Any) -> Any:
         return self.ctl.job_view(principal, request.path_params["id"])

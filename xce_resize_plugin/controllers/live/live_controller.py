@@ -129,7 +129,7 @@ from xce_resize_plugin.errors import (
     PermissionDenied,
     ResizeError,
 )
-from xce_resize_plugin.host import HostHooks, Principal
+from xce_resize_plugin.host import HostHooks, Principal, ResizeObserver
 from xce_resize_plugin.journal.lmdb_env import PRIVATE_DIR, private_dir, restrict_mode
 
 log = logging.getLogger(__name__)
@@ -272,6 +272,8 @@ class LiveController:
         # The in-memory view is not what is on disk (a reload from it failed): nothing
         # is shown until one succeeds.
         self._stale = False
+        #: What the plugin tells of its work (metrics); set before :meth:`open`.
+        self.resize_observer: ResizeObserver | None = None
         self._crash_at = os.environ.get(CRASH_ENV) or None
         if self._crash_at is not None and self._crash_at not in CRASH_POINTS:
             raise ValueError(f"{CRASH_ENV}={self._crash_at}: not one of {', '.join(CRASH_POINTS)}")

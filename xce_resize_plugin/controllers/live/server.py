@@ -3,7 +3,8 @@ and :func:`run`, ``xce-resize controller``.
 
 The application serves the controller's own routes (:mod:`.host_routes`), the plugin's
 routes as ``xce_rest_routes`` returns them (the resize API, ``/v1/jobs/{id}/resize/...``),
-and ``GET /openapi.json``. All are built with one HTTP layer
+``GET /metrics`` when prometheus-client is installed (:mod:`.metrics`) and
+``GET /openapi.json``. All are built with one HTTP layer
 (:mod:`xce_resize_plugin.rest.http`) and described by one builder
 (:mod:`xce_resize_plugin.rest.openapi`): a route built from an operation is described
 by it, any other plugin route gets a minimal entry, so the document always lists
@@ -14,6 +15,9 @@ Every client has ``[controller] header_timeout`` seconds to send a request's hea
 (:mod:`xce_resize_plugin.rest.header_deadline`) and ``body_timeout`` seconds to send
 its body (:func:`xce_resize_plugin.rest.http.read_body`), so that a client that stops
 half way does not hold a connection or a handler for ever.
+
+Every request gets an id (``X-Request-ID``, echoed); the log's lines about a request
+name it, its user and its job (:mod:`.logs`, ``--log-format``, ``--access-log``).
 """
 
 from __future__ import annotations
@@ -45,6 +49,8 @@ if TYPE_CHECKING:
     from starlette.applications import Starlette
     from starlette.routing import BaseRoute
 
+    from xce_resize_plugin.controllers.live.metrics import ControllerMetrics
+
 log = logging.getLogger(__name__)
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_FENCED = 0, 1, 2, 3
@@ -64,18 +70,49 @@ def plugin_routes(ctl: LiveController) -> list[BaseRoute]:
     return out
 
 
-def build_app(ctl: LiveController) -> Starlette:
-    """The controller's ASGI application: host routes, plugin routes, OpenAPI."""
+def build_app(ctl: LiveController, metrics: ControllerMetrics | None = None) -> Starlette:
+    """The controller's ASGI application: host routes, plugin routes, ``/metrics`` (with
+    ``metrics``), OpenAPI; every request through the REST layer's
+    :class:`~xce_resize_plugin.rest.http.RequestContext` (request id, log context,
+    access line, the metrics' HTTP counters)."""
     from starlette.applications import Starlette
+    from starlette.middleware import Middleware
 
     from xce_resize_plugin.controllers.live.host_routes import host_routes
-    from xce_resize_plugin.rest.http import exception_handlers, openapi_route, set_body_timeout
+    from xce_resize_plugin.rest.http import (
+        RequestContext,
+        exception_handlers,
+        openapi_route,
+        set_body_timeout,
+    )
 
     served = [*host_routes(ctl), *plugin_routes(ctl)]
+    if metrics is not None:
+        from xce_resize_plugin.controllers.live.metrics import metrics_route
+
+        served.append(metrics_route(ctl, metrics))
     document = openapi_route(TITLE, __version__, served)
-    app = Starlette(routes=[*served, document], exception_handlers=exception_handlers())
+    observe = None if metrics is None else metrics.http_request
+    app = Starlette(
+        routes=[*served, document],
+        exception_handlers=exception_handlers(),
+        middleware=[Middleware(RequestContext, observe=observe)],
+    )
     set_body_timeout(app, ctl.cfg.body_timeout)
     return app
+
+
+def watch(ctl: LiveController) -> ControllerMetrics | None:
+    """The controller's metrics, attached (before it opens); ``None``, said in the log,
+    when prometheus-client is not installed (``GET /metrics`` is then not served)."""
+    try:
+        from xce_resize_plugin.controllers.live.metrics import ControllerMetrics
+    except ImportError as exc:
+        log.warning("no metrics (GET /metrics is not served): %s", exc)
+        return None
+    metrics = ControllerMetrics(ctl)
+    metrics.attach()
+    return metrics
 
 
 # -- the process --------------------------------------------------------------------------
@@ -89,14 +126,19 @@ def run(
     ready_file: Path | None = None,
     record: Path | None = None,
     attach: Callable[[LiveController], object] | None = None,
+    log_format: str = "text",
+    access_log: bool = False,
 ) -> int:
     """``xce-resize controller``: serve until SIGTERM/SIGINT; the exit status.
 
     ``listen``, ``state_dir`` and ``record`` override the configuration's keys.
     ``attach`` is called with the controller before it opens (the command line attaches
-    the run's recording there, when the configuration asks for one).
+    the run's recording there, when the configuration asks for one). ``log_format``:
+    ``text`` or ``json``; ``access_log``: a line per request (:mod:`.logs`).
     """
-    _configure_logging()
+    from xce_resize_plugin.controllers.live import logs
+
+    logs.configure(log_format, access=access_log)
     cfg = _settings(config_path, listen=listen, state_dir=state_dir, record=record)
     # Bind first: a controller started twice by mistake on one address must fail
     # before it opens the state directory (opening it would fence the running one).
@@ -115,7 +157,7 @@ def run(
         app = _open(ctl, sock, attach)
     except (EmbeddedError, JournalError) as exc:
         return _refuse_state(exc)  # _open closed the controller and the socket
-    server = None if app is None else _server(app, cfg)
+    server = None if app is None else _server(app, cfg, own_log_config=log_format == "text")
     if server is not None:
         ctl.on_fenced = functools.partial(_stop_fenced, server)
     # Fenced at any moment until now (an agent refused this controller's epoch while it
@@ -159,11 +201,12 @@ def _open(
 ) -> Starlette | None:
     """Open ``ctl`` and build its application; ``None`` when it was fenced meanwhile."""
     try:
+        metrics = watch(ctl)
         if attach is not None:
             attach(ctl)
         ctl.open()
         if ctl.fenced is None:
-            return build_app(ctl)
+            return build_app(ctl, metrics)
     except FencedError as exc:
         ctl.fence(exc)  # e.g. the plugin's journal found a newer epoch at start-up
     except BaseException:
@@ -190,14 +233,6 @@ def make_controller(cfg: LiveConfig) -> LiveController:
 
     pm = get_plugin_manager(cfg.resize, base_dir=cfg.path.parent if cfg.path else None)
     return LiveController(pm, cfg)
-
-
-def _configure_logging() -> None:
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s controller %(levelname)s %(name)s: %(message)s"
-    )
-    for noisy in ("httpx", "httpcore", "uvicorn.access"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
 def _settings(
@@ -235,11 +270,15 @@ def _bind(cfg: LiveConfig) -> socket.socket | None:
     return sock
 
 
-def _server(app: Starlette, cfg: LiveConfig) -> uvicorn.Server:
+def _server(app: Starlette, cfg: LiveConfig, own_log_config: bool = True) -> uvicorn.Server:
+    """The HTTP server, with the request deadlines of ``cfg``. Without
+    ``own_log_config`` uvicorn's loggers go to the controller's handler (JSON lines stay
+    JSON) rather than to uvicorn's own."""
     import uvicorn
 
     from xce_resize_plugin.rest.header_deadline import header_deadline
 
+    options: dict[str, Any] = {} if own_log_config else {"log_config": None}
     return uvicorn.Server(
         uvicorn.Config(
             app,
@@ -248,6 +287,7 @@ def _server(app: Starlette, cfg: LiveConfig) -> uvicorn.Server:
             access_log=False,
             lifespan="off",
             timeout_graceful_shutdown=2,
+            **options,
         )
     )
 
@@ -308,4 +348,4 @@ def _hard_exit(code: int) -> None:
     os._exit(code)
 
 
-__all__ = ["TITLE", "build_app", "make_controller", "plugin_routes", "run"]
+__all__ = ["TITLE", "build_app", "make_controller", "plugin_routes", "run", "watch"]

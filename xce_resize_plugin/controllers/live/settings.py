@@ -14,6 +14,7 @@
     # record = "run.jsonl"      record this run's inputs for replay (relative to this file)
     # verify_journal = true     check every record's CRC of the plugin's journal at start
     # single_user = false       true: a personal controller, every job runs as its user
+    # metrics_token = "sha256:<hex digest>"   may read GET /metrics (and nothing else)
 
     [cluster]
     hosts = { hostA = 4, hostB = 4 }
@@ -61,12 +62,15 @@ CONTROLLER_KEYS = {
     "record",
     "verify_journal",
     "single_user",
+    "metrics_token",
 }
 DEFAULT_LISTEN = "127.0.0.1:6820"
 #: Longest request deadline accepted (seconds): a longer one protects nothing.
 MAX_REQUEST_TIMEOUT = 3600.0
 #: Prefix of a token given as its SHA-256 digest rather than in clear.
 SHA256 = "sha256:"
+#: Who the ``metrics_token`` stands for (in log lines): it may read ``/metrics`` only.
+SCRAPER = "metrics-token"
 
 
 @frozen
@@ -114,6 +118,9 @@ class LiveConfig:
     #: submitted it (otherwise a job runs as its owner's account, or is refused:
     #: :func:`~.submission.job_account`).
     single_user: bool = False
+    #: The scrape token: it may read ``GET /metrics`` and nothing else (``None``: only
+    #: administrators may).
+    metrics_token: UserToken | None = None
 
     @property
     def controller_url(self) -> str:
@@ -138,7 +145,7 @@ def parse(data: Mapping[str, Any], path: Path) -> LiveConfig:
     host, port = parse_listen(ctl.get("listen", DEFAULT_LISTEN), where)
     # Keyword arguments are evaluated in the order written: the keys are checked in the
     # order of the example in the module docstring (the first mistake is reported).
-    return LiveConfig(
+    cfg = LiveConfig(
         listen_host=host,
         listen_port=port,
         state_dir=_state_dir(where, ctl.get("state_dir"), base),
@@ -153,6 +160,7 @@ def parse(data: Mapping[str, Any], path: Path) -> LiveConfig:
         record=_record(where, ctl.get("record"), base),
         verify_journal=_flag(where, "controller.verify_journal", ctl.get("verify_journal", True)),
         single_user=_flag(where, "controller.single_user", ctl.get("single_user", False)),
+        metrics_token=_metrics_token(where, ctl.get("metrics_token")),
         hosts=_hosts(where, where.section(data, "cluster", {"hosts"}).get("hosts")),
         admins=_admins(where, where.section(data, "users", {"admins", "tokens"}).get("admins", [])),
         tokens=_tokens(where, where.table(data, "users").get("tokens", {})),
@@ -160,6 +168,11 @@ def parse(data: Mapping[str, Any], path: Path) -> LiveConfig:
         resize=_resize(where, where.table(data, "resize"), path),
         path=path,
     )
+    scrape = cfg.metrics_token
+    for user in cfg.tokens:
+        if scrape is not None and scrape.secret == user.secret:
+            raise where.error("controller.metrics_token", f"same token as user {user.user}")
+    return cfg
 
 
 def parse_listen(value: Any, where: Where | None = None) -> tuple[str, int]:
@@ -277,6 +290,26 @@ def _hosts(where: Where, value: Any) -> tuple[tuple[str, int], ...]:
     return tuple(hosts.items())
 
 
+def _secret(where: Where, key: str, secret: Any) -> str:
+    """A token as the configuration gives it: in clear (8 characters at least) or as
+    ``sha256:`` and 64 hex digits."""
+    if not isinstance(secret, str) or not secret:
+        raise where.error(key, "must be a non-empty string")
+    if secret.startswith(SHA256):
+        digest = secret[len(SHA256) :]
+        if len(digest) != 64 or any(c not in "0123456789abcdefABCDEF" for c in digest):
+            raise where.error(key, "sha256: must be followed by 64 hex digits")
+    elif len(secret) < 8:
+        raise where.error(key, "too short (use at least 8 characters; 32 random ones)")
+    return secret
+
+
+def _metrics_token(where: Where, value: Any) -> UserToken | None:
+    if value is None:
+        return None
+    return UserToken(SCRAPER, _secret(where, "controller.metrics_token", value))
+
+
 def _tokens(where: Where, value: Any) -> tuple[UserToken, ...]:
     if not isinstance(value, Mapping):
         raise where.error("users.tokens", 'must be a table of user = "token"')
@@ -284,14 +317,7 @@ def _tokens(where: Where, value: Any) -> tuple[UserToken, ...]:
     seen: dict[str, str] = {}
     for user, secret in value.items():
         key = f"users.tokens.{user}"
-        if not isinstance(secret, str) or not secret:
-            raise where.error(key, "must be a non-empty string")
-        if secret.startswith(SHA256):
-            digest = secret[len(SHA256) :]
-            if len(digest) != 64 or any(c not in "0123456789abcdefABCDEF" for c in digest):
-                raise where.error(key, "sha256: must be followed by 64 hex digits")
-        elif len(secret) < 8:
-            raise where.error(key, "too short (use at least 8 characters; 32 random ones)")
+        _secret(where, key, secret)
         if secret in seen:
             raise where.error(key, f"same token as user {seen[secret]}")
         seen[secret] = str(user)

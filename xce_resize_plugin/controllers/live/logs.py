@@ -1,0 +1,84 @@
+"""The live controller's log: to standard error, as text (the default) or JSON lines.
+
+``xce-resize controller --log-format json`` writes one JSON object per line:
+``time`` (UTC, RFC 3339, milliseconds), ``level``, ``logger``, ``message``, then
+``request_id``, ``job`` and ``user`` when the line is about a request
+(:mod:`xce_resize_plugin.rest.logcontext`) and ``exception`` with the traceback when
+there is one. The text format is the one the controller always had; both get the
+request context, which only the JSON format shows. ``--access-log`` adds a line per
+request. docs/operations.md documents both.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import orjson
+
+from xce_resize_plugin.rest.logcontext import ContextFilter
+
+__all__ = ["ACCESS", "FORMATS", "TEXT", "JsonFormatter", "configure"]
+
+#: The logger of the access lines (:class:`~xce_resize_plugin.rest.http.RequestContext`).
+ACCESS = "xce_resize_plugin.access"
+
+#: The ``--log-format`` choices.
+FORMATS = ("text", "json")
+#: The text format's layout.
+TEXT = "%(asctime)s controller %(levelname)s %(name)s: %(message)s"
+#: Loggers that say too much at INFO for a controller's log.
+_QUIET = ("httpx", "httpcore", "uvicorn.access")
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per record, on one line (see the module docstring)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        created = record.created
+        line: dict[str, Any] = {
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(created))
+            + f".{int(created * 1000) % 1000:03d}Z",
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        for name in ("request_id", "job", "user"):
+            value = getattr(record, name, None)
+            if value is not None:
+                line[name] = value
+        if record.exc_info:
+            line["exception"] = self.formatException(record.exc_info)
+        elif record.exc_text:
+            line["exception"] = record.exc_text
+        if record.stack_info:
+            line["stack"] = self.formatStack(record.stack_info)
+        # default=str: a message argument that JSON cannot hold is shown, not lost.
+        return orjson.dumps(line, default=str).decode("utf-8")
+
+
+def configure(log_format: str = "text", access: bool = False) -> None:
+    """Log INFO and above to standard error in ``log_format`` (one of :data:`FORMATS`),
+    with an access line per request if ``access`` (``--access-log``).
+
+    Like :func:`logging.basicConfig`, this leaves a process whose logging is already
+    set up (a test, an embedding program) as it is, but for the access lines' level.
+    """
+    if log_format not in FORMATS:
+        raise ValueError(f"log format {log_format!r}: not one of {', '.join(FORMATS)}")
+    handler = logging.StreamHandler()
+    handler.addFilter(ContextFilter())
+    handler.setFormatter(JsonFormatter() if log_format == "json" else logging.Formatter(TEXT))
+    logging.basicConfig(level=logging.INFO, handlers=[handler])
+    # Every request logs a line: record only what the formats show. Neither shows the
+    # thread, the process or the caller's file and line, which logging would otherwise
+    # look up for each record (the logging HOWTO's "Optimization" section).
+    logging.logThreads = logging.logProcesses = logging.logMultiprocessing = False
+    logging._srcfile = None
+    for noisy in _QUIET:
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    # Off by default: polling clients (bresize -w, the in-job API) make hundreds of
+    # requests a second, and a line each costs the event loop more than the rest of
+    # the request context together (docs/operations.md, "Overhead").
+    logging.getLogger(ACCESS).setLevel(logging.INFO if access else logging.WARNING)
