@@ -64,16 +64,16 @@ def _one_pass(
     running: list[tuple[RefJob, float]],
     starts: dict[str, float],
 ) -> None:
-    def free() -> int:
-        return capacity - sum(j.size for j, _ in running)
+    free = capacity - sum(j.size for j, _ in running)
 
-    def start(job: RefJob) -> None:
+    def start(job: RefJob) -> int:
         queue.remove(job)
         running.append((job, now))
         starts[job.id] = now
+        return job.size
 
-    while queue and queue[0].size <= free():
-        start(queue[0])
+    while queue and queue[0].size <= free:
+        free -= start(queue[0])
     if not queue:
         return
     head = queue[0]
@@ -81,17 +81,17 @@ def _one_pass(
     ends = sorted({max(now, s + j.estimate) for j, s in running})
     shadow = None
     for t in ends:
-        avail = free() + sum(j.size for j, s in running if max(now, s + j.estimate) <= t)
+        avail = free + sum(j.size for j, s in running if max(now, s + j.estimate) <= t)
         if avail >= head.size:
             shadow = t
             extra = avail - head.size
             break
     assert shadow is not None  # every job fits the machine: the head fits once all end
     for job in list(queue[1:]):
-        if job.size > free():
+        if job.size > free:
             continue
         if now + job.estimate <= shadow:
-            start(job)
+            free -= start(job)
         elif job.size <= extra:
-            start(job)
+            free -= start(job)
             extra -= job.size
