@@ -59,3 +59,16 @@ def test_shared_traces_are_textbook_easy(name: str, limit: int, slots_per_host: 
     if not trace.exists():
         pytest.skip(f"needs ../shared/traces/{name}")
     _compare(trace, limit, slots_per_host)
+
+
+def test_elastic_run_does_not_depend_on_how_slots_are_grouped() -> None:
+    """Grows are offered and placed on counts too: the elastic run of a trace measures
+    the same on one-slot hosts as on hosts of 8 slots."""
+    runs = []
+    for slots_per_host in (1, 8):
+        options = SimOptions(malleable_fraction=0.5, slots_per_host=slots_per_host)
+        run = run_mode(load_workload(DATA / SAMPLES[1], options), options, "elastic")
+        assert run.problems == ()
+        runs.append((run.metrics, run.events, run.requests, dict(run.refused)))
+    assert runs[0][0].resizes > 0
+    assert runs[0] == runs[1]
