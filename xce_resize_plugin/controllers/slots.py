@@ -31,21 +31,18 @@ Placement = tuple[tuple[str, int], ...]
 _WORD = 64  # hosts per word of the bitmap (positions: i >> 6, i & 63)
 
 
-class _Overlay:
-    """A list's copy-on-write stand-in: reads fall through to ``base`` until written."""
+class _Overlay(dict[int, int]):
+    """A list's copy-on-write stand-in: reads fall through to ``base`` until written
+    (a dict, so that reads of written entries and every write stay in C)."""
 
-    __slots__ = ("base", "own")
+    __slots__ = ("base",)
 
     def __init__(self, base: _Slots) -> None:
+        super().__init__()
         self.base = base
-        self.own: dict[int, int] = {}
 
-    def __getitem__(self, i: int) -> int:
-        own = self.own
-        return own[i] if i in own else self.base[i]
-
-    def __setitem__(self, i: int, value: int) -> None:
-        self.own[i] = value
+    def __missing__(self, i: int) -> int:
+        return self.base[i]
 
 
 _Slots = MutableSequence[int] | _Overlay
