@@ -185,6 +185,12 @@ def _simulate_parser(sub: Any) -> None:
     sim.add_argument("--plot", type=Path, metavar="OUT.png", help="write a PNG (needs matplotlib)")
     sim.add_argument("--record", type=Path, metavar="OUT", help="record the elastic run's inputs")
     sim.add_argument(
+        "--jobs-out",
+        type=Path,
+        metavar="FILE.csv[.gz]",
+        help="write one CSV row per job and run (columns: docs/simulation.md)",
+    )
+    sim.add_argument(
         "--replay", type=Path, metavar="RECORDING", help="replay a recording; check its facts"
     )
     sim.add_argument(

@@ -11,6 +11,7 @@ import argparse
 import json
 import sys
 import time
+from pathlib import Path
 from typing import Any, TextIO
 
 from xce_resize_plugin.errors import UsageError
@@ -39,6 +40,8 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
         from xce_resize_plugin.simulation.plot import _pyplot
 
         _pyplot()  # fail now, not after the runs, when matplotlib is missing
+    if args.jobs_out is not None:
+        _check_jobs_out(args.jobs_out)
     began = time.monotonic()
     workload = load_workload(args.trace, options)
     progress = None if args.no_progress else Progress(MODES)
@@ -52,6 +55,7 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
                 workload=workload,
                 progress=progress.update if progress is not None else None,
                 parallel=False if args.sequential else None,
+                job_rows=args.jobs_out is not None,
             )
     finally:
         if progress is not None:
@@ -68,6 +72,10 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
         from xce_resize_plugin.simulation.plot import plot_comparison
 
         plot_comparison(comparison, args.plot)
+    if args.jobs_out is not None:
+        from xce_resize_plugin.simulation.jobs_csv import write_jobs_csv
+
+        write_jobs_csv(args.jobs_out, (comparison.rigid.jobs, comparison.elastic.jobs))
     r, e = comparison.rigid, comparison.elastic
     print(
         f"simulate: {time.monotonic() - began:.1f} s (rigid run {r.seconds:.1f} s, "
@@ -85,9 +93,21 @@ def _recorded(args: argparse.Namespace, options: Any, workload: Any, progress: A
     from xce_resize_plugin.simulation.simulate import Comparison, run_mode
 
     update = progress.update if progress is not None else None
-    rigid = run_mode(workload, options, "rigid", progress=update)
-    elastic = run_mode(workload, options, "elastic", progress=update, record=args.record)
+    rows = args.jobs_out is not None
+    rigid = run_mode(workload, options, "rigid", progress=update, job_rows=rows)
+    elastic = run_mode(
+        workload, options, "elastic", progress=update, record=args.record, job_rows=rows
+    )
     return Comparison(workload, options, rigid, elastic)
+
+
+def _check_jobs_out(path: Path) -> None:
+    """Refuse a ``--jobs-out`` name the runs could not be written to, before running."""
+    if not (path.name.endswith(".csv") or path.name.endswith(".csv.gz")):
+        raise UsageError(f"--jobs-out {path}: the name must end in .csv or .csv.gz")
+    parent = path.parent
+    if not parent.is_dir():
+        raise UsageError(f"--jobs-out {path}: no directory {parent}")
 
 
 def _replay(args: argparse.Namespace, out: TextIO) -> int:

@@ -13,9 +13,9 @@ free-slot view and ``slot_headroom`` first.
 
 from __future__ import annotations
 
-import bisect
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 
+from xce_resize_plugin.controllers.slots import FreeSlots
 from xce_resize_plugin.controllers.violations import ContractViolation
 from xce_resize_plugin.core.models import Task
 
@@ -49,23 +49,18 @@ class Cluster:
             if not isinstance(limit, int) or limit < 0:
                 raise ValueError(f"user {user!r}: slot limit must be a non-negative integer")
         self._used: dict[str, int] = dict.fromkeys(self._slots, 0)
-        # Free slots per host, in host order, kept up to date with every change: the
-        # scheduler reads it at every pass, and rebuilding it there dominated the time
-        # of long trace simulations.
-        self._free: dict[str, int] = dict(self._slots)
-        #: Host name -> position in host order.
-        self.order: dict[str, int] = {h: i for i, h in enumerate(self._slots)}
-        self._names = list(self._slots)
-        # Positions of the hosts with a free slot, sorted: the scheduler's view of a
-        # busy cluster costs in proportion to its free hosts, not to all hosts.
-        self._open: list[int] = [i for i, n in enumerate(self._slots.values()) if n > 0]
+        # Free slots per host, kept up to date with every change as counts per class of
+        # hosts and in host order: the scheduler reads them at every pass, at a cost
+        # that does not grow with the number of hosts.
+        self._free = FreeSlots(list(self._slots), list(self._slots.values()))
         self._held: dict[str, dict[int, str]] = {}
         # Per job, slots per host: kept incrementally because the scheduler asks for it
         # for every running job whenever the queue head is blocked.
         self._job_hosts: dict[str, dict[str, int]] = {}
         self._owner: dict[str, str] = {}
         self._user_used: dict[str, int] = {}
-        self._free_total = sum(self._slots.values())
+        #: Slots ever taken (a counter that only grows): what was taken since a moment.
+        self.taken_count = 0
         #: Bumped whenever slots are freed: the scheduler only needs a new pass when
         #: slots were freed or jobs arrived (see EmbeddedController._host_pass).
         self.free_epoch = 0
@@ -159,7 +154,7 @@ class Cluster:
             raise ContractViolation(f"job {job_id} is not known to the cluster")
         if self._held.get(job_id):
             raise ContractViolation(f"job {job_id} already holds slots")
-        slots, used_map, free = self._slots, self._used, self._free
+        slots, used_map = self._slots, self._used
         per_host: dict[str, int] = {}
         for host, count in placement:
             per_host[host] = per_host.get(host, 0) + count
@@ -182,14 +177,13 @@ class Cluster:
         self._held[job_id] = dict(enumerate(names))
         self._job_hosts[job_id] = per_host
         self.change_epoch += 1
+        self.taken_count += total
+        left = []
         for host, count in per_host.items():
             used = used_map[host] = used_map[host] + count
-            now_free = max(0, slots[host] - used)
-            if free[host] and not now_free:
-                self._close(host)
-            free[host] = now_free
+            left.append((host, max(0, slots[host] - used)))
+        self._free.set_many(left)
         self._user_used[user] = self._user_used.get(user, 0) + total
-        self._free_total -= total
         return tuple(map(Task, range(total), names))
 
     def release_all(self, job_id: str) -> int:
@@ -200,19 +194,17 @@ class Cluster:
             return 0
         user = self._owner[job_id]
         hosts = self._job_hosts[job_id]
-        slots, used_map, free, order = self._slots, self._used, self._free, self.order
+        slots, used_map = self._slots, self._used
+        left = []
         for host, count in hosts.items():
             used = used_map[host] = used_map[host] - count
-            if host in free:
-                now_free = max(0, slots[host] - used)
-                if now_free and not free[host]:
-                    bisect.insort(self._open, order[host])
-                free[host] = now_free
+            if host in slots:
+                left.append((host, max(0, slots[host] - used)))
+        self._free.set_many(left)
         n = len(held)
         held.clear()
         hosts.clear()
         self._user_used[user] -= n
-        self._free_total += n
         self.free_epoch += 1
         self.change_epoch += 1
         return n
@@ -238,15 +230,12 @@ class Cluster:
             held[task.id] = host
             hosts[host] = hosts.get(host, 0) + 1
             used = used_map[host] = used_map.get(host, 0) + 1
-            if host in free:
-                now_free = max(0, slots[host] - used)
-                if free[host] and not now_free:
-                    self._close(host)
-                free[host] = now_free
+            if host in slots:
+                free.set(host, max(0, slots[host] - used))
             n += 1
         if n:
             self._user_used[user] = self._user_used.get(user, 0) + n
-            self._free_total -= n
+            self.taken_count += n
 
     def free(self, job_id: str, task_ids: Iterable[int]) -> list[Task]:
         """Stop charging ``job_id`` for these task ids; unknown ids are ignored."""
@@ -265,13 +254,9 @@ class Cluster:
             if not hosts[host]:
                 del hosts[host]
             used = self._used[host] = self._used[host] - 1
-            if host in self._free:
-                now_free = max(0, self._slots[host] - used)
-                if now_free and not self._free[host]:
-                    bisect.insort(self._open, self.order[host])
-                self._free[host] = now_free
+            if host in self._slots:
+                self._free.set(host, max(0, self._slots[host] - used))
             self._user_used[user] -= 1
-            self._free_total += 1
         if freed:
             self.free_epoch += 1
             self.change_epoch += 1
@@ -302,25 +287,25 @@ class Cluster:
         return self._used[host]
 
     def free_slots(self) -> dict[str, int]:
-        """Free slots per host, in host order (never negative; a copy)."""
-        return dict(self._free)
+        """Free slots per host, in host order (never negative; a copy, O(hosts))."""
+        return self._free.as_dict()
 
-    def free_view(self) -> Mapping[str, int]:
-        """:meth:`free_slots` without a copy: read it now, do not keep it."""
+    def free_counts(self) -> FreeSlots:
+        """The free slots as the scheduler reads them (see :mod:`.slots`), without a
+        copy: read it (or a draft of it) now, do not change it."""
         return self._free
 
-    def open_slots(self) -> dict[str, int]:
-        """Free slots of the hosts that have any, in host order (a new dict)."""
-        names, free = self._names, self._free
-        return {names[i]: free[names[i]] for i in self._open}
+    def free_on(self, host: str) -> int:
+        """Free slots on ``host`` (0 for a host the cluster does not have)."""
+        return self._free.free(host)
 
-    def _close(self, host: str) -> None:
-        i = bisect.bisect_left(self._open, self.order[host])
-        del self._open[i]
+    def open_slots(self) -> Iterator[tuple[str, int]]:
+        """``(host, free)`` of the hosts that have free slots, in host order; lazy."""
+        return self._free.open_hosts()
 
     @property
     def free_total(self) -> int:
-        return self._free_total
+        return self._free.total
 
     def user_used(self, user: str) -> int:
         return self._user_used.get(user, 0)
@@ -366,11 +351,8 @@ class Cluster:
             limit = self._limits.get(user)
             if limit is not None and n > limit:
                 problems.append(f"user {user}: {n} slots in use, limit {limit}")
-        if self._free_total != sum(self._slots.values()) - sum(recount.values()):
-            problems.append("free slot total disagrees with the held slots")
         for host, slots in self._slots.items():
-            if self._free.get(host) != max(0, slots - recount.get(host, 0)):
+            if self._free.free(host) != max(0, slots - recount.get(host, 0)):
                 problems.append(f"host {host}: free slot counter disagrees with the held slots")
-        if self._open != [i for i, n in enumerate(self._free.values()) if n > 0]:
-            problems.append("the list of hosts with free slots disagrees with the counters")
+        problems.extend(self._free.problems())
         return problems

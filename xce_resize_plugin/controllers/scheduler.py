@@ -1,27 +1,39 @@
 """Job starts: FCFS with EASY backfilling, the usual baseline of scheduling papers.
 
-One pass (:func:`easy_pass`) looks at the pending jobs in queue order (submit time, then
-job id) against the free slots of this instant:
+For rigid jobs without span rules this is textbook EASY (Lifka 1995; Mu'alem and
+Feitelson 2001) on processor counts, whatever the hosts look like; docs/simulation.md
+states the rules and tests/easy_reference.py is the reference the tests compare with.
+One pass (:func:`easy_pass`) looks at the pending jobs in queue order (submit time,
+then job id) against the free slots of this instant:
 
 - While no job has been blocked, each job starts as soon as its ``min_tasks`` fit. A
-  moldable job (``-n min,max``) takes as many tasks as fit, up to ``max_tasks``. Hosts
-  are filled in host order, at most ``ptile`` tasks of the job per host, and never
+  moldable job (``-n min,max``) takes as many tasks as fit, up to ``max_tasks``, never
   beyond the user's slot headroom.
 - The first job that cannot start becomes the *head* and gets a reservation: running
   jobs are released in order of their expected end (start + the user's estimate, else
-  the runtime) until the head's ``min_tasks`` fit; that instant is the *shadow time*,
-  and the slots left over on each host at the shadow time, after placing the head,
-  are the *extra* slots.
+  the runtime; a job past it releases now; all jobs ending at one instant together)
+  until the head's ``min_tasks`` fit; that instant is the *shadow time*, and the free
+  slots then minus the head's are the *extra* slots.
 - Every later job that fits now is backfilled if it is expected to end by the shadow
-  time, or if it fits in the extra slots (then the extra slots shrink). Either way the
-  head does not start later than its shadow time.
+  time, or if it fits in the extra slots (which then shrink). Either way the head does
+  not start later than its shadow time.
+
+Everything is decided on counts (:class:`~.slots.FreeSlots`: free slots in all, and
+per class of hosts with the same free slots); concrete hosts are chosen only for a job
+that starts: the first hosts with free slots in host order, at most ``ptile`` tasks of
+the job per host. A pass therefore costs in proportion to the queue it reads and the
+hosts of the jobs it starts, not to the number of hosts.
+
+Span rules (``ptile``) need more than a count: a job with ``ptile`` p fits when
+the hosts' free slots, each counted up to p, add up to its ``min_tasks`` (a sum over
+the classes). For a head with ``ptile`` the reservation keeps the free slots per host
+at the shadow time: a job running past the shadow time is backfilled only if, placed
+as it would be now, the head still fits then; extra slots are the slots beyond what the
+head can use, so hosts matter there and only there.
 
 Simplifications, stated here because comparisons depend on them:
 
-- The reservation is per host (the head's placement at the shadow time is computed on
-  the per-host free slots then), which is stricter than the textbook reservation on
-  total counts, but the shadow time ignores per-user limits and grows that have not
-  been placed yet.
+- The shadow time ignores per-user limits and grows that have not been placed yet.
 - The head's reservation is for its ``min_tasks`` (a moldable head may start larger).
 - A job blocked only by its user's slot limit does not hold the queue (as in LSF): it
   is skipped without a reservation.
@@ -38,14 +50,26 @@ Pure functions over plain values: the controller turns its records into
 
 from __future__ import annotations
 
-import heapq
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from functools import partial
 
 import attrs
 from attrs import frozen
 
-Placement = tuple[tuple[str, int], ...]
+from xce_resize_plugin.controllers.slots import FreeSlots, Placement
+
+__all__ = [
+    "PassResult",
+    "PendingJob",
+    "Placement",
+    "Reservation",
+    "RunningJob",
+    "Start",
+    "can_ever_fit",
+    "easy_pass",
+    "reservation_for",
+]
 
 
 @frozen
@@ -80,11 +104,19 @@ class PendingJob:
 
 @frozen
 class RunningJob:
-    """A job holding slots: its expected end (``None``: unknown) and slots per host."""
+    """A job holding slots: its expected end (``None``: unknown) and slots per host
+    (read when the job is released in a shadow computation, so it may be live).
+    ``count``, when given, answers the job's slots in all (live, in O(1)), so that a
+    head without ``ptile`` is reserved for without reading the job's hosts."""
 
     id: str
     end: float | None
     hosts: Mapping[str, int]
+    count: Callable[[], int] | None = None
+
+    def slots(self) -> int:
+        """Slots the job holds in all."""
+        return self.count() if self.count is not None else sum(self.hosts.values())
 
 
 @frozen
@@ -98,53 +130,29 @@ class Start:
 
 @frozen
 class Reservation:
-    """The head's reservation: start no later than ``shadow``; ``extra`` slots per host
-    are not needed by the head at the shadow time."""
+    """The head's reservation: start no later than ``shadow``.
+
+    ``extra``: slots a job running past the shadow time may still take without
+    delaying the head (after this pass's backfills). For a head with ``ptile``
+    (``ptile`` set) it is the slack of the head's fit at the shadow time, and
+    ``excess`` lists per host the slots the head could not use there (beyond its
+    ``ptile``) with the host's free slots at the pass: taking only those never delays
+    the head.
+    """
 
     job_id: str
     shadow: float
-    extra: Mapping[str, int]
+    extra: int
+    ptile: int | None = None
+    excess: Mapping[str, tuple[int, int]] = attrs.field(factory=dict)
 
 
 @frozen
 class PassResult:
-    """The pass's starts and the head's reservation; ``free`` is the pass's view of
-    the free slots after its starts (the hosts it was given, in the same form)."""
+    """The pass's starts and the head's reservation."""
 
     starts: tuple[Start, ...]
     reservation: Reservation | None
-    free: Mapping[str, int] | None = None
-
-
-def _end_key(r: RunningJob) -> float:
-    return r.end if r.end is not None else math.inf
-
-
-def place(
-    free: Mapping[str, int],
-    min_tasks: int,
-    max_tasks: int,
-    ptile: int | None,
-    headroom: int | None = None,
-) -> Placement | None:
-    """Greedy placement in host order: as many tasks as fit up to ``max_tasks``, at
-    most ``ptile`` per host and ``headroom`` in all; ``None`` if fewer than
-    ``min_tasks`` fit."""
-    cap = max_tasks if headroom is None else min(max_tasks, headroom)
-    if cap < min_tasks or cap <= 0:
-        return None
-    out: list[tuple[str, int]] = []
-    total = 0
-    for host, n in free.items():
-        take = min(n, cap - total)
-        if ptile is not None:
-            take = min(take, ptile)
-        if take > 0:
-            out.append((host, take))
-            total += take
-            if total >= cap:
-                break
-    return tuple(out) if total >= min_tasks else None
 
 
 def can_ever_fit(
@@ -153,76 +161,14 @@ def can_ever_fit(
     """Whether the job could start on the empty cluster (else it would pend forever)."""
     if limit is not None and limit < min_tasks:
         return False
-    return place(hosts, min_tasks, min_tasks, ptile) is not None
-
-
-def _add(target: dict[str, int], hosts: Mapping[str, int], sign: int = 1) -> None:
-    for host, n in hosts.items():
-        if host in target:
-            target[host] += sign * n
-
-
-def reservation_for(
-    now: float,
-    job: PendingJob,
-    free: Mapping[str, int],
-    running: Iterable[RunningJob],
-    order: Mapping[str, int] | None = None,
-    *,
-    presorted: bool = False,
-) -> Reservation:
-    """The head's shadow time and extra slots (see the module docstring).
-
-    ``free`` lists every host (``order`` ``None``), or with ``order`` (host -> its
-    position in host order) only some of them, typically those with free slots: hosts
-    that running jobs release are then added, and the placement at the shadow time
-    still fills hosts in host order. ``extra`` then lists only the hosts seen.
-    ``presorted``: ``running`` comes ordered by ``end`` (unbounded jobs left out), so
-    it is read in order and only as far as needed.
-    """
-    avail = dict(free)
-    total = sum(avail.values())
-    groups: Iterable[tuple[float, list[RunningJob]]]
-    if presorted:
-        groups = _groups(now, running)
-    else:
-        by_end: dict[float, list[RunningJob]] = {}
-        for r in running:
-            if r.end is not None:
-                by_end.setdefault(max(now, r.end), []).append(r)
-        groups = ((end, by_end[end]) for end in sorted(by_end))
-    added = False
-    for end, group in groups:
-        for r in group:
-            if order is None:
-                _add(avail, r.hosts)
-                total += sum(n for h, n in r.hosts.items() if h in avail)
-                continue
-            for host, n in r.hosts.items():
-                if host in avail:
-                    avail[host] += n
-                elif host in order:
-                    avail[host] = n
-                    added = True
-                else:
-                    continue  # a host the cluster no longer has
-                total += n
-        if total < job.min_tasks:
-            continue
-        if added and order is not None:
-            avail = {h: avail[h] for h in sorted(avail, key=order.__getitem__)}
-            added = False
-        placed = place(avail, job.min_tasks, job.min_tasks, job.ptile)
-        if placed is not None:
-            extra = dict(avail)
-            _add(extra, dict(placed), -1)
-            return Reservation(job.id, end, extra)
-    return Reservation(job.id, math.inf, dict.fromkeys(free, 0))
+    if ptile is None:
+        return sum(hosts.values()) >= min_tasks
+    return sum(min(n, ptile) for n in hosts.values()) >= min_tasks
 
 
 def _groups(now: float, running: Iterable[RunningJob]) -> Iterator[tuple[float, list[RunningJob]]]:
-    """Running jobs ordered by end, grouped by the instant they release (an overdue
-    job releases now)."""
+    """Running jobs (ordered by end, unbounded ones left out) grouped by the instant
+    they release (an overdue job releases now)."""
     group: list[RunningJob] = []
     at = -math.inf
     for r in running:
@@ -239,64 +185,114 @@ def _groups(now: float, running: Iterable[RunningJob]) -> Iterator[tuple[float, 
         yield at, group
 
 
+def reservation_for(
+    now: float,
+    job: PendingJob,
+    free: FreeSlots,
+    running: Iterable[RunningJob],
+) -> tuple[Reservation, FreeSlots | None]:
+    """The head's shadow time and extra slots (see the module docstring), and for a
+    head with ``ptile`` the free slots per host at the shadow time.
+
+    ``running`` comes ordered by ``end`` (unbounded jobs may be left out); it is read
+    only as far as needed. ``free`` is not changed; for a head with ``ptile`` the
+    returned slots are a draft of it, valid while ``free`` does not change.
+    """
+    need = job.min_tasks
+    if job.ptile is None:
+        avail = free.total
+        for end, group in _groups(now, running):
+            for r in group:
+                avail += r.slots()
+            if avail >= need:
+                return Reservation(job.id, end, avail - need), None
+        return Reservation(job.id, math.inf, 0), None
+    at_shadow = free.draft()
+    for end, group in _groups(now, running):
+        for r in group:
+            at_shadow.give(r.hosts.items())
+        fit = at_shadow.capacity(job.ptile)
+        if fit >= need:
+            return Reservation(job.id, end, fit - need, job.ptile), at_shadow
+    return Reservation(job.id, math.inf, 0, job.ptile), None
+
+
 def easy_pass(
     now: float,
     pending: Iterable[PendingJob],
     running: Iterable[RunningJob],
-    free: Mapping[str, int],
+    free: FreeSlots,
     headroom: Callable[[str], int | None],
-    order: Mapping[str, int] | None = None,
     *,
-    presorted: bool = False,
     known: Reservation | None = None,
 ) -> PassResult:
-    """One FCFS + EASY pass; ``pending`` must be in queue order.
+    """One FCFS + EASY pass; ``pending`` must be in queue order, ``running`` ordered
+    by end (unbounded jobs may be left out; it is read only as far as the head needs).
 
-    ``headroom(user)`` is the user's slot headroom before this pass; slots taken by
-    jobs started in this pass are subtracted here. ``free`` lists every host, or with
-    ``order`` (see :func:`reservation_for`) only the hosts with free slots, in host
-    order: the pass then costs in proportion to the free hosts, not all hosts.
-    ``presorted``: ``running`` is ordered by end, unbounded jobs left out (see
-    :func:`reservation_for`); it is then only read as far as the head needs.
-    ``known``: the head's reservation from an earlier pass that the caller knows is
-    still exact (nothing started, ended or changed since, and no running job reached
-    its planned end); used instead of computing it again when the same job turns out
-    to be the head before anything started in this pass.
+    ``free`` is not changed (the pass works on a draft of it). ``headroom(user)`` is
+    the user's slot headroom before this pass; slots taken by jobs started in this
+    pass are subtracted here. ``known``: the head's reservation from an earlier pass
+    that the caller knows is still exact (nothing started, ended or changed since, and
+    no running job reached its planned end); used instead of computing it again when
+    the same job turns out to be the head before anything started in this pass (not
+    for a head with ``ptile``, whose reservation needs the hosts).
     """
     state = _Pass(now, free, headroom)
     jobs = iter(pending)  # one queue for both phases: backfill goes on after the head
     head = _start_in_order(state, jobs)
     if head is None:
-        if state.total > 0:
+        if state.avail.total > 0:
             _fill_leftovers(state)  # nobody waits
-        return PassResult(tuple(state.starts), None, state.avail)
-    if known is not None and known.job_id == head.id and not state.starts:
+        return PassResult(tuple(state.starts), None)
+    at_shadow: FreeSlots | None = None
+    if known is not None and known.job_id == head.id and not state.starts and head.ptile is None:
         reservation = known
     else:
-        if presorted:
-            # Merge this pass's starts (few) into the sorted running jobs.
-            ends = sorted((r for r in state.started if r.end is not None), key=_end_key)
-            both: Iterable[RunningJob] = heapq.merge(running, ends, key=_end_key)
+        # The jobs started in this pass (few) merged into the running ones by end.
+        started = sorted((r for r in state.started if r.end is not None), key=_end_of)
+        both = _merge(running, started)
+        if head.ptile is None:
+            reservation, _ = reservation_for(now, head, state.avail, both)
         else:
-            both = [*running, *state.started]
-        reservation = reservation_for(now, head, state.avail, both, order, presorted=presorted)
-    reservation = _backfill(state, jobs, reservation)
-    return PassResult(tuple(state.starts), reservation, state.avail)
+            # The draft must not depend on state.avail, which backfills change.
+            base = free.draft()
+            for s in state.starts:
+                base.take(s.placement)
+            reservation, at_shadow = reservation_for(now, head, base, both)
+    reservation = _backfill(state, jobs, reservation, at_shadow)
+    return PassResult(tuple(state.starts), reservation)
+
+
+def _end_of(r: RunningJob) -> float:
+    return r.end if r.end is not None else math.inf
+
+
+def _merge(a: Iterable[RunningJob], b: list[RunningJob]) -> Iterator[RunningJob]:
+    """``a`` and ``b`` (both ordered by end) merged by end, ``a`` first on ties."""
+    if not b:
+        yield from a
+        return
+    i = 0
+    for r in a:
+        end = _end_of(r)
+        while i < len(b) and _end_of(b[i]) < end:
+            yield b[i]
+            i += 1
+        yield r
+    yield from b[i:]
 
 
 class _Pass:
-    """What one pass has done so far: the free slots left (``avail``, ``total``), the
-    slots each user took, the starts (and the moldable ones that may take more)."""
+    """What one pass has done so far: the free slots left (``avail``, a draft of the
+    cluster's), the slots each user took, the starts (and the moldable ones that may
+    take more)."""
 
-    __slots__ = ("avail", "fillable", "headroom", "now", "started", "starts", "taken", "total")
+    __slots__ = ("avail", "fillable", "headroom", "now", "started", "starts", "taken")
 
-    def __init__(
-        self, now: float, free: Mapping[str, int], headroom: Callable[[str], int | None]
-    ) -> None:
+    def __init__(self, now: float, free: FreeSlots, headroom: Callable[[str], int | None]) -> None:
         self.now = now
         self.headroom = headroom
-        self.avail = dict(free)
-        self.total = sum(self.avail.values())
+        self.avail = free.draft()
         self.taken: dict[str, int] = {}
         self.starts: list[Start] = []
         self.started: list[RunningJob] = []
@@ -307,20 +303,18 @@ class _Pass:
         h = self.headroom(user)
         return None if h is None else h - self.taken.get(user, 0)
 
-    def start(self, job: PendingJob, placed: Placement, backfilled: bool) -> None:
+    def start(self, job: PendingJob, placed: Placement, backfilled: bool) -> int:
+        """Record the start; return its size."""
         if job.fill_to is not None and job.fill_to > job.max_tasks:
             self.fillable.append((len(self.starts), job))
         self.starts.append(Start(job.id, placed, backfilled))
-        avail = self.avail
-        n = 0
-        for host, count in placed:
-            avail[host] -= count
-            n += count
-        self.total -= n
+        self.avail.take(placed)
+        n = sum(c for _, c in placed)
         self.taken[job.user] = self.taken.get(job.user, 0) + n
         duration = job.duration_for(n)
         end = None if duration is None else self.now + duration
-        self.started.append(RunningJob(job.id, end, dict(placed)))
+        self.started.append(RunningJob(job.id, end, dict(placed), partial(int, n)))
+        return n
 
 
 def _start_in_order(state: _Pass, jobs: Iterator[PendingJob]) -> PendingJob | None:
@@ -331,29 +325,45 @@ def _start_in_order(state: _Pass, jobs: Iterator[PendingJob]) -> PendingJob | No
         r = state.room(job.user)
         if r is not None and r < job.min_tasks:
             continue  # blocked by its user's limit only: does not hold the queue
-        if state.total >= job.min_tasks:
-            placed = place(avail, job.min_tasks, job.max_tasks, job.ptile, r)
-            if placed is not None:
-                state.start(job, placed, False)
-                continue
-        return job
+        placed = avail.place(job.min_tasks, job.max_tasks, job.ptile, r)
+        if placed is None:
+            return job
+        state.start(job, placed, False)
     return None
 
 
-def _backfill(state: _Pass, jobs: Iterator[PendingJob], reservation: Reservation) -> Reservation:
-    """Backfill the jobs behind the head (see the module docstring); returns the
-    reservation, its extra slots less those that backfilled jobs took."""
+def _ends_by(state: _Pass, job: PendingJob, r: int | None, shadow: float) -> Placement | None:
+    """The job's placement now if it is expected to end by ``shadow``, else ``None``."""
     now = state.now
+    if job.duration_at is None:
+        if job.duration is None or now + job.duration > shadow:
+            return None
+        return state.avail.place(job.min_tasks, job.max_tasks, job.ptile, r)
+    # The largest start is the fastest: if it does not end by the shadow time, no
+    # smaller one does.
+    placed = state.avail.place(job.min_tasks, job.max_tasks, job.ptile, r)
+    if placed is None:
+        return None
+    d = job.duration_at(sum(n for _, n in placed))
+    return placed if d is not None and now + d <= shadow else None
+
+
+def _backfill(
+    state: _Pass,
+    jobs: Iterator[PendingJob],
+    reservation: Reservation,
+    at_shadow: FreeSlots | None,
+) -> Reservation:
+    """Backfill the jobs behind the head (see the module docstring); returns the
+    reservation with the extra slots that backfilled jobs left."""
     avail = state.avail
-    total = state.total
-    # Slots a job running past the shadow time may use: min(free now, extra), per host,
-    # kept up to date as jobs start (a full recomputation per candidate is too slow
-    # for long queues).
     extra = reservation.extra
-    capped = {h: min(n, extra.get(h, 0)) for h, n in avail.items() if n}
-    capped_total = sum(capped.values())
     headroom, taken = state.headroom, state.taken
+    ptile = reservation.ptile
+    # What the head needs at the shadow time (its min_tasks; only used with ptile).
+    need = 0 if at_shadow is None else at_shadow.capacity(ptile) - extra
     for job in jobs:
+        total = avail.total
         if total <= 0:
             break  # nothing can start or backfill any more
         if total < job.min_tasks:
@@ -362,40 +372,60 @@ def _backfill(state: _Pass, jobs: Iterator[PendingJob], reservation: Reservation
         r = None if h is None else h - taken.get(job.user, 0)
         if r is not None and r < job.min_tasks:
             continue  # blocked by its user's limit only: does not hold the queue
-        placed = None
-        if job.duration_at is None:
-            if job.duration is not None and now + job.duration <= reservation.shadow:
-                placed = place(avail, job.min_tasks, job.max_tasks, job.ptile, r)
-        else:
-            # The largest start is the fastest: if it does not end by the shadow time,
-            # no smaller one does.
-            placed = place(avail, job.min_tasks, job.max_tasks, job.ptile, r)
+        placed = _ends_by(state, job, r, reservation.shadow)
+        if placed is not None:
+            pass
+        elif at_shadow is not None:
+            # Slots beyond the head's ptile on a host are extra too: try every job.
+            placed = _fits_past_shadow(state, job, r, ptile, need, at_shadow)
             if placed is not None:
-                d = job.duration_at(sum(n for _, n in placed))
-                if d is None or now + d > reservation.shadow:
-                    placed = None
-        if placed is None and capped_total >= job.min_tasks:
-            placed = place(capped, job.min_tasks, job.max_tasks, job.ptile, r)
+                extra = at_shadow.capacity(ptile) - need
+        elif extra >= job.min_tasks:
+            cap = extra if r is None else min(r, extra)
+            placed = avail.place(job.min_tasks, job.max_tasks, job.ptile, cap)
             if placed is not None:
-                extra = dict(reservation.extra)
-                _add(extra, dict(placed), -1)
-                reservation = Reservation(reservation.job_id, reservation.shadow, extra)
+                extra -= sum(n for _, n in placed)
         if placed is not None:
             state.start(job, placed, True)
-            total = state.total
-            extra = reservation.extra
-            for host, _ in placed:
-                new = min(avail[host], extra.get(host, 0))
-                capped_total += new - capped[host]
-                capped[host] = new
-    return reservation
+    if at_shadow is None:
+        return attrs.evolve(reservation, extra=extra)
+    return attrs.evolve(reservation, extra=extra, excess=_excess(state, at_shadow, ptile))
+
+
+def _fits_past_shadow(
+    state: _Pass,
+    job: PendingJob,
+    r: int | None,
+    ptile: int | None,
+    need: int,
+    at_shadow: FreeSlots,
+) -> Placement | None:
+    """For a head with ``ptile``: the job's placement now, if the head still fits at
+    the shadow time with it (then taken from ``at_shadow``), else ``None``."""
+    placed = state.avail.place(job.min_tasks, job.max_tasks, job.ptile, r)
+    if placed is None:
+        return None
+    trial = at_shadow.draft()
+    trial.take(placed)  # never short: a host has at least as many free then as now
+    if trial.capacity(ptile) < need:
+        return None
+    at_shadow.take(placed)
+    return placed
+
+
+def _excess(state: _Pass, at_shadow: FreeSlots, ptile: int | None) -> dict[str, tuple[int, int]]:
+    """Per host, the slots at the shadow time beyond the head's ``ptile`` and the
+    host's free slots after the pass (hosts without such slots left out)."""
+    p = ptile or 0
+    avail = state.avail
+    return {h: (n - p, avail.free(h)) for h, n in at_shadow.open_hosts() if n > p}
 
 
 def _fill_leftovers(state: _Pass) -> None:
     """Give the slots left to this pass's moldable starts, up to their ``fill_to``."""
     avail = state.avail
     for index, job in state.fillable:
-        if state.total <= 0:
+        if avail.total <= 0:
             break
         placed = state.starts[index].placement
         have = sum(n for _, n in placed)
@@ -406,17 +436,19 @@ def _fill_leftovers(state: _Pass) -> None:
         if want <= 0:
             continue
         per_host = dict(placed)
-        for host, n in avail.items():
+        more: list[tuple[str, int]] = []
+        for host, n in avail.open_hosts():
             take = min(n, want)
             if job.ptile is not None:
                 take = min(take, job.ptile - per_host.get(host, 0))
             if take <= 0:
                 continue
-            per_host[host] = per_host.get(host, 0) + take
-            avail[host] -= take
+            more.append((host, take))
             want -= take
-            state.total -= take
-            state.taken[job.user] = state.taken.get(job.user, 0) + take
             if want <= 0:
                 break
+        avail.take(more)
+        for host, take in more:
+            per_host[host] = per_host.get(host, 0) + take
+            state.taken[job.user] = state.taken.get(job.user, 0) + take
         state.starts[index] = attrs.evolve(state.starts[index], placement=tuple(per_host.items()))

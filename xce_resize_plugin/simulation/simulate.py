@@ -69,6 +69,7 @@ from xce_resize_plugin.simulation.checks import (
     check_utilization,
 )
 from xce_resize_plugin.simulation.drivers import DRIVERS, Driver, MalleableSpec, make_driver
+from xce_resize_plugin.simulation.jobs_csv import JobRow, JobRows
 from xce_resize_plugin.simulation.malleable import (
     MalleableRule,
     SimJob,
@@ -331,6 +332,8 @@ class RunResult:
     waits: tuple[float, ...]
     #: Wall-clock seconds the run took (not part of the JSON: it is not deterministic).
     seconds: float = 0.0
+    #: One row per job (:mod:`.jobs_csv`), when asked for (not part of the JSON).
+    jobs: tuple[JobRow, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = dict(self.metrics.to_json())
@@ -406,6 +409,7 @@ def run_mode(
     state_dir: Path | None = None,
     observers: Sequence[Any] = (),
     record: str | os.PathLike[str] | None = None,
+    job_rows: bool = False,
 ) -> RunResult:
     """Run the workload once in ``mode``, with the plugin, and check and measure it.
 
@@ -413,7 +417,21 @@ def run_mode(
         directory, removed afterwards).
     :param observers: extra :class:`~.observer.Observer` objects (tests).
     :param record: write a recording of the run's inputs there (:mod:`.recording`).
+    :param job_rows: keep one row per job in :attr:`RunResult.jobs` (``--jobs-out``).
     """
+    if job_rows:
+        malleable = {j.id for j in workload.jobs if j.malleable} if mode == "elastic" else set()
+        rows = JobRows(mode, malleable)
+        result = run_mode(
+            workload,
+            options,
+            mode,
+            progress=progress,
+            state_dir=state_dir,
+            observers=[*observers, rows],
+            record=record,
+        )
+        return attrs.evolve(result, jobs=rows.sorted_rows())
     if state_dir is None:
         with tempfile.TemporaryDirectory(prefix=f"xce-simulate-{mode}-") as tmp:
             return run_mode(
@@ -630,20 +648,25 @@ def simulate(
     progress: ProgressFn | None = None,
     parallel: bool | None = None,
     workload: Workload | None = None,
+    job_rows: bool = False,
 ) -> Comparison:
     """Run the trace rigid and elastic and compare them.
 
     :param parallel: run the two runs in two processes (default: when the machine has
         at least two cores and ``fork`` is available). The results are the same.
+    :param job_rows: keep one row per job and run (``RunResult.jobs``).
     """
     if workload is None:
         workload = load_workload(path, options)
     if parallel is None:
         parallel = (os.cpu_count() or 1) >= 2 and _can_fork()
     if parallel:
-        results = _run_parallel(workload, options, progress)
+        results = _run_parallel(workload, options, progress, job_rows)
     else:
-        results = {mode: run_mode(workload, options, mode, progress=progress) for mode in MODES}
+        results = {
+            mode: run_mode(workload, options, mode, progress=progress, job_rows=job_rows)
+            for mode in MODES
+        }
     return Comparison(workload, options, results["rigid"], results["elastic"])
 
 
@@ -651,12 +674,14 @@ def _can_fork() -> bool:
     return "fork" in multiprocessing.get_all_start_methods()
 
 
-def _child(conn: Connection, workload: Workload, options: SimOptions, mode: Mode) -> None:
+def _child(
+    conn: Connection, workload: Workload, options: SimOptions, mode: Mode, job_rows: bool
+) -> None:
     def report(m: str, done: int, total: int) -> None:
         conn.send(("progress", m, done, total))
 
     try:
-        result = run_mode(workload, options, mode, progress=report)
+        result = run_mode(workload, options, mode, progress=report, job_rows=job_rows)
     except BaseException as exc:
         conn.send(("error", mode, f"{type(exc).__name__}: {exc}", traceback.format_exc()))
     else:
@@ -666,7 +691,7 @@ def _child(conn: Connection, workload: Workload, options: SimOptions, mode: Mode
 
 
 def _run_parallel(
-    workload: Workload, options: SimOptions, progress: ProgressFn | None
+    workload: Workload, options: SimOptions, progress: ProgressFn | None, job_rows: bool
 ) -> dict[str, RunResult]:
     """Both runs in forked children (they inherit the read workload; nothing is
     pickled on the way in), results and progress back through pipes."""
@@ -675,7 +700,9 @@ def _run_parallel(
     for mode in MODES:
         parent, child = ctx.Pipe(duplex=False)
         proc = ctx.Process(
-            target=_child, args=(child, workload, options, mode), name=f"simulate-{mode}"
+            target=_child,
+            args=(child, workload, options, mode, job_rows),
+            name=f"simulate-{mode}",
         )
         proc.start()
         child.close()

@@ -11,10 +11,10 @@ from xce_resize_plugin.controllers.scheduler import (
     PendingJob,
     RunningJob,
     easy_pass,
-    place,
     reservation_for,
 )
 from xce_resize_plugin.controllers.sim import Cluster, ContractViolation, SubmissionRejected
+from xce_resize_plugin.controllers.slots import FreeSlots
 from xce_resize_plugin.core.models import JobState, Task
 
 # -- cluster ledger ---------------------------------------------------------------------
@@ -66,28 +66,60 @@ def test_user_limit_and_headroom() -> None:
 
 
 def test_place_host_order_ptile_headroom() -> None:
-    free = {"a": 3, "b": 1, "c": 4}
-    assert place(free, 2, 8, None) == (("a", 3), ("b", 1), ("c", 4))
-    assert place(free, 2, 5, 2) == (("a", 2), ("b", 1), ("c", 2))
-    assert place(free, 2, 8, None, headroom=4) == (("a", 3), ("b", 1))
-    assert place(free, 9, 9, None) is None
-    assert place(free, 2, 8, None, headroom=1) is None
+    free = FreeSlots.of({"a": 3, "b": 1, "c": 4})
+    assert free.place(2, 8, None) == (("a", 3), ("b", 1), ("c", 4))
+    assert free.place(2, 5, 2) == (("a", 2), ("b", 1), ("c", 2))
+    assert free.place(2, 8, None, headroom=4) == (("a", 3), ("b", 1))
+    assert free.place(9, 9, None) is None
+    assert free.place(2, 8, None, headroom=1) is None
+    assert free.capacity(None) == 8 and free.capacity(2) == 5 and free.capacity(1) == 3
 
 
-def test_reservation_is_per_host() -> None:
+def test_reservation_with_ptile_is_per_host() -> None:
     # Head needs 2 tasks with ptile 1: one more host must free up, not just 2 slots.
     head = PendingJob("h", "u", 2, 2, 1, 10.0)
     running = [RunningJob("x", 50.0, {"a": 2}), RunningJob("y", 80.0, {"b": 2})]
-    res = reservation_for(0.0, head, {"a": 0, "b": 0}, running)
+    res, at_shadow = reservation_for(0.0, head, FreeSlots.of({"a": 0, "b": 0}), running)
     assert res.shadow == 80.0
-    assert res.extra == {"a": 1, "b": 1}
-    never = reservation_for(0.0, head, {"a": 0, "b": 0}, [RunningJob("x", None, {"a": 2})])
+    assert at_shadow is not None and at_shadow.as_dict() == {"a": 2, "b": 2}
+    assert res.extra == 0  # both hosts are needed, one task each
+    never, _ = reservation_for(
+        0.0, head, FreeSlots.of({"a": 0, "b": 0}), [RunningJob("x", None, {"a": 2})]
+    )
     assert never.shadow == math.inf
+    # Without ptile, 2 slots are enough: the first release gives them.
+    counted, _ = reservation_for(
+        0.0, PendingJob("h", "u", 2, 2, None, 10.0), FreeSlots.of({"a": 0, "b": 0}), running
+    )
+    assert (counted.shadow, counted.extra) == (50.0, 0)
+
+
+def test_a_backfill_past_the_shadow_time_leaves_a_ptile_head_its_hosts() -> None:
+    # a (2 slots) and b (1 slot) are busy until 80, c (1 slot) is free. The head (3
+    # tasks, ptile 1) needs all three hosts at 80, so a long 1-task job may not take c,
+    # although 4 slots are free at 80 and the head needs 3.
+    running = [RunningJob("x", 80.0, {"a": 2}), RunningJob("y", 80.0, {"b": 1})]
+    free = FreeSlots.of({"a": 0, "b": 0, "c": 1})
+    head = PendingJob("h", "u", 3, 3, 1, 10.0)
+    long = PendingJob("l", "u", 1, 1, None, 500.0)
+    result = easy_pass(0.0, [head, long], running, free, lambda user: None)
+    assert result.starts == ()
+    assert result.reservation is not None and result.reservation.shadow == 80.0
+    # Without ptile the head needs 3 of the 4 slots free at 80: the long job may start.
+    plain = PendingJob("h", "u", 3, 3, None, 10.0)
+    result = easy_pass(0.0, [plain, long], running, free, lambda user: None)
+    assert [s.job_id for s in result.starts] == ["l"]
+    # A slot the ptile head cannot use (a second one on c) is extra: taken at once.
+    free = FreeSlots.of({"a": 0, "b": 0, "c": 2})
+    result = easy_pass(0.0, [head, long], running, free, lambda user: None)
+    assert [s.placement for s in result.starts] == [(("c", 1),)]
+    res = result.reservation
+    assert res is not None and res.excess == {"a": (1, 0)}  # c's second slot is taken
 
 
 def test_easy_pass_skips_limit_blocked_jobs() -> None:
     pending = [PendingJob("1", "alice", 2, 2, None, 5.0), PendingJob("2", "bob", 2, 2, None, 5.0)]
-    result = easy_pass(0.0, pending, [], {"a": 2}, {"alice": 1}.get)
+    result = easy_pass(0.0, pending, [], FreeSlots.of({"a": 2}), {"alice": 1}.get)
     assert [s.job_id for s in result.starts] == ["2"]
     assert result.reservation is None
 

@@ -1,7 +1,7 @@
 """The fast paths the trace simulator relies on decide exactly what the plain ones do.
 
-- ``easy_pass`` over only the free hosts (``order``) with the running jobs sorted by
-  end (``presorted``) against the original dense call;
+- the scheduler's free-slot counts (:mod:`~.controllers.slots`: classes, a bitmap of
+  the hosts with free slots, drafts) against a plain map;
 - the cluster's bulk ``allocate``/``release_all`` against ``reserve``/``free``, and its
   sparse free view against the dense one;
 - the journal's state encoding with its cached records against plain cattrs + json.
@@ -12,8 +12,9 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from xce_resize_plugin.controllers.scheduler import PendingJob, RunningJob, easy_pass
+from xce_resize_plugin.controllers.scheduler import PendingJob, easy_pass
 from xce_resize_plugin.controllers.sim import Cluster
+from xce_resize_plugin.controllers.slots import FreeSlots
 from xce_resize_plugin.core import converters, engine
 from xce_resize_plugin.core.models import (
     Committed,
@@ -30,60 +31,63 @@ from xce_resize_plugin.core.models import (
 from xce_resize_plugin.journal import StoredState
 
 
-@st.composite
-def pass_inputs(
-    draw: st.DrawFn,
-) -> tuple[dict[str, int], list[RunningJob], list[PendingJob], dict[str, int]]:
-    n_hosts = draw(st.integers(1, 8))
-    hosts = {f"h{i}": draw(st.integers(1, 4)) for i in range(n_hosts)}
-    free = dict(hosts)
-    running: list[RunningJob] = []
-    for j in range(draw(st.integers(0, 8))):
-        taken: dict[str, int] = {}
-        for h in hosts:
-            k = draw(st.integers(0, free[h]))
-            if k:
-                taken[h] = k
-                free[h] -= k
-        if taken:
-            end = draw(st.one_of(st.none(), st.sampled_from([5.0, 10.0, 10.0, 30.0, 50.0])))
-            running.append(RunningJob(f"r{j}", end, taken))
-    pending = []
-    for j in range(draw(st.integers(1, 8))):
-        lo = draw(st.integers(1, 6))
-        hi = draw(st.integers(lo, 8))
-        ptile = draw(st.one_of(st.none(), st.integers(1, 3)))
-        duration = draw(st.one_of(st.none(), st.sampled_from([1.0, 8.0, 20.0, 100.0])))
-        fill = draw(st.one_of(st.none(), st.integers(hi, 10)))
-        pending.append(PendingJob(f"p{j}", f"u{j % 2}", lo, hi, ptile, duration, fill_to=fill))
-    return hosts, running, pending, free
+def _agrees(slots: FreeSlots, model: dict[str, int], ptile: int | None) -> None:
+    assert slots.problems() == []
+    assert slots.as_dict() == model
+    assert list(slots.open_hosts()) == [(h, n) for h, n in model.items() if n]
+    assert slots.total == sum(model.values())
+    assert slots.capacity(ptile) == sum(
+        n if ptile is None else min(n, ptile) for n in model.values()
+    )
+    want = sum(model.values()) // 2 + 1
+    expected, left = [], want
+    for h, n in model.items():
+        if n and left:
+            take = min(n, left, ptile or n)
+            expected.append((h, take))
+            left -= take
+    placed = slots.place(want, want, ptile)
+    assert placed == (tuple(expected) if not left else None)
 
 
-@settings(max_examples=300, deadline=None)
-@given(pass_inputs(), st.sampled_from([0.0, 7.0, 10.0]))
-def test_sparse_sorted_pass_matches_the_dense_one(
-    data: tuple[dict[str, int], list[RunningJob], list[PendingJob], dict[str, int]], now: float
+changes = st.lists(st.tuples(st.integers(0, 149), st.integers(-3, 3)), max_size=40)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.integers(0, 5), min_size=1, max_size=150),
+    changes,
+    changes,
+    st.one_of(st.none(), st.integers(1, 4)),
+)
+def test_free_slots_agree_with_a_plain_map(
+    initial: list[int],
+    base_changes: list[tuple[int, int]],
+    draft_changes: list[tuple[int, int]],
+    ptile: int | None,
 ) -> None:
-    hosts, running, pending, free = data
-    dense = easy_pass(now, pending, running, free, lambda user: None)
-    order = {h: i for i, h in enumerate(hosts)}
-    sparse_free = {h: n for h, n in free.items() if n > 0}
-    by_end = sorted((r for r in running if r.end is not None), key=lambda r: r.end or 0.0)
-    fast = easy_pass(now, pending, by_end, sparse_free, lambda user: None, order, presorted=True)
-    assert fast.starts == dense.starts
-    if dense.reservation is None:
-        assert fast.reservation is None
-    else:
-        assert fast.reservation is not None
-        assert fast.reservation.job_id == dense.reservation.job_id
-        assert fast.reservation.shadow == dense.reservation.shadow
-        # The sparse reservation lists only the hosts it saw; the others have 0 extra.
-        for host, n in dense.reservation.extra.items():
-            assert fast.reservation.extra.get(host, 0) == n
+    """Counts per class, the bitmap of hosts with free slots (more than 64 hosts: several
+    words) and greedy placement against a plain map; then a draft's changes stay in the
+    draft."""
+    names = [f"h{i:03d}" for i in range(len(initial))]
+    slots = FreeSlots(names, initial)
+    model = dict(zip(names, initial, strict=True))
+    for i, delta in base_changes:
+        host = names[i % len(names)]
+        model[host] = max(0, model[host] + delta)
+        slots.set(host, model[host])
+        _agrees(slots, model, ptile)
+    draft, draft_model = slots.draft(), dict(model)
+    for i, delta in draft_changes:
+        host = names[i % len(names)]
+        draft_model[host] = max(0, draft_model[host] + delta)
+        draft.set(host, draft_model[host])
+        _agrees(draft, draft_model, ptile)
+    _agrees(slots, model, ptile)
 
 
 def test_fill_takes_leftovers_only_when_nobody_waits() -> None:
-    free = {"a": 4, "b": 4}
+    free = FreeSlots.of({"a": 4, "b": 4})
     grow = PendingJob("m", "u", 1, 2, None, 10.0, fill_to=6)
     alone = easy_pass(0.0, [grow], [], free, lambda user: None)
     assert alone.starts[0].placement == (("a", 4), ("b", 2))  # 2 preferred, filled to 6
@@ -102,14 +106,14 @@ def test_cluster_bulk_paths_agree_with_per_task_ones() -> None:
     assert tasks == (Task(0, "a"), Task(1, "a"), Task(2, "c"))
     plain.reserve("1", list(tasks))
     assert bulk.free_slots() == plain.free_slots() == {"a": 0, "b": 1, "c": 2}
-    assert bulk.open_slots() == {"b": 1, "c": 2}
+    assert dict(bulk.open_slots()) == {"b": 1, "c": 2}
     assert bulk.held("1") == plain.held("1")
     assert bulk.check() == plain.check() == []
     bulk.allocate("2", (("b", 1),))
-    assert bulk.open_slots() == {"c": 2}
+    assert dict(bulk.open_slots()) == {"c": 2}
     assert bulk.release_all("1") == 3
     plain.free("1", [0, 1, 2])
-    assert bulk.open_slots() == {"a": 2, "c": 3}
+    assert dict(bulk.open_slots()) == {"a": 2, "c": 3}
     assert bulk.held("1") == plain.held("1") == {}
     assert bulk.check() == []
 

@@ -172,35 +172,57 @@ class SimClusterView:
     order, read live (slots the plugin reserves during the cycle disappear from it).
 
     With ``protect`` (the controller's ``protect_reservation`` option) and a blocked
-    queue head, a host offers only the slots the head does not need at its shadow
-    time, so a grow cannot delay the head; see :mod:`.scheduler`.
+    queue head, only the slots the head does not need at its shadow time are offered,
+    so a grow cannot delay the head (see :func:`offered_total`): the reservation's
+    extra slots, less those taken since the pass (``taken_at_pass`` is the cluster's
+    :attr:`~.cluster.Cluster.taken_count` then), on the first hosts with free slots in
+    host order; for a head with ``ptile``, per host the slots beyond what the head can
+    use there.
     """
 
     def __init__(
-        self,
-        cluster: Cluster,
-        reservation: Reservation | None = None,
-        free_at_pass: Mapping[str, int] | None = None,
+        self, cluster: Cluster, reservation: Reservation | None = None, taken_at_pass: int = 0
     ) -> None:
         self._cluster = cluster
         self._reservation = reservation
-        # Not copied: the controller replaces its map at every pass, never changes it.
-        self._free_at_pass: Mapping[str, int] = free_at_pass if free_at_pass is not None else {}
+        self._taken_at_pass = taken_at_pass
 
     def free_slots(self) -> dict[str, int]:
-        free = self._cluster.free_slots()
+        cluster = self._cluster
+        free = cluster.free_slots()
         res = self._reservation
         if res is None:
             return free
-        return {host: _offered(host, n, res, self._free_at_pass) for host, n in free.items()}
+        if res.ptile is not None:
+            return {host: _offered(host, n, res) for host, n in free.items()}
+        budget = _budget(cluster, res, self._taken_at_pass)
+        for host, n in free.items():
+            give = n if n < budget else budget
+            free[host] = give
+            budget -= give
+        return free
 
 
-def _offered(host: str, free: int, res: Reservation, free_at_pass: Mapping[str, int]) -> int:
-    """How many of ``host``'s ``free`` slots a grow may take without delaying the
-    blocked queue head (reservation ``res``, made when ``host`` had ``free_at_pass``)."""
-    # Slots taken since the pass already came out of the extra slots.
-    taken = max(0, free_at_pass.get(host, free) - free)
-    return max(0, min(free, res.extra.get(host, 0) - taken))
+def _budget(cluster: Cluster, res: Reservation, taken_at_pass: int) -> int:
+    """The extra slots of a head without ``ptile`` that nobody took since the pass."""
+    return max(0, res.extra - (cluster.taken_count - taken_at_pass))
+
+
+def _offered(host: str, free: int, res: Reservation) -> int:
+    """How many of ``host``'s ``free`` slots a grow may take without delaying a blocked
+    queue head with ``ptile`` (reservation ``res``)."""
+    excess, at_pass = res.excess.get(host, (0, free))
+    # Slots taken since the pass already came out of the excess.
+    return max(0, min(free, excess - max(0, at_pass - free)))
+
+
+def offered_total(cluster: Cluster, res: Reservation | None, taken_at_pass: int) -> int:
+    """What :meth:`SimClusterView.free_slots` offers in all, without listing every host."""
+    if res is None:
+        return cluster.free_total
+    if res.ptile is None:
+        return min(cluster.free_total, _budget(cluster, res, taken_at_pass))
+    return sum(_offered(h, n, res) for h, n in cluster.open_slots())
 
 
 class EmbeddedController:
@@ -394,7 +416,7 @@ class EmbeddedController:
         self._queue_epoch = 0
         self._last_pass: tuple[int, int, float] | None = None
         self._reservation: Reservation | None = None
-        self._free_at_pass: dict[str, int] = {}
+        self._taken_at_pass = 0
         self._problems: list[str] = []
         self._rejections: list[tuple[float, str, str]] = []
         self._dirty: set[str] = set()
@@ -946,7 +968,7 @@ class EmbeddedController:
                 SimClusterView(
                     self._cluster,
                     self._reservation if self.protect_reservation else None,
-                    self._free_at_pass,
+                    self._taken_at_pass,
                 ),
             )
             self._hook(self._hooks.dispatch_cycle, self._host)
@@ -1092,12 +1114,8 @@ class EmbeddedController:
         """How many free slots the plugin's next scheduler cycle would be offered: all
         free slots, or with :attr:`protect_reservation` and a blocked queue head only
         those the head does not need at its shadow time (see :class:`SimClusterView`)."""
-        res = self._reservation
-        if not self.protect_reservation or res is None:
-            return self._cluster.free_total
-        # SimClusterView.free_slots() summed, over the hosts with free slots only.
-        at_pass = self._free_at_pass
-        return sum(_offered(h, n, res, at_pass) for h, n in self._cluster.open_slots().items())
+        res = self._reservation if self.protect_reservation else None
+        return offered_total(self._cluster, res, self._taken_at_pass)
 
     @property
     def changes(self) -> int:
@@ -1279,7 +1297,6 @@ class EmbeddedController:
             )
         if job.alloc is None:
             return None
-        free = self._cluster.free_slots()
         total = 0
         for host, count in job.alloc:
             if not self._cluster.has_host(host):
@@ -1288,9 +1305,10 @@ class EmbeddedController:
                 raise SubmissionRejected(f"alloc: bad task count {count} on {host}")
             if job.ptile is not None and count > job.ptile:
                 raise SubmissionRejected(f"alloc: {count} tasks on {host} exceed ptile {job.ptile}")
-            if count > free[host]:
+            free = self._cluster.free_on(host)
+            if count > free:
                 raise SubmissionRejected(
-                    f"alloc does not fit: {count} tasks on {host}, {free[host]} free"
+                    f"alloc does not fit: {count} tasks on {host}, {free} free"
                 )
             total += count
         if len({h for h, _ in job.alloc}) != len(job.alloc):
@@ -1465,24 +1483,21 @@ class EmbeddedController:
             return
         now = self.now()
         cluster = self._cluster
-        # Only the hosts with free slots (in host order): on a busy cluster the pass
-        # then costs in proportion to what it can use, not to the number of hosts.
+        # On counts (see .scheduler): the pass costs in proportion to the queue it reads
+        # and the hosts of the jobs it starts, not to the number of hosts.
         result = easy_pass(
             now,
             self._queue_views,
             map(_third, self._by_end),
-            cluster.open_slots(),
+            cluster.free_counts(),
             cluster.headroom,
-            cluster.order,
-            presorted=True,
             known=self._known_reservation(now),
         )
         for start in result.starts:
             self._start_job(self._jobs[start.job_id], start.placement)
         self._reservation = res = result.reservation
-        # Only the protected cluster view reads it, and only with a reservation (hosts
-        # missing from it had no free slot at the pass, so nothing was taken there).
-        self._free_at_pass = dict(result.free or {}) if res is not None else {}
+        # Slots taken from now on come out of the reservation's extra slots.
+        self._taken_at_pass = cluster.taken_count
         self._last_pass = (cluster.free_epoch, self._queue_epoch, now)
         # A pass that started nothing leaves a reservation the next pass may reuse.
         self._res_known = (
@@ -1513,7 +1528,13 @@ class EmbeddedController:
         """The scheduler's view of a running job: its planned end and (live) slots."""
         self._drop_running_view(job.id)
         self._views_epoch += 1
-        view = RunningJob(job.id, self._expected_end(job), self._cluster.job_hosts(job.id))
+        cluster = self._cluster
+        view = RunningJob(
+            job.id,
+            self._expected_end(job),
+            cluster.job_hosts(job.id),
+            partial(cluster.held_count, job.id),
+        )
         self._running_views[job.id] = view
         if view.end is not None:
             # Ends and ids never tie together (ids are unique): views are not compared.

@@ -1,0 +1,61 @@
+"""Simulation cost against the size of the machine (issue #10): CTC's first 20,000 jobs
+scaled x1, x16 and x64 (every job's size and the machine multiplied, one slot per host:
+338, 5,408 and 21,632 hosts), rigid run; skipped without ../shared/traces.
+
+Scaling every size by the same factor leaves EASY's decisions unchanged, so the three
+runs must start every job at the same time: that is asserted (the scheduler works on
+counts). The events per second of each and their ratio to x1 are printed (target:
+x64 at least 0.7 times x1; docs/performance.md); times are not asserted.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import attrs
+import pytest
+
+from tests.unit.embedded.test_easy_textbook import Starts
+from xce_resize_plugin.simulation.simulate import (
+    SimOptions,
+    Workload,
+    cluster_for,
+    load_workload,
+    run_mode,
+)
+
+TRACE = Path(__file__).resolve().parents[3] / "shared" / "traces" / "CTC-SP2-1996-3.1-cln.swf.gz"
+pytestmark = pytest.mark.skipif(not TRACE.exists(), reason="needs ../shared/traces (CTC)")
+
+JOBS = 20_000
+
+
+def scaled(workload: Workload, k: int) -> Workload:
+    """Every job and the machine ``k`` times larger."""
+    jobs = tuple(
+        attrs.evolve(j, procs=j.procs * k, min_procs=j.min_procs * k, max_procs=j.max_procs * k)
+        for j in workload.jobs
+    )
+    return Workload(workload.source, workload.trace, jobs, cluster_for(workload.capacity * k, 1))
+
+
+def test_cost_against_machine_size() -> None:
+    options = SimOptions(malleable_fraction=0.0, limit=JOBS)
+    base = load_workload(TRACE, options)
+    rates: dict[int, float] = {}
+    schedules = []
+    for k in (1, 16, 64):
+        seen = Starts()
+        run = run_mode(scaled(base, k), options, "rigid", observers=[seen])
+        assert run.problems == ()
+        schedules.append(seen.starts)
+        rates[k] = run.events / run.seconds
+        print(
+            f"\nCTC first {JOBS:,} jobs x{k} ({base.capacity * k:,} one-slot hosts), rigid: "
+            f"{run.seconds:.1f} s, {run.events:,} events, {rates[k]:,.0f} events/s "
+            f"({rates[k] / rates[1]:.2f}x of x1)"
+        )
+    assert schedules[0] == schedules[1] == schedules[2]
+    ratio = rates[64] / rates[1]
+    verdict = "met" if ratio >= 0.7 else "NOT met"
+    print(f"x64 / x1 events per second: {ratio:.2f} (target >= 0.7: {verdict})")

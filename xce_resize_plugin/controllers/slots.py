@@ -1,0 +1,235 @@
+"""Free slots per host, kept as counts for the scheduler and in host order for placing.
+
+:class:`FreeSlots` answers the questions a scheduling pass asks without looking at
+every host:
+
+- ``total``: free slots on all hosts together;
+- :meth:`~FreeSlots.capacity`: how many tasks of a job with at most ``ptile`` tasks per
+  host fit now, from the *classes* of hosts: hosts with the same number of free slots
+  are alike, so the answer is a sum over the distinct free counts (a handful), not over
+  hosts;
+- :meth:`~FreeSlots.place`: the concrete hosts, chosen greedily in host order (the
+  first hosts with free slots, at most ``ptile`` tasks each), reading only the hosts it
+  uses: the hosts with free slots sit in a two-level bitmap (64 hosts per word, and one
+  bit per non-empty word), so finding the next one skips full hosts a word at a time.
+
+A change of one host's free slots is O(1). :meth:`~FreeSlots.draft` gives a
+copy-on-write child for a scheduling pass to try starts on: it costs nothing to make,
+and changes to it never reach its parent. A parent must not change while a draft of
+it is in use (the draft reads the parent for every host it did not change itself).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping, MutableSequence, Sequence
+
+__all__ = ["FreeSlots", "Placement"]
+
+#: ``(host, tasks)`` pairs in allocation order.
+Placement = tuple[tuple[str, int], ...]
+
+_WORD = 64  # hosts per word of the bitmap (positions: i >> 6, i & 63)
+
+
+class _Overlay(dict[int, int]):
+    """A list's copy-on-write stand-in: reads fall through to ``base`` until written
+    (a dict, so that reads of written entries and every write stay in C)."""
+
+    __slots__ = ("base",)
+
+    def __init__(self, base: _Slots) -> None:
+        super().__init__()
+        self.base = base
+
+    def __missing__(self, i: int) -> int:
+        return self.base[i]
+
+
+_Slots = MutableSequence[int] | _Overlay
+
+
+class FreeSlots:
+    """Free slots of the hosts ``names`` (in host order); see the module docstring."""
+
+    __slots__ = ("_free", "_hist", "_names", "_pos", "_top", "_words", "total")
+
+    def __init__(self, names: Sequence[str], free: Sequence[int]) -> None:
+        if len(names) != len(free):
+            raise ValueError("one free count per host")
+        self._names: Sequence[str] = tuple(names)
+        self._pos: Mapping[str, int] = {h: i for i, h in enumerate(self._names)}
+        self._free: _Slots = [0] * len(self._names)
+        #: Free count -> how many hosts have exactly that many free slots (counts > 0).
+        self._hist: dict[int, int] = {}
+        self._words: _Slots = [0] * (len(self._names) // _WORD + 1)
+        self._top = 0
+        self.total = 0
+        for i, n in enumerate(free):
+            if n < 0:
+                raise ValueError(f"host {self._names[i]!r}: negative free slots {n}")
+        self._apply(enumerate(free))
+
+    @classmethod
+    def of(cls, free: Mapping[str, int]) -> FreeSlots:
+        """From a ``host -> free slots`` mapping in host order."""
+        return cls(list(free), list(free.values()))
+
+    def draft(self) -> FreeSlots:
+        """A copy-on-write child (see the module docstring)."""
+        child = FreeSlots.__new__(FreeSlots)
+        child._names, child._pos = self._names, self._pos
+        child._free, child._words = _Overlay(self._free), _Overlay(self._words)
+        child._hist = dict(self._hist)
+        child._top, child.total = self._top, self.total
+        return child
+
+    # -- reading -----------------------------------------------------------------------
+
+    def __contains__(self, host: object) -> bool:
+        return host in self._pos
+
+    def free(self, host: str) -> int:
+        """Free slots on ``host`` (0 for a host it does not know)."""
+        i = self._pos.get(host)
+        return 0 if i is None else self._free[i]
+
+    def capacity(self, ptile: int | None) -> int:
+        """How many tasks fit now with at most ``ptile`` per host (``None``: no limit)."""
+        if ptile is None:
+            return self.total
+        return sum(hosts * (c if c < ptile else ptile) for c, hosts in self._hist.items())
+
+    def open_hosts(self) -> Iterator[tuple[str, int]]:
+        """``(host, free)`` of the hosts with free slots, in host order; lazy."""
+        names, free = self._names, self._free
+        for i in self._open():
+            yield names[i], free[i]
+
+    def as_dict(self) -> dict[str, int]:
+        """Every host's free slots, in host order (O(hosts): views and checks only)."""
+        free = self._free
+        return {h: free[i] for i, h in enumerate(self._names)}
+
+    def problems(self) -> list[str]:
+        """Disagreements between the counts, the bitmap and the per-host values."""
+        free = [self._free[i] for i in range(len(self._names))]
+        hist: dict[int, int] = {}
+        for n in free:
+            if n:
+                hist[n] = hist.get(n, 0) + 1
+        out = []
+        if hist != self._hist:
+            out.append("free-slot classes disagree with the hosts' free slots")
+        if self.total != sum(free):
+            out.append("free-slot total disagrees with the hosts' free slots")
+        if list(self._open()) != [i for i, n in enumerate(free) if n]:
+            out.append("the hosts with free slots disagree with the counters")
+        return out
+
+    def place(
+        self, min_tasks: int, max_tasks: int, ptile: int | None, headroom: int | None = None
+    ) -> Placement | None:
+        """Greedy placement in host order: as many tasks as fit up to ``max_tasks``, at
+        most ``ptile`` per host and ``headroom`` in all; ``None`` if fewer than
+        ``min_tasks`` fit. Reads only the hosts it returns."""
+        cap = max_tasks if headroom is None else min(max_tasks, headroom)
+        if cap < min_tasks or cap <= 0 or self.capacity(ptile) < min_tasks:
+            return None
+        names, free = self._names, self._free
+        out: list[tuple[str, int]] = []
+        total = 0
+        for i in self._open():
+            take = free[i]
+            if ptile is not None and take > ptile:
+                take = ptile
+            if take > cap - total:
+                take = cap - total
+            out.append((names[i], take))
+            total += take
+            if total >= cap:
+                break
+        return tuple(out)
+
+    # -- changing ----------------------------------------------------------------------
+
+    def take(self, placement: Iterable[tuple[str, int]]) -> None:
+        """Take these slots; a host with fewer free slots raises :class:`ValueError`
+        (after the hosts before it were taken: callers place first)."""
+        pos, free = self._pos, self._free
+        changes = []
+        for host, n in placement:
+            i = pos[host]
+            left = free[i] - n
+            if left < 0:
+                raise ValueError(f"host {host!r}: {n} slots taken, {free[i]} free")
+            changes.append((i, left))
+        self._apply(changes)
+
+    def give(self, hosts: Iterable[tuple[str, int]]) -> int:
+        """Give these slots back (hosts it does not know are skipped); return how many."""
+        pos, free = self._pos, self._free
+        changes = []
+        n_given = 0
+        for host, n in hosts:
+            i = pos.get(host)
+            if i is not None:
+                changes.append((i, free[i] + n))
+                n_given += n
+        self._apply(changes)
+        return n_given
+
+    def set(self, host: str, n: int) -> None:
+        """Set ``host``'s free slots to ``n`` (>= 0)."""
+        self._apply(((self._pos[host], n),))
+
+    def set_many(self, hosts: Iterable[tuple[str, int]]) -> None:
+        """:meth:`set` for each ``(host, free)``."""
+        pos = self._pos
+        self._apply([(pos[h], n) for h, n in hosts])
+
+    # -- internals ---------------------------------------------------------------------
+
+    def _apply(self, changes: Iterable[tuple[int, int]]) -> None:
+        """Set the free slots of positions; the classes and the bitmap follow. One
+        loop for a job's hosts: this is what starting and ending jobs cost."""
+        free, hist, words = self._free, self._hist, self._words
+        top, total = self._top, self.total
+        for i, new in changes:
+            old = free[i]
+            if new == old:
+                continue
+            free[i] = new
+            total += new - old
+            if old:
+                left = hist[old] - 1
+                if left:
+                    hist[old] = left
+                else:
+                    del hist[old]
+            if new:
+                hist[new] = hist.get(new, 0) + 1
+                if old:
+                    continue
+            w = i >> 6
+            bit = 1 << (i & 63)
+            word = words[w] ^ bit
+            words[w] = word
+            if new and word == bit:
+                top |= 1 << w  # the word's first host with free slots
+            elif not word:
+                top &= ~(1 << w)
+        self._top, self.total = top, total
+
+    def _open(self) -> Iterator[int]:
+        """Positions of the hosts with free slots, in order (a snapshot of the words)."""
+        top, words = self._top, self._words
+        while top:
+            low = top & -top
+            top ^= low
+            w = low.bit_length() - 1
+            word = words[w]
+            base = w * _WORD
+            while word:
+                bit = word & -word
+                word ^= bit
+                yield base + bit.bit_length() - 1
