@@ -683,6 +683,19 @@ def make_app(agent: WorkerAgent, secret: str) -> Starlette:
     )
 
 
+def _only_agent(agent: WorkerAgent) -> FileLock | None:
+    """The host's agent lock, held; ``None`` when another agent for the host holds it."""
+    agent.dir.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(agent.dir / "lock")
+    # A controller probing the lock holds it shared for an instant: retry briefly.
+    deadline = time.monotonic() + 2.0
+    while not lock.acquire():
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(0.02)
+    return lock
+
+
 def serve(state_dir: Path, host: str, header_timeout: float = 10.0) -> int:
     """Run the agent for ``host`` until SIGTERM/SIGINT; the process's exit status.
 
@@ -705,15 +718,10 @@ def serve(state_dir: Path, host: str, header_timeout: float = 10.0) -> int:
         print(f"xce-resize worker: cannot read the secret: {exc}", file=sys.stderr)
         return 2
     agent = WorkerAgent(host, state_dir)
-    agent.dir.mkdir(parents=True, exist_ok=True)
-    lock = FileLock(agent.dir / "lock")
-    # A controller probing the lock holds it shared for an instant: retry briefly.
-    deadline = time.monotonic() + 2.0
-    while not lock.acquire():
-        if time.monotonic() > deadline:
-            print(f"xce-resize worker: an agent for {host} already runs", file=sys.stderr)
-            return 3
-        time.sleep(0.02)
+    lock = _only_agent(agent)
+    if lock is None:
+        print(f"xce-resize worker: an agent for {host} already runs", file=sys.stderr)
+        return 3
     agent.subreaper = become_subreaper()
     if not agent.subreaper:
         log.warning("not a child subreaper: a task's process whose parent exits may escape")
