@@ -51,6 +51,13 @@ def add_parsers(sub: Any) -> None:
         help="start at once with N tasks on HOST, bypassing the queue (repeatable; the "
         "first host holds task 0)",
     )
+    submit.add_argument(
+        "--initial",
+        type=int,
+        metavar="N",
+        help="start with at most N tasks even when more are free (a resizable job that "
+        "starts small and grows itself)",
+    )
     submit.add_argument("--json", action="store_true")
     submit.add_argument("argv", nargs=argparse.REMAINDER, help="-- COMMAND ARGS...")
 
@@ -120,6 +127,8 @@ def _submit(args: argparse.Namespace, out: TextIO, client: Client) -> int:
         body["cwd"] = args.cwd
     if args.alloc:
         body["alloc"] = dict(_pair("--alloc", item, _count) for item in args.alloc)
+    if args.initial is not None:
+        body["initial"] = args.initial
     doc = client.call("POST", "/v1/jobs", body)
     if args.json:
         _dump(doc, out)

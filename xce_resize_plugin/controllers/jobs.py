@@ -30,6 +30,7 @@ SUBMIT_OPTIONS = {
     "notify_cmd",
     "estimate",
     "alloc",
+    "initial",
 }
 
 
@@ -51,6 +52,8 @@ class JobOptions(Protocol):
     def notify_cmd(self) -> str | None: ...
     @property
     def alloc(self) -> tuple[tuple[str, int], ...] | None: ...
+    @property
+    def initial(self) -> int | None: ...
 
 
 class TaskState(enum.Enum):
@@ -144,6 +147,9 @@ class JobRecord:
     alloc: tuple[tuple[str, int], ...] | None = None
     #: The most tasks the scheduler starts the job with (``None``: ``max_tasks``).
     start_tasks: int | None = None
+    #: The most tasks the job starts with, whatever is free (``submit --initial``): a
+    #: resizable job that starts small and grows itself; ``None``: no such cap.
+    initial_tasks: int | None = None
     state: JobState = JobState.PEND
     start_time: float | None = None
     end_time: float | None = None

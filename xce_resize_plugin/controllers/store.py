@@ -102,6 +102,8 @@ def encode_job(job: JobRecord, held: Held) -> bytes:
         "notify_cmd": job.notify_cmd,
         "env": job.env,
         "alloc": None if job.alloc is None else [list(p) for p in job.alloc],
+        "start_tasks": job.start_tasks,
+        "initial_tasks": job.initial_tasks,
         "state": job.state.value,
         "start_time": job.start_time,
         "end_time": job.end_time,
@@ -149,6 +151,9 @@ def decode_job(raw: bytes) -> tuple[JobRecord, dict[int, str]]:
         notify_cmd=d["notify_cmd"],
         env=dict(d["env"]),
         alloc=None if d["alloc"] is None else tuple((str(h), int(n)) for h, n in d["alloc"]),
+        # Absent from records an older version wrote: they had no such caps saved.
+        start_tasks=d.get("start_tasks"),
+        initial_tasks=d.get("initial_tasks"),
         state=JobState(d["state"]),
         start_time=d["start_time"],
         end_time=d["end_time"],

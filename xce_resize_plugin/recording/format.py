@@ -57,9 +57,10 @@ order, moving its clock forward to each line's ``t``, and settles at each ``cycl
 
 Input kinds (fields besides ``kind``, ``t``, ``phase``, ``i``, ``r``):
 
-- ``submit``: ``job``, ``user``, ``tasks`` ([min, max]), ``start_tasks``, ``estimate``,
-  ``ptile``, ``resizable``, ``grow_hosts``, ``notify_cmd``, ``env``, optionally
-  ``alloc`` ([[host, tasks], ...] in allocation order: the job started at once there)
+- ``submit``: ``job``, ``user``, ``tasks`` ([min, max]), ``start_tasks``,
+  ``initial_tasks`` (absent in older recordings), ``estimate``, ``ptile``,
+  ``resizable``, ``grow_hosts``, ``notify_cmd``, ``env``, optionally ``alloc``
+  ([[host, tasks], ...] in allocation order: the job started at once there)
   and ``work`` ({``model``: a speedup spec as ``--speedup`` takes it, ``ref_procs``,
   ``estimate``}: the scheduler plans the job with that model; its end still comes
   from an ``end`` line);
@@ -183,6 +184,7 @@ def submit_fields(job: JobRecord) -> dict[str, Any]:
         "user": job.user,
         "tasks": [job.min_tasks, job.max_tasks],
         "start_tasks": job.start_tasks,
+        "initial_tasks": job.initial_tasks,
         "estimate": estimate,
         "ptile": job.ptile,
         "resizable": job.resizable,

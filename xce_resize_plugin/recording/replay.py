@@ -203,6 +203,7 @@ class _Inputs(Observer):
             alloc=None if alloc is None else [(str(h), int(n)) for h, n in alloc],
             job_id=rec["job"],
             start_tasks=rec.get("start_tasks"),
+            initial_tasks=rec.get("initial_tasks"),
             work=work,
         )
 

@@ -41,6 +41,7 @@ class JobSpec:
     notify_cmd: str | None = None
     alloc: tuple[tuple[str, int], ...] | None = None
     estimate: float | None = None
+    initial: int | None = None
 
 
 @frozen
@@ -135,6 +136,15 @@ def _int(where: Where, key: str, value: Any, minimum: int = 1) -> int:
     return value
 
 
+def _initial(where: Where, key: str, raw: Mapping[str, Any], lo: int, hi: int) -> int | None:
+    if "initial" not in raw:
+        return None
+    initial = _int(where, f"{key}.initial", raw["initial"])
+    if not lo <= initial <= hi:
+        raise where.error(f"{key}.initial", f"{initial} is outside the job's {lo},{hi}")
+    return initial
+
+
 def _ints(where: Where, minimum: int = 1) -> IntCheck:
     """:func:`_int` as the check of :meth:`Where.int_map`."""
     return lambda key, value: _int(where, key, value, minimum)
@@ -224,6 +234,7 @@ def _jobs(where: Where, value: Any, host_names: set[str]) -> tuple[JobSpec, ...]
                     if "estimate" not in raw
                     else _number(where, f"{key}.estimate", raw["estimate"])
                 ),
+                initial=_initial(where, key, raw, lo, hi),
             )
         )
     return tuple(out)

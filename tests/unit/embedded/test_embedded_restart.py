@@ -185,3 +185,25 @@ def test_failed_construction_releases_the_store(tmp_path: Path) -> None:
     ctl = EmbeddedController(make_pm(), tmp_path, {"h1": 1})  # the retry can open it
     assert ctl.hosts_view() == {"h1": {"slots": 1, "used": 0}}
     ctl.close()
+
+
+def test_restart_keeps_a_queued_jobs_start_caps(tmp_path: Path) -> None:
+    """A queued job's ``initial`` (and a trace's start size) are saved with it: after a
+    restart it still starts with the size it was submitted with."""
+    ctl = EmbeddedController(make_pm(Recorder()), tmp_path, {"h1": 4}, durable=True)
+    ctl.submit("u", 4, runtime=10)
+    capped = ctl.submit("u", "1,4", initial_tasks=2, runtime=10)
+    sized = ctl.submit("u", "1,4", start_tasks=3, runtime=10)
+    ctl.settle()
+    assert ctl.job(capped).state is JobState.PEND
+    crash(ctl)
+    del ctl
+    gc.collect()
+
+    ctl2 = EmbeddedController(make_pm(Recorder()), tmp_path)
+    assert ctl2.record(capped).initial_tasks == 2  # type: ignore[union-attr]
+    assert ctl2.record(sized).start_tasks == 3  # type: ignore[union-attr]
+    ctl2.run(until=10)
+    assert len(ctl2.job(capped).tasks) == 2
+    assert len(ctl2.job(sized).tasks) == 2  # 2 slots left: min..3 fits 2
+    ctl2.close()

@@ -276,3 +276,27 @@ def test_kill_pending_and_running(make_ctl: CtlFactory) -> None:
     job = ctl.job(run)
     assert job.state is JobState.EXIT and job.end_time == 5.0 and job.held == ()
     assert ctl.hosts_view() == {"h1": {"slots": 2, "used": 0}}
+
+
+def test_initial_caps_the_start_even_on_an_idle_cluster(make_ctl: CtlFactory) -> None:
+    """``submit --initial N``: the job starts with at most N tasks though more are free
+    (unlike a trace's start size, idle slots never fill it up to max)."""
+    ctl = make_ctl()
+    capped = ctl.submit("u", "1,8", initial_tasks=2, runtime=10, resizable=True)
+    plain = ctl.submit("u", "1,3", runtime=10)
+    ctl.settle()
+    assert len(ctl.job(capped).tasks) == 2
+    assert len(ctl.job(plain).tasks) == 3  # the rest of the idle cluster's slots fit it
+    with pytest.raises(SubmissionRejected, match="initial 9 outside the job's 1,8"):
+        ctl.submit("u", "1,8", initial_tasks=9)
+    with pytest.raises(SubmissionRejected, match="initial 1 outside the job's 2,8"):
+        ctl.submit("u", "2,8", initial_tasks=1)
+    assert len(ctl.jobs()) == 2
+
+
+def test_initial_starts_smaller_when_only_min_fits(make_ctl: CtlFactory) -> None:
+    ctl = make_ctl(hosts={"h1": 4, "h2": 4})
+    ctl.submit("u", 7, runtime=10)
+    job = ctl.submit("u", "1,4", initial_tasks=3, runtime=10)
+    ctl.settle()
+    assert len(ctl.job(job).tasks) == 1  # 1 slot left: min fits, the cap is a ceiling

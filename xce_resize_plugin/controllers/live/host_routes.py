@@ -147,6 +147,11 @@ HOST_SCHEMAS: dict[str, Any] = {
                 "additionalProperties": {"type": "integer", "minimum": 1},
                 "description": "start at once on exactly these hosts (host: tasks), in order",
             },
+            "initial": {
+                "type": ["integer", "null"],
+                "minimum": 1,
+                "description": "start with at most this many tasks even when more are free",
+            },
         },
     },
     "SubmitResult": {

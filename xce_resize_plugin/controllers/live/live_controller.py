@@ -108,6 +108,14 @@ from xce_resize_plugin.controllers.live.submission import (
     job_account,
     parse_submission,
 )
+from xce_resize_plugin.controllers.live.task_env import (
+    identity_env,
+    local_task_id,
+    make_scratch,
+    recorded_local_ids,
+    remove_scratch,
+    task_file,
+)
 from xce_resize_plugin.controllers.live.tasks import Queued, WorkerFleet
 from xce_resize_plugin.controllers.observer import LiveObserver, Observer
 from xce_resize_plugin.controllers.runners import (
@@ -1047,7 +1055,11 @@ class LiveController:
         env.update(_account_env(account))
         env.update(job.env)
         env.update(alloc)
-        hostfile = str(self.job_dir(job.id) / "hostfile")
+        jdir = self.job_dir(job.id)
+        hostfile = str(jdir / "hostfile")
+        env.update(self._identity(job, task, alloc, make_scratch(jdir, account, self.euid == 0)))
+        if "TMPDIR" in job.env:
+            env["TMPDIR"] = job.env["TMPDIR"]  # the owner's explicit choice wins
         env.update(
             {
                 "XCE_JOB_ID": job.id,
@@ -1056,6 +1068,7 @@ class LiveController:
                 "XCE_HOSTNAME": task.host,
                 "XCE_HOSTFILE": hostfile,
                 "LSB_DJOB_HOSTFILE": hostfile,
+                "XCE_TASKFILE": str(jdir / "tasks"),
                 "LSB_DJOB_NUMPROC": str(len(alloc.get("LSB_HOSTS", "").split())),
                 "LSB_RESIZABLE": "Y" if job.resizable else "N",
                 "XCE_CONTROLLER_URL": self.cfg.controller_url,
@@ -1063,6 +1076,26 @@ class LiveController:
             }
         )
         return env
+
+    def _identity(
+        self, job: JobRecord, task: Task, alloc: Mapping[str, str], scratch: Path
+    ) -> dict[str, str]:
+        """The task's identity variables (:mod:`.task_env`): its index among the job's
+        live tasks on its host, taken from their recorded launches."""
+        others = [
+            self.live_store.get(f"task:{job.id}:{tid}")
+            for tid, rec in job.task_states.items()
+            if tid != task.id and rec.host == task.host and rec.state in LIVE
+        ]
+        head = job.tasks[0].host if job.tasks else task.host
+        return identity_env(
+            task,
+            local_task_id(recorded_local_ids(others)),
+            alloc.get("LSB_HOSTS", "").split(),
+            (job.min_tasks, job.max_tasks),
+            self.fleet.address(head),
+            scratch,
+        )
 
     def _job_token(self, job_id: str, spec: Mapping[str, Any]) -> str:
         """The job's token, derived again (it is never stored); "" without a salt."""
@@ -1130,8 +1163,10 @@ class LiveController:
         self.fleet.send(request.host, command)
 
     def _write_hostfile(self, job_id: str, tasks: Sequence[Task]) -> None:
-        """LSF's ``LSB_DJOB_HOSTFILE``: one line per task, the host's name."""
+        """LSF's ``LSB_DJOB_HOSTFILE``: one line per task, the host's name; and the task
+        file beside it, ``ID HOST`` per task (``XCE_TASKFILE``)."""
         atomic_write(self.job_dir(job_id) / "hostfile", "".join(f"{t.host}\n" for t in tasks))
+        atomic_write(self.job_dir(job_id) / "tasks", task_file(tasks))
 
     def _before_commit(self, jobs: list[JobRecord]) -> None:
         """Called by the store before it writes these job records: a job that has just
@@ -1422,6 +1457,7 @@ class LiveController:
             self.live_store.put(key, spec)
             for host in hosts:
                 self.fleet.send(host, {"op": "forget", "job": job_id})
+            remove_scratch(self.job_dir(job_id))
             self.embedded.flush()
 
 

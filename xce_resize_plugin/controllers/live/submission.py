@@ -81,6 +81,7 @@ class Submission:
     cwd: str | None = None
     estimate: float | None = None
     alloc: tuple[tuple[str, int], ...] | None = None
+    initial: int | None = None
 
 
 def parse_submission(body: Any) -> Submission:
@@ -102,6 +103,7 @@ def parse_submission(body: Any) -> Submission:
         cwd=_cwd(body.get("cwd")),
         estimate=_estimate(body.get("estimate")),
         alloc=_alloc(body.get("alloc")),
+        initial=_initial(body.get("initial")),
     )
 
 
@@ -193,6 +195,14 @@ def _estimate(value: Any) -> float | None:
     if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
         raise InvalidRequest("submit: estimate must be a number of seconds @ $.estimate")
     return float(value)
+
+
+def _initial(value: Any) -> int | None:
+    # Against the task range: the controller's own submission check (one message for
+    # the scenario and the live paths).
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise InvalidRequest("submit: initial must be an integer >= 1 @ $.initial")
+    return value
 
 
 def _alloc(value: Any) -> tuple[tuple[str, int], ...] | None:

@@ -192,6 +192,12 @@ class WorkerFleet:
     def view(self) -> dict[str, dict[str, Any]]:
         return {h: c.view() for h, c in self.channels.items()}
 
+    def address(self, host: str) -> str:
+        """The address ``host``'s agent reported (its tasks' host, as other hosts reach
+        it); the loopback address until it has registered."""
+        channel = self.channels.get(host)
+        return channel.addr if channel is not None and channel.addr else "127.0.0.1"
+
 
 class WorkerChannel:
     """The connection to one host's agent (see the module docstring)."""
@@ -207,6 +213,7 @@ class WorkerChannel:
         self.send_lock = threading.Lock()
         self.ready = False
         self.port: int | None = None
+        self.addr: str | None = None
         self.instance: str | None = None
         self.pid: int | None = None
         self.seq = 0
@@ -373,6 +380,7 @@ class WorkerChannel:
         try:
             reg = json.loads((self.dir / "worker.json").read_text())
             port = int(reg["port"])
+            addr = str(reg.get("addr", "127.0.0.1"))
         except (OSError, ValueError, KeyError, TypeError):
             return False  # starting: locked, not registered yet
         try:
@@ -392,6 +400,7 @@ class WorkerChannel:
         with self.send_lock:
             owner.worker_up(self.host, snapshot, self.queued())
             self.port = port
+            self.addr = addr
             self.instance = str(snapshot["instance"])
             self.pid = int(snapshot["pid"])
             self.seq = int(snapshot["seq"])

@@ -759,6 +759,8 @@ def serve(state_dir: Path, host: str, header_timeout: float = 10.0) -> int:
                 "host": host,
                 "pid": os.getpid(),
                 "port": port,
+                # Where this host's tasks are reached (XCE_HEAD_ADDR for task 0's host).
+                "addr": sock.getsockname()[0],
                 "instance": agent.instance,
                 "started": time.time(),
             }

@@ -751,6 +751,7 @@ class EmbeddedController:
             grow_hosts=options.grow_hosts,
             notify_cmd=options.notify_cmd,
             alloc=options.alloc,
+            initial_tasks=options.initial,
             **extra,
         )
 
@@ -770,6 +771,7 @@ class EmbeddedController:
         job_id: str | None = None,
         submit_time: float | None = None,
         start_tasks: int | None = None,
+        initial_tasks: int | None = None,
         work: JobWork | None = None,
     ) -> str:
         """Submit a job; return its id.
@@ -790,6 +792,8 @@ class EmbeddedController:
             start up to ``max_tasks`` (see :class:`~.scheduler.PendingJob`), and a
             resizable job may grow there later. Trace simulations start a malleable job
             at its recorded size this way.
+        :param initial_tasks: the most tasks the job starts with, even when more are
+            free (``xce-resize submit --initial``); between ``min`` and ``max``.
         :param work: a :class:`~.work.JobWork` deciding the job's end from the sizes it
             runs at (work-based run time, see :mod:`.work`); without it the job ends
             ``runtime`` seconds after its start. A driver input: not saved in the store.
@@ -822,6 +826,7 @@ class EmbeddedController:
                 env=dict(env or {}),
                 alloc=pairs,
                 start_tasks=start_tasks,
+                initial_tasks=initial_tasks,
             )
             self._admit(record, work, now)
             return record.id
@@ -1283,10 +1288,11 @@ class EmbeddedController:
         for name, value in (("runtime", job.runtime), ("estimate", job.estimate)):
             if value is not None and not (value >= 0 and math.isfinite(value)):
                 raise SubmissionRejected(f"bad {name} {value}")
-        if job.start_tasks is not None and not job.min_tasks <= job.start_tasks <= job.max_tasks:
-            raise SubmissionRejected(
-                f"start_tasks {job.start_tasks} outside {job.min_tasks}..{job.max_tasks}"
-            )
+        for name, size in (("start_tasks", job.start_tasks), ("initial", job.initial_tasks)):
+            if size is not None and not job.min_tasks <= size <= job.max_tasks:
+                raise SubmissionRejected(
+                    f"{name} {size} outside the job's {job.min_tasks},{job.max_tasks}"
+                )
         limit = self._cluster.user_limits.get(job.user)
         if not self._can_ever_fit(job.min_tasks, job.ptile, limit):
             raise SubmissionRejected(
@@ -1548,15 +1554,22 @@ class EmbeddedController:
 
     def _pending_view(self, job: JobRecord) -> PendingJob:
         work = self._work.get(job.id)
+        if job.initial_tasks is not None:
+            # A cap the owner asked for: never filled up to max with idle slots.
+            most, fill_to = job.initial_tasks, None
+        elif job.start_tasks is not None:
+            most, fill_to = job.start_tasks, job.max_tasks
+        else:
+            most, fill_to = job.max_tasks, None
         return PendingJob(
             job.id,
             job.user,
             job.min_tasks,
-            job.start_tasks if job.start_tasks is not None else job.max_tasks,
+            most,
             job.ptile,
             job.duration,
             work.planned_duration if work is not None else None,
-            job.max_tasks if job.start_tasks is not None else None,
+            fill_to,
         )
 
     def _deliver(self) -> None:

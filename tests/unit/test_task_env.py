@@ -1,0 +1,58 @@
+"""The task identity variables (controllers/live/task_env.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from xce_resize_plugin.controllers.live.task_env import (
+    identity_env,
+    local_task_id,
+    recorded_local_ids,
+    task_file,
+)
+from xce_resize_plugin.core.models import Task
+
+
+@given(st.sets(st.integers(0, 20)))
+def test_local_id_is_the_lowest_free_index(taken: set[int]) -> None:
+    index = local_task_id(taken)
+    assert index not in taken
+    assert all(i in taken for i in range(index))
+
+
+def test_local_ids_stay_unique_through_releases() -> None:
+    live: dict[int, int] = {}  # task id -> local index on one host
+    for tid in range(4):
+        live[tid] = local_task_id(live.values())
+    del live[0], live[2]  # indexes 0 and 2 free again
+    live[4] = local_task_id(live.values())
+    live[5] = local_task_id(live.values())
+    assert live == {1: 1, 3: 3, 4: 0, 5: 2}
+
+
+def test_recorded_ids_skip_what_is_not_a_launch() -> None:
+    records = [
+        {"launch": {"env": {"XCE_LOCAL_TASK_ID": "2"}}},
+        {"launch": {"env": {"XCE_LOCAL_TASK_ID": "x"}}},
+        {"launch": {"env": {}}},
+        {"launch": None},
+        None,
+    ]
+    assert recorded_local_ids(records) == [2]
+
+
+def test_identity_env_and_task_file(tmp_path: Path) -> None:
+    env = identity_env(Task(3, "b"), 1, ["a", "b", "b"], (2, 8), "10.0.0.1", tmp_path)
+    assert env == {
+        "XCE_LOCAL_TASK_ID": "1",
+        "XCE_TASKS_ON_HOST": "2",
+        "XCE_MIN_TASKS": "2",
+        "XCE_MAX_TASKS": "8",
+        "XCE_HEAD_ADDR": "10.0.0.1",
+        "XCE_JOB_DIR": str(tmp_path),
+        "TMPDIR": str(tmp_path / "tmp"),
+    }
+    assert task_file([Task(0, "a"), Task(3, "b")]) == "0 a\n3 b\n"

@@ -1,0 +1,98 @@
+"""What a task learns about itself and its job, besides the allocation: its place on
+its host, the job's size bounds, where task 0 is, a scratch directory of the job's own.
+
+Frameworks inside a resizable job need these to find each other and to bind tasks to
+a host's devices (docs/in-job-api.md, "Task identity"); a task id is not a rank (ids
+have gaps after a shrink), so a rank is derived from the task file, never assumed.
+
+The scratch directory (``XCE_JOB_DIR``, with ``TMPDIR`` inside) belongs to the job's
+owner and goes away when the job ends; it lives in the job's directory, which the
+controller owns and the job cannot write, so no job can plant a link where the
+controller (root, in a real install) creates or removes it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+
+from xce_resize_plugin.controllers.live.proc import Account
+from xce_resize_plugin.core.models import Task
+
+#: The key of a task's place on its host in its recorded launch environment.
+LOCAL_ID = "XCE_LOCAL_TASK_ID"
+SCRATCH = "scratch"
+
+
+def local_task_id(taken: Iterable[int]) -> int:
+    """The lowest per-host index no other live task of the job holds there: unique
+    among the job's tasks on the host at any instant (a device index, a port offset),
+    and reused once its task is gone, so indexes stay below the tasks on the host."""
+    used = set(taken)
+    index = 0
+    while index in used:
+        index += 1
+    return index
+
+
+def identity_env(
+    task: Task,
+    local_id: int,
+    hosts: Sequence[str],
+    bounds: tuple[int, int],
+    head_addr: str,
+    scratch: Path,
+) -> dict[str, str]:
+    """The variables of :mod:`this module <.task_env>` for one task being launched:
+    ``hosts`` is the allocation it is launched into (``LSB_HOSTS``, a name per task),
+    ``bounds`` the job's ``(min, max)`` tasks."""
+    return {
+        LOCAL_ID: str(local_id),
+        "XCE_TASKS_ON_HOST": str(sum(1 for h in hosts if h == task.host)),
+        "XCE_MIN_TASKS": str(bounds[0]),
+        "XCE_MAX_TASKS": str(bounds[1]),
+        "XCE_HEAD_ADDR": head_addr,
+        "XCE_JOB_DIR": str(scratch),
+        "TMPDIR": str(scratch / "tmp"),
+    }
+
+
+def task_file(tasks: Iterable[Task]) -> str:
+    """``XCE_TASKFILE``: one line per task, ``ID HOST``, in allocation order. The LSF
+    hostfile keeps LSF's format (a host name per line), which MPI launchers read."""
+    return "".join(f"{t.id} {t.host}\n" for t in tasks)
+
+
+def make_scratch(job_dir: Path, account: Account, as_root: bool) -> Path:
+    """The job's scratch directory and its ``tmp``, the owner's, mode 0700 (made once;
+    a relaunch finds them)."""
+    scratch = job_dir / SCRATCH
+    for path in (scratch, scratch / "tmp"):
+        with contextlib.suppress(FileExistsError):
+            path.mkdir(mode=0o700)
+            if as_root:
+                os.chown(path, account.uid, account.gid)
+    return scratch
+
+
+def remove_scratch(job_dir: Path) -> None:
+    """Remove what the job left in its scratch directory. ``rmtree`` does not follow
+    links the job made inside it (it works on directory descriptors on Linux)."""
+    shutil.rmtree(job_dir / SCRATCH, ignore_errors=True)
+
+
+def recorded_local_ids(
+    records: Iterable[Mapping[str, object] | None],
+) -> list[int]:
+    """The per-host indexes in recorded launch commands (``task:JOB:ID`` records)."""
+    out = []
+    for record in records:
+        launch = record.get("launch") if record else None
+        env = launch.get("env") if isinstance(launch, Mapping) else None
+        value = env.get(LOCAL_ID) if isinstance(env, Mapping) else None
+        if isinstance(value, str) and value.isdigit():
+            out.append(int(value))
+    return out
