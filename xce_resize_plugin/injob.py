@@ -9,6 +9,8 @@ Standard library only on its import path, so any task can use it cheaply::
     done = client.grow(2, 8, wait=True)       # PMIx EXTEND: 2..8 more tasks
     client.release(count=2, wait=True)        # PMIx RELEASE: the site policy picks tasks
     client.cancel()                           # PMIx REQ_CANCEL: drop the pending grow
+    client.put("scheduler", "tcp://...")      # the job's key-value store (task 0) ...
+    addr = client.get("scheduler", wait=60)   # ... and the other tasks find it
 
 The job's own token (``XCE_JOB_TOKEN``) authorises it for its own job only.
 docs/in-job-api.md maps every call onto PMIx's allocation directives and LSF's
@@ -24,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypedDict, Unpack
 
-from xce_resize_plugin.rest.client import Client
+from xce_resize_plugin.rest.client import Client, RemoteError
 
 #: A long poll never asks the controller to hold a request longer than this.
 MAX_POLL = 30.0
@@ -100,7 +102,8 @@ class ResizeClient:
     def __init__(self, job_id: str, client: Client) -> None:
         self.job_id = job_id
         self.client = client
-        self._base = f"/v1/jobs/{urllib.parse.quote(job_id, safe='')}/resize"
+        self._job = f"/v1/jobs/{urllib.parse.quote(job_id, safe='')}"
+        self._base = f"{self._job}/resize"
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> ResizeClient:
@@ -190,6 +193,35 @@ class ResizeClient:
         """Cancel the pending grow (PMIx REQ_CANCEL)."""
         self.client.call("DELETE", f"{self._base}/pending")
         return self.allocation()
+
+    # --- the job's key-value store (rendezvous) -------------------------------------------
+
+    def put(self, key: str, value: str) -> int:
+        """Set ``key`` in the job's key-value store; return its version (how many times
+        it was set). Kept across a controller failover, dropped when the job ends."""
+        doc = self.client.call("PUT", self._kv(key), {"value": value})
+        return int(doc["version"])
+
+    def get(self, key: str, wait: float | None = None) -> str | None:
+        """The value of ``key``; ``None`` when it is not set — after waiting up to
+        ``wait`` seconds for another task to set it, when given."""
+        deadline = time.monotonic() + (wait or 0.0)
+        while True:
+            poll = max(0.0, min(MAX_POLL, deadline - time.monotonic()))
+            try:
+                doc = self.client.call(
+                    "GET", f"{self._kv(key)}?wait={poll:.3f}", timeout=poll + 10.0
+                )
+            except RemoteError as exc:
+                if exc.code != "XCE_KV_NO_KEY":
+                    raise
+                if deadline - time.monotonic() <= 0:
+                    return None
+                continue
+            return str(doc["value"])
+
+    def _kv(self, key: str) -> str:
+        return f"{self._job}/kv/{urllib.parse.quote(key, safe='')}"
 
     def _change(self, kind: str, body: Mapping[str, Any], options: ChangeOptions) -> Allocation:
         before = self.allocation().version

@@ -7,6 +7,7 @@
   state cannot be written);
 - ``POST /v1/jobs`` (201): submit; ``GET /v1/jobs``: the caller's jobs (all for an
   administrator); ``GET /v1/jobs/{id}``: one job; ``DELETE /v1/jobs/{id}`` (202): kill;
+- ``PUT``/``GET /v1/jobs/{id}/kv/{key}``: the job's key-value store (:mod:`.kv_routes`);
 - ``GET /v1/cluster``: hosts, users, worker agents and the invariant check for an
   administrator; for anyone else what :func:`cluster_view` leaves (no other user's
   usage, no agent's pid or port).
@@ -28,6 +29,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import Response
 
+from xce_resize_plugin.controllers.live.kv_routes import kv_routes
 from xce_resize_plugin.controllers.live.live_controller import LiveController
 from xce_resize_plugin.controllers.live.storage_faults import fenced_cause, storage_failure
 from xce_resize_plugin.errors import InvalidRequest, ResizeError
@@ -346,6 +348,7 @@ def host_routes(ctl: LiveController) -> list[ApiRoute]:
         route(SHOW_JOB, calls.show),
         route(KILL_JOB, calls.kill),
         route(CLUSTER, calls.cluster),
+        *kv_routes(ctl, translate),
     ]
 
 

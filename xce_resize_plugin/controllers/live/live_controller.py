@@ -83,6 +83,7 @@ import pluggy
 from pluggy import HookImpl
 
 from xce_resize_plugin.controllers.jobs import JobRecord, TaskRecord, TaskState
+from xce_resize_plugin.controllers.live import job_kv
 from xce_resize_plugin.controllers.live.job_tokens import (
     FINGERPRINT_KEY,
     SALT_FIELD,
@@ -845,6 +846,43 @@ class LiveController:
         self._wake.set()
         return self.job_json(job_id)
 
+    def kv_put(self, principal: Principal, job_id: str, key: str, body: Any) -> dict[str, Any]:
+        """``PUT /v1/jobs/{id}/kv/{key}``: set a value, durably (:mod:`.job_kv`)."""
+        job_kv.check_key(key)
+        value = job_kv.parse_value(body)
+        with self.lock:
+            self._check_open()
+            job = self._visible(principal, job_id)
+            if job.finished:
+                raise JobFinished(f"job {job_id} is {job.state.value}")
+            name = job_kv.record_key(job_id, key)
+            old = self.live_store.get(name)
+            # The job's record lists its keys: counted and removed without a scan.
+            spec = dict(self.live_store.get(f"job:{job_id}") or {})
+            keys = list(spec.get("kv", []))
+            job_kv.check_room(len(keys), old is not None)
+            if old is None:
+                spec["kv"] = [*keys, key]
+                self.live_store.put(f"job:{job_id}", spec)
+            record = {"value": value, "version": (old["version"] if old else 0) + 1}
+            self.live_store.put(name, record)
+            try:
+                self.live_store.write(None, [])
+            except Exception as exc:
+                if storage_failure(exc) is not None:
+                    raise self.storage_failed(exc) from exc
+                raise
+            return job_kv.answer(key, record)
+
+    def kv_get(self, principal: Principal, job_id: str, key: str) -> dict[str, Any] | None:
+        """``GET /v1/jobs/{id}/kv/{key}``: the value, or ``None`` when not set (yet)."""
+        job_kv.check_key(key)
+        with self.lock:
+            self._check_view()
+            self._visible(principal, job_id)
+            record = self.live_store.get(job_kv.record_key(job_id, key))
+            return None if record is None else job_kv.answer(key, record)
+
     def _visible(self, principal: Principal, job_id: str) -> JobRecord:
         """The job, if ``principal`` may see it. A job it may not see is answered as one
         that does not exist (LSBE_NO_JOB, 404): no answer tells which job ids exist."""
@@ -1458,6 +1496,8 @@ class LiveController:
             for host in hosts:
                 self.fleet.send(host, {"op": "forget", "job": job_id})
             remove_scratch(self.job_dir(job_id))
+            for kv_key in spec.get("kv", []):
+                self.live_store.put(job_kv.record_key(job_id, kv_key), None)  # with the end
             self.embedded.flush()
 
 

@@ -1,0 +1,112 @@
+"""A job's key-value store on the live controller (docs/in-job-api.md, "Key-value
+store"): task 0 publishes, the other tasks wait and read, through the in-job client in
+real task processes; limits, authorisation and a controller failover."""
+
+from __future__ import annotations
+
+import sys
+import threading
+from typing import Any
+
+from xce_resize_plugin.controllers.live.job_kv import MAX_KEYS, MAX_VALUE
+from xce_resize_plugin.injob import ResizeClient
+from xce_resize_plugin.rest.client import Client
+from xce_resize_plugin.testing.live import ALICE, BOB, ROOT, LiveCluster, wait_until
+
+# Task 0 publishes after a moment; every other task waits for it, then publishes what
+# it read under its own key.
+RENDEZVOUS = """
+import os, time
+from xce_resize_plugin.injob import ResizeClient
+c = ResizeClient.from_env()
+tid = os.environ["XCE_TASK_ID"]
+if tid == "0":
+    time.sleep(0.5)
+    c.put("scheduler", "tcp://" + os.environ["XCE_HEAD_ADDR"] + ":8786")
+else:
+    c.put("seen-" + tid, c.get("scheduler", wait=30) or "nothing")
+time.sleep(600)
+"""
+
+
+def test_tasks_meet_through_the_store_which_survives_failover(resize_live_factory: Any) -> None:
+    live: LiveCluster = resize_live_factory({"h1": 2, "h2": 2})
+    live.start()
+    answer = live.ok(
+        "POST", "/v1/jobs", ALICE, {"command": [sys.executable, "-c", RENDEZVOUS], "tasks": 3}
+    )
+    job_id, token = answer["id"], answer["token"]
+    kv = f"/v1/jobs/{job_id}/kv"
+
+    def seen() -> list[str] | None:
+        values = [live.call("GET", f"{kv}/seen-{i}", ALICE) for i in (1, 2)]
+        return (
+            [r.json()["value"] for r in values]
+            if all(r.status_code == 200 for r in values)
+            else None
+        )
+
+    assert (
+        wait_until(seen, 30, "tasks 1 and 2 read task 0's address") == ["tcp://127.0.0.1:8786"] * 2
+    )
+    assert live.ok("GET", f"{kv}/scheduler", token) == {
+        "key": "scheduler",
+        "value": "tcp://127.0.0.1:8786",
+        "version": 1,
+    }
+
+    # Kept across a kill -9 of the controller.
+    live.crash()
+    live.start()
+    assert live.ok("GET", f"{kv}/seen-1", ROOT)["value"] == "tcp://127.0.0.1:8786"
+    client = ResizeClient(job_id, Client(live.url(), token))
+    assert client.put("scheduler", "tcp://elsewhere:1") == 2
+    assert client.get("scheduler") == "tcp://elsewhere:1"
+    assert client.get("absent") is None
+
+    # A waiting reader is answered as soon as the key is set.
+    got: list[str | None] = []
+    reader = threading.Thread(target=lambda: got.append(client.get("late", wait=20)))
+    reader.start()
+    live.ok("PUT", f"{kv}/late", ALICE, {"value": "here"})
+    reader.join(25)
+    assert got == ["here"]
+
+    # The job ends: its keys go with it.
+    assert live.call("DELETE", f"/v1/jobs/{job_id}", ALICE).status_code == 202
+    wait_until(lambda: live.job(job_id)["state"] == "EXIT", 15, "job end")
+    r = live.call("GET", f"{kv}/scheduler", ALICE)
+    assert r.status_code == 404 and r.json()["code"] == "XCE_KV_NO_KEY"
+    r = live.call("PUT", f"{kv}/x", ALICE, {"value": "v"})
+    assert r.status_code == 409
+
+
+def test_bad_writes_are_refused_and_change_nothing(resize_live_factory: Any) -> None:
+    live: LiveCluster = resize_live_factory({"h1": 2})
+    live.start()
+    mine = live.ok("POST", "/v1/jobs", ALICE, {"command": ["sleep", "600"]})
+    other = live.ok("POST", "/v1/jobs", ALICE, {"command": ["sleep", "600"]})
+    kv = f"/v1/jobs/{mine['id']}/kv"
+    live.ok("PUT", f"{kv}/k", ALICE, {"value": "v"})
+    cases = [
+        (other["token"], "k", {"value": "x"}, 404, "LSBE_NO_JOB"),  # another job's token
+        (BOB, "k", {"value": "x"}, 404, "LSBE_NO_JOB"),  # another user
+        (ALICE, "k", {"value": "x" * (MAX_VALUE + 1)}, 413, "XCE_KV_LIMIT"),
+        (ALICE, "k", {"value": 3}, 400, "XCE_RESIZE_INVALID_REQUEST"),
+        (ALICE, "k", {"value": "x", "extra": 1}, 400, "XCE_RESIZE_INVALID_REQUEST"),
+        (ALICE, "-bad", {"value": "x"}, 400, "XCE_RESIZE_INVALID_REQUEST"),
+        (ALICE, "k" * 129, {"value": "x"}, 400, "XCE_RESIZE_INVALID_REQUEST"),
+    ]
+    for token, key, body, status, code in cases:
+        r = live.call("PUT", f"{kv}/{key}", token, body)
+        assert (r.status_code, r.json()["code"]) == (status, code), (key, r.text)
+    r = live.call("GET", f"{kv}/k?wait=61", ALICE)
+    assert r.status_code == 400 and "wait" in r.json()["detail"]
+    r = live.call("GET", f"{kv}/k?after=1", ALICE)
+    assert r.status_code == 400
+    assert live.ok("GET", f"{kv}/k", ALICE) == {"key": "k", "value": "v", "version": 1}
+    for i in range(1, MAX_KEYS):
+        live.ok("PUT", f"{kv}/k{i}", mine["token"], {"value": str(i)})
+    r = live.call("PUT", f"{kv}/one-too-many", ALICE, {"value": "x"})
+    assert (r.status_code, r.json()["code"]) == (413, "XCE_KV_LIMIT")
+    assert live.ok("PUT", f"{kv}/k", ALICE, {"value": "w"})["version"] == 2  # replacing is fine

@@ -1,0 +1,89 @@
+"""A job's key-value store: where the tasks of one job publish and find each other
+(``tcp://host:port`` of a scheduler in task 0, a rendezvous endpoint), through
+``PUT``/``GET /v1/jobs/{id}/kv/{key}`` (docs/in-job-api.md, "Key-value store").
+
+Values are kept in the controller's store as side records ``kv:JOB:KEY`` (so they
+survive a failover, sealed with a CRC as every record is) and removed when the job
+ends. Every byte comes from a job or a client, so the limits below bound what one job
+can make the controller keep, and keys are checked before they become record names.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from xce_resize_plugin.errors import InvalidRequest, ResizeError
+
+#: Limits per job: value bytes (UTF-8), and keys.
+MAX_VALUE, MAX_KEYS = 64 * 1024, 64
+#: Longest wait a ``GET ...?wait=S`` may ask for (seconds).
+MAX_WAIT = 60.0
+_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+class KeyValueLimit(ResizeError):
+    """A value or a number of keys over the store's limits."""
+
+    code = "XCE_KV_LIMIT"
+    message = "Key-value store limit exceeded"
+    http_status = 413
+
+
+class NoSuchKey(ResizeError):
+    """The job has no such key (yet: ``wait`` waits for it)."""
+
+    code = "XCE_KV_NO_KEY"
+    message = "No such key"
+    http_status = 404
+
+
+def record_key(job_id: str, key: str) -> str:
+    return f"kv:{job_id}:{key}"
+
+
+def check_key(key: str) -> str:
+    if not _KEY.fullmatch(key):
+        raise InvalidRequest(
+            f"key {key[:40]!r}: 1 to 128 characters of A-Z a-z 0-9 . _ -, "
+            "starting with a letter or digit @ $.key"
+        )
+    return key
+
+
+def parse_value(body: Any) -> str:
+    """The value of a ``PUT`` body ``{"value": "..."}``, checked."""
+    if not isinstance(body, Mapping) or set(body) != {"value"}:
+        raise InvalidRequest('kv: the body must be {"value": "..."} @ $')
+    value = body["value"]
+    if not isinstance(value, str):
+        raise InvalidRequest("kv: value must be a string @ $.value")
+    if len(value.encode()) > MAX_VALUE:
+        raise KeyValueLimit(f"a value is at most {MAX_VALUE} bytes")
+    return value
+
+
+def parse_wait(raw: str | None) -> float:
+    """``?wait=S``: seconds to wait for a key that is not there yet (0: answer now)."""
+    if raw is None:
+        return 0.0
+    try:
+        wait = float(raw)
+    except ValueError:
+        wait = -1.0
+    if not 0 <= wait <= MAX_WAIT:
+        raise InvalidRequest(f"wait must be a number of seconds from 0 to {MAX_WAIT:g} @ wait")
+    return wait
+
+
+def check_room(existing_keys: int, replacing: bool) -> None:
+    """Refuse a new key beyond :data:`MAX_KEYS` (replacing a value is always allowed)."""
+    if not replacing and existing_keys >= MAX_KEYS:
+        raise KeyValueLimit(f"a job has at most {MAX_KEYS} keys")
+
+
+def answer(key: str, record: Mapping[str, Any]) -> dict[str, Any]:
+    """The JSON answer for a stored record: the ``PUT`` body's shape plus its key and
+    version (the number of times it was set)."""
+    return {"key": key, "value": record["value"], "version": record["version"]}

@@ -1,0 +1,109 @@
+"""The routes of a job's key-value store (:mod:`.job_kv`): ``PUT`` and ``GET
+/v1/jobs/{id}/kv/{key}``, for the job's own token, its owner or an administrator.
+
+``GET ...?wait=S`` waits up to S seconds for a key that is not set yet — task 0
+publishes its scheduler's address, the other tasks wait for it — by polling the
+controller from the event loop (no thread is held while waiting), as the resize wait
+route does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import Response
+
+from xce_resize_plugin.controllers.live import job_kv
+from xce_resize_plugin.controllers.live.live_controller import LiveController
+from xce_resize_plugin.host import Principal
+from xce_resize_plugin.rest.http import ApiRoute, BodyLimit, Translate, endpoint, read_body, reply
+from xce_resize_plugin.rest.operation import Operation, Param
+from xce_resize_plugin.rest.parsing import check_query, parse_json
+
+_PARAMS = (
+    Param("id", {"type": "string"}, True, "The job id.", location="path"),
+    Param("key", {"type": "string"}, True, "The key (1-128 of A-Z a-z 0-9 . _ -).", "path"),
+)
+KV_PUT = Operation(
+    "kv_put",
+    "PUT",
+    "/v1/jobs/{id}/kv/{key}",
+    "Set a value in the job's key-value store",
+    'Body {"value": "..."}; at most 64 KiB per value and 64 keys per job. Kept across a '
+    "failover; removed when the job ends.",
+    response="KeyValue",
+    body="KeyValueBody",
+    params=_PARAMS,
+    errors=(400, 401, 404, 409, 413, 503),
+)
+KV_GET = Operation(
+    "kv_get",
+    "GET",
+    "/v1/jobs/{id}/kv/{key}",
+    "Read a value from the job's key-value store",
+    "With wait=S, waits up to S seconds (at most 60) for a key not set yet; 404 "
+    "XCE_KV_NO_KEY when it is still not set.",
+    response="KeyValue",
+    params=(*_PARAMS, Param("wait", {"type": "number", "minimum": 0}, False, "Seconds.")),
+    errors=(400, 401, 404, 503),
+)
+KV_SCHEMAS: dict[str, Any] = {
+    "KeyValueBody": {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["value"],
+        "properties": {"value": {"type": "string"}},
+    },
+    "KeyValue": {
+        "type": "object",
+        "required": ["key", "value", "version"],
+        "properties": {
+            "key": {"type": "string"},
+            "value": {"type": "string"},
+            "version": {"type": "integer", "description": "how many times the key was set"},
+        },
+    },
+}
+# A 64 KiB value, JSON-escaped, with room to spare; beyond, 413 before parsing.
+_LIMIT = BodyLimit(
+    8 * job_kv.MAX_VALUE,
+    lambda declared: job_kv.KeyValueLimit(f"body larger than {8 * job_kv.MAX_VALUE} bytes"),
+)
+_POLL_FIRST, _POLL_MAX = 0.02, 0.25
+
+
+def kv_routes(ctl: LiveController, translate: Translate) -> list[ApiRoute]:
+    """The two routes, with the host routes' error translation."""
+
+    async def put(request: Request, principal: Principal) -> Response:
+        check_query(request.query_params.multi_items(), KV_PUT)
+        body = parse_json(await read_body(request, _LIMIT))
+        job_id, key = request.path_params["id"], request.path_params["key"]
+        return reply(await run_in_threadpool(ctl.kv_put, principal, job_id, key, body), 200)
+
+    async def get(request: Request, principal: Principal) -> Response:
+        query = check_query(request.query_params.multi_items(), KV_GET)
+        wait = job_kv.parse_wait(query.get("wait"))
+        job_id, key = request.path_params["id"], request.path_params["key"]
+        loop = asyncio.get_running_loop()
+        deadline, delay = loop.time() + wait, _POLL_FIRST
+        while True:
+            found = await run_in_threadpool(ctl.kv_get, principal, job_id, key)
+            left = deadline - loop.time()
+            if found is not None:
+                return reply(found, 200)
+            if left <= 0 or await request.is_disconnected():
+                raise job_kv.NoSuchKey(f"job {job_id} has no key {key!r}")
+            await asyncio.sleep(min(delay, left))
+            delay = min(delay * 2, _POLL_MAX)
+
+    return [
+        ApiRoute(KV_PUT, endpoint(KV_PUT, put, ctl.authenticate, translate), KV_SCHEMAS),
+        ApiRoute(KV_GET, endpoint(KV_GET, get, ctl.authenticate, translate), KV_SCHEMAS),
+    ]
+
+
+__all__ = ["KV_GET", "KV_PUT", "KV_SCHEMAS", "kv_routes"]
