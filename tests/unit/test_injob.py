@@ -16,7 +16,7 @@ import json, sys
 before = set(sys.modules)
 import xce_resize_plugin.injob
 print(json.dumps(sorted(m for m in set(sys.modules) - before
-      if m.split('.')[0] in ('attrs', 'attr', 'cattrs', 'pluggy', 'lmdb', 'starlette'))))
+      if m.split('.')[0] in ('attrs', 'attr', 'cattrs', 'pluggy', 'lmdb', 'starlette', 'httpx'))))
 """
 
 

@@ -76,14 +76,14 @@ class Client:
             with urllib.request.urlopen(req, timeout=timeout or self.timeout) as resp:
                 raw = resp.read()
         except urllib.error.HTTPError as exc:
-            raise _problem(exc.code, exc.read(), str(exc.reason)) from None
+            raise remote_error(exc.code, exc.read(), str(exc.reason)) from None
         except (urllib.error.URLError, OSError) as exc:
             reason = getattr(exc, "reason", exc)
             raise Unreachable(f"{self.url}: {reason}") from None
         return json.loads(raw) if raw else None
 
 
-def _problem(status: int, raw: bytes, reason: str) -> RemoteError:
+def remote_error(status: int, raw: bytes, reason: str) -> RemoteError:
     import json
 
     try:

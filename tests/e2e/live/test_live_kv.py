@@ -110,3 +110,45 @@ def test_bad_writes_are_refused_and_change_nothing(resize_live_factory: Any) -> 
     r = live.call("PUT", f"{kv}/one-too-many", ALICE, {"value": "x"})
     assert (r.status_code, r.json()["code"]) == (413, "XCE_KV_LIMIT")
     assert live.ok("PUT", f"{kv}/k", ALICE, {"value": "w"})["version"] == 2  # replacing is fine
+
+
+def test_the_async_client_does_what_the_sync_one_does(resize_live_factory: Any) -> None:
+    """AsyncResizeClient against the real server: a grow waited for, the key-value
+    store with a waiting reader, and a refusal as the same RemoteError."""
+    import asyncio
+
+    from xce_resize_plugin.injob.aio import AsyncResizeClient
+    from xce_resize_plugin.rest.client import RemoteError
+
+    live: LiveCluster = resize_live_factory({"h1": 2, "h2": 2})
+    live.start()
+    answer = live.ok(
+        "POST",
+        "/v1/jobs",
+        ALICE,
+        {"command": ["sleep", "600"], "tasks": "1,3", "initial": 1, "resizable": True},
+    )
+    job_id, token = answer["id"], answer["token"]
+    live.running(job_id, 1)
+
+    async def scenario() -> tuple[int, int, str | None, str | None, str]:
+        env = {"XCE_JOB_ID": job_id, "XCE_CONTROLLER_URL": live.url(), "XCE_JOB_TOKEN": token}
+        async with AsyncResizeClient.from_env(env) as client:
+            grown = await client.grow(1, 2, wait=True, no_notify=True)
+            reader = asyncio.create_task(client.get("addr", wait=20))
+            await asyncio.sleep(0.3)
+            version = await client.put("addr", "tcp://x:1")
+            absent = await client.get("absent")
+            try:
+                await client.release(task_ids=[0])
+            except RemoteError as exc:
+                refused = exc.code
+            return grown.size, version, await reader, absent, refused
+
+    size, version, seen, absent, refused = asyncio.run(scenario())
+    assert (size, version, seen, absent) == (3, 1, "tcp://x:1", None)
+    assert refused.startswith("LSBE_RESIZE")  # task 0 is never released, as in LSF
+    assert (
+        live.job(job_id)["hosts"] == {"h1": 2, "h2": 1}
+        or sum(live.job(job_id)["hosts"].values()) == 3
+    )

@@ -1,0 +1,132 @@
+"""The asynchronous in-job client, for frameworks that run an asyncio loop (Dask,
+Ray): the same calls as :class:`~.client.ResizeClient`, awaitable, on httpx (the
+``async`` extra). Both clients drive the one definition of the calls in
+:mod:`.protocol`.
+
+::
+
+    async with AsyncResizeClient.from_env() as client:
+        await client.grow(1, 4, wait=True)
+        address = await client.get("scheduler", wait=60)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from types import TracebackType
+from typing import Any, Self, TypeVar, Unpack
+
+import httpx
+
+from xce_resize_plugin.errors import Unreachable
+from xce_resize_plugin.injob.client import job_environment
+from xce_resize_plugin.injob.protocol import (
+    Allocation,
+    ChangeOptions,
+    JobRequests,
+    Request,
+    Steps,
+    release_forms,
+)
+from xce_resize_plugin.rest.client import RemoteError, remote_error
+
+_T = TypeVar("_T")
+
+
+class AsyncResizeClient:
+    """Resize requests and the key-value store for one job, awaitable. Use it as an
+    async context manager, or call :meth:`aclose` when done (it holds a connection
+    pool)."""
+
+    def __init__(self, job_id: str, url: str, token: str | None, timeout: float = 30.0) -> None:
+        self.job_id = job_id
+        self.url = url.rstrip("/")
+        headers = {"Accept": "application/json, application/problem+json"}
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        self._http = httpx.AsyncClient(base_url=self.url, headers=headers, timeout=timeout)
+        self._requests = JobRequests(job_id)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> AsyncResizeClient:
+        """Built from the task environment the controller gives every task."""
+        return cls(*job_environment(environ))
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def allocation(self) -> Allocation:
+        return await self._run(self._requests.allocation())
+
+    async def history(self) -> Mapping[str, Any]:
+        return await self._run(self._requests.history())
+
+    async def wait(self, after_version: int | None = None, timeout: float = 60.0) -> Allocation:
+        return await self._run(self._requests.wait(after_version, timeout))
+
+    async def grow(
+        self, min_tasks: int, max_tasks: int | None = None, **options: Unpack[ChangeOptions]
+    ) -> Allocation:
+        return await self._run(self._requests.grow(min_tasks, max_tasks, options))
+
+    async def release(
+        self,
+        *,
+        hosts: Sequence[str] | None = None,
+        host_counts: Mapping[str, int] | None = None,
+        task_ids: Sequence[int] | None = None,
+        count: int | None = None,
+        spec: str | None = None,
+        **options: Unpack[ChangeOptions],
+    ) -> Allocation:
+        forms = release_forms(hosts, host_counts, task_ids, count, spec)
+        return await self._run(self._requests.release(forms, options))
+
+    async def cancel(self) -> Allocation:
+        return await self._run(self._requests.cancel())
+
+    async def put(self, key: str, value: str) -> int:
+        return await self._run(self._requests.put(key, value))
+
+    async def get(self, key: str, wait: float | None = None) -> str | None:
+        return await self._run(self._requests.get(key, wait))
+
+    async def _run(self, steps: Steps[_T]) -> _T:
+        answer: Any = None
+        error: RemoteError | None = None
+        while True:
+            try:
+                request = steps.send(answer) if error is None else steps.throw(error)
+            except StopIteration as done:
+                return done.value  # type: ignore[no-any-return]
+            try:
+                answer, error = await self._send(request), None
+            except RemoteError as exc:
+                answer, error = None, exc
+
+    async def _send(self, request: Request) -> Any:
+        try:
+            response = await self._http.request(
+                request.method,
+                request.path,
+                json=request.body,
+                timeout=request.timeout
+                if request.timeout is not None
+                else httpx.USE_CLIENT_DEFAULT,
+            )
+        except httpx.TransportError as exc:
+            raise Unreachable(f"{self.url}: {exc}") from None
+        if response.status_code >= 400:
+            raise remote_error(response.status_code, response.content, response.reason_phrase)
+        return response.json() if response.content else None
+
+
+__all__ = ["AsyncResizeClient"]

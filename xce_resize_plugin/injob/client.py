@@ -1,0 +1,131 @@
+"""The synchronous in-job client (standard library only: urllib)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol, TypeVar, Unpack
+
+from xce_resize_plugin.injob.protocol import (
+    Allocation,
+    ChangeOptions,
+    JobRequests,
+    Steps,
+    release_forms,
+)
+from xce_resize_plugin.rest.client import Client, RemoteError
+
+_T = TypeVar("_T")
+
+
+class Transport(Protocol):
+    """What the client sends requests with (:class:`~xce_resize_plugin.rest.client.Client`)."""
+
+    def call(
+        self, method: str, path: str, body: Any = None, *, timeout: float | None = None
+    ) -> Any: ...
+
+
+def job_environment(environ: Mapping[str, str] | None) -> tuple[str, str, str | None]:
+    """The job id, controller URL and token every task is given (``XCE_JOB_ID``,
+    ``XCE_CONTROLLER_URL``, ``XCE_JOB_TOKEN``); refuses outside a job."""
+    env = os.environ if environ is None else environ
+    missing = [k for k in ("XCE_JOB_ID", "XCE_CONTROLLER_URL") if not env.get(k)]
+    if missing:
+        raise RuntimeError(
+            f"not inside an XCE job: {', '.join(missing)} not set in the environment"
+        )
+    return (
+        env["XCE_JOB_ID"],
+        env["XCE_CONTROLLER_URL"],
+        env.get("XCE_JOB_TOKEN") or env.get("XCE_TOKEN"),
+    )
+
+
+class ResizeClient:
+    """Resize requests for one job, from inside it (or from anywhere with a token)."""
+
+    def __init__(self, job_id: str, client: Transport) -> None:
+        self.job_id = job_id
+        self.client = client
+        self._requests = JobRequests(job_id)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> ResizeClient:
+        """Built from the task environment the controller gives every task."""
+        job_id, url, token = job_environment(environ)
+        return cls(job_id, Client(url, token))
+
+    # --- queries --------------------------------------------------------------------
+
+    def allocation(self) -> Allocation:
+        return self._run(self._requests.allocation())
+
+    def history(self) -> Mapping[str, Any]:
+        """Accounting: the allocation timeline and the resize records."""
+        return self._run(self._requests.history())
+
+    def wait(self, after_version: int | None = None, timeout: float = 60.0) -> Allocation:
+        """Block until the job's allocation is past ``after_version`` and settled (no
+        grow pending, nothing in flight), or ``timeout`` seconds passed; return it."""
+        return self._run(self._requests.wait(after_version, timeout))
+
+    # --- changes (PMIx EXTEND, RELEASE, REQ_CANCEL) ---------------------------------------
+
+    def grow(
+        self, min_tasks: int, max_tasks: int | None = None, **options: Unpack[ChangeOptions]
+    ) -> Allocation:
+        """Ask for ``min_tasks..max_tasks`` more tasks (``max_tasks`` defaults to
+        ``min_tasks``). With ``wait``, return once the grow is committed (or given up)."""
+        return self._run(self._requests.grow(min_tasks, max_tasks, options))
+
+    def release(
+        self,
+        *,
+        hosts: Sequence[str] | None = None,
+        host_counts: Mapping[str, int] | None = None,
+        task_ids: Sequence[int] | None = None,
+        count: int | None = None,
+        spec: str | None = None,
+        **options: Unpack[ChangeOptions],
+    ) -> Allocation:
+        """Give tasks back: all of the job's tasks on ``hosts``, ``host_counts`` tasks on
+        hosts, these ``task_ids``, a ``count`` chosen by the site policy, or an LSF
+        ``spec``. Exactly one form. Task 0 always stays."""
+        forms = release_forms(hosts, host_counts, task_ids, count, spec)
+        return self._run(self._requests.release(forms, options))
+
+    def cancel(self) -> Allocation:
+        """Cancel the pending grow (PMIx REQ_CANCEL)."""
+        return self._run(self._requests.cancel())
+
+    # --- the job's key-value store (rendezvous) -------------------------------------------
+
+    def put(self, key: str, value: str) -> int:
+        """Set ``key`` in the job's key-value store; return its version (how many times
+        it was set). Kept across a controller failover, dropped when the job ends."""
+        return self._run(self._requests.put(key, value))
+
+    def get(self, key: str, wait: float | None = None) -> str | None:
+        """The value of ``key``; ``None`` when it is not set — after waiting up to
+        ``wait`` seconds for another task to set it, when given."""
+        return self._run(self._requests.get(key, wait))
+
+    def _run(self, steps: Steps[_T]) -> _T:
+        """Send each request a call makes, and feed its answer (or refusal) back."""
+        answer: Any = None
+        error: RemoteError | None = None
+        while True:
+            try:
+                request = steps.send(answer) if error is None else steps.throw(error)
+            except StopIteration as done:
+                return done.value  # type: ignore[no-any-return]
+            try:
+                answer, error = (
+                    self.client.call(
+                        request.method, request.path, request.body, timeout=request.timeout
+                    ),
+                    None,
+                )
+            except RemoteError as exc:
+                answer, error = None, exc

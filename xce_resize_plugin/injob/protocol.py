@@ -1,0 +1,224 @@
+"""The in-job API's requests, free of any transport: one definition of what each call
+sends and how it reads the answers, driven by the synchronous client (urllib, standard
+library only: :mod:`.client`) and by the asynchronous one (httpx: :mod:`.aio`).
+
+Each call is a generator (a :data:`Steps`) that yields the :class:`Request` objects to
+send, receives each decoded answer (or has the controller's
+:class:`~xce_resize_plugin.rest.client.RemoteError` thrown in), and returns the
+call's result; the clients only send and await. So the two clients cannot drift: a
+grow's body, a long poll's stop rule, the key-value store's wait loop exist once.
+"""
+
+from __future__ import annotations
+
+import time
+import urllib.parse
+from collections.abc import Generator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypedDict, TypeVar
+
+from xce_resize_plugin.rest.client import RemoteError
+
+#: A long poll never asks the controller to hold a request longer than this.
+MAX_POLL = 30.0
+
+_T = TypeVar("_T")
+
+
+@dataclass(frozen=True)
+class Request:
+    """One HTTP request a call makes: ``timeout`` (seconds) covers a long poll."""
+
+    method: str
+    path: str
+    body: Any = None
+    timeout: float | None = None
+
+
+#: A call: yields requests, is sent their decoded answers, returns its result.
+Steps = Generator[Request, Any, _T]
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """The job's allocation as the controller reports it."""
+
+    job_id: str
+    phase: str
+    version: int
+    tasks: tuple[tuple[int, str], ...]
+    min_tasks: int
+    max_tasks: int
+    pending: Mapping[str, int] | None = None
+    in_flight: Mapping[str, Any] | None = None
+    raw: Mapping[str, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def hosts(self) -> dict[str, int]:
+        """Tasks per host, in allocation order (first host holds task 0)."""
+        out: dict[str, int] = {}
+        for _, host in self.tasks:
+            out[host] = out.get(host, 0) + 1
+        return out
+
+    @property
+    def size(self) -> int:
+        return len(self.tasks)
+
+    @property
+    def settled(self) -> bool:
+        """No grow pending and no change in flight."""
+        return self.pending is None and self.in_flight is None
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> Allocation:
+        return cls(
+            job_id=str(doc["job_id"]),
+            phase=str(doc["phase"]),
+            version=int(doc["version"]),
+            tasks=tuple((int(t["id"]), str(t["host"])) for t in doc["tasks"]),
+            min_tasks=int(doc["min_tasks"]),
+            max_tasks=int(doc["max_tasks"]),
+            pending=doc.get("pending"),
+            in_flight=doc.get("in_flight"),
+            raw=doc,
+        )
+
+
+class ChangeOptions(TypedDict, total=False):
+    """The options every change (``grow``, ``release``) takes, all by keyword.
+
+    ``wait`` (default ``False``): return once the change is committed (or given up),
+    waiting at most ``timeout`` seconds (default 60). ``cancel_pending`` (LSF's ``-c``)
+    cancels the job's pending grow first; ``notify_cmd`` (``-rnc``) is the notification
+    command for this change, ``no_notify`` (``-rncn``) runs none; by default the job's
+    own command runs.
+    """
+
+    wait: bool
+    timeout: float
+    cancel_pending: bool
+    notify_cmd: str | None
+    no_notify: bool
+
+
+class JobRequests:
+    """The calls of the in-job API for one job, as :data:`Steps`."""
+
+    def __init__(self, job_id: str) -> None:
+        self.job_id = job_id
+        self.job_path = f"/v1/jobs/{urllib.parse.quote(job_id, safe='')}"
+        self.base = f"{self.job_path}/resize"
+
+    def allocation(self) -> Steps[Allocation]:
+        return Allocation.from_json((yield Request("GET", self.base)))
+
+    def history(self) -> Steps[Mapping[str, Any]]:
+        result: Mapping[str, Any] = yield Request("GET", f"{self.base}/history")
+        return result
+
+    def wait(self, after_version: int | None, timeout: float) -> Steps[Allocation]:
+        deadline = time.monotonic() + timeout
+        if after_version is None:
+            after_version = (yield from self.allocation()).version - 1
+        while True:
+            left = deadline - time.monotonic()
+            poll = max(0.0, min(MAX_POLL, left))
+            path = f"{self.base}/wait?version={after_version}&timeout={poll:.3f}"
+            doc = yield Request("GET", path, timeout=poll + 10.0)
+            alloc = Allocation.from_json(doc)
+            # Done, or nothing more will happen without a new request (the change failed
+            # or was cancelled, or the job ended), or out of time: answer now.
+            finished = doc.get("job_state") not in (None, "RUN")
+            if doc.get("done") or alloc.settled or finished or left <= 0:
+                return alloc
+
+    def grow(
+        self, min_tasks: int, max_tasks: int | None, options: ChangeOptions
+    ) -> Steps[Allocation]:
+        body: dict[str, Any] = {
+            "tasks": max_tasks if max_tasks is not None else min_tasks,
+            "min_tasks": min_tasks,
+            **_change_fields(options),
+        }
+        return (yield from self._change("grow", body, options))
+
+    def release(
+        self,
+        forms: Mapping[str, Any],
+        options: ChangeOptions,
+    ) -> Steps[Allocation]:
+        body = _change_fields(options)
+        given = {k: v for k, v in forms.items() if v is not None}
+        if len(given) != 1:
+            raise ValueError("give exactly one of hosts/host_counts, task_ids, count, spec")
+        body.update(given)
+        return (yield from self._change("release", body, options))
+
+    def cancel(self) -> Steps[Allocation]:
+        yield Request("DELETE", f"{self.base}/pending")
+        return (yield from self.allocation())
+
+    def put(self, key: str, value: str) -> Steps[int]:
+        doc = yield Request("PUT", self._kv(key), {"value": value})
+        return int(doc["version"])
+
+    def get(self, key: str, wait: float | None) -> Steps[str | None]:
+        deadline = time.monotonic() + (wait or 0.0)
+        while True:
+            poll = max(0.0, min(MAX_POLL, deadline - time.monotonic()))
+            try:
+                doc = yield Request("GET", f"{self._kv(key)}?wait={poll:.3f}", timeout=poll + 10.0)
+            except RemoteError as exc:
+                if exc.code != "XCE_KV_NO_KEY":
+                    raise
+                if deadline - time.monotonic() <= 0:
+                    return None
+                continue
+            return str(doc["value"])
+
+    def _kv(self, key: str) -> str:
+        return f"{self.job_path}/kv/{urllib.parse.quote(key, safe='')}"
+
+    def _change(
+        self, kind: str, body: Mapping[str, Any], options: ChangeOptions
+    ) -> Steps[Allocation]:
+        before = (yield from self.allocation()).version
+        doc = yield Request("POST", f"{self.base}/{kind}", dict(body))
+        if not options.get("wait", False):
+            return Allocation.from_json(doc)
+        return (yield from self.wait(before, options.get("timeout", 60.0)))
+
+
+def release_forms(
+    hosts: Sequence[str] | None,
+    host_counts: Mapping[str, int] | None,
+    task_ids: Sequence[int] | None,
+    count: int | None,
+    spec: str | None,
+) -> dict[str, Any]:
+    """A release's forms as body fields (``None``: not given)."""
+    return {
+        "hosts": None
+        if hosts is None and host_counts is None
+        else {**dict.fromkeys(hosts or (), None), **dict(host_counts or {})},
+        "task_ids": list(task_ids) if task_ids is not None else None,
+        "count": count,
+        "spec": spec,
+    }
+
+
+def _change_fields(options: ChangeOptions) -> dict[str, Any]:
+    """The body fields a grow and a release share (``notify_cmd`` only when given);
+    refuses an option :class:`ChangeOptions` does not name, as a parameter list would."""
+    unknown = options.keys() - ChangeOptions.__annotations__.keys()
+    if unknown:
+        raise TypeError(f"unexpected keyword argument {min(unknown)!r}")
+    body: dict[str, Any] = {
+        "cancel_pending": options.get("cancel_pending", False),
+        "no_notify": options.get("no_notify", False),
+    }
+    notify_cmd = options.get("notify_cmd")
+    if notify_cmd is not None:
+        body["notify_cmd"] = notify_cmd
+    return body
