@@ -23,8 +23,8 @@ import pytest
 
 from xce_resize_plugin.controllers.live import settings as live_config
 from xce_resize_plugin.controllers.live.proc import Account
-from xce_resize_plugin.controllers.live.submission import SubmitRejected, job_account
-from xce_resize_plugin.errors import ConfigError
+from xce_resize_plugin.controllers.live.submission import SubmitRejected, check_cwd, job_account
+from xce_resize_plugin.errors import ConfigError, InvalidRequest
 from xce_resize_plugin.testing.live import ALICE, ROOT, LiveCluster, wait_until
 
 #: A user name no machine has.
@@ -75,6 +75,22 @@ def test_a_controller_that_is_not_root_runs_only_its_users_jobs() -> None:
     for owner in ("root", NOBODY_HERE):
         assert job_account(owner, single_user=True, euid=account.uid).uid == account.uid
         assert job_account(owner, single_user=True, euid=0).uid == 0
+
+
+def test_root_never_tells_a_user_whether_a_path_exists(tmp_path: Path) -> None:
+    """A working directory is looked up at submission only by a controller that runs
+    as the job's user: root answering "no such directory" for another user's job would
+    tell whether a path exists where that user may not look."""
+    hidden = tmp_path / "root-only"
+    hidden.mkdir(mode=0o700)
+    owner, me = _local_account(), Account.of_uid(os.geteuid())
+    missing, present = str(hidden / "nope"), str(hidden)
+    check_cwd(missing, owner, euid=0)  # as root, for another user: no look, no answer
+    check_cwd(present, owner, euid=0)
+    check_cwd(present, me, euid=me.uid)
+    with pytest.raises(InvalidRequest, match=r"no such directory .*nope @ \$\.cwd"):
+        check_cwd(missing, me, euid=me.uid)  # its own user: it could look itself
+    check_cwd(None, me, euid=me.uid)
 
 
 def test_single_user_is_a_checked_setting(tmp_path: Path) -> None:

@@ -106,6 +106,7 @@ from xce_resize_plugin.controllers.live.storage_faults import (
 )
 from xce_resize_plugin.controllers.live.submission import (
     SubmitRejected,
+    check_cwd,
     job_account,
     parse_submission,
 )
@@ -797,6 +798,7 @@ class LiveController:
             raise PermissionDenied("a job token cannot submit jobs")
         sub = parse_submission(body)
         account = job_account(principal.name, single_user=self.cfg.single_user, euid=self.euid)
+        check_cwd(sub.cwd, account, self.euid)
         with self.lock:
             self._check_open()
             job_id = self._new_job_id()

@@ -182,11 +182,21 @@ def _env(value: Any) -> dict[str, str]:
 
 
 def _cwd(value: Any) -> str | None:
-    if value is not None and (not isinstance(value, str) or not os.path.isabs(value)):
+    if value is not None and (
+        not isinstance(value, str) or not os.path.isabs(value) or "\0" in value
+    ):
         raise InvalidRequest("submit: cwd must be an absolute path @ $.cwd")
-    if value is not None and not os.path.isdir(value):
-        raise InvalidRequest(f"submit: no such directory {value} @ $.cwd")
     return value
+
+
+def check_cwd(cwd: str | None, account: Account, euid: int) -> None:
+    """Refuse a working directory that does not exist — only when the controller runs
+    as the job's own user. A controller running as root and a job running as its
+    owner must not look: the answer would tell any user whether a path exists in
+    directories only root may read. Such a job's tasks change directory as their owner
+    and fail to start (the shell's message in ``task-N.err``) when they cannot."""
+    if cwd is not None and account.uid == euid and not os.path.isdir(cwd):
+        raise InvalidRequest(f"submit: no such directory {cwd} @ $.cwd")
 
 
 def _estimate(value: Any) -> float | None:
