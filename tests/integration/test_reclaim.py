@@ -1,0 +1,282 @@
+"""Grows and the queue (docs/admin-guide.md, "Reclaim"): scenario runs of
+``[resize] reclaim``, and the rule that no grow takes the blocked head's slots."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from xce_resize_plugin.core.models import ChangeKind, ReleaseAccepted
+from xce_resize_plugin.errors import ConfigError
+from xce_resize_plugin.scenarios import files, runner
+from xce_resize_plugin.scenarios.files import Scenario
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# Job 101 (resizable 2..8) holds 6 of the 8 slots until t=1000; job 102 (rigid, 4
+# tasks) arrives at t=10 and is the blocked head: it needs 2 more slots.
+BASE = """
+[cluster]
+hosts = {{ a = 4, b = 4 }}
+
+[users]
+admins = ["root"]
+
+[resize]
+{resize}
+
+[[jobs]]
+id = "101"
+user = "ann"
+tasks = "2,8"
+resizable = true
+alloc = {{ a = 4, b = 2 }}
+runtime = 1000
+{notify}
+
+[[jobs]]
+id = "102"
+user = "bob"
+tasks = {head_tasks}
+submit = 10
+runtime = 100
+{extra}
+"""
+
+
+def scenario(
+    tmp_path: Path,
+    resize: str = 'reclaim = "shrink"',
+    *,
+    head_tasks: int = 4,
+    notify: str = "",
+    extra: str = "",
+) -> Scenario:
+    text = BASE.format(resize=resize, head_tasks=head_tasks, notify=notify, extra=extra)
+    path = tmp_path / "reclaim.toml"
+    path.write_text(text)
+    return files.parse(tomllib.loads(text), path)
+
+
+def run(sc: Scenario, tmp_path: Path, name: str = "state") -> runner.ScenarioResult:
+    result = runner.run(sc, tmp_path / name)
+    assert result.problems == ()
+    return result
+
+
+def releases(result: runner.ScenarioResult) -> list[tuple[str, tuple[int, ...], str]]:
+    return [
+        (f.job_id, tuple(t.id for t in f.tasks), f.principal)
+        for _, f in result.facts
+        if isinstance(f, ReleaseAccepted)
+    ]
+
+
+def shrinks(result: runner.ScenarioResult, job: str) -> list[dict[str, Any]]:
+    return [r for r in result.jobs[job]["resize_records"] if r["type"] == ChangeKind.SHRINK.value]
+
+
+def test_reclaim_off_leaves_the_head_waiting(tmp_path: Path) -> None:
+    result = run(scenario(tmp_path, resize=""), tmp_path)
+    assert releases(result) == []
+    assert result.jobs["102"]["start_time"] == 1000.0
+    assert len(result.jobs["101"]["tasks"]) == 6
+
+
+def test_reclaim_shrinks_the_newest_tasks_and_the_head_starts_now(tmp_path: Path) -> None:
+    result = run(scenario(tmp_path), tmp_path)
+    # Only what the head lacks (2 slots), the newest tasks, asked by the plugin itself.
+    assert releases(result) == [("101", (4, 5), "reclaim")]
+    assert result.jobs["102"]["start_time"] == 10.0
+    assert result.jobs["101"]["hosts"] == {"a": 4}
+    assert len(shrinks(result, "101")) == 1
+
+
+def test_reclaim_takes_from_the_largest_excess_first(tmp_path: Path) -> None:
+    # A second resizable job with less excess (3 tasks, min 2) is left alone.
+    extra = """
+[[jobs]]
+id = "103"
+user = "cat"
+tasks = "2,4"
+resizable = true
+alloc = { b = 2 }
+runtime = 1000
+"""
+    sc = scenario(tmp_path, head_tasks=2, extra=extra)
+    sc = files.parse(
+        tomllib.loads(
+            sc.path.read_text().replace("alloc = { a = 4, b = 2 }", "alloc = { a = 4, b = 1 }")
+        ),
+        sc.path,
+    )
+    result = run(sc, tmp_path)
+    # 101: 5 tasks (excess 3), 103: 2 tasks (excess 0); 1 slot free, the head needs 2.
+    assert releases(result) == [("101", (4,), "reclaim")]
+    assert result.jobs["102"]["start_time"] == 10.0
+
+
+def test_no_reclaim_when_shrinking_everyone_would_not_start_the_head(tmp_path: Path) -> None:
+    # The head needs 8: 2 free + 4 above 101's minimum is 6, not enough.
+    result = run(scenario(tmp_path, head_tasks=8), tmp_path)
+    assert releases(result) == []
+    assert len(result.jobs["101"]["tasks"]) == 6
+    assert result.jobs["102"]["start_time"] == 1000.0
+
+
+def test_reclaim_respects_the_head_ptile(tmp_path: Path) -> None:
+    # With ptile 1 the head (2 tasks) needs two hosts with a slot: b has 2 free, so
+    # only a slot freed on a counts, and one is enough.
+    result = run(scenario(tmp_path, head_tasks=2, extra="ptile = 1"), tmp_path)
+    assert result.jobs["102"]["start_time"] == 10.0
+    (job, ids, _), *more = releases(result)
+    assert job == "101" and len(ids) == 1 and not more
+    assert result.jobs["101"]["hosts"] == {"a": 3, "b": 2}
+
+
+def test_a_veto_leaves_the_job_alone_and_is_not_retried_for_the_same_head(
+    tmp_path: Path,
+) -> None:
+    # 104 backfills at t=500 (instants at 500 and 510 while 102 is still blocked).
+    extra = """
+[[jobs]]
+id = "104"
+user = "dan"
+tasks = 1
+submit = 500
+runtime = 10
+"""
+    result = run(scenario(tmp_path, notify='notify_cmd = "exit 1"', extra=extra), tmp_path)
+    # Asked once at t=10; the notification refused; the head waits for its shadow time
+    # without the job being asked again at later cycles or instants.
+    assert releases(result) == [("101", (4, 5), "reclaim")]
+    assert [(n["time"], n["status"]) for n in result.notifications] == [(10.0, 1)]
+    assert shrinks(result, "101") == []
+    assert result.jobs["104"]["start_time"] == 500.0
+    assert result.jobs["102"]["start_time"] == 1000.0
+
+
+VETO_TWO_HEADS = """
+[cluster]
+hosts = { a = 4, b = 4 }
+
+[resize]
+reclaim = "shrink"
+
+[[jobs]]
+id = "101"
+user = "ann"
+tasks = "2,8"
+resizable = true
+alloc = { a = 4, b = 2 }
+runtime = 1000
+notify_cmd = "exit 1"
+
+[[jobs]]
+id = "105"
+user = "eve"
+tasks = 2
+alloc = { b = 2 }
+runtime = 50
+
+[[jobs]]
+id = "102"
+user = "bob"
+tasks = 2
+submit = 10
+runtime = 100
+
+[[jobs]]
+id = "104"
+user = "dan"
+tasks = 2
+submit = 20
+runtime = 100
+"""
+
+
+def test_a_veto_is_retried_for_the_next_head(tmp_path: Path) -> None:
+    path = tmp_path / "two-heads.toml"
+    path.write_text(VETO_TWO_HEADS)
+    result = run(files.parse(tomllib.loads(VETO_TWO_HEADS), path), tmp_path)
+    # 102 is the head at t=10: 101 is asked and refuses. 102 starts when 105 ends
+    # (t=50); 104 is then the head and 101 is asked once more, and refuses again.
+    assert [(n["time"], n["status"]) for n in result.notifications] == [(10.0, 1), (50.0, 1)]
+    assert releases(result) == [("101", (4, 5), "reclaim")] * 2
+    assert result.jobs["102"]["start_time"] == 50.0
+    assert result.jobs["104"]["start_time"] == 150.0
+
+
+OWNERS = """
+[cluster]
+hosts = {{ a = 4, b = 4 }}
+
+[resize]
+reclaim = "shrink"
+{policy}
+
+[[jobs]]
+id = "101"
+user = "ann"
+tasks = "2,8"
+resizable = true
+alloc = {{ a = 4 }}
+runtime = 1000
+
+[[jobs]]
+id = "102"
+user = "bob"
+tasks = "1,4"
+resizable = true
+alloc = {{ b = 3 }}
+runtime = 1000
+
+[[jobs]]
+id = "103"
+user = "bob"
+tasks = 2
+submit = 10
+runtime = 100
+"""
+
+
+@pytest.mark.parametrize(
+    ("policy", "released"),
+    [
+        # Built in: both are 2 above their minimum; the tie goes by id.
+        ("", [("101", (3,), "reclaim")]),
+        # The example site policy: the head's owner (bob) gives first.
+        (
+            f'policy_files = ["{ROOT / "hooks" / "reclaim_owner_first.py"}"]',
+            [("102", (2,), "reclaim")],
+        ),
+    ],
+)
+def test_a_site_policy_overrides_the_selection(
+    tmp_path: Path, policy: str, released: list[tuple[str, tuple[int, ...], str]]
+) -> None:
+    text = OWNERS.format(policy=policy)
+    path = tmp_path / "owners.toml"
+    path.write_text(text)
+    result = run(files.parse(tomllib.loads(text), path), tmp_path)
+    assert releases(result) == released
+    assert result.jobs["103"]["start_time"] == 10.0
+
+
+def test_a_bad_reclaim_value_is_named(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"reclaim must be one of 'off', 'shrink', got 'grow'"):
+        scenario(tmp_path, resize='reclaim = "grow"')
+    with pytest.raises(ConfigError, match=r"reclaim_min_delay must be at least 0"):
+        scenario(tmp_path, resize="reclaim_min_delay = -1")
+
+
+def test_reclaim_min_delay_skips_a_head_that_starts_soon_anyway(tmp_path: Path) -> None:
+    result = run(scenario(tmp_path, resize='reclaim = "shrink"\nreclaim_min_delay = 991'), tmp_path)
+    assert releases(result) == []  # its shadow time (t=1000) is 990 s away
+    result = run(
+        scenario(tmp_path, resize='reclaim = "shrink"\nreclaim_min_delay = 990'), tmp_path, "s2"
+    )
+    assert result.jobs["102"]["start_time"] == 10.0
