@@ -280,3 +280,103 @@ def test_reclaim_min_delay_skips_a_head_that_starts_soon_anyway(tmp_path: Path) 
         scenario(tmp_path, resize='reclaim = "shrink"\nreclaim_min_delay = 990'), tmp_path, "s2"
     )
     assert result.jobs["102"]["start_time"] == 10.0
+
+
+# -- no grow takes the blocked head's slots, in every controller ----------------------
+
+# 101 (resizable) runs past the head's shadow time; 103 ends at t=1000, which is when
+# the head 102 (6 tasks) can start. A grow of 101 at t=20 into the 4 free slots would
+# push the head back to 101's end (t=5000).
+PROTECT = """
+[cluster]
+hosts = {{ a = 4, b = 4 }}
+
+[scenario]
+{protect}
+
+[[jobs]]
+id = "101"
+user = "ann"
+tasks = "1,6"
+resizable = true
+alloc = {{ a = 2 }}
+runtime = 5000
+
+[[jobs]]
+id = "103"
+user = "cat"
+tasks = 2
+alloc = {{ a = 2 }}
+runtime = 1000
+
+[[jobs]]
+id = "102"
+user = "bob"
+tasks = 6
+submit = 10
+runtime = 100
+
+[[commands]]
+at = 20
+user = "ann"
+bresize = "request 1,4 101"
+"""
+
+
+@pytest.mark.parametrize(
+    ("protect", "head_start"), [("", 1000.0), ("protect_reservation = false", 5000.0)]
+)
+def test_scenario_grows_leave_the_head_its_slots_by_default(
+    tmp_path: Path, protect: str, head_start: float
+) -> None:
+    text = PROTECT.format(protect=protect)
+    path = tmp_path / "protect.toml"
+    path.write_text(text)
+    result = run(files.parse(tomllib.loads(text), path), tmp_path)
+    assert result.jobs["102"]["start_time"] == head_start
+    grows = [r for r in result.jobs["101"]["resize_records"] if r["type"] == "grow"]
+    if protect:
+        assert grows[0]["time"] == 20.0  # the option off: the grow took the head's slots
+    else:
+        assert all(g["time"] >= 1000.0 for g in grows)
+
+
+# The same cluster as a trace: 6 processors; job 1 (made malleable below) runs past the
+# shadow time of job 3, which can start once job 2 ends at t=1000.
+SWF = """; MaxProcs: 6
+1 0 0 5000 2 -1 -1 2 5000 -1 1 1 1 -1 1 -1 -1 -1
+2 0 0 1000 3 -1 -1 3 1000 -1 1 2 1 -1 1 -1 -1 -1
+3 0 0 100 4 -1 -1 4 100 -1 1 3 1 -1 1 -1 -1 -1
+"""
+
+
+def test_simulated_grows_leave_the_head_its_slots(tmp_path: Path) -> None:
+    import attrs
+
+    from xce_resize_plugin.simulation.simulate import SimOptions, load_workload, run_mode
+
+    trace = tmp_path / "t.swf"
+    trace.write_text(SWF)
+    # Grow whenever a slot is idle, even while a job waits: only the protection of the
+    # reservation keeps job 1 out of the slot job 3 needs at t=1000.
+    options = SimOptions(
+        malleable_fraction=0.0,
+        driver="grow-when-idle",
+        grow_cooldown=0.0,
+        grow_margin=0.0,
+        grow_when_queue_empty=False,
+    )
+    workload = load_workload(trace, options)
+    jobs = tuple(
+        attrs.evolve(j, malleable=True, min_procs=1, max_procs=4) if j.id == "1" else j
+        for j in workload.jobs
+    )
+    workload = attrs.evolve(workload, jobs=jobs)
+    rigid = run_mode(workload, options, "rigid", job_rows=True)
+    elastic = run_mode(workload, options, "elastic", job_rows=True)
+    assert rigid.problems == () and elastic.problems == ()
+    # Rows: (run, job_id, user, submit, start, ...).
+    start = {(row[0], row[1]): row[4] for res in (rigid, elastic) for row in res.jobs}
+    assert start["rigid", "3"] == start["elastic", "3"] == 1000.0
+    # Job 1 did grow, once the head had started (into the slots job 3 left at 1100).
+    assert elastic.metrics.resizes >= 1
