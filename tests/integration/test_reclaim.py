@@ -255,7 +255,7 @@ runtime = 100
         ),
     ],
 )
-def test_a_site_policy_overrides_the_selection(
+def test_hook_xce_resize_select_reclaim_a_site_policy_overrides_it(
     tmp_path: Path, policy: str, released: list[tuple[str, tuple[int, ...], str]]
 ) -> None:
     text = OWNERS.format(policy=policy)
