@@ -380,3 +380,71 @@ def test_simulated_grows_leave_the_head_its_slots(tmp_path: Path) -> None:
     assert start["rigid", "3"] == start["elastic", "3"] == 1000.0
     # Job 1 did grow, once the head had started (into the slots job 3 left at 1100).
     assert elastic.metrics.resizes >= 1
+
+
+# -- jobs with something in flight or pending -----------------------------------------
+
+
+def _controller(tmp_path: Path, faults: Any = None) -> Any:
+    from xce_resize_plugin.controllers.sim import EmbeddedController
+    from xce_resize_plugin.manager import get_plugin_manager
+
+    config = {"journal_sync": False, "reclaim": "shrink", "stop_grace": 30.0}
+    return EmbeddedController(
+        get_plugin_manager(config, entry_points=False),
+        tmp_path,
+        {"a": 4, "b": 4},
+        config=config,
+        store="memory",
+        strict=True,
+        protect_reservation=True,
+        faults=faults,
+    )
+
+
+def test_a_release_in_flight_counts_for_the_head_and_nothing_more_is_asked(
+    tmp_path: Path,
+) -> None:
+    from xce_resize_plugin.controllers.sim import TaskFaults
+    from xce_resize_plugin.core.models import ReleaseRequest
+    from xce_resize_plugin.host import Principal
+
+    ctl = _controller(tmp_path, TaskFaults(stop_delay=5.0))  # tasks take 5 s to exit
+    try:
+        ctl.submit("ann", (2, 8), runtime=1000, resizable=True, alloc={"a": 4, "b": 2})
+        ctl.submit("cat", (1, 4), runtime=1000, resizable=True, alloc={"b": 2})
+        ctl.run(until=0.0)
+        ctl.request_resize(Principal("ann"), "101", ReleaseRequest(count=2))
+        ctl.submit("bob", 2, runtime=100)  # the head: its 2 slots are being freed
+        ctl.run(until=1.0)
+        # 102 (resizable, 1 above its minimum) was not asked: 101's stop will do.
+        assert ctl.resize_status("102").phase.value == "IDLE"
+        assert len(ctl.job("102").tasks) == 2
+        assert ctl.job("103").state.value == "PEND"
+        ctl.run(until=5.0)
+        assert ctl.job("103").start_time == 5.0
+        assert len(ctl.job("101").tasks) == 4 and len(ctl.job("102").tasks) == 2
+    finally:
+        ctl.stop()
+
+
+def test_a_pending_grow_is_cancelled_by_the_reclaim(tmp_path: Path) -> None:
+    from xce_resize_plugin.core.models import GrowRequest
+    from xce_resize_plugin.host import Principal
+
+    ctl = _controller(tmp_path)
+    try:
+        ctl.submit("ann", (2, 10), runtime=1000, resizable=True, alloc={"a": 4, "b": 4})
+        ctl.run(until=0.0)
+        ctl.request_resize(Principal("ann"), "101", GrowRequest(1, 2))  # no slot: pends
+        ctl.run(until=1.0)
+        assert ctl.resize_status("101").pending is not None
+        ctl.submit("bob", 3, runtime=100)
+        ctl.run(until=2.0)
+        status = ctl.resize_status("101")
+        # Its newest 3 tasks went to the head, and its grow was cancelled with them.
+        assert ctl.job("102").start_time == 1.0  # submitted at 1: it started at once
+        assert status.pending is None and len(status.tasks) == 5
+        assert {t.id for t in status.tasks} == {0, 1, 2, 3, 4}
+    finally:
+        ctl.stop()
