@@ -411,19 +411,19 @@ def test_a_release_in_flight_counts_for_the_head_and_nothing_more_is_asked(
 
     ctl = _controller(tmp_path, TaskFaults(stop_delay=5.0))  # tasks take 5 s to exit
     try:
-        ctl.submit("ann", (2, 8), runtime=1000, resizable=True, alloc={"a": 4, "b": 2})
-        ctl.submit("cat", (1, 4), runtime=1000, resizable=True, alloc={"b": 2})
+        ctl.submit("ann", (2, 8), runtime=1000, resizable=True, alloc={"a": 4, "b": 1})
+        ctl.submit("cat", (1, 4), runtime=1000, resizable=True, alloc={"b": 3})
         ctl.run(until=0.0)
         ctl.request_resize(Principal("ann"), "101", ReleaseRequest(count=2))
         ctl.submit("bob", 2, runtime=100)  # the head: its 2 slots are being freed
         ctl.run(until=1.0)
-        # 102 (resizable, 1 above its minimum) was not asked: 101's stop will do.
+        # 102 (resizable, 2 above its minimum) was not asked: 101's stop will do.
         assert ctl.resize_status("102").phase.value == "IDLE"
-        assert len(ctl.job("102").tasks) == 2
+        assert len(ctl.job("102").tasks) == 3
         assert ctl.job("103").state.value == "PEND"
         ctl.run(until=5.0)
         assert ctl.job("103").start_time == 5.0
-        assert len(ctl.job("101").tasks) == 4 and len(ctl.job("102").tasks) == 2
+        assert len(ctl.job("101").tasks) == 3 and len(ctl.job("102").tasks) == 3
     finally:
         ctl.stop()
 
