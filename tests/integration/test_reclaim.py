@@ -56,7 +56,12 @@ def scenario(
     extra: str = "",
 ) -> Scenario:
     text = BASE.format(resize=resize, head_tasks=head_tasks, notify=notify, extra=extra)
-    path = tmp_path / "reclaim.toml"
+    return parse(tmp_path, text)
+
+
+def parse(tmp_path: Path, text: str) -> Scenario:
+    """A scenario from its text, as a file in ``tmp_path`` (policy paths are absolute)."""
+    path = tmp_path / "scenario.toml"
     path.write_text(text)
     return files.parse(tomllib.loads(text), path)
 
@@ -106,14 +111,8 @@ resizable = true
 alloc = { b = 2 }
 runtime = 1000
 """
-    sc = scenario(tmp_path, head_tasks=2, extra=extra)
-    sc = files.parse(
-        tomllib.loads(
-            sc.path.read_text().replace("alloc = { a = 4, b = 2 }", "alloc = { a = 4, b = 1 }")
-        ),
-        sc.path,
-    )
-    result = run(sc, tmp_path)
+    text = BASE.format(resize='reclaim = "shrink"', head_tasks=2, notify="", extra=extra)
+    result = run(parse(tmp_path, text.replace("{ a = 4, b = 2 }", "{ a = 4, b = 1 }")), tmp_path)
     # 101: 5 tasks (excess 3), 103: 2 tasks (excess 0); 1 slot free, the head needs 2.
     assert releases(result) == [("101", (4,), "reclaim")]
     assert result.jobs["102"]["start_time"] == 10.0
@@ -199,9 +198,7 @@ runtime = 100
 
 
 def test_a_veto_is_retried_for_the_next_head(tmp_path: Path) -> None:
-    path = tmp_path / "two-heads.toml"
-    path.write_text(VETO_TWO_HEADS)
-    result = run(files.parse(tomllib.loads(VETO_TWO_HEADS), path), tmp_path)
+    result = run(parse(tmp_path, VETO_TWO_HEADS), tmp_path)
     # 102 is the head at t=10: 101 is asked and refuses. 102 starts when 105 ends
     # (t=50); 104 is then the head and 101 is asked once more, and refuses again.
     assert [(n["time"], n["status"]) for n in result.notifications] == [(10.0, 1), (50.0, 1)]
@@ -258,10 +255,7 @@ runtime = 100
 def test_hook_xce_resize_select_reclaim_a_site_policy_overrides_it(
     tmp_path: Path, policy: str, released: list[tuple[str, tuple[int, ...], str]]
 ) -> None:
-    text = OWNERS.format(policy=policy)
-    path = tmp_path / "owners.toml"
-    path.write_text(text)
-    result = run(files.parse(tomllib.loads(text), path), tmp_path)
+    result = run(parse(tmp_path, OWNERS.format(policy=policy)), tmp_path)
     assert releases(result) == released
     assert result.jobs["103"]["start_time"] == 10.0
 
@@ -329,10 +323,7 @@ bresize = "request 1,4 101"
 def test_scenario_grows_leave_the_head_its_slots_by_default(
     tmp_path: Path, protect: str, head_start: float
 ) -> None:
-    text = PROTECT.format(protect=protect)
-    path = tmp_path / "protect.toml"
-    path.write_text(text)
-    result = run(files.parse(tomllib.loads(text), path), tmp_path)
+    result = run(parse(tmp_path, PROTECT.format(protect=protect)), tmp_path)
     assert result.jobs["102"]["start_time"] == head_start
     grows = [r for r in result.jobs["101"]["resize_records"] if r["type"] == "grow"]
     if protect:
