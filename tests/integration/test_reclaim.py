@@ -439,3 +439,19 @@ def test_a_pending_grow_is_cancelled_by_the_reclaim(tmp_path: Path) -> None:
         assert {t.id for t in status.tasks} == {0, 1, 2, 3, 4}
     finally:
         ctl.stop()
+
+
+def test_a_recorded_reclaim_replays_to_the_same_facts(tmp_path: Path) -> None:
+    from xce_resize_plugin.recording.replay import replay
+
+    out = tmp_path / "run.jsonl"
+    with open(out, "w", encoding="utf-8") as record:
+        result = runner.run(
+            scenario(tmp_path, notify='notify_cmd = "exit 0"'), tmp_path / "s", record
+        )
+    assert releases(result) == [("101", (4, 5), "reclaim")]
+    # The reclaim is the plugin's own decision: replaying the inputs under the recorded
+    # [resize] section decides it again.
+    replayed = replay(out, tmp_path / "replay")
+    assert replayed.ok, replayed.problems
+    assert replayed.facts == len(result.facts)
