@@ -246,8 +246,8 @@ class Runtime:
             if job is None or queued.shadow - now < self._reclaim_min_delay:
                 return False
             coming = self._being_freed(queued.unusable)
-            head = ReclaimHead(job, queued.tasks, queued.ptile, _plus(queued.free, coming))
-            head = attrs.evolve(head, unusable=queued.unusable)
+            free = _plus(queued.free, coming)
+            head = ReclaimHead(job, queued.tasks, queued.ptile, free, queued.unusable)
             if head.short() == 0:
                 return bool(coming)  # what is being freed starts it: nothing to ask
             candidates = self._reclaim_candidates(queued)
