@@ -6,12 +6,14 @@ modules behind these names may move; these names stay):
 - the hook marker :data:`hookimpl` and :func:`get_plugin_manager` (pluggy's eggsample
   layout; docs/architecture.md), :func:`load_policy_file` to load one policy file;
 - the models a hook sees (:class:`JobInfo`, :class:`Task`, the requests, the resize
-  record, :class:`GrowHostView`, :class:`Principal`, :class:`TaskEvent`, ...);
+  record, :class:`GrowHostView`, :class:`Principal`, :class:`TaskEvent`, the reclaim
+  policy's :class:`ReclaimHead` and :class:`ReclaimCandidate`, ...);
 - the errors a host catches and a site raises (:class:`ResizeError`,
   :class:`PolicyRejected`, ...; every error class is in :mod:`xce_resize_plugin.errors`);
-- the protocols a host implements (:class:`Controller`, :class:`ClusterView`);
+- the protocols a host implements (:class:`Controller`, :class:`ClusterView`, whose
+  blocked queue head is a :class:`QueueHead`);
 - helpers a site policy needs (:func:`release_size`, :func:`default_grow_order`,
-  :func:`format_hosts`, :func:`host_counts`).
+  :func:`format_hosts`, :func:`host_counts`, :func:`reclaim_in_order`).
 
 The pytest fixtures for testing a policy are in :mod:`xce_resize_plugin.testing`.
 
@@ -48,6 +50,12 @@ if TYPE_CHECKING:
         host_counts,
     )
     from xce_resize_plugin.core.placement import GrowHostView, default_grow_order
+    from xce_resize_plugin.core.reclaim import (
+        QueueHead,
+        ReclaimCandidate,
+        ReclaimHead,
+        reclaim_in_order,
+    )
     from xce_resize_plugin.core.releasespec import release_size
     from xce_resize_plugin.core.status import ResizeStatus
     from xce_resize_plugin.errors import (
@@ -90,6 +98,10 @@ _HOME = {
     "GrowHostView": "core.placement",
     "default_grow_order": "core.placement",
     "release_size": "core.releasespec",
+    "QueueHead": "core.reclaim",
+    "ReclaimCandidate": "core.reclaim",
+    "ReclaimHead": "core.reclaim",
+    "reclaim_in_order": "core.reclaim",
     "ResizeStatus": "core.status",
     "Usage": "core.accounting",
     "ConfigError": "errors",
@@ -140,6 +152,9 @@ __all__ = [
     "Phase",
     "PolicyRejected",
     "Principal",
+    "QueueHead",
+    "ReclaimCandidate",
+    "ReclaimHead",
     "ReleaseRequest",
     "ResizeError",
     "ResizeRecord",
@@ -155,5 +170,6 @@ __all__ = [
     "hookimpl",
     "host_counts",
     "load_policy_file",
+    "reclaim_in_order",
     "release_size",
 ]

@@ -12,6 +12,12 @@ from collections.abc import Iterable, Sequence
 from xce_resize_plugin import hookimpl
 from xce_resize_plugin.core.models import JobInfo, Task
 from xce_resize_plugin.core.placement import GrowHostView, default_grow_order
+from xce_resize_plugin.core.reclaim import (
+    ReclaimCandidate,
+    ReclaimHead,
+    Selection,
+    default_selection,
+)
 from xce_resize_plugin.host import Principal
 
 
@@ -34,3 +40,12 @@ def xce_resize_order_grow_hosts(job: JobInfo, hosts: GrowHostView) -> Iterable[s
 def xce_resize_authorize(principal: Principal, job: JobInfo, action: str) -> bool | None:
     """The owner, an administrator, or the job's own token (for that job only)."""
     return principal.may_act_on(job.id, job.user)
+
+
+@hookimpl(trylast=True)
+def xce_resize_select_reclaim(
+    head: ReclaimHead, candidates: Sequence[ReclaimCandidate]
+) -> Selection | None:
+    """The largest excess over min_tasks first, newest tasks first: the jobs that lose
+    the least of their guaranteed size, and the tasks that hold the least state."""
+    return default_selection(head, candidates)

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from xce_resize_plugin.core.accounting import Usage
     from xce_resize_plugin.core.models import JobInfo, ResizeRecord, ResizeRequest, Task
     from xce_resize_plugin.core.placement import GrowHostView
+    from xce_resize_plugin.core.reclaim import ReclaimCandidate, ReclaimHead, Selection
     from xce_resize_plugin.core.status import ResizeStatus
     from xce_resize_plugin.host import ClusterView, Controller, Principal, TaskEvent
 
@@ -321,4 +322,33 @@ def xce_resize_committed(job: JobInfo, change: ResizeRecord) -> None:
     :param change: the resize record written for it.
 
     Implemented by: sites (e.g. to inform an external accounting system).
+    """
+
+
+# --- reclaim (policy) ---------------------------------------------------------------
+
+
+@hookspec(firstresult=True)
+def xce_resize_select_reclaim(
+    head: ReclaimHead, candidates: Sequence[ReclaimCandidate]
+) -> Selection | None:
+    """Choose which tasks running jobs give back so that the blocked queue head starts now.
+
+    :param head: the head: its job, the tasks it needs, its ``ptile``, the slots per
+        host that count for it (free now or being freed), and ``head.short(freed)``, the
+        tasks still missing once ``freed`` (host -> slots) are free too.
+    :param candidates: the running resizable jobs above their ``min_tasks`` with no
+        change in flight, each with its releasable tasks (never task 0) and how many it
+        may give (``excess``).
+
+    Called in the scheduler cycle when ``[resize] reclaim = "shrink"`` and the host
+    reports a blocked head. firstresult: return job id -> task ids to release, or
+    ``None`` to let a later implementation decide. The plugin refuses an answer that
+    takes task 0, a task the job does not have, or more than a job's ``excess``
+    (:class:`~xce_resize_plugin.errors.PolicyRejected`), and asks nothing when the
+    chosen tasks would not start the head. Default: the largest excess over
+    ``min_tasks`` first, newest tasks first, only tasks whose slots count for the head,
+    no more than it needs.
+
+    Implemented by: sites; built-in default in ``default_policies``.
     """

@@ -36,6 +36,7 @@ from xce_resize_plugin.core.models import (
     Task,
     TaskEvent,
 )
+from xce_resize_plugin.core.reclaim import QueueHead
 from xce_resize_plugin.core.status import ResizeStatus
 
 __all__ = [
@@ -44,6 +45,7 @@ __all__ = [
     "Environment",
     "HostHooks",
     "Principal",
+    "QueueHead",
     "ResizeObserver",
     "TaskEvent",
     "resize_observer_of",
@@ -113,6 +115,15 @@ class ClusterView(Protocol):
 
     def free_slots(self) -> Mapping[str, int]:
         """Free slots per host, in the cluster's host order, as of this cycle."""
+
+    # -- reclaim (docs/host-integration.md, "The blocked queue head") ----------------
+
+    def blocked_head(self) -> QueueHead | None:
+        """The job at the head of the queue that the host's pass of this cycle could not
+        start for lack of slots (the one its reservation is for), in counts: the tasks
+        it needs, its ``ptile``, its expected start, the free slots it may use and the
+        running resizable jobs. ``None`` when no job is blocked so (or the host offers
+        no reclaim). The plugin reads it only with ``[resize] reclaim = "shrink"``."""
 
 
 class ResizeObserver(Protocol):

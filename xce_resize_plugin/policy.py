@@ -13,6 +13,7 @@ import pluggy
 
 from xce_resize_plugin.core.models import JobInfo, ResizeRecord, ResizeRequest, Task
 from xce_resize_plugin.core.placement import GrowHostView, default_grow_order
+from xce_resize_plugin.core.reclaim import ReclaimCandidate, ReclaimHead, Selection
 from xce_resize_plugin.errors import PolicyRejected, ResizeError
 from xce_resize_plugin.host import Principal
 
@@ -46,3 +47,12 @@ class HookPolicy:
     def committed(self, job: JobInfo, change: ResizeRecord) -> None:
         """Tell the sites' ``xce_resize_committed`` hooks about a committed change."""
         self._hook.xce_resize_committed(job=job, change=change)
+
+    # -- reclaim ------------------------------------------------------------------------
+
+    def select_reclaim(
+        self, head: ReclaimHead, candidates: Sequence[ReclaimCandidate]
+    ) -> Selection:
+        """The tasks to reclaim for ``head`` (job id -> task ids; empty: none)."""
+        result = self._hook.xce_resize_select_reclaim(head=head, candidates=candidates)
+        return dict(result) if result is not None else {}

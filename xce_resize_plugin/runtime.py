@@ -11,7 +11,7 @@ one (all idempotent on the host), so nothing is lost or done twice.
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import attrs
 
@@ -19,10 +19,12 @@ from xce_resize_plugin.core import config as config_mod
 from xce_resize_plugin.core import converters, engine
 from xce_resize_plugin.core.accounting import Usage, usage_of_job, usage_of_state
 from xce_resize_plugin.core.models import (
+    ChangeKind,
     Fact,
     JobInfo,
     JobState,
     Phase,
+    ReleaseRequest,
     ResizeRequest,
     ResizeState,
     Task,
@@ -31,8 +33,16 @@ from xce_resize_plugin.core.models import (
     host_counts,
 )
 from xce_resize_plugin.core.placement import FreeSlotIndex, GrowHostView
+from xce_resize_plugin.core.reclaim import (
+    QueueHead,
+    ReclaimCandidate,
+    ReclaimHead,
+    Selection,
+    check_selection,
+    freed_by,
+)
 from xce_resize_plugin.core.status import ResizeStatus
-from xce_resize_plugin.errors import InvalidRequest, JournalError, NoJob
+from xce_resize_plugin.errors import InvalidRequest, JournalError, NoJob, ResizeError
 from xce_resize_plugin.host import (
     ClusterView,
     Controller,
@@ -42,6 +52,9 @@ from xce_resize_plugin.host import (
 )
 from xce_resize_plugin.journal import Entry, GroupCommitter, Journal, StoredState, Ticket
 from xce_resize_plugin.policy import HookPolicy
+
+#: Who asks when the plugin reclaims slots for the queue head (resize history shows it).
+RECLAIM = Principal("reclaim", admin=True)
 
 #: LSF's notification exit values (reference: not documented by LSF; we use 0 and 1).
 NOTIFY_OK, NOTIFY_FAIL = "0", "1"
@@ -85,6 +98,13 @@ class Runtime:
         # Why one lock: decisions read the state they change; group commit across
         # concurrent requesters is the journal's GroupCommitter's job (live controller).
         self._lock = threading.RLock()
+        # reclaim = "shrink" (docs/admin-guide.md): the head the jobs in _reclaim_asked
+        # were asked for; each job is asked at most once per head (a veto is final for
+        # that head). Kept in memory only: after a failover a job may be asked again.
+        self._reclaim_on = values["reclaim"] == "shrink"
+        self._reclaim_min_delay = float(values["reclaim_min_delay"])
+        self._reclaim_for: str | None = None
+        self._reclaim_asked: set[str] = set()
 
     # --- lifecycle -----------------------------------------------------------------
 
@@ -175,6 +195,8 @@ class Runtime:
     # --- scheduler and dispatch ------------------------------------------------------
 
     def sched_cycle(self, cluster: ClusterView) -> None:
+        if self._reclaim_on and self._reclaim(cluster):
+            return  # slots are being reclaimed for the queue head: no grow takes them
         if not self._busy:
             return  # the common case, checked without the lock: no cost to the cycle
         with self._lock:
@@ -205,6 +227,103 @@ class Runtime:
                 state = self.states.get(job_id)
                 if state is not None and state.change is not None:
                     self._transition(job_id, engine.decide_dispatch(state, now))
+
+    # --- reclaim: shrinking running jobs for the blocked queue head ------------------
+
+    def _reclaim(self, cluster: ClusterView) -> bool:
+        """Ask resizable jobs to release tasks when that starts the blocked head now
+        (docs/admin-guide.md, "Reclaim"). ``True`` while slots are being freed for it:
+        grows then wait, so that what is freed goes to the head."""
+        queued = cluster.blocked_head()
+        with self._lock:
+            if queued is None:
+                self._reclaim_for, self._reclaim_asked = None, set()
+                return False
+            if queued.job_id != self._reclaim_for:
+                self._reclaim_for, self._reclaim_asked = queued.job_id, set()
+            now = self.controller.now()
+            job = self.controller.get_job(queued.job_id)
+            if job is None or queued.shadow - now < self._reclaim_min_delay:
+                return False
+            coming = self._being_freed(queued.unusable)
+            free = _plus(queued.free, coming)
+            head = ReclaimHead(job, queued.tasks, queued.ptile, free, queued.unusable)
+            if head.short() == 0:
+                return bool(coming)  # what is being freed starts it: nothing to ask
+            candidates = self._reclaim_candidates(queued)
+            if head.short() > sum(c.excess for c in candidates):
+                return False  # even every job at its minimum would not start it
+            selection = self.policy.select_reclaim(head, candidates)
+            check_selection(selection, candidates)
+            if head.short(freed_by(selection, candidates)) > 0:
+                return False  # a reconfiguration that starts nobody only costs
+            return self._ask_reclaim(head, selection, candidates, now)
+
+    def _being_freed(self, unusable: frozenset[str]) -> dict[str, int]:
+        """Slots per host that shrinks in flight will free (not yet stopped)."""
+        out: dict[str, int] = {}
+        for job_id in self._busy:
+            change = self.states[job_id].change
+            if change is None or change.kind is not ChangeKind.SHRINK:
+                continue
+            for task in change.tasks:
+                if task.id not in change.stopped and task.host not in unusable:
+                    out[task.host] = out.get(task.host, 0) + 1
+        return out
+
+    def _reclaim_candidates(self, queued: QueueHead) -> list[ReclaimCandidate]:
+        """The host's running resizable jobs above their minimum with nothing in
+        flight, not yet asked for this head."""
+        out: list[ReclaimCandidate] = []
+        for job_id in queued.resizable:
+            if job_id in self._reclaim_asked or job_id == queued.job_id:
+                continue
+            state = self.states.get(job_id)
+            if state is not None and state.change is not None:
+                continue
+            job = self.controller.get_job(job_id)
+            if job is None or job.state is not JobState.RUN or not job.resizable:
+                continue
+            tasks = state.tasks if state is not None else job.tasks
+            excess = len(tasks) - job.min_tasks
+            if excess > 0:
+                releasable = tuple(t for t in tasks if t.id != 0)
+                pending = state is not None and state.pending is not None
+                out.append(ReclaimCandidate(job, releasable, excess, pending))
+        return out
+
+    def _ask_reclaim(
+        self,
+        head: ReclaimHead,
+        selection: Selection,
+        candidates: Sequence[ReclaimCandidate],
+        now: float,
+    ) -> bool:
+        """Release the selection through the ordinary path (the job's notification may
+        veto); a job a site rule refuses is left out, and if the rest no longer starts
+        the head nothing is asked. ``True`` when releases were asked."""
+        jobs = {c.job.id: c.job for c in candidates}
+        decided: list[tuple[str, Sequence[int], Sequence[Fact]]] = []
+        for job_id, ids in selection.items():
+            if not ids:
+                continue
+            # A pending grow is cancelled: it could not be placed before the head.
+            request = ReleaseRequest(task_ids=tuple(sorted(ids)), cancel_pending=True)
+            state = self.states.get(job_id)
+            try:
+                facts = engine.decide_request(
+                    state, jobs[job_id], RECLAIM, request, now, self.policy, self.settings
+                )
+            except ResizeError:
+                self._reclaim_asked.add(job_id)  # refused by a site rule: not for this head
+                continue
+            decided.append((job_id, ids, facts))
+        if head.short(freed_by({j: ids for j, ids, _ in decided}, candidates)) > 0:
+            return False
+        for job_id, _, chosen in decided:
+            self._reclaim_asked.add(job_id)
+            self._transition(job_id, chosen)
+        return bool(decided)
 
     # --- events ----------------------------------------------------------------------
 
@@ -432,6 +551,14 @@ def _entry(
         ended_at=after.ended_at,
         history=converters.history_tails(before, after),
     )
+
+
+def _plus(a: Mapping[str, int], b: Mapping[str, int]) -> dict[str, int]:
+    """Per-host sums of two slot counts."""
+    out = dict(a)
+    for host, n in b.items():
+        out[host] = out.get(host, 0) + n
+    return out
 
 
 def _requested_at(state: ResizeState) -> float:

@@ -409,7 +409,12 @@ def test_drivers_grow_into_idle_slots_and_shrink_for_the_head(tmp_path: Path) ->
     from xce_resize_plugin.manager import get_plugin_manager
     from xce_resize_plugin.simulation.drivers import GrowShrink, MalleableSpec
 
-    config = {"journal_sync": False}
+    model = SpeedupModel(kind="linear", reconfig_cost=0.0)
+    work = SpeedupWork(model, 1000.0, 2)
+    driver = GrowShrink({"m": MalleableSpec("ann", 1, 4, 2, work)})
+    # The driver's shrinking is the plugin's reclaim policy, switched on in [resize].
+    config = {"journal_sync": False, **driver.resize_settings()}
+    assert config["reclaim"] == "shrink"
     ctl = EmbeddedController(
         get_plugin_manager(config, entry_points=False),
         tmp_path,
@@ -420,19 +425,17 @@ def test_drivers_grow_into_idle_slots_and_shrink_for_the_head(tmp_path: Path) ->
         protect_reservation=True,
         lean_cycles=True,
     )
-    model = SpeedupModel(kind="linear", reconfig_cost=0.0)
-    work = SpeedupWork(model, 1000.0, 2)
-    driver = GrowShrink({"m": MalleableSpec("ann", 1, 4, 2, work)})
     ctl.add_observer(driver)
     ctl.submit("ann", (1, 4), runtime=1000.0, job_id="m", resizable=True, start_tasks=2, work=work)
     ctl.at(100.0, lambda: ctl.submit("bob", 3, runtime=50.0, job_id="r"))
     ctl.run(until=0.0)
     assert len(ctl.job("m").tasks) == 4  # started at 2 and filled to 4: nobody waited
     ctl.run(until=100.0)
-    # The rigid job needs 3 of the 4 slots: the site shrank "m" to its min, "r" started.
+    # The rigid job needs 3 of the 4 slots: the plugin shrank "m" to its min (its
+    # newest tasks), "r" started; the driver itself asked for nothing.
     assert len(ctl.job("m").tasks) == 1
     assert ctl.job("r").start_time == 100.0
-    assert driver.requests == 1 and driver.refused == {}
+    assert driver.requests == 0 and driver.refused == {}
     ctl.run(until=150.0)  # "r" ended at 150 and this driver has no cooldown: "m" grows
     assert len(ctl.job("m").tasks) == 4
     assert ctl.job("m").versions[-1].time == 150.0

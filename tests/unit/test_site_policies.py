@@ -14,6 +14,7 @@ from xce_resize_plugin import (
     ChangeKind,
     GrowRequest,
     InvalidRequest,
+    JobState,
     PolicyRejected,
     Principal,
     ReleaseRequest,
@@ -140,3 +141,24 @@ def test_release_size_counts_every_form() -> None:
         release_size(ReleaseRequest(count=1, spec="hB"), j.tasks)
     with pytest.raises(ResizeError, match="not part of the job's allocation"):
         release_size(ReleaseRequest(spec="hC"), j.tasks)
+
+
+def test_reclaim_owner_first_asks_the_heads_owner_first() -> None:
+    from xce_resize_plugin import ReclaimCandidate, ReclaimHead
+
+    mod = policy("reclaim_owner_first.py")
+    head = ReclaimHead(job({}, id="9", user="bob", state=JobState.PEND), 2, None, {"hC": 1})
+
+    def cand(job_id: str, user: str, alloc: dict[str, int], minimum: int) -> ReclaimCandidate:
+        j = job(alloc, id=job_id, user=user, min_tasks=minimum)
+        return ReclaimCandidate(j, j.tasks[1:], len(j.tasks) - minimum)
+
+    ann = cand("1", "ann", {"hA": 4}, 1)  # 3 above its minimum
+    bob = cand("2", "bob", {"hB": 3}, 2)  # 1 above
+    # bob's own job gives its newest task, though ann's is further above its minimum.
+    assert mod.xce_resize_select_reclaim(head, [ann, bob]) == {"2": [2]}
+    # Loaded into a manager, it overrides the built-in choice (ann's newest task).
+    pm = get_plugin_manager({"policy_files": [str(HOOKS / "reclaim_owner_first.py")]})
+    assert pm.hook.xce_resize_select_reclaim(head=head, candidates=[ann, bob]) == {"2": [2]}
+    plain = get_plugin_manager({}, entry_points=False)
+    assert plain.hook.xce_resize_select_reclaim(head=head, candidates=[ann, bob]) == {"1": [3]}

@@ -12,6 +12,7 @@ from typing import Any
 
 from attrs import frozen
 
+from xce_resize_plugin.core import reclaim
 from xce_resize_plugin.core.engine import Settings
 from xce_resize_plugin.errors import ConfigError
 
@@ -69,6 +70,21 @@ KEYS: tuple[Key, ...] = (
         "initial LMDB map size in bytes (it grows on demand)",
         1 << 20,
     ),
+    # -- reclaim (shrinking running jobs for the blocked queue head) -------------------
+    Key(
+        "reclaim",
+        str,
+        "off",
+        '"shrink" asks resizable jobs to release tasks when that starts the blocked '
+        'queue head now; "off" never does',
+    ),
+    Key(
+        "reclaim_min_delay",
+        (int, float),
+        0.0,
+        "reclaim only for a head expected to start at least this many seconds later",
+        0,
+    ),
 )
 BY_NAME = {k.name: k for k in KEYS}
 
@@ -92,6 +108,11 @@ def check(section: Mapping[str, Any], where: str = "[resize]") -> dict[str, Any]
         if key.minimum is not None and isinstance(value, int | float) and value < key.minimum:
             raise ConfigError(f"{where} {key.name} must be at least {key.minimum}, got {value!r}")
         out[key.name] = value
+    if out["reclaim"] not in reclaim.MODES:
+        raise ConfigError(
+            f"{where} reclaim must be one of {', '.join(map(repr, reclaim.MODES))}, "
+            f"got {out['reclaim']!r}"
+        )
     if out["journal_defer"] and out["journal_sync"]:
         raise ConfigError(
             f"{where} journal_defer needs journal_sync = false: deferred writes cannot "

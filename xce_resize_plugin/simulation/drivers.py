@@ -17,25 +17,27 @@ policy hooks decide. They never touch slots or allocations themselves.
   (the controller runs with ``protect_reservation``, and the plugin is offered the same
   slots), so a grow never delays the head. The job asks as itself (its own job token,
   like the in-job API).
-- ``shrink-for-queue`` (:class:`ShrinkForQueue`): a site policy. When the queue's head
-  cannot start and malleable jobs hold enough tasks above their ``min`` to let it,
-  it releases ``ReleaseRequest(count=k)`` from them (jobs grown beyond their recorded
-  size first, then the largest excess, then id); the ``xce_resize_select_release``
-  policy chooses which tasks. It asks as a site administrator. It does nothing when
-  even shrinking every malleable job to its minimum would not start the head: a
-  reconfiguration that does not start anyone only costs.
-- ``grow-shrink`` (the default, :class:`GrowShrink`): both, shrinking first.
+- ``shrink-for-queue`` (:class:`ShrinkForQueue`): the plugin's reclaim policy, as a
+  site deploys it (``[resize] reclaim = "shrink"``): when the queue's head cannot start
+  and shrinking malleable jobs toward their ``min`` would start it now, the plugin asks
+  them to release (``xce_resize_select_reclaim`` chooses: by default the largest
+  excess over ``min`` first, newest tasks first). It does nothing when even shrinking
+  every malleable job to its minimum would not start the head: a reconfiguration that
+  does not start anyone only costs. The driver itself asks for nothing.
+- ``grow-shrink`` (the default, :class:`GrowShrink`): both; the reclaim happens in the
+  scheduler cycle, before grows are asked.
 - ``none``: no resize is ever asked for (malleable jobs keep their start size).
 
-All requests are made with ``no_notify`` (no notification command per resize) and are
-placed, started or stopped within the same instant; a grow the plugin could not place
+All requests are made with ``no_notify`` (no notification command per resize; trace
+jobs have none, so reclaims run none either) and are placed, started or stopped
+within the same instant; a grow the plugin could not place
 at once is cancelled at the next settled instant rather than left pending.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from attrs import frozen
 
@@ -59,9 +61,6 @@ __all__ = [
     "ShrinkForQueue",
     "make_driver",
 ]
-
-#: The principal a site policy acts as.
-SITE = Principal("site-policy", admin=True)
 
 
 @frozen
@@ -137,6 +136,11 @@ class Driver(Observer):
     def add_spec(self, job_id: str, spec: MalleableSpec) -> None:
         """Tell the driver about a malleable job before it starts."""
         self._specs[job_id] = spec
+
+    def resize_settings(self) -> dict[str, Any]:
+        """Keys the run's ``[resize]`` section needs for this driver (over the user's):
+        the shrinking drivers turn the plugin's reclaim policy on."""
+        return {}
 
     # -- observer ---------------------------------------------------------------------
 
@@ -267,9 +271,16 @@ class GrowWhenIdle(Driver):
 class ShrinkForQueue(Driver):
     """A site policy: shrink malleable jobs toward their min to start the queue's head.
 
+    This is the plugin's own reclaim policy, the one a site deploys: the driver asks
+    for nothing itself, it has the run's ``[resize]`` section set ``reclaim =
+    "shrink"`` (:meth:`resize_settings`), and the plugin decides in its scheduler cycle
+    which jobs give which tasks (``xce_resize_select_reclaim``; docs/admin-guide.md,
+    "Reclaim").
+
     :param min_delay: shrink only when the head's reserved start (its shadow time) is
-        at least this many seconds away: a head that starts soon anyway is not worth
-        the reconfiguration of the jobs that would make room for it.
+        at least this many seconds away (``[resize] reclaim_min_delay``): a head that
+        starts soon anyway is not worth the reconfiguration of the jobs that would make
+        room for it.
     """
 
     name = "shrink-for-queue"
@@ -277,70 +288,14 @@ class ShrinkForQueue(Driver):
     def __init__(self, specs: Mapping[str, MalleableSpec], min_delay: float = 0.0) -> None:
         super().__init__(specs)
         self.min_delay = min_delay
-        # The blocked head's id and min_tasks (asked once per head, not per instant).
-        self._head: tuple[str | None, int] = (None, 0)
-        # Tasks above min over all running malleable jobs, kept up to date so that a
-        # blocked queue costs one comparison per instant when shrinking cannot help.
-        self._excess = 0
 
-    def job_started(self, job_id: str, time: float, tasks: tuple[Task, ...]) -> None:
-        super().job_started(job_id, time, tasks)
-        if job_id in self.sizes:
-            self._excess += len(tasks) - self._specs[job_id].min_tasks
-
-    def allocation_committed(
-        self, job_id: str, time: float, tasks: tuple[Task, ...], version: int
-    ) -> None:
-        old = self.sizes.get(job_id)
-        super().allocation_committed(job_id, time, tasks, version)
-        if old is not None:
-            self._excess += len(tasks) - old
-
-    def job_ended(self, job: FinishedJob) -> None:
-        size = self.sizes.get(job.id)
-        if size is not None:
-            self._excess -= size - self._specs[job.id].min_tasks
-        super().job_ended(job)
-
-    def settled(self, controller: EmbeddedController) -> None:
-        self.shrink(controller)
-
-    def shrink(self, ctl: EmbeddedController) -> bool:
-        """Release enough tasks to start the blocked head; ``True`` if any release was
-        made."""
-        reservation = ctl.reservation
-        if reservation is None or self._excess <= 0:
-            return False
-        if reservation.shadow - ctl.now() < self.min_delay:
-            return False
-        head_id = reservation.job_id
-        if self._head[0] != head_id:
-            head = ctl.get_job(head_id)
-            if head is None:
-                return False
-            self._head = (head_id, head.min_tasks)
-        need = self._head[1] - ctl.free_slot_count
-        if need <= 0 or need > self._excess:
-            # Enough slots are free but not where the head may use them (span rules), or
-            # shrinking everyone would still not start it: do not shrink for nothing.
-            return False
-        specs, sizes = self._specs, self.sizes
-        donors = [j for j, n in sizes.items() if n > specs[j].min_tasks]
-        donors.sort(key=lambda j: (-(sizes[j] - specs[j].ref), -(sizes[j] - specs[j].min_tasks), j))
-        released = False
-        for job_id in donors:
-            if need <= 0:
-                break
-            count = min(sizes[job_id] - specs[job_id].min_tasks, need)
-            request = ReleaseRequest(count=count, no_notify=True, cancel_pending=True)
-            if self._ask(ctl, SITE, job_id, request):
-                need -= count
-                released = True
-        return released
+    def resize_settings(self) -> dict[str, Any]:
+        return {"reclaim": "shrink", "reclaim_min_delay": self.min_delay}
 
 
-class GrowShrink(Driver):
-    """``shrink-for-queue`` and ``grow-when-idle`` together: shrinking comes first.
+class GrowShrink(GrowWhenIdle):
+    """``shrink-for-queue`` and ``grow-when-idle`` together: the plugin's reclaim
+    shrinks in the scheduler cycle, before the grows are asked at the settled instant.
     Takes the settings of both (``grow`` for the one, ``min_delay`` for the other)."""
 
     name = "grow-shrink"
@@ -351,38 +306,11 @@ class GrowShrink(Driver):
         grow: GrowSettings | None = None,
         min_delay: float = 0.0,
     ) -> None:
-        super().__init__(specs)
-        self._grow = GrowWhenIdle({}, grow)
-        self._shrink = ShrinkForQueue({}, min_delay)
-        # One view of the jobs: the parts share the specs, sizes and counters.
-        for part in (self._grow, self._shrink):
-            part._specs = self._specs
-            part.sizes = self.sizes
-            part._start = self._start
-            part._last = self._last
-            part.counts = self.counts
+        super().__init__(specs, grow)
+        self.min_delay = min_delay
 
-    @property
-    def parts(self) -> tuple[GrowWhenIdle, ShrinkForQueue]:
-        return self._grow, self._shrink
-
-    def job_started(self, job_id: str, time: float, tasks: tuple[Task, ...]) -> None:
-        self._shrink.job_started(job_id, time, tasks)
-
-    def allocation_committed(
-        self, job_id: str, time: float, tasks: tuple[Task, ...], version: int
-    ) -> None:
-        self._shrink.allocation_committed(job_id, time, tasks, version)
-
-    def job_ended(self, job: FinishedJob) -> None:
-        self._shrink.job_ended(job)
-
-    def settled(self, controller: EmbeddedController) -> None:
-        grow, shrink = self._grow, self._shrink
-        grow.on_request = shrink.on_request = self.on_request
-        grow._cancel_unplaced(controller)
-        if not shrink.shrink(controller):
-            grow.grow(controller)
+    def resize_settings(self) -> dict[str, Any]:
+        return ShrinkForQueue({}, self.min_delay).resize_settings()
 
 
 DRIVERS: dict[str, type[Driver]] = {

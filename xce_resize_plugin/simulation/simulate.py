@@ -459,7 +459,9 @@ def _run_mode(
     record: IO[str] | None,
 ) -> RunResult:
     began = time.perf_counter()
-    config = options.resize_config()
+    driver = options.make_driver(mode)
+    # A shrinking driver is the plugin's reclaim policy turned on (.drivers).
+    config = {**options.resize_config(), **driver.resize_settings()}
     pm = get_plugin_manager(config, base_dir=options.base_dir, entry_points=False)
     recorder = SimRecorder(RecordingWriter(record)) if record is not None else None
     tasks: TaskRunner = SimTaskRunner()
@@ -481,7 +483,7 @@ def _run_mode(
     if recorder is not None:
         recorder.attach(ctl, workload.hosts)
     try:
-        result = _run(ctl, workload, options, mode, progress, observers, began, recorder)
+        result = _run(ctl, workload, options, mode, driver, progress, observers, began, recorder)
     finally:
         ctl.stop()
     if recorder is not None:
@@ -494,6 +496,7 @@ def _run(
     workload: Workload,
     options: SimOptions,
     mode: Mode,
+    driver: Driver,
     progress: ProgressFn | None,
     observers: Sequence[Any],
     began: float,
@@ -508,7 +511,6 @@ def _run(
     )
     checks_on = options.check
     checks = _RunChecks(workload, mode, options.speedup)
-    driver = options.make_driver(mode)
 
     def on_submit(job: SimJob, flexible: bool, work_model: SpeedupWork | None) -> None:
         if recorder is not None:

@@ -98,6 +98,7 @@ from xce_resize_plugin.controllers.violations import (
     UnknownJob,
 )
 from xce_resize_plugin.core.models import GrowHosts, JobInfo, JobState, Task
+from xce_resize_plugin.core.reclaim import QueueHead
 from xce_resize_plugin.host import Controller, HostHooks, Principal, TaskEvent
 
 if TYPE_CHECKING:
@@ -181,11 +182,22 @@ class SimClusterView:
     """
 
     def __init__(
-        self, cluster: Cluster, reservation: Reservation | None = None, taken_at_pass: int = 0
+        self,
+        cluster: Cluster,
+        reservation: Reservation | None = None,
+        taken_at_pass: int = 0,
+        *,
+        head: Callable[[], QueueHead | None] | None = None,
     ) -> None:
         self._cluster = cluster
         self._reservation = reservation
         self._taken_at_pass = taken_at_pass
+        self._head = head
+
+    def blocked_head(self) -> QueueHead | None:
+        """The pass's blocked head (see :meth:`EmbeddedController.queue_head`), whether
+        or not the reservation is protected; ``None`` for a view made without one."""
+        return self._head() if self._head is not None else None
 
     def free_slots(self) -> dict[str, int]:
         cluster = self._cluster
@@ -974,6 +986,7 @@ class EmbeddedController:
                     self._cluster,
                     self._reservation if self.protect_reservation else None,
                     self._taken_at_pass,
+                    head=self.queue_head,
                 ),
             )
             self._hook(self._hooks.dispatch_cycle, self._host)
@@ -1512,6 +1525,29 @@ class EmbeddedController:
             else None
         )
         self._flush()
+
+    # -- reclaim: the blocked queue head as the plugin sees it ------------------------
+
+    def queue_head(self) -> QueueHead | None:
+        """The head the last pass could not start, in the terms of
+        :meth:`~xce_resize_plugin.host.ClusterView.blocked_head`: every host counts for
+        it, and the resizable jobs listed are the running ones above their minimum."""
+        with self._lock:
+            return self._queue_head()
+
+    def _queue_head(self) -> QueueHead | None:
+        res = self._reservation
+        view = self._pending_views.get(res.job_id) if res is not None else None
+        if res is None or view is None:
+            return None
+        held = self._cluster.held_count
+        resizable = tuple(
+            j for j, job in self._running.items() if job.resizable and held(j) > job.min_tasks
+        )
+        free = dict(self._cluster.open_slots())
+        return QueueHead(
+            res.job_id, view.min_tasks, view.ptile, res.shadow, free, frozenset(), resizable
+        )
 
     def _known_reservation(self, now: float) -> Reservation | None:
         """The last pass's reservation if it is still exact: no slot taken or freed,

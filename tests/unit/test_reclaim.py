@@ -1,0 +1,78 @@
+"""The reclaim decision on counts (core/reclaim.py): which slots count for the head,
+the built-in choice, and the rules a site policy's answer is held to."""
+
+from __future__ import annotations
+
+import pytest
+
+from xce_resize_plugin.core.models import JobState
+from xce_resize_plugin.core.reclaim import (
+    ReclaimCandidate,
+    ReclaimHead,
+    check_selection,
+    default_selection,
+    freed_by,
+)
+from xce_resize_plugin.errors import PolicyRejected
+from xce_resize_plugin.testing import make_job
+
+
+def head(
+    tasks: int,
+    free: dict[str, int],
+    ptile: int | None = None,
+    unusable: frozenset[str] = frozenset(),
+) -> ReclaimHead:
+    return ReclaimHead(make_job({}, id="9", state=JobState.PEND), tasks, ptile, free, unusable)
+
+
+def cand(job_id: str, alloc: dict[str, int], minimum: int, start: float = 0.0) -> ReclaimCandidate:
+    j = make_job(alloc, id=job_id, min_tasks=minimum, start_time=start)
+    return ReclaimCandidate(j, j.tasks[1:], len(j.tasks) - minimum)
+
+
+def test_short_counts_slots_up_to_the_ptile_on_usable_hosts() -> None:
+    h = head(4, {"a": 3, "b": 1}, ptile=2, unusable=frozenset({"c"}))
+    assert h.short() == 1  # a counts 2 (ptile), b 1
+    assert h.short({"a": 1}) == 1  # a is already at its ptile
+    assert h.short({"c": 4}) == 1  # c never counts
+    assert h.short({"b": 1}) == 0
+    assert (h.gain("a", {}), h.gain("b", {}), h.gain("c", {}), h.gain("d", {})) == (0, 1, 0, 1)
+    assert head(4, {"a": 3}).short({"a": 1}) == 0  # no ptile: every slot counts
+
+
+def test_default_takes_the_largest_excess_and_the_newest_tasks_first() -> None:
+    small = cand("1", {"a": 3}, 1)  # excess 2
+    big = cand("2", {"b": 5}, 1)  # excess 4
+    assert default_selection(head(3, {"c": 1}), [small, big]) == {"2": [4, 3]}
+    # Ties: the newest job first, then by id.
+    old, new = cand("3", {"a": 3}, 1, start=10.0), cand("4", {"b": 3}, 1, start=20.0)
+    assert default_selection(head(1, {}), [old, new]) == {"4": [2]}
+    # Never more than a job's excess, never task 0: both jobs at their minimum.
+    assert default_selection(head(9, {}), [small, big]) == {"2": [4, 3, 2, 1], "1": [2, 1]}
+
+
+def test_default_skips_tasks_whose_slots_would_not_count() -> None:
+    # ptile 1: the head needs two hosts; b already has a free slot, so only a slot freed
+    # on a counts, and the job's newest tasks (on b) are passed over.
+    j = cand("1", {"a": 2, "b": 3}, 1)
+    h = head(2, {"b": 1}, ptile=1)
+    assert default_selection(h, [j]) == {"1": [1]}
+    assert freed_by({"1": [1]}, [j]) == {"a": 1}
+
+
+@pytest.mark.parametrize(
+    ("selection", "message"),
+    [
+        ({"5": [1]}, "not a candidate"),
+        ({"1": [0]}, r"releasable tasks are \[1, 2, 3\]"),
+        ({"1": [1, 1]}, "releasable"),
+        ({"1": [7]}, "releasable"),
+        ({"1": [1, 2, 3]}, "may give 2"),
+    ],
+)
+def test_a_policy_answer_that_breaks_the_rules_is_refused(
+    selection: dict[str, list[int]], message: str
+) -> None:
+    with pytest.raises(PolicyRejected, match=message):
+        check_selection(selection, [cand("1", {"a": 4}, 2)])

@@ -1,0 +1,199 @@
+"""Reclaim by shrinking: which running jobs give tasks back so the blocked queue head
+starts now (``[resize] reclaim = "shrink"``, docs/admin-guide.md).
+
+Everything here is decided on slot counts, as the host's scheduler decides. A slot freed
+on a host counts for the head when the head may use that host and, for a head with a
+``ptile``, only up to ``ptile`` slots of that host in all (free now, plus being freed,
+plus reclaimed): the head fits when those counts add up to the tasks it needs.
+
+- :class:`QueueHead` is what the host tells the plugin of its blocked head (through
+  ``ClusterView.blocked_head``);
+- :class:`ReclaimHead` and :class:`ReclaimCandidate` are what the policy hook
+  ``xce_resize_select_reclaim`` is given;
+- :func:`default_selection` is the built-in policy (largest excess over ``min_tasks``
+  first, newest tasks first, only tasks whose slots count for the head), made of
+  :func:`default_order` and :func:`reclaim_in_order`, which a site policy may reuse
+  with its own order;
+- :func:`check_selection` holds a policy's answer to the rules that never bend (task 0
+  stays, no job below ``min_tasks``, only the candidates' own tasks).
+
+Pure: no I/O, no clock; the runtime (``runtime.Runtime``) asks, in the same way as any
+release.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+
+from attrs import field, frozen
+
+from xce_resize_plugin.core.models import JobInfo, Task
+from xce_resize_plugin.errors import PolicyRejected
+
+__all__ = [
+    "MODES",
+    "QueueHead",
+    "ReclaimCandidate",
+    "ReclaimHead",
+    "Selection",
+    "check_selection",
+    "default_order",
+    "default_selection",
+    "freed_by",
+    "reclaim_in_order",
+]
+
+#: The values of ``[resize] reclaim``.
+MODES = ("off", "shrink")
+
+#: A policy's answer: job id -> the task ids that job releases.
+Selection = Mapping[str, Sequence[int]]
+
+
+@frozen
+class QueueHead:
+    """The host's blocked queue head, in the host's terms (``ClusterView.blocked_head``).
+
+    :param job_id: the job the host's pass could not start for lack of slots (the job
+        holding the reservation).
+    :param tasks: tasks it needs to start (its ``min_tasks``).
+    :param ptile: at most this many of its tasks on one host (``None``: no limit).
+    :param shadow: when the host expects to start it (``math.inf``: unknown).
+    :param free: free slots now, per host it may use; hosts without free slots may be
+        left out.
+    :param unusable: hosts it may not use at all (closed, down, not matching the job's
+        requirements): slots freed there do not count for it.
+    :param resizable: the running resizable jobs that hold more than their
+        ``min_tasks`` (any order; the plugin ignores ids it cannot resize).
+    """
+
+    job_id: str
+    tasks: int
+    ptile: int | None
+    shadow: float = math.inf
+    free: Mapping[str, int] = field(factory=dict)
+    unusable: frozenset[str] = frozenset()
+    resizable: tuple[str, ...] = ()
+
+
+@frozen
+class ReclaimHead:
+    """The blocked head as ``xce_resize_select_reclaim`` sees it.
+
+    ``free`` counts, per host the head may use, the slots free now plus those being
+    freed by changes already in flight (hosts not listed have none, or are
+    ``unusable``).
+    """
+
+    job: JobInfo
+    tasks: int
+    ptile: int | None
+    free: Mapping[str, int] = field(factory=dict)
+    unusable: frozenset[str] = frozenset()
+
+    def gain(self, host: str, freed: Mapping[str, int]) -> int:
+        """How many more of the head's tasks fit if one more slot is freed on ``host``,
+        with ``freed`` slots already reclaimed (0 or 1)."""
+        if host in self.unusable:
+            return 0
+        have = self.free.get(host, 0) + freed.get(host, 0)
+        return 1 if self.ptile is None or have < self.ptile else 0
+
+    def short(self, freed: Mapping[str, int] | None = None) -> int:
+        """Tasks of the head that still do not fit once ``freed`` (host -> slots) are
+        free too; 0 means it starts."""
+        freed = freed or {}
+        fit = 0
+        cap = self.ptile
+        for host in self.free.keys() | freed.keys():
+            if host in self.unusable:
+                continue
+            n = self.free.get(host, 0) + freed.get(host, 0)
+            fit += n if cap is None or n < cap else cap
+        return max(0, self.tasks - fit)
+
+
+@frozen
+class ReclaimCandidate:
+    """A running resizable job that may give tasks back for the head.
+
+    :param job: the job (its ``tasks`` are the committed allocation).
+    :param releasable: its tasks other than task 0, oldest first.
+    :param excess: how many it may give (its tasks above ``min_tasks``).
+    :param pending_grow: it has a grow waiting for slots; a reclaim cancels it.
+    """
+
+    job: JobInfo
+    releasable: tuple[Task, ...]
+    excess: int
+    pending_grow: bool = False
+
+
+def freed_by(selection: Selection, candidates: Iterable[ReclaimCandidate]) -> dict[str, int]:
+    """Slots per host a selection frees."""
+    hosts = {c.job.id: {t.id: t.host for t in c.releasable} for c in candidates}
+    out: dict[str, int] = {}
+    for job_id, ids in selection.items():
+        for tid in ids:
+            host = hosts[job_id][tid]
+            out[host] = out.get(host, 0) + 1
+    return out
+
+
+def default_order(candidates: Iterable[ReclaimCandidate]) -> list[ReclaimCandidate]:
+    """The built-in order: the largest excess over ``min_tasks`` first (the job that
+    loses least of what it was promised), the newest job first on ties, then by id."""
+    return sorted(candidates, key=lambda c: (-c.excess, -(c.job.start_time or 0.0), c.job.id))
+
+
+def reclaim_in_order(head: ReclaimHead, candidates: Iterable[ReclaimCandidate]) -> Selection:
+    """Take from the candidates in the order given, each its newest tasks first (they
+    hold the least state), at most its ``excess``, only tasks whose slots count for
+    the head, until the head fits. May fall short: the plugin then asks nothing."""
+    freed: dict[str, int] = {}
+    out: dict[str, list[int]] = {}
+    need = head.short()
+    for cand in candidates:
+        if need <= 0:
+            break
+        taken = 0
+        for task in sorted(cand.releasable, key=lambda t: t.id, reverse=True):
+            if need <= 0 or taken >= cand.excess:
+                break
+            if head.gain(task.host, freed):
+                out.setdefault(cand.job.id, []).append(task.id)
+                freed[task.host] = freed.get(task.host, 0) + 1
+                taken += 1
+                need -= 1
+    return out
+
+
+def default_selection(head: ReclaimHead, candidates: Iterable[ReclaimCandidate]) -> Selection:
+    """The built-in policy: :func:`reclaim_in_order` in :func:`default_order`."""
+    return reclaim_in_order(head, default_order(candidates))
+
+
+def check_selection(selection: Selection, candidates: Sequence[ReclaimCandidate]) -> None:
+    """Raise :class:`PolicyRejected` unless every job is a candidate, every id one of
+    its releasable tasks (never task 0), none twice, and no job goes below its
+    ``min_tasks``."""
+    by_id = {c.job.id: c for c in candidates}
+    for job_id, ids in selection.items():
+        cand = by_id.get(job_id)
+        if cand is None:
+            raise PolicyRejected(
+                f"xce_resize_select_reclaim chose job {job_id!r}, which is not a candidate"
+            )
+        allowed = {t.id for t in cand.releasable}
+        chosen = list(ids)
+        if len(set(chosen)) != len(chosen) or not set(chosen) <= allowed:
+            raise PolicyRejected(
+                f"xce_resize_select_reclaim returned {chosen} for job {job_id}, "
+                f"whose releasable tasks are {sorted(allowed)}"
+            )
+        if len(chosen) > cand.excess:
+            raise PolicyRejected(
+                f"xce_resize_select_reclaim takes {len(chosen)} tasks from job {job_id}, "
+                f"which may give {cand.excess} (its min_tasks is {cand.job.min_tasks})"
+            )
