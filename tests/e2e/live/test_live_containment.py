@@ -6,6 +6,7 @@ its own end, stops them all before the task is reported gone (docs/live-controll
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 from pathlib import Path
@@ -102,3 +103,49 @@ def test_a_new_agent_kills_what_a_dead_one_knew_of(
         assert job["state"] == "RUN" and "lost" in job["tasks"][1]["reason"]
     finally:
         _kill(escaped)
+
+
+def test_a_new_agent_kills_a_task_started_just_before_its_predecessor_died(
+    tmp_path: Path,
+) -> None:
+    """An agent killed after it started a task's process but before it recorded the
+    pid leaves the launch as an intent in tasks.json; its successor finds the process
+    by the marks in its environment and kills it (the soak test found such orphans)."""
+    import subprocess
+    import sys
+
+    from xce_resize_plugin.controllers.live.proc import Account, account_json
+    from xce_resize_plugin.controllers.live.worker import WorkerAgent, worker_dir
+
+    state = tmp_path / "state"
+    worker_dir(state, "h1").mkdir(parents=True)
+    marks = {"XCE_JOB_ID": "7", "XCE_TASK_ID": "3"}
+    launch = {"op": "launch", "job": "7", "task": 3, "argv": ["sleep", "600"]}
+    launch |= {"env": {**os.environ, **marks}, "cwd": str(tmp_path)}
+    launch |= {"stdout": str(tmp_path / "o"), "stderr": str(tmp_path / "e")}
+    launch["user"] = account_json(Account.of_uid(os.geteuid()))
+    # The dying agent: its launch is written as an intent, then the process starts,
+    # then the agent dies before anything else (here: the child exits at the spawn).
+    dying = (
+        "import os, sys, json\n"
+        "from pathlib import Path\n"
+        "from xce_resize_plugin.controllers.live.worker import WorkerAgent\n"
+        f"agent = WorkerAgent('h1', Path({str(state)!r}))\n"
+        "real = agent.spawn\n"
+        "def spawn(argv, **kw):\n"
+        "    p = real(argv, **kw)\n"
+        "    print(p.pid, flush=True)\n"
+        "    os._exit(9)\n"
+        "agent.spawn = spawn\n"
+        f"agent.execute(0, agent.instance, [json.loads({json.dumps(json.dumps(launch))})])\n"
+    )
+    out = subprocess.run([sys.executable, "-c", dying], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 9, out.stderr
+    orphan = int(out.stdout.split()[0])
+    try:
+        assert alive(orphan)
+        assert '"pid": null' in (worker_dir(state, "h1") / "tasks.json").read_text()
+        assert WorkerAgent("h1", state).kill_orphans() == 1
+        wait_until(lambda: not alive(orphan), 10, "the orphan killed")
+    finally:
+        _kill([orphan])

@@ -55,7 +55,10 @@ agent runs: the controller's liveness test), ``worker.json`` (pid, port, instanc
 ``tasks.json`` (live tasks with pid and start time). A new agent for the same host first
 kills the tasks its dead predecessor left behind (``tasks.json``), before it accepts
 any command: those tasks were already reported lost, and must not run alongside
-their replacements.
+their replacements. A batch's launches are written there as *intents* (job and task,
+no pid yet) before any of them starts, so an agent killed between starting a process
+and recording its pid leaves a trace: its successor finds such a task's processes by
+the marks in their environment and kills them too.
 """
 
 from __future__ import annotations
@@ -208,9 +211,16 @@ class WorkerAgent:
         table = ProcessTable()
         leaders: list[int] = []
         roots: list[int] = []
-        for entry in entries if isinstance(entries, list) else []:
-            if not isinstance(entry, dict):
-                continue
+        entries = [e for e in entries if isinstance(e, dict)] if isinstance(entries, list) else []
+        intents = {(str(e.get("job")), str(e.get("task"))) for e in entries if e.get("pid") is None}
+        if intents:
+            roots += [
+                p.pid
+                for p in table.procs.values()
+                if not p.zombie and self._task_of(p.pid, p.ticks) in intents
+            ]
+            leaders += roots
+        for entry in entries:
             pid, ticks = entry.get("pid"), entry.get("ticks")
             ticks = ticks if isinstance(ticks, int) else None
             if isinstance(pid, int) and pid > 1:
@@ -386,6 +396,14 @@ class WorkerAgent:
             self._check_epoch(epoch)
             if instance != self.instance:
                 raise LookupError(f"commands for agent {instance}, this is {self.instance}")
+            intents = [
+                (str(cmd["job"]), int(cmd["task"]))
+                for cmd in commands
+                if cmd.get("op") == "launch"
+                and (str(cmd["job"]), int(cmd["task"])) not in self.tasks
+            ]
+            if intents:
+                self._save(intents)  # before any process exists: see the module docstring
             for cmd in commands:
                 op = cmd.get("op")
                 if op == "launch":
@@ -598,9 +616,10 @@ class WorkerAgent:
         for nkey in [k for k, v in self.notifications.items() if k[0] == job and v is not None]:
             del self.notifications[nkey]
 
-    def _save(self) -> None:
-        """Live tasks with pid and start time, for a successor's orphan cleanup. Not
-        fsynced: it only matters when this process dies and the machine does not."""
+    def _save(self, intents: list[tuple[str, int]] | None = None) -> None:
+        """Live tasks with pid and start time, and the launches about to be made
+        (``intents``: no pid yet), for a successor's orphan cleanup. Not fsynced: it
+        only matters when this process dies and the machine does not."""
         live = [
             {
                 "job": t.job,
@@ -612,6 +631,7 @@ class WorkerAgent:
             for t in self.tasks.values()
             if t.state in ("running", "stopping") and t.pid is not None
         ]
+        live += [{"job": job, "task": task, "pid": None} for job, task in intents or ()]
         path = self.dir / "tasks.json"
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(live))
