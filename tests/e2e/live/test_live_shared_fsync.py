@@ -151,7 +151,7 @@ def _client(
             else:
                 client.call("DELETE", f"{base}/pending")
         except (Unreachable, RemoteError) as exc:
-            if isinstance(exc, RemoteError) and exc.status < 500:
+            if isinstance(exc, RemoteError) and exc.http_status < 500:
                 raise
             return kind  # killed meanwhile: this one may or may not be written
         with lock:
