@@ -11,6 +11,7 @@ controller's invariant check must be empty.
 
 from __future__ import annotations
 
+import os
 import statistics
 import threading
 import time
@@ -150,6 +151,13 @@ PHASE_REQUESTS = 40
 ROUNDS = 3
 
 
+def _cpu_seconds(pid: int) -> float:
+    """User and system CPU time of process ``pid`` so far (all its threads)."""
+    with open(f"/proc/{pid}/stat") as fh:
+        fields = fh.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _phase(live: LiveCluster, jobs: list[str], durable: bool) -> float:
     """One timed phase: each of the 64 clients makes :data:`PHASE_REQUESTS` requests on
     its own job; seconds taken. Durable: grow (pends: the cluster is full), cancel, ...
@@ -193,11 +201,16 @@ def test_durable_http_throughput_64_clients(live64: LiveCluster) -> None:
     for job in jobs:
         live.running(job, 1)
     took = {True: 0.0, False: 0.0}
+    cpu = {True: 0.0, False: 0.0}  # the controller's CPU seconds (less noisy than rates)
+    pid = live.procs[-1].pid
     for _ in range(ROUNDS):
         for durable in (False, True):
+            before = _cpu_seconds(pid)
             took[durable] += _phase(live, jobs, durable)
+            cpu[durable] += _cpu_seconds(pid) - before
     per_kind = DURABLE_CLIENTS * PHASE_REQUESTS * ROUNDS
     status_rate, durable_rate = per_kind / took[False], per_kind / took[True]
+    status_cpu, durable_cpu = (1e3 * cpu[k] / per_kind for k in (False, True))
     assert live.cluster()["problems"] == []
     live.crash()  # the journal is read offline below
     with Journal.open(live.state / "resize", readonly=True) as journal:
@@ -208,5 +221,6 @@ def test_durable_http_throughput_64_clients(live64: LiveCluster) -> None:
         f"\ndurable REST throughput, {DURABLE_CLIENTS} clients, same run: grow-then-cancel "
         f"{durable_rate:,.0f} req/s ({durable_rate / 2:,.0f} pairs/s) vs resize status "
         f"{status_rate:,.0f} req/s = {durable_rate / status_rate:.2f}x "
-        f"(target >= 0.7x; pairs/s over status req/s {durable_rate / 2 / status_rate:.2f}x)"
+        f"(target >= 0.7x; pairs/s over status req/s {durable_rate / 2 / status_rate:.2f}x); "
+        f"controller CPU per request: durable {durable_cpu:.2f} ms, status {status_cpu:.2f} ms"
     )
