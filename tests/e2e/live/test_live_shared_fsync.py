@@ -15,13 +15,13 @@ LMDB files, threads, and for the second test real processes and a real HTTP serv
 
 from __future__ import annotations
 
-import hashlib
 import json
 import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from tests.e2e.live.test_live_inprocess import GOOD
 from xce_resize_plugin.controllers.live import settings as live_config
 from xce_resize_plugin.controllers.live.live_controller import LiveController
 from xce_resize_plugin.controllers.observer import LiveObserver
@@ -35,22 +35,8 @@ from xce_resize_plugin.recording.replay import replay
 from xce_resize_plugin.rest.client import Client, RemoteError
 from xce_resize_plugin.testing.live import ALICE, LiveCluster, kill_marked, wait_until
 
-CONFIG = """
-[controller]
-listen = "127.0.0.1:7001"
-state_dir = "state"
-single_user = true
-
-[cluster]
-hosts = {{ h1 = 2, h2 = 2 }}
-
-[users]
-admins = ["root"]
-tokens = {{ alice = "alice-secret-1", root = "sha256:{}" }}
-
-[resize]
-stop_grace = 1
-""".format(hashlib.sha256(b"root-secret").hexdigest())
+#: The in-process tests' configuration: hosts h1 and h2 of 2 slots; alice may use all 4.
+CONFIG = GOOD.replace("alice = 3", "alice = 8")
 
 
 class _Decisions(LiveObserver):
