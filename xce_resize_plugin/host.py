@@ -16,11 +16,14 @@ host hook of :mod:`xce_resize_plugin.hookspecs`, so that every call site is chec
 A host may also watch the plugin's work (for metrics): a controller object with a
 ``resize_observer`` attribute holding a :class:`ResizeObserver` is told of every resize
 transition and every durable journal write. Without it the plugin does no such work.
+Likewise a controller with a ``durable_wait()`` method may let other hook calls run
+while a resize request waits for its fsync (:func:`durable_wait`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any, Protocol, TypeAlias, cast, runtime_checkable
 
@@ -48,6 +51,7 @@ __all__ = [
     "QueueHead",
     "ResizeObserver",
     "TaskEvent",
+    "durable_wait",
     "resize_observer_of",
 ]
 
@@ -148,6 +152,26 @@ def resize_observer_of(controller: Controller) -> ResizeObserver | None:
     """The controller's :class:`ResizeObserver`, or ``None`` when it offers none."""
     observer = getattr(controller, "resize_observer", None)
     return cast("ResizeObserver | None", observer)
+
+
+# -- optional: other hook calls while a request waits for its fsync ---------------------
+
+
+def durable_wait(controller: Controller) -> AbstractContextManager[object]:
+    """What the plugin wraps around a resize request's wait for its journal write: the
+    controller's ``durable_wait()`` context when it offers one, else nothing.
+
+    A host that holds its own lock around every hook call (the live controller) offers
+    it to release that lock while the request's fsync runs, so that concurrent
+    requests share one fsync (group commit) instead of taking turns. The plugin enters
+    it only when the request's decision is made and queued for the journal, holding no
+    lock of its own, and answers only after it exits; the request's facts have no host
+    effects. docs/architecture.md, "Concurrency", says what the host must keep.
+    """
+    method = getattr(controller, "durable_wait", None)
+    if method is None:
+        return nullcontext()
+    return cast("AbstractContextManager[object]", method())
 
 
 class HostHooks:

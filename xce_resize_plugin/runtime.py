@@ -48,6 +48,7 @@ from xce_resize_plugin.host import (
     Controller,
     Principal,
     TaskEvent,
+    durable_wait,
     resize_observer_of,
 )
 from xce_resize_plugin.journal import Entry, GroupCommitter, Journal, StoredState, Ticket
@@ -162,7 +163,10 @@ class Runtime:
             status = self.status(job_id)
             assert status is not None
         if ticket is not None:
-            self._wait(ticket)
+            # The host's lock too, if it offers to (host.durable_wait): the decision
+            # is made and queued in journal order; only the answer waits.
+            with durable_wait(self.controller):
+                self._wait(ticket)
         return status
 
     def status(self, job_id: str) -> ResizeStatus | None:
@@ -203,7 +207,14 @@ class Runtime:
             pending = [s for j in self._busy if (s := self.states[j]).phase is Phase.GROW_PENDING]
             if not pending:
                 return
-            index = FreeSlotIndex(cluster.free_slots())
+            free = cluster.free_slots()
+            if not any(free.values()):
+                # Every grow needs a slot: with none offered, placing would only call
+                # the hosts-order policy per pending grow to place nothing. On a full
+                # cluster with grows pending this was a third of a durable REST
+                # request's cost (docs/performance.md).
+                return
+            index = FreeSlotIndex(free)
             now = self.controller.now()
             # Grows are placed first come, first served, like the host's own queue.
             for state in sorted(pending, key=lambda s: (_requested_at(s), s.job_id)):

@@ -11,6 +11,8 @@
 from __future__ import annotations
 
 import ast
+import importlib
+import pkgutil
 import re
 from pathlib import Path
 
@@ -54,6 +56,36 @@ def test_every_config_key_is_in_the_admin_guide(key: str) -> None:
 def test_every_lsf_error_is_in_the_user_guide(error: type[errors.ResizeError]) -> None:
     text = (DOCS / "user-guide.md").read_text()
     assert error.code in text and error.message in text
+
+
+def _error_classes() -> list[type[errors.ResizeError]]:
+    """Every error class of the package that sets its own code (wherever it is defined:
+    the live controller has its own), found by importing every module."""
+    package = Path(errors.__file__).parent
+    for info in pkgutil.walk_packages([str(package)], "xce_resize_plugin."):
+        if not info.name.endswith("__main__"):
+            importlib.import_module(info.name)
+    found: list[type[errors.ResizeError]] = []
+    todo = [errors.ResizeError]
+    while todo:
+        cls = todo.pop()
+        todo.extend(cls.__subclasses__())
+        if "code" in vars(cls) and cls is not errors.ResizeError:
+            found.append(cls)
+    return sorted(found, key=lambda c: c.code)
+
+
+@pytest.mark.parametrize("error", _error_classes(), ids=lambda e: e.code)
+def test_every_error_code_is_in_the_user_guides_table(error: type[errors.ResizeError]) -> None:
+    """Section 6 of the user guide lists every code a user can meet, with its message."""
+    text = (DOCS / "user-guide.md").read_text()
+    table = text[text.index("## 6. Error codes and messages") :]
+    table = table[: table.index("\n## ", 1)]
+    row = next(
+        (line for line in table.splitlines() if line.startswith(f"| `{error.code}` |")), None
+    )
+    assert row is not None, f"{error.code} ({error.__module__}) has no row in the table"
+    assert f"| {error.message} |" in row
 
 
 def test_readme_links_exist() -> None:

@@ -598,6 +598,43 @@ def test_group_commit_error_reaches_every_caller_of_the_batch(jdir: Path) -> Non
         assert newer.last_seq == 0
 
 
+def test_group_commit_a_failed_batch_fails_every_entry_queued_after_it(jdir: Path) -> None:
+    """Entries queued behind a batch whose write failed may rest on it (their
+    submitters decided them on a state that included it): they fail with the same
+    error, and so does every later submission; nothing more is written."""
+    with Journal.open(jdir, sync=False) as j:
+        j.start()
+        entered, go_on = threading.Event(), threading.Event()
+        failure = JournalError("mdb_txn_commit: No space left on device")
+
+        class FailsOnce:
+            path = j.path
+            calls = 0
+
+            def commit(self, entries: list[Entry]) -> list[int]:
+                self.calls += 1
+                if self.calls == 1:
+                    entered.set()
+                    go_on.wait(10)
+                    raise failure
+                return j.commit(entries)
+
+        gc = GroupCommitter(FailsOnce())  # type: ignore[arg-type]
+        first = gc.enqueue(Entry("a", (b"1",), b"s"))
+        assert entered.wait(10)  # the writer is inside the first batch's write
+        queued = [gc.enqueue(Entry(f"b{i}", (b"2",), b"s")) for i in range(3)]
+        go_on.set()
+        for ticket in [first, *queued]:
+            with pytest.raises(JournalError) as caught:
+                ticket.wait()
+            assert caught.value is failure
+        with pytest.raises(JournalError) as caught:
+            gc.submit(Entry("c", (b"3",), b"s"))
+        assert caught.value is failure
+        gc.close()
+        assert j.last_seq == 0
+
+
 def test_group_commit_close(jdir: Path) -> None:
     with Journal.open(jdir, sync=False) as j:
         j.start()

@@ -120,6 +120,15 @@ class LiveObserver(Observer):
         what the observer does. Not called once the controller is fenced, nor for a call
         that found it fenced: nothing of this controller's happened then."""
 
+    def hook_decided(self, name: str, kwargs: Mapping[str, Any]) -> None:
+        """A resize request (``name`` is ``xce_resize_request``) is decided and its
+        facts are queued for the journal; the controller lock is released next while
+        the fsync runs, so other inputs may come before :meth:`hook_returned`. Under the
+        lock, in the order the requests were decided (which is the journal's order):
+        where a recording writes the request. :meth:`hook_returned` follows once the
+        write is durable (a failed write ends the observers' run instead:
+        :meth:`controller_closed`)."""
+
     def job_over(
         self, job_id: str, state: JobState, reason: str, tasks: list[int], grace: float
     ) -> None:

@@ -58,6 +58,13 @@ class GroupCommitter(Closing):
     Batches form by themselves: while one transaction is being flushed, new submissions
     queue up and go together into the next one, so there is no added delay when the
     load is light and one flush per batch when it is heavy. ``max_batch`` bounds a batch.
+
+    **A failed transaction fails everything after it.** Entries are queued in the order
+    their submitters decided them, and a later entry may have been decided on a state
+    that includes an earlier one (its submitter released its lock before the fsync).
+    So once a transaction fails, every entry still queued and every later submission
+    fails with the same exception, and nothing is written again: the journal's owner
+    must start again from what is on disk.
     ``observe``, when given, is told of each committed transaction (for metrics); without
     it a transaction costs no clock read.
     """
@@ -73,6 +80,7 @@ class GroupCommitter(Closing):
         self._cond = threading.Condition(threading.Lock())
         self._queue: deque[tuple[Entry, Ticket]] = deque()
         self._closed = False
+        self._failed: BaseException | None = None
         self._transactions = 0
         self._entries = 0
         self._last_batch = 0
@@ -111,6 +119,9 @@ class GroupCommitter(Closing):
             raise TypeError(f"submit() takes an Entry, not {type(entry).__name__}")
         waiter = Ticket()
         with self._cond:
+            if self._failed is not None:
+                waiter.finish(error=self._failed)  # see the class docstring
+                return waiter
             if self._closed:
                 raise JournalError(f"{self._journal.path}: the group committer is closed")
             self._queue.append((entry, waiter))
@@ -162,6 +173,12 @@ class GroupCommitter(Closing):
         try:
             seqs = self._journal.commit([entry for entry, _ in batch])
         except BaseException as exc:
+            with self._cond:
+                # What is queued may rest on this batch: it fails too, as does
+                # whatever comes later (the class docstring).
+                self._failed = exc
+                batch += self._queue
+                self._queue.clear()
             for _, waiter in batch:
                 waiter.finish(error=exc)
             if not isinstance(exc, Exception):

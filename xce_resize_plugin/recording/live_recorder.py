@@ -16,9 +16,12 @@ the order the controller took things:
 - :meth:`header` when it is attached, before any agent or the plugin starts;
 - ``job_submitted`` / ``job_started`` / ``job_ending`` (the job end): input lines and
   the starts;
-- ``hook_returned``: a resize request with its outcome, then the facts it wrote (and
-  the facts after ``xce_job_end``); ``task_reported``, ``notification_answered`` and
-  ``job_over`` (a job's tasks stopped before its end): input lines;
+- ``hook_decided``: an accepted resize request, when it is decided (the controller
+  then releases its lock while the request's fsync runs);
+- ``hook_returned``: a resize request refused, with its outcome; then the facts the
+  journal has (after a request and after ``xce_job_end``); ``task_reported``,
+  ``notification_answered`` and ``job_over`` (a job's tasks stopped before its end):
+  input lines;
 - ``cycles_started`` / ``cycles_ended`` around every settle (:meth:`before_cycle` /
   :meth:`after_cycle`), ``controller_started``: the facts of the plugin's recovery;
 - ``controller_closed``: :meth:`finish` after a clean stop (the last facts and the
@@ -113,6 +116,9 @@ class LiveRecorder(LiveObserver):
         self._marked = False
         self._journal: Journal | None = None
         self._next_seq = 1
+        # The requests whose line hook_decided wrote, until they return (by the id of
+        # their hook call's arguments, alive until then).
+        self._decided: set[int] = set()
 
     # -- opening --------------------------------------------------------------------
 
@@ -276,10 +282,23 @@ class LiveRecorder(LiveObserver):
     ) -> None:
         self.input("ending", job=job_id, tasks=tasks, grace=grace, state=state.value, reason=reason)
 
+    def hook_decided(self, name: str, kwargs: Mapping[str, Any]) -> None:
+        if name == "xce_resize_request":
+            # The request is decided and queued for the journal; the controller lock
+            # is released next while its fsync runs: its line goes now, in decision
+            # order, before any input or cycle that may come in meanwhile.
+            self._decided.add(id(kwargs))
+            self.input(
+                "request",
+                **request_fields(kwargs["job_id"], kwargs["principal"], kwargs["request"], None),
+            )
+
     def hook_returned(
         self, name: str, kwargs: Mapping[str, Any], error: BaseException | None
     ) -> None:
-        if name == "xce_resize_request":
+        if name == "xce_resize_request" and id(kwargs) in self._decided:
+            self._decided.discard(id(kwargs))  # its line is written (hook_decided)
+        elif name == "xce_resize_request":
             # Still under the lock the call held: no other input comes between the
             # request and its line.
             if error is None:

@@ -34,6 +34,9 @@ hook call made through the plugin manager takes it (a hook-call monitor), whiche
 thread makes it: the REST handlers call the plugin's hooks from a thread pool, and the
 plugin holds its own lock while it calls back into the controller, so taking the
 controller lock first, always, is what keeps the two locks in one order (no deadlock).
+The one exception: a resize request hands the lock over while its journal write's
+fsync runs (:meth:`LiveController.durable_wait`), so that concurrent requests share
+fsyncs; docs/architecture.md, "Concurrency", says why that keeps every guarantee.
 
 **Durability before action.** Commands to agents are queued in the fleet's outbox and
 released only after the store write that records them (see :mod:`.tasks`), so a
@@ -75,7 +78,7 @@ import signal
 import stat
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
@@ -84,6 +87,7 @@ from pluggy import HookImpl
 
 from xce_resize_plugin.controllers.jobs import JobRecord, TaskRecord, TaskState
 from xce_resize_plugin.controllers.live import job_kv
+from xce_resize_plugin.controllers.live.controller_lock import ControllerLock
 from xce_resize_plugin.controllers.live.job_tokens import (
     FINGERPRINT_KEY,
     SALT_FIELD,
@@ -260,7 +264,9 @@ class LiveController:
 
     def __init__(self, plugin_manager: pluggy.PluginManager, cfg: LiveConfig) -> None:
         self.cfg = cfg
-        self.lock = threading.RLock()
+        self.lock = ControllerLock()
+        # Per thread: the hook calls in progress, outermost first (see durable_wait).
+        self._calls = threading.local()
         self.fenced: BaseException | None = None
         self.on_fenced: Callable[[], None] | None = None
         self._pm = plugin_manager
@@ -664,6 +670,13 @@ class LiveController:
             # routes call hooks directly): refuse, with the reason.
             self.lock.release()
             raise StateNotWritable(str(self.failing))
+        self._hook_calls().append((hook_name, kwargs))
+
+    def _hook_calls(self) -> list[tuple[str, Mapping[str, Any]]]:
+        calls: list[tuple[str, Mapping[str, Any]]] | None = getattr(self._calls, "stack", None)
+        if calls is None:
+            calls = self._calls.stack = []
+        return calls
 
     def _after_hook(
         self,
@@ -672,6 +685,7 @@ class LiveController:
         impls: Sequence[HookImpl],
         kwargs: Mapping[str, Any],
     ) -> None:
+        self._hook_calls().pop()
         error = outcome.exception
         failure = storage_failure(error)
         try:
@@ -691,6 +705,28 @@ class LiveController:
             self._wake.set()  # e.g. a resize request: place it now, not at the next tick
         if isinstance(error, FencedError):
             self.fence(error)
+
+    @contextlib.contextmanager
+    def durable_wait(self) -> Iterator[None]:
+        """The resize request hook in progress in this thread waits for its fsync: let
+        other hook calls in meanwhile (:func:`xce_resize_plugin.host.durable_wait`).
+
+        Only when the thread holds the lock just once, for that hook call alone (a
+        caller holding it around more keeps it). The observers hear of the decision
+        first (:meth:`~.observer.LiveObserver.hook_decided`), under the lock, in
+        decision order. docs/architecture.md, "Concurrency", says why this keeps every
+        guarantee.
+        """
+        calls = self._hook_calls()
+        if len(calls) != 1 or not self.lock.held_once():
+            yield
+            return
+        if self.fenced is None:
+            name, kwargs = calls[0]
+            for observer in self._observers:
+                observer.hook_decided(name, kwargs)
+        with self.lock.handed_over():
+            yield
 
     def health(self) -> tuple[dict[str, Any], int]:
         """``GET /v1/health``: the answer and its status (503 unless ``ok``)."""
