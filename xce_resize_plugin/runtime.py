@@ -111,9 +111,7 @@ class Runtime:
             self._transition(state.job_id, engine.decide_recover(state, now))
             if state.autoresize:
                 current = self.states.get(state.job_id, state)
-                self._transition(
-                    state.job_id, engine.decide_demand(current, now, self.settings)
-                )
+                self._transition(state.job_id, engine.decide_demand(current, now, self.settings))
 
     def stop(self) -> None:
         try:

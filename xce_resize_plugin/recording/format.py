@@ -59,13 +59,14 @@ Input kinds (fields besides ``kind``, ``t``, ``phase``, ``i``, ``r``):
 
 - ``submit``: ``job``, ``user``, ``tasks`` ([min, max]), ``start_tasks``, ``estimate``,
   ``ptile``, ``resizable``, ``grow_hosts``, ``notify_cmd``, ``env``, optionally
-  ``autoresize`` (``true``; absent when not set), ``alloc`` ([[host, tasks], ...] in allocation order: the job started at once there)
-  and ``work`` ({``model``: a speedup spec as ``--speedup`` takes it, ``ref_procs``,
-  ``estimate``}: the scheduler plans the job with that model; its end still comes
-  from an ``end`` line);
+  ``autoresize`` (``true``; absent when not set), ``alloc`` ([[host, tasks], ...] in
+  allocation order: the job started at once there) and ``work`` ({``model``: a
+  speedup spec as ``--speedup`` takes it, ``ref_procs``, ``estimate``}: the scheduler
+  plans the job with that model; its end still comes from an ``end`` line);
 - ``request``: ``job``, ``principal`` ({``name``, ``admin``, ``job_id``}),
   ``request`` ({``type``: ``grow`` | ``release`` | ``cancel`` | ``modify``, and the
-  request's fields; ``modify`` has ``autoresize``}), ``result`` (``"ok"`` or the error code);
+  request's fields; ``modify`` has ``autoresize``}), ``result`` (``"ok"`` or the
+  error code);
 - ``task``: ``job``, ``task`` (the task id), ``event`` (``started`` | ``start_failed`` |
   ``exited``), ``status``, ``reason``;
 - ``notify``: ``job``, ``attempt``, ``status``, ``reason``;

@@ -177,7 +177,8 @@ def _flags(where: Where, key: str, raw: Mapping[str, Any], lo: int, hi: int) -> 
         raise where.error(f"{key}.autoresize", "implies resizable; drop resizable = false")
     if autoresize and lo >= hi:
         raise where.error(
-            f"{key}.autoresize", f'needs a task range tasks = "MIN,MAX" with MIN < MAX, got {lo},{hi}'
+            f"{key}.autoresize",
+            f'needs a task range tasks = "MIN,MAX" with MIN < MAX, got {lo},{hi}',
         )
     return resizable or autoresize, autoresize
 

@@ -165,7 +165,7 @@ def _autoresize(body: Mapping[str, Any]) -> bool:
         raise InvalidRequest("submit: autoresize must be true or false @ $.autoresize")
     if value and body.get("resizable", True) is False:
         raise InvalidRequest(
-            "submit: autoresize implies resizable; drop \"resizable\": false @ $.autoresize"
+            'submit: autoresize implies resizable; drop "resizable": false @ $.autoresize'
         )
     return value
 
