@@ -125,21 +125,24 @@ def test_demand_never_takes_the_blocked_heads_slots(resize_scenario: Run) -> Non
         "cluster": {"hosts": {"h1": 4, "h2": 4}},
         "jobs": [
             _job("100", "bob", 4, 100),
+            _job("102", "dave", 2, 300),
             _auto(tasks="2,8", submit=1),
-            # The head of the queue from t=2: it needs 4 slots, free when bob's job
-            # ends at 100 — the demand must leave them to it.
-            _job("102", "carol", 4, 50, submit=2),
+            # The head of the queue from t=2: 6 slots, which it has when dave's job
+            # ends at 300. bob's 4 slots free at 100 are not enough for it, and the
+            # demand must leave them: taking them would delay the head to alice's end.
+            _job("103", "carol", 6, 50, submit=2),
         ],
-        "scenario": {"until": 120},
+        "scenario": {"until": 200},
     }
     result = resize_scenario(table)
-    assert result.jobs["102"]["start_time"] == 100.0
     assert _grows(result, "101") == []
-    assert result.jobs["101"]["demand"] == {"min": 1, "max": 4}
-    table["scenario"] = {"until": 200}
+    assert result.jobs["101"]["demand"] == {"min": 1, "max": 6}
+    table["scenario"] = {"until": 400}
     later = resize_scenario(table)
-    # carol's job ended at 150: now the demand takes the slots.
-    assert _grows(later, "101") == [(150.0, 8)]
+    assert later.jobs["103"]["start_time"] == 300.0
+    # carol's job ended at 350: now the demand takes the slots.
+    assert _grows(later, "101") == [(350.0, 8)]
+    assert later.problems == ()
 
 
 def test_demand_keeps_the_jobs_span_rules_and_limits(resize_scenario: Run) -> None:
