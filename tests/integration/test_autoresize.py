@@ -22,6 +22,7 @@ from xce_resize_plugin.core.models import (
     ReleaseRequest,
 )
 from xce_resize_plugin.scenarios.result import ScenarioResult
+from xce_resize_plugin.scenarios.timeline import render
 from xce_resize_plugin.testing.sim import SimControllers
 
 from .harness import Harness
@@ -216,6 +217,12 @@ def test_modify_turns_autoresize_off_and_on(resize_scenario: Run) -> None:
     assert result.jobs["101"]["demand"] == {"min": 1, "max": 4}
     assert _switches(result, "101") == [(True, "submit"), (False, "modify"), (True, "modify")]
     assert _demands(result, "101") == [(1.0, 4), (7.0, 4)]
+    text = render(result)
+    assert "alice$ xce-resize modify 101 --no-autoresize" in text
+    assert "root$ xce-resize modify 101 --autoresize" in text
+    assert "job 101 (alice) (autoresizable) starts on" in text
+    assert "job 101: autoresize off (modify)" in text
+    assert "job 101: autoresize demand of 1..4 tasks pending" in text
 
 
 def test_modify_turns_autoresize_on_for_a_resizable_job(resize_scenario: Run) -> None:
