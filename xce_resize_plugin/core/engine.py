@@ -465,6 +465,11 @@ def _decide_autoresize(
         return []
     if state is not None and state.pending is not None:
         raise errors.PendingRequest(f"job {job.id}; cancel the pending grow first")
+    change = state.change if state is not None else None
+    if change is not None and change.kind is ChangeKind.GROW:
+        # A grow someone asked for is being placed: it may yet go back to pending, and
+        # a job has one pending grow, the demand or that one.
+        raise errors.ResizeInProgress(f"job {job.id} has a grow in flight")
     if not settings.allow_grow:
         raise errors.RequestNotEnabled("allow_grow is off in the [resize] configuration")
     policy.validate(job, request)
@@ -747,9 +752,13 @@ def _apply(state: ResizeState, fact: Fact) -> ResizeState:
 
 
 def _abandon(state: ResizeState, change: Change, gave_up: bool) -> ResizeState:
-    """A change that failed: a grow goes back to pending (or is given up), a shrink ends."""
-    if change.kind is ChangeKind.GROW and change.pending is not None and not gave_up:
-        pending = _evolve(change.pending, failures=change.pending.failures + 1)
+    """A change that failed: a grow goes back to pending (or is given up), a shrink ends.
+    A demand's grow whose job stopped being autoresizable meanwhile is dropped."""
+    back = change.pending
+    if back is not None and back.auto and not state.autoresize:
+        back = None
+    if change.kind is ChangeKind.GROW and back is not None and not gave_up:
+        pending = _evolve(back, failures=back.failures + 1)
         return _evolve(state, change=None, pending=pending, phase=Phase.GROW_PENDING)
     return _evolve(state, change=None, phase=Phase.IDLE)
 
