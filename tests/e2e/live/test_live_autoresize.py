@@ -39,6 +39,15 @@ def test_autoresize_from_the_command_line(resize_live_factory: Any) -> None:
     proc = cli(live, "submit", "-n", "4", "-ar", "--", "sleep", "60")
     assert proc.returncode == 2, proc.stdout
     assert "--autoresize needs a task range -n MIN,MAX" in proc.stderr
+    # The same over REST: refused, naming what is wrong; nothing is submitted.
+    for body, words in (
+        ({"tasks": 4, "autoresize": True}, "autoresize needs a task range"),
+        ({"tasks": "1,4", "autoresize": True, "resizable": False}, "implies resizable"),
+        ({"tasks": "1,4", "autoresize": "yes"}, "@ $.autoresize"),
+    ):
+        r = live.call("POST", "/v1/jobs", body={"command": ["true"], **body})
+        assert r.status_code == 400 and words in r.json()["detail"], r.text
+    assert [j["id"] for j in live.ok("GET", "/v1/jobs")["jobs"]] == []
     proc = cli(live, "submit", "-n", "1,4", "-ar", "--rnc", NOTIFY, "--", "sleep", "60")
     assert proc.returncode == 0, proc.stderr
     job_id = _job_id(proc.stdout)
