@@ -199,6 +199,23 @@ def xce_notify_done(
 
 
 @hookspec
+def xce_job_start(controller: Controller, job: JobInfo) -> None:
+    """A job started running (its first allocation is charged and its tasks launched).
+
+    :param controller: the host controller.
+    :param job: the job as it starts (state ``RUN``, ``tasks`` its allocation).
+
+    The plugin starts tracking an autoresizable job here (``job.autoresize``, the
+    submission's ``bsub -ar``) and keeps its demand from then on; it ignores any other
+    job. After ``xce_controller_start`` the host calls it again for each running job,
+    since a crash may have come between a job's start and this call: the plugin ignores
+    a job it tracks already.
+
+    Implemented by: the resize plugin.
+    """
+
+
+@hookspec
 def xce_job_end(controller: Controller, job_id: str) -> None:
     """The job finished (DONE or EXIT): cancel its pending grow, abort in-flight work.
 

@@ -241,6 +241,9 @@ class HostHooks:
             controller=controller, job_id=job_id, attempt=attempt, status=status, reason=reason
         )
 
+    def job_start(self, controller: Controller, job: JobInfo) -> None:
+        self._hook.xce_job_start(controller=controller, job=job)
+
     def job_end(self, controller: Controller, job_id: str) -> None:
         self._hook.xce_job_end(controller=controller, job_id=job_id)
 

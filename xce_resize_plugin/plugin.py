@@ -124,6 +124,11 @@ def xce_notify_done(
 
 
 @hookimpl
+def xce_job_start(controller: Controller, job: JobInfo) -> None:
+    runtime_of(controller).job_start(job)
+
+
+@hookimpl
 def xce_job_end(controller: Controller, job_id: str) -> None:
     runtime_of(controller).job_end(job_id)
 

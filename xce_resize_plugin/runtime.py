@@ -130,6 +130,9 @@ class Runtime:
                 continue
             self._execute(engine.resume_effects(state))
             self._transition(state.job_id, engine.decide_recover(state, now))
+            if state.autoresize:
+                current = self.states.get(state.job_id, state)
+                self._transition(state.job_id, engine.decide_demand(current, now, self.settings))
 
     def stop(self) -> None:
         try:
@@ -177,15 +180,33 @@ class Runtime:
                 return None
             stored = self._stored(job_id)
             if stored is None:
-                return ResizeStatus(job.id, Phase.IDLE, job.tasks, job.min_tasks, job.max_tasks, 0)
+                # Not tracked: its submission's autoresize flag (a job not yet started).
+                return ResizeStatus(
+                    job.id,
+                    Phase.IDLE,
+                    job.tasks,
+                    job.min_tasks,
+                    job.max_tasks,
+                    0,
+                    autoresize=job.autoresize and not job.tasks,
+                )
             state = converters.decode_state(stored)
         change = state.change
         # Positional, in ResizeStatus's field order (mypy checks each type).
         committed = (state.tasks, state.min_tasks, state.max_tasks, state.version)
+        auto = state.autoresize and state.live
         if change is None:
-            return ResizeStatus(state.job_id, state.phase, *committed, state.pending)
+            return ResizeStatus(
+                state.job_id, state.phase, *committed, state.pending, autoresize=auto
+            )
         return ResizeStatus(
-            state.job_id, state.phase, *committed, state.pending, change.kind, change.tasks
+            state.job_id,
+            state.phase,
+            *committed,
+            state.pending,
+            change.kind,
+            change.tasks,
+            autoresize=auto,
         )
 
     def _job(self, job_id: str) -> JobInfo:
@@ -350,6 +371,20 @@ class Runtime:
                 if state is not None:
                     facts = engine.decide_task_events(state, batch, now, self.settings)
                     self._transition(job_id, facts)
+
+    def job_start(self, job: JobInfo) -> None:
+        """A job started: an autoresizable one is tracked with its demand (a job the
+        plugin knows already, reported again after a failover, changes nothing)."""
+        if not job.autoresize:
+            return  # the common case, without the lock
+        with self._lock:
+            self._check_failed()
+            facts = engine.decide_job_start(
+                self.states.get(job.id), job, self.controller.now(), self.settings
+            )
+            if facts and self._stored(job.id) is not None:
+                return  # an ended job the journal still holds: never tracked twice
+            self._transition(job.id, facts)
 
     def notify_done(self, job_id: str, attempt: int, status: int | None, reason: str) -> None:
         with self._lock:

@@ -56,6 +56,12 @@ class Harness:
         with Journal.open(self.state_dir / "resize", readonly=True) as journal:
             return journal.last_seq
 
+    def journal_state(self, job_id: str) -> bytes | None:
+        """The job's state as the journal holds it (``None``: never tracked)."""
+        with Journal.open(self.state_dir / "resize", readonly=True) as journal:
+            stored = journal.state(job_id)
+            return None if stored is None else stored.state
+
     def snapshot(self) -> tuple[Any, ...]:
         """What must not change when a request is rejected."""
         return (

@@ -138,6 +138,8 @@ def test_status(cluster: Cluster, http: httpx.Client) -> None:
         "max_tasks": 8,
         "version": 0,
         "pending": None,
+        "autoresize": False,
+        "demand": None,
         "in_flight": None,
     }
 
@@ -225,6 +227,8 @@ def test_history(cluster: Cluster, http: httpx.Client) -> None:
         "segments": [{"start": 0.0, "end": 200.0, "slots": 2}],
         "slot_seconds": 400.0,
         "records": [],
+        "autoresize": False,
+        "demand": None,
     }
 
 

@@ -1,6 +1,9 @@
 """Random interleavings of everything that can happen to resizes, with the controller
 crashing at fact boundaries, must keep the invariants of docs/architecture.md
-("Resize semantics") and docs/failover.md.
+("Resize semantics") and docs/failover.md — autoresizable jobs among them: their demand
+is kept exactly, and no grow (theirs or anyone's) takes slots the blocked queue head
+needs (the controller runs with ``protect_reservation``, as scenarios and the live
+controller do).
 
 A crash is injected inside a host method the plugin calls to carry out an effect: by
 then the facts of the transition are durable in the journal, and the effect is lost.
@@ -33,12 +36,14 @@ from xce_resize_plugin.controllers.sim import (
 )
 from xce_resize_plugin.core import audit
 from xce_resize_plugin.core.models import (
+    AutoresizeRequest,
     CancelRequest,
     ChangeKind,
     GrowRequest,
     JobState,
     ReleaseRequest,
     ResizeRequest,
+    ResizeState,
     Task,
 )
 from xce_resize_plugin.host import Principal
@@ -71,10 +76,13 @@ class CountingRunner(SimTaskRunner):
 
 class CrashingController(EmbeddedController):
     """Dies on the n-th effect call after ``arm(n)``; records the held slot count after
-    every reserve and free in ``ledger`` (shared across restarts)."""
+    every reserve and free in ``ledger`` (shared across restarts), and in ``overreach``
+    every reservation of more new slots than the cycle offered the plugin (slots the
+    blocked queue head needs at its shadow time)."""
 
     countdown: int | None = None
     ledger: dict[str, list[tuple[float, int]]]
+    overreach: list[str]
 
     def _record(self, job_id: str) -> None:
         self.ledger.setdefault(job_id, []).append((self.now(), len(self.job(job_id).held)))
@@ -91,6 +99,11 @@ class CrashingController(EmbeddedController):
 
     def reserve_slots(self, job_id: str, tasks: Sequence[Task]) -> None:
         self._tick()
+        held = {t.id for t in self.job(job_id).held}
+        new = sum(1 for t in tasks if t.id not in held)  # recovery re-reserves held ones
+        offered = self.offered_slot_count()
+        if new > offered:
+            self.overreach.append(f"t={self.now()} job {job_id}: {new} slots, {offered} offered")
         super().reserve_slots(job_id, tasks)
         self._record(job_id)
 
@@ -147,12 +160,14 @@ class World:
             "journal_defer": defer,
         }
         self.ledger: dict[str, list[tuple[float, int]]] = {}
+        self.overreach: list[str] = []
         self.ctl = self._make()
         self.crashes = 0
         self.jobs: list[str] = []
 
     def _make(self) -> CrashingController:
         CrashingController.ledger = self.ledger  # set before the constructor recovers
+        CrashingController.overreach = self.overreach
         return CrashingController(
             get_plugin_manager(self.config, entry_points=False),
             self.state_dir,
@@ -163,6 +178,7 @@ class World:
             task_runner=self.runner,
             notification_runner=self.notifier,
             strict=False,
+            protect_reservation=True,
         )
 
     def restart(self) -> None:
@@ -188,6 +204,7 @@ class World:
 def check(world: World) -> None:
     ctl = world.ctl
     assert ctl.check_invariants() == []
+    assert world.overreach == [], "a grow took slots the blocked queue head needs"
     runtime = plugin.runtime_of(ctl)
     held_by_user: Counter[str] = Counter()
     for job in ctl.jobs():
@@ -208,12 +225,24 @@ def check(world: World) -> None:
                 assert job.min_tasks <= size <= job.max_tasks
                 if change is not None and change.kind is ChangeKind.SHRINK:
                     assert len(state.tasks) - len(change.tasks) >= job.min_tasks
+                _check_demand(state, job.max_tasks)
         else:
             assert not job.held
     users = ctl.users_view()
     for user in USERS:
         assert users.get(user, {"slots_in_use": 0})["slots_in_use"] == held_by_user[user]
     assert all(n == 1 for n in world.runner.starts.values()), "a task started twice"
+
+
+def _check_demand(state: ResizeState, max_tasks: int) -> None:
+    """An autoresizable job idle below its maximum has exactly its demand pending, of
+    1..max - current; no other job has one."""
+    pending = state.pending
+    if pending is not None and pending.auto:
+        assert state.autoresize, f"job {state.job_id}: a demand without autoresize"
+        assert (pending.min_add, pending.max_add) == (1, max_tasks - len(state.tasks))
+    if state.autoresize and state.change is None and len(state.tasks) < max_tasks:
+        assert pending is not None and pending.auto, f"job {state.job_id}: no demand"
 
 
 # --- the operations ---------------------------------------------------------------------
@@ -244,6 +273,21 @@ _submit = st.tuples(
     st.sampled_from([True, True, True, False]),
     st.integers(20, 400),
     st.sampled_from([True, True, False]),
+    # autoresizable (bsub -ar); without a range it is refused at submission
+    st.sampled_from([False, False, True]),
+)
+# A wide rigid job of bob's (no limit): it queues, and often becomes the blocked head
+# whose reservation grows and autoresize demands must leave alone.
+_wide = st.tuples(
+    st.just("submit"),
+    st.just("bob"),
+    st.integers(10, 24),
+    st.just(0),
+    st.just(None),
+    st.just(False),
+    st.integers(20, 400),
+    st.just(False),
+    st.just(False),
 )
 _advance = st.tuples(st.just("advance"), st.sampled_from([1, 5, 11, 60, 150]))
 _crash = st.tuples(st.just("crash"), st.integers(1, 6))
@@ -260,11 +304,13 @@ ops = st.one_of(
     _release_op,
     _submit,
     _submit,
+    _wide,
     _advance,
     _advance,
     _crash,
     _crash,
     st.tuples(st.just("cancel"), st.integers(0, 9)),
+    st.tuples(st.just("modify"), st.integers(0, 9), st.booleans()),
     st.tuples(st.just("kill"), st.integers(0, 9)),
     st.tuples(st.just("failstart"), st.integers(0, 9), st.integers(0, 3)),
     st.tuples(st.just("stopdelay"), st.sampled_from([0.0, 3.0, 20.0])),
@@ -304,7 +350,7 @@ def apply(world: World, op: tuple[Any, ...]) -> None:
     pool = live or world.jobs
     pick = (lambda i: pool[i % len(pool)]) if pool else None
     if kind == "submit":
-        _, user, lo, extra, notify, resizable, runtime, pinned = op
+        _, user, lo, extra, notify, resizable, runtime, pinned, auto = op
         # A pinned job starts below its maximum on one host with room (as a job does on a
         # busy cluster); otherwise it queues and starts with as many tasks as fit.
         size = lo + runtime % (extra + 1)  # somewhere in lo..max, drawn with the runtime
@@ -317,6 +363,7 @@ def apply(world: World, op: tuple[Any, ...]) -> None:
                 (lo, lo + extra),
                 runtime=float(runtime),
                 resizable=resizable,
+                autoresize=auto,
                 notify_cmd=notify,
                 alloc=alloc,
             )
@@ -349,6 +396,8 @@ def apply(world: World, op: tuple[Any, ...]) -> None:
         request = _release(form, n, job.tasks, {"cancel_pending": c, **_notify(notify)})
     elif kind == "cancel":
         request = CancelRequest()
+    elif kind == "modify":
+        request = AutoresizeRequest(op[2])
     elif kind == "kill":
         world.guarded(ctl.kill, job_id)
         world.guarded(ctl.settle)

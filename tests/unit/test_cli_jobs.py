@@ -1,12 +1,19 @@
-"""`xce-resize jobs JOB`: the resize line says the phase, the pending grow and the
-change in flight in words, from the REST status document."""
+"""`xce-resize jobs JOB`: the resize line says the phase, the pending grow (or the
+autoresize demand) and the change in flight in words, from the REST status document;
+`submit -ar` is autoresize and needs a range."""
 
 from __future__ import annotations
 
-from xce_resize_plugin.cli.jobs import resize_summary
+import argparse
+import io
+
+import pytest
+
+from xce_resize_plugin.cli.jobs import _auto, add_parsers, resize_summary, run
 from xce_resize_plugin.core.converters import status_json
 from xce_resize_plugin.core.models import ChangeKind, PendingGrow, Phase, Task
 from xce_resize_plugin.core.status import ResizeStatus
+from xce_resize_plugin.errors import UsageError
 
 TASKS = (Task(0, "h1"), Task(1, "h1"))
 
@@ -36,3 +43,40 @@ def test_change_in_flight_names_its_tasks() -> None:
         (Task(1, "h1"),),
     )
     assert resize_summary(status_json(status)) == "SHRINK_STOPPING; shrink in flight (tasks 1)"
+
+
+def test_autoresize_demand_and_flag() -> None:
+    demand = PendingGrow(1, 3, None, 0.0, auto=True)
+    status = ResizeStatus("7", Phase.GROW_PENDING, TASKS, 1, 5, 3, demand, autoresize=True)
+    assert resize_summary(status_json(status)) == (
+        "GROW_PENDING; autoresize demand of 1 to 3 task(s); autoresize on"
+    )
+    assert _auto(status_json(status)) == "+1-3"
+    at_max = ResizeStatus("7", Phase.IDLE, TASKS, 1, 2, 3, autoresize=True)
+    assert resize_summary(status_json(at_max)) == "IDLE; autoresize on"
+    assert _auto(status_json(at_max)) == "on"
+    assert _auto(status_json(ResizeStatus("7", Phase.IDLE, TASKS, 1, 8, 3))) == "-"
+
+
+def test_autoresize_needs_a_task_range_before_any_request() -> None:
+    class NoCalls:
+        def call(self, *args: object, **kw: object) -> None:
+            raise AssertionError("nothing may be sent")
+
+    for tasks in ("4", "3,3"):
+        args = argparse.Namespace(
+            command="submit", tasks=tasks, autoresize=True, argv=["--", "true"]
+        )
+        with pytest.raises(UsageError, match="--autoresize needs a task range -n MIN,MAX"):
+            run(args, io.StringIO(), NoCalls())  # type: ignore[arg-type]
+
+
+def test_ar_is_autoresize_not_resizable() -> None:
+    parser = argparse.ArgumentParser()
+    add_parsers(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["submit", "-n", "1,4", "-ar", "--", "true"])
+    assert args.autoresize is True and args.resizable is False
+    args = parser.parse_args(["modify", "101", "-arn"])
+    assert args.autoresize is False
+    with pytest.raises(SystemExit):
+        parser.parse_args(["modify", "101"])  # on or off must be said

@@ -1,4 +1,4 @@
-"""``xce-resize submit | jobs | history | kill``: the host's job commands, over HTTP.
+"""``xce-resize submit | jobs | history | kill | modify``: the job commands, over HTTP.
 
 They read ``XCE_CONTROLLER_URL`` and ``XCE_TOKEN`` like ``bresize`` and print LSF's
 words where LSF has them (``Job <101> is submitted.``, ``Job <101> is being
@@ -17,16 +17,22 @@ from xce_resize_plugin.rest.client import Client
 
 
 def add_parsers(sub: Any) -> None:
-    """Register the four commands on the ``xce-resize`` subparsers."""
+    """Register the job commands on the ``xce-resize`` subparsers."""
     submit = sub.add_parser(
         "submit",
         help="submit a job to a live controller (like bsub)",
         description="Submit a job: xce-resize submit -n 2,8 --resizable -- COMMAND ARGS...",
     )
+    # -ar is LSF's bsub -ar (autoresizable), never a short form of --resizable.
     submit.add_argument("-n", dest="tasks", default="1", help="tasks: N or MIN,MAX")
     submit.add_argument("--ptile", type=int, help="at most this many tasks per host")
+    submit.add_argument("--resizable", action="store_true", help="the job may be grown and shrunk")
     submit.add_argument(
-        "--resizable", "-ar", action="store_true", help="the job may be grown and shrunk"
+        "--autoresize",
+        "-ar",
+        action="store_true",
+        help="grow the job toward MAX of -n MIN,MAX whenever slots free up (bsub -ar); "
+        "implies --resizable",
     )
     submit.add_argument("--rnc", dest="notify_cmd", help="resize notification command")
     submit.add_argument(
@@ -74,6 +80,17 @@ def add_parsers(sub: Any) -> None:
     kill = sub.add_parser("kill", help="kill a job (like bkill)")
     kill.add_argument("job")
 
+    modify = sub.add_parser(
+        "modify",
+        help="turn a running job's autoresize on or off (like bmod -ar / -arn)",
+        description="xce-resize modify JOB --autoresize | --no-autoresize",
+    )
+    modify.add_argument("job")
+    switch = modify.add_mutually_exclusive_group(required=True)
+    switch.add_argument("--autoresize", "-ar", dest="autoresize", action="store_true")
+    switch.add_argument("--no-autoresize", "-arn", dest="autoresize", action="store_false")
+    modify.add_argument("--json", action="store_true")
+
 
 def parse_tasks(text: str) -> dict[str, int]:
     parts = text.split(",")
@@ -93,6 +110,8 @@ def run(args: argparse.Namespace, out: TextIO, client: Client | None = None) -> 
         return _jobs(args, out, client)
     if args.command == "history":
         return _history(args, out, client)
+    if args.command == "modify":
+        return _modify(args, out, client)
     client.call("DELETE", f"/v1/jobs/{_quote(args.job)}")
     out.write(f"Job <{args.job}> is being terminated\n")
     return 0
@@ -111,10 +130,16 @@ def _submit(args: argparse.Namespace, out: TextIO, client: Client) -> int:
     if not argv:
         raise UsageError("missing the job's command: xce-resize submit [options] -- COMMAND")
     body: dict[str, Any] = {"command": argv, **parse_tasks(args.tasks)}
+    if args.autoresize and body["min_tasks"] >= body["max_tasks"]:
+        raise UsageError(
+            f"--autoresize needs a task range -n MIN,MAX with MIN < MAX, got -n {args.tasks}"
+        )
     if args.ptile is not None:
         body["ptile"] = args.ptile
     if args.resizable:
         body["resizable"] = True
+    if args.autoresize:
+        body["autoresize"] = True
     if args.notify_cmd is not None:
         body["notify_cmd"] = args.notify_cmd
     if args.grow_hosts is not None:
@@ -134,6 +159,16 @@ def _submit(args: argparse.Namespace, out: TextIO, client: Client) -> int:
         _dump(doc, out)
     else:
         out.write(f"Job <{doc['id']}> is submitted.\n")
+    return 0
+
+
+def _modify(args: argparse.Namespace, out: TextIO, client: Client) -> int:
+    doc = client.call("PATCH", f"/v1/jobs/{_quote(args.job)}", {"autoresize": args.autoresize})
+    if args.json:
+        _dump(doc, out)
+    else:
+        # bmod's words.
+        out.write(f"Parameters of job <{args.job}> are being changed\n")
     return 0
 
 
@@ -185,7 +220,10 @@ def resize_summary(resize: Mapping[str, Any]) -> str:
     if isinstance(pending, Mapping):
         low, high = pending.get("min"), pending.get("max")
         span = f"{high}" if low == high else f"{low} to {high}"
-        parts.append(f"pending grow of {span} task(s)")
+        what = "autoresize demand" if resize.get("demand") else "pending grow"
+        parts.append(f"{what} of {span} task(s)")
+    if resize.get("autoresize"):
+        parts.append("autoresize on")
     in_flight = resize.get("in_flight")
     if isinstance(in_flight, Mapping):
         ids = ",".join(str(t.get("id")) for t in in_flight.get("tasks", ()))
@@ -216,14 +254,25 @@ def _jobs(args: argparse.Namespace, out: TextIO, client: Client) -> int:
         _dump(docs, out)
         return 0
     items = docs.get("jobs", []) if isinstance(docs, Mapping) else docs
-    out.write(f"{'JOBID':<8} {'USER':<10} {'STAT':<5} {'TASKS':>5}  EXEC_HOSTS\n")
+    out.write(f"{'JOBID':<8} {'USER':<10} {'STAT':<5} {'TASKS':>5} {'AUTO':<6} EXEC_HOSTS\n")
     for job in items:
         ntasks = sum(job["hosts"].values()) if isinstance(job.get("hosts"), Mapping) else 0
         out.write(
             f"{job['id']:<8} {job.get('user', ''):<10} {job.get('state', ''):<5} "
-            f"{ntasks:>5}  {_hosts(job)}\n"
+            f"{ntasks:>5} {_auto(job.get('resize')):<6} {_hosts(job)}\n"
         )
     return 0
+
+
+def _auto(resize: Any) -> str:
+    """The AUTO column: ``-`` (no autoresize), ``on`` (no demand now: at MAX, or a
+    change in flight), or the demand, ``+1-3`` (1 to 3 more tasks)."""
+    if not isinstance(resize, Mapping) or not resize.get("autoresize"):
+        return "-"
+    demand = resize.get("demand")
+    if isinstance(demand, Mapping):
+        return f"+{demand.get('min')}-{demand.get('max')}"
+    return "on"
 
 
 def _history(args: argparse.Namespace, out: TextIO, client: Client) -> int:
@@ -232,6 +281,14 @@ def _history(args: argparse.Namespace, out: TextIO, client: Client) -> int:
         _dump(doc, out)
         return 0
     segments = doc.get("segments", [])
+    if doc.get("autoresize"):
+        demand = doc.get("demand")
+        more = (
+            f"demand of {demand['min']} to {demand['max']} more task(s)"
+            if isinstance(demand, Mapping)
+            else "no demand now"
+        )
+        out.write(f"Job <{args.job}>: autoresize on, {more}\n")
     # Times relative to the job's start read better than raw clock values.
     t0 = segments[0]["start"] if segments else 0.0
     out.write(f"Job <{args.job}>: {doc.get('slot_seconds', 0):g} slot-seconds\n")

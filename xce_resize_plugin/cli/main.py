@@ -262,7 +262,7 @@ def _dispatch(args: argparse.Namespace, out: TextIO) -> int:
         from xce_resize_plugin.controllers.live import worker
 
         return worker.serve(args.state_dir.resolve(), args.host, args.header_timeout)
-    if args.command in ("submit", "jobs", "history", "kill"):
+    if args.command in ("submit", "jobs", "history", "kill", "modify"):
         from xce_resize_plugin.cli.jobs import run as run_client
 
         return run_client(args, out)

@@ -26,6 +26,7 @@ SUBMIT_OPTIONS = {
     "max_tasks",
     "ptile",
     "resizable",
+    "autoresize",
     "grow_hosts",
     "notify_cmd",
     "estimate",
@@ -46,6 +47,8 @@ class JobOptions(Protocol):
     def ptile(self) -> int | None: ...
     @property
     def resizable(self) -> bool: ...
+    @property
+    def autoresize(self) -> bool: ...
     @property
     def grow_hosts(self) -> GrowHosts: ...
     @property
@@ -144,6 +147,9 @@ class JobRecord:
     grow_hosts: GrowHosts = GrowHosts.PREFER_EXISTING
     notify_cmd: str | None = None
     env: dict[str, str] = field(factory=dict)
+    #: Submitted autoresizable (``bsub -ar``): handed to the plugin in the job's view;
+    #: whether it is on now is the plugin's (its journal), not this record's.
+    autoresize: bool = False
     alloc: tuple[tuple[str, int], ...] | None = None
     #: The most tasks the scheduler starts the job with (``None``: ``max_tasks``).
     start_tasks: int | None = None
@@ -213,6 +219,7 @@ class JobView:
     held: tuple[Task, ...]
     task_states: Mapping[int, TaskState]
     resizable: bool
+    autoresize: bool
     ptile: int | None
     grow_hosts: GrowHosts
     notify_cmd: str | None
@@ -277,4 +284,5 @@ def job_info(job: JobRecord | JobView) -> JobInfo:
         start_time=job.start_time,
         end_time=job.end_time,
         env=dict(job.env),
+        autoresize=job.autoresize,
     )

@@ -98,6 +98,7 @@ def encode_job(job: JobRecord, held: Held) -> bytes:
         "estimate": job.estimate,
         "ptile": job.ptile,
         "resizable": job.resizable,
+        "autoresize": job.autoresize,
         "grow_hosts": job.grow_hosts.value,
         "notify_cmd": job.notify_cmd,
         "env": job.env,
@@ -147,6 +148,8 @@ def decode_job(raw: bytes) -> tuple[JobRecord, dict[int, str]]:
         estimate=d["estimate"],
         ptile=d["ptile"],
         resizable=d["resizable"],
+        # Stores written before autoresize existed have no key: those jobs had none.
+        autoresize=bool(d.get("autoresize", False)),
         grow_hosts=GrowHosts(d["grow_hosts"]),
         notify_cmd=d["notify_cmd"],
         env=dict(d["env"]),

@@ -10,7 +10,13 @@ from __future__ import annotations
 
 from attrs import frozen
 
-from xce_resize_plugin.core.models import JobInfo, ResizeRecord, ResizeState, Segment
+from xce_resize_plugin.core.models import (
+    JobInfo,
+    PendingGrow,
+    ResizeRecord,
+    ResizeState,
+    Segment,
+)
 
 
 @frozen
@@ -20,6 +26,9 @@ class Usage:
     job_id: str
     segments: tuple[Segment, ...]
     records: tuple[ResizeRecord, ...] = ()
+    #: Whether autoresize is on, and its demand (the pending grow the plugin keeps).
+    autoresize: bool = False
+    demand: PendingGrow | None = None
 
     @property
     def slot_seconds(self) -> float:
@@ -40,12 +49,17 @@ def segments(steps: tuple[tuple[float, int], ...], end: float) -> tuple[Segment,
 def usage_of_state(state: ResizeState, now: float) -> Usage:
     """Usage of a job the plugin tracks (it has resized, or asked to)."""
     end = state.ended_at if state.ended_at is not None else now
-    return Usage(state.job_id, segments(state.charges, end), state.records)
+    pending = state.pending
+    demand = pending if pending is not None and pending.auto else None
+    return Usage(
+        state.job_id, segments(state.charges, end), state.records, state.autoresize, demand
+    )
 
 
 def usage_of_job(job: JobInfo, now: float) -> Usage:
     """Usage of a job that never resized: its dispatch allocation from start to end."""
     if job.start_time is None:
-        return Usage(job.id, ())
+        return Usage(job.id, (), autoresize=job.autoresize)
     end = job.end_time if job.end_time is not None else now
-    return Usage(job.id, segments(((job.start_time, len(job.tasks)),), end))
+    steps = segments(((job.start_time, len(job.tasks)),), end)
+    return Usage(job.id, steps, autoresize=job.autoresize)

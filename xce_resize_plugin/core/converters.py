@@ -22,6 +22,7 @@ from xce_resize_plugin import errors
 from xce_resize_plugin.core.accounting import Usage
 from xce_resize_plugin.core.models import (
     FACT_TYPES,
+    AutoresizeRequest,
     Fact,
     GrowRequest,
     PendingGrow,
@@ -92,6 +93,9 @@ def _register_answers(conv: cattrs.Converter) -> None:
             min_add=override(rename="min"),
             max_add=override(rename="max"),
             notify_cmd=override(omit=True),
+            # Said once, as the answer's "demand" (the pending grow when it is the
+            # autoresize demand).
+            auto=override(omit=True),
         ),
     )
     status_fields = make_dict_unstructure_fn(
@@ -100,6 +104,7 @@ def _register_answers(conv: cattrs.Converter) -> None:
 
     def status(value: ResizeStatus) -> dict[str, Any]:
         data: dict[str, Any] = status_fields(value)
+        data["demand"] = conv.unstructure(value.demand)
         data["hosts"] = host_counts(value.tasks)
         data["in_flight"] = (
             None
@@ -291,6 +296,22 @@ def release_from_json(data: Mapping[str, Any]) -> ReleaseRequest:
     return structure_or_error(body, ReleaseRequest, "release")
 
 
+def modify_from_json(data: Mapping[str, Any]) -> AutoresizeRequest:
+    """The REST/scenario modify body: ``{"autoresize": true|false}``."""
+    body = _object(data, "modify")
+    unknown = sorted(str(k) for k in body if k != "autoresize")
+    if unknown:
+        raise errors.InvalidRequest(f"modify: unknown field {unknown[0]!r} @ $.{unknown[0]}")
+    if "autoresize" not in body:
+        raise errors.InvalidRequest("modify: missing 'autoresize' @ $.autoresize")
+    value = body["autoresize"]
+    if type(value) is not bool:
+        raise errors.InvalidRequest(
+            f"modify: expected true or false, got {type(value).__name__} {value!r} @ $.autoresize"
+        )
+    return AutoresizeRequest(value)
+
+
 def status_json(status: ResizeStatus) -> dict[str, Any]:
     """The ``ResizeStatus`` answer: allocation, bounds, pending grow, change in flight."""
     data: dict[str, Any] = API.unstructure(status)
@@ -328,6 +349,7 @@ __all__ = [
     "grow_from_json",
     "history_json",
     "history_tails",
+    "modify_from_json",
     "record_json",
     "release_from_json",
     "status_json",

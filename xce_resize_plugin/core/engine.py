@@ -18,6 +18,8 @@ from attrs import fields, frozen
 
 from xce_resize_plugin import errors
 from xce_resize_plugin.core.models import (
+    AutoresizeRequest,
+    AutoresizeSet,
     CancelRequest,
     Change,
     ChangeKind,
@@ -168,6 +170,20 @@ def check_job_options(job: JobInfo) -> None:
     if job.ptile is not None and job.ptile < 1:
         raise errors.InvalidRequest(f"ptile {job.ptile} must be at least 1")
     check_notify_cmd(job.notify_cmd)
+    if job.autoresize:
+        if not job.resizable:
+            raise errors.InvalidRequest("autoresize needs a resizable job (it implies resizable)")
+        _check_autoresize_range(job)
+
+
+def _check_autoresize_range(job: JobInfo) -> None:
+    # LSF's bsub -ar takes -n min,max: without room above the start there is nothing
+    # to grow into, and a demand that can never be placed is a mistake worth saying.
+    if job.min_tasks >= job.max_tasks:
+        raise errors.InvalidRequest(
+            f"autoresize needs a task range -n MIN,MAX with MIN < MAX, "
+            f"got {job.min_tasks},{job.max_tasks}"
+        )
 
 
 def _check_job(job: JobInfo) -> None:
@@ -211,27 +227,38 @@ def decide_request(
     settings: Settings,
 ) -> list[Fact]:
     """Check a grow, release or cancel and return the facts that accept it."""
-    action = {GrowRequest: "grow", ReleaseRequest: "release", CancelRequest: "cancel"}[
-        type(request)
-    ]
+    action = _ACTIONS[type(request)]
     if not policy.authorize(principal, job, action):
         raise errors.PermissionDenied(f"{principal.name} may not {action} job {job.id}")
     principal_name = principal.name
     _check_job(job)
     if state is not None and not state.live:
         raise errors.JobFinished(f"job {job.id}")
+    if isinstance(request, AutoresizeRequest):
+        return _decide_autoresize(state, job, principal_name, request, at, policy, settings)
     if isinstance(request, CancelRequest):
         if state is None or state.pending is None:
             raise errors.NoActiveRequest(f"job {job.id}")
         policy.validate(job, request)
-        return [GrowCancelled(job_id=job.id, at=at, reason="cancel")]
+        return [
+            GrowCancelled(job_id=job.id, at=at, reason="cancel"),
+            *_autoresize_off(state, at, principal_name, "cancel"),
+        ]
     if request.notify_cmd is not None and request.no_notify:
         raise errors.InvalidRequest("notify_cmd and no_notify are mutually exclusive")
     check_notify_cmd(request.notify_cmd)
     if state is not None and state.change is not None:
         raise errors.ResizeInProgress(f"job {job.id} has a {state.change.kind.value} in flight")
-    if state is not None and state.pending is not None and not request.cancel_pending:
-        raise errors.PendingRequest(f"job {job.id}; use -c to cancel it first")
+    if (
+        state is not None
+        and state.pending is not None
+        and not request.cancel_pending
+        # The autoresize demand is the plugin's, not a request: a release goes ahead
+        # and the demand is made again once the release is settled.
+        and not (state.pending.auto and isinstance(request, ReleaseRequest))
+    ):
+        what = "the autoresize demand" if state.pending.auto else "it"
+        raise errors.PendingRequest(f"job {job.id}; use -c to cancel {what} first")
     if isinstance(request, GrowRequest):
         return _decide_grow(state, job, principal_name, request, at, policy, settings)
     return _decide_release(state, job, principal_name, request, at, policy)
@@ -260,6 +287,8 @@ def _decide_grow(
         )
     policy.validate(job, request)
     state, facts = _track(state, job, at)
+    # A manual request replaces the demand and ends autoresize (as in LSF).
+    facts.extend(_autoresize_off(state, at, principal_name, "request"))
     if state.pending is not None:
         facts.append(GrowCancelled(job_id=job.id, at=at, reason="replaced"))
     facts.append(
@@ -315,7 +344,8 @@ def _decide_release(
     state, facts = _track(state, job, at)
     cancelled = state.pending is not None
     if cancelled:
-        facts.append(GrowCancelled(job_id=job.id, at=at, reason="cancel"))
+        auto = state.pending is not None and state.pending.auto
+        facts.append(GrowCancelled(job_id=job.id, at=at, reason="release" if auto else "cancel"))
     facts.append(
         ReleaseAccepted(
             job_id=job.id,
@@ -327,6 +357,132 @@ def _decide_release(
         )
     )
     return facts
+
+
+_ACTIONS: dict[type, str] = {
+    GrowRequest: "grow",
+    ReleaseRequest: "release",
+    CancelRequest: "cancel",
+    AutoresizeRequest: "modify",
+}
+
+
+# --- autoresize ------------------------------------------------------------------------
+# An autoresizable job (LSF's bsub -ar) has one grow pending of 1..max_tasks - current
+# whenever it is idle below max_tasks: the demand (PendingGrow.auto). It is decided here,
+# in the same transition as the fact that makes it due (the job's start, a commit, a
+# failed change, autoresize turned on), so the journal never holds an autoresizable idle
+# job without it (docs/user-guide.md, "Autoresizable jobs").
+
+
+def _autoresize_off(
+    state: ResizeState | None, at: float, principal: str, reason: str
+) -> list[Fact]:
+    if state is None or not state.autoresize:
+        return []
+    return [AutoresizeSet(state.job_id, at, False, None, principal, reason)]
+
+
+def _demand(state: ResizeState, at: float, settings: Settings) -> GrowRequested | None:
+    """The demand the state calls for now, if it has none and is due one."""
+    room = state.max_tasks - len(state.tasks)
+    if (
+        not state.autoresize
+        or not settings.allow_grow
+        or state.phase is not Phase.IDLE
+        or state.pending is not None
+        or room < 1
+    ):
+        return None
+    return GrowRequested(
+        job_id=state.job_id,
+        at=at,
+        min_add=1,
+        max_add=room,
+        notify_cmd=state.autoresize_notify,
+        principal="autoresize",
+        auto=True,
+    )
+
+
+def with_demand(
+    state: ResizeState | None, facts: list[Fact], at: float, settings: Settings
+) -> list[Fact]:
+    """``facts`` and, for an autoresizable job, the demand the state after them calls
+    for; or autoresize turned off when they gave up the demand's grow (it would only
+    fail again)."""
+    if not (state is not None and state.autoresize) and not any(
+        isinstance(f, AutoresizeSet) for f in facts
+    ):
+        return facts  # the common case: no fold
+    after = state
+    for fact in facts:
+        after = evolve(after, fact)
+    if after is None or not after.live or not after.autoresize:
+        return facts
+    if any(isinstance(f, NotifyDone | GrowReverted) and f.gave_up for f in facts):
+        return [*facts, AutoresizeSet(after.job_id, at, False, None, "autoresize", "given-up")]
+    demand = _demand(after, at, settings)
+    return facts if demand is None else [*facts, demand]
+
+
+def decide_job_start(
+    state: ResizeState | None, job: JobInfo, at: float, settings: Settings
+) -> list[Fact]:
+    """A job started: an autoresizable one is tracked from now with its demand. Any
+    other job, or one tracked already (the host reports starts again after a failover),
+    gives no fact."""
+    if state is not None or not job.autoresize or job.state is not JobState.RUN:
+        return []
+    if not job.resizable or job.min_tasks >= job.max_tasks or not job.tasks:
+        return []  # refused at submission by check_job_options; never tracked blind
+    _, facts = _track(None, job, at)
+    facts.append(AutoresizeSet(job.id, at, True, job.notify_cmd, job.user, "submit"))
+    return with_demand(None, facts, at, settings)
+
+
+def _decide_autoresize(
+    state: ResizeState | None,
+    job: JobInfo,
+    principal_name: str,
+    request: AutoresizeRequest,
+    at: float,
+    policy: Policy,
+    settings: Settings,
+) -> list[Fact]:
+    """Turn autoresize on or off; asking for what already holds changes nothing."""
+    if not request.enabled:
+        policy.validate(job, request)
+        if state is None or not state.autoresize:
+            return []
+        facts = _autoresize_off(state, at, principal_name, "modify")
+        if state.pending is not None and state.pending.auto:
+            facts.append(GrowCancelled(job_id=job.id, at=at, reason="autoresize-off"))
+        return facts
+    _check_autoresize_range(job)
+    if state is not None and state.autoresize:
+        policy.validate(job, request)
+        return []
+    if state is not None and state.pending is not None:
+        raise errors.PendingRequest(f"job {job.id}; cancel the pending grow first")
+    change = state.change if state is not None else None
+    if change is not None and change.kind is ChangeKind.GROW:
+        # A grow someone asked for is being placed: it may yet go back to pending, and
+        # a job has one pending grow, the demand or that one.
+        raise errors.ResizeInProgress(f"job {job.id} has a grow in flight")
+    if not settings.allow_grow:
+        raise errors.RequestNotEnabled("allow_grow is off in the [resize] configuration")
+    policy.validate(job, request)
+    _, facts = _track(state, job, at)
+    facts.append(AutoresizeSet(job.id, at, True, job.notify_cmd, principal_name, "modify"))
+    return with_demand(state, facts, at, settings)
+
+
+def decide_demand(state: ResizeState, at: float, settings: Settings) -> list[Fact]:
+    """After a failover: the demand an autoresizable job is due, if it lacks one (a
+    journal written with ``allow_grow`` off, say)."""
+    demand = _demand(state, at, settings)
+    return [] if demand is None else [demand]
 
 
 # --- scheduler, dispatch, events ----------------------------------------------------
@@ -405,7 +561,7 @@ def decide_notify_done(
     gave_up = False
     if not ok and change.kind is ChangeKind.GROW and change.pending is not None:
         gave_up = change.pending.failures + 1 >= settings.notify_max_failures
-    return [
+    facts: list[Fact] = [
         NotifyDone(
             job_id=state.job_id,
             at=at,
@@ -416,6 +572,7 @@ def decide_notify_done(
             gave_up=gave_up,
         )
     ]
+    return with_demand(state, facts, at, settings)
 
 
 def decide_task_event(
@@ -465,6 +622,7 @@ def decide_task_events(
             break  # the change is complete: later events find no change in flight
     if facts and len(started) + len(failed) + len(stopped) == len(ids):
         facts.append(_completion(state, change, bool(started), at, settings))
+        return with_demand(state, facts, at, settings)
     return facts
 
 
@@ -538,8 +696,11 @@ def evolve(state: ResizeState | None, fact: Fact) -> ResizeState:
 def _apply(state: ResizeState, fact: Fact) -> ResizeState:
     change = state.change
     if isinstance(fact, GrowRequested):
-        pending = PendingGrow(fact.min_add, fact.max_add, fact.notify_cmd, fact.at)
+        pending = PendingGrow(fact.min_add, fact.max_add, fact.notify_cmd, fact.at, auto=fact.auto)
         return _evolve(state, phase=Phase.GROW_PENDING, pending=pending)
+    if isinstance(fact, AutoresizeSet):
+        notify = fact.notify_cmd if fact.enabled else None
+        return _evolve(state, autoresize=fact.enabled, autoresize_notify=notify)
     if isinstance(fact, GrowCancelled):
         phase = Phase.IDLE if state.phase is Phase.GROW_PENDING else state.phase
         return _evolve(state, pending=None, phase=phase)
@@ -591,9 +752,13 @@ def _apply(state: ResizeState, fact: Fact) -> ResizeState:
 
 
 def _abandon(state: ResizeState, change: Change, gave_up: bool) -> ResizeState:
-    """A change that failed: a grow goes back to pending (or is given up), a shrink ends."""
-    if change.kind is ChangeKind.GROW and change.pending is not None and not gave_up:
-        pending = _evolve(change.pending, failures=change.pending.failures + 1)
+    """A change that failed: a grow goes back to pending (or is given up), a shrink ends.
+    A demand's grow whose job stopped being autoresizable meanwhile is dropped."""
+    back = change.pending
+    if back is not None and back.auto and not state.autoresize:
+        back = None
+    if change.kind is ChangeKind.GROW and back is not None and not gave_up:
+        pending = _evolve(back, failures=back.failures + 1)
         return _evolve(state, change=None, pending=pending, phase=Phase.GROW_PENDING)
     return _evolve(state, change=None, phase=Phase.IDLE)
 

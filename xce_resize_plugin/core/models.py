@@ -122,6 +122,11 @@ class JobInfo:
     start_time: float | None = None
     end_time: float | None = None
     env: Mapping[str, str] = field(factory=dict)
+    #: Submitted with ``--autoresize`` (LSF's ``bsub -ar``): once running, the plugin
+    #: keeps a grow pending for it up to ``max_tasks`` (docs/user-guide.md). The host
+    #: only carries the submission's flag; the plugin's journal holds whether it is on
+    #: now.
+    autoresize: bool = False
 
     @property
     def first_host(self) -> str | None:
@@ -161,7 +166,15 @@ class CancelRequest:
     """Cancel the job's pending grow (``bresize cancel``)."""
 
 
-ResizeRequest = GrowRequest | ReleaseRequest | CancelRequest
+@frozen
+class AutoresizeRequest:
+    """Turn the job's autoresize on or off (``xce-resize modify --autoresize`` /
+    ``--no-autoresize``, LSF's ``bmod -ar`` / ``-arn``)."""
+
+    enabled: bool
+
+
+ResizeRequest = GrowRequest | ReleaseRequest | CancelRequest | AutoresizeRequest
 
 
 @frozen
@@ -173,6 +186,8 @@ class PendingGrow:
     notify_cmd: str | None
     requested_at: float
     failures: int = 0
+    #: The autoresize demand (kept by the plugin), not a grow someone asked for.
+    auto: bool = False
 
 
 @frozen
@@ -257,6 +272,11 @@ class ResizeState:
     records: tuple[ResizeRecord, ...] = ()
     charges: tuple[tuple[float, int], ...] = ()
     notify_attempts: int = 0
+    #: Autoresize is on: while the job is idle below ``max_tasks`` a grow of
+    #: ``1..max_tasks - len(tasks)`` pends for it (``pending.auto``), with the job's
+    #: notification command ``autoresize_notify``.
+    autoresize: bool = False
+    autoresize_notify: str | None = None
 
     @property
     def held(self) -> tuple[Task, ...]:
@@ -307,6 +327,23 @@ class GrowRequested:
     max_add: int
     notify_cmd: str | None
     principal: str
+    #: The autoresize demand, decided by the plugin (``principal`` is ``autoresize``).
+    auto: bool = False
+
+
+@frozen
+class AutoresizeSet:
+    """Autoresize turned on or off. ``reason``: submit (the job started with it),
+    modify, request (a manual request with ``-c`` replaced the demand), cancel,
+    given-up (the demand's grow failed ``notify_max_failures`` times in a row).
+    ``notify_cmd`` is the job's notification command, which the demand's grows run."""
+
+    job_id: str
+    at: float
+    enabled: bool
+    notify_cmd: str | None
+    principal: str
+    reason: str
 
 
 @frozen
@@ -432,6 +469,7 @@ Fact = (
     | GrowReverted
     | Committed
     | JobEnded
+    | AutoresizeSet
 )
 
 FACT_TYPES: tuple[type, ...] = (
@@ -449,6 +487,7 @@ FACT_TYPES: tuple[type, ...] = (
     GrowReverted,
     Committed,
     JobEnded,
+    AutoresizeSet,
 )
 
 

@@ -12,7 +12,8 @@ class ResizeStatus:
     """The job's resize state as REST, ``bresize`` and scenarios report it.
 
     ``tasks`` is the committed allocation; ``in_flight`` the kind and tasks of the
-    change in flight, if any; ``pending`` the pending grow, if any.
+    change in flight, if any; ``pending`` the pending grow, if any (``pending.auto``:
+    the autoresize demand); ``autoresize`` whether autoresize is on.
     """
 
     job_id: str
@@ -24,3 +25,10 @@ class ResizeStatus:
     pending: PendingGrow | None = None
     in_flight: ChangeKind | None = None
     in_flight_tasks: tuple[Task, ...] = ()
+    autoresize: bool = False
+
+    @property
+    def demand(self) -> PendingGrow | None:
+        """The autoresize demand: the pending grow when the plugin keeps it."""
+        pending = self.pending
+        return pending if pending is not None and pending.auto else None

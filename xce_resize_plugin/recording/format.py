@@ -59,14 +59,15 @@ Input kinds (fields besides ``kind``, ``t``, ``phase``, ``i``, ``r``):
 
 - ``submit``: ``job``, ``user``, ``tasks`` ([min, max]), ``start_tasks``,
   ``initial_tasks`` (absent in older recordings), ``estimate``, ``ptile``,
-  ``resizable``, ``grow_hosts``, ``notify_cmd``, ``env``, optionally ``alloc``
-  ([[host, tasks], ...] in allocation order: the job started at once there)
-  and ``work`` ({``model``: a speedup spec as ``--speedup`` takes it, ``ref_procs``,
-  ``estimate``}: the scheduler plans the job with that model; its end still comes
-  from an ``end`` line);
+  ``resizable``, ``grow_hosts``, ``notify_cmd``, ``env``, optionally ``autoresize``
+  (``true``; absent when not set), ``alloc`` ([[host, tasks], ...] in allocation
+  order: the job started at once there) and ``work`` ({``model``: a speedup spec as
+  ``--speedup`` takes it, ``ref_procs``, ``estimate``}: the scheduler plans the job
+  with that model; its end still comes from an ``end`` line);
 - ``request``: ``job``, ``principal`` ({``name``, ``admin``, ``job_id``}),
-  ``request`` ({``type``: ``grow`` | ``release`` | ``cancel``, and the request's
-  fields}), ``result`` (``"ok"`` or the error code);
+  ``request`` ({``type``: ``grow`` | ``release`` | ``cancel`` | ``modify``, and the
+  request's fields; ``modify`` has ``autoresize``}), ``result`` (``"ok"`` or the
+  error code);
 - ``task``: ``job``, ``task`` (the task id), ``event`` (``started`` | ``start_failed`` |
   ``exited``), ``status``, ``reason``;
 - ``notify``: ``job``, ``attempt``, ``status``, ``reason``;
@@ -108,7 +109,13 @@ from typing import IO, Any
 import attrs
 
 from xce_resize_plugin.controllers.jobs import JobRecord
-from xce_resize_plugin.core.models import CancelRequest, GrowRequest, ReleaseRequest, ResizeRequest
+from xce_resize_plugin.core.models import (
+    AutoresizeRequest,
+    CancelRequest,
+    GrowRequest,
+    ReleaseRequest,
+    ResizeRequest,
+)
 from xce_resize_plugin.errors import ConfigError
 from xce_resize_plugin.host import Principal
 from xce_resize_plugin.journal import Journal
@@ -157,6 +164,8 @@ def request_json(request: ResizeRequest) -> dict[str, Any]:
         if data["task_ids"] is not None:
             data["task_ids"] = list(data["task_ids"])
         return {"type": "release", **data}
+    if isinstance(request, AutoresizeRequest):
+        return {"type": "modify", "autoresize": request.enabled}
     return {"type": "cancel"}
 
 
@@ -171,6 +180,8 @@ def request_from_json(data: Mapping[str, Any]) -> ResizeRequest:
         return ReleaseRequest(**body)
     if kind == "cancel" and not body:
         return CancelRequest()
+    if kind == "modify" and set(body) == {"autoresize"} and isinstance(body["autoresize"], bool):
+        return AutoresizeRequest(body["autoresize"])
     raise ValueError(f"bad request {dict(data)!r}")
 
 
@@ -179,7 +190,7 @@ def submit_fields(job: JobRecord) -> dict[str, Any]:
     if the driver gave one, is recorded as the estimate: the job's end is an ``end``
     line of its own, so the replay must not end it by itself."""
     estimate = job.estimate if job.estimate is not None else job.runtime
-    return {
+    fields = {
         "job": job.id,
         "user": job.user,
         "tasks": [job.min_tasks, job.max_tasks],
@@ -193,6 +204,10 @@ def submit_fields(job: JobRecord) -> dict[str, Any]:
         "env": dict(job.env),
         "alloc": None if job.alloc is None else [[h, n] for h, n in job.alloc],
     }
+    if job.autoresize:
+        # Only when set, so recordings of runs without autoresize read as before.
+        fields["autoresize"] = True
+    return fields
 
 
 def request_fields(

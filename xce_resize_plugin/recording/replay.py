@@ -197,6 +197,7 @@ class _Inputs(Observer):
             estimate=rec.get("estimate"),
             ptile=rec.get("ptile"),
             resizable=bool(rec.get("resizable", False)),
+            autoresize=bool(rec.get("autoresize", False)),
             grow_hosts=rec.get("grow_hosts", "prefer-existing"),
             notify_cmd=rec.get("notify_cmd"),
             env=rec.get("env") or {},

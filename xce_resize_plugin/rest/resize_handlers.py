@@ -148,6 +148,9 @@ class Handlers:
     async def grow(self, request: Request, principal: Principal) -> Response:
         return await self._change(request, principal, "resize_grow", converters.grow_from_json)
 
+    async def modify(self, request: Request, principal: Principal) -> Response:
+        return await self._change(request, principal, "job_modify", converters.modify_from_json)
+
     async def release(self, request: Request, principal: Principal) -> Response:
         return await self._change(
             request, principal, "resize_release", converters.release_from_json
@@ -163,7 +166,7 @@ class Handlers:
         """A change with a JSON body: operation ``name``, its body made by ``decode``."""
         op = BY_NAME[name]
         job_id = _job_id(request, name)
-        what = name.removeprefix("resize_")
+        what = name.removeprefix("resize_").removeprefix("job_")
         data = await _json_body(request, what)
         check_fields(data, schema_fields(str(op.body)), what)
         change = decode(data)
@@ -215,6 +218,7 @@ def resize_routes(controller: Controller) -> list[ApiRoute]:
         "resize_cancel": handlers.cancel,
         "resize_history": handlers.history,
         "resize_wait": handlers.wait,
+        "job_modify": handlers.modify,
     }
     return [
         ApiRoute(op, endpoint(op, by_operation[op.name], controller.authenticate), SCHEMAS)

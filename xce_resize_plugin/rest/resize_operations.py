@@ -117,6 +117,26 @@ def _job_operation(
     )
 
 
+# The autoresize flag is the plugin's (its journal holds it), so the plugin serves its
+# change, on the job's own path as bmod changes a job: a host mounting these routes
+# gets `xce-resize modify` with them. A host whose API already has a PATCH of the job
+# passes the `autoresize` key on through xce_resize_request (docs/rest-api.md).
+_MODIFY = Operation(
+    "job_modify",
+    "PATCH",
+    "/v1/jobs/{id}",
+    "Turn the job's autoresize on or off (xce-resize modify, bmod -ar/-arn)",
+    'Body `{"autoresize": true|false}`. On: the job must be running, resizable and '
+    "have a task range; a grow someone asked for must not be pending. Off: the "
+    "autoresize demand is withdrawn. Asking for what already holds changes nothing. "
+    "Answered once durable, with the job's resize state.",
+    body="JobModify",
+    response="ResizeStatus",
+    params=(_JOB_ID,),
+    errors=_CHANGE_ERRORS,
+    tags=("resize",),
+)
+
 OPERATIONS: tuple[Operation, ...] = (
     _job_operation(
         "resize_status",
@@ -180,6 +200,7 @@ OPERATIONS: tuple[Operation, ...] = (
         query=_WAIT_QUERY,
         errors=_QUERY_ERRORS,
     ),
+    _MODIFY,
 )
 #: The operations by name.
 BY_NAME = {op.name: op for op in OPERATIONS}

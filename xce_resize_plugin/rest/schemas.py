@@ -23,6 +23,29 @@ _HOST_COUNTS = {
     "additionalProperties": {"type": "integer", "minimum": 1},
 }
 _TASKS = {"type": "array", "items": {"$ref": "#/components/schemas/ResizeTask"}}
+_PENDING = {
+    "type": "object",
+    "properties": {
+        "min": {"type": "integer", "minimum": 1},
+        "max": {"type": "integer", "minimum": 1},
+        "failures": {"type": "integer", "minimum": 0},
+        "requested_at": {"type": "number"},
+    },
+    "required": ["min", "max", "failures", "requested_at"],
+    "additionalProperties": False,
+}
+_AUTORESIZE = {
+    "autoresize": {
+        "type": "boolean",
+        "description": "Autoresize is on (bsub -ar): the plugin keeps a grow pending "
+        "up to max_tasks. For a job not started yet, its submission's flag.",
+    },
+    "demand": {
+        "description": "The autoresize demand: the pending grow the plugin keeps "
+        "(1 to max_tasks minus the current tasks), if any.",
+        "oneOf": [{"type": "null"}, _PENDING],
+    },
+}
 _STATUS_PROPERTIES: dict[str, Any] = {
     "job_id": {"type": "string"},
     "phase": {
@@ -43,22 +66,10 @@ _STATUS_PROPERTIES: dict[str, Any] = {
     "max_tasks": {"type": "integer"},
     "version": {"type": "integer", "minimum": 0, "description": "The allocation version."},
     "pending": {
-        "description": "The pending grow, if any.",
-        "oneOf": [
-            {"type": "null"},
-            {
-                "type": "object",
-                "properties": {
-                    "min": {"type": "integer", "minimum": 1},
-                    "max": {"type": "integer", "minimum": 1},
-                    "failures": {"type": "integer", "minimum": 0},
-                    "requested_at": {"type": "number"},
-                },
-                "required": ["min", "max", "failures", "requested_at"],
-                "additionalProperties": False,
-            },
-        ],
+        "description": "The pending grow, if any (the autoresize demand included).",
+        "oneOf": [{"type": "null"}, _PENDING],
     },
+    **_AUTORESIZE,
     "in_flight": {
         "description": "The change in flight, if any: tasks added (grow) or released (shrink).",
         "oneOf": [
@@ -162,6 +173,7 @@ SCHEMAS: dict[str, Any] = {
                 },
             },
             "slot_seconds": {"type": "number", "minimum": 0},
+            **_AUTORESIZE,
             "records": {
                 "type": "array",
                 "items": {
@@ -188,7 +200,14 @@ SCHEMAS: dict[str, Any] = {
                 },
             },
         },
-        "required": ["job_id", "segments", "slot_seconds", "records"],
+        "required": [
+            "job_id",
+            "segments",
+            "slot_seconds",
+            "autoresize",
+            "demand",
+            "records",
+        ],
         "additionalProperties": False,
     },
     "ResizeGrowRequest": {
@@ -204,6 +223,19 @@ SCHEMAS: dict[str, Any] = {
             **_OPTIONS,
         },
         "required": ["tasks"],
+        "additionalProperties": False,
+    },
+    "JobModify": {
+        "type": "object",
+        "description": "`xce-resize modify --autoresize | --no-autoresize` (bmod -ar/-arn).",
+        "properties": {
+            "autoresize": {
+                "type": "boolean",
+                "description": "Turn autoresize on (a running resizable job with a task "
+                "range) or off (its demand is withdrawn).",
+            },
+        },
+        "required": ["autoresize"],
         "additionalProperties": False,
     },
     "ResizeReleaseRequest": {

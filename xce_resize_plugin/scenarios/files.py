@@ -23,7 +23,9 @@ SECTIONS = {"cluster", "limits", "users", "resize", "scenario", "jobs", "command
 #: A ``[[jobs]]`` table: the submission options every controller takes, and the
 #: scenario's own (id, owner, arrival time, true run time).
 JOB_KEYS = SUBMIT_OPTIONS | {"id", "user", "submit", "runtime"}
-COMMAND_KEYS = {"at", "user", "bresize", "resize"}
+COMMAND_KEYS = {"at", "user", "bresize", "resize", "modify"}
+#: What a ``modify`` command may change (``xce-resize modify``, ``bmod``).
+MODIFY_KEYS = {"job", "autoresize"}
 RESIZE_OPS = {"grow", "release", "cancel"}
 
 
@@ -42,11 +44,13 @@ class JobSpec:
     alloc: tuple[tuple[str, int], ...] | None = None
     estimate: float | None = None
     initial: int | None = None
+    autoresize: bool = False
 
 
 @frozen
 class CommandSpec:
-    """One command: ``argv`` (a bresize command line) or ``resize`` (an API body)."""
+    """One command: ``argv`` (a bresize command line) or ``resize`` (an API body; a
+    ``modify`` command is held as one with ``op = "modify"``)."""
 
     at: float
     user: str
@@ -170,6 +174,25 @@ def _tasks(where: Where, key: str, raw: Mapping[str, Any]) -> tuple[int, int]:
     return lo, hi
 
 
+def _flags(where: Where, key: str, raw: Mapping[str, Any], lo: int, hi: int) -> tuple[bool, bool]:
+    """A job's ``resizable`` and ``autoresize`` (which implies resizable and needs a
+    task range to grow in, as ``bsub -ar -n MIN,MAX``)."""
+    resizable = raw.get("resizable", False)
+    if not isinstance(resizable, bool):
+        raise where.error(f"{key}.resizable", "must be true or false")
+    autoresize = raw.get("autoresize", False)
+    if not isinstance(autoresize, bool):
+        raise where.error(f"{key}.autoresize", "must be true or false")
+    if autoresize and "resizable" in raw and not resizable:
+        raise where.error(f"{key}.autoresize", "implies resizable; drop resizable = false")
+    if autoresize and lo >= hi:
+        raise where.error(
+            f"{key}.autoresize",
+            f'needs a task range tasks = "MIN,MAX" with MIN < MAX, got {lo},{hi}',
+        )
+    return resizable or autoresize, autoresize
+
+
 def _jobs(where: Where, value: Any, host_names: set[str]) -> tuple[JobSpec, ...]:
     if not isinstance(value, list):
         raise where.error("jobs", "must be an array of tables ([[jobs]])")
@@ -202,9 +225,7 @@ def _jobs(where: Where, value: Any, host_names: set[str]) -> tuple[JobSpec, ...]
         notify = raw.get("notify_cmd")
         if notify is not None and not isinstance(notify, str):
             raise where.error(f"{key}.notify_cmd", "must be a string")
-        resizable = raw.get("resizable", False)
-        if not isinstance(resizable, bool):
-            raise where.error(f"{key}.resizable", "must be true or false")
+        resizable, autoresize = _flags(where, key, raw, lo, hi)
         alloc = None
         if "alloc" in raw:
             amap = where.int_map(f"{key}.alloc", raw["alloc"], _ints(where))
@@ -226,6 +247,7 @@ def _jobs(where: Where, value: Any, host_names: set[str]) -> tuple[JobSpec, ...]
                 runtime=_number(where, f"{key}.runtime", raw.get("runtime", 3600)),
                 ptile=None if ptile is None else _int(where, f"{key}.ptile", ptile),
                 resizable=resizable,
+                autoresize=autoresize,
                 grow_hosts=gh,
                 notify_cmd=notify,
                 alloc=alloc,
@@ -238,6 +260,18 @@ def _jobs(where: Where, value: Any, host_names: set[str]) -> tuple[JobSpec, ...]
             )
         )
     return tuple(out)
+
+
+def _modify(where: Where, key: str, body: Any) -> dict[str, Any]:
+    """A ``modify = { job = "101", autoresize = false }`` command, checked."""
+    if not isinstance(body, Mapping):
+        raise where.error(f"{key}.modify", "must be a table")
+    where.only(f"{key}.modify", body, MODIFY_KEYS)
+    if not isinstance(body.get("job"), str):
+        raise where.error(f"{key}.modify.job", "missing or not a string")
+    if not isinstance(body.get("autoresize"), bool):
+        raise where.error(f"{key}.modify.autoresize", "missing or not true/false")
+    return {"op": "modify", **body}
 
 
 def _commands(where: Where, value: Any) -> tuple[CommandSpec, ...]:
@@ -253,10 +287,11 @@ def _commands(where: Where, value: Any) -> tuple[CommandSpec, ...]:
         user = raw.get("user")
         if not isinstance(user, str) or not user:
             raise where.error(f"{key}.user", "missing or not a string")
-        has_b, has_r = "bresize" in raw, "resize" in raw
-        if has_b == has_r:
-            raise where.error(key, "give exactly one of bresize or resize")
-        if has_b:
+        if sum(k in raw for k in ("bresize", "resize", "modify")) != 1:
+            raise where.error(key, "give exactly one of bresize, resize or modify")
+        if "modify" in raw:
+            out.append(CommandSpec(at=at, user=user, resize=_modify(where, key, raw["modify"])))
+        elif "bresize" in raw:
             line = raw["bresize"]
             if not isinstance(line, str):
                 raise where.error(f"{key}.bresize", "must be a string")

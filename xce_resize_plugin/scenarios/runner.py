@@ -27,7 +27,12 @@ from xce_resize_plugin.controllers.runners import (
 from xce_resize_plugin.controllers.sim.sim_controller import EmbeddedController
 from xce_resize_plugin.controllers.violations import SubmissionRejected
 from xce_resize_plugin.core import converters
-from xce_resize_plugin.core.models import CancelRequest, ResizeRequest, host_counts
+from xce_resize_plugin.core.models import (
+    AutoresizeRequest,
+    CancelRequest,
+    ResizeRequest,
+    host_counts,
+)
 from xce_resize_plugin.errors import ConfigError, InvalidRequest, ResizeError
 from xce_resize_plugin.host import Principal
 from xce_resize_plugin.journal import Journal
@@ -157,6 +162,8 @@ def _api_request(body: dict[str, Any]) -> tuple[str, ResizeRequest]:
         return job_id, converters.grow_from_json(body)
     if op == "release":
         return job_id, converters.release_from_json(body)
+    if op == "modify":
+        return job_id, AutoresizeRequest(bool(body["autoresize"]))
     if body:
         raise InvalidRequest(f"cancel takes no fields, got {', '.join(sorted(body))}")
     return job_id, CancelRequest()
@@ -188,6 +195,12 @@ def run(scenario: Scenario, state_dir: Path, record: IO[str] | None = None) -> S
                 "tasks": {str(t.id): t.host for t in view.tasks},
                 "pending_grow": (
                     None if pending is None else {"min": pending.min_add, "max": pending.max_add}
+                ),
+                "autoresize": status.autoresize if status is not None else False,
+                "demand": (
+                    None
+                    if pending is None or not pending.auto
+                    else {"min": pending.min_add, "max": pending.max_add}
                 ),
                 "resize_phase": status.phase.value if status is not None else "IDLE",
                 "start_time": view.start_time,

@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from xce_resize_plugin.core.models import (
+    AutoresizeSet,
     Committed,
     Fact,
     GrowCancelled,
@@ -31,6 +32,8 @@ _CANCEL_REASONS = {
     "cancel": "cancelled",
     "replaced": "replaced by a new request (-c)",
     "job-ended": "cancelled: the job ended",
+    "release": "withdrawn for the release (autoresize demand)",
+    "autoresize-off": "withdrawn: autoresize turned off",
 }
 
 
@@ -50,7 +53,12 @@ def _size(fact: GrowRequested) -> str:
 #: The one line each kind of fact gets (after ``job N: ``); a notification's outcome,
 #: with its output and what it rolled back, is :func:`_notify_lines`.
 _ONE_LINE: dict[type[Any], Callable[[Any], str]] = {
-    GrowRequested: lambda f: f"grow of {_size(f)} tasks pending",
+    GrowRequested: lambda f: (
+        f"autoresize demand of {_size(f)} tasks pending"
+        if f.auto
+        else f"grow of {_size(f)} tasks pending"
+    ),
+    AutoresizeSet: lambda f: f"autoresize {'on' if f.enabled else 'off'} ({f.reason})",
     GrowCancelled: lambda f: f"pending grow {_CANCEL_REASONS.get(f.reason, f.reason)}",
     GrowPlaced: lambda f: f"placed, slots reserved: {format_hosts(f.tasks)} ({_ids(f.tasks)})",
     ReleaseAccepted: lambda f: f"release accepted: {format_hosts(f.tasks)} ({_ids(f.tasks)})",
@@ -81,6 +89,14 @@ def _fact_lines(fact: Fact, notes: Mapping[tuple[str, int], Mapping[str, Any]]) 
     return [f"{job}: {line(fact)}"] if line is not None else []
 
 
+def _rest_line(body: Mapping[str, Any] | None) -> str:
+    """A ``resize`` command; a ``modify`` one as the command a user would type."""
+    if body is not None and body.get("op") == "modify":
+        switch = "--autoresize" if body.get("autoresize") else "--no-autoresize"
+        return f"xce-resize modify {shlex.quote(str(body.get('job')))} {switch}"
+    return f"REST {body}"
+
+
 def render(result: ScenarioResult) -> str:
     # Sorted by time, then by journal sequence: a command sits after the facts that
     # were durable before it ran; job starts and ends come first at their instant
@@ -97,13 +113,14 @@ def render(result: ScenarioResult) -> str:
             user = job["user"]
             spec = next((j for j in first if j.id == job_id), None)
             alloc = " ".join(f"{h} {n}" for h, n in _initial(result, job_id, job).items())
-            kind = " (resizable)" if spec is not None and spec.resizable else ""
+            kind = "" if spec is None or not spec.resizable else " (resizable)"
+            kind = " (autoresizable)" if spec is not None and spec.autoresize else kind
             add(job["start_time"], [f"job {job_id} ({user}){kind} starts on {alloc}"])
     for c in result.commands:
         cmd = (
             "bresize " + " ".join(shlex.quote(a) for a in c.argv)
             if c.argv is not None
-            else f"REST {c.resize}"
+            else _rest_line(c.resize)
         )
         lines = [f"{c.user}$ {cmd}"]
         if c.output:

@@ -136,6 +136,12 @@ HOST_SCHEMAS: dict[str, Any] = {
             "max_tasks": {"type": "integer", "minimum": 1},
             "ptile": {"type": ["integer", "null"], "minimum": 1},
             "resizable": {"type": "boolean", "default": False},
+            "autoresize": {
+                "type": "boolean",
+                "default": False,
+                "description": "bsub -ar: grow toward the range's MAX whenever slots free "
+                "up; implies resizable, needs tasks MIN,MAX with MIN < MAX",
+            },
             "grow_hosts": {"enum": ["prefer-existing", "new-only", "any"]},
             "notify_cmd": {"type": ["string", "null"]},
             "env": {"type": "object", "additionalProperties": {"type": "string"}},

@@ -78,6 +78,7 @@ class Submission:
     grow_hosts: GrowHosts = GrowHosts.PREFER_EXISTING
     notify_cmd: str | None = None
     env: Mapping[str, str] = {}
+    autoresize: bool = False
     cwd: str | None = None
     estimate: float | None = None
     alloc: tuple[tuple[str, int], ...] | None = None
@@ -104,6 +105,7 @@ def parse_submission(body: Any) -> Submission:
         estimate=_estimate(body.get("estimate")),
         alloc=_alloc(body.get("alloc")),
         initial=_initial(body.get("initial")),
+        autoresize=_autoresize(body),
     )
 
 
@@ -153,6 +155,20 @@ def _ptile(value: Any) -> int | None:
 def _resizable(value: Any) -> bool:
     if not isinstance(value, bool):
         raise InvalidRequest("submit: resizable must be true or false @ $.resizable")
+    return value
+
+
+def _autoresize(body: Mapping[str, Any]) -> bool:
+    """``autoresize`` (``bsub -ar``): implies resizable, so ``"resizable": false``
+    beside it is a contradiction; the task range is the plugin's check
+    (``xce_job_validate``), so that every host gets the same one."""
+    value = body.get("autoresize", False)
+    if not isinstance(value, bool):
+        raise InvalidRequest("submit: autoresize must be true or false @ $.autoresize")
+    if value and body.get("resizable", True) is False:
+        raise InvalidRequest(
+            'submit: autoresize implies resizable; drop "resizable": false @ $.autoresize'
+        )
     return value
 
 

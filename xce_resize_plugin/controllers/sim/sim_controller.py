@@ -728,6 +728,7 @@ class EmbeddedController:
             for job in self._ordered_jobs():
                 if job.finished and not job.end_reported:
                     self._report_end(job)
+            self._report_running_starts()
             self._flush()
 
     def stop(self) -> None:
@@ -760,6 +761,7 @@ class EmbeddedController:
             estimate=options.estimate,
             ptile=options.ptile,
             resizable=options.resizable,
+            autoresize=options.autoresize,
             grow_hosts=options.grow_hosts,
             notify_cmd=options.notify_cmd,
             alloc=options.alloc,
@@ -776,6 +778,7 @@ class EmbeddedController:
         estimate: float | None = None,
         ptile: int | None = None,
         resizable: bool = False,
+        autoresize: bool = False,
         grow_hosts: GrowHosts | str = GrowHosts.PREFER_EXISTING,
         notify_cmd: str | None = None,
         env: Mapping[str, str] | None = None,
@@ -793,6 +796,8 @@ class EmbeddedController:
         :param runtime: simulated seconds from start to DONE (``None``: until killed).
         :param estimate: the user's runtime estimate, used by backfilling instead of
             ``runtime`` when given.
+        :param autoresize: LSF's ``bsub -ar``: the plugin grows the job toward
+            ``max_tasks`` whenever slots free up; implies ``resizable``.
         :param alloc: start at arrival on exactly these hosts (``{host: tasks}`` in
             allocation order), bypassing the queue; rejected if it does not fit.
         :param job_id: the id (default: the next free number from 101).
@@ -832,7 +837,9 @@ class EmbeddedController:
                 runtime=runtime,
                 estimate=estimate,
                 ptile=ptile,
-                resizable=resizable,
+                # Autoresizable implies resizable (bsub -ar).
+                resizable=resizable or autoresize,
+                autoresize=autoresize,
                 grow_hosts=GrowHosts(grow_hosts),
                 notify_cmd=notify_cmd,
                 env=dict(env or {}),
@@ -1289,6 +1296,8 @@ class EmbeddedController:
         else:
             self._enqueue(record)
         self._flush()
+        if placement is not None:
+            self._report_start(record)
 
     def _host_checks(self, job: JobRecord) -> tuple[tuple[str, int], ...] | None:
         """The host's own submission checks; return the explicit placement if any."""
@@ -1446,6 +1455,18 @@ class EmbeddedController:
         self._flush()
         self._report_end(job)
 
+    def _report_start(self, job: JobRecord) -> None:
+        """``xce_job_start``, once the start is saved (a crash in between is made good
+        by :meth:`_report_running_starts` at the next start)."""
+        if job.state is JobState.RUN:
+            self._hook(self._hooks.job_start, self._host, job.info())
+
+    def _report_running_starts(self) -> None:
+        """After ``xce_controller_start``: every running job's start again, for the
+        plugin to pick up one whose report a crash lost (it ignores the others)."""
+        for job in list(self._running.values()):
+            self._report_start(job)
+
     def _report_end(self, job: JobRecord) -> None:
         self._hook(self._hooks.job_end, self._host, job.id)
         leftover = self._cluster.held(job.id)
@@ -1525,6 +1546,8 @@ class EmbeddedController:
             else None
         )
         self._flush()
+        for start in result.starts:
+            self._report_start(self._jobs[start.job_id])
 
     # -- reclaim: the blocked queue head as the plugin sees it ------------------------
 
