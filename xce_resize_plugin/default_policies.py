@@ -34,3 +34,9 @@ def xce_resize_order_grow_hosts(job: JobInfo, hosts: GrowHostView) -> Iterable[s
 def xce_resize_authorize(principal: Principal, job: JobInfo, action: str) -> bool | None:
     """The owner, an administrator, or the job's own token (for that job only)."""
     return principal.may_act_on(job.id, job.user)
+
+
+@hookimpl(trylast=True)
+def xce_resize_host_lost(job: JobInfo, lost_task_ids: Sequence[int]) -> str | None:
+    """End the job: a rigid job's run is lost with any of its hosts (as in LSF)."""
+    return "exit"
