@@ -110,7 +110,9 @@ def test_the_site_hook_requeues_a_job_that_cannot_shrink(tmp_path: Path) -> None
 def test_a_pending_grow_survives_and_is_placed_elsewhere(tmp_path: Path) -> None:
     filler = {"id": "102", "user": "bob", "tasks": 4, "alloc": {"hC": 4}, "runtime": 50}
     grow = {"at": 5, "user": "alice", "bresize": "request 4 101"}
-    table = scenario([{**ELASTIC, "alloc": {"hA": 4, "hB": 2}}, filler], [grow, host(10, "hB", "down")])
+    table = scenario(
+        [{**ELASTIC, "alloc": {"hA": 4, "hB": 2}}, filler], [grow, host(10, "hB", "down")]
+    )
     result = run(tmp_path, table)
     out = result.jobs["101"]
     shrink, placed = out["resize_records"]
@@ -145,7 +147,9 @@ def test_evacuate_asks_resizable_jobs_to_release(
 ) -> None:
     job = {**ELASTIC, "notify_cmd": f"exit {verdict}"}
     rigid = {"id": "102", "user": "bob", "tasks": 2, "alloc": {"hB": 0 + 2}, "runtime": 1000}
-    table = scenario([{**job, "alloc": {"hA": 2, "hB": 2}}, rigid], [host(10, "hB", "closed", evacuate=True)])
+    table = scenario(
+        [{**job, "alloc": {"hA": 2, "hB": 2}}, rigid], [host(10, "hB", "closed", evacuate=True)]
+    )
     result = run(tmp_path, table)
     out = result.jobs["101"]
     assert out["hosts"] == ({"hA": 2} if released else {"hA": 2, "hB": 2})

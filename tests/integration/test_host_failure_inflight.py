@@ -230,3 +230,30 @@ def test_a_requeued_job_resizes_again_with_its_history(tmp_path: Path) -> None:
     assert h.ctl.check_invariants() == []
     h.ctl.close()
     assert replay_problems(tmp_path / "resize") == []
+
+
+def test_hook_xce_host_failed_reports_lost_tasks_and_answers_per_job(tmp_path: Path) -> None:
+    h = make(tmp_path)
+    elastic = submit(h, alloc={"hA": 2, "hB": 2})
+    rigid = h.ctl.submit("bob", 2, runtime=1000, alloc={"hB": 1, "hC": 1})
+    h.ctl.settle()
+    failure = h.ctl.host_down("hB")
+    assert failure.lost == {elastic: (2, 3), rigid: (0,)}
+    assert failure.outcomes == {elastic: LossOutcome.SHRUNK, rigid: LossOutcome.EXIT}
+    assert h.ctl.job(rigid).exit_reason == "host failure"
+    assert h.ctl.check_invariants() == []
+
+
+def test_hook_xce_host_failed_without_a_plugin_ends_every_job(tmp_path: Path) -> None:
+    """A host without the resize plugin (no answer) ends the jobs that lost tasks."""
+    import pluggy
+
+    from xce_resize_plugin import hookspecs
+
+    pm = pluggy.PluginManager("xce")
+    pm.add_hookspecs(hookspecs)
+    h = make(tmp_path, pm=pm)
+    job = h.ctl.submit("alice", "2,8", resizable=True, runtime=1000, alloc={"hA": 2, "hB": 2})
+    h.ctl.settle()
+    assert h.ctl.host_down("hB").outcomes == {job: LossOutcome.EXIT}
+    assert h.ctl.hosts_view()["hA"]["used"] == 0

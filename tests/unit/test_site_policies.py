@@ -140,3 +140,20 @@ def test_release_size_counts_every_form() -> None:
         release_size(ReleaseRequest(count=1, spec="hB"), j.tasks)
     with pytest.raises(ResizeError, match="not part of the job's allocation"):
         release_size(ReleaseRequest(spec="hC"), j.tasks)
+
+
+def test_hook_xce_resize_host_lost_requeue_example() -> None:
+    """The example requeues unless the job opts out; the built-in default exits."""
+    from xce_resize_plugin.policy import HookPolicy
+
+    requeue = policy("requeue_on_host_failure.py")
+    running = job({"hA": 2, "hB": 2})
+    assert requeue.xce_resize_host_lost(job=running, lost_task_ids=[2, 3]) == "requeue"
+    opted_out = job({"hA": 2}, env={"XCE_RERUNNABLE": "n"})
+    assert requeue.xce_resize_host_lost(job=opted_out, lost_task_ids=[0]) is None
+    with_example = HookPolicy(
+        get_plugin_manager({"policy_files": [str(HOOKS / "requeue_on_host_failure.py")]})
+    )
+    assert with_example.host_lost(opted_out, [0]) == "exit"  # the default decided
+    assert with_example.host_lost(running, [2, 3]) == "requeue"
+    assert HookPolicy(get_plugin_manager({})).host_lost(running, [2, 3]) == "exit"

@@ -385,13 +385,7 @@ class EmbeddedController:
             config = dict(saved.get("config", {}))
         self._config: Mapping[str, Any] = MappingProxyType(dict(config))
         self._cluster = Cluster(hosts, user_slots)
-        for key, mark in (
-            ("hosts_down", self._cluster.set_down),
-            ("hosts_closed", self._cluster.set_closed),
-        ):
-            for name in saved.get(key, []):
-                if self._cluster.has_host(str(name)):
-                    mark(str(name), True)
+        self._restore_host_states(saved)
 
         self._clock: SettableClock = clock if clock is not None else SimClock()
         if "clock" in saved and saved["clock"] > self._clock.now():
@@ -736,6 +730,7 @@ class EmbeddedController:
             for job in self._ordered_jobs():
                 if job.finished and not job.end_reported:
                     self._report_end(job)
+            self._resettle_down_hosts()
             self._flush()
 
     def stop(self) -> None:
@@ -1047,6 +1042,27 @@ class EmbeddedController:
             cluster.free(job_id, ids)
             self._changed(job_id)
         return lost
+
+    def _resettle_down_hosts(self) -> None:
+        """After a restart: a host failure the crash interrupted is settled again for
+        the jobs that still have committed tasks on a failed host (``xce_host_failed``
+        is idempotent for the jobs the plugin had already settled)."""
+        cluster = self._cluster
+        for name in cluster.hosts:
+            if cluster.host_state(name) is not HostState.UNAVAIL:
+                continue
+            lost = {
+                job.id: tuple(t.id for t in job.tasks if t.host == name)
+                for job in self._ordered_jobs()
+                if job.state is JobState.RUN and any(t.host == name for t in job.tasks)
+            }
+            if not lost:
+                continue
+            for job_id, ids in lost.items():
+                cluster.free(job_id, ids)
+            answers = self._hook(self._hooks.host_failed, self._host, name, lost) or {}
+            for job_id in lost:
+                self._settle_loss(self._jobs[job_id], name, answers.get(job_id))
 
     def _settle_loss(self, job: JobRecord, host: str, answer: LossOutcome | None) -> LossOutcome:
         """Act on the plugin's answer for one job of a host failure."""
@@ -1871,6 +1887,14 @@ class EmbeddedController:
             "config": dict(self._config),
             **self._host_states_meta(),
         }
+
+    def _restore_host_states(self, saved: Mapping[str, Any]) -> None:
+        """The failed and closed hosts as saved (hosts no longer configured are skipped)."""
+        cluster = self._cluster
+        for key, mark in (("hosts_down", cluster.set_down), ("hosts_closed", cluster.set_closed)):
+            for name in saved.get(key, []):
+                if cluster.has_host(str(name)):
+                    mark(str(name), True)
 
     def _host_states_meta(self) -> dict[str, list[str]]:
         """The hosts out of scheduling, as saved (absent when every host is ok)."""
