@@ -100,6 +100,8 @@ class FailureInjector:
         self.active = active
         self._rng = {h: random.Random(f"host-failures:{seed}:{h}") for h in hosts}
         self.stats = FailureStats()
+        #: ``(time, host)`` of every failure injected, in order.
+        self.log: list[tuple[float, str]] = []
 
     def start(self) -> None:
         for host in self._rng:
@@ -116,6 +118,7 @@ class FailureInjector:
         now = ctl.now()
         ran = {job_id: self._slot_hours(job_id, now) for job_id in ctl.host_view(host).jobs}
         failure = ctl.host_down(host)
+        self.log.append((now, host))
         killed = [j for j, o in failure.outcomes.items() if o is LossOutcome.EXIT]
         shrunk = [j for j, o in failure.outcomes.items() if o is LossOutcome.SHRUNK]
         s = self.stats
