@@ -243,9 +243,7 @@ class Runtime:
                 return
             self._transition(job_id, engine.decide_job_end(state, self.controller.now()))
 
-    def host_failed(
-        self, host: str, lost: Mapping[str, Sequence[int]]
-    ) -> dict[str, LossOutcome]:
+    def host_failed(self, host: str, lost: Mapping[str, Sequence[int]]) -> dict[str, LossOutcome]:
         """Settle every job that had tasks on the failed ``host`` (``xce_host_failed``)."""
         out: dict[str, LossOutcome] = {}
         with self._lock:

@@ -45,10 +45,10 @@ from xce_resize_plugin.core.models import (
     Task,
     TaskEvent,
     TasksLaunched,
+    TasksLost,
     TaskStarted,
     TaskStartFailed,
     TaskStopped,
-    TasksLost,
     held_count,
 )
 from xce_resize_plugin.core.placement import GrowHostView, place

@@ -18,13 +18,13 @@ from attrs import evolve
 
 from xce_resize_plugin.cli import bresize
 from xce_resize_plugin.cli.bresize_args import Command, to_request
+from xce_resize_plugin.controllers.hosts import HostDrain, HostFailure
 from xce_resize_plugin.controllers.runners import (
     NotificationRunner,
     SimTaskRunner,
     SubprocessNotificationRunner,
     TaskRunner,
 )
-from xce_resize_plugin.controllers.hosts import HostDrain, HostFailure
 from xce_resize_plugin.controllers.sim.sim_controller import EmbeddedController
 from xce_resize_plugin.controllers.violations import HostStateError, SubmissionRejected
 from xce_resize_plugin.core import converters

@@ -20,8 +20,8 @@ from xce_resize_plugin.core.models import (
     NotifyDone,
     ReleaseAccepted,
     Task,
-    TaskStartFailed,
     TasksLost,
+    TaskStartFailed,
     format_hosts,
 )
 

@@ -61,6 +61,7 @@ from xce_resize_plugin.errors import ConfigError
 from xce_resize_plugin.manager import get_plugin_manager
 from xce_resize_plugin.recording.format import RecordingWriter
 from xce_resize_plugin.recording.sim_recorder import SimRecorder
+from xce_resize_plugin.simulation import failures as failures_mod
 from xce_resize_plugin.simulation.checks import (
     CompletionCheck,
     EasyCheck,
@@ -68,7 +69,6 @@ from xce_resize_plugin.simulation.checks import (
     WorkCheck,
     check_utilization,
 )
-from xce_resize_plugin.simulation import failures as failures_mod
 from xce_resize_plugin.simulation.drivers import DRIVERS, Driver, MalleableSpec, make_driver
 from xce_resize_plugin.simulation.failures import FailureInjector, FailureStats, HostFailures
 from xce_resize_plugin.simulation.jobs_csv import JobRow, JobRows

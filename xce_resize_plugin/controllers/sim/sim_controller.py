@@ -133,6 +133,16 @@ _P = ParamSpec("_P")
 _R = TypeVar("_R")
 
 
+def _exit_tasks(records: Iterable[TaskRecord], now: float, reason: str) -> None:
+    """Mark the live ones of these task records exited now (their processes are gone)."""
+    for rec in records:
+        if rec.state in _LIVE:
+            rec.state = TaskState.EXITED
+            rec.since = now
+            rec.reason = reason
+            rec.stop_since = rec.grace = None
+
+
 def parse_tasks(spec: TasksSpec) -> tuple[int, int]:
     """``-n`` as bsub takes it: ``4`` -> (4, 4), ``"2,8"`` / ``(2, 8)`` -> (2, 8)."""
     if isinstance(spec, bool):
@@ -1031,14 +1041,8 @@ class EmbeddedController:
         for job_id in sorted(cluster.jobs_on(name), key=job_id_key):
             ids = tuple(cluster.held_on(job_id, name))
             lost[job_id] = ids
-            job = self._jobs[job_id]
-            for tid in ids:
-                rec = job.task_states.get(tid)
-                if rec is not None and rec.state in _LIVE:
-                    rec.state = TaskState.EXITED
-                    rec.since = now
-                    rec.reason = "host failure"
-                    rec.stop_since = rec.grace = None
+            states = self._jobs[job_id].task_states
+            _exit_tasks((states[t] for t in ids if t in states), now, "host failure")
             cluster.free(job_id, ids)
             self._changed(job_id)
         return lost
@@ -1086,13 +1090,7 @@ class EmbeddedController:
     def _requeue_job(self, job: JobRecord) -> None:
         """Put a running job back in the queue (its place: its submit time); it starts
         again from scratch. No ``xce_job_end``: the plugin ended the run's state."""
-        now = self.now()
-        for rec in job.task_states.values():
-            if rec.state in _LIVE:
-                rec.state = TaskState.EXITED
-                rec.since = now
-                rec.reason = "requeued"
-                rec.stop_since = rec.grace = None
+        _exit_tasks(job.task_states.values(), self.now(), "requeued")
         self._cluster.free_job(job.id)
         self._running.pop(job.id, None)
         self._drop_running_view(job.id)
@@ -1664,12 +1662,7 @@ class EmbeddedController:
         job.state = state
         job.end_time = now
         job.exit_reason = reason
-        for rec in job.task_states.values():
-            if rec.state in _LIVE:
-                rec.state = TaskState.EXITED
-                rec.since = now
-                rec.reason = "job ended"
-                rec.stop_since = rec.grace = None
+        _exit_tasks(job.task_states.values(), now, "job ended")
         if was_pending:
             self._dequeue(job)
         cluster = self._cluster
