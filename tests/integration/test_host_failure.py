@@ -201,3 +201,21 @@ def test_the_example_scenario_runs(tmp_path: Path) -> None:
     assert ("101", "shrink", "host_failure") in kinds  # the failure
     assert ("103", "shrink", None) in kinds  # the drain's release
     assert result.jobs["102"]["state"] == "EXIT"
+
+
+def test_the_command_line_refuses_a_host_command_of_a_non_admin(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    bad = tmp_path / "h.toml"
+    bad.write_text(
+        '[cluster]\nhosts = { hA = 2, hB = 2 }\n[users]\nadmins = ["root"]\n'
+        '[[commands]]\nat = 1\nuser = "alice"\nhost = { name = "hB", state = "down" }\n'
+    )
+    argv = [sys.executable, "-m", "xce_resize_plugin.cli.main", "scenario", "run", str(bad)]
+    proc = subprocess.run(argv, capture_output=True, text=True, check=False, cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.strip().splitlines() == [
+        f"xce-resize: Configuration error: {bad}: commands[0].host: only administrators "
+        "([users] admins) may change hosts: alice"
+    ]
