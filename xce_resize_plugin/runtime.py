@@ -262,9 +262,9 @@ class Runtime:
         if engine.survives_loss(state, job, ids):
             tasks = state.tasks if state is not None else job.tasks
             shrunk = any(t.id in ids for t in tasks)
-            self._transition(
-                job.id, engine.decide_host_loss(state, job, host, ids, now, self.settings)
-            )
+            prior = self._ended_state(job.id) if state is None else None
+            facts = engine.decide_host_loss(state, job, host, ids, now, self.settings, prior)
+            self._transition(job.id, facts)
             return LossOutcome.SHRUNK if shrunk else LossOutcome.KEPT
         try:
             answer = self.policy.host_lost(job, ids)

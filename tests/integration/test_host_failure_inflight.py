@@ -224,9 +224,18 @@ def test_a_requeued_job_resizes_again_with_its_history(tmp_path: Path) -> None:
     h.request("alice", job, GrowRequest(2, 2))
     assert h.ctl.host_down("hB").outcomes == {job: LossOutcome.REQUEUE}
     h.ctl.settle()
-    assert h.ctl.job(job).state.value == "RUN" and "hB" not in hosts_of(h, job)
+    assert h.ctl.job(job).state.value == "RUN" and hosts_of(h, job) == {"hA": 4, "hC": 4}
+    # Its new run loses a host first, then releases a task: the versions go on.
+    assert h.ctl.host_down("hC").outcomes == {job: LossOutcome.SHRUNK}
     h.request("alice", job, ReleaseRequest(count=1))
-    assert [kind for kind, _ in records(h, job)] == ["grow", "shrink"]
+    usage = h.ctl.acct_usage(job)
+    assert usage is not None
+    assert [(r.kind.value, r.reason, r.version) for r in usage.records] == [
+        ("grow", None, 1),
+        ("shrink", "host_failure", 2),
+        ("shrink", None, 3),
+    ]
+    assert h.ctl.job(job).version == 3
     assert h.ctl.check_invariants() == []
     h.ctl.close()
     assert replay_problems(tmp_path / "resize") == []

@@ -183,8 +183,11 @@ def _check_job(job: JobInfo) -> None:
         raise errors.JobNotResizable(f"job {job.id}")
 
 
-def _track(state: ResizeState | None, job: JobInfo, at: float) -> tuple[ResizeState, list[Fact]]:
-    """The job's state, starting to track it (a JobTracked fact) on its first resize."""
+def _track(
+    state: ResizeState | None, job: JobInfo, at: float, prior: ResizeState | None = None
+) -> tuple[ResizeState, list[Fact]]:
+    """The job's state, starting to track it (a JobTracked fact) on its first resize;
+    ``prior``: the ended state of an earlier run of the job (requeued), continued."""
     if state is not None:
         return state, []
     fact = JobTracked(
@@ -196,7 +199,7 @@ def _track(state: ResizeState | None, job: JobInfo, at: float) -> tuple[ResizeSt
         tasks=job.tasks,
         started_at=job.start_time if job.start_time is not None else at,
     )
-    return evolve(None, fact), [fact]
+    return evolve(prior if prior is not None and not prior.live else None, fact), [fact]
 
 
 def _notify_cmd(job: JobInfo, notify_cmd: str | None, no_notify: bool) -> str | None:
@@ -525,10 +528,13 @@ def decide_host_loss(
     lost_ids: Iterable[int],
     at: float,
     settings: Settings,
+    prior: ResizeState | None = None,
 ) -> list[Fact]:
     """The facts of a job losing the tasks ``lost_ids`` on the failed ``host``, when it
     :func:`survives_loss` (else the host ends or requeues it: no fact here). Task ids
-    the job does not hold are ignored; no fact when it holds none of them."""
+    the job does not hold are ignored; no fact when it holds none of them. ``prior``:
+    for an untracked job, the ended state of its earlier run (a requeued job), whose
+    allocation versions go on."""
     if not survives_loss(state, job, lost_ids):
         raise errors.InvalidRequest(f"job {job.id} cannot lose tasks {sorted(lost_ids)}")
     wanted = set(lost_ids)
@@ -536,7 +542,7 @@ def decide_host_loss(
     lost = tuple(t for t in held if t.id in wanted and t.host == host)
     if not lost:
         return []
-    state, facts = _track(state, job, at)
+    state, facts = _track(state, job, at, prior)
     committed_lost = any(t.id in wanted for t in state.tasks)
     version = state.version + 1 if committed_lost else state.version
     notify = job.notify_cmd if committed_lost else None
