@@ -49,3 +49,9 @@ def xce_resize_select_reclaim(
     """The largest excess over min_tasks first, newest tasks first: the jobs that lose
     the least of their guaranteed size, and the tasks that hold the least state."""
     return default_selection(head, candidates)
+
+
+@hookimpl(trylast=True)
+def xce_resize_host_lost(job: JobInfo, lost_task_ids: Sequence[int]) -> str | None:
+    """End the job: a rigid job's run is lost with any of its hosts (as in LSF)."""
+    return "exit"

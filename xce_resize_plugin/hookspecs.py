@@ -8,14 +8,20 @@ and implemented by sites (built-in defaults are registered ``trylast``).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import pluggy
 
 if TYPE_CHECKING:
     from xce_resize_plugin.core.accounting import Usage
-    from xce_resize_plugin.core.models import JobInfo, ResizeRecord, ResizeRequest, Task
+    from xce_resize_plugin.core.models import (
+        JobInfo,
+        LossOutcome,
+        ResizeRecord,
+        ResizeRequest,
+        Task,
+    )
     from xce_resize_plugin.core.placement import GrowHostView
     from xce_resize_plugin.core.reclaim import ReclaimCandidate, ReclaimHead, Selection
     from xce_resize_plugin.core.status import ResizeStatus
@@ -231,6 +237,34 @@ def xce_job_end(controller: Controller, job_id: str) -> None:
     """
 
 
+@hookspec(firstresult=True)
+def xce_host_failed(
+    controller: Controller, host: str, lost: Mapping[str, Sequence[int]]
+) -> Mapping[str, LossOutcome] | None:
+    """A host failed: its tasks are gone; say what becomes of each job that had some.
+
+    :param controller: the host controller.
+    :param host: the failed host (already ``unavail``: nothing is placed on it).
+    :param lost: job id -> the ids of the job's tasks whose slots were on ``host``
+        (committed tasks and those of a change in flight), for every job that had any.
+
+    The host has marked those tasks exited and freed their slots before the call. The
+    plugin settles each job at once (docs/failover.md): a resizable job that keeps task
+    0 and at least ``min_tasks`` loses the tasks as an involuntary shrink (a committed
+    change with a resize record, reason ``host_failure``; the notification command runs
+    for information only); any other job is answered ``exit`` or, when the site's
+    ``xce_resize_host_lost`` says so, ``requeue``. The host then ends the job
+    (``EXIT``, and ``xce_job_end`` as for any end) or requeues it (without
+    ``xce_job_end``: the plugin has already stopped tracking it). A job missing from
+    the answer, or no answer at all, ends ``EXIT``.
+
+    firstresult: the resize plugin answers with a
+    :class:`~xce_resize_plugin.core.models.LossOutcome` per job of ``lost``.
+
+    Implemented by: the resize plugin.
+    """
+
+
 # -------------------------------------------------------------------------
 # accounting
 # -------------------------------------------------------------------------
@@ -328,6 +362,22 @@ def xce_resize_validate(job: JobInfo, request: ResizeRequest) -> None:
     the site's). Nothing changes on rejection.
 
     Implemented by: sites.
+    """
+
+
+@hookspec(firstresult=True)
+def xce_resize_host_lost(job: JobInfo, lost_task_ids: Sequence[int]) -> str | None:
+    """What to do with a job a failed host took tasks from, when it cannot shrink.
+
+    :param job: the job as it was before the failure.
+    :param lost_task_ids: the ids of its tasks that were on the failed host.
+
+    Called for a job that is not resizable, lost task 0, or would be left with fewer
+    than ``min_tasks``. firstresult: ``"exit"`` ends the job (``EXIT``, reason host
+    failure), ``"requeue"`` puts it back in the queue to start again from scratch;
+    ``None`` defers. Default: ``"exit"``.
+
+    Implemented by: sites; built-in default in ``default_policies``.
     """
 
 

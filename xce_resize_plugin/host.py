@@ -33,6 +33,7 @@ from xce_resize_plugin.core.accounting import Usage
 from xce_resize_plugin.core.models import (
     Fact,
     JobInfo,
+    LossOutcome,
     Principal,
     ResizeRequest,
     ResizeState,
@@ -246,6 +247,14 @@ class HostHooks:
 
     def job_end(self, controller: Controller, job_id: str) -> None:
         self._hook.xce_job_end(controller=controller, job_id=job_id)
+
+    def host_failed(
+        self, controller: Controller, host: str, lost: Mapping[str, Sequence[int]]
+    ) -> Mapping[str, LossOutcome] | None:
+        return cast(
+            "Mapping[str, LossOutcome] | None",
+            self._hook.xce_host_failed(controller=controller, host=host, lost=lost),
+        )
 
     # -- accounting and REST ------------------------------------------------------------
 

@@ -11,13 +11,13 @@ dropped must not keep its journal handle alive.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from xce_resize_plugin import hookimpl
 from xce_resize_plugin.core import engine
 from xce_resize_plugin.core.accounting import Usage
-from xce_resize_plugin.core.models import JobInfo, ResizeRequest
+from xce_resize_plugin.core.models import JobInfo, LossOutcome, ResizeRequest
 from xce_resize_plugin.core.status import ResizeStatus
 from xce_resize_plugin.errors import ResizeError
 from xce_resize_plugin.host import ClusterView, Controller, Principal, TaskEvent
@@ -131,6 +131,13 @@ def xce_job_start(controller: Controller, job: JobInfo) -> None:
 @hookimpl
 def xce_job_end(controller: Controller, job_id: str) -> None:
     runtime_of(controller).job_end(job_id)
+
+
+@hookimpl
+def xce_host_failed(
+    controller: Controller, host: str, lost: Mapping[str, Sequence[int]]
+) -> Mapping[str, LossOutcome] | None:
+    return runtime_of(controller).host_failed(host, lost)
 
 
 # accounting

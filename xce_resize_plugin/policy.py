@@ -44,6 +44,15 @@ class HookPolicy:
         result = self._hook.xce_resize_order_grow_hosts(job=job, hosts=hosts)
         return result if result is not None else default_grow_order(job, hosts)
 
+    def host_lost(self, job: JobInfo, lost_task_ids: Sequence[int]) -> str:
+        """``"exit"`` or ``"requeue"`` for a job a failed host took tasks from; a site
+        answer that is neither is refused with the hook's name."""
+        result = self._hook.xce_resize_host_lost(job=job, lost_task_ids=tuple(lost_task_ids))
+        answer = "exit" if result is None else result
+        if answer not in ("exit", "requeue"):
+            raise PolicyRejected(f"xce_resize_host_lost returned {answer!r}, not exit or requeue")
+        return str(answer)
+
     def committed(self, job: JobInfo, change: ResizeRecord) -> None:
         """Tell the sites' ``xce_resize_committed`` hooks about a committed change."""
         self._hook.xce_resize_committed(job=job, change=change)

@@ -10,6 +10,7 @@ one (all idempotent on the host), so nothing is lost or done twice.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Mapping, Sequence
 
@@ -23,6 +24,8 @@ from xce_resize_plugin.core.models import (
     Fact,
     JobInfo,
     JobState,
+    JobTracked,
+    LossOutcome,
     Phase,
     ReleaseRequest,
     ResizeRequest,
@@ -56,6 +59,8 @@ from xce_resize_plugin.policy import HookPolicy
 
 #: Who asks when the plugin reclaims slots for the queue head (resize history shows it).
 RECLAIM = Principal("reclaim", admin=True)
+
+log = logging.getLogger(__name__)
 
 #: LSF's notification exit values (reference: not documented by LSF; we use 0 and 1).
 NOTIFY_OK, NOTIFY_FAIL = "0", "1"
@@ -403,6 +408,42 @@ class Runtime:
                 return
             self._transition(job_id, engine.decide_job_end(state, self.controller.now()))
 
+    def host_failed(self, host: str, lost: Mapping[str, Sequence[int]]) -> dict[str, LossOutcome]:
+        """Settle every job that had tasks on the failed ``host`` (``xce_host_failed``)."""
+        out: dict[str, LossOutcome] = {}
+        with self._lock:
+            self._check_failed()
+            now = self.controller.now()
+            for job_id in sorted(lost):
+                job = self.controller.get_job(job_id)
+                if job is not None:
+                    out[job_id] = self._lose(job, host, tuple(lost[job_id]), now)
+        return out
+
+    def _lose(self, job: JobInfo, host: str, ids: tuple[int, ...], now: float) -> LossOutcome:
+        """One job's share of a host failure: an involuntary shrink, or the site's
+        choice between exit and requeue (docs/failover.md)."""
+        state = self.states.get(job.id)
+        if engine.survives_loss(state, job, ids):
+            tasks = state.tasks if state is not None else job.tasks
+            shrunk = any(t.id in ids for t in tasks)
+            prior = self._ended_state(job.id) if state is None else None
+            facts = engine.decide_host_loss(state, job, host, ids, now, self.settings, prior)
+            self._transition(job.id, facts)
+            return LossOutcome.SHRUNK if shrunk else LossOutcome.KEPT
+        try:
+            answer = self.policy.host_lost(job, ids)
+        except ResizeError as exc:
+            # The host must settle the failure whatever a site hook does: the job ends.
+            log.warning("job %s: %s; the job ends", job.id, exc.text)
+            answer = "exit"
+        if answer != "requeue":
+            return LossOutcome.EXIT
+        if state is not None:
+            # The host requeues without xce_job_end: the run's resize state ends here.
+            self._transition(job.id, engine.decide_job_end(state, now))
+        return LossOutcome.REQUEUE
+
     def usage(self, job_id: str, now: float) -> Usage | None:
         state = self.states.get(job_id)
         if state is None:
@@ -443,6 +484,10 @@ class Runtime:
             return None
         self._check_failed()
         before = self.states.get(job_id)
+        if before is None and isinstance(facts[0], JobTracked):
+            # A job requeued after a host failure starts again with the history of its
+            # earlier run (engine: JobTracked on an ended state).
+            before = self._ended_state(job_id)
         state, effects = engine.transition(before, facts)
         assert state is not None
         if self._observer is not None:
@@ -477,6 +522,14 @@ class Runtime:
             if self._deferred and self._failed is None:
                 self._commit([])
         return self.journal.state(job_id)
+
+    def _ended_state(self, job_id: str) -> ResizeState | None:
+        """The job's ended state, if the journal (or a deferred write) holds one."""
+        for deferred in reversed(self._deferred):
+            if deferred.job_id == job_id:
+                return deferred.after
+        stored = self.journal.state(job_id)
+        return converters.decode_state(stored) if stored is not None else None
 
     def _defer_entry(
         self, job_id: str, before: ResizeState | None, facts: Sequence[Fact], after: ResizeState
@@ -552,7 +605,8 @@ class Runtime:
         if job is None or state is None or not state.tasks:
             return
         env: dict[str, str] = dict(job.env)
-        env.update(allocation_env(effect.after, state.version + 1, resizable=True))
+        version = state.version + 1 if effect.version is None else effect.version
+        env.update(allocation_env(effect.after, version, resizable=True))
         env.update(
             {
                 "LSB_JOBID": job.id,

@@ -80,7 +80,7 @@ def test_scenario_json_shape_and_outcomes() -> None:
     assert job["hosts"] == {"n1": 2, "n2": 2, "n3": 2, "n4": 1}
     assert job["tasks"]["0"] == "n1" and job["pending_grow"] is None
     assert doc["users"]["carol"]["slots_in_use"] == 0  # the job ended at t=500
-    assert doc["hosts"]["n1"] == {"slots": 4, "used": 0}
+    assert doc["hosts"]["n1"] == {"slots": 4, "used": 0, "state": "ok"}
     assert job["slot_seconds"] == 2 * 5 + 7 * 495
     dave = doc["jobs"]["222"]
     assert dave["hosts"] == {"n4": 1} and dave["resize_records"] == []
@@ -111,7 +111,7 @@ def test_scenario_until_stops_the_clock(tmp_path: Path) -> None:
         ),
         (
             "[cluster]\nhosts = { a = 2 }\n[[commands]]\nat = 1\nuser = 'u'\n",
-            "commands[0]: give exactly one of bresize, resize or modify",
+            "commands[0]: give exactly one of bresize, resize, modify or host",
         ),
         (
             "[cluster]\nhosts = { a = 2 }\n[[commands]]\nuser = 'u'\nbresize = \"request '1\"\n",

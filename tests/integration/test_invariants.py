@@ -3,7 +3,8 @@ crashing at fact boundaries, must keep the invariants of docs/architecture.md
 ("Resize semantics") and docs/failover.md — autoresizable jobs among them: their demand
 is kept exactly, and no grow (theirs or anyone's) takes slots the blocked queue head
 needs (the controller runs with ``protect_reservation``, as scenarios and the live
-controller do).
+controller do); hosts failing, coming back, being closed (with or without evacuation)
+and opened included.
 
 A crash is injected inside a host method the plugin calls to carry out an effect: by
 then the facts of the transition are durable in the journal, and the effect is lost.
@@ -25,6 +26,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from xce_resize_plugin import errors, plugin
+from xce_resize_plugin.controllers.cluster import HostState
 from xce_resize_plugin.controllers.sim import (
     EmbeddedController,
     NotificationRequest,
@@ -34,6 +36,7 @@ from xce_resize_plugin.controllers.sim import (
     SubmissionRejected,
     TaskFaults,
 )
+from xce_resize_plugin.controllers.violations import HostStateError
 from xce_resize_plugin.core import audit
 from xce_resize_plugin.core.models import (
     AutoresizeRequest,
@@ -164,6 +167,9 @@ class World:
         self.ctl = self._make()
         self.crashes = 0
         self.jobs: list[str] = []
+        #: Hosts out of scheduling (closed or failed) -> the tasks held there when they
+        #: went out: no other task may be held there until they are back.
+        self.off: dict[str, set[tuple[str, int]]] = {}
 
     def _make(self) -> CrashingController:
         CrashingController.ledger = self.ledger  # set before the constructor recovers
@@ -228,6 +234,12 @@ def check(world: World) -> None:
                 _check_demand(state, job.max_tasks)
         else:
             assert not job.held
+    for view in ctl.host_views():
+        # No task placed on a closed or failed host after it became so (a failed host
+        # holds nothing at all: check_invariants above).
+        if view.state is not HostState.OK:
+            held = {(j.id, t.id) for j in ctl.jobs() for t in j.held if t.host == view.name}
+            assert held <= world.off.get(view.name, set()), view.name
     users = ctl.users_view()
     for user in USERS:
         assert users.get(user, {"slots_in_use": 0})["slots_in_use"] == held_by_user[user]
@@ -291,6 +303,11 @@ _wide = st.tuples(
 )
 _advance = st.tuples(st.just("advance"), st.sampled_from([1, 5, 11, 60, 150]))
 _crash = st.tuples(st.just("crash"), st.integers(1, 6))
+_host = st.tuples(
+    st.just("host"),
+    st.integers(0, len(HOSTS) - 1),
+    st.sampled_from(["down", "down", "up", "up", "close", "evacuate", "open"]),
+)
 
 # Weighted by repetition: mostly resizes on running jobs, with crashes armed often.
 # Mostly resizable jobs pinned at their minimum: otherwise a job starts with all the
@@ -314,6 +331,8 @@ ops = st.one_of(
     st.tuples(st.just("kill"), st.integers(0, 9)),
     st.tuples(st.just("failstart"), st.integers(0, 9), st.integers(0, 3)),
     st.tuples(st.just("stopdelay"), st.sampled_from([0.0, 3.0, 20.0])),
+    _host,
+    _host,
 )
 
 
@@ -381,6 +400,9 @@ def apply(world: World, op: tuple[Any, ...]) -> None:
     if kind == "crash":
         ctl.arm(op[1])
         return
+    if kind == "host":
+        change_host(world, HOSTS[op[1]][0], op[2])
+        return
     if pick is None:
         return
     job_id = pick(op[1])
@@ -418,6 +440,38 @@ def apply(world: World, op: tuple[Any, ...]) -> None:
         ctl.settle()
 
     world.guarded(submit_request)
+
+
+def change_host(world: World, name: str, action: str) -> None:
+    """Fail, repair, close (evacuate) or open a host, as an injected failure or an
+    administrator would; an invalid transition is refused and changes nothing."""
+    ctl = world.ctl
+    before = {(j.id, t.id) for j in ctl.jobs() for t in j.held if t.host == name}
+
+    def act() -> None:
+        try:
+            if action == "down":
+                ctl.host_down(name)
+            elif action == "up":
+                ctl.host_up(name)
+            elif action in ("close", "evacuate"):
+                ctl.host_close(name, evacuate=action == "evacuate")
+            else:
+                ctl.host_open(name)
+        except HostStateError:
+            return
+        ctl.settle()
+
+    world.guarded(act)
+    ctl = world.ctl
+    if ctl.host_view(name).state is HostState.OK:
+        world.off.pop(name, None)
+    else:
+        world.off.setdefault(name, before)
+    # The host frees a failed host's slots itself: the ledger of held counts follows.
+    for job in ctl.jobs():
+        if job.state is JobState.RUN:
+            world.ledger.setdefault(job.id, []).append((ctl.now(), len(job.held)))
 
 
 @settings(

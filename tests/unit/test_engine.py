@@ -550,3 +550,85 @@ def test_a_batch_completes_a_grow_in_one_decision() -> None:
     assert [type(f).__name__ for f in facts] == ["TaskStarted"] * 3 + ["Committed"]
     state = run(start, facts)
     assert state.change is None and len(state.tasks) == 7 and state.held_count == 7
+
+
+# --- host failure ----------------------------------------------------------------------
+
+
+def _running(alloc: Sequence[str], min_tasks: int = 1, resizable: bool = True) -> JobInfo:
+    return JobInfo(
+        "9",
+        "alice",
+        JobState.RUN,
+        min_tasks,
+        16,
+        tuple(Task(i, h) for i, h in enumerate(alloc)),
+        resizable=resizable,
+        notify_cmd="note",
+        start_time=0.0,
+    )
+
+
+def test_a_host_loss_is_an_involuntary_shrink_with_a_record() -> None:
+    from xce_resize_plugin.core import converters
+    from xce_resize_plugin.core.models import TasksLost
+
+    job = _running(["a", "a", "b", "b"])
+    facts = engine.decide_host_loss(None, job, "b", [2, 3], 5.0, SETTINGS)
+    assert [type(f).__name__ for f in facts] == ["JobTracked", "TasksLost"]
+    state, effects = engine.transition(None, facts)
+    assert state is not None and [t.host for t in state.tasks] == ["a", "a"]
+    [record] = state.records
+    assert (record.kind, record.reason, record.version) == (ChangeKind.SHRINK, "host_failure", 1)
+    assert state.charges == ((0.0, 4), (5.0, 2))
+    kinds = [type(e).__name__ for e in effects]
+    assert kinds == ["Free", "CommitAllocation", "Notify"]
+    notify = effects[2]
+    assert isinstance(notify, engine.Notify) and notify.version == 1 and notify.attempt == 1
+    # The fact and the record go through the journal's encoding and back.
+    lost = facts[1]
+    assert isinstance(lost, TasksLost)
+    assert converters.decode_fact(converters.encode_fact(lost)) == lost
+    assert engine.replay(converters.decode_fact(converters.encode_fact(f)) for f in facts) == state
+
+
+def test_a_record_without_a_reason_keeps_its_journal_bytes() -> None:
+    from xce_resize_plugin.core import converters
+    from xce_resize_plugin.core.models import ResizeRecord
+
+    plain = ResizeRecord(1.0, ChangeKind.GROW, (), (Task(1, "a"),), (Task(1, "a"),), 1)
+    assert b"reason" not in converters.encode_record(plain)
+    assert "reason" not in converters.record_json(plain)
+    lost = ResizeRecord(1.0, ChangeKind.SHRINK, (), (), (), 2, "host_failure")
+    assert converters.record_json(lost)["reason"] == "host_failure"
+
+
+@pytest.mark.parametrize(
+    ("alloc", "lost", "min_tasks", "resizable"),
+    [
+        (["b", "a"], [0], 1, True),  # task 0 on the failed host
+        (["a", "b", "b"], [1, 2], 2, True),  # below min_tasks
+        (["a", "b"], [1], 1, False),  # rigid
+    ],
+)
+def test_a_job_that_cannot_lose_the_tasks_does_not_survive(
+    alloc: list[str], lost: list[int], min_tasks: int, resizable: bool
+) -> None:
+    job = _running(alloc, min_tasks, resizable)
+    assert not engine.survives_loss(None, job, lost)
+    with pytest.raises(errors.InvalidRequest):
+        engine.decide_host_loss(None, job, "b", lost, 1.0, SETTINGS)
+
+
+def test_a_pending_grow_survives_a_host_loss() -> None:
+    job = _running(["a", "b"])
+    facts = engine.decide_request(
+        None, job, OWNER, GrowRequest(2, 2), 1.0, DefaultPolicy(), SETTINGS
+    )
+    state = engine.replay(facts)
+    assert state is not None
+    lost = engine.decide_host_loss(state, job, "b", [1], 2.0, SETTINGS)
+    after = engine.replay([*facts, *lost])
+    assert (
+        after is not None and after.phase is Phase.GROW_PENDING and after.pending == state.pending
+    )

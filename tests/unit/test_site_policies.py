@@ -162,3 +162,20 @@ def test_reclaim_owner_first_asks_the_heads_owner_first() -> None:
     assert pm.hook.xce_resize_select_reclaim(head=head, candidates=[ann, bob]) == {"2": [2]}
     plain = get_plugin_manager({}, entry_points=False)
     assert plain.hook.xce_resize_select_reclaim(head=head, candidates=[ann, bob]) == {"1": [3]}
+
+
+def test_hook_xce_resize_host_lost_requeue_example() -> None:
+    """The example requeues unless the job opts out; the built-in default exits."""
+    from xce_resize_plugin.policy import HookPolicy
+
+    requeue = policy("requeue_on_host_failure.py")
+    running = job({"hA": 2, "hB": 2})
+    assert requeue.xce_resize_host_lost(job=running, lost_task_ids=[2, 3]) == "requeue"
+    opted_out = job({"hA": 2}, env={"XCE_RERUNNABLE": "n"})
+    assert requeue.xce_resize_host_lost(job=opted_out, lost_task_ids=[0]) is None
+    with_example = HookPolicy(
+        get_plugin_manager({"policy_files": [str(HOOKS / "requeue_on_host_failure.py")]})
+    )
+    assert with_example.host_lost(opted_out, [0]) == "exit"  # the default decided
+    assert with_example.host_lost(running, [2, 3]) == "requeue"
+    assert HookPolicy(get_plugin_manager({})).host_lost(running, [2, 3]) == "exit"

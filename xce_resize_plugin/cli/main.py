@@ -180,6 +180,12 @@ def _simulate_parser(sub: Any) -> None:
     )
     sim.add_argument("--config", type=Path, metavar="FILE", help="TOML: [simulate], [resize]")
     sim.add_argument("--limit", type=int, metavar="N", help="only the first N jobs")
+    sim.add_argument(
+        "--host-failures",
+        metavar="MTBF_HOURS[:REPAIR_HOURS]",
+        help="inject seeded host failures in both runs: each host fails after an exponential "
+        "time of mean MTBF_HOURS and is back REPAIR_HOURS later (default 1)",
+    )
     sim.add_argument("--slots-per-host", type=int, metavar="N", help="slots per host (1)")
     sim.add_argument("--json", metavar="OUT", help="write the results as JSON to OUT (- stdout)")
     sim.add_argument("--plot", type=Path, metavar="OUT.png", help="write a PNG (needs matplotlib)")

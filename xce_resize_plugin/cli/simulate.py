@@ -35,6 +35,7 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
         driver=args.driver,
         limit=args.limit,
         slots_per_host=args.slots_per_host,
+        host_failures=args.host_failures,
     )
     if args.plot is not None:
         from xce_resize_plugin.simulation.plot import _pyplot

@@ -13,11 +13,25 @@ free-slot view and ``slot_headroom`` first.
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 from xce_resize_plugin.controllers.slots import FreeSlots
 from xce_resize_plugin.controllers.violations import ContractViolation
 from xce_resize_plugin.core.models import Task
+
+
+class HostState(enum.Enum):
+    """A host's state as the scheduler sees it (docs/admin-guide.md, "Host states").
+
+    ``ok`` takes tasks; ``closed`` (an administrator's drain) takes no new task while
+    the tasks on it go on; ``unavail`` (failed) holds no task and takes none until it
+    comes back up. A closed host that fails is ``unavail``, and closed again once up.
+    """
+
+    OK = "ok"
+    CLOSED = "closed"
+    UNAVAIL = "unavail"
 
 
 class Cluster:
@@ -54,6 +68,10 @@ class Cluster:
         # that does not grow with the number of hosts.
         self._free = FreeSlots(list(self._slots), list(self._slots.values()))
         self._held: dict[str, dict[int, str]] = {}
+        # Hosts taken out of scheduling: failed (down) and closed by an administrator.
+        # Few: a state change costs O(1) in the free-slot view (FreeSlots.disable).
+        self._down: set[str] = set()
+        self._closed: set[str] = set()
         # Per job, slots per host: kept incrementally because the scheduler asks for it
         # for every running job whenever the queue head is blocked.
         self._job_hosts: dict[str, dict[str, int]] = {}
@@ -84,6 +102,63 @@ class Cluster:
 
     def has_host(self, name: str) -> bool:
         return name in self._slots
+
+    # -- host states -------------------------------------------------------------------
+
+    def host_state(self, name: str) -> HostState:
+        """The host's state (``KeyError`` for a host the cluster does not have)."""
+        if name not in self._slots:
+            raise KeyError(name)
+        if name in self._down:
+            return HostState.UNAVAIL
+        return HostState.CLOSED if name in self._closed else HostState.OK
+
+    def set_down(self, name: str, down: bool) -> None:
+        """Mark ``name`` failed (``True``) or back up; no checks of the transition."""
+        (self._down.add if down else self._down.discard)(name)
+        self._refresh(name)
+
+    def set_closed(self, name: str, closed: bool) -> None:
+        """Close ``name`` to new tasks (``True``) or open it; no checks of the transition."""
+        (self._closed.add if closed else self._closed.discard)(name)
+        self._refresh(name)
+
+    def _refresh(self, name: str) -> None:
+        if name in self._down or name in self._closed:
+            self._free.disable(name)
+        else:
+            self._free.enable(name, max(0, self._slots[name] - self._used[name]))
+        self.change_epoch += 1
+        self.free_epoch += 1  # the scheduler's next pass must look again
+
+    def is_closed(self, name: str) -> bool:
+        """Whether an administrator closed ``name`` (whether or not it is also down)."""
+        return name in self._closed
+
+    def out_of_service(self) -> frozenset[str]:
+        """The hosts that take no new tasks (closed or failed)."""
+        return frozenset(self._down | self._closed)
+
+    def takes_tasks(self, name: str) -> bool:
+        """Whether new tasks may go to ``name`` (known, not closed, not failed)."""
+        return self._free.enabled(name)
+
+    def jobs_on(self, name: str) -> dict[str, int]:
+        """Job id -> slots it holds on ``name`` (O(jobs): for views and host failures)."""
+        return {job: hosts[name] for job, hosts in self._job_hosts.items() if hosts.get(name)}
+
+    def held_on(self, job_id: str, name: str) -> list[int]:
+        """The task ids ``job_id`` holds on ``name``, in reservation order."""
+        return [tid for tid, host in self._held.get(job_id, {}).items() if host == name]
+
+    def schedulable_count(self, job_id: str) -> int:
+        """Slots ``job_id`` holds on hosts that take tasks: what its end gives back to
+        the scheduler (a closed or failed host's slots are not given back)."""
+        n = len(self._held.get(job_id, ()))
+        if self._down or self._closed:
+            hosts = self._job_hosts.get(job_id, {})
+            n -= sum(hosts.get(h, 0) for h in self._down | self._closed)
+        return n
 
     # -- jobs ------------------------------------------------------------------------
 
@@ -128,6 +203,10 @@ class Cluster:
         for task in new.values():
             per_host[task.host] = per_host.get(task.host, 0) + 1
         for host, n in per_host.items():
+            if not self._free.enabled(host):
+                raise ContractViolation(
+                    f"job {job_id}: {n} slot(s) on {host}, which is {self.host_state(host).value}"
+                )
             if self._used[host] + n > self._slots[host]:
                 raise ContractViolation(
                     f"job {job_id}: {n} more slot(s) on {host} exceed its "
@@ -162,6 +241,10 @@ class Cluster:
         for host, count in per_host.items():
             if host not in slots:
                 raise ContractViolation(f"job {job_id}: unknown host {host!r}")
+            if not self._free.enabled(host):
+                raise ContractViolation(
+                    f"job {job_id}: {host} is {self.host_state(host).value}: no new tasks"
+                )
             if count < 1 or used_map[host] + count > slots[host]:
                 raise ContractViolation(
                     f"job {job_id}: {count} slot(s) on {host} exceed its "
@@ -352,7 +435,8 @@ class Cluster:
             if limit is not None and n > limit:
                 problems.append(f"user {user}: {n} slots in use, limit {limit}")
         for host, slots in self._slots.items():
-            if self._free.free(host) != max(0, slots - recount.get(host, 0)):
+            want = max(0, slots - recount.get(host, 0)) if self._free.enabled(host) else 0
+            if self._free.free(host) != want:
                 problems.append(f"host {host}: free slot counter disagrees with the held slots")
         problems.extend(self._free.problems())
         return problems

@@ -13,7 +13,10 @@ every host:
   uses: the hosts with free slots sit in a two-level bitmap (64 hosts per word, and one
   bit per non-empty word), so finding the next one skips full hosts a word at a time.
 
-A change of one host's free slots is O(1). :meth:`~FreeSlots.draft` gives a
+A host may be taken out (:meth:`~FreeSlots.disable`: closed or failed): it then counts
+0 free slots whatever it holds, slots given back to it are not counted, and it leaves
+its class as any host whose free slots drop to 0 does; :meth:`~FreeSlots.enable` puts
+it back. Both are O(1), like a change of one host's free slots. :meth:`~FreeSlots.draft` gives a
 copy-on-write child for a scheduling pass to try starts on: it costs nothing to make,
 and changes to it never reach its parent. A parent must not change while a draft of
 it is in use (the draft reads the parent for every host it did not change itself).
@@ -51,7 +54,7 @@ _Slots = MutableSequence[int] | _Overlay
 class FreeSlots:
     """Free slots of the hosts ``names`` (in host order); see the module docstring."""
 
-    __slots__ = ("_free", "_hist", "_names", "_pos", "_top", "_words", "total")
+    __slots__ = ("_free", "_hist", "_names", "_off", "_pos", "_top", "_words", "total")
 
     def __init__(self, names: Sequence[str], free: Sequence[int]) -> None:
         if len(names) != len(free):
@@ -64,6 +67,8 @@ class FreeSlots:
         self._words: _Slots = [0] * (len(self._names) // _WORD + 1)
         self._top = 0
         self.total = 0
+        #: Positions of the hosts taken out (see the module docstring); few or none.
+        self._off: frozenset[int] = frozenset()
         for i, n in enumerate(free):
             if n < 0:
                 raise ValueError(f"host {self._names[i]!r}: negative free slots {n}")
@@ -77,7 +82,7 @@ class FreeSlots:
     def draft(self) -> FreeSlots:
         """A copy-on-write child (see the module docstring)."""
         child = FreeSlots.__new__(FreeSlots)
-        child._names, child._pos = self._names, self._pos
+        child._names, child._pos, child._off = self._names, self._pos, self._off
         child._free, child._words = _Overlay(self._free), _Overlay(self._words)
         child._hist = dict(self._hist)
         child._top, child.total = self._top, self.total
@@ -166,26 +171,45 @@ class FreeSlots:
         self._apply(changes)
 
     def give(self, hosts: Iterable[tuple[str, int]]) -> int:
-        """Give these slots back (hosts it does not know are skipped); return how many."""
-        pos, free = self._pos, self._free
+        """Give these slots back (hosts it does not know and hosts taken out are
+        skipped); return how many."""
+        pos, free, off = self._pos, self._free, self._off
         changes = []
         n_given = 0
         for host, n in hosts:
             i = pos.get(host)
-            if i is not None:
+            if i is not None and i not in off:
                 changes.append((i, free[i] + n))
                 n_given += n
         self._apply(changes)
         return n_given
 
     def set(self, host: str, n: int) -> None:
-        """Set ``host``'s free slots to ``n`` (>= 0)."""
-        self._apply(((self._pos[host], n),))
+        """Set ``host``'s free slots to ``n`` (>= 0; a host taken out stays at 0)."""
+        i = self._pos[host]
+        self._apply(((i, 0 if i in self._off else n),))
 
     def set_many(self, hosts: Iterable[tuple[str, int]]) -> None:
         """:meth:`set` for each ``(host, free)``."""
-        pos = self._pos
-        self._apply([(pos[h], n) for h, n in hosts])
+        pos, off = self._pos, self._off
+        self._apply([(i, 0 if i in off else n) for h, n in hosts for i in (pos[h],)])
+
+    def disable(self, host: str) -> None:
+        """Take ``host`` out: it counts no free slot until :meth:`enable`."""
+        i = self._pos[host]
+        self._off = self._off | {i}
+        self._apply(((i, 0),))
+
+    def enable(self, host: str, n: int) -> None:
+        """Put ``host`` back with ``n`` free slots."""
+        i = self._pos[host]
+        self._off = self._off - {i}
+        self._apply(((i, n),))
+
+    def enabled(self, host: str) -> bool:
+        """Whether ``host`` is known and not taken out."""
+        i = self._pos.get(host)
+        return i is not None and i not in self._off
 
     # -- internals ---------------------------------------------------------------------
 

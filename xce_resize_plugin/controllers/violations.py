@@ -39,3 +39,15 @@ class SettleLoopError(EmbeddedError, RuntimeError):
 
 class StoreError(EmbeddedError, RuntimeError):
     """The controller's own state could not be read (corrupt, newer schema)."""
+
+
+class UnknownHost(EmbeddedError, KeyError):
+    """No host with this name."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else "unknown host"
+
+
+class HostStateError(EmbeddedError, ValueError):
+    """A host state change that does not apply to the host's state (``up`` of a host
+    that is not down, ``open`` of a host that is not closed, ...)."""

@@ -56,6 +56,12 @@ def _make_journal_converter() -> cattrs.Converter:
     # And the other way round: a job's state, with its allocation, is encoded at every
     # transition; cattrs' generic path calls a hook per task through a generator.
     conv.register_unstructure_hook_func(lambda t: t == tuple[Task, ...], _unstructure_tasks)
+    # A record's reason is written only when there is one (an involuntary shrink), so
+    # the records of requested changes keep the bytes they always had.
+    conv.register_unstructure_hook(
+        ResizeRecord,
+        make_dict_unstructure_fn(ResizeRecord, conv, reason=override(omit_if_default=True)),
+    )
     configure_tagged_union(Fact, conv, tag_name="type")
     return conv
 
@@ -123,8 +129,12 @@ def _register_answers(conv: cattrs.Converter) -> None:
         data: dict[str, Any] = record_fields(value)
         # The task ids of the delta go before the version, where the answers always had them.
         version = data.pop("version")
+        reason = data.pop("reason")
         data["delta_tasks"] = [t.id for t in value.delta]
         data["version"] = version
+        if reason is not None:
+            # Only an involuntary change says why (docs/failover.md: host_failure).
+            data["reason"] = reason
         return data
 
     # Registered before the history's hook is made: cattrs looks the records' hook up then.

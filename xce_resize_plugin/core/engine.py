@@ -47,6 +47,7 @@ from xce_resize_plugin.core.models import (
     Task,
     TaskEvent,
     TasksLaunched,
+    TasksLost,
     TaskStarted,
     TaskStartFailed,
     TaskStopped,
@@ -137,6 +138,9 @@ class Notify:
     kind: ChangeKind
     delta: tuple[Task, ...]
     after: tuple[Task, ...]
+    #: The allocation version of ``after`` when it is already committed (a notification
+    #: for information after an involuntary shrink); ``None``: the next version.
+    version: int | None = None
 
 
 @frozen
@@ -195,8 +199,11 @@ def _check_job(job: JobInfo) -> None:
         raise errors.JobNotResizable(f"job {job.id}")
 
 
-def _track(state: ResizeState | None, job: JobInfo, at: float) -> tuple[ResizeState, list[Fact]]:
-    """The job's state, starting to track it (a JobTracked fact) on its first resize."""
+def _track(
+    state: ResizeState | None, job: JobInfo, at: float, prior: ResizeState | None = None
+) -> tuple[ResizeState, list[Fact]]:
+    """The job's state, starting to track it (a JobTracked fact) on its first resize;
+    ``prior``: the ended state of an earlier run of the job (requeued), continued."""
     if state is not None:
         return state, []
     fact = JobTracked(
@@ -208,7 +215,7 @@ def _track(state: ResizeState | None, job: JobInfo, at: float) -> tuple[ResizeSt
         tasks=job.tasks,
         started_at=job.start_time if job.start_time is not None else at,
     )
-    return evolve(None, fact), [fact]
+    return evolve(prior if prior is not None and not prior.live else None, fact), [fact]
 
 
 def _notify_cmd(job: JobInfo, notify_cmd: str | None, no_notify: bool) -> str | None:
@@ -650,6 +657,150 @@ def decide_job_end(state: ResizeState, at: float) -> list[Fact]:
     return facts
 
 
+# --- host failure --------------------------------------------------------------------
+# A host that fails takes its tasks with it. A resizable job that keeps task 0 and at
+# least min_tasks loses them as an involuntary shrink; any other job ends or is
+# requeued by the host. How each in-flight state is settled: docs/failover.md.
+
+
+def survives_loss(state: ResizeState | None, job: JobInfo, lost_ids: Iterable[int]) -> bool:
+    """Whether ``job`` can lose the tasks ``lost_ids`` and go on running: it is
+    resizable, keeps task 0, and keeps at least ``min_tasks`` once a release being
+    stopped is complete."""
+    if not job.resizable or job.state is not JobState.RUN:
+        return False
+    lost = set(lost_ids)
+    tasks = state.tasks if state is not None else job.tasks
+    if not tasks or tasks[0].id in lost:
+        return False
+    kept = {t.id for t in tasks} - lost
+    if state is not None and state.phase is Phase.SHRINK_STOPPING and state.change is not None:
+        kept -= {t.id for t in state.change.tasks}
+    return len(kept) >= job.min_tasks
+
+
+def decide_host_loss(
+    state: ResizeState | None,
+    job: JobInfo,
+    host: str,
+    lost_ids: Iterable[int],
+    at: float,
+    settings: Settings,
+    prior: ResizeState | None = None,
+) -> list[Fact]:
+    """The facts of a job losing the tasks ``lost_ids`` on the failed ``host``, when it
+    :func:`survives_loss` (else the host ends or requeues it: no fact here). Task ids
+    the job does not hold are ignored; no fact when it holds none of them. ``prior``:
+    for an untracked job, the ended state of its earlier run (a requeued job), whose
+    allocation versions go on."""
+    if not survives_loss(state, job, lost_ids):
+        raise errors.InvalidRequest(f"job {job.id} cannot lose tasks {sorted(lost_ids)}")
+    wanted = set(lost_ids)
+    held = state.held if state is not None else job.tasks
+    lost = tuple(t for t in held if t.id in wanted and t.host == host)
+    if not lost:
+        return []
+    state, facts = _track(state, job, at, prior)
+    committed_lost = any(t.id in wanted for t in state.tasks)
+    version = state.version + 1 if committed_lost else state.version
+    notify = job.notify_cmd if committed_lost else None
+    fact = TasksLost(
+        job_id=job.id,
+        at=at,
+        host=host,
+        tasks=lost,
+        version=version,
+        attempt=state.notify_attempts + 1 if notify is not None else 0,
+        notify_cmd=notify,
+    )
+    facts.append(fact)
+    after = evolve(state, fact)
+    change = after.change
+    if change is not None:
+        done = change.started | change.failed | change.stopped
+        if all(t.id in done for t in change.tasks):
+            # The loss resolved the change's last tasks: it completes now.
+            facts.append(_completion(after, change, bool(change.started), at, settings))
+    return facts
+
+
+def _lose(state: ResizeState, fact: TasksLost) -> ResizeState:
+    """Fold a host failure into the state: the lost committed tasks leave the
+    allocation (a resize record), and the change in flight is settled."""
+    lost = {t.id for t in fact.tasks}
+    tasks = tuple(t for t in state.tasks if t.id not in lost)
+    records = state.records
+    if len(tasks) != len(state.tasks):
+        delta = tuple(t for t in state.tasks if t.id in lost)
+        record = ResizeRecord(
+            fact.at, ChangeKind.SHRINK, state.tasks, delta, tasks, fact.version, "host_failure"
+        )
+        records = (*records, record)
+    change, pending, phase = _settle(state, lost)
+    return _evolve(
+        state,
+        tasks=tasks,
+        records=records,
+        version=fact.version,
+        change=change,
+        pending=pending,
+        phase=phase,
+        notify_attempts=max(state.notify_attempts, fact.attempt),
+    )
+
+
+def _settle(state: ResizeState, lost: set[int]) -> tuple[Change | None, PendingGrow | None, Phase]:
+    """The change in flight after a host failure took the tasks ``lost`` of the job:
+
+    - GROW_NOTIFYING: the grow goes back to pending (no failure counted), its slots freed;
+    - GROW_STARTING: its lost tasks count as failed to start, the others go on;
+    - SHRINK_NOTIFYING: the release is abandoned (as if vetoed), the allocation stays;
+    - SHRINK_STOPPING: its lost tasks are gone with the host, the others go on stopping.
+    """
+    change, phase = state.change, state.phase
+    if change is None:
+        return None, state.pending, phase
+    if phase is Phase.GROW_NOTIFYING:
+        return None, change.pending, Phase.GROW_PENDING if change.pending else Phase.IDLE
+    if phase is Phase.SHRINK_NOTIFYING:
+        return None, None, Phase.IDLE
+    mine = {t.id for t in change.tasks} & lost
+    if not mine:
+        return change, state.pending, phase
+    if change.kind is ChangeKind.GROW:
+        return _evolve(change, failed=change.failed | mine), state.pending, phase
+    rest = tuple(t for t in change.tasks if t.id not in lost)
+    if not rest:
+        return None, None, Phase.IDLE
+    stopped = change.stopped - lost
+    return _evolve(change, tasks=rest, stopped=stopped), state.pending, phase
+
+
+def _loss_effects(before: ResizeState | None, fact: TasksLost, after: ResizeState) -> list[Effect]:
+    """Free every slot the job no longer holds (the lost tasks, a grow sent back to
+    pending), commit a shrunk allocation, and run the notification for information."""
+    job_id = after.job_id
+    still = {t.id for t in after.held}
+    gone = tuple(t.id for t in (before.held if before is not None else ()) if t.id not in still)
+    out: list[Effect] = [Free(job_id, gone or tuple(t.id for t in fact.tasks))]
+    if before is not None and after.tasks != before.tasks:
+        out.append(CommitAllocation(job_id, after.tasks, after.version, after.records[-1]))
+        if fact.notify_cmd is not None and fact.attempt:
+            delta = after.records[-1].delta
+            out.append(
+                Notify(
+                    job_id,
+                    fact.attempt,
+                    fact.notify_cmd,
+                    ChangeKind.SHRINK,
+                    delta,
+                    after.tasks,
+                    after.version,
+                )
+            )
+    return out
+
+
 # --- evolve --------------------------------------------------------------------------
 
 
@@ -676,24 +827,41 @@ def _charges(
 def evolve(state: ResizeState | None, fact: Fact) -> ResizeState:
     """Fold one fact into the job's state (the only way state changes)."""
     if isinstance(fact, JobTracked):
-        if state is not None:
+        if state is not None and state.live:
             raise ValueError(f"job {fact.job_id} is tracked already")
-        return ResizeState(
-            job_id=fact.job_id,
-            user=fact.user,
-            min_tasks=fact.min_tasks,
-            max_tasks=fact.max_tasks,
-            tasks=fact.tasks,
-            started_at=fact.started_at,
-            next_task_id=max((t.id for t in fact.tasks), default=-1) + 1,
-            charges=((fact.started_at, len(fact.tasks)),),
-        )
+        return _tracked(state, fact)
     if state is None:
         raise ValueError(f"{type(fact).__name__} for untracked job {fact.job_id}")
     return _with_charge(_apply(state, fact), fact.at)
 
 
+def _tracked(prior: ResizeState | None, fact: JobTracked) -> ResizeState:
+    """A job's state from its first tracked fact. A job tracked before and requeued
+    since (its state ended) keeps its history: resize records, charges, versions."""
+    records: tuple[ResizeRecord, ...] = ()
+    charges: tuple[tuple[float, int], ...] = ((fact.started_at, len(fact.tasks)),)
+    version = attempts = 0
+    if prior is not None:
+        records, version, attempts = prior.records, prior.version, prior.notify_attempts
+        charges = _charges(prior.charges, fact.started_at, len(fact.tasks))
+    return ResizeState(
+        job_id=fact.job_id,
+        user=fact.user,
+        min_tasks=fact.min_tasks,
+        max_tasks=fact.max_tasks,
+        tasks=fact.tasks,
+        started_at=fact.started_at,
+        next_task_id=max((t.id for t in fact.tasks), default=-1) + 1,
+        version=version,
+        records=records,
+        charges=charges,
+        notify_attempts=attempts,
+    )
+
+
 def _apply(state: ResizeState, fact: Fact) -> ResizeState:
+    if isinstance(fact, TasksLost):
+        return _lose(state, fact)
     change = state.change
     if isinstance(fact, GrowRequested):
         pending = PendingGrow(fact.min_add, fact.max_add, fact.notify_cmd, fact.at, auto=fact.auto)
@@ -825,6 +993,8 @@ def effects(before: ResizeState | None, fact: Fact, after: ResizeState) -> list[
         return [Free(job_id, (fact.task_id,))]
     if isinstance(fact, Committed):
         return [CommitAllocation(job_id, after.tasks, after.version, after.records[-1])]
+    if isinstance(fact, TasksLost):
+        return _loss_effects(before, fact, after)
     return []
 
 

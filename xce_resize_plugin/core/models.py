@@ -50,6 +50,19 @@ class ChangeKind(enum.Enum):
     SHRINK = "shrink"
 
 
+class LossOutcome(enum.Enum):
+    """What became of a job that had tasks on a failed host (docs/failover.md)."""
+
+    #: Committed tasks were lost and dropped: an involuntary shrink.
+    SHRUNK = "shrunk"
+    #: Only tasks of the change in flight were lost; the allocation is unchanged.
+    KEPT = "kept"
+    #: The job cannot lose the tasks: the host ends it (``EXIT``, reason host failure).
+    EXIT = "exit"
+    #: As ``EXIT``, but the site's ``xce_resize_host_lost`` asked the host to requeue it.
+    REQUEUE = "requeue"
+
+
 @frozen(order=True)
 class Task:
     """One task of a job: its id (0 is the head task) and the host it runs on."""
@@ -223,6 +236,9 @@ class ResizeRecord:
     delta: tuple[Task, ...]
     after: tuple[Task, ...]
     version: int
+    #: Why the change happened when nobody asked for it: ``host_failure`` for an
+    #: involuntary shrink (docs/failover.md); ``None`` for a requested change.
+    reason: str | None = None
 
 
 @frozen
@@ -454,6 +470,30 @@ class JobEnded:
     at: float
 
 
+# --- host failure (an involuntary shrink) --------------------------------------------
+
+
+@frozen
+class TasksLost:
+    """A host failed and took these tasks of the job with it (docs/failover.md).
+
+    ``tasks`` are every task of the job that was on ``host``: committed ones and those
+    of the change in flight; their slots are freed at this fact. ``version`` is the
+    allocation version after the loss (the job's version when no committed task was
+    lost); a loss of committed tasks is an involuntary shrink with a resize record
+    (reason ``host_failure``). ``attempt``: the number of the notification run for
+    information (0: none runs).
+    """
+
+    job_id: str
+    at: float
+    host: str
+    tasks: tuple[Task, ...]
+    version: int
+    attempt: int = 0
+    notify_cmd: str | None = None
+
+
 Fact = (
     JobTracked
     | GrowRequested
@@ -470,6 +510,7 @@ Fact = (
     | Committed
     | JobEnded
     | AutoresizeSet
+    | TasksLost
 )
 
 FACT_TYPES: tuple[type, ...] = (
@@ -488,6 +529,7 @@ FACT_TYPES: tuple[type, ...] = (
     Committed,
     JobEnded,
     AutoresizeSet,
+    TasksLost,
 )
 
 

@@ -186,6 +186,8 @@ SCHEMAS: dict[str, Any] = {
                         "after": _HOST_COUNTS,
                         "delta_tasks": {"type": "array", "items": {"type": "integer"}},
                         "version": {"type": "integer", "minimum": 1},
+                        # Only on a change nobody asked for (docs/failover.md).
+                        "reason": {"type": "string", "enum": ["host_failure"]},
                     },
                     "required": [
                         "time",

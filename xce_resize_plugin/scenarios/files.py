@@ -23,10 +23,14 @@ SECTIONS = {"cluster", "limits", "users", "resize", "scenario", "jobs", "command
 #: A ``[[jobs]]`` table: the submission options every controller takes, and the
 #: scenario's own (id, owner, arrival time, true run time).
 JOB_KEYS = SUBMIT_OPTIONS | {"id", "user", "submit", "runtime"}
-COMMAND_KEYS = {"at", "user", "bresize", "resize", "modify"}
+COMMAND_KEYS = {"at", "user", "bresize", "resize", "modify", "host"}
 #: What a ``modify`` command may change (``xce-resize modify``, ``bmod``).
 MODIFY_KEYS = {"job", "autoresize"}
 RESIZE_OPS = {"grow", "release", "cancel"}
+#: A ``host`` command's states (docs/scenarios.md, "Host commands"): what an
+#: administrator or an injected failure does to a host.
+HOST_STATES = {"down", "up", "closed", "open"}
+HOST_KEYS = {"name", "state", "evacuate"}
 
 
 @frozen
@@ -48,14 +52,26 @@ class JobSpec:
 
 
 @frozen
+class HostCommand:
+    """A ``host`` command: fail a host (``down``), bring it back (``up``), close it to
+    new tasks (``closed``, with ``evacuate``: ask resizable jobs to leave) or open it."""
+
+    name: str
+    state: str
+    evacuate: bool = False
+
+
+@frozen
 class CommandSpec:
-    """One command: ``argv`` (a bresize command line) or ``resize`` (an API body; a
-    ``modify`` command is held as one with ``op = "modify"``)."""
+    """One command: ``argv`` (a bresize command line), ``resize`` (an API body; a
+    ``modify`` command is held as one with ``op = "modify"``) or ``host`` (a host
+    state change, administrators only)."""
 
     at: float
     user: str
     argv: tuple[str, ...] | None = None
     resize: Mapping[str, Any] | None = None
+    host: HostCommand | None = None
 
 
 @frozen
@@ -110,7 +126,7 @@ def parse(data: Mapping[str, Any], path: Path) -> Scenario:
     if not isinstance(protect, bool):
         raise where.error("scenario.protect_reservation", "must be true or false")
     jobs = _jobs(where, data.get("jobs", []), host_names)
-    commands = _commands(where, data.get("commands", []))
+    commands = _commands(where, data.get("commands", []), host_names, frozenset(admins))
     return Scenario(
         path=path,
         hosts=hosts,
@@ -274,7 +290,32 @@ def _modify(where: Where, key: str, body: Any) -> dict[str, Any]:
     return {"op": "modify", **body}
 
 
-def _commands(where: Where, value: Any) -> tuple[CommandSpec, ...]:
+def _host_command(
+    where: Where, key: str, raw: Any, user: str, hosts: set[str], admins: frozenset[str]
+) -> HostCommand:
+    """A ``host = {name, state[, evacuate]}`` table, checked: administrators only."""
+    if not isinstance(raw, Mapping):
+        raise where.error(key, "must be a table")
+    where.only(key, raw, HOST_KEYS)
+    if user not in admins:
+        raise where.error(key, f"only administrators ([users] admins) may change hosts: {user}")
+    name = raw.get("name")
+    if not isinstance(name, str) or name not in hosts:
+        raise where.error(f"{key}.name", f"no such host in [cluster] hosts: {name!r}")
+    state = raw.get("state")
+    if state not in HOST_STATES:
+        raise where.error(f"{key}.state", f"must be one of {', '.join(sorted(HOST_STATES))}")
+    evacuate = raw.get("evacuate", False)
+    if not isinstance(evacuate, bool):
+        raise where.error(f"{key}.evacuate", "must be true or false")
+    if evacuate and state != "closed":
+        raise where.error(f"{key}.evacuate", 'only with state = "closed"')
+    return HostCommand(name, str(state), evacuate)
+
+
+def _commands(
+    where: Where, value: Any, hosts: set[str], admins: frozenset[str]
+) -> tuple[CommandSpec, ...]:
     if not isinstance(value, list):
         raise where.error("commands", "must be an array of tables ([[commands]])")
     out = []
@@ -287,11 +328,15 @@ def _commands(where: Where, value: Any) -> tuple[CommandSpec, ...]:
         user = raw.get("user")
         if not isinstance(user, str) or not user:
             raise where.error(f"{key}.user", "missing or not a string")
-        if sum(k in raw for k in ("bresize", "resize", "modify")) != 1:
-            raise where.error(key, "give exactly one of bresize, resize or modify")
-        if "modify" in raw:
+        given = [k for k in ("bresize", "resize", "modify", "host") if k in raw]
+        if len(given) != 1:
+            raise where.error(key, "give exactly one of bresize, resize, modify or host")
+        if given[0] == "host":
+            host = _host_command(where, f"{key}.host", raw["host"], user, hosts, admins)
+            out.append(CommandSpec(at=at, user=user, host=host))
+        elif given[0] == "modify":
             out.append(CommandSpec(at=at, user=user, resize=_modify(where, key, raw["modify"])))
-        elif "bresize" in raw:
+        elif given[0] == "bresize":
             line = raw["bresize"]
             if not isinstance(line, str):
                 raise where.error(f"{key}.bresize", "must be a string")

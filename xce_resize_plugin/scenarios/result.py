@@ -9,10 +9,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from attrs import frozen
+from attrs import field, frozen
 
 from xce_resize_plugin.core.models import Fact
-from xce_resize_plugin.scenarios.files import Scenario
+from xce_resize_plugin.scenarios.files import HostCommand, Scenario
 
 __all__ = ["CommandResult", "ScenarioResult"]
 
@@ -30,6 +30,8 @@ class CommandResult:
     #: The journal's last sequence number before the command ran: orders the command
     #: among the facts of the same instant in the timeline.
     seq: int = 0
+    #: A ``host`` command (``argv`` and ``resize`` are then ``None``).
+    host: HostCommand | None = None
 
 
 @frozen
@@ -47,6 +49,8 @@ class ScenarioResult:
     problems: tuple[str, ...]
     #: Jobs refused when they arrived (submit > 0): ``(time, job id, reason)``.
     rejected: tuple[tuple[float, str, str], ...] = ()
+    #: Host -> its state at the end (``ok``, ``closed``, ``unavail``).
+    host_states: Mapping[str, str] = field(factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -54,7 +58,9 @@ class ScenarioResult:
             "end_time": self.end_time,
             "commands": [_command_json(c) for c in self.commands],
             "jobs": dict(self.jobs),
-            "hosts": dict(self.hosts),
+            "hosts": {
+                h: {**v, "state": self.host_states.get(h, "ok")} for h, v in self.hosts.items()
+            },
             "users": dict(self.users),
             "rejected_jobs": [
                 {"time": t, "job": j, "reason": reason} for t, j, reason in self.rejected
@@ -66,9 +72,13 @@ class ScenarioResult:
 
 def _command_json(c: CommandResult) -> dict[str, Any]:
     out: dict[str, Any] = {"at": c.at, "user": c.user}
-    if c.argv is not None:
+    if c.host is not None:
+        out["host"] = {"name": c.host.name, "state": c.host.state, "evacuate": c.host.evacuate}
+    elif c.argv is not None:
         out["argv"] = list(c.argv)
     else:
         out["resize"] = dict(c.resize or {})
     out.update({"exit": c.exit, "code": c.code, "message": c.message})
+    if c.host is not None:
+        out["output"] = c.output
     return out

@@ -18,6 +18,7 @@ from attrs import evolve
 
 from xce_resize_plugin.cli import bresize
 from xce_resize_plugin.cli.bresize_args import Command, to_request
+from xce_resize_plugin.controllers.hosts import HostDrain, HostFailure
 from xce_resize_plugin.controllers.runners import (
     NotificationRunner,
     SimTaskRunner,
@@ -25,7 +26,7 @@ from xce_resize_plugin.controllers.runners import (
     TaskRunner,
 )
 from xce_resize_plugin.controllers.sim.sim_controller import EmbeddedController
-from xce_resize_plugin.controllers.violations import SubmissionRejected
+from xce_resize_plugin.controllers.violations import HostStateError, SubmissionRejected
 from xce_resize_plugin.core import converters
 from xce_resize_plugin.core.models import (
     AutoresizeRequest,
@@ -39,7 +40,7 @@ from xce_resize_plugin.journal import Journal
 from xce_resize_plugin.manager import get_plugin_manager
 from xce_resize_plugin.recording.format import RecordingWriter
 from xce_resize_plugin.recording.sim_recorder import ScenarioRecorder
-from xce_resize_plugin.scenarios.files import CommandSpec, JobSpec, Scenario
+from xce_resize_plugin.scenarios.files import CommandSpec, HostCommand, JobSpec, Scenario
 from xce_resize_plugin.scenarios.result import CommandResult, ScenarioResult
 
 
@@ -104,6 +105,8 @@ class _Runner:
 
     def _execute(self, cmd: CommandSpec) -> CommandResult:
         principal = self.principal(cmd.user)
+        if cmd.host is not None:
+            return self._host(cmd, cmd.host, principal)
         if cmd.argv is not None:
 
             def send(parsed: Command) -> None:
@@ -129,6 +132,35 @@ class _Runner:
             )
         return CommandResult(cmd.at, cmd.user, None, cmd.resize, bresize.EXIT_OK, None, "")
 
+    def _host(self, cmd: CommandSpec, host: HostCommand, principal: Principal) -> CommandResult:
+        """A host state change, as an administrator's ``xce-resize host`` would make it."""
+        ctl = self.ctl
+        try:
+            if host.state == "down":
+                message = _failure_text(ctl.host_down(host.name))
+            elif host.state == "up":
+                ctl.host_up(host.name)
+                message = f"host {host.name} is up"
+            elif host.state == "closed":
+                message = _drain_text(ctl.host_close(host.name, host.evacuate, principal))
+            else:
+                ctl.host_open(host.name)
+                message = f"host {host.name} is open"
+        except HostStateError as exc:
+            return CommandResult(
+                cmd.at,
+                cmd.user,
+                None,
+                None,
+                bresize.EXIT_REJECTED,
+                "XCE_HOST_STATE",
+                str(exc),
+                host=host,
+            )
+        return CommandResult(
+            cmd.at, cmd.user, None, None, bresize.EXIT_OK, None, "", message, host=host
+        )
+
     def _request(self, principal: Principal, job_id: str, request: ResizeRequest) -> None:
         """Send a request; with a recording, write it down with its outcome."""
         code: str | None = None
@@ -152,6 +184,17 @@ class _Runner:
             self.results.append(self.execute(cmd))
             self.ctl.settle()
         self.ctl.run(until=until)
+
+
+def _failure_text(failure: HostFailure) -> str:
+    jobs = ", ".join(f"job {j} {o.value}" for j, o in failure.outcomes.items())
+    return f"host {failure.host} is down" + (f": {jobs}" if jobs else "")
+
+
+def _drain_text(drain: HostDrain) -> str:
+    parts = [f"job {j} asked to release {len(ids)} task(s)" for j, ids in drain.asked.items()]
+    parts += [f"job {j} stays ({why})" for j, why in drain.stays.items()]
+    return f"host {drain.host} is closed" + (": " + "; ".join(parts) if parts else "")
 
 
 def _api_request(body: dict[str, Any]) -> tuple[str, ResizeRequest]:
@@ -205,6 +248,7 @@ def run(scenario: Scenario, state_dir: Path, record: IO[str] | None = None) -> S
                 "resize_phase": status.phase.value if status is not None else "IDLE",
                 "start_time": view.start_time,
                 "end_time": view.end_time,
+                **({"exit_reason": view.exit_reason} if view.state.value == "EXIT" else {}),
                 "slot_seconds": usage.slot_seconds if usage is not None else 0.0,
                 "resize_records": [converters.record_json(r) for r in usage.records]
                 if usage
@@ -223,6 +267,7 @@ def run(scenario: Scenario, state_dir: Path, record: IO[str] | None = None) -> S
             for n in ctl.notifications()
         )
         hosts = ctl.hosts_view()
+        host_states = {v.name: v.state.value for v in ctl.host_views()}
         users = ctl.users_view()
         problems = tuple(ctl.check_invariants())
         rejected = tuple(ctl.rejections)
@@ -243,4 +288,5 @@ def run(scenario: Scenario, state_dir: Path, record: IO[str] | None = None) -> S
         notifications=notifications,
         problems=problems,
         rejected=rejected,
+        host_states=host_states,
     )

@@ -21,6 +21,7 @@ from xce_resize_plugin.core.models import (
     NotifyDone,
     ReleaseAccepted,
     Task,
+    TasksLost,
     TaskStartFailed,
     format_hosts,
 )
@@ -65,6 +66,9 @@ _ONE_LINE: dict[type[Any], Callable[[Any], str]] = {
     TaskStartFailed: lambda f: f"task {f.task_id} failed to start ({f.reason}); slot freed",
     GrowReverted: lambda f: "no task started; grow back to pending",
     Committed: lambda f: f"committed allocation v{f.version}",
+    TasksLost: lambda f: (
+        f"host {f.host} failed: lost {format_hosts(f.tasks)} ({_ids(f.tasks)}); slots freed"
+    ),
 }
 
 
@@ -85,6 +89,16 @@ def _fact_lines(fact: Fact, notes: Mapping[tuple[str, int], Mapping[str, Any]]) 
     job = f"job {fact.job_id}"
     if isinstance(fact, NotifyDone):
         return _notify_lines(job, fact, notes)
+    if isinstance(fact, TasksLost) and fact.attempt:
+        note = notes.get((fact.job_id, fact.attempt), {})
+        status = note.get("status")
+        out = (note.get("stdout") or "").strip()
+        return [
+            f"{job}: {_ONE_LINE[TasksLost](fact)}",
+            f"{job}: notification (attempt {fact.attempt}, for information) on "
+            f"{note.get('host', '?')}: exit {status}",
+            *(f"    | {text}" for text in out.splitlines()[:5]),
+        ]
     line = _ONE_LINE.get(type(fact))
     return [f"{job}: {line(fact)}"] if line is not None else []
 
@@ -117,11 +131,14 @@ def render(result: ScenarioResult) -> str:
             kind = " (autoresizable)" if spec is not None and spec.autoresize else kind
             add(job["start_time"], [f"job {job_id} ({user}){kind} starts on {alloc}"])
     for c in result.commands:
-        cmd = (
-            "bresize " + " ".join(shlex.quote(a) for a in c.argv)
-            if c.argv is not None
-            else _rest_line(c.resize)
-        )
+        if c.host is not None:
+            verb = {"down": "down", "up": "up", "closed": "close", "open": "open"}[c.host.state]
+            flag = " --evacuate" if c.host.evacuate else ""
+            cmd = f"xce-resize host {verb}{flag} {c.host.name}"
+        elif c.argv is not None:
+            cmd = "bresize " + " ".join(shlex.quote(a) for a in c.argv)
+        else:
+            cmd = _rest_line(c.resize)
         lines = [f"{c.user}$ {cmd}"]
         if c.output:
             lines.append(f"    {c.output}")
@@ -144,7 +161,8 @@ def render(result: ScenarioResult) -> str:
         add(t, [f"job {job_id} refused on arrival: {reason}"])
     for job_id, job in result.jobs.items():
         if job["end_time"] is not None:
-            add(job["end_time"], [f"job {job_id} ends ({job['state']})"])
+            why = f": {job['exit_reason']}" if job.get("exit_reason") else ""
+            add(job["end_time"], [f"job {job_id} ends ({job['state']}{why})"])
 
     out = [f"Scenario {result.scenario.path.name}\n"]
     for t, _, _, lines in sorted(events):
@@ -161,7 +179,9 @@ def render(result: ScenarioResult) -> str:
             after = sum(rec["after"].values())
             out.append(
                 f"    JOB_RESIZE t={rec['time']:g}s {rec['type']:<6} {before} -> {after} tasks "
-                f"(delta {format_hosts_map(rec['delta'])})\n"
+                f"(delta {format_hosts_map(rec['delta'])})"
+                + (f" reason {rec['reason']}" if rec.get("reason") else "")
+                + "\n"
             )
     if result.problems:
         out.append("\nINVARIANT PROBLEMS:\n" + "".join(f"  {p}\n" for p in result.problems))

@@ -75,12 +75,14 @@ class Check(Observer):
 
 
 class CompletionCheck(Check):
-    """Every expected job is accepted and ends as DONE."""
+    """Every expected job is accepted and ends as DONE (or, with ``allow_host_failure``,
+    EXIT because a host failure ended it)."""
 
     name = "completion"
 
-    def __init__(self) -> None:
+    def __init__(self, allow_host_failure: bool = False) -> None:
         super().__init__()
+        self.allow_host_failure = allow_host_failure
         self._open: set[str] = set()
         self.expected = 0
         self.ended = 0
@@ -95,7 +97,8 @@ class CompletionCheck(Check):
             self.problem(f"job {job.id} ended but was never expected (or ended twice)")
             return
         self._open.discard(job.id)
-        if job.state is not JobState.DONE:
+        failed = self.allow_host_failure and job.exit_reason == "host failure"
+        if job.state is not JobState.DONE and not failed:
             self.problem(f"job {job.id} ended {job.state.value} ({job.exit_reason}), not DONE")
         if job.start_time is None:
             self.problem(f"job {job.id} ended without ever starting")

@@ -61,6 +61,7 @@ from xce_resize_plugin.errors import ConfigError
 from xce_resize_plugin.manager import get_plugin_manager
 from xce_resize_plugin.recording.format import RecordingWriter
 from xce_resize_plugin.recording.sim_recorder import SimRecorder
+from xce_resize_plugin.simulation import failures as failures_mod
 from xce_resize_plugin.simulation.checks import (
     CompletionCheck,
     EasyCheck,
@@ -69,6 +70,7 @@ from xce_resize_plugin.simulation.checks import (
     check_utilization,
 )
 from xce_resize_plugin.simulation.drivers import DRIVERS, Driver, MalleableSpec, make_driver
+from xce_resize_plugin.simulation.failures import FailureInjector, FailureStats, HostFailures
 from xce_resize_plugin.simulation.jobs_csv import JobRow, JobRows
 from xce_resize_plugin.simulation.malleable import (
     MalleableRule,
@@ -142,6 +144,8 @@ class SimOptions:
     #: Where relative ``policy_files`` of ``resize`` are found.
     base_dir: Path | None = None
     check: bool = True
+    #: Injected host failures (``--host-failures``; :mod:`.failures`), in both runs.
+    host_failures: HostFailures | None = None
 
     def __attrs_post_init__(self) -> None:
         if self.driver not in DRIVERS:
@@ -190,6 +194,12 @@ class SimOptions:
             "grow_when_queue_empty": self.grow_when_queue_empty,
             "shrink_min_delay": self.shrink_min_delay,
             "resize": {k: self.resize[k] for k in sorted(self.resize)},
+            # Only with --host-failures: documents without failures keep their keys.
+            **(
+                {"host_failures": self.host_failures.spec()}
+                if self.host_failures is not None
+                else {}
+            ),
         }
 
     def make_driver(self, mode: Mode) -> Driver:
@@ -219,6 +229,7 @@ CONFIG_KEYS: dict[str, tuple[type, ...]] = {
     "grow_margin": (int, float),
     "grow_when_queue_empty": (bool,),
     "shrink_min_delay": (int, float),
+    "host_failures": (str,),
 }
 
 
@@ -266,6 +277,8 @@ def load_options(config: str | os.PathLike[str] | None = None, **overrides: Any)
         values["speedup"] = speedup
     if "malleable_fraction" in values:
         values["malleable_fraction"] = float(values["malleable_fraction"])
+    if isinstance(values.get("host_failures"), str):
+        values["host_failures"] = failures_mod.parse(values["host_failures"])
     if config is not None:
         # The [resize] section goes through the plugin's own checks when it starts.
         config_mod.check(_sim_resize(resize))
@@ -334,6 +347,8 @@ class RunResult:
     seconds: float = 0.0
     #: One row per job (:mod:`.jobs_csv`), when asked for (not part of the JSON).
     jobs: tuple[JobRow, ...] = ()
+    #: What injected host failures did (``None``: none were injected).
+    failures: FailureStats | None = None
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = dict(self.metrics.to_json())
@@ -344,6 +359,8 @@ class RunResult:
             out["backfilled"] = self.backfilled
         out["checks"] = {"ok": not self.problems, "problems": list(self.problems)}
         out["utilization_over_time"] = list(self.usage)
+        if self.failures is not None:
+            out["host_failures"] = self.failures.to_json()
         return out
 
 
@@ -510,7 +527,8 @@ def _run(
         None if progress is None else (lambda done, n: progress(mode, done, n)),
     )
     checks_on = options.check
-    checks = _RunChecks(workload, mode, options.speedup)
+    failing = options.host_failures is not None
+    checks = _RunChecks(workload, mode, options.speedup, failing)
 
     def on_submit(job: SimJob, flexible: bool, work_model: SpeedupWork | None) -> None:
         if recorder is not None:
@@ -535,7 +553,17 @@ def _run(
     if recorder is not None:
         driver.on_request = recorder.request
     ctl.add_observer(driver)  # last: it acts on what the others have seen
-    _Feeder(ctl, jobs, mode, options.speedup, on_submit).start()
+    feeder = _Feeder(ctl, jobs, mode, options.speedup, on_submit)
+    feeder.start()
+    injector = None
+    if options.host_failures is not None:
+
+        def active() -> bool:
+            return feeder.i < total or ctl.pending_count > 0 or stats.started > stats.ended
+
+        names = [h for h, _ in workload.hosts]
+        injector = FailureInjector(ctl, names, options.host_failures, options.seed, active)
+        injector.start()
     ctl.run()
     if progress is not None:
         progress(mode, stats.ended, total)
@@ -554,19 +582,24 @@ def _run(
         usage=tuple(stats.usage.bins(USAGE_BINS, metrics.makespan)),
         waits=tuple(stats.waits),
         seconds=time.perf_counter() - began,
+        failures=injector.stats if injector is not None else None,
     )
 
 
 class _RunChecks:
     """The checks of one run (:mod:`.checks`), fed the jobs as they are submitted."""
 
-    def __init__(self, workload: Workload, mode: Mode, speedup: SpeedupModel) -> None:
+    def __init__(
+        self, workload: Workload, mode: Mode, speedup: SpeedupModel, failing: bool = False
+    ) -> None:
         self.capacity = workload.capacity
-        self.completion = CompletionCheck()
+        # With injected host failures a job may end EXIT for that reason, and the
+        # schedule is no longer the textbook EASY one of the whole cluster.
+        self.completion = CompletionCheck(allow_host_failure=failing)
         self.ledger = LedgerCheck(dict(workload.hosts))
         self.work = WorkCheck(speedup)
         # The FCFS + EASY order holds for the rigid run only (resizes move ends).
-        self.easy = EasyCheck(workload.capacity) if mode == "rigid" else None
+        self.easy = EasyCheck(workload.capacity) if mode == "rigid" and not failing else None
         self.all: tuple[CompletionCheck | LedgerCheck | WorkCheck | EasyCheck, ...] = (
             self.completion,
             self.ledger,

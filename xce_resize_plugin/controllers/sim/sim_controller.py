@@ -26,7 +26,9 @@ What the driver (a test, the demo, the scenario runner) uses: :meth:`submit`,
 forwarding methods (:meth:`request_resize`, :meth:`resize_status`,
 :meth:`acct_usage`), the views (:meth:`jobs`, :meth:`job`, :meth:`hosts_view`,
 :meth:`users_view`, :meth:`notifications`, :meth:`check_invariants`) and fault
-injection (:attr:`faults`, :meth:`inject_task_exit`).
+injection (:attr:`faults`, :meth:`inject_task_exit`), and the host states
+(:meth:`host_down`, :meth:`host_up`, :meth:`host_close`, :meth:`host_open`,
+:meth:`host_views`).
 
 **One controller, two clocks.** The same class is the live controller's machinery
 (:mod:`..live.live_controller` holds one; it never subclasses it). What differs is
@@ -55,7 +57,8 @@ from typing import TYPE_CHECKING, Any, Literal, ParamSpec, TypeVar
 
 import pluggy
 
-from xce_resize_plugin.controllers.cluster import Cluster
+from xce_resize_plugin.controllers.cluster import Cluster, HostState
+from xce_resize_plugin.controllers.hosts import HostDrain, HostFailure, HostView
 from xce_resize_plugin.controllers.jobs import (
     JobOptions,
     JobRecord,
@@ -92,13 +95,23 @@ from xce_resize_plugin.controllers.store import LmdbStore, MemoryStore, NullStor
 from xce_resize_plugin.controllers.violations import (
     ContractViolation,
     EmbeddedError,
+    HostStateError,
     InvariantViolation,
     SettleLoopError,
     SubmissionRejected,
+    UnknownHost,
     UnknownJob,
 )
-from xce_resize_plugin.core.models import GrowHosts, JobInfo, JobState, Task
+from xce_resize_plugin.core.models import (
+    GrowHosts,
+    JobInfo,
+    JobState,
+    LossOutcome,
+    ReleaseRequest,
+    Task,
+)
 from xce_resize_plugin.core.reclaim import QueueHead
+from xce_resize_plugin.errors import ResizeError
 from xce_resize_plugin.host import Controller, HostHooks, Principal, TaskEvent
 
 if TYPE_CHECKING:
@@ -119,6 +132,16 @@ _third = operator.itemgetter(2)
 
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
+
+
+def _exit_tasks(records: Iterable[TaskRecord], now: float, reason: str) -> None:
+    """Mark the live ones of these task records exited now (their processes are gone)."""
+    for rec in records:
+        if rec.state in _LIVE:
+            rec.state = TaskState.EXITED
+            rec.since = now
+            rec.reason = reason
+            rec.stop_since = rec.grace = None
 
 
 def parse_tasks(spec: TasksSpec) -> tuple[int, int]:
@@ -384,6 +407,7 @@ class EmbeddedController:
             config = dict(saved.get("config", {}))
         self._config: Mapping[str, Any] = MappingProxyType(dict(config))
         self._cluster = Cluster(hosts, user_slots)
+        self._restore_host_states(saved)
 
         self._clock: SettableClock = clock if clock is not None else SimClock()
         if "clock" in saved and saved["clock"] > self._clock.now():
@@ -728,7 +752,9 @@ class EmbeddedController:
             for job in self._ordered_jobs():
                 if job.finished and not job.end_reported:
                     self._report_end(job)
+            # Starts first: the plugin must know a job before it hears of its lost tasks.
             self._report_running_starts()
+            self._resettle_down_hosts()
             self._flush()
 
     def stop(self) -> None:
@@ -925,6 +951,215 @@ class EmbeddedController:
         if not isinstance(self._runner, SimTaskRunner):
             raise TypeError("fault injection needs the simulated task runner")
         return self._runner.faults
+
+    # =================================================================================
+    # hosts: states, failures, drains (docs/admin-guide.md, "Host states")
+    # =================================================================================
+
+    def host_views(self) -> list[HostView]:
+        """Every host, in host order: state, slots, used, and the jobs on it."""
+        with self._lock:
+            return [self.host_view(name) for name in self._cluster.hosts]
+
+    def host_view(self, name: str) -> HostView:
+        """One host's view; :class:`UnknownHost` for a name the cluster does not have."""
+        with self._lock:
+            state = self._host_state(name)
+            on = self._cluster.jobs_on(name)
+            jobs = {j: on[j] for j in sorted(on, key=job_id_key)}
+            slots = self._cluster.hosts[name]
+            return HostView(name, state, slots, self._cluster.used(name), jobs)
+
+    def host_down(self, name: str) -> HostFailure:
+        """The host failed (an injected failure, or a live host whose agent was lost).
+
+        The host becomes ``unavail``: nothing is placed on it until :meth:`host_up`.
+        Every task on it is gone: marked exited and its slot freed now; then the plugin
+        says per job (``xce_host_failed``) whether the job shrank, ends ``EXIT`` (reason
+        ``host failure``) or is requeued, and the controller does so. Raises
+        :class:`UnknownHost`, or :class:`HostStateError` for a host already down;
+        nothing changes then.
+        """
+        with self._lock:
+            self._top_level("host_down")
+            if self._host_state(name) is HostState.UNAVAIL:
+                raise HostStateError(f"host {name} is already unavail")
+            now = self.now()
+            self._cluster.set_down(name, True)
+            self._hosts_changed()
+            lost = self._lose_tasks(name, now)
+            answers = self._hook(self._hooks.host_failed, self._host, name, lost) or {}
+            outcomes: dict[str, LossOutcome] = {}
+            for job_id in lost:
+                outcomes[job_id] = self._settle_loss(self._jobs[job_id], name, answers.get(job_id))
+            self._flush()
+            return HostFailure(name, now, lost, outcomes)
+
+    def host_up(self, name: str) -> None:
+        """A failed host is back: it takes tasks again (closed again if it was closed
+        before it failed). :class:`HostStateError` if it is not down."""
+        with self._lock:
+            self._top_level("host_up")
+            if self._host_state(name) is not HostState.UNAVAIL:
+                raise HostStateError(f"host {name} is {self._host_state(name).value}, not unavail")
+            self._cluster.set_down(name, False)
+            self._hosts_changed()
+            self._flush()
+
+    def host_close(
+        self, name: str, evacuate: bool = False, principal: Principal | None = None
+    ) -> HostDrain:
+        """Close the host to new tasks; the tasks on it go on (a drain).
+
+        With ``evacuate``, every running resizable job with tasks there whose task 0 is
+        elsewhere and that keeps at least ``min_tasks`` without them is asked to release
+        them through the normal release path (``xce_resize_request`` as ``principal``,
+        default an administrator): the notification command may veto it. A job with a
+        pending grow or a change in flight is not asked. The others finish there.
+        A down host may be closed (it comes back closed). :class:`HostStateError` if it
+        is closed already; nothing changes then.
+        """
+        with self._lock:
+            self._top_level("host_close")
+            self._host_state(name)
+            if name in self._closed_hosts():
+                raise HostStateError(f"host {name} is already closed")
+            self._cluster.set_closed(name, True)
+            self._hosts_changed()
+            drain = HostDrain(name, self.now())
+            if evacuate:
+                who = principal if principal is not None else Principal("xce-admin", admin=True)
+                drain = self._evacuate(name, who)
+            self._flush()
+            return drain
+
+    def host_open(self, name: str) -> None:
+        """Open a closed host to new tasks again. :class:`HostStateError` if it is not
+        closed."""
+        with self._lock:
+            self._top_level("host_open")
+            self._host_state(name)
+            if name not in self._closed_hosts():
+                raise HostStateError(f"host {name} is not closed")
+            self._cluster.set_closed(name, False)
+            self._hosts_changed()
+            self._flush()
+
+    def _host_state(self, name: str) -> HostState:
+        try:
+            return self._cluster.host_state(name)
+        except KeyError:
+            raise UnknownHost(f"no host {name!r}") from None
+
+    def _closed_hosts(self) -> set[str]:
+        return {h for h in self._cluster.hosts if self._cluster.is_closed(h)}
+
+    def _hosts_changed(self) -> None:
+        self._changes += 1
+        self._views_epoch += 1  # running jobs' slots on the host no longer count
+        self._meta_dirty = True
+
+    def _lose_tasks(self, name: str, now: float) -> dict[str, tuple[int, ...]]:
+        """Every task on the failed host: its process is gone and its slot free now."""
+        cluster = self._cluster
+        lost: dict[str, tuple[int, ...]] = {}
+        for job_id in sorted(cluster.jobs_on(name), key=job_id_key):
+            ids = tuple(cluster.held_on(job_id, name))
+            lost[job_id] = ids
+            states = self._jobs[job_id].task_states
+            _exit_tasks((states[t] for t in ids if t in states), now, "host failure")
+            cluster.free(job_id, ids)
+            self._changed(job_id)
+        return lost
+
+    def _resettle_down_hosts(self) -> None:
+        """After a restart: a host failure the crash interrupted is settled again for
+        the jobs that still have committed tasks on a failed host (``xce_host_failed``
+        is idempotent for the jobs the plugin had already settled)."""
+        cluster = self._cluster
+        for name in cluster.hosts:
+            if cluster.host_state(name) is not HostState.UNAVAIL:
+                continue
+            lost = {
+                job.id: tuple(t.id for t in job.tasks if t.host == name)
+                for job in self._ordered_jobs()
+                if job.state is JobState.RUN and any(t.host == name for t in job.tasks)
+            }
+            if not lost:
+                continue
+            for job_id, ids in lost.items():
+                cluster.free(job_id, ids)
+            answers = self._hook(self._hooks.host_failed, self._host, name, lost) or {}
+            for job_id in lost:
+                self._settle_loss(self._jobs[job_id], name, answers.get(job_id))
+
+    def _settle_loss(self, job: JobRecord, host: str, answer: LossOutcome | None) -> LossOutcome:
+        """Act on the plugin's answer for one job of a host failure."""
+        if job.finished:
+            return LossOutcome.EXIT
+        kept = answer in (LossOutcome.SHRUNK, LossOutcome.KEPT)
+        if kept and any(t.host == host for t in job.tasks):
+            # The plugin kept tasks the host took with it: the job cannot go on.
+            self._problems.append(f"job {job.id}: answered {answer} but kept tasks on {host}")
+            kept = False
+        if kept:
+            assert answer is not None
+            self._update_running_view(job)
+            return answer
+        if answer is LossOutcome.REQUEUE:
+            self._requeue_job(job)
+            return answer
+        self._end_job(job, JobState.EXIT, "host failure")
+        return LossOutcome.EXIT
+
+    def _requeue_job(self, job: JobRecord) -> None:
+        """Put a running job back in the queue (its place: its submit time); it starts
+        again from scratch. No ``xce_job_end``: the plugin ended the run's state."""
+        _exit_tasks(job.task_states.values(), self.now(), "requeued")
+        self._cluster.free_job(job.id)
+        self._running.pop(job.id, None)
+        self._drop_running_view(job.id)
+        self._end_gen[job.id] = self._end_gen.get(job.id, 0) + 1  # its end is void
+        job.state = JobState.PEND
+        job.start_time = None
+        job.tasks = ()
+        job.version = 0
+        self._enqueue(job)
+        self._changed(job.id)
+
+    def _evacuate(self, name: str, principal: Principal) -> HostDrain:
+        """Ask the resizable jobs on the closed host ``name`` to release their tasks there."""
+        asked: dict[str, tuple[int, ...]] = {}
+        stays: dict[str, str] = {}
+        for job_id in sorted(self._cluster.jobs_on(name), key=job_id_key):
+            job = self._jobs[job_id]
+            there = tuple(t.id for t in job.tasks if t.host == name)
+            why = self._why_stays(job, name, len(there))
+            if why is None:
+                request = ReleaseRequest(hosts={name: None})
+                try:
+                    self._hook(self._hooks.resize_request, self._host, principal, job_id, request)
+                except ResizeError as exc:
+                    why = f"release refused: {exc.text}"
+            if why is None:
+                asked[job_id] = there
+            else:
+                stays[job_id] = why
+        self._changes += 1
+        return HostDrain(name, self.now(), asked, stays)
+
+    def _why_stays(self, job: JobRecord, name: str, there: int) -> str | None:
+        """Why a job on a closed host is not asked to release its tasks there (``None``:
+        it is asked)."""
+        if job.state is not JobState.RUN or not job.resizable:
+            return "not resizable: finishes there"
+        if not there:
+            return "only a change in flight there"
+        if job.tasks[0].host == name:
+            return "task 0 is there: finishes there"
+        if len(job.tasks) - there < job.min_tasks:
+            return f"would go below min_tasks {job.min_tasks}: finishes there"
+        return None
 
     # -- the resize command paths (what REST / bresize reach in XCE) ------------------
 
@@ -1160,7 +1395,8 @@ class EmbeddedController:
     def check_invariants(self) -> list[str]:
         """Problems found now, plus those recorded earlier (empty list: all good).
 
-        Checked: no host over its slots and the ledger's counters consistent (per host
+        Checked: no slot held and no live task on an ``unavail`` host; no host over its
+        slots and the ledger's counters consistent (per host
         and per user); pending and finished jobs hold no slot; a running job's
         committed allocation is held, starts with task 0, stays within
         ``min_tasks..max_tasks`` and respects ``ptile`` (held slots per host); every
@@ -1170,6 +1406,7 @@ class EmbeddedController:
         with self._lock:
             problems = list(self._problems)
             problems.extend(self._cluster.check())
+            problems.extend(self._down_host_problems())
             for job in self._ordered_jobs():
                 held = self._cluster.held(job.id)
                 if job.state is not JobState.RUN:
@@ -1203,6 +1440,23 @@ class EmbeddedController:
                             f"job {job.id}: task {tid} is {rec.state.value} without a held slot"
                         )
             return problems
+
+    def _down_host_problems(self) -> list[str]:
+        """A failed host holds no slot and runs no task (from the failure instant on)."""
+        cluster = self._cluster
+        down = [h for h in cluster.hosts if cluster.host_state(h) is HostState.UNAVAIL]
+        out = [
+            f"host {h} is unavail but {cluster.used(h)} slot(s) are held"
+            for h in down
+            if cluster.used(h)
+        ]
+        for job in self._running.values():
+            for tid, rec in job.task_states.items():
+                if rec.host in down and rec.state in _LIVE:
+                    out.append(
+                        f"job {job.id}: task {tid} is {rec.state.value} on unavail {rec.host}"
+                    )
+        return out
 
     # -- for a host that holds this controller (the live controller) and recorders -----
 
@@ -1329,6 +1583,9 @@ class EmbeddedController:
         for host, count in job.alloc:
             if not self._cluster.has_host(host):
                 raise SubmissionRejected(f"alloc: unknown host {host!r}")
+            if not self._cluster.takes_tasks(host):
+                state = self._cluster.host_state(host).value
+                raise SubmissionRejected(f"alloc: host {host} is {state}: no new tasks")
             if count < 1:
                 raise SubmissionRejected(f"alloc: bad task count {count} on {host}")
             if job.ptile is not None and count > job.ptile:
@@ -1434,12 +1691,7 @@ class EmbeddedController:
         job.state = state
         job.end_time = now
         job.exit_reason = reason
-        for rec in job.task_states.values():
-            if rec.state in _LIVE:
-                rec.state = TaskState.EXITED
-                rec.since = now
-                rec.reason = "job ended"
-                rec.stop_since = rec.grace = None
+        _exit_tasks(job.task_states.values(), now, "job ended")
         if was_pending:
             self._dequeue(job)
         cluster = self._cluster
@@ -1568,8 +1820,10 @@ class EmbeddedController:
             j for j, job in self._running.items() if job.resizable and held(j) > job.min_tasks
         )
         free = dict(self._cluster.open_slots())
+        # Slots a reclaim frees on a closed or failed host do not count for the head.
+        unusable = self._cluster.out_of_service()
         return QueueHead(
-            res.job_id, view.min_tasks, view.ptile, res.shadow, free, frozenset(), resizable
+            res.job_id, view.min_tasks, view.ptile, res.shadow, free, unusable, resizable
         )
 
     def _known_reservation(self, now: float) -> Reservation | None:
@@ -1598,7 +1852,7 @@ class EmbeddedController:
             job.id,
             self._expected_end(job),
             cluster.job_hosts(job.id),
-            partial(cluster.held_count, job.id),
+            partial(cluster.schedulable_count, job.id),
         )
         self._running_views[job.id] = view
         if view.end is not None:
@@ -1699,7 +1953,23 @@ class EmbeddedController:
             "hosts": [[h, n] for h, n in self._cluster.hosts.items()],
             "user_slots": self._cluster.user_limits,
             "config": dict(self._config),
+            **self._host_states_meta(),
         }
+
+    def _restore_host_states(self, saved: Mapping[str, Any]) -> None:
+        """The failed and closed hosts as saved (hosts no longer configured are skipped)."""
+        cluster = self._cluster
+        for key, mark in (("hosts_down", cluster.set_down), ("hosts_closed", cluster.set_closed)):
+            for name in saved.get(key, []):
+                if cluster.has_host(str(name)):
+                    mark(str(name), True)
+
+    def _host_states_meta(self) -> dict[str, list[str]]:
+        """The hosts out of scheduling, as saved (absent when every host is ok)."""
+        cluster = self._cluster
+        down = [h for h in cluster.hosts if cluster.host_state(h) is HostState.UNAVAIL]
+        closed = sorted(self._closed_hosts())
+        return {k: v for k, v in (("hosts_down", down), ("hosts_closed", closed)) if v}
 
     def _flush(self) -> None:
         if self._closed or not self._persist:

@@ -1,0 +1,148 @@
+"""Injected host failures for ``xce-resize simulate --host-failures MTBF[:REPAIR]``.
+
+Each host fails after an exponentially distributed time with mean ``MTBF`` hours and
+comes back ``REPAIR`` hours later (default :data:`DEFAULT_REPAIR_HOURS`), again and
+again. The failure times of a host come from its own random stream, seeded by the
+simulation's seed and the host's name, so the rigid and the elastic runs see exactly
+the same failures (docs/simulation.md, "Host failures"), whatever their jobs do. A run
+stops drawing failures once it has no job left to submit, wait or run.
+
+What a failure does is the controller's rule (``host_down``, docs/failover.md): a
+resizable job that can lose the host's tasks shrinks, any other ends ``EXIT``. The
+injector counts, per run, the jobs killed, the jobs shrunk and the slot-hours the killed
+jobs had run (work thrown away).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable, Sequence
+from functools import partial
+
+from attrs import frozen
+
+from xce_resize_plugin.controllers.sim.sim_controller import EmbeddedController
+from xce_resize_plugin.core.models import LossOutcome
+from xce_resize_plugin.errors import ConfigError
+
+__all__ = ["DEFAULT_REPAIR_HOURS", "FailureInjector", "FailureStats", "HostFailures", "parse"]
+
+#: Hours a failed host stays down when ``--host-failures`` gives no repair time.
+DEFAULT_REPAIR_HOURS = 1.0
+_OPTION = "--host-failures"
+
+
+@frozen
+class HostFailures:
+    """Mean time between failures of each host, and its repair time, in hours."""
+
+    mtbf_hours: float
+    repair_hours: float = DEFAULT_REPAIR_HOURS
+
+    def spec(self) -> str:
+        return f"{self.mtbf_hours:g}:{self.repair_hours:g}"
+
+
+def parse(text: str) -> HostFailures:
+    """``MTBF_HOURS[:REPAIR_HOURS]``; a bad spec is a :class:`ConfigError` naming the
+    option."""
+    parts = text.split(":")
+    if len(parts) > 2:
+        raise ConfigError(f"{_OPTION}: expected MTBF_HOURS[:REPAIR_HOURS], got {text!r}")
+    values: list[float] = []
+    for name, part in zip(("MTBF_HOURS", "REPAIR_HOURS"), parts, strict=False):
+        try:
+            value = float(part)
+        except ValueError:
+            raise ConfigError(f"{_OPTION}: {name} must be a number, got {part!r}") from None
+        if not (0 < value < math.inf):
+            raise ConfigError(f"{_OPTION}: {name} must be a positive finite number, got {part!r}")
+        values.append(value)
+    return HostFailures(*values)
+
+
+@frozen
+class FailureStats:
+    """What the failures of one run did."""
+
+    failures: int = 0
+    jobs_killed: int = 0
+    jobs_shrunk: int = 0
+    slot_hours_lost: float = 0.0
+
+    def to_json(self) -> dict[str, float | int]:
+        return {
+            "host_failures": self.failures,
+            "jobs_killed": self.jobs_killed,
+            "jobs_shrunk": self.jobs_shrunk,
+            "slot_hours_lost": self.slot_hours_lost,
+        }
+
+
+class FailureInjector:
+    """Fails and repairs the hosts of one run (see the module docstring).
+
+    :param active: whether the run still has jobs to submit, wait or run; no new
+        failure is drawn once it is false.
+    """
+
+    def __init__(
+        self,
+        ctl: EmbeddedController,
+        hosts: Sequence[str],
+        failures: HostFailures,
+        seed: int,
+        active: Callable[[], bool],
+    ) -> None:
+        self.ctl = ctl
+        self.failures = failures
+        self.active = active
+        self._rng = {h: random.Random(f"host-failures:{seed}:{h}") for h in hosts}
+        self.stats = FailureStats()
+        #: ``(time, host)`` of every failure injected, in order.
+        self.log: list[tuple[float, str]] = []
+
+    def start(self) -> None:
+        for host in self._rng:
+            self._schedule(host, self.ctl.now())
+
+    def _schedule(self, host: str, after: float) -> None:
+        gap = self._rng[host].expovariate(1.0 / (self.failures.mtbf_hours * 3600.0))
+        self.ctl.at(after + gap, partial(self._down, host))
+
+    def _down(self, host: str) -> None:
+        if not self.active():
+            return
+        ctl = self.ctl
+        now = ctl.now()
+        ran = {job_id: self._slot_hours(job_id, now) for job_id in ctl.host_view(host).jobs}
+        failure = ctl.host_down(host)
+        self.log.append((now, host))
+        killed = [j for j, o in failure.outcomes.items() if o is LossOutcome.EXIT]
+        shrunk = [j for j, o in failure.outcomes.items() if o is LossOutcome.SHRUNK]
+        s = self.stats
+        self.stats = FailureStats(
+            s.failures + 1,
+            s.jobs_killed + len(killed),
+            s.jobs_shrunk + len(shrunk),
+            s.slot_hours_lost + sum(ran[j] for j in killed),
+        )
+        ctl.at(now + self.failures.repair_hours * 3600.0, partial(self._up, host))
+
+    def _slot_hours(self, job_id: str, now: float) -> float:
+        """The slot-hours ``job_id`` has run so far (thrown away if the failure kills it)."""
+        record = self.ctl.record(job_id)
+        if record is None:
+            return 0.0
+        total = 0.0
+        versions = record.versions
+        for i, version in enumerate(versions):
+            end = versions[i + 1].time if i + 1 < len(versions) else now
+            total += len(version.tasks) * (end - version.time)
+        return total / 3600.0
+
+    def _up(self, host: str) -> None:
+        self.ctl.host_up(host)
+        if self.active():
+            self._schedule(host, self.ctl.now())
