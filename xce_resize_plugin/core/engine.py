@@ -391,13 +391,21 @@ def _autoresize_off(
 
 
 def _demand(state: ResizeState, at: float, settings: Settings) -> GrowRequested | None:
-    """The demand the state calls for now, if it has none and is due one."""
+    """The demand the state calls for now, if it has none and is due one — or a new
+    one when its pending demand no longer fits its size (tasks were lost meanwhile)."""
     room = state.max_tasks - len(state.tasks)
+    pending = state.pending
+    stale = (
+        pending is not None
+        and pending.auto
+        and state.phase is Phase.GROW_PENDING
+        and pending.max_add != room
+    )
     if (
         not state.autoresize
         or not settings.allow_grow
-        or state.phase is not Phase.IDLE
-        or state.pending is not None
+        or (state.phase is not Phase.IDLE and not stale)
+        or (pending is not None and not stale)
         or room < 1
     ):
         return None
@@ -695,6 +703,7 @@ def decide_host_loss(
     allocation versions go on."""
     if not survives_loss(state, job, lost_ids):
         raise errors.InvalidRequest(f"job {job.id} cannot lose tasks {sorted(lost_ids)}")
+    before = state
     wanted = set(lost_ids)
     held = state.held if state is not None else job.tasks
     lost = tuple(t for t in held if t.id in wanted and t.host == host)
@@ -721,7 +730,8 @@ def decide_host_loss(
         if all(t.id in done for t in change.tasks):
             # The loss resolved the change's last tasks: it completes now.
             facts.append(_completion(after, change, bool(change.started), at, settings))
-    return facts
+    # An autoresizable job's demand follows its new size (it grows back elsewhere).
+    return with_demand(before, facts, at, settings)
 
 
 def _lose(state: ResizeState, fact: TasksLost) -> ResizeState:
