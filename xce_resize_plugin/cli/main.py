@@ -99,9 +99,11 @@ def _parser() -> argparse.ArgumentParser:
     _controller_parser(sub)
     _worker_parser(sub)
 
+    from xce_resize_plugin.cli.hosts import add_parsers as add_host_parsers
     from xce_resize_plugin.cli.jobs import add_parsers as add_client_parsers
 
     add_client_parsers(sub)
+    add_host_parsers(sub)
     return p
 
 
@@ -268,6 +270,10 @@ def _dispatch(args: argparse.Namespace, out: TextIO) -> int:
         from xce_resize_plugin.controllers.live import worker
 
         return worker.serve(args.state_dir.resolve(), args.host, args.header_timeout)
+    if args.command in ("hosts", "host"):
+        from xce_resize_plugin.cli.hosts import run as run_hosts
+
+        return run_hosts(args, out)
     if args.command in ("submit", "jobs", "history", "kill", "modify"):
         from xce_resize_plugin.cli.jobs import run as run_client
 

@@ -8,6 +8,8 @@
 - ``POST /v1/jobs`` (201): submit; ``GET /v1/jobs``: the caller's jobs (all for an
   administrator); ``GET /v1/jobs/{id}``: one job; ``DELETE /v1/jobs/{id}`` (202): kill;
 - ``PUT``/``GET /v1/jobs/{id}/kv/{key}``: the job's key-value store (:mod:`.kv_routes`);
+- ``GET /v1/hosts``, ``POST /v1/hosts/{name}/close|open``: host states and an
+  administrator's drain (:mod:`.host_admin`);
 - ``GET /v1/cluster``: hosts, users, worker agents and the invariant check for an
   administrator; for anyone else what :func:`cluster_view` leaves (no other user's
   usage, no agent's pid or port).
@@ -29,6 +31,11 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import Response
 
+from xce_resize_plugin.controllers.live.host_admin import (
+    HOST_ADMIN_SCHEMAS,
+    HOST_COMMAND,
+    LIST_HOSTS,
+)
 from xce_resize_plugin.controllers.live.kv_routes import kv_routes
 from xce_resize_plugin.controllers.live.live_controller import LiveController
 from xce_resize_plugin.controllers.live.storage_faults import fenced_cause, storage_failure
@@ -327,6 +334,13 @@ class HostCalls:
     def kill(self, principal: Principal, request: Request, data: Any) -> Any:
         return self.ctl.kill_job(principal, request.path_params["id"])
 
+    def hosts(self, principal: Principal, request: Request, data: Any) -> Any:
+        return {"hosts": self.ctl.hosts_view(principal)}
+
+    def host_command(self, principal: Principal, request: Request, data: Any) -> Any:
+        name, action = request.path_params["name"], request.path_params["action"]
+        return self.ctl.host_command(principal, name, action, data)
+
     def cluster(self, principal: Principal, request: Request, data: Any) -> Any:
         return cluster_view(self.ctl.cluster_json(), principal)
 
@@ -345,7 +359,8 @@ def host_routes(ctl: LiveController) -> list[ApiRoute]:
             data = await _submission(request) if body else None
             return reply(await run_in_threadpool(call, principal, request, data), op.status)
 
-        return ApiRoute(op, endpoint(op, handle, ctl.authenticate, translate), HOST_SCHEMAS)
+        schemas = {**HOST_SCHEMAS, **HOST_ADMIN_SCHEMAS}
+        return ApiRoute(op, endpoint(op, handle, ctl.authenticate, translate), schemas)
 
     return [
         ApiRoute(HEALTH, calls.health, HOST_SCHEMAS),
@@ -354,6 +369,8 @@ def host_routes(ctl: LiveController) -> list[ApiRoute]:
         route(SHOW_JOB, calls.show),
         route(KILL_JOB, calls.kill),
         route(CLUSTER, calls.cluster),
+        route(LIST_HOSTS, calls.hosts),
+        route(HOST_COMMAND, calls.host_command, body=True),
         *kv_routes(ctl, translate),
     ]
 

@@ -86,7 +86,7 @@ import pluggy
 from pluggy import HookImpl
 
 from xce_resize_plugin.controllers.jobs import JobRecord, TaskRecord, TaskState
-from xce_resize_plugin.controllers.live import job_kv
+from xce_resize_plugin.controllers.live import host_admin, job_kv
 from xce_resize_plugin.controllers.live.controller_lock import ControllerLock
 from xce_resize_plugin.controllers.live.job_tokens import (
     FINGERPRINT_KEY,
@@ -883,6 +883,38 @@ class LiveController:
                 raise
         self._wake.set()
         return self.job_json(job_id)
+
+    def hosts_view(self, principal: Principal) -> list[dict[str, Any]]:
+        """``GET /v1/hosts`` (:mod:`.host_admin`)."""
+        with self.lock:
+            self._check_view()
+            owners = {job.id: job.user for job in self.embedded.records() if not job.finished}
+            return host_admin.hosts_json(self.embedded.host_views(), principal, owners)
+
+    def host_command(
+        self, principal: Principal, name: str, action: str, body: Any
+    ) -> dict[str, Any]:
+        """``POST /v1/hosts/{name}/close|open``: an administrator drains a host or undoes
+        it (with ``evacuate``, resizable jobs are asked to release their tasks there)."""
+        evacuate = host_admin.check_command(principal, action, body)
+        with self.lock:
+            self._check_open()
+            try:
+                drain = None
+                if action == "close":
+                    drain = self.embedded.host_close(name, evacuate, principal)
+                else:
+                    self.embedded.host_open(name)
+                state = self.embedded.host_view(name).state.value
+            except host_admin.HOST_ERRORS as exc:
+                raise host_admin.translated(exc) from None
+            except Exception as exc:
+                if storage_failure(exc) is not None:
+                    raise self.storage_failed(exc) from exc
+                raise
+        self._wake.set()
+        log.info("host %s: %s by %s", name, action, principal.name)
+        return host_admin.drain_json(name, state, drain if evacuate else None)
 
     def kv_put(self, principal: Principal, job_id: str, key: str, body: Any) -> dict[str, Any]:
         """``PUT /v1/jobs/{id}/kv/{key}``: set a value, durably (:mod:`.job_kv`)."""
