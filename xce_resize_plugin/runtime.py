@@ -427,7 +427,7 @@ class Runtime:
         if engine.survives_loss(state, job, ids):
             tasks = state.tasks if state is not None else job.tasks
             shrunk = any(t.id in ids for t in tasks)
-            prior = self._ended_state(job.id) if state is None else None
+            prior = self._ended_state(job.id) if state is None and job.requeued else None
             facts = engine.decide_host_loss(state, job, host, ids, now, self.settings, prior)
             self._transition(job.id, facts)
             return LossOutcome.SHRUNK if shrunk else LossOutcome.KEPT
@@ -484,9 +484,11 @@ class Runtime:
             return None
         self._check_failed()
         before = self.states.get(job_id)
-        if before is None and isinstance(facts[0], JobTracked):
+        if before is None and isinstance(facts[0], JobTracked) and self._requeued(job_id):
             # A job requeued after a host failure starts again with the history of its
-            # earlier run (engine: JobTracked on an ended state).
+            # earlier run (engine: JobTracked on an ended state). Only such a job is
+            # looked up: a journal read waits for the write in progress, fsync included,
+            # and every job's first fact comes here (under the host's lock).
             before = self._ended_state(job_id)
         state, effects = engine.transition(before, facts)
         assert state is not None
@@ -522,6 +524,10 @@ class Runtime:
             if self._deferred and self._failed is None:
                 self._commit([])
         return self.journal.state(job_id)
+
+    def _requeued(self, job_id: str) -> bool:
+        job = self.controller.get_job(job_id)
+        return job is not None and job.requeued
 
     def _ended_state(self, job_id: str) -> ResizeState | None:
         """The job's ended state, if the journal (or a deferred write) holds one."""

@@ -164,6 +164,8 @@ class JobRecord:
     versions: list[VersionRecord] = field(factory=list)
     task_states: dict[int, TaskRecord] = field(factory=dict)
     exit_reason: str = ""
+    #: Put back in the queue after a host failure (``JobInfo.requeued``).
+    requeued: bool = False
     end_reported: bool = False
     notifications: list[NotificationLog] = field(factory=list)
 
@@ -232,6 +234,7 @@ class JobView:
     version: int
     versions: tuple[VersionRecord, ...]
     exit_reason: str
+    requeued: bool
 
     @property
     def slots(self) -> int:
@@ -285,4 +288,5 @@ def job_info(job: JobRecord | JobView) -> JobInfo:
         end_time=job.end_time,
         env=dict(job.env),
         autoresize=job.autoresize,
+        requeued=job.requeued,
     )

@@ -116,6 +116,7 @@ def encode_job(job: JobRecord, held: Held) -> bytes:
             for tid, r in job.task_states.items()
         ],
         "exit_reason": job.exit_reason,
+        "requeued": job.requeued,
         "end_reported": job.end_reported,
         "notifications": [
             [
@@ -168,6 +169,7 @@ def decode_job(raw: bytes) -> tuple[JobRecord, dict[int, str]]:
             for tid, host, state, since, status, reason, stop_since, grace in d["task_states"]
         },
         exit_reason=d["exit_reason"],
+        requeued=bool(d.get("requeued", False)),
         end_reported=d["end_reported"],
         notifications=[
             NotificationLog(d["id"], a, h, c, t, s, r, o, e, el)

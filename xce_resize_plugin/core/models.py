@@ -140,6 +140,10 @@ class JobInfo:
     #: only carries the submission's flag; the plugin's journal holds whether it is on
     #: now.
     autoresize: bool = False
+    #: The host put the job back in the queue after a host failure (a site's
+    #: ``xce_resize_host_lost`` answered "requeue"): the plugin continues its earlier
+    #: run's history, which it then looks up (and only then).
+    requeued: bool = False
 
     @property
     def first_host(self) -> str | None:

@@ -1124,6 +1124,7 @@ class EmbeddedController:
         job.start_time = None
         job.tasks = ()
         job.version = 0
+        job.requeued = True
         self._enqueue(job)
         self._changed(job.id)
 
