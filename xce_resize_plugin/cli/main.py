@@ -161,6 +161,18 @@ def _simulate_parser(sub: Any) -> None:
     )
     sim.add_argument("trace", nargs="?", type=Path, help="the trace (not with --replay)")
     sim.add_argument(
+        "--synthetic",
+        metavar="SPEC",
+        help="a synthetic workload instead of a trace: lublin:jobs=N,procs=P[,seed=S][,load=L] "
+        "(the Lublin-Feitelson model; docs/simulation.md)",
+    )
+    sim.add_argument(
+        "--save-swf",
+        type=Path,
+        metavar="FILE",
+        help="write the --synthetic workload as SWF (.swf, or .swf.gz compressed)",
+    )
+    sim.add_argument(
         "--malleable-fraction",
         type=float,
         metavar="F",
@@ -198,7 +210,14 @@ def _simulate_parser(sub: Any) -> None:
         action="store_true",
         help="one run after the other (default: in parallel when there are two cores)",
     )
-    sim.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    sim.add_argument(
+        "-q",
+        "--quiet",
+        "--no-progress",
+        dest="quiet",
+        action="store_true",
+        help="no progress bars and no timing line on stderr (bars are drawn only on a terminal)",
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -91,6 +91,7 @@ __all__ = [
     "load_workload",
     "run_mode",
     "simulate",
+    "workload_of",
 ]
 
 Mode = Literal["rigid", "elastic"]
@@ -308,7 +309,11 @@ def cluster_for(procs: int, slots_per_host: int) -> tuple[tuple[str, int], ...]:
 
 def load_workload(path: str | os.PathLike[str], options: SimOptions) -> Workload:
     """Read the trace, size the cluster, convert the malleable share."""
-    trace = read_trace(path, limit=options.limit)
+    return workload_of(read_trace(path, limit=options.limit), path, options)
+
+
+def workload_of(trace: Trace, path: str | os.PathLike[str], options: SimOptions) -> Workload:
+    """Size the cluster for a read (or generated) trace and convert the malleable share."""
     if not trace.jobs:
         raise SimulationError(f"{path}: the trace has no job to simulate")
     procs = trace.header.max_procs or max(j.procs for j in trace.jobs)
