@@ -89,6 +89,8 @@ __all__ = [
     "Workload",
     "cluster_for",
     "load_workload",
+    "options_from_tables",
+    "read_toml",
     "run_mode",
     "simulate",
     "workload_of",
@@ -228,20 +230,33 @@ def load_options(config: str | os.PathLike[str] | None = None, **overrides: Any)
     ``[resize]``: the plugin's section, e.g. site ``policy_files``), then ``overrides``
     (command-line values; ``None`` means not given). Unknown keys and wrong types are
     a :class:`ConfigError` naming the file and the key."""
+    if config is None:
+        return options_from_tables(None, {}, **overrides)
+    path = Path(config)
+    data = read_toml(path)
+    unknown = sorted(set(data) - {"simulate", "resize"})
+    if unknown:
+        raise ConfigError(f"{path}: unknown table [{unknown[0]}] (known: simulate, resize)")
+    return options_from_tables(path, data, **overrides)
+
+
+def read_toml(path: Path) -> dict[str, Any]:
+    """A TOML file's tables; a :class:`ConfigError` naming the file when it cannot be."""
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read ({exc})") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML ({exc})") from exc
+
+
+def options_from_tables(path: Path | None, data: Mapping[str, Any], **overrides: Any) -> SimOptions:
+    """Options from the ``[simulate]`` and ``[resize]`` tables of the file ``path``
+    (``None``: no file), then ``overrides``, as :func:`load_options`."""
     values: dict[str, Any] = {}
     resize: dict[str, Any] = {}
     base_dir: Path | None = None
-    if config is not None:
-        path = Path(config)
-        try:
-            data = tomllib.loads(path.read_text(encoding="utf-8"))
-        except OSError as exc:
-            raise ConfigError(f"{path}: cannot read ({exc})") from exc
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"{path}: not valid TOML ({exc})") from exc
-        unknown = sorted(set(data) - {"simulate", "resize"})
-        if unknown:
-            raise ConfigError(f"{path}: unknown table [{unknown[0]}] (known: simulate, resize)")
+    if path is not None:
         section = data.get("simulate", {})
         if not isinstance(section, dict):
             raise ConfigError(f"{path}: [simulate] must be a table")
@@ -267,7 +282,7 @@ def load_options(config: str | os.PathLike[str] | None = None, **overrides: Any)
         values["speedup"] = speedup
     if "malleable_fraction" in values:
         values["malleable_fraction"] = float(values["malleable_fraction"])
-    if config is not None:
+    if path is not None:
         # The [resize] section goes through the plugin's own checks when it starts.
         config_mod.check(_sim_resize(resize))
     return SimOptions(resize=resize, base_dir=base_dir, **values)
