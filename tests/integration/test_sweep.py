@@ -208,3 +208,10 @@ def test_bad_options_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     assert "--workers" in capsys.readouterr().err
     assert main(["sweep", str(config), "--workers", "2", "--dask", "tcp://x:1"]) == 2
     assert "--dask" in capsys.readouterr().err
+
+
+def test_the_documented_example_is_a_valid_sweep() -> None:
+    example = Path(__file__).resolve().parents[2] / "docs" / "examples" / "sweep.toml"
+    config = load_sweep(example)
+    assert len(config.cells()) == 2 * 4 * 5 * 1
+    assert config.workloads[0].source == str(KTH)

@@ -148,7 +148,7 @@ def _workload(path: Path, i: int, text: str, options: SimOptions) -> WorkloadRef
         return WorkloadRef(text, text, f"synthetic {spec.text()}", jobs)
     trace_path = Path(text)
     if not trace_path.is_absolute():
-        trace_path = path.resolve().parent / trace_path
+        trace_path = (path.resolve().parent / trace_path).resolve()
     if not trace_path.exists():
         raise ConfigError(f"{where}: no such trace {str(trace_path)!r}")
     try:
