@@ -11,6 +11,7 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -71,14 +72,7 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
             )
     finally:
         progress.close()
-    doc = json.dumps(comparison.to_json(), indent=2) + "\n"
-    if args.json == "-":
-        out.write(doc)
-    else:
-        out.write(format_table(comparison))
-        if args.json is not None:
-            with open(args.json, "w", encoding="utf-8") as fh:
-                fh.write(doc)
+    write_results(out, args.json, comparison.to_json(), lambda: format_table(comparison))
     if args.plot is not None:
         from xce_resize_plugin.simulation.plot import plot_comparison
 
@@ -98,6 +92,21 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
     for problem in comparison.problems:
         print(f"xce-resize: check failed: {problem}", file=sys.stderr)
     return EXIT_PROBLEMS if comparison.problems else EXIT_OK
+
+
+def write_results(
+    out: TextIO, json_to: str | None, doc: dict[str, Any], table: Callable[[], str]
+) -> None:
+    """The table on ``out`` and the JSON document to ``json_to``, or only the JSON on
+    ``out`` when ``json_to`` is ``-`` (as ``simulate`` and ``sweep`` take ``--json``)."""
+    text = json.dumps(doc, indent=2) + "\n"
+    if json_to == "-":
+        out.write(text)
+        return
+    out.write(table())
+    if json_to is not None:
+        with open(json_to, "w", encoding="utf-8") as fh:
+            fh.write(text)
 
 
 def _workload(args: argparse.Namespace, options: SimOptions) -> Workload:

@@ -8,11 +8,11 @@ message names the file and key, or the option).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from typing import TextIO
 
+from xce_resize_plugin.cli.simulate import write_results
 from xce_resize_plugin.errors import UsageError
 from xce_resize_plugin.simulation.progress import CellBar
 from xce_resize_plugin.simulation.sweep import CellCache, default_cache_dir, run_sweep
@@ -54,14 +54,7 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
     finally:
         for bar in bars:
             bar.close()
-    doc = json.dumps(sweep_json(result), indent=2) + "\n"
-    if args.json == "-":
-        out.write(doc)
-    else:
-        out.write(format_sweep(result))
-        if args.json is not None:
-            with open(args.json, "w", encoding="utf-8") as fh:
-                fh.write(doc)
+    write_results(out, args.json, sweep_json(result), lambda: format_sweep(result))
     if args.plot is not None:
         from xce_resize_plugin.simulation.sweep_plot import plot_sweep
 
