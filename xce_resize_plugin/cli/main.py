@@ -74,6 +74,7 @@ def _parser() -> argparse.ArgumentParser:
     )
 
     _simulate_parser(sub)
+    _sweep_parser(sub)
 
     jr = sub.add_parser("journal", help="check, export and compact a resize journal")
     jr_sub = jr.add_subparsers(dest="action", required=True, metavar="ACTION")
@@ -163,6 +164,18 @@ def _simulate_parser(sub: Any) -> None:
     )
     sim.add_argument("trace", nargs="?", type=Path, help="the trace (not with --replay)")
     sim.add_argument(
+        "--synthetic",
+        metavar="SPEC",
+        help="a synthetic workload instead of a trace: lublin:jobs=N,procs=P[,seed=S][,load=L] "
+        "(the Lublin-Feitelson model; docs/simulation.md)",
+    )
+    sim.add_argument(
+        "--save-swf",
+        type=Path,
+        metavar="FILE",
+        help="write the --synthetic workload as SWF (.swf, or .swf.gz compressed)",
+    )
+    sim.add_argument(
         "--malleable-fraction",
         type=float,
         metavar="F",
@@ -206,7 +219,49 @@ def _simulate_parser(sub: Any) -> None:
         action="store_true",
         help="one run after the other (default: in parallel when there are two cores)",
     )
-    sim.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    sim.add_argument(
+        "-q",
+        "--quiet",
+        "--no-progress",
+        dest="quiet",
+        action="store_true",
+        help="no progress bars and no timing line on stderr (bars are drawn only on a terminal)",
+    )
+
+
+def _sweep_parser(sub: Any) -> None:
+    sw = sub.add_parser(
+        "sweep",
+        help="run a grid of simulations (workloads x malleable fractions x seeds x drivers)",
+        description="Run every cell of the grid a TOML file names through the simulation "
+        "of `xce-resize simulate` (both runs), on the local cores or a Dask cluster, cache "
+        "finished cells, and print the mean and 95%% confidence interval across seeds of "
+        "each metric. See docs/simulation.md.",
+    )
+    sw.add_argument("config", type=Path, help="the sweep file ([sweep], [simulate], [resize])")
+    sw.add_argument(
+        "--workers", type=int, metavar="N", help="local worker processes (default: all cores)"
+    )
+    sw.add_argument(
+        "--dask",
+        metavar="SCHEDULER_ADDRESS",
+        help="run the cells on this Dask cluster (e.g. tcp://host:8786; the dask extra)",
+    )
+    sw.add_argument(
+        "--cache",
+        type=Path,
+        metavar="DIR",
+        help="finished cells are kept here (default: $XDG_CACHE_HOME/xce-resize/sweep, "
+        "else ~/.cache/xce-resize/sweep)",
+    )
+    sw.add_argument("--no-cache", action="store_true", help="run every cell, keep nothing")
+    sw.add_argument("--json", metavar="OUT", help="write the results as JSON to OUT (- stdout)")
+    sw.add_argument(
+        "--plot", type=Path, metavar="OUT.png", help="metrics vs malleable fraction (matplotlib)"
+    )
+    sw.add_argument(
+        "-q", "--quiet", action="store_true", help="no progress bar and no timing line on stderr"
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -252,6 +307,10 @@ def _dispatch(args: argparse.Namespace, out: TextIO) -> int:
         from xce_resize_plugin.cli.simulate import run as run_simulate
 
         return run_simulate(args, out)
+    if args.command == "sweep":
+        from xce_resize_plugin.cli.sweep import run as run_sweep
+
+        return run_sweep(args, out)
     if args.command == "controller":
         from xce_resize_plugin.controllers.live import server
         from xce_resize_plugin.recording.live_recorder import record_live_run

@@ -11,12 +11,21 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
-from xce_resize_plugin.errors import UsageError
-from xce_resize_plugin.simulation.report import Progress, format_table
-from xce_resize_plugin.simulation.simulate import MODES, load_options, load_workload, simulate
+from xce_resize_plugin.errors import ConfigError, UsageError
+from xce_resize_plugin.simulation.progress import RunBars
+from xce_resize_plugin.simulation.report import format_table
+from xce_resize_plugin.simulation.simulate import (
+    MODES,
+    SimOptions,
+    Workload,
+    load_options,
+    load_workload,
+    simulate,
+)
 
 EXIT_OK, EXIT_PROBLEMS = 0, 1
 
@@ -25,8 +34,12 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
     """Run ``simulate`` for parsed arguments; ``out`` is stdout."""
     if args.replay is not None:
         return _replay(args, out)
-    if args.trace is None:
-        raise UsageError("simulate needs a TRACE (or --replay RECORDING)")
+    if args.trace is None and args.synthetic is None:
+        raise UsageError("simulate needs a TRACE, --synthetic SPEC or --replay RECORDING")
+    if args.trace is not None and args.synthetic is not None:
+        raise UsageError("give either a TRACE or --synthetic SPEC, not both")
+    if args.save_swf is not None and args.synthetic is None:
+        raise UsageError("--save-swf writes a --synthetic workload; give --synthetic SPEC")
     options = load_options(
         args.config,
         malleable_fraction=args.malleable_fraction,
@@ -44,31 +57,23 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
     if args.jobs_out is not None:
         _check_jobs_out(args.jobs_out)
     began = time.monotonic()
-    workload = load_workload(args.trace, options)
-    progress = None if args.no_progress else Progress(MODES)
+    workload = _workload(args, options)
+    progress = RunBars(MODES, quiet=args.quiet)
     try:
         if args.record is not None:
             comparison = _recorded(args, options, workload, progress)
         else:
             comparison = simulate(
-                args.trace,
+                workload.source,
                 options,
                 workload=workload,
-                progress=progress.update if progress is not None else None,
+                progress=progress.update,
                 parallel=False if args.sequential else None,
                 job_rows=args.jobs_out is not None,
             )
     finally:
-        if progress is not None:
-            progress.close()
-    doc = json.dumps(comparison.to_json(), indent=2) + "\n"
-    if args.json == "-":
-        out.write(doc)
-    else:
-        out.write(format_table(comparison))
-        if args.json is not None:
-            with open(args.json, "w", encoding="utf-8") as fh:
-                fh.write(doc)
+        progress.close()
+    write_results(out, args.json, comparison.to_json(), lambda: format_table(comparison))
     if args.plot is not None:
         from xce_resize_plugin.simulation.plot import plot_comparison
 
@@ -78,22 +83,59 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
 
         write_jobs_csv(args.jobs_out, (comparison.rigid.jobs, comparison.elastic.jobs))
     r, e = comparison.rigid, comparison.elastic
-    print(
-        f"simulate: {time.monotonic() - began:.1f} s (rigid run {r.seconds:.1f} s, "
-        f"{r.events / r.seconds if r.seconds else 0:,.0f} events/s; elastic run "
-        f"{e.seconds:.1f} s, {e.events / e.seconds if e.seconds else 0:,.0f} events/s)",
-        file=sys.stderr,
-    )
+    if not args.quiet:
+        print(
+            f"simulate: {time.monotonic() - began:.1f} s (rigid run {r.seconds:.1f} s, "
+            f"{r.events / r.seconds if r.seconds else 0:,.0f} events/s; elastic run "
+            f"{e.seconds:.1f} s, {e.events / e.seconds if e.seconds else 0:,.0f} events/s)",
+            file=sys.stderr,
+        )
     for problem in comparison.problems:
         print(f"xce-resize: check failed: {problem}", file=sys.stderr)
     return EXIT_PROBLEMS if comparison.problems else EXIT_OK
 
 
-def _recorded(args: argparse.Namespace, options: Any, workload: Any, progress: Any) -> Any:
+def write_results(
+    out: TextIO, json_to: str | None, doc: dict[str, Any], table: Callable[[], str]
+) -> None:
+    """The table on ``out`` and the JSON document to ``json_to``, or only the JSON on
+    ``out`` when ``json_to`` is ``-`` (as ``simulate`` and ``sweep`` take ``--json``)."""
+    text = json.dumps(doc, indent=2) + "\n"
+    if json_to == "-":
+        out.write(text)
+        return
+    out.write(table())
+    if json_to is not None:
+        with open(json_to, "w", encoding="utf-8") as fh:
+            fh.write(text)
+
+
+def _workload(args: argparse.Namespace, options: SimOptions) -> Workload:
+    """The trace's workload, or the synthetic one (written out with ``--save-swf``)."""
+    if args.synthetic is None:
+        return load_workload(args.trace, options)
+    from xce_resize_plugin.simulation.simulate import workload_of
+    from xce_resize_plugin.simulation.workloads import synthetic_trace
+
+    try:
+        trace = synthetic_trace(args.synthetic, options)
+    except ConfigError as exc:
+        raise UsageError(f"--synthetic {args.synthetic}: {exc.detail}") from None
+    if args.save_swf is not None:
+        from xce_resize_plugin.simulation.swf_write import write_swf
+
+        try:
+            write_swf(trace, args.save_swf)
+        except OSError as exc:
+            raise UsageError(f"--save-swf {args.save_swf}: cannot write ({exc})") from None
+    return workload_of(trace, trace.source, options)
+
+
+def _recorded(args: argparse.Namespace, options: Any, workload: Any, progress: RunBars) -> Any:
     """Both runs one after the other, the elastic one recorded."""
     from xce_resize_plugin.simulation.simulate import Comparison, run_mode
 
-    update = progress.update if progress is not None else None
+    update = progress.update
     rows = args.jobs_out is not None
     rigid = run_mode(workload, options, "rigid", progress=update, job_rows=rows)
     elastic = run_mode(

@@ -1,23 +1,18 @@
-"""What ``xce-resize simulate`` shows: the side-by-side table and the progress bar.
+"""What ``xce-resize simulate`` shows: the side-by-side table.
 
 The table is for people (stdout); ``--json`` is for scripts
-(:meth:`~.simulate.Comparison.to_json`). The progress bar goes to stderr, redrawn in
-place on a terminal and as a line per tenth of the work otherwise (a log file then
-shows progress without thousands of carriage returns). Plain text, no dependency.
+(:meth:`~.simulate.Comparison.to_json`). The progress bars are :mod:`.progress`.
 """
 
 from __future__ import annotations
 
 import math
-import sys
-import time
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from xce_resize_plugin.simulation.simulate import Comparison, RunResult
 
-__all__ = ["Progress", "format_table"]
+__all__ = ["format_table"]
 
 
 def _num(value: float, digits: int = 1) -> str:
@@ -140,62 +135,3 @@ def _checks(*runs: RunResult) -> list[str]:
         out.append(f"checks FAILED in the {run.mode} run:")
         out.extend(f"  {p}" for p in run.problems)
     return out
-
-
-class Progress:
-    """A progress bar for the runs of a simulation, on ``stream`` (stderr).
-
-    :meth:`update` is the ``progress`` callback of :func:`~.simulate.simulate`.
-    """
-
-    def __init__(
-        self,
-        runs: Sequence[str],
-        stream: TextIO | None = None,
-        *,
-        tty: bool | None = None,
-        width: int = 24,
-    ) -> None:
-        self.stream = stream if stream is not None else sys.stderr
-        self.tty = self.stream.isatty() if tty is None else tty
-        self.width = width
-        self.done: dict[str, tuple[int, int]] = {r: (0, 0) for r in runs}
-        self._began = time.monotonic()
-        self._drawn = 0.0
-        self._tenths: dict[str, int] = {r: 0 for r in runs}
-        self._open = False
-
-    def update(self, run: str, done: int, total: int) -> None:
-        self.done[run] = (done, total)
-        if self.tty:
-            now = time.monotonic()
-            if now - self._drawn >= 0.1 or done >= total:
-                self._drawn = now
-                self.stream.write("\r" + self.line())
-                self.stream.flush()
-                self._open = True
-            return
-        # Not a terminal (a log): a line per tenth, at most one every few seconds, and
-        # the end of each run.
-        tenth = 10 * done // total if total else 10
-        now = time.monotonic()
-        if tenth > self._tenths.get(run, 0) and (tenth == 10 or now - self._drawn >= 5.0):
-            self._tenths[run] = tenth
-            self._drawn = now
-            self.stream.write(f"simulate: {run} run {tenth * 10}% ({done:,}/{total:,} jobs)\n")
-            self.stream.flush()
-
-    def line(self) -> str:
-        parts = []
-        for run, (done, total) in self.done.items():
-            frac = done / total if total else 0.0
-            fill = int(frac * self.width)
-            parts.append(f"{run} [{'#' * fill}{'.' * (self.width - fill)}] {frac:4.0%}")
-        return " | ".join(parts) + f" | {time.monotonic() - self._began:5.0f}s"
-
-    def close(self) -> None:
-        """End the bar's line (call once the runs are over)."""
-        if self._open:
-            self.stream.write("\n")
-            self.stream.flush()
-            self._open = False

@@ -91,8 +91,11 @@ __all__ = [
     "Workload",
     "cluster_for",
     "load_workload",
+    "options_from_tables",
+    "read_toml",
     "run_mode",
     "simulate",
+    "workload_of",
 ]
 
 Mode = Literal["rigid", "elastic"]
@@ -238,20 +241,33 @@ def load_options(config: str | os.PathLike[str] | None = None, **overrides: Any)
     ``[resize]``: the plugin's section, e.g. site ``policy_files``), then ``overrides``
     (command-line values; ``None`` means not given). Unknown keys and wrong types are
     a :class:`ConfigError` naming the file and the key."""
+    if config is None:
+        return options_from_tables(None, {}, **overrides)
+    path = Path(config)
+    data = read_toml(path)
+    unknown = sorted(set(data) - {"simulate", "resize"})
+    if unknown:
+        raise ConfigError(f"{path}: unknown table [{unknown[0]}] (known: simulate, resize)")
+    return options_from_tables(path, data, **overrides)
+
+
+def read_toml(path: Path) -> dict[str, Any]:
+    """A TOML file's tables; a :class:`ConfigError` naming the file when it cannot be."""
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read ({exc})") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML ({exc})") from exc
+
+
+def options_from_tables(path: Path | None, data: Mapping[str, Any], **overrides: Any) -> SimOptions:
+    """Options from the ``[simulate]`` and ``[resize]`` tables of the file ``path``
+    (``None``: no file), then ``overrides``, as :func:`load_options`."""
     values: dict[str, Any] = {}
     resize: dict[str, Any] = {}
     base_dir: Path | None = None
-    if config is not None:
-        path = Path(config)
-        try:
-            data = tomllib.loads(path.read_text(encoding="utf-8"))
-        except OSError as exc:
-            raise ConfigError(f"{path}: cannot read ({exc})") from exc
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"{path}: not valid TOML ({exc})") from exc
-        unknown = sorted(set(data) - {"simulate", "resize"})
-        if unknown:
-            raise ConfigError(f"{path}: unknown table [{unknown[0]}] (known: simulate, resize)")
+    if path is not None:
         section = data.get("simulate", {})
         if not isinstance(section, dict):
             raise ConfigError(f"{path}: [simulate] must be a table")
@@ -279,7 +295,7 @@ def load_options(config: str | os.PathLike[str] | None = None, **overrides: Any)
         values["malleable_fraction"] = float(values["malleable_fraction"])
     if isinstance(values.get("host_failures"), str):
         values["host_failures"] = failures_mod.parse(values["host_failures"])
-    if config is not None:
+    if path is not None:
         # The [resize] section goes through the plugin's own checks when it starts.
         config_mod.check(_sim_resize(resize))
     return SimOptions(resize=resize, base_dir=base_dir, **values)
@@ -321,7 +337,11 @@ def cluster_for(procs: int, slots_per_host: int) -> tuple[tuple[str, int], ...]:
 
 def load_workload(path: str | os.PathLike[str], options: SimOptions) -> Workload:
     """Read the trace, size the cluster, convert the malleable share."""
-    trace = read_trace(path, limit=options.limit)
+    return workload_of(read_trace(path, limit=options.limit), path, options)
+
+
+def workload_of(trace: Trace, path: str | os.PathLike[str], options: SimOptions) -> Workload:
+    """Size the cluster for a read (or generated) trace and convert the malleable share."""
     if not trace.jobs:
         raise SimulationError(f"{path}: the trace has no job to simulate")
     procs = trace.header.max_procs or max(j.procs for j in trace.jobs)

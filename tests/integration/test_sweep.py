@@ -1,0 +1,217 @@
+"""``xce-resize sweep``: the grid, parallel equal to serial, the cache, the intervals,
+Dask, and the configuration errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from xce_resize_plugin.cli.main import main
+from xce_resize_plugin.errors import ConfigError
+from xce_resize_plugin.simulation import sweep as sweep_mod
+from xce_resize_plugin.simulation.simulate import SimulationError
+from xce_resize_plugin.simulation.sweep import CellCache, run_sweep
+from xce_resize_plugin.simulation.sweep_config import load_sweep
+from xce_resize_plugin.simulation.sweep_report import format_sweep, groups, mean_ci, sweep_json
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+KTH = DATA / "KTH-SP2-1996-2.1-cln-first200.swf.gz"
+CTC = DATA / "CTC-SP2-1996-3.1-cln-first1000.swf.gz"
+
+
+def _config(tmp_path: Path, body: str, name: str = "sweep.toml") -> Path:
+    path = tmp_path / name
+    path.write_text(body, encoding="utf-8")
+    return path
+
+
+def _grid(tmp_path: Path) -> Path:
+    return _config(
+        tmp_path,
+        f"""
+[sweep]
+workloads = ["{KTH}", "{CTC}", "lublin:jobs=120,procs=64,load=0.8"]
+malleable_fractions = [0.0, 0.5]
+seeds = [0, 1]
+
+[simulate]
+limit = 120
+""",
+    )
+
+
+def test_two_workers_give_the_numbers_of_the_cells_run_serially(tmp_path: Path) -> None:
+    config = load_sweep(_grid(tmp_path))
+    parallel = run_sweep(config, workers=2)
+    serial = run_sweep(config, workers=1)
+    assert parallel.ran == serial.ran == 12 and parallel.cached == 0
+    assert [c for c, _ in parallel.cells] == [c for c, _ in serial.cells]
+    assert [r for _, r in parallel.cells] == [r for _, r in serial.cells]
+    assert json.dumps(sweep_json(parallel)) == json.dumps(sweep_json(serial))
+    # The cells are real runs: the malleable ones resize, every check passed.
+    elastic = [r["elastic"] for c, r in serial.cells if c.fraction == 0.5]
+    assert sum(e["resizes"] for e in elastic) > 0
+    assert all(not r["problems"] for _, r in serial.cells)
+    # The synthetic workload without seed= changes with the cell's seed.
+    synthetic = [r for c, r in serial.cells if c.workload.name.startswith("lublin:")]
+    assert synthetic[0]["rigid"] != synthetic[1]["rigid"]  # seeds 0 and 1 at fraction 0
+    assert synthetic[0]["rigid"] == synthetic[2]["rigid"]  # seed 0 at both fractions
+
+
+def test_the_cache_makes_a_second_run_do_no_work_and_resumes_an_interrupted_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = load_sweep(_grid(tmp_path))
+    cache = CellCache(tmp_path / "cache")
+    calls: list[str] = []
+    real = sweep_mod.run_cell
+
+    def counting(source: str, options: sweep_mod.SimOptions) -> sweep_mod.CellResult:
+        calls.append(source)
+        if len(calls) == 5 and broken:
+            raise RuntimeError("killed")
+        return real(source, options)
+
+    monkeypatch.setattr(sweep_mod, "run_cell", counting)
+    broken = True
+    with pytest.raises(SimulationError, match=r"cell .* seed .*: RuntimeError: killed"):
+        run_sweep(config, workers=1, cache=cache)
+    assert len(list((tmp_path / "cache").glob("*.json"))) == 4  # finished before the failure
+    broken = False
+    calls.clear()
+    resumed = run_sweep(config, workers=1, cache=cache)
+    assert (resumed.ran, resumed.cached, len(calls)) == (8, 4, 8)
+    calls.clear()
+    again = run_sweep(config, workers=1, cache=cache)
+    assert (again.ran, again.cached, calls) == (0, 12, [])
+    assert again.cells == resumed.cells
+    # A changed input is a new cell: one more seed runs only its own cells.
+    more = load_sweep(_config(tmp_path, _grid(tmp_path).read_text().replace("[0, 1]", "[0, 1, 2]")))
+    grown = run_sweep(more, workers=1, cache=cache)
+    assert (grown.ran, grown.cached) == (6, 12)
+
+
+def test_confidence_interval_against_a_hand_computation() -> None:
+    # x = 1..5: mean 3, s^2 = (4+1+0+1+4)/4 = 2.5, s/sqrt(5) = sqrt(0.5) = 0.70711,
+    # t(0.975, 4) = 2.776445 (tables), half-width 2.776445 x 0.70711 = 1.963243.
+    stat = mean_ci([1.0, 2.0, 3.0, 4.0, 5.0])
+    assert stat.mean == 3.0
+    assert stat.ci95 == pytest.approx(1.963243, abs=1e-6)
+    # Two values 10 and 14: mean 12, s = 2.828427, se = 2, t(0.975, 1) = 12.706205.
+    assert mean_ci([10.0, 14.0]).ci95 == pytest.approx(25.41241, abs=1e-5)
+    assert mean_ci([7.0]).ci95 is None
+    assert mean_ci([2.0, 2.0, 2.0]).ci95 == 0.0
+
+
+def test_summary_rows_hold_the_cells_values(tmp_path: Path) -> None:
+    config = load_sweep(_grid(tmp_path))
+    result = run_sweep(config, workers=1)
+    rows = groups(result)
+    # Per workload: one rigid row and one per fraction (one driver).
+    assert [(g.run, g.fraction) for g in rows[:3]] == [
+        ("rigid", None),
+        ("elastic", 0.0),
+        ("elastic", 0.5),
+    ]
+    half = next(g for g in rows if g.workload == str(KTH) and g.fraction == 0.5)
+    waits = [
+        r["elastic"]["mean_wait"]
+        for c, r in result.cells
+        if c.workload.name == str(KTH) and c.fraction == 0.5
+    ]
+    assert half.stats["mean_wait"].values == tuple(waits)
+    assert half.stats["mean_wait"].mean == pytest.approx(sum(waits) / 2)
+    spread = abs(waits[0] - waits[1]) / 2  # s / sqrt(n) = (|a - b| / sqrt(2)) / sqrt(2)
+    assert half.stats["mean_wait"].ci95 == pytest.approx(12.706205 * spread, rel=1e-6)
+    text = format_sweep(result)
+    assert "12 cells (12 run, 0 from the cache)" in text and "checks: passed" in text
+
+
+def test_dask_cluster_gives_the_numbers_of_local_workers(tmp_path: Path) -> None:
+    distributed = pytest.importorskip("distributed")
+    config = load_sweep(_grid(tmp_path))
+    with distributed.LocalCluster(
+        n_workers=1, threads_per_worker=2, processes=False, dashboard_address=None
+    ) as cluster:
+        on_dask = run_sweep(config, dask=cluster.scheduler_address)
+    local = run_sweep(config, workers=1)
+    assert on_dask.ran == 12
+    assert [r for _, r in on_dask.cells] == [r for _, r in local.cells]
+
+
+def test_cli_table_json_plot_and_cache(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = _config(
+        tmp_path,
+        f'[sweep]\nworkloads = ["{KTH.name}"]\nmalleable_fractions = [0.2]\nseeds = 2\n'
+        "[simulate]\nlimit = 60\n",
+    )
+    (tmp_path / KTH.name).write_bytes(KTH.read_bytes())  # relative to the sweep file
+    out, png, cache = tmp_path / "out.json", tmp_path / "p.png", tmp_path / "c"
+    args = ["sweep", str(config), "--cache", str(cache), "--workers", "1"]
+    assert main([*args, "--json", str(out), "--plot", str(png)]) == 0
+    captured = capsys.readouterr()
+    assert "2 cells (2 run, 0 from the cache)" in captured.out
+    assert "sweep:" in captured.err and "2 cells run" in captured.err
+    doc = json.loads(out.read_text())
+    assert doc["format"] == "xce-resize-sweep" and len(doc["cells"]) == 2
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert main([*args, "-q", "--json", "-"]) == 0
+    captured = capsys.readouterr()
+    assert captured.err == ""
+    assert json.loads(captured.out)["summary"] == doc["summary"]
+
+
+GRID = "[sweep]\nworkloads = ['{kth}']\nmalleable_fractions = [0.2]\n"
+
+
+@pytest.mark.parametrize(
+    ("body", "says"),
+    [
+        (GRID + "[extra]\n", "unknown table [extra]"),
+        (GRID + "repeat = 2\n", "[sweep] unknown key 'repeat'"),
+        ("[sweep]\nmalleable_fractions = [0.2]\n", "[sweep] workloads is missing"),
+        ("[simulate]\nlimit = 3\n", "needs a [sweep] table"),
+        (GRID.replace("{kth}", "nope.swf"), "[sweep] workloads[0]: no such trace"),
+        (GRID.replace("{kth}", "{bad}"), "[sweep] workloads[0]: "),
+        (GRID.replace("{kth}", "lublin:jobs=5"), "workloads[0]: lublin:jobs=5: missing procs"),
+        (GRID.replace("[0.2]", "[0.2, 1.5]"), "[sweep] malleable_fractions[1] must be in 0..1"),
+        (GRID.replace("[0.2]", "['a']"), "[sweep] malleable_fractions[0] must be int or float"),
+        (GRID.replace("[0.2]", "[]"), "[sweep] malleable_fractions must be a non-empty list"),
+        (GRID + "seeds = [1, 1]\n", "[sweep] seeds lists an entry twice"),
+        (GRID + "seeds = 0\n", "[sweep] seeds must be a count >= 1"),
+        (GRID + "drivers = ['fast']\n", "[sweep] drivers[0]: unknown driver 'fast'"),
+        (GRID + "[simulate]\nseed = 3\n", "[simulate] seed is set by the grid"),
+        (GRID + "[simulate]\nlimt = 3\n", "[simulate] unknown key 'limt'"),
+        (GRID + "[simulate]\nslots_per_host = 0\n", "slots per host must be a positive integer"),
+        ("[sweep\n", "not valid TOML"),
+    ],
+)
+def test_bad_config_is_one_line_naming_file_and_key_exit_2(
+    tmp_path: Path, body: str, says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "bad.swf"
+    bad.write_text("; MaxProcs: 4\n1 0 -1 10 2\n")
+    config = _config(tmp_path, body.format(kth=KTH, bad=bad))
+    with pytest.raises(ConfigError, match=str(config).replace(".", r"\.")):
+        load_sweep(config)
+    assert main(["sweep", str(config), "--no-cache"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and str(config) in err and says in err, err
+    assert "Traceback" not in err
+
+
+def test_bad_options_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = _grid(tmp_path)
+    assert main(["sweep", str(config), "--workers", "0"]) == 2
+    assert "--workers" in capsys.readouterr().err
+    assert main(["sweep", str(config), "--workers", "2", "--dask", "tcp://x:1"]) == 2
+    assert "--dask" in capsys.readouterr().err
+
+
+def test_the_documented_example_is_a_valid_sweep() -> None:
+    example = Path(__file__).resolve().parents[2] / "docs" / "examples" / "sweep.toml"
+    config = load_sweep(example)
+    assert len(config.cells()) == 2 * 4 * 5 * 1
+    assert config.workloads[0].source == str(KTH)

@@ -1,0 +1,72 @@
+"""``xce-resize sweep CONFIG.toml``: the command behind the subcommand (imported on use).
+
+Exit status: 0 when every cell ran and passed its checks, 1 when a check failed in a
+cell (the table lists them, and they are on stderr), 2 for bad usage or input (the
+message names the file and key, or the option).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import TextIO
+
+from xce_resize_plugin.cli.simulate import write_results
+from xce_resize_plugin.errors import UsageError
+from xce_resize_plugin.simulation.progress import CellBar
+from xce_resize_plugin.simulation.sweep import CellCache, default_cache_dir, run_sweep
+from xce_resize_plugin.simulation.sweep_config import load_sweep
+from xce_resize_plugin.simulation.sweep_report import format_sweep, sweep_json
+
+EXIT_OK, EXIT_PROBLEMS = 0, 1
+
+
+def run(args: argparse.Namespace, out: TextIO) -> int:
+    """Run ``sweep`` for parsed arguments; ``out`` is stdout."""
+    if args.workers is not None and args.workers < 1:
+        raise UsageError(f"--workers must be at least 1, not {args.workers}")
+    if args.dask is not None and args.workers is not None:
+        raise UsageError("give either --workers N (local processes) or --dask ADDRESS")
+    if args.no_cache and args.cache is not None:
+        raise UsageError("give either --cache DIR or --no-cache")
+    if args.plot is not None:
+        from xce_resize_plugin.simulation.plot import _pyplot
+
+        _pyplot()  # fail now, not after the runs, when matplotlib is missing
+    config = load_sweep(args.config)
+    cache = None if args.no_cache else CellCache(args.cache or default_cache_dir())
+    began = time.monotonic()
+    bars: list[CellBar] = []
+
+    def start(total: int, cached: int) -> None:
+        bars.append(CellBar(total, cached, quiet=args.quiet))
+
+    try:
+        result = run_sweep(
+            config,
+            workers=args.workers,
+            dask=args.dask,
+            cache=cache,
+            on_start=start,
+            on_cell=lambda: bars[0].done(),
+        )
+    finally:
+        for bar in bars:
+            bar.close()
+    write_results(out, args.json, sweep_json(result), lambda: format_sweep(result))
+    if args.plot is not None:
+        from xce_resize_plugin.simulation.sweep_plot import plot_sweep
+
+        plot_sweep(result, args.plot)
+    if not args.quiet:
+        where = "no cache" if cache is None else f"cache {cache.directory}"
+        print(
+            f"sweep: {time.monotonic() - began:.1f} s, {result.ran} cells run, "
+            f"{result.cached} from the cache ({where})",
+            file=sys.stderr,
+        )
+    problems = [(c, p) for c, r in result.cells for p in r["problems"]]
+    for cell, problem in problems:
+        print(f"xce-resize: check failed: {cell.label()}: {problem}", file=sys.stderr)
+    return EXIT_PROBLEMS if problems else EXIT_OK
