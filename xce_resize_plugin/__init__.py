@@ -33,12 +33,14 @@ if TYPE_CHECKING:
 
     from xce_resize_plugin.core.accounting import Usage
     from xce_resize_plugin.core.models import (
+        AutoresizeRequest,
         CancelRequest,
         ChangeKind,
         GrowHosts,
         GrowRequest,
         JobInfo,
         JobState,
+        LossOutcome,
         Phase,
         Principal,
         ReleaseRequest,
@@ -86,6 +88,8 @@ _HOME = {
     "GrowRequest": "core.models",
     "JobInfo": "core.models",
     "JobState": "core.models",
+    "AutoresizeRequest": "core.models",
+    "LossOutcome": "core.models",
     "Phase": "core.models",
     "Principal": "core.models",
     "ReleaseRequest": "core.models",
@@ -135,6 +139,7 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "AutoresizeRequest",
     "CancelRequest",
     "ChangeKind",
     "ClusterView",
@@ -148,6 +153,7 @@ __all__ = [
     "JobInfo",
     "JobState",
     "JournalError",
+    "LossOutcome",
     "PermissionDenied",
     "Phase",
     "PolicyRejected",
