@@ -390,3 +390,31 @@ def test_a_closed_pipe_ends_the_command_quietly(argv: list[str]) -> None:
             proc.wait()
     assert err == ""
     assert status == 141
+
+
+def test_host_failures_and_drains_replay_to_the_same_facts(tmp_path: Path) -> None:
+    """Host commands are inputs of a recording ("host" lines, before their effects):
+    a scenario with a failure and an evacuating drain, and a simulation with injected
+    failures, replay identically (before, their replays diverged at the first
+    failure)."""
+    out = tmp_path / "scenario.jsonl"
+    example = ROOT / "docs" / "examples" / "host_failure_and_drain.toml"
+    assert run("scenario", "run", str(example), "--record", str(out)).returncode == 0
+    hosts = [json.loads(line) for line in out.read_text().splitlines() if '"host"' in line]
+    assert [(h["host"], h["state"]) for h in hosts if h["kind"] == "host"] == [
+        ("hB", "down"),
+        ("hD", "closed"),
+        ("hB", "up"),
+        ("hD", "open"),
+    ]
+    proc = run("simulate", "--replay", str(out))
+    assert proc.returncode == 0 and "identical" in proc.stdout, proc.stdout + proc.stderr
+
+    sim = tmp_path / "sim.jsonl"
+    trace = DATA / "KTH-SP2-1996-2.1-cln-first200.swf.gz"
+    args = ["--malleable-fraction", "0.5", "--host-failures", "200:1", "--quiet"]
+    proc = run("simulate", str(trace), *args, "--record", str(sim))
+    assert proc.returncode == 0, proc.stderr
+    assert sim.read_text().count('"kind":"host"') > 10
+    proc = run("simulate", "--replay", str(sim))
+    assert proc.returncode == 0 and "identical" in proc.stdout, proc.stdout + proc.stderr

@@ -18,6 +18,10 @@ from xce_resize_plugin.core.models import LossOutcome
 __all__ = ["HostDrain", "HostFailure", "HostState", "HostView"]
 
 
+#: The exit reason of a job (and its tasks) ended by a host failure.
+HOST_FAILURE = "host failure"
+
+
 @frozen
 class HostView:
     """One host: its state, its slots, the slots in use and the jobs holding them."""

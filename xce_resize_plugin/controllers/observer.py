@@ -30,7 +30,7 @@ from attrs import frozen
 
 from xce_resize_plugin.controllers.jobs import VersionRecord
 from xce_resize_plugin.controllers.runners import NotificationRequest, NotificationResult
-from xce_resize_plugin.core.models import JobState, Task, TaskEvent
+from xce_resize_plugin.core.models import JobState, Principal, Task, TaskEvent
 
 __all__ = ["FinishedJob", "LiveObserver", "Observer"]
 
@@ -87,6 +87,14 @@ class Observer:
         """The notification runner answered ``request`` (before the controller logs the
         result and queues it for the plugin). A notification the controller answers
         itself (its job had finished) is not passed on."""
+
+    def host_changed(
+        self, name: str, time: float, state: str, evacuate: bool, principal: Principal | None
+    ) -> None:
+        """A host is about to change state: ``state`` is the command (``down``, ``up``,
+        ``closed``, ``open``) that the controller accepted; what it does to the jobs
+        follows. ``evacuate`` and ``principal`` (who asks the releases) go with
+        ``closed``."""
 
     def cycles_started(self, time: float) -> None:
         """``settle`` is about to run the scheduler and dispatch cycles at ``time``."""

@@ -64,6 +64,9 @@ Input kinds (fields besides ``kind``, ``t``, ``phase``, ``i``, ``r``):
   order: the job started at once there) and ``work`` ({``model``: a speedup spec as
   ``--speedup`` takes it, ``ref_procs``, ``estimate``}: the scheduler plans the job
   with that model; its end still comes from an ``end`` line);
+- ``host``: ``host``, ``state`` (``down`` | ``up`` | ``closed`` | ``open``: a host
+  command the controller accepted, before its effects), and for a close with
+  evacuation ``evacuate`` (``true``) and ``principal`` (who asks the releases);
 - ``request``: ``job``, ``principal`` ({``name``, ``admin``, ``job_id``}),
   ``request`` ({``type``: ``grow`` | ``release`` | ``cancel`` | ``modify``, and the
   request's fields; ``modify`` has ``autoresize``}), ``result`` (``"ok"`` or the
@@ -132,7 +135,7 @@ __all__ = [
 FORMAT = "xce-resize-recording"
 VERSION = 1
 CONTROLLERS = ("simulated", "live")
-INPUT_KINDS = ("submit", "request", "task", "notify", "end", "tick", "ending", "cycle")
+INPUT_KINDS = ("submit", "request", "task", "notify", "end", "tick", "ending", "cycle", "host")
 OUTPUT_KINDS = ("started", "fact")
 #: The kinds each variant may hold (a ``tick`` in a live recording is an error).
 KINDS = {
@@ -210,13 +213,18 @@ def submit_fields(job: JobRecord) -> dict[str, Any]:
     return fields
 
 
+def principal_fields(principal: Principal) -> dict[str, Any]:
+    """Who asked, as request and host lines record it."""
+    return {"name": principal.name, "admin": principal.admin, "job_id": principal.job_id}
+
+
 def request_fields(
     job_id: str, principal: Principal, request: ResizeRequest, code: str | None
 ) -> dict[str, Any]:
     """The fields of a ``request`` line (both recorders write the same)."""
     return {
         "job": job_id,
-        "principal": {"name": principal.name, "admin": principal.admin, "job_id": principal.job_id},
+        "principal": principal_fields(principal),
         "request": request_json(request),
         "result": code or "ok",
     }
@@ -364,6 +372,10 @@ _FIELDS: dict[str, dict[str, tuple[Callable[[Any], bool], str]]] = {
         "fact": (_fact, "an object with a type"),
     },
     "closed": {"clean": (lambda v: isinstance(v, bool), "true or false")},
+    "host": {
+        "host": (_str, "a host name (string)"),
+        "state": (lambda v: v in ("down", "up", "closed", "open"), "down, up, closed or open"),
+    },
 }
 
 

@@ -161,6 +161,8 @@ class _Inputs(Observer):
                 self._submit(ctl, rec)
             elif kind == "request":
                 self._request(ctl, rec)
+            elif kind == "host":
+                self._host(ctl, rec)
             elif kind == "task":
                 event = rec["event"]
                 if event == "started":
@@ -208,9 +210,17 @@ class _Inputs(Observer):
             work=work,
         )
 
+    def _host(self, ctl: EmbeddedController, rec: Mapping[str, Any]) -> None:
+        name, state = rec["host"], rec["state"]
+        if state == "closed":
+            evacuate = bool(rec.get("evacuate", False))
+            ctl.host_close(name, evacuate, _principal(rec["principal"]) if evacuate else None)
+            return
+        # The other states need only the name (format.py has checked the state).
+        {"down": ctl.host_down, "up": ctl.host_up, "open": ctl.host_open}[state](name)
+
     def _request(self, ctl: EmbeddedController, rec: Mapping[str, Any]) -> None:
-        p = rec["principal"]
-        principal = Principal(p["name"], admin=bool(p.get("admin")), job_id=p.get("job_id"))
+        principal = _principal(rec["principal"])
         request = request_from_json(rec["request"])
         try:
             ctl.request_resize(principal, rec["job"], request)
@@ -574,3 +584,8 @@ def _per_job(facts: Sequence[tuple[str, Mapping[str, Any]]]) -> dict[str, list[d
     for job, fact in facts:
         out.setdefault(job, []).append(timeless(fact))
     return out
+
+
+def _principal(p: Mapping[str, Any]) -> Principal:
+    """A recorded ``principal`` ({name, admin, job_id})."""
+    return Principal(p["name"], admin=bool(p.get("admin")), job_id=p.get("job_id"))

@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from xce_resize_plugin.controllers.hosts import HOST_FAILURE
 from xce_resize_plugin.controllers.observer import FinishedJob, Observer
 from xce_resize_plugin.controllers.runners import (
     NotificationDone,
@@ -26,7 +27,12 @@ from xce_resize_plugin.controllers.sim.sim_controller import EmbeddedController
 from xce_resize_plugin.controllers.sim.work import SpeedupWork
 from xce_resize_plugin.core.models import ResizeRequest, Task, host_counts
 from xce_resize_plugin.host import Principal
-from xce_resize_plugin.recording.format import RecordingWriter, request_fields, submit_fields
+from xce_resize_plugin.recording.format import (
+    RecordingWriter,
+    principal_fields,
+    request_fields,
+    submit_fields,
+)
 
 __all__ = ["ScenarioRecorder", "SimRecorder"]
 
@@ -233,7 +239,17 @@ class SimRecorder(Observer):
             }
         )
 
+    def host_changed(
+        self, name: str, time: float, state: str, evacuate: bool, principal: Principal | None
+    ) -> None:
+        fields: dict[str, Any] = {"host": name, "state": state}
+        if evacuate and principal is not None:
+            fields.update(evacuate=True, principal=principal_fields(principal))
+        self.input("host", None, **fields)
+
     def job_ended(self, job: FinishedJob) -> None:
+        if job.exit_reason == HOST_FAILURE:
+            return  # an effect of the host line before it: replaying that line ends it
         self.input("end", None, job=job.id, state=job.state.value, reason=job.exit_reason)
 
     def settled(self, controller: EmbeddedController) -> None:

@@ -32,6 +32,7 @@ import heapq
 import math
 from collections.abc import Iterable, Mapping
 
+from xce_resize_plugin.controllers.hosts import HOST_FAILURE
 from xce_resize_plugin.controllers.jobs import job_id_key
 from xce_resize_plugin.controllers.observer import FinishedJob, Observer
 from xce_resize_plugin.core.models import JobState, Task
@@ -97,7 +98,7 @@ class CompletionCheck(Check):
             self.problem(f"job {job.id} ended but was never expected (or ended twice)")
             return
         self._open.discard(job.id)
-        failed = self.allow_host_failure and job.exit_reason == "host failure"
+        failed = self.allow_host_failure and job.exit_reason == HOST_FAILURE
         if job.state is not JobState.DONE and not failed:
             self.problem(f"job {job.id} ended {job.state.value} ({job.exit_reason}), not DONE")
         if job.start_time is None:

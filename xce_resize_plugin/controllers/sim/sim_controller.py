@@ -58,7 +58,7 @@ from typing import TYPE_CHECKING, Any, Literal, ParamSpec, TypeVar
 import pluggy
 
 from xce_resize_plugin.controllers.cluster import Cluster, HostState
-from xce_resize_plugin.controllers.hosts import HostDrain, HostFailure, HostView
+from xce_resize_plugin.controllers.hosts import HOST_FAILURE, HostDrain, HostFailure, HostView
 from xce_resize_plugin.controllers.jobs import (
     JobOptions,
     JobRecord,
@@ -366,6 +366,7 @@ class EmbeddedController:
         self._on_cycles: list[Callable[[float], None]] = []
         self._on_cycled: list[Callable[[float, bool], None]] = []
         self._on_settled: list[Callable[[EmbeddedController], None]] = []
+        self._on_host: list[Callable[[str, float, str, bool, Principal | None], None]] = []
         try:
             self._setup(hosts, config, user_slots, clock, task_runner, notification_runner, faults)
         except BaseException:
@@ -926,6 +927,7 @@ class EmbeddedController:
                 ("cycles_started", self._on_cycles),
                 ("cycles_ended", self._on_cycled),
                 ("settled", self._on_settled),
+                ("host_changed", self._on_host),
             )
             for name, target in targets:
                 if getattr(type(observer), name) is not getattr(Observer, name):
@@ -985,6 +987,7 @@ class EmbeddedController:
             if self._host_state(name) is HostState.UNAVAIL:
                 raise HostStateError(f"host {name} is already unavail")
             now = self.now()
+            self._host_event(name, "down")
             self._cluster.set_down(name, True)
             self._hosts_changed()
             lost = self._lose_tasks(name, now)
@@ -1002,6 +1005,7 @@ class EmbeddedController:
             self._top_level("host_up")
             if self._host_state(name) is not HostState.UNAVAIL:
                 raise HostStateError(f"host {name} is {self._host_state(name).value}, not unavail")
+            self._host_event(name, "up")
             self._cluster.set_down(name, False)
             self._hosts_changed()
             self._flush()
@@ -1024,11 +1028,12 @@ class EmbeddedController:
             self._host_state(name)
             if name in self._closed_hosts():
                 raise HostStateError(f"host {name} is already closed")
+            who = principal if principal is not None else Principal("xce-admin", admin=True)
+            self._host_event(name, "closed", evacuate, who if evacuate else None)
             self._cluster.set_closed(name, True)
             self._hosts_changed()
             drain = HostDrain(name, self.now())
             if evacuate:
-                who = principal if principal is not None else Principal("xce-admin", admin=True)
                 drain = self._evacuate(name, who)
             self._flush()
             return drain
@@ -1041,9 +1046,18 @@ class EmbeddedController:
             self._host_state(name)
             if name not in self._closed_hosts():
                 raise HostStateError(f"host {name} is not closed")
+            self._host_event(name, "open")
             self._cluster.set_closed(name, False)
             self._hosts_changed()
             self._flush()
+
+    def _host_event(
+        self, name: str, state: str, evacuate: bool = False, principal: Principal | None = None
+    ) -> None:
+        """Tell the observers (a recording) of an accepted host command, before its
+        effects, so that a replay applies it at the same point."""
+        for observe in self._on_host:
+            observe(name, self.now(), state, evacuate, principal)
 
     def _host_state(self, name: str) -> HostState:
         try:
@@ -1067,7 +1081,7 @@ class EmbeddedController:
             ids = tuple(cluster.held_on(job_id, name))
             lost[job_id] = ids
             states = self._jobs[job_id].task_states
-            _exit_tasks((states[t] for t in ids if t in states), now, "host failure")
+            _exit_tasks((states[t] for t in ids if t in states), now, HOST_FAILURE)
             cluster.free(job_id, ids)
             self._changed(job_id)
         return lost
@@ -1109,7 +1123,7 @@ class EmbeddedController:
         if answer is LossOutcome.REQUEUE:
             self._requeue_job(job)
             return answer
-        self._end_job(job, JobState.EXIT, "host failure")
+        self._end_job(job, JobState.EXIT, HOST_FAILURE)
         return LossOutcome.EXIT
 
     def _requeue_job(self, job: JobRecord) -> None:
