@@ -61,7 +61,7 @@ from typing import IO, Any
 from xce_resize_plugin.controllers.live.live_controller import LiveController
 from xce_resize_plugin.controllers.observer import LiveObserver
 from xce_resize_plugin.controllers.runners import NotificationRequest, NotificationResult
-from xce_resize_plugin.core.models import JobState, Task, TaskEvent, host_counts
+from xce_resize_plugin.core.models import JobState, Principal, Task, TaskEvent, host_counts
 from xce_resize_plugin.errors import ResizeError
 from xce_resize_plugin.journal import Journal
 from xce_resize_plugin.recording.format import (
@@ -245,6 +245,13 @@ class LiveRecorder(LiveObserver):
 
     def job_started(self, job_id: str, time: float, tasks: tuple[Task, ...]) -> None:
         self._write({"kind": "started", "t": time, "job": job_id, "hosts": host_counts(tasks)})
+
+    def host_changed(
+        self, name: str, time: float, state: str, evacuate: bool, principal: Principal | None
+    ) -> None:
+        # An evacuation's releases reach the plugin through its request hook, which this
+        # recorder writes as request lines of their own: the host line is the close alone.
+        self.input("host", host=name, state=state)
 
     def job_ending(self, job_id: str, time: float, state: JobState, reason: str) -> None:
         # Before the controller ends it and tells the plugin: the facts of the end

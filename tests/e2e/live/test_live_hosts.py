@@ -5,6 +5,7 @@ agents and processes (docs/admin-guide.md, "Host states")."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 from tests.e2e.live.test_live_clients import cli
@@ -58,3 +59,31 @@ def test_close_evacuate_and_open_a_host(resize_live_factory: Any) -> None:
     wait_until(lambda: live.job(bob)["state"] == "RUN", 15, "bob's job starts on h2")
     assert live.cluster()["problems"] == []
     assert live.call("GET", "/v1/hosts", ALICE).status_code == 200
+
+
+def test_a_recorded_drain_replays_to_the_same_facts(tmp_path: Path) -> None:
+    """A live run with an evacuating close is recorded (a host line, then the
+    evacuation's releases as request lines) and replays identically."""
+    from tests.e2e.live.test_live_recording import recording_cluster, stop
+    from xce_resize_plugin.recording.replay import replay
+
+    live = recording_cluster(tmp_path, {"h1": 2, "h2": 2})
+    try:
+        proc = live.start()
+        job = live.submit(command=["sleep", "600"], tasks="2,4", resizable=True)
+        live.running(job, 4)
+        r = live.call("POST", "/v1/hosts/h2/close", ROOT, {"evacuate": True})
+        assert r.status_code == 200 and r.json()["asked"] == {job: [2, 3]}
+        live.idle(job, 1)
+        assert live.call("POST", "/v1/hosts/h2/open", ROOT).status_code == 200
+        assert stop(proc) == 0
+    finally:
+        live.cleanup()
+    path = tmp_path / "run.jsonl"
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [(x["host"], x["state"]) for x in lines if x["kind"] == "host"] == [
+        ("h2", "closed"),
+        ("h2", "open"),
+    ]
+    result = replay(path)
+    assert result.ok, result.problems
