@@ -21,10 +21,10 @@ def _host(at: float, name: str, state: str, **kw: Any) -> dict[str, Any]:
     return {"at": at, "user": "root", "host": {"name": name, "state": state, **kw}}
 
 
-def test_a_failed_host_shrinks_an_autoresizable_job_which_grows_back_elsewhere(
-    resize_scenario: Run,
-) -> None:
-    table = {
+def _h3_frees_at_50(command: dict[str, Any]) -> dict[str, Any]:
+    """Job 101 (autoresizable, 2..4) runs on h1 and h2, bob's job holds h3 until 50;
+    ``command`` changes h2 at 10."""
+    return {
         "cluster": {"hosts": {"h1": 2, "h2": 2, "h3": 2}},
         "users": {"admins": ["root"]},
         "jobs": [
@@ -38,10 +38,15 @@ def test_a_failed_host_shrinks_an_autoresizable_job_which_grows_back_elsewhere(
                 "alloc": {"h1": 2, "h2": 2},
             },
         ],
-        "commands": [_host(10, "h2", "down")],
+        "commands": [command],
         "scenario": {"until": 100},
     }
-    result = resize_scenario(table)
+
+
+def test_a_failed_host_shrinks_an_autoresizable_job_which_grows_back_elsewhere(
+    resize_scenario: Run,
+) -> None:
+    result = resize_scenario(_h3_frees_at_50(_host(10, "h2", "down")))
     records = _records(result, "101")
     # At 10 it lost h2's two tasks (a host_failure shrink, the demand comes back);
     # at 50 h3 freed up and the demand took it; h2 is still down.
@@ -56,24 +61,7 @@ def test_a_failed_host_shrinks_an_autoresizable_job_which_grows_back_elsewhere(
 def test_an_evacuated_autoresizable_job_releases_and_grows_back_elsewhere(
     resize_scenario: Run,
 ) -> None:
-    table = {
-        "cluster": {"hosts": {"h1": 2, "h2": 2, "h3": 2}},
-        "users": {"admins": ["root"]},
-        "jobs": [
-            {"id": "100", "user": "bob", "tasks": 2, "runtime": 50, "alloc": {"h3": 2}},
-            {
-                "id": "101",
-                "user": "alice",
-                "tasks": "2,4",
-                "runtime": 1000,
-                "autoresize": True,
-                "alloc": {"h1": 2, "h2": 2},
-            },
-        ],
-        "commands": [_host(10, "h2", "closed", evacuate=True)],
-        "scenario": {"until": 100},
-    }
-    result = resize_scenario(table)
+    result = resize_scenario(_h3_frees_at_50(_host(10, "h2", "closed", evacuate=True)))
     records = _records(result, "101")
     assert [(t, kind) for t, kind, _ in records] == [(10.0, "shrink"), (50.0, "grow")]
     assert records[0][2] == {"h1": 2} and records[-1][2] == {"h1": 2, "h3": 2}
