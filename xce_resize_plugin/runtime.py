@@ -387,8 +387,10 @@ class Runtime:
             facts = engine.decide_job_start(
                 self.states.get(job.id), job, self.controller.now(), self.settings
             )
-            if facts and self._stored(job.id) is not None:
-                return  # an ended job the journal still holds: never tracked twice
+            if facts and not job.requeued and self._stored(job.id) is not None:
+                # An ended job the journal still holds: never tracked twice. A requeued
+                # job's ended state is its earlier run's: this run is tracked on top.
+                return
             self._transition(job.id, facts)
 
     def notify_done(self, job_id: str, attempt: int, status: int | None, reason: str) -> None:

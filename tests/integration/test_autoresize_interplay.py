@@ -109,3 +109,34 @@ def test_a_pending_demand_follows_the_size_a_failure_left(resize_scenario: Run) 
     ]
     assert demands == [(0.0, 2), (10.0, 4)]
     assert result.jobs["101"]["demand"] == {"min": 1, "max": 4}
+
+
+def test_a_requeued_autoresizable_job_is_autoresizable_again(resize_scenario: Run) -> None:
+    """Task 0's host fails and the site requeues the job: its next run keeps its
+    autoresize flag and demand (its earlier run's ended state must not hide it)."""
+    from pathlib import Path
+
+    requeue = Path(__file__).resolve().parents[2] / "hooks" / "requeue_on_host_failure.py"
+    table = {
+        "cluster": {"hosts": {"h1": 2, "h2": 2, "h3": 2}},
+        "users": {"admins": ["root"]},
+        "resize": {"policy_files": [str(requeue)]},
+        "jobs": [
+            {
+                "id": "101",
+                "user": "alice",
+                "tasks": "2,4",
+                "runtime": 1000,
+                "autoresize": True,
+                "alloc": {"h1": 2, "h2": 2},
+            },
+        ],
+        "commands": [_host(10, "h1", "down")],
+        "scenario": {"until": 100},
+    }
+    result = resize_scenario(table)
+    job = result.jobs["101"]
+    assert job["state"] == "RUN" and job["start_time"] == 10.0
+    assert sum(job["hosts"].values()) == 4 and "h1" not in job["hosts"]
+    assert job["autoresize"] is True
+    assert result.problems == ()
