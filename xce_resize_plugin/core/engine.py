@@ -395,19 +395,14 @@ def _demand(state: ResizeState, at: float, settings: Settings) -> GrowRequested 
     one when its pending demand no longer fits its size (tasks were lost meanwhile)."""
     room = state.max_tasks - len(state.tasks)
     pending = state.pending
+    due = state.phase is Phase.IDLE and pending is None
     stale = (
         pending is not None
         and pending.auto
         and state.phase is Phase.GROW_PENDING
         and pending.max_add != room
     )
-    if (
-        not state.autoresize
-        or not settings.allow_grow
-        or (state.phase is not Phase.IDLE and not stale)
-        or (pending is not None and not stale)
-        or room < 1
-    ):
+    if not state.autoresize or not settings.allow_grow or room < 1 or not (due or stale):
         return None
     return GrowRequested(
         job_id=state.job_id,
