@@ -1026,7 +1026,7 @@ class EmbeddedController:
         with self._lock:
             self._top_level("host_close")
             self._host_state(name)
-            if name in self._closed_hosts():
+            if self._cluster.is_closed(name):
                 raise HostStateError(f"host {name} is already closed")
             who = principal if principal is not None else Principal("xce-admin", admin=True)
             self._host_event(name, "closed", evacuate, who if evacuate else None)
@@ -1044,7 +1044,7 @@ class EmbeddedController:
         with self._lock:
             self._top_level("host_open")
             self._host_state(name)
-            if name not in self._closed_hosts():
+            if not self._cluster.is_closed(name):
                 raise HostStateError(f"host {name} is not closed")
             self._host_event(name, "open")
             self._cluster.set_closed(name, False)
