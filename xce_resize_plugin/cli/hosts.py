@@ -1,6 +1,7 @@
-"""``xce-resize hosts`` and ``xce-resize host close|open``: the hosts of a live
-controller, and an administrator's drain (like LSF's ``bhosts`` and ``badmin
-hclose|hopen``)."""
+"""``xce-resize hosts`` and ``xce-resize host close|open|down|up``: the hosts of a live
+controller, an administrator's drain (like LSF's ``bhosts`` and ``badmin
+hclose|hopen``), and fencing a host by hand (``down``: a host failure now; ``up``: it
+takes tasks again once its agent is registered)."""
 
 from __future__ import annotations
 
@@ -18,10 +19,12 @@ def add_parsers(sub: Any) -> None:
     hosts.add_argument("--json", action="store_true")
     host = sub.add_parser(
         "host",
-        help="close a host to new tasks or open it again (administrators; like badmin hclose)",
-        description="xce-resize host close [--evacuate] HOST | xce-resize host open HOST",
+        help="close a host to new tasks or open it again, or fence it by hand (down/up; "
+        "administrators; like badmin hclose)",
+        description="xce-resize host close [--evacuate] HOST | xce-resize host open HOST | "
+        "xce-resize host down HOST | xce-resize host up HOST",
     )
-    host.add_argument("action", choices=["close", "open"])
+    host.add_argument("action", choices=["close", "open", "down", "up"])
     host.add_argument("name", metavar="HOST")
     host.add_argument(
         "--evacuate",
@@ -51,6 +54,10 @@ def run(args: argparse.Namespace, out: TextIO, client: Client | None = None) -> 
         out.write(json.dumps(doc, indent=2) + "\n")
         return 0
     out.write(f"Host <{doc['host']}> is {doc['state']}\n")
+    if args.action == "up" and doc["state"] == "unavail":
+        out.write("  it takes tasks again once its agent is registered\n")
+    for job, outcome in sorted(doc.get("jobs", {}).items()):
+        out.write(f"  job {job}: {outcome}\n")
     for job, ids in sorted(doc.get("asked", {}).items()):
         out.write(f"  job {job}: asked to release task(s) {', '.join(map(str, ids))}\n")
     for job, why in sorted(doc.get("stays", {}).items()):

@@ -70,7 +70,8 @@ class Observer:
 
     def job_ending(self, job_id: str, time: float, state: JobState, reason: str) -> None:
         """The job is about to end as ``state``: its tasks are gone (or it never ran);
-        next the controller frees its allocation and calls ``xce_job_end``."""
+        next the controller frees its allocation and calls ``xce_job_end``. ``PEND``:
+        a host failure's requeue (back to the queue, no ``xce_job_end``)."""
 
     def job_ended(self, job: FinishedJob) -> None:
         """The job ended and ``xce_job_end`` returned."""

@@ -77,7 +77,8 @@ Input kinds (fields besides ``kind``, ``t``, ``phase``, ``i``, ``r``):
 - ``ending`` (live): ``job``, ``tasks`` (task ids), ``grace``, ``state``, ``reason``:
   the job is over (its task 0 ended, or it was killed) and the controller stops these
   live tasks first (replay: ``stop_tasks``); its ``end`` line follows once they are gone;
-- ``end``: ``job``, ``state`` (``DONE`` | ``EXIT``), ``reason``.
+- ``end``: ``job``, ``state`` (``DONE`` | ``EXIT``, or ``PEND`` for a job a host
+  failure requeued once its other tasks were stopped), ``reason``.
 
 Output kinds, after the inputs or interleaved (replay compares them):
 
@@ -144,7 +145,7 @@ KINDS = {
 }
 PHASES = ("timeline", "settled", "sync")
 TASK_EVENTS = ("started", "start_failed", "exited")
-END_STATES = ("DONE", "EXIT")
+END_STATES = ("DONE", "EXIT", "PEND")
 
 
 class RecordingError(ConfigError):

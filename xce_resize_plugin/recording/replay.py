@@ -31,7 +31,7 @@ from xce_resize_plugin.controllers.sim.sim_controller import EmbeddedController
 from xce_resize_plugin.controllers.sim.speedup import parse_speedup
 from xce_resize_plugin.controllers.sim.work import PlannedWork
 from xce_resize_plugin.controllers.violations import EmbeddedError
-from xce_resize_plugin.core.models import Task, host_counts
+from xce_resize_plugin.core.models import LossOutcome, Task, host_counts
 from xce_resize_plugin.errors import ResizeError
 from xce_resize_plugin.host import Principal
 from xce_resize_plugin.journal import Journal
@@ -181,6 +181,8 @@ class _Inputs(Observer):
             elif kind == "end":
                 if rec["state"] == "DONE":
                     ctl.finish(rec["job"], rec.get("reason", "done"))
+                elif rec["state"] == "PEND":
+                    ctl.requeue(rec["job"])
                 else:
                     ctl.kill(rec["job"], rec.get("reason", "killed"))
         except (KeyError, TypeError, ValueError, EmbeddedError) as exc:
@@ -440,9 +442,16 @@ def _controller(
             # A trace replay drops finished jobs to save memory; a live controller keeps
             # them, and a request about a finished job must get the same answer.
             keep_finished=header["controller"] == "live",
+            # A live controller ends a job that a host failure ends only once its other
+            # tasks are stopped: the recording's ending and end lines say when.
+            loss_ender=_recorded_end if header["controller"] == "live" else None,
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise RecordingError(f"{os.fspath(path)}: bad header ({exc})") from exc
+
+
+def _recorded_end(job_id: str, outcome: LossOutcome) -> None:
+    """A live recording's host failure: its ``ending`` and ``end`` lines end the job."""
 
 
 def _replay_live(

@@ -1,13 +1,13 @@
 """Administrators' host commands on the live controller (``xce-resize hosts``, ``host
-close|open``), and what each caller may see of the hosts.
+close|open|down|up``), and what each caller may see of the hosts.
 
 ``GET /v1/hosts`` lists every host's state, slots and use; an administrator also sees
 the jobs on each host (anyone else sees only their own there). ``POST
 /v1/hosts/{name}/close`` (body ``{"evacuate": bool}``, optional) and ``.../open`` drain
-a host and undo it, through the controller's host API (docs/admin-guide.md, "Host
-states"). Failing a host by hand (``down``/``up``) is not offered on the live controller
-yet: its agent-loss handling would have to stop the failed jobs' processes on the other
-hosts first (the simulated controller's failure ends them at once).
+a host and undo it; ``.../down`` fences a host by hand (a host failure now: its tasks
+are stopped if its agent answers, and lost either way) and ``.../up`` lets it take
+tasks again once its agent is registered, through the controller's host API
+(docs/admin-guide.md, "Host states").
 """
 
 from __future__ import annotations
@@ -15,13 +15,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from xce_resize_plugin.controllers.hosts import HostDrain, HostView
+from xce_resize_plugin.controllers.hosts import HostDrain, HostFailure, HostView
 from xce_resize_plugin.controllers.violations import HostStateError, UnknownHost
 from xce_resize_plugin.errors import InvalidRequest, PermissionDenied, ResizeError
 from xce_resize_plugin.host import Principal
 from xce_resize_plugin.rest.operation import Operation, Param
 
-ACTIONS = ("close", "open")
+ACTIONS = ("close", "open", "down", "up")
 #: The controller's refusals of a host command (answered 404 and 409).
 HOST_ERRORS = (UnknownHost, HostStateError)
 
@@ -36,7 +36,7 @@ class NoSuchHost(ResizeError):
 
 class HostStateConflict(ResizeError):
     """A host command that does not apply to the host's state (closing a closed host,
-    opening an open one)."""
+    opening an open one, failing a failed one, bringing up one that is not down)."""
 
     code = "XCE_HOST_STATE"
     message = "The host is not in a state this command applies to"
@@ -60,7 +60,7 @@ def hosts_json(
 def check_command(principal: Principal, action: str, body: Any) -> bool:
     """Who may, and the body: ``evacuate`` (only with ``close``); refuses anything else."""
     if not principal.admin:
-        raise PermissionDenied("only administrators may close or open hosts")
+        raise PermissionDenied("only administrators may change the state of hosts")
     if action not in ACTIONS:
         raise InvalidRequest(f"unknown host command {action!r} (known: {', '.join(ACTIONS)})")
     if body is None:
@@ -91,10 +91,22 @@ def drain_json(name: str, state: str, drain: HostDrain | None) -> dict[str, Any]
     return doc
 
 
+def failure_json(name: str, state: str, failure: HostFailure | None) -> dict[str, Any]:
+    """The answer of ``down``: the host's state and what became of each job that had
+    tasks there (``shrunk``, ``kept``, ``exit`` or ``requeue``; an ending job's
+    processes elsewhere are being stopped)."""
+    doc: dict[str, Any] = {"host": name, "state": state}
+    if failure is not None:
+        doc["jobs"] = {j: o.value for j, o in failure.outcomes.items()}
+    return doc
+
+
 # -- the routes ---------------------------------------------------------------------------
 
 _NAME = Param("name", {"type": "string"}, True, "The host.", location="path")
-_ACTION = Param("action", {"enum": list(ACTIONS)}, True, "close or open.", location="path")
+_ACTION = Param(
+    "action", {"enum": list(ACTIONS)}, True, "close, open, down or up.", location="path"
+)
 LIST_HOSTS = Operation(
     "list_hosts",
     "GET",
@@ -108,7 +120,8 @@ HOST_COMMAND = Operation(
     "host_command",
     "POST",
     "/v1/hosts/{name}/{action}",
-    "Close a host to new tasks (optionally evacuating resizable jobs) or open it",
+    "Close a host to new tasks (optionally evacuating resizable jobs) or open it; "
+    "fail a host by hand (down) or let it take tasks again (up)",
     'Administrators only. Body (optional, close only): {"evacuate": true}.',
     response="HostCommandResult",
     params=(_NAME, _ACTION),
@@ -141,6 +154,10 @@ HOST_ADMIN_SCHEMAS: dict[str, Any] = {
             "state": {"enum": ["ok", "closed", "unavail"]},
             "asked": {"type": "object", "description": "job -> task ids asked to release"},
             "stays": {"type": "object", "description": "job -> why it was not asked"},
+            "jobs": {
+                "type": "object",
+                "description": "down: job -> shrunk, kept, exit or requeue",
+            },
         },
     },
 }

@@ -85,6 +85,8 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 import pluggy
 from pluggy import HookImpl
 
+from xce_resize_plugin.controllers.cluster import HostState
+from xce_resize_plugin.controllers.hosts import HOST_FAILURE, HostFailure
 from xce_resize_plugin.controllers.jobs import JobRecord, TaskRecord, TaskState
 from xce_resize_plugin.controllers.live import host_admin, job_kv
 from xce_resize_plugin.controllers.live.controller_lock import ControllerLock
@@ -132,9 +134,9 @@ from xce_resize_plugin.controllers.runners import (
     TaskReporter,
 )
 from xce_resize_plugin.controllers.sim.sim_controller import EmbeddedController
-from xce_resize_plugin.controllers.violations import StoreError, UnknownJob
+from xce_resize_plugin.controllers.violations import HostStateError, StoreError, UnknownJob
 from xce_resize_plugin.core import converters
-from xce_resize_plugin.core.models import JobState, Task, allocation_env
+from xce_resize_plugin.core.models import JobState, LossOutcome, Task, allocation_env
 from xce_resize_plugin.errors import (
     ConfigError,
     FencedError,
@@ -278,6 +280,9 @@ class LiveController:
         self._ending: dict[str, tuple[JobState, str]] = {}
         self._notifying: dict[tuple[str, int], tuple[str, dict[str, Any], NotificationDone]] = {}
         self._broken: set[str] = set()
+        #: Hosts whose agent was lost before the plugin started: failed once it has
+        #: (:meth:`_settle_hosts`).
+        self._down_pending: set[str] = set()
         self._opened = False
         self._observers: list[LiveObserver] = []
         #: Why the state cannot be written (``None``: it can): see :meth:`storage_failed`.
@@ -305,6 +310,7 @@ class LiveController:
                 manage=cfg.manage_workers,
                 start_timeout=cfg.worker_timeout,
                 header_timeout=cfg.header_timeout,
+                agent_timeout=cfg.agent_timeout,
             )
             self.live_store.before_commit = self._before_commit
             self.live_store.after_commit = self.fleet.release
@@ -341,6 +347,7 @@ class LiveController:
             lock=self.lock,
             hook_controller=self,
             resume_tasks=False,
+            loss_ender=self._loss_end,
         )
 
     def _read_side(self) -> None:
@@ -427,8 +434,9 @@ class LiveController:
         if self.fenced is not None:
             return
         if missing:
-            log.warning("no agent yet for %s; their tasks wait", ", ".join(missing))
+            log.warning("no agent yet for %s: unavail until it registers", ", ".join(missing))
         with self.lock:
+            self._down_pending.update(missing)
             try:
                 if self.failing is None:
                     self._start_plugin()
@@ -450,6 +458,7 @@ class LiveController:
                 self._write_hostfile(job.id, job.tasks)
         self.embedded.start()
         self._opened = True
+        self._settle_hosts()
 
     def shutdown(self) -> None:
         """Stop the loop and the channels; a clean stop calls ``xce_controller_stop``.
@@ -542,6 +551,7 @@ class LiveController:
         self.fleet.discard()
         self._notifying.clear()
         self._broken.clear()
+        self._down_pending.clear()
         self._opened = False
         # A recording goes on only with the run it records: it ends as after a crash.
         observers, self._observers = self._observers, []
@@ -582,10 +592,11 @@ class LiveController:
             failure = self._failure_seen
             self._resume_stops()
         # Without the lock: an agent's channel takes its own lock first (see .tasks).
-        self.fleet.connect_all(self.cfg.worker_timeout)
+        missing = self.fleet.connect_all(self.cfg.worker_timeout)
         with self.lock:
             if self.fenced is not None or self._failure_seen is not failure:
                 return  # fenced, or failed again meanwhile: start over
+            self._down_pending.update(missing)
             self._start_plugin()
             log.warning("the state can be written again (was: %s); serving", self.failing)
             self.failing = None
@@ -894,17 +905,22 @@ class LiveController:
     def host_command(
         self, principal: Principal, name: str, action: str, body: Any
     ) -> dict[str, Any]:
-        """``POST /v1/hosts/{name}/close|open``: an administrator drains a host or undoes
-        it (with ``evacuate``, resizable jobs are asked to release their tasks there)."""
+        """``POST /v1/hosts/{name}/close|open|down|up``: an administrator drains a host or
+        undoes it (with ``evacuate``, resizable jobs are asked to release their tasks
+        there), or fences it by hand (:meth:`_host_down_by_hand`, :meth:`_host_up_by_hand`)."""
         evacuate = host_admin.check_command(principal, action, body)
         with self.lock:
             self._check_open()
             try:
-                drain = None
+                drain = failure = None
                 if action == "close":
                     drain = self.embedded.host_close(name, evacuate, principal)
-                else:
+                elif action == "open":
                     self.embedded.host_open(name)
+                elif action == "down":
+                    failure = self._host_down_by_hand(name, principal)
+                else:
+                    self._host_up_by_hand(name)
                 state = self.embedded.host_view(name).state.value
             except host_admin.HOST_ERRORS as exc:
                 raise host_admin.translated(exc) from None
@@ -914,7 +930,101 @@ class LiveController:
                 raise
         self._wake.set()
         log.info("host %s: %s by %s", name, action, principal.name)
+        if action == "down":
+            return host_admin.failure_json(name, state, failure)
         return host_admin.drain_json(name, state, drain if evacuate else None)
+
+    # -- host failures (docs/live-controller.md, "Lost agents and failed hosts") -----------
+
+    def _host_down_by_hand(self, name: str, principal: Principal) -> HostFailure | None:
+        """``host down``: fail the host now, as if its agent were lost; its tasks are
+        stopped at once if the agent answers (lost either way), and the host stays
+        ``unavail`` until ``host up``, whatever its agent does."""
+        if self.embedded.host_view(name).state is HostState.UNAVAIL:
+            raise HostStateError(f"host {name} is already unavail")
+        key = f"host:{name}"
+        self.live_store.put(key, {**(self.live_store.get(key) or {"gen": 0}), "admin_down": True})
+        return self._host_lost(name, f"lost: host {name} set down by {principal.name}", kill=True)
+
+    def _host_up_by_hand(self, name: str) -> None:
+        """``host up``: the host takes tasks again, at once if its agent is registered,
+        else once it registers."""
+        if self.embedded.host_view(name).state is not HostState.UNAVAIL:
+            state = self.embedded.host_view(name).state.value
+            raise HostStateError(f"host {name} is {state}, not unavail")
+        key = f"host:{name}"
+        record = dict(self.live_store.get(key) or {"gen": 0})
+        record.pop("admin_down", None)
+        self.live_store.put(key, record)
+        if self.fleet.ready(name):
+            self._host_back(name)
+
+    def _host_lost(self, host: str, why: str, *, kill: bool = False) -> HostFailure | None:
+        """The host failed (its agent died, was replaced, or went unheard for
+        ``agent_timeout``; or ``host down``): a notification running there is answered
+        as failed, the commands not yet sent there are dropped, and the embedded
+        controller fails the host (``host_down``: its tasks lost, each job shrunk, ended
+        or requeued through :meth:`_loss_end`). With ``kill``, the agent is told to
+        kill the host's tasks (if it answers). Before the plugin has started, the
+        failure waits for :meth:`_settle_hosts`."""
+        record = self.live_store.get(f"host:{host}") or {"instance": None, "gen": 0}
+        for key, (nhost, _, done) in list(self._notifying.items()):
+            if nhost == host:
+                del self._notifying[key]
+                done(NotificationResult(None, why))
+        live = [
+            (job.id, tid)
+            for job in self.embedded.records()
+            if not job.finished
+            for tid, rec in job.task_states.items()
+            if rec.host == host and rec.state in LIVE
+        ]
+        self.fleet.drop(host)
+        for job_id, tid in live if kill else ():
+            self.fleet.send(
+                host, {"op": "stop", "job": job_id, "task": tid, "grace": 0.0, "since": None}
+            )
+        if not kill and record.get("instance") is not None:
+            self.live_store.put(f"host:{host}", {**record, "instance": None})
+        if self.embedded.host_view(host).state is HostState.UNAVAIL:
+            return None
+        if not self._opened:
+            if live:
+                self._down_pending.add(host)
+            return None
+        log.warning("host %s failed (%s): %d task(s) lost", host, why, len(live))
+        return self.embedded.host_down(host)
+
+    def _host_back(self, host: str) -> None:
+        """The host's agent is registered: a failed host takes tasks again (``closed``
+        again if it was closed), unless an administrator set it down by hand."""
+        record = self.live_store.get(f"host:{host}") or {}
+        if record.get("admin_down") or host in self._down_pending:
+            return
+        if self.embedded.host_view(host).state is HostState.UNAVAIL:
+            log.info("host %s is back: its agent is registered", host)
+            self.embedded.host_up(host)
+
+    def _settle_hosts(self) -> None:
+        """Once the plugin has started: fail the hosts whose agent was lost meanwhile (or
+        never answered), then take back every failed host whose agent is registered (a
+        restart re-derives ``unavail`` from whether the agents answer)."""
+        pending, self._down_pending = sorted(self._down_pending), set()
+        for host in pending:
+            if self.embedded.host_view(host).state is not HostState.UNAVAIL:
+                log.warning("host %s failed: its agent did not answer at the start", host)
+                self.embedded.host_down(host)
+        for host, _ in self.cfg.hosts:
+            if self.fleet.ready(host):
+                self._host_back(host)
+
+    def _loss_end(self, job_id: str, outcome: LossOutcome) -> None:
+        """The embedded controller's ``loss_ender``: a job that a host failure ends or
+        requeues has its processes on the other hosts stopped first (:meth:`_begin_end`;
+        ``PEND`` stands for the requeue); its slots there are freed once they are gone.
+        """
+        state = JobState.PEND if outcome is LossOutcome.REQUEUE else JobState.EXIT
+        self._begin_end(job_id, state, HOST_FAILURE)
 
     def kv_put(self, principal: Principal, job_id: str, key: str, body: Any) -> dict[str, Any]:
         """``PUT /v1/jobs/{id}/kv/{key}``: set a value, durably (:mod:`.job_kv`)."""
@@ -1317,12 +1427,12 @@ class LiveController:
         self._wake.set()
 
     def worker_down(self, host: str, queued: Queued) -> None:
-        """The host's agent is dead: its tasks are lost (see docs/live-controller.md)."""
+        """The host's agent is dead or unheard: the host fails (:meth:`_host_lost`)."""
         try:
             with self.lock:
                 if self.fenced is not None or not self._reconciling():
                     return
-                self._host_lost(host, queued, f"lost: the agent of {host} died")
+                self._host_lost(host, f"lost: the agent of {host} died or went unheard")
                 self.embedded.flush()
         except Exception as exc:
             self._on_error(exc)
@@ -1358,13 +1468,16 @@ class LiveController:
         instance = str(snapshot["instance"])
         record = self.live_store.get(f"host:{host}") or {"instance": None, "gen": 0}
         if record.get("instance") not in (None, instance):
-            # The agent was replaced while nobody watched: the old one's tasks are lost.
-            self._host_lost(host, queued, f"lost: the agent of {host} was replaced")
+            # The agent was replaced while nobody watched: the host failed.
+            self._host_lost(host, f"lost: the agent of {host} was replaced")
             record = self.live_store.get(f"host:{host}") or record
         same = record.get("instance") == instance
         known = {(str(t["job"]), int(t["task"])): t for t in snapshot.get("tasks", [])}
+        # A host failing at the start loses its tasks then (_settle_hosts): the agent
+        # stops what it still runs of them.
+        failing = host in self._down_pending
         for job in self.embedded.records():
-            if job.finished:
+            if job.finished or failing:
                 continue
             for tid, rec in list(job.task_states.items()):
                 if rec.host != host or rec.state not in LIVE:
@@ -1407,28 +1520,10 @@ class LiveController:
                 del self._notifying[key2]
                 done(NotificationResult(None, f"lost: the agent of {host} was replaced"))
         self.live_store.put(
-            f"host:{host}", {"instance": instance, "gen": int(record.get("gen", 0)) + 1}
+            f"host:{host}", {**record, "instance": instance, "gen": int(record.get("gen", 0)) + 1}
         )
-
-    def _host_lost(self, host: str, queued: Queued, why: str) -> None:
-        record = self.live_store.get(f"host:{host}") or {"instance": None, "gen": 0}
-        for job in self.embedded.records():
-            if job.finished:
-                continue
-            for tid, rec in list(job.task_states.items()):
-                if rec.host == host and rec.state in LIVE and ("launch", job.id, tid) not in queued:
-                    side = self.live_store.get(f"task:{job.id}:{tid}") or {}
-                    if record.get("instance") is None and side.get("gen", -1) == record.get(
-                        "gen", 0
-                    ):
-                        continue  # recorded while no agent was up: never sent anywhere
-                    self._task_lost(job, tid, rec, why)
-        for key, (nhost, _, done) in list(self._notifying.items()):
-            if nhost == host and ("notify", *key) not in queued:
-                del self._notifying[key]
-                done(NotificationResult(None, why))
-        if record.get("instance") is not None:
-            self.live_store.put(f"host:{host}", {**record, "instance": None})
+        if self._opened:
+            self._host_back(host)
 
     def _task_lost(self, job: JobRecord, tid: int, rec: TaskRecord, why: str) -> None:
         log.warning("job %s task %s on %s: %s", job.id, tid, rec.host, why)
@@ -1555,6 +1650,9 @@ class LiveController:
                 continue
             state, reason = self._ending.pop(job_id)
             hosts = sorted({rec.host for rec in job.task_states.values()})
+            if state is JobState.PEND:
+                self._requeue(job_id, hosts)
+                continue
             # Over since its tasks are gone: the embedded controller frees its slots,
             # sets its state and calls xce_job_end.
             end = self.embedded.finish if state is JobState.DONE else self.embedded.kill
@@ -1569,6 +1667,23 @@ class LiveController:
             for kv_key in spec.get("kv", []):
                 self.live_store.put(job_kv.record_key(job_id, kv_key), None)  # with the end
             self.embedded.flush()
+
+    def _requeue(self, job_id: str, hosts: Sequence[str]) -> None:
+        """A job that a host failure requeued has no process left: back to the queue
+        (the embedded controller frees its slots); it starts again from scratch, with a
+        new launch of every task, and the key-value store of its first run dropped."""
+        self.embedded.requeue(job_id)
+        key = f"job:{job_id}"
+        spec = dict(self.live_store.get(key) or {})
+        for kv_key in spec.pop("kv", []):
+            self.live_store.put(job_kv.record_key(job_id, kv_key), None)
+        spec.pop("ending", None)
+        spec["launched"] = False
+        self.live_store.put(key, spec)
+        for host in hosts:
+            self.fleet.send(host, {"op": "forget", "job": job_id})
+        remove_scratch(self.job_dir(job_id))
+        self.embedded.flush()
 
 
 def _open_state(cfg: LiveConfig) -> tuple[LiveStore, JobTokens]:

@@ -9,6 +9,7 @@
     # manage_workers = true     start one worker agent per host (false: start them yourself)
     # kill_grace = 10.0         SIGTERM -> SIGKILL seconds when a job ends or is killed
     # worker_timeout = 10.0     seconds a new worker agent may take to come up
+    # agent_timeout = 30.0      seconds a running agent may go unheard before its host fails
     # header_timeout = 10.0     seconds a client has to send a request's headers
     # body_timeout = 30.0       seconds a client has to send a request's body
     # record = "run.jsonl"      record this run's inputs for replay (relative to this file)
@@ -57,6 +58,7 @@ CONTROLLER_KEYS = {
     "manage_workers",
     "kill_grace",
     "worker_timeout",
+    "agent_timeout",
     "header_timeout",
     "body_timeout",
     "record",
@@ -99,6 +101,8 @@ class LiveConfig:
     manage_workers: bool = True
     kill_grace: float = 10.0
     worker_timeout: float = 10.0
+    #: Seconds a running agent may go unheard (no heartbeat) before its host fails.
+    agent_timeout: float = 30.0
     #: Seconds a client has to send a request's headers (the controller's server and
     #: the agents it starts), then its body (the controller's routes).
     header_timeout: float = 10.0
@@ -153,6 +157,7 @@ def parse(data: Mapping[str, Any], path: Path) -> LiveConfig:
         manage_workers=_flag(where, "controller.manage_workers", ctl.get("manage_workers", True)),
         kill_grace=_number(where, "controller.kill_grace", ctl.get("kill_grace", 10.0)),
         worker_timeout=_number(where, "controller.worker_timeout", ctl.get("worker_timeout", 10.0)),
+        agent_timeout=_deadline(where, "controller.agent_timeout", ctl.get("agent_timeout", 30.0)),
         header_timeout=_deadline(
             where, "controller.header_timeout", ctl.get("header_timeout", 10.0)
         ),

@@ -8,9 +8,12 @@ One :class:`WorkerChannel` per host, with two threads:
   controller has reconciled with;
 - the **poller** long-polls the agent's events and hands them to the controller; when
   the agent cannot be reached it (re)connects: if the agent's ``flock`` is free the
-  agent is dead (the controller reports its tasks lost and, with ``manage_workers``,
-  starts a new agent); otherwise it takes a snapshot and the controller reconciles
-  its records with it before the channel is ready again.
+  agent is dead (the controller fails the host and, with ``manage_workers``, starts a
+  new agent); otherwise it takes a snapshot and the controller reconciles its records
+  with it before the channel is ready again. An agent that holds its lock but has not
+  answered for ``agent_timeout`` seconds (each long poll's answer is its heartbeat:
+  at least one every :data:`POLL_WAIT` seconds) is lost too: the controller fails
+  the host once, and takes it back when the agent answers again.
 
 Commands reach a channel only through :class:`WorkerFleet`'s outbox, which the
 controller releases after the store write that records them (``after_commit``): a
@@ -94,8 +97,11 @@ class WorkerFleet:
         manage: bool = True,
         start_timeout: float = 10.0,
         header_timeout: float = 10.0,
+        agent_timeout: float = 30.0,
     ) -> None:
         self.state_dir = state_dir
+        #: Seconds without an answer from a running agent before its host fails.
+        self.agent_timeout = agent_timeout
         self.epoch = epoch
         self.manage = manage
         self.start_timeout = start_timeout
@@ -128,6 +134,20 @@ class WorkerFleet:
 
     def discard(self) -> None:
         self.outbox.clear()
+
+    def drop(self, host: str) -> None:
+        """The host failed: forget every command for it, waiting in the outbox or
+        queued (its tasks are lost; a returning agent is reconciled, and what it still
+        runs that no job owns is stopped then)."""
+        self.outbox[:] = [(h, c) for h, c in self.outbox if h != host]
+        channel = self.channels.get(host)
+        if channel is not None:
+            channel.clear()
+
+    def ready(self, host: str) -> bool:
+        """Whether ``host``'s agent is connected and reconciled."""
+        channel = self.channels.get(host)
+        return channel is not None and channel.ready
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -219,6 +239,10 @@ class WorkerChannel:
         self.seq = 0
         self._stopping = False
         self._spawned_at: float | None = None
+        #: When the agent last answered (monotonic), and whether the controller was
+        #: told it is lost since (once per loss: see ``_check_heartbeat``).
+        self.last_seen = time.monotonic()
+        self.lost = False
         self._threads: list[threading.Thread] = []
         self._headers = {"Authorization": f"Bearer {fleet.secret}"}
 
@@ -228,6 +252,11 @@ class WorkerChannel:
         with self._cond:
             self._queue.append(command)
             self._cond.notify_all()
+
+    def clear(self) -> None:
+        """Drop every queued command (the host failed)."""
+        with self._cond:
+            self._queue.clear()
 
     def queued(self) -> Queued:
         """Launches and notifications not sent yet."""
@@ -331,10 +360,11 @@ class WorkerChannel:
     def _poll_loop(self) -> None:
         import httpx
 
-        with self._client(POLL_WAIT + 5.0) as client:
+        with self._client(POLL_WAIT + min(5.0, self.fleet.agent_timeout)) as client:
             while not self._stopping and not self.fleet.closed:
                 if not self.ready:
                     if not self.connect():
+                        self._check_heartbeat()
                         time.sleep(RETRY)
                     continue
                 try:
@@ -354,6 +384,7 @@ class WorkerChannel:
                     self._set_ready(False)
                     continue
                 data = response.json()
+                self.last_seen = time.monotonic()
                 if data.get("instance") != self.instance or data.get("resync"):
                     self._set_ready(False)
                     continue
@@ -374,6 +405,7 @@ class WorkerChannel:
         if not lock_held(self.dir / "lock"):
             with self.send_lock:
                 self._set_ready(False)
+                self.lost = True
                 owner.worker_down(self.host, self.queued())
             self._maybe_spawn()
             return False
@@ -388,7 +420,7 @@ class WorkerChannel:
                 f"http://127.0.0.1:{port}/v1/snapshot",
                 params={"epoch": self.fleet.epoch},
                 headers=self._headers,
-                timeout=5.0,
+                timeout=min(5.0, self.fleet.agent_timeout),
             )
         except httpx.TransportError:
             return False
@@ -405,8 +437,24 @@ class WorkerChannel:
             self.pid = int(snapshot["pid"])
             self.seq = int(snapshot["seq"])
             self._spawned_at = None
+            self.last_seen = time.monotonic()
+            self.lost = False
             self._set_ready(True)
         return True
+
+    def _check_heartbeat(self) -> None:
+        """An agent that still holds its lock but has not answered for
+        ``agent_timeout`` seconds (stopped, hung, cut off) is lost: tell the
+        controller once; it takes the host back when the agent answers again."""
+        owner = self.fleet.owner
+        if self.lost or owner is None or self.fleet.closed:
+            return
+        if time.monotonic() - self.last_seen <= self.fleet.agent_timeout:
+            return
+        log.warning("agent %s: no answer for %.1f s: lost", self.host, self.fleet.agent_timeout)
+        with self.send_lock:
+            self.lost = True
+            owner.worker_down(self.host, self.queued())
 
     def _maybe_spawn(self) -> None:
         if not self.fleet.manage or self.fleet.closed:

@@ -144,6 +144,14 @@ def _exit_tasks(records: Iterable[TaskRecord], now: float, reason: str) -> None:
             rec.stop_since = rec.grace = None
 
 
+def _lost(job: JobRecord, task_id: int) -> bool:
+    """Whether the task went with a failed host: a job that a host failure ends keeps
+    it in its allocation, unheld, while its processes elsewhere are stopped (see
+    ``loss_ender``)."""
+    rec = job.task_states.get(task_id)
+    return rec is not None and rec.state is TaskState.EXITED and rec.reason == HOST_FAILURE
+
+
 def parse_tasks(spec: TasksSpec) -> tuple[int, int]:
     """``-n`` as bsub takes it: ``4`` -> (4, 4), ``"2,8"`` / ``(2, 8)`` -> (2, 8)."""
     if isinstance(spec, bool):
@@ -310,6 +318,11 @@ class EmbeddedController:
         launches a crash interrupted (tasks saved STARTING) are reported as failed.
         ``False`` leaves both to the host holding this controller, which can find out
         what became of them (the live controller asks its agents).
+    :param loss_ender: who ends a job that a host failure ends (``EXIT``) or requeues,
+        called with the job id and the outcome instead of ending it at once (default:
+        at once). A host whose jobs have processes on other hosts passes its own: it
+        stops them first, then calls :meth:`kill` or :meth:`requeue` (the live
+        controller); until then the job runs on, its lost tasks exited and unheld.
     """
 
     def __init__(
@@ -337,8 +350,10 @@ class EmbeddedController:
         lock: AbstractContextManager[Any] | None = None,
         hook_controller: Controller | None = None,
         resume_tasks: bool = True,
+        loss_ender: Callable[[str, LossOutcome], None] | None = None,
     ) -> None:
         self._pm = plugin_manager
+        self._loss_ender = loss_ender
         self._hooks = HostHooks(plugin_manager)
         self._host: Controller = hook_controller if hook_controller is not None else self
         self._lock: AbstractContextManager[Any] = lock if lock is not None else threading.RLock()
@@ -1120,11 +1135,29 @@ class EmbeddedController:
             assert answer is not None
             self._update_running_view(job)
             return answer
-        if answer is LossOutcome.REQUEUE:
+        outcome = LossOutcome.REQUEUE if answer is LossOutcome.REQUEUE else LossOutcome.EXIT
+        if self._loss_ender is not None:
+            self._loss_ender(job.id, outcome)
+        elif outcome is LossOutcome.REQUEUE:
             self._requeue_job(job)
-            return answer
-        self._end_job(job, JobState.EXIT, HOST_FAILURE)
-        return LossOutcome.EXIT
+        else:
+            self._end_job(job, JobState.EXIT, HOST_FAILURE)
+        return outcome
+
+    def requeue(self, job_id: str) -> bool:
+        """Put a running job back in the queue after a host failure the plugin answered
+        ``requeue`` (for a :class:`loss_ender <EmbeddedController>` that stopped its
+        processes first); ``False`` if it is not running."""
+        with self._lock:
+            self._top_level("requeue")
+            job = self._job(job_id)
+            if job.state is not JobState.RUN:
+                return False
+            for fn in self._on_ending:
+                fn(job.id, self.now(), JobState.PEND, HOST_FAILURE)
+            self._requeue_job(job)
+            self._flush()
+            return True
 
     def _requeue_job(self, job: JobRecord) -> None:
         """Put a running job back in the queue (its place: its submit time); it starts
@@ -1441,7 +1474,7 @@ class EmbeddedController:
                         f"{job.min_tasks}..{job.max_tasks}"
                     )
                 for task in job.tasks:
-                    if held.get(task.id) != task.host:
+                    if held.get(task.id) != task.host and not _lost(job, task.id):
                         problems.append(f"job {job.id}: committed task {task.id} is not held")
                 if job.ptile is not None:
                     for host, n in self._cluster.job_host_counts(job.id).items():
