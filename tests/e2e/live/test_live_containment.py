@@ -99,8 +99,10 @@ def test_a_new_agent_kills_what_a_dead_one_knew_of(
         agent = int(live.cluster()["hosts"]["h2"]["worker"]["pid"])
         os.kill(agent, signal.SIGKILL)
         wait_until(lambda: not alive(escaped[0]), 20, "the dead agent's task process killed")
-        job = live.job(job_id)
-        assert job["state"] == "RUN" and "lost" in job["tasks"][1]["reason"]
+        # A rigid job does not survive its host's failure.
+        job = wait_until(lambda: (j := live.job(job_id))["state"] == "EXIT" and j, 15, "EXIT")
+        assert job["exit_reason"] == "host failure"
+        assert job["tasks"][1]["reason"] == "host failure"
     finally:
         _kill(escaped)
 

@@ -191,34 +191,26 @@ def test_two_controllers_on_one_state_dir(resize_live_factory: Any) -> None:
 
 
 def test_worker_agent_killed(resize_live_factory: Any) -> None:
-    """An agent dies (SIGKILL): its tasks are reported lost, the job keeps running with
-    its allocation (the lost task's slot stays charged until released), a new agent
-    kills the orphans; an agent that dies during a grow's launch sends the grow back to
-    pending; losing task 0's agent ends the job (EXIT)."""
+    """An agent dies (SIGKILL): its host fails (docs/live-controller.md, "Lost agents
+    and failed hosts"): the resizable job loses the tasks there as an involuntary
+    shrink, a new agent kills the orphans and the host takes tasks again; an agent that
+    dies during a grow's launch sends the grow back to pending; losing task 0's agent
+    ends the job (EXIT, host failure)."""
     live: LiveCluster = resize_live_factory({"h1": 2, "h2": 2})
     live.start()
     job_id = live.submit(tasks="1,3", alloc={"h1": 1, "h2": 2}, resizable=True)
     job = live.running(job_id, 3)
     pids = {t["id"]: t["pid"] for t in job["tasks"]}
     os.kill(_agent_pid(live, "h2"), signal.SIGKILL)
-
-    def lost() -> dict[str, Any] | None:
-        j = live.job(job_id)
-        states = {t["id"]: (t["state"], t["reason"]) for t in j["tasks"]}
-        return (
-            j if all(states[i][0] == "EXITED" and "lost" in states[i][1] for i in (1, 2)) else None
-        )
-
-    job = wait_until(lost, 10, "tasks reported lost")
-    assert job["state"] == "RUN" and len(job["held"]) == 3
+    job = live.idle(job_id, 1)
+    assert [t["host"] for t in job["allocation"]] == ["h1"] and len(job["held"]) == 1
+    states = {t["id"]: (t["state"], t["reason"]) for t in job["tasks"]}
+    assert states[1] == states[2] == ("EXITED", "host failure")
     wait_until(lambda: not alive(pids[1]) and not alive(pids[2]), 10, "orphans killed")
     wait_until(lambda: live.cluster()["hosts"]["h2"]["worker"]["ready"], 10, "new agent")
     assert live.cluster()["problems"] == []
-    # Releasing the lost tasks frees their slots (their stop is answered "exited").
-    assert live.release(job_id, spec="h2").status_code == 202
-    live.idle(job_id, 1)
     live.check_consistent(job_id)
-    # Grow onto the new agent.
+    # Grow (onto the job's own host first).
     assert live.grow(job_id, 1).status_code == 202
     live.idle(job_id, 2)
     live.check_consistent(job_id)
@@ -232,11 +224,12 @@ def test_worker_agent_killed(resize_live_factory: Any) -> None:
     os.kill(frozen, signal.SIGKILL)
     job = live.idle(job_id, 3)
     assert [t["host"] for t in job["allocation"]] == ["h1", "h1", "h2"]
-    assert any(t["state"] == "FAILED" and "lost" in t["reason"] for t in job["tasks"])
+    assert any(t["state"] == "EXITED" and t["reason"] == "host failure" for t in job["tasks"])
     live.check_consistent(job_id)
-    # The head task's agent dies: the job ends, nothing stays charged.
+    # The head task's agent dies: the job ends once its task on h2 is stopped, and
+    # nothing stays charged.
     os.kill(_agent_pid(live, "h1"), signal.SIGKILL)
     job = wait_until(lambda: (j := live.job(job_id))["state"] == "EXIT" and j, 10, "EXIT")
-    assert "task 0" in job["exit_reason"] and job["held"] == []
+    assert job["exit_reason"] == "host failure" and job["held"] == []
     assert live.cluster()["problems"] == []
     wait_until(lambda: not live.task_processes(job_id), 10, "no process of the job left")
