@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -38,10 +39,10 @@ def start_agent() -> Iterator[StartAgent]:
         ensure_secret(live.state)  # what the controller would create
         wdir = worker_dir(live.state, host)
         wdir.mkdir(parents=True, exist_ok=True)
+        argv = [sys.executable, "-m", "xce_resize_plugin", "worker", "--host", host]
         with open(wdir / "worker.log", "ab") as log:
             agent = subprocess.Popen(
-                [sys.executable, "-m", "xce_resize_plugin", "worker"]
-                + ["--state-dir", str(live.state), "--host", host],
+                [*argv, "--state-dir", str(live.state)],
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -209,3 +210,59 @@ def test_an_unheard_agent_fails_its_host(resize_live_factory: Any) -> None:
     wait_until(lambda: not alive(pids[1]), 15, "the lost task stopped")
     assert _records(live, elastic) == [("shrink", "host_failure")]
     live.check_consistent(elastic)
+
+
+def test_a_recorded_host_failure_with_a_requeue_replays_identically(tmp_path: Path) -> None:
+    """``host down`` by hand with the site's requeue policy: the rigid job's process on
+    the other host is stopped, then it goes back to the queue and starts again from
+    scratch elsewhere; the resizable job shrinks. The recording (host lines, the
+    requeue as an end line with state PEND) replays to the same facts."""
+    from tests.e2e.live.test_live_recording import RESIZE, stop
+    from xce_resize_plugin.recording.replay import replay
+
+    policy = Path(__file__).parents[3] / "hooks" / "requeue_on_host_failure.py"
+    live = LiveCluster(
+        tmp_path,
+        {"h1": 2, "h2": 2, "h3": 1},
+        {**RESIZE, "policy_files": [str(policy)]},
+        controller='record = "run.jsonl"',
+    )
+    try:
+        proc = live.start()
+        elastic = live.submit(tasks="1,2", alloc={"h1": 1, "h2": 1}, resizable=True)
+        rigid = live.submit(tasks=2, alloc={"h1": 1, "h2": 1})
+        live.running(elastic, 2)
+        first = _pids(live.running(rigid, 2))
+        r = live.call("POST", "/v1/hosts/h2/down", ROOT)
+        assert r.status_code == 200, r.text
+        assert r.json() == {
+            "host": "h2",
+            "state": "unavail",
+            "jobs": {elastic: "shrunk", rigid: "requeue"},
+        }
+        # Stopped everywhere first, then requeued: it runs again on the hosts left.
+        job = wait_until(
+            lambda: (
+                (j := live.job(rigid))["state"] == "RUN" and j["hosts"] == {"h1": 1, "h3": 1} and j
+            ),
+            20,
+            "the requeued job runs again",
+        )
+        assert not alive(first[0]) and not alive(first[1])
+        assert not job["exit_reason"] and job["version"] == 0
+        live.running(rigid, 2)
+        assert live.idle(elastic, 1)["hosts"] == {"h1": 1}
+        assert live.call("POST", "/v1/hosts/h2/up", ROOT).json()["state"] == "ok"
+        assert live.cluster()["problems"] == []
+        assert stop(proc) == 0
+    finally:
+        live.cleanup()
+    path = tmp_path / "run.jsonl"
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [(x["host"], x["state"]) for x in lines if x["kind"] == "host"] == [
+        ("h2", "down"),
+        ("h2", "up"),
+    ]
+    assert [(x["job"], x["state"]) for x in lines if x["kind"] == "end"] == [(rigid, "PEND")]
+    result = replay(path)
+    assert result.ok, result.problems
