@@ -23,6 +23,7 @@ from xce_resize_plugin.controllers.live.worker import worker_dir
 from xce_resize_plugin.journal.lmdb_env import private_dir
 from xce_resize_plugin.testing.live import ALICE, BOB, ROOT, LiveCluster, alive, wait_until
 
+from .test_live_autoresize import _settled
 from .test_live_clients import cli
 
 StartAgent = Callable[[LiveCluster, str], subprocess.Popen[bytes]]
@@ -69,17 +70,6 @@ def _host_states(live: LiveCluster) -> dict[str, str]:
 def _records(live: LiveCluster, job_id: str) -> list[tuple[str, str | None]]:
     history = live.ok("GET", f"/v1/jobs/{job_id}/resize/history", ALICE)
     return [(r["type"], r.get("reason")) for r in history["records"]]
-
-
-def _settled(live: LiveCluster, job_id: str, version: int) -> dict[str, Any]:
-    """The job at ``version`` with no change in flight (an autoresize demand may pend)."""
-
-    def check() -> dict[str, Any] | None:
-        job = live.job(job_id)
-        resize = job["resize"]
-        return job if job["version"] == version and resize["in_flight"] is None else None
-
-    return dict(wait_until(check, 15, f"job {job_id} settled at version {version}"))
 
 
 def _pids(job: dict[str, Any]) -> dict[int, int]:
@@ -218,6 +208,7 @@ def test_a_recorded_host_failure_with_a_requeue_replays_identically(tmp_path: Pa
     scratch elsewhere; the resizable job shrinks. The recording (host lines, the
     requeue as an end line with state PEND) replays to the same facts."""
     from tests.e2e.live.test_live_recording import RESIZE, stop
+    from xce_resize_plugin.recording.format import read_recording
     from xce_resize_plugin.recording.replay import replay
 
     policy = Path(__file__).parents[3] / "hooks" / "requeue_on_host_failure.py"
@@ -257,12 +248,14 @@ def test_a_recorded_host_failure_with_a_requeue_replays_identically(tmp_path: Pa
         assert stop(proc) == 0
     finally:
         live.cleanup()
-    path = tmp_path / "run.jsonl"
-    lines = [json.loads(line) for line in path.read_text().splitlines()]
-    assert [(x["host"], x["state"]) for x in lines if x["kind"] == "host"] == [
-        ("h2", "down"),
-        ("h2", "up"),
+    # Checked as replay reads it; the host commands and the requeue are input lines.
+    _, lines = read_recording(tmp_path / "run.jsonl")
+    inputs = [(x["kind"], x.get("host", x.get("job")), x["state"]) for x in lines if "state" in x]
+    assert inputs == [
+        ("host", "h2", "down"),
+        ("ending", rigid, "PEND"),  # its task on h1 is stopped first
+        ("end", rigid, "PEND"),
+        ("host", "h2", "up"),
     ]
-    assert [(x["job"], x["state"]) for x in lines if x["kind"] == "end"] == [(rigid, "PEND")]
-    result = replay(path)
+    result = replay(tmp_path / "run.jsonl")
     assert result.ok, result.problems
