@@ -92,16 +92,18 @@ def test_config_names_its_first_mistake(tmp_path: Path) -> None:
 
 
 def test_config_request_deadlines(tmp_path: Path) -> None:
-    """header_timeout and body_timeout: 10 s and 30 s unless given; a number of seconds
-    above 0 and at most an hour, anything else named as the key's mistake."""
+    """header_timeout, body_timeout and agent_timeout: 10 s, 30 s and 30 s unless given;
+    a number of seconds above 0 and at most an hour, anything else named as the key's
+    mistake."""
     cfg = _config(tmp_path)
-    assert (cfg.header_timeout, cfg.body_timeout) == (10.0, 30.0)
+    assert (cfg.header_timeout, cfg.body_timeout, cfg.agent_timeout) == (10.0, 30.0, 30.0)
     given = GOOD.replace(
-        'state_dir = "state"', 'state_dir = "state"\nheader_timeout = 2\nbody_timeout = 0.5'
+        'state_dir = "state"',
+        'state_dir = "state"\nheader_timeout = 2\nbody_timeout = 0.5\nagent_timeout = 4',
     )
     cfg = _config(tmp_path, given)
-    assert (cfg.header_timeout, cfg.body_timeout) == (2.0, 0.5)
-    for key in ("header_timeout", "body_timeout"):
+    assert (cfg.header_timeout, cfg.body_timeout, cfg.agent_timeout) == (2.0, 0.5, 4.0)
+    for key in ("header_timeout", "body_timeout", "agent_timeout"):
         for value in ("0", "-1", "true", '"10"', "3601", "nan", "inf"):
             text = GOOD.replace('state_dir = "state"', f'state_dir = "state"\n{key} = {value}')
             with pytest.raises(
