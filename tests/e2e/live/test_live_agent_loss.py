@@ -259,3 +259,34 @@ def test_a_recorded_host_failure_with_a_requeue_replays_identically(tmp_path: Pa
     ]
     result = replay(tmp_path / "run.jsonl")
     assert result.ok, result.problems
+
+
+def test_unavail_after_a_restart_is_derived_from_the_agents(
+    resize_live_factory: Any, start_agent: StartAgent
+) -> None:
+    """After a controller crash, a failed host whose agent answers is back, one whose
+    agent does not answer fails, and a host set down by hand stays down until ``up``."""
+    live: LiveCluster = resize_live_factory(
+        {"h1": 1, "h2": 1, "h3": 1}, controller="manage_workers = false"
+    )
+    agents = {h: start_agent(live, h) for h in ("h1", "h2", "h3")}
+    live.start()
+    assert live.call("POST", "/v1/hosts/h3/down", ROOT).status_code == 200
+    os.kill(agents["h2"].pid, signal.SIGKILL)
+    agents["h2"].wait(10)
+    wait_until(lambda: _host_states(live)["h2"] == "unavail", 15, "h2 unavail")
+
+    live.crash()
+    start_agent(live, "h2")  # h2's agent is back while no controller runs
+    live.start()
+    assert _host_states(live) == {"h1": "ok", "h2": "ok", "h3": "unavail"}
+
+    live.crash()
+    os.kill(agents["h1"].pid, signal.SIGKILL)  # h1's agent dies while no controller runs
+    agents["h1"].wait(10)
+    live.start()
+    assert _host_states(live) == {"h1": "unavail", "h2": "ok", "h3": "unavail"}
+    assert live.call("POST", "/v1/hosts/h3/up", ROOT).json() == {"host": "h3", "state": "ok"}
+    job = live.submit(tasks=2)
+    assert live.running(job, 2)["hosts"] == {"h2": 1, "h3": 1}
+    assert live.cluster()["problems"] == []

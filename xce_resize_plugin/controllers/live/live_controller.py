@@ -1672,14 +1672,14 @@ class LiveController:
         """A job that a host failure requeued has no process left: back to the queue
         (the embedded controller frees its slots); it starts again from scratch, with a
         new launch of every task, and the key-value store of its first run dropped."""
-        self.embedded.requeue(job_id)
         key = f"job:{job_id}"
         spec = dict(self.live_store.get(key) or {})
         for kv_key in spec.pop("kv", []):
             self.live_store.put(job_kv.record_key(job_id, kv_key), None)
         spec.pop("ending", None)
         spec["launched"] = False
-        self.live_store.put(key, spec)
+        self.live_store.put(key, spec)  # written with the requeue, in one transaction
+        self.embedded.requeue(job_id)
         for host in hosts:
             self.fleet.send(host, {"op": "forget", "job": job_id})
         remove_scratch(self.job_dir(job_id))
