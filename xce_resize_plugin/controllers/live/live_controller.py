@@ -16,6 +16,11 @@ and gives it what differs:
 - jobs with a command: a job ends when its task 0 process ends (DONE on status 0, EXIT
   otherwise); its other tasks are stopped first (SIGTERM, ``kill_grace``, SIGKILL) and
   its slots are freed only once they are gone. ``kill`` ends a job the same way.
+- host failures: a host whose agent is lost (dead, replaced, or unheard for
+  ``agent_timeout``), or that an administrator sets down, fails through the embedded
+  controller's ``host_down``; a job that the failure ends or requeues is this
+  controller's to end (``loss_ender``): its other tasks are stopped first. The host
+  takes tasks again once its agent registers (:meth:`LiveController._host_back`).
 - who a job runs as, decided at submission (:func:`.submission.job_account`): its
   owner's account when the controller runs as root, else the controller's user; the
   job's directory is the owner's to read, the rest of the state directory nobody's but
