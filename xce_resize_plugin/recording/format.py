@@ -116,6 +116,7 @@ from xce_resize_plugin.core.models import (
     AutoresizeRequest,
     CancelRequest,
     GrowRequest,
+    ReadyRequest,
     ReleaseRequest,
     ResizeRequest,
 )
@@ -159,7 +160,13 @@ class RecordingError(ConfigError):
 def request_json(request: ResizeRequest) -> dict[str, Any]:
     """A resize request as a recording line holds it."""
     if isinstance(request, GrowRequest):
-        return {"type": "grow", **attrs.asdict(request)}
+        data = attrs.asdict(request)
+        if not request.wait_ready:
+            # Grows without a readiness wait keep the lines they always had.
+            del data["wait_ready"], data["ready_timeout"]
+        return {"type": "grow", **data}
+    if isinstance(request, ReadyRequest):
+        return {"type": "ready", "task_id": request.task_id}
     if isinstance(request, ReleaseRequest):
         data = attrs.asdict(request)
         if data["hosts"] is not None:
@@ -185,6 +192,8 @@ def request_from_json(data: Mapping[str, Any]) -> ResizeRequest:
         return CancelRequest()
     if kind == "modify" and set(body) == {"autoresize"} and isinstance(body["autoresize"], bool):
         return AutoresizeRequest(body["autoresize"])
+    if kind == "ready" and set(body) == {"task_id"} and type(body["task_id"]) is int:
+        return ReadyRequest(body["task_id"])
     raise ValueError(f"bad request {dict(data)!r}")
 
 
