@@ -17,6 +17,7 @@ from typing import Any, Protocol, TypeVar
 from attrs import fields, frozen
 
 from xce_resize_plugin import errors
+from xce_resize_plugin.core import readiness
 from xce_resize_plugin.core.models import (
     AutoresizeRequest,
     AutoresizeSet,
@@ -56,7 +57,6 @@ from xce_resize_plugin.core.models import (
     TaskStopped,
     held_count,
 )
-from xce_resize_plugin.core import readiness
 from xce_resize_plugin.core.placement import GrowHostView, place
 from xce_resize_plugin.core.releasespec import named_release_ids
 

@@ -219,6 +219,8 @@ def submit_fields(job: JobRecord) -> dict[str, Any]:
     if job.autoresize:
         # Only when set, so recordings of runs without autoresize read as before.
         fields["autoresize"] = True
+    if job.release_exited:
+        fields["release_exited"] = True  # likewise
     return fields
 
 

@@ -670,13 +670,16 @@ class EmbeddedController:
             rec = self._live_task(job_id, task_id)
             if rec is None:
                 return
+            # Whether the host had asked it to stop (a release, the job's end): a
+            # release_exited job drops only tasks that ended on their own.
+            stopped = rec.state is TaskState.STOPPING
             rec.state = TaskState.EXITED
             rec.since = self.now()
             rec.status = status
             rec.reason = reason
             rec.stop_since = rec.grace = None
             self._changed(job_id)
-            self._reported(TaskEvent(job_id, task_id, "exited", status, reason))
+            self._reported(TaskEvent(job_id, task_id, "exited", status, reason, stopped))
 
     def _live_task(self, job_id: str, task_id: int) -> TaskRecord | None:
         """The task's record if its process may still be alive (reports about tasks the
@@ -793,6 +796,7 @@ class EmbeddedController:
             notify_cmd=options.notify_cmd,
             alloc=options.alloc,
             initial_tasks=options.initial,
+            release_exited=options.release_exited,
             **extra,
         )
 
@@ -815,6 +819,7 @@ class EmbeddedController:
         start_tasks: int | None = None,
         initial_tasks: int | None = None,
         work: JobWork | None = None,
+        release_exited: bool = False,
     ) -> str:
         """Submit a job; return its id.
 
@@ -838,6 +843,9 @@ class EmbeddedController:
             at its recorded size this way.
         :param initial_tasks: the most tasks the job starts with, even when more are
             free (``xce-resize submit --initial``); between ``min`` and ``max``.
+        :param release_exited: a task other than task 0 that exits on its own while
+            the job runs leaves the allocation (docs/in-job-api.md); needs
+            ``resizable``.
         :param work: a :class:`~.work.JobWork` deciding the job's end from the sizes it
             runs at (work-based run time, see :mod:`.work`); without it the job ends
             ``runtime`` seconds after its start. A driver input: not saved in the store.
@@ -873,6 +881,7 @@ class EmbeddedController:
                 alloc=pairs,
                 start_tasks=start_tasks,
                 initial_tasks=initial_tasks,
+                release_exited=release_exited,
             )
             self._admit(record, work, now)
             return record.id
