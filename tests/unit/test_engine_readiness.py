@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.unit.test_engine import OWNER, POLICY, SETTINGS, job, place, request, run
 from xce_resize_plugin import errors
 from xce_resize_plugin.core import converters, engine
 from xce_resize_plugin.core.models import (
@@ -29,7 +30,6 @@ from xce_resize_plugin.core.models import (
     TasksLost,
     TaskStartFailed,
 )
-from tests.unit.test_engine import OWNER, POLICY, SETTINGS, job, place, request, run
 
 SLOW = engine.Settings(notify_max_failures=2, max_ready_timeout=100.0)
 
