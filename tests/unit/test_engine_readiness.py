@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from tests.unit.test_engine import OWNER, POLICY, SETTINGS, job, place, request, run
 from xce_resize_plugin import errors
-from xce_resize_plugin.core import converters, engine
+from xce_resize_plugin.core import audit, converters, engine
 from xce_resize_plugin.core.models import (
     ChangeKind,
     Committed,
@@ -222,6 +222,8 @@ def test_release_exited_goes_below_min_tasks_and_groups_hosts() -> None:
     assert [f.host for f in facts if isinstance(f, TasksLost)] == ["hA", "hB"]
     state = run(None, facts)
     assert [t.id for t in state.tasks] == [0] and state.version == 2
+    # journal verify's invariants allow it: the tasks exited, nobody released them.
+    assert audit.state_problems(state) == []
 
 
 def test_release_exited_needs_a_resizable_job() -> None:

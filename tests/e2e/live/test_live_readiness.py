@@ -6,6 +6,7 @@ controller during the wait; tasks not ready by the deadline are stopped; and a
 
 from __future__ import annotations
 
+import asyncio
 import sys
 import threading
 from pathlib import Path
@@ -52,6 +53,17 @@ def _submit(live: LiveCluster, script: str, env: dict[str, str], **body: Any) ->
     return str(answer["id"]), str(answer["token"])
 
 
+def _one_task(factory: Any, tmp_path: Path, **env: str) -> tuple[LiveCluster, Path, str, str]:
+    """A live cluster of 2 hosts x 2 slots running a job of TASK (1..3 tasks) started
+    with 1 task; its GO_FILE (not created yet), id and token."""
+    live: LiveCluster = factory({"h1": 2, "h2": 2})
+    live.start()
+    go = tmp_path / "go"
+    job_id, token = _submit(live, TASK, {"GO_FILE": str(go), **env}, tasks="1,3", initial=1)
+    live.running(job_id, 1)
+    return live, go, job_id, token
+
+
 def _grow_in_background(
     live: LiveCluster, job_id: str, token: str, **options: Any
 ) -> tuple[threading.Thread, list[Allocation]]:
@@ -79,11 +91,7 @@ def _waiting(live: LiveCluster, job_id: str) -> dict[str, Any]:
 def test_a_grow_with_wait_ready_commits_once_its_tasks_are_ready(
     resize_live_factory: Any, tmp_path: Path
 ) -> None:
-    live: LiveCluster = resize_live_factory({"h1": 2, "h2": 2})
-    live.start()
-    go = tmp_path / "go"
-    job_id, token = _submit(live, TASK, {"GO_FILE": str(go)}, tasks="1,3", initial=1)
-    live.running(job_id, 1)
+    live, go, job_id, token = _one_task(resize_live_factory, tmp_path)
     thread, out = _grow_in_background(live, job_id, token, ready_timeout=120)
     _waiting(live, job_id)
     # Every new process runs, none said it is ready: the job's wait() has not returned.
@@ -95,17 +103,28 @@ def test_a_grow_with_wait_ready_commits_once_its_tasks_are_ready(
     assert out[0].version == 1 and out[0].size == 3
     history = live.ok("GET", f"/v1/jobs/{job_id}/resize/history", ALICE)
     assert [r["delta_tasks"] for r in history["records"]] == [[1, 2]]
+    # The asyncio client runs the same call (injob/protocol.py) against the server.
+    assert asyncio.run(_ready_async(live.url(), job_id, token, 2)) == {
+        "job_id": job_id,
+        "task_id": 2,
+        "ready": True,
+        "phase": "IDLE",
+        "version": 1,
+    }
     live.check_consistent(job_id)
+
+
+async def _ready_async(url: str, job_id: str, token: str, task_id: int) -> object:
+    from xce_resize_plugin.injob.aio import AsyncResizeClient
+
+    async with AsyncResizeClient(job_id, url, token) as client:
+        return await client.ready(task_id)
 
 
 def test_the_readiness_wait_survives_a_kill_9_of_the_controller(
     resize_live_factory: Any, tmp_path: Path
 ) -> None:
-    live: LiveCluster = resize_live_factory({"h1": 2, "h2": 2})
-    live.start()
-    go = tmp_path / "go"
-    job_id, token = _submit(live, TASK, {"GO_FILE": str(go)}, tasks="1,3", initial=1)
-    live.running(job_id, 1)
+    live, go, job_id, token = _one_task(resize_live_factory, tmp_path)
     client = ResizeClient(job_id, Client(live.url(), token))
     client.grow(2, wait_ready=True, ready_timeout=300)
     before = _waiting(live, job_id)
@@ -124,13 +143,9 @@ def test_the_readiness_wait_survives_a_kill_9_of_the_controller(
 def test_tasks_not_ready_by_the_deadline_are_stopped_and_the_rest_committed(
     resize_live_factory: Any, tmp_path: Path
 ) -> None:
-    live: LiveCluster = resize_live_factory({"h1": 2, "h2": 2})
-    live.start()
-    go = tmp_path / "go"
-    go.touch()  # task 1 says it is ready at once; task 2 never does
-    env = {"GO_FILE": str(go), "READY_IDS": "1"}
-    job_id, token = _submit(live, TASK, env, tasks="1,3", initial=1)
-    live.running(job_id, 1)
+    # Task 1 says it is ready at once; task 2 never does.
+    live, go, job_id, token = _one_task(resize_live_factory, tmp_path, READY_IDS="1")
+    go.touch()
     thread, out = _grow_in_background(live, job_id, token, ready_timeout=2)
     thread.join(60)
     assert len(out) == 1 and out[0].version == 1
