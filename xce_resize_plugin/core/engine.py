@@ -858,7 +858,7 @@ def decide_task_exit(
         if e.kind == "exited" and not e.stopped and e.job_id == job.id and e.task_id not in ours
     }
     gone.discard(tasks[0].id)
-    hosts = [h for h in dict.fromkeys(t.host for t in tasks if t.id in gone)]
+    hosts = list(dict.fromkeys(t.host for t in tasks if t.id in gone))
     facts: list[Fact] = []
     current = state
     for host in hosts:
