@@ -180,6 +180,15 @@ def _open_store(
     return store
 
 
+def _task_bounds(
+    n: TasksSpec | None, pairs: tuple[tuple[str, int], ...] | None
+) -> tuple[int, int]:
+    """``-n`` as ``(min, max)``; without it 1, or the size of ``alloc``."""
+    if n is None:
+        n = sum(c for _, c in pairs) if pairs else 1
+    return parse_tasks(n)
+
+
 def _alloc_pairs(
     alloc: Mapping[str, int] | Sequence[tuple[str, int]] | None,
 ) -> tuple[tuple[str, int], ...] | None:
@@ -843,9 +852,6 @@ class EmbeddedController:
             at its recorded size this way.
         :param initial_tasks: the most tasks the job starts with, even when more are
             free (``xce-resize submit --initial``); between ``min`` and ``max``.
-        :param release_exited: a task other than task 0 that exits on its own while
-            the job runs leaves the allocation (docs/in-job-api.md); needs
-            ``resizable``.
         :param work: a :class:`~.work.JobWork` deciding the job's end from the sizes it
             runs at (work-based run time, see :mod:`.work`); without it the job ends
             ``runtime`` seconds after its start. A driver input: not saved in the store.
@@ -860,9 +866,7 @@ class EmbeddedController:
             if arrival < now:
                 raise SubmissionRejected(f"submit time {arrival} is before now ({now})")
             pairs = _alloc_pairs(alloc)
-            if n is None:
-                n = sum(c for _, c in pairs) if pairs else 1
-            min_tasks, max_tasks = parse_tasks(n)
+            min_tasks, max_tasks = _task_bounds(n, pairs)
             record = JobRecord(
                 id=self._claim_id(job_id),
                 user=user,
