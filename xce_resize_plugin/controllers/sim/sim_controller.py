@@ -180,9 +180,7 @@ def _open_store(
     return store
 
 
-def _task_bounds(
-    n: TasksSpec | None, pairs: tuple[tuple[str, int], ...] | None
-) -> tuple[int, int]:
+def _task_bounds(n: TasksSpec | None, pairs: tuple[tuple[str, int], ...] | None) -> tuple[int, int]:
     """``-n`` as ``(min, max)``; without it 1, or the size of ``alloc``."""
     if n is None:
         n = sum(c for _, c in pairs) if pairs else 1
