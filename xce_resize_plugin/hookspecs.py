@@ -94,7 +94,10 @@ def xce_resize_request(
     :param job_id: the job to resize.
     :param request: a :class:`~xce_resize_plugin.core.models.GrowRequest`,
         :class:`~xce_resize_plugin.core.models.ReleaseRequest` or
-        :class:`~xce_resize_plugin.core.models.CancelRequest`.
+        :class:`~xce_resize_plugin.core.models.CancelRequest` (also the
+        :class:`~xce_resize_plugin.core.models.AutoresizeRequest` of a modify, and the
+        :class:`~xce_resize_plugin.core.models.ReadyRequest` of a task saying it is
+        ready, which the policy hooks see as the action ``ready`` and do not validate).
 
     firstresult: the resize plugin answers. Raises a
     :class:`~xce_resize_plugin.errors.ResizeError` (with LSF's code) on rejection, in

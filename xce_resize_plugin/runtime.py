@@ -264,6 +264,14 @@ class Runtime:
                 state = self.states.get(job_id)
                 if state is not None and state.change is not None:
                     self._transition(job_id, engine.decide_dispatch(state, now))
+                    self._ready_deadline(job_id, now)
+
+    def _ready_deadline(self, job_id: str, now: float) -> None:
+        """A grow waiting for its tasks' readiness past its deadline is settled
+        (core/readiness.py): the host feeds the time in at every dispatch cycle."""
+        state = self.states.get(job_id)
+        if state is not None and state.change is not None and state.change.ready_by is not None:
+            self._transition(job_id, engine.decide_ready_deadline(state, now, self.settings))
 
     # --- reclaim: shrinking running jobs for the blocked queue head ------------------
 
@@ -376,6 +384,21 @@ class Runtime:
                 if state is not None:
                     facts = engine.decide_task_events(state, batch, now, self.settings)
                     self._transition(job_id, facts)
+                self._release_exited(job_id, batch, now)
+
+    def _release_exited(self, job_id: str, batch: Sequence[TaskEvent], now: float) -> None:
+        """A ``release_exited`` job drops the tasks that exited on their own (an
+        involuntary shrink, reason ``task_exit``; docs/in-job-api.md)."""
+        if not any(e.kind == "exited" and not e.stopped and e.task_id != 0 for e in batch):
+            return  # the common case: no job lookup
+        job = self.controller.get_job(job_id)
+        if job is None or not job.release_exited:
+            return
+        state = self.states.get(job_id)
+        if state is None and not job.requeued and self._stored(job_id) is not None:
+            return  # an ended run the journal holds: never tracked twice
+        facts = engine.decide_task_exit(state, job, batch, now, self.settings)
+        self._transition(job_id, facts)
 
     def job_start(self, job: JobInfo) -> None:
         """A job started: an autoresizable one is tracked with its demand (a job the

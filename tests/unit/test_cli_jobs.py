@@ -71,6 +71,26 @@ def test_autoresize_needs_a_task_range_before_any_request() -> None:
             run(args, io.StringIO(), NoCalls())  # type: ignore[arg-type]
 
 
+def test_release_exited_is_sent_only_when_asked() -> None:
+    class Recorder:
+        def __init__(self) -> None:
+            self.bodies: list[object] = []
+
+        def call(self, method: str, path: str, body: object = None) -> dict[str, str]:
+            self.bodies.append(body)
+            return {"id": "101"}
+
+    parser = argparse.ArgumentParser()
+    add_parsers(parser.add_subparsers(dest="command"))
+    sent = Recorder()
+    for extra in (["--release-exited"], []):
+        args = parser.parse_args(["submit", "-n", "2,4", "--resizable", *extra, "--", "true"])
+        run(args, io.StringIO(), sent)  # type: ignore[arg-type]
+    with_option, without = sent.bodies
+    assert isinstance(with_option, dict) and with_option["release_exited"] is True
+    assert isinstance(without, dict) and "release_exited" not in without
+
+
 def test_ar_is_autoresize_not_resizable() -> None:
     parser = argparse.ArgumentParser()
     add_parsers(parser.add_subparsers(dest="command"))

@@ -42,6 +42,10 @@ def _fact(cls: type) -> st.SearchStrategy[object]:
     ints = {f.name: int64 for f in fields if f.type is int}
     ints.update({f.name: st.none() | int64 for f in fields if f.type == int | None})
     task_fields = {f.name: tasks for f in fields if f.type == tuple[Task, ...]}
+    # A readiness wait (seconds, or none) and task id lists (TaskReady, ReadyTimedOut).
+    floats.update({f.name: st.none() | times for f in fields if f.type == float | None})
+    ids = st.lists(int64, max_size=6).map(tuple)
+    ints.update({f.name: ids for f in fields if f.type == tuple[int, ...]})
     return st.builds(cls, **floats, **ints, **task_fields)
 
 

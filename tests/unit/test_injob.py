@@ -93,6 +93,41 @@ def test_grow_and_release_send_the_options_they_share() -> None:
     ]
 
 
+def test_grow_with_wait_ready_and_ready_send_what_the_routes_take() -> None:
+    recorder = _Recorder()
+    client = ResizeClient("7", recorder)  # type: ignore[arg-type]
+    client.grow(2, wait_ready=True, ready_timeout=30)
+    client.ready(3)
+    posts = [(path, body) for method, path, body in recorder.calls if method == "POST"]
+    assert posts == [
+        (
+            "/v1/jobs/7/resize/grow",
+            {
+                "tasks": 2,
+                "min_tasks": 2,
+                "cancel_pending": False,
+                "no_notify": False,
+                "wait_ready": True,
+                "ready_timeout": 30,
+            },
+        ),
+        ("/v1/jobs/7/tasks/3/ready", None),
+    ]
+    with pytest.raises(TypeError, match="'wait_ready'"):
+        client.release(count=1, wait_ready=True)  # type: ignore[call-arg]
+
+
+def test_ready_without_a_task_id_is_the_calling_task(monkeypatch: pytest.MonkeyPatch) -> None:
+    recorder = _Recorder()
+    client = ResizeClient("7", recorder)  # type: ignore[arg-type]
+    monkeypatch.setenv("XCE_TASK_ID", "5")
+    client.ready()
+    assert recorder.calls[-1][:2] == ("POST", "/v1/jobs/7/tasks/5/ready")
+    monkeypatch.delenv("XCE_TASK_ID")
+    with pytest.raises(RuntimeError, match="XCE_TASK_ID is not set"):
+        client.ready()
+
+
 def test_unreachable_controller_names_the_url() -> None:
     from xce_resize_plugin.errors import Unreachable
 

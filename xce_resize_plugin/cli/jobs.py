@@ -64,6 +64,12 @@ def add_parsers(sub: Any) -> None:
         help="start with at most N tasks even when more are free (a resizable job that "
         "starts small and grows itself)",
     )
+    submit.add_argument(
+        "--release-exited",
+        action="store_true",
+        help="a task other than task 0 that exits on its own leaves the allocation and "
+        "stops being charged (needs --resizable)",
+    )
     submit.add_argument("--json", action="store_true")
     submit.add_argument("argv", nargs=argparse.REMAINDER, help="-- COMMAND ARGS...")
 
@@ -154,6 +160,8 @@ def _submit(args: argparse.Namespace, out: TextIO, client: Client) -> int:
         body["alloc"] = dict(_pair("--alloc", item, _count) for item in args.alloc)
     if args.initial is not None:
         body["initial"] = args.initial
+    if args.release_exited:
+        body["release_exited"] = True
     doc = client.call("POST", "/v1/jobs", body)
     if args.json:
         _dump(doc, out)

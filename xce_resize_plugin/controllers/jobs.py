@@ -32,6 +32,7 @@ SUBMIT_OPTIONS = {
     "estimate",
     "alloc",
     "initial",
+    "release_exited",
 }
 
 
@@ -57,6 +58,8 @@ class JobOptions(Protocol):
     def alloc(self) -> tuple[tuple[str, int], ...] | None: ...
     @property
     def initial(self) -> int | None: ...
+    @property
+    def release_exited(self) -> bool: ...
 
 
 class TaskState(enum.Enum):
@@ -167,6 +170,8 @@ class JobRecord:
     #: Put back in the queue after a host failure (``JobInfo.requeued``).
     requeued: bool = False
     end_reported: bool = False
+    #: ``JobInfo.release_exited``: tasks that exit on their own leave the allocation.
+    release_exited: bool = False
     notifications: list[NotificationLog] = field(factory=list)
 
     @property
@@ -235,6 +240,7 @@ class JobView:
     versions: tuple[VersionRecord, ...]
     exit_reason: str
     requeued: bool
+    release_exited: bool
 
     @property
     def slots(self) -> int:
@@ -289,4 +295,5 @@ def job_info(job: JobRecord | JobView) -> JobInfo:
         env=dict(job.env),
         autoresize=job.autoresize,
         requeued=job.requeued,
+        release_exited=job.release_exited,
     )

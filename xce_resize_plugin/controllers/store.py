@@ -118,6 +118,7 @@ def encode_job(job: JobRecord, held: Held) -> bytes:
         "exit_reason": job.exit_reason,
         "requeued": job.requeued,
         "end_reported": job.end_reported,
+        "release_exited": job.release_exited,
         "notifications": [
             [
                 n.attempt,
@@ -158,6 +159,8 @@ def decode_job(raw: bytes) -> tuple[JobRecord, dict[int, str]]:
         # Absent from records an older version wrote: they had no such caps saved.
         start_tasks=d.get("start_tasks"),
         initial_tasks=d.get("initial_tasks"),
+        # Absent from records written before the option existed: those jobs had none.
+        release_exited=bool(d.get("release_exited", False)),
         state=JobState(d["state"]),
         start_time=d["start_time"],
         end_time=d["end_time"],

@@ -30,7 +30,11 @@ def state_problems(state: ResizeState) -> list[str]:
         size -= len(change.tasks)
     if change is not None and change.kind is ChangeKind.GROW:
         size += len(change.tasks)
-    if state.live and not state.min_tasks <= size <= state.max_tasks:
+    # A release_exited job keeps running when tasks that exited took it below its
+    # minimum (docs/in-job-api.md, "Readiness and exits"): only then may it be there.
+    exited = any(r.reason == "task_exit" for r in state.records)
+    low = size < state.min_tasks and not exited
+    if state.live and (low or size > state.max_tasks):
         out.append(
             f"job {job}: {size} tasks (in flight included) outside "
             f"{state.min_tasks}..{state.max_tasks}"

@@ -49,6 +49,14 @@ KEYS: tuple[Key, ...] = (
         0,
     ),
     Key("allow_grow", bool, True, "false refuses every grow (LSF code 754)"),
+    Key(
+        "max_ready_timeout",
+        (int, float),
+        600.0,
+        "the longest a grow with wait_ready may wait for its new tasks to be ready "
+        "(seconds); also the wait of one that names none",
+        0.001,
+    ),
     Key("policy_files", list, [], "site policy files (Python, pluggy hooks) to load"),
     Key(
         "journal_sync",
@@ -128,4 +136,5 @@ def settings(section: Mapping[str, Any]) -> Settings:
         notify_max_failures=values["notify_max_failures"],
         stop_grace=float(values["stop_grace"]),
         allow_grow=values["allow_grow"],
+        max_ready_timeout=float(values["max_ready_timeout"]),
     )

@@ -9,6 +9,7 @@ into one ``InvalidRequest`` whose message lists each problem as ``… @ $.path``
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
@@ -23,13 +24,16 @@ from xce_resize_plugin.core.accounting import Usage
 from xce_resize_plugin.core.models import (
     FACT_TYPES,
     AutoresizeRequest,
+    Change,
     Fact,
     GrowRequest,
+    GrowRequested,
     PendingGrow,
     ReleaseRequest,
     ResizeRecord,
     ResizeState,
     Task,
+    TasksLost,
     host_counts,
 )
 from xce_resize_plugin.core.status import ResizeStatus
@@ -62,8 +66,26 @@ def _make_journal_converter() -> cattrs.Converter:
         ResizeRecord,
         make_dict_unstructure_fn(ResizeRecord, conv, reason=override(omit_if_default=True)),
     )
+    _omit_new_defaults(conv)
     configure_tagged_union(Fact, conv, tag_name="type")
     return conv
+
+
+def _omit_new_defaults(conv: cattrs.Converter) -> None:
+    """Fields added with readiness and release_exited (docs/in-job-api.md) are written
+    only when they differ from their default: journals without them keep their bytes,
+    and an older journal (which has none) reads as before."""
+    omit = override(omit_if_default=True)
+    conv.register_unstructure_hook(
+        GrowRequested, make_dict_unstructure_fn(GrowRequested, conv, ready_timeout=omit)
+    )
+    conv.register_unstructure_hook(
+        TasksLost, make_dict_unstructure_fn(TasksLost, conv, reason=omit)
+    )
+    conv.register_unstructure_hook(
+        PendingGrow, make_dict_unstructure_fn(PendingGrow, conv, ready_timeout=omit)
+    )
+    conv.register_unstructure_hook(Change, make_dict_unstructure_fn(Change, conv, ready_by=omit))
 
 
 def _strict(kind: type) -> Any:
@@ -76,10 +98,18 @@ def _strict(kind: type) -> Any:
     return check
 
 
+def _strict_number(value: Any, _: Any) -> float:
+    # A JSON number (not a string, not true/false), finite.
+    if type(value) not in (int, float) or not math.isfinite(value):
+        raise TypeError(f"expected a number, got {type(value).__name__} {value!r}")
+    return float(value)
+
+
 def _make_api_converter() -> cattrs.Converter:
     conv = make_converter(forbid_extra_keys=True)
     for kind in (int, str, bool):
         conv.register_structure_hook(kind, _strict(kind))
+    conv.register_structure_hook(float, _strict_number)
     conv.register_unstructure_hook(Task, lambda t: {"id": t.id, "host": t.host})
     _register_answers(conv)
     return conv
@@ -102,6 +132,7 @@ def _register_answers(conv: cattrs.Converter) -> None:
             # Said once, as the answer's "demand" (the pending grow when it is the
             # autoresize demand).
             auto=override(omit=True),
+            ready_timeout=override(omit=True),
         ),
     )
     status_fields = make_dict_unstructure_fn(
@@ -204,7 +235,11 @@ _HISTORY_FIELDS = ("records", "charges")
 
 def _state_without_history(conv: cattrs.Converter) -> Any:
     return make_dict_unstructure_fn(
-        ResizeState, conv, records=override(omit=True), charges=override(omit=True)
+        ResizeState,
+        conv,
+        records=override(omit=True),
+        charges=override(omit=True),
+        ready=override(omit_if_default=True),
     )
 
 

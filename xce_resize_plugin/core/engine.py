@@ -17,6 +17,7 @@ from typing import Any, Protocol, TypeVar
 from attrs import fields, frozen
 
 from xce_resize_plugin import errors
+from xce_resize_plugin.core import readiness
 from xce_resize_plugin.core.models import (
     AutoresizeRequest,
     AutoresizeSet,
@@ -39,6 +40,8 @@ from xce_resize_plugin.core.models import (
     PendingGrow,
     Phase,
     Principal,
+    ReadyRequest,
+    ReadyTimedOut,
     ReleaseAccepted,
     ReleaseRequest,
     ResizeRecord,
@@ -46,6 +49,7 @@ from xce_resize_plugin.core.models import (
     ResizeState,
     Task,
     TaskEvent,
+    TaskReady,
     TasksLaunched,
     TasksLost,
     TaskStarted,
@@ -83,6 +87,8 @@ class Settings:
     notify_max_failures: int = 3
     stop_grace: float = 10.0
     allow_grow: bool = True
+    #: The longest a grow may wait for its tasks to be ready (``wait_ready``).
+    max_ready_timeout: float = 600.0
 
 
 class Policy(Protocol):
@@ -174,6 +180,8 @@ def check_job_options(job: JobInfo) -> None:
     if job.ptile is not None and job.ptile < 1:
         raise errors.InvalidRequest(f"ptile {job.ptile} must be at least 1")
     check_notify_cmd(job.notify_cmd)
+    if job.release_exited and not job.resizable:
+        raise errors.InvalidRequest("release_exited needs a resizable job")
     if job.autoresize:
         if not job.resizable:
             raise errors.InvalidRequest("autoresize needs a resizable job (it implies resizable)")
@@ -238,6 +246,8 @@ def decide_request(
     if not policy.authorize(principal, job, action):
         raise errors.PermissionDenied(f"{principal.name} may not {action} job {job.id}")
     principal_name = principal.name
+    if isinstance(request, ReadyRequest):
+        return decide_ready(state, job, request.task_id, at, settings)
     _check_job(job)
     if state is not None and not state.live:
         raise errors.JobFinished(f"job {job.id}")
@@ -292,6 +302,7 @@ def _decide_grow(
             f"job has {current} tasks and max_tasks {job.max_tasks}: "
             f"cannot add at least {request.min_add}"
         )
+    ready_timeout = _ready_timeout(request, settings)
     policy.validate(job, request)
     state, facts = _track(state, job, at)
     # A manual request replaces the demand and ends autoresize (as in LSF).
@@ -306,6 +317,7 @@ def _decide_grow(
             max_add=min(request.max_add, job.max_tasks - current),
             notify_cmd=_notify_cmd(job, request.notify_cmd, request.no_notify),
             principal=principal_name,
+            ready_timeout=ready_timeout,
         )
     )
     return facts
@@ -371,7 +383,69 @@ _ACTIONS: dict[type, str] = {
     ReleaseRequest: "release",
     CancelRequest: "cancel",
     AutoresizeRequest: "modify",
+    ReadyRequest: "ready",
 }
+
+
+# --- readiness (core/readiness.py; docs/in-job-api.md, "Readiness and exits") --------
+
+
+def _ready_timeout(request: GrowRequest, settings: Settings) -> float | None:
+    """A grow's readiness wait in seconds (``None``: it does not wait), checked against
+    the site's ``max_ready_timeout``."""
+    if not request.wait_ready:
+        if request.ready_timeout is not None:
+            raise errors.InvalidRequest("ready_timeout needs wait_ready")
+        return None
+    timeout = request.ready_timeout
+    if timeout is None:
+        return settings.max_ready_timeout
+    if not 0 < timeout <= settings.max_ready_timeout:
+        raise errors.InvalidRequest(
+            f"ready_timeout must be more than 0 and at most the site's maximum "
+            f"{settings.max_ready_timeout:g} seconds ([resize] max_ready_timeout), "
+            f"got {timeout:g}"
+        )
+    return float(timeout)
+
+
+def decide_ready(
+    state: ResizeState | None, job: JobInfo, task_id: int, at: float, settings: Settings
+) -> list[Fact]:
+    """Task ``task_id`` says it is ready: recorded once (a job the plugin does not track
+    yet has no grow to wait for: nothing to record); the grow waiting for it is
+    committed when it was the last one."""
+    readiness.check_ready(state, job, task_id)
+    if state is None:
+        return []
+    facts: list[Fact] = list(readiness.ready_fact(state, task_id, at))
+    if not facts:
+        return []
+    after = evolve(state, facts[0])
+    change = after.change
+    if (
+        after.phase is Phase.GROW_STARTING
+        and change is not None
+        and readiness.waits(change)
+        and not _unresolved(change)
+        and not readiness.awaiting(change, change.started, after.ready)
+    ):
+        facts.append(_completion(after, change, bool(change.started - change.failed), at, settings))
+        return with_demand(state, facts, at, settings)
+    return facts
+
+
+def decide_ready_deadline(state: ResizeState, at: float, settings: Settings) -> list[Fact]:
+    """At the dispatch cycle: a grow whose readiness deadline has passed fails its late
+    tasks and is settled (the ready ones committed; none ready: back to pending)."""
+    facts: list[Fact] = list(readiness.timed_out(state, at))
+    if not facts:
+        return []
+    after = evolve(state, facts[0])
+    change = after.change
+    assert change is not None
+    facts.append(_completion(after, change, bool(change.started - change.failed), at, settings))
+    return with_demand(state, facts, at, settings)
 
 
 # --- autoresize ------------------------------------------------------------------------
@@ -615,7 +689,14 @@ def decide_task_events(
         if task_id not in ids or event.job_id != job_id:
             continue
         if starting:
-            if task_id in started or task_id in failed:
+            if task_id in failed:
+                continue
+            if task_id in started:
+                if kind == "exited" and readiness.waits(change) and task_id not in state.ready:
+                    # Gone before it was ready: it will never be; its slot is freed now.
+                    failed.add(task_id)
+                    reason = f"exited before it was ready: {event.reason}"
+                    facts.append(TaskStartFailed(job_id, at, task_id, reason))
                 continue
             if kind == "started":
                 started.add(task_id)
@@ -628,10 +709,13 @@ def decide_task_events(
         elif stopping and kind == "exited" and task_id not in stopped:
             stopped.add(task_id)
             facts.append(TaskStopped(job_id=job_id, at=at, task_id=task_id))
-        if len(started) + len(failed) + len(stopped) == len(ids):
+        waiting = readiness.awaiting(change, started - failed, state.ready)
+        if len(started | failed | stopped) == len(ids) and not waiting:
             break  # the change is complete: later events find no change in flight
-    if facts and len(started) + len(failed) + len(stopped) == len(ids):
-        facts.append(_completion(state, change, bool(started), at, settings))
+    if facts and len(started | failed | stopped) == len(ids):
+        if readiness.awaiting(change, started - failed, state.ready):
+            return facts  # committed once its tasks are ready (decide_ready)
+        facts.append(_completion(state, change, bool(started - failed), at, settings))
         return with_demand(state, facts, at, settings)
     return facts
 
@@ -698,8 +782,23 @@ def decide_host_loss(
     allocation versions go on."""
     if not survives_loss(state, job, lost_ids):
         raise errors.InvalidRequest(f"job {job.id} cannot lose tasks {sorted(lost_ids)}")
-    before = state
-    wanted = set(lost_ids)
+    facts = _loss_facts(state, job, host, set(lost_ids), at, settings, prior, "host_failure")
+    # An autoresizable job's demand follows its new size (it grows back elsewhere).
+    return with_demand(state, facts, at, settings) if facts else []
+
+
+def _loss_facts(
+    state: ResizeState | None,
+    job: JobInfo,
+    host: str,
+    wanted: set[int],
+    at: float,
+    settings: Settings,
+    prior: ResizeState | None,
+    reason: str,
+) -> list[Fact]:
+    """The TasksLost fact (and the completion of the change it resolves) of the tasks
+    ``wanted`` the job holds on ``host``, gone for ``reason``."""
     held = state.held if state is not None else job.tasks
     lost = tuple(t for t in held if t.id in wanted and t.host == host)
     if not lost:
@@ -716,17 +815,58 @@ def decide_host_loss(
         version=version,
         attempt=state.notify_attempts + 1 if notify is not None else 0,
         notify_cmd=notify,
+        reason=reason,
     )
     facts.append(fact)
     after = evolve(state, fact)
     change = after.change
     if change is not None:
         done = change.started | change.failed | change.stopped
-        if all(t.id in done for t in change.tasks):
+        started = change.started - change.failed
+        if all(t.id in done for t in change.tasks) and not readiness.awaiting(
+            change, started, after.ready
+        ):
             # The loss resolved the change's last tasks: it completes now.
-            facts.append(_completion(after, change, bool(change.started), at, settings))
-    # An autoresizable job's demand follows its new size (it grows back elsewhere).
-    return with_demand(before, facts, at, settings)
+            facts.append(_completion(after, change, bool(started), at, settings))
+    return facts
+
+
+def decide_task_exit(
+    state: ResizeState | None,
+    job: JobInfo,
+    events: Iterable[TaskEvent],
+    at: float,
+    settings: Settings,
+) -> list[Fact]:
+    """``release_exited``: committed tasks other than task 0 that exited on their own
+    while the job runs leave the allocation, one involuntary shrink per host (reason
+    ``task_exit``; docs/in-job-api.md, "Readiness and exits"). Unlike a host failure
+    this never ends the job: a task that is gone is dropped even below ``min_tasks``.
+    Tasks of the change in flight are the change's own (decide_task_events)."""
+    if not (job.release_exited and job.resizable and job.state is JobState.RUN):
+        return []
+    if state is not None and not state.live:
+        return []
+    tasks = state.tasks if state is not None else job.tasks
+    if not tasks:
+        return []
+    change = state.change if state is not None else None
+    ours = {t.id for t in change.tasks} if change is not None else set()
+    gone = {
+        e.task_id
+        for e in events
+        if e.kind == "exited" and not e.stopped and e.job_id == job.id and e.task_id not in ours
+    }
+    gone.discard(tasks[0].id)
+    hosts = list(dict.fromkeys(t.host for t in tasks if t.id in gone))
+    facts: list[Fact] = []
+    current = state
+    for host in hosts:
+        more = _loss_facts(current, job, host, gone, at, settings, None, "task_exit")
+        for fact in more:
+            current = evolve(current, fact)
+        facts.extend(more)
+    return with_demand(state, facts, at, settings) if facts else []
 
 
 def _lose(state: ResizeState, fact: TasksLost) -> ResizeState:
@@ -738,7 +878,7 @@ def _lose(state: ResizeState, fact: TasksLost) -> ResizeState:
     if len(tasks) != len(state.tasks):
         delta = tuple(t for t in state.tasks if t.id in lost)
         record = ResizeRecord(
-            fact.at, ChangeKind.SHRINK, state.tasks, delta, tasks, fact.version, "host_failure"
+            fact.at, ChangeKind.SHRINK, state.tasks, delta, tasks, fact.version, fact.reason
         )
         records = (*records, record)
     change, pending, phase = _settle(state, lost)
@@ -867,9 +1007,20 @@ def _tracked(prior: ResizeState | None, fact: JobTracked) -> ResizeState:
 def _apply(state: ResizeState, fact: Fact) -> ResizeState:
     if isinstance(fact, TasksLost):
         return _lose(state, fact)
+    if isinstance(fact, TaskReady):
+        return readiness.fold_ready(state, fact)
+    if isinstance(fact, ReadyTimedOut):
+        return readiness.fold_timed_out(state, fact)
     change = state.change
     if isinstance(fact, GrowRequested):
-        pending = PendingGrow(fact.min_add, fact.max_add, fact.notify_cmd, fact.at, auto=fact.auto)
+        pending = PendingGrow(
+            fact.min_add,
+            fact.max_add,
+            fact.notify_cmd,
+            fact.at,
+            auto=fact.auto,
+            ready_timeout=fact.ready_timeout,
+        )
         return _evolve(state, phase=Phase.GROW_PENDING, pending=pending)
     if isinstance(fact, AutoresizeSet):
         notify = fact.notify_cmd if fact.enabled else None
@@ -903,7 +1054,8 @@ def _apply(state: ResizeState, fact: Fact) -> ResizeState:
         return _abandon(state, change, fact.gave_up)
     if isinstance(fact, TasksLaunched):
         assert change is not None
-        return _evolve(state, change=_evolve(change, launched=True))
+        launched = readiness.launched_by(change, fact.at)
+        return _evolve(state, change=_evolve(launched, launched=True))
     if isinstance(fact, TaskStarted):
         assert change is not None
         return _evolve(state, change=_evolve(change, started=change.started | {fact.task_id}))
@@ -939,7 +1091,8 @@ def _abandon(state: ResizeState, change: Change, gave_up: bool) -> ResizeState:
 def _commit(state: ResizeState, change: Change, fact: Committed) -> ResizeState:
     before = state.tasks
     if change.kind is ChangeKind.GROW:
-        delta = tuple(t for t in change.tasks if t.id in change.started)
+        # A task that started and then failed (not ready in time) is not added.
+        delta = tuple(t for t in change.tasks if t.id in change.started - change.failed)
         after = before + delta
     else:
         delta = change.tasks
@@ -996,6 +1149,9 @@ def effects(before: ResizeState | None, fact: Fact, after: ResizeState) -> list[
         return [Stop(job_id, tuple(t.id for t in _unresolved(change)))]
     if isinstance(fact, TaskStartFailed | TaskStopped):
         return [Free(job_id, (fact.task_id,))]
+    if isinstance(fact, ReadyTimedOut):
+        # Stopped (SIGTERM, grace, SIGKILL) and freed now, as a task failing to start.
+        return [Stop(job_id, fact.task_ids), Free(job_id, fact.task_ids)]
     if isinstance(fact, Committed):
         return [CommitAllocation(job_id, after.tasks, after.version, after.records[-1])]
     if isinstance(fact, TasksLost):

@@ -144,6 +144,10 @@ class JobInfo:
     #: ``xce_resize_host_lost`` answered "requeue"): the plugin continues its earlier
     #: run's history, which it then looks up (and only then).
     requeued: bool = False
+    #: Submitted with ``release_exited``: a task other than task 0 that exits on its
+    #: own while the job runs leaves the allocation (docs/in-job-api.md, "Readiness
+    #: and exits").
+    release_exited: bool = False
 
     @property
     def first_host(self) -> str | None:
@@ -159,6 +163,11 @@ class GrowRequest:
     cancel_pending: bool = False
     notify_cmd: str | None = None
     no_notify: bool = False
+    #: Commit only once every new task said it is ready (``ResizeClient.ready()``),
+    #: waiting at most ``ready_timeout`` seconds from their launch (``None``: the
+    #: site's ``[resize] max_ready_timeout``); docs/in-job-api.md.
+    wait_ready: bool = False
+    ready_timeout: float | None = None
 
 
 @frozen
@@ -191,7 +200,14 @@ class AutoresizeRequest:
     enabled: bool
 
 
-ResizeRequest = GrowRequest | ReleaseRequest | CancelRequest | AutoresizeRequest
+@frozen
+class ReadyRequest:
+    """Task ``task_id`` of the job is ready for work (``ResizeClient.ready()``)."""
+
+    task_id: int
+
+
+ResizeRequest = GrowRequest | ReleaseRequest | CancelRequest | AutoresizeRequest | ReadyRequest
 
 
 @frozen
@@ -205,6 +221,9 @@ class PendingGrow:
     failures: int = 0
     #: The autoresize demand (kept by the plugin), not a grow someone asked for.
     auto: bool = False
+    #: A grow with ``wait_ready``: seconds its new tasks have, from their launch, to
+    #: say they are ready before it is committed (``None``: committed once started).
+    ready_timeout: float | None = None
 
 
 @frozen
@@ -228,6 +247,9 @@ class Change:
     failed: frozenset[int] = frozenset()
     stopped: frozenset[int] = frozenset()
     pending: PendingGrow | None = None
+    #: A grow waiting for readiness: when its tasks that are not ready by then are
+    #: failed (set at its launch; ``None``: the grow does not wait).
+    ready_by: float | None = None
 
 
 @frozen
@@ -297,6 +319,8 @@ class ResizeState:
     #: notification command ``autoresize_notify``.
     autoresize: bool = False
     autoresize_notify: str | None = None
+    #: Ids of the held tasks that said they are ready (``ResizeClient.ready()``).
+    ready: frozenset[int] = frozenset()
 
     @property
     def held(self) -> tuple[Task, ...]:
@@ -349,6 +373,8 @@ class GrowRequested:
     principal: str
     #: The autoresize demand, decided by the plugin (``principal`` is ``autoresize``).
     auto: bool = False
+    #: ``wait_ready``: the seconds the new tasks get to be ready (``None``: no wait).
+    ready_timeout: float | None = None
 
 
 @frozen
@@ -496,6 +522,31 @@ class TasksLost:
     version: int
     attempt: int = 0
     notify_cmd: str | None = None
+    #: Why the tasks are gone: ``host_failure``, or ``task_exit`` when a task of a
+    #: ``release_exited`` job exited on its own (the resize record's reason).
+    reason: str = "host_failure"
+
+
+# --- readiness (docs/in-job-api.md, "Readiness and exits") ---------------------------
+
+
+@frozen
+class TaskReady:
+    """Tasks of the job said they are ready for work."""
+
+    job_id: str
+    at: float
+    task_ids: tuple[int, ...]
+
+
+@frozen
+class ReadyTimedOut:
+    """A grow's readiness deadline passed: ``task_ids``, its tasks not ready, failed
+    (stopped, their slots freed at this fact)."""
+
+    job_id: str
+    at: float
+    task_ids: tuple[int, ...]
 
 
 Fact = (
@@ -515,6 +566,8 @@ Fact = (
     | JobEnded
     | AutoresizeSet
     | TasksLost
+    | TaskReady
+    | ReadyTimedOut
 )
 
 FACT_TYPES: tuple[type, ...] = (
@@ -534,6 +587,8 @@ FACT_TYPES: tuple[type, ...] = (
     JobEnded,
     AutoresizeSet,
     TasksLost,
+    TaskReady,
+    ReadyTimedOut,
 )
 
 
@@ -570,3 +625,6 @@ class TaskEvent:
     kind: str
     status: int | None = None
     reason: str = ""
+    #: An ``exited`` task the host had asked to stop (a release, the job's end), not
+    #: one that ended on its own.
+    stopped: bool = False

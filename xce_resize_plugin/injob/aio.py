@@ -23,6 +23,7 @@ from xce_resize_plugin.injob.client import job_environment
 from xce_resize_plugin.injob.protocol import (
     Allocation,
     ChangeOptions,
+    GrowOptions,
     JobRequests,
     Request,
     Steps,
@@ -73,9 +74,12 @@ class AsyncResizeClient:
         return await self._run(self._requests.wait(after_version, timeout))
 
     async def grow(
-        self, min_tasks: int, max_tasks: int | None = None, **options: Unpack[ChangeOptions]
+        self, min_tasks: int, max_tasks: int | None = None, **options: Unpack[GrowOptions]
     ) -> Allocation:
         return await self._run(self._requests.grow(min_tasks, max_tasks, options))
+
+    async def ready(self, task_id: int | None = None) -> Mapping[str, Any]:
+        return await self._run(self._requests.ready(task_id))
 
     async def release(
         self,

@@ -9,6 +9,7 @@ from typing import Any, Protocol, TypeVar, Unpack
 from xce_resize_plugin.injob.protocol import (
     Allocation,
     ChangeOptions,
+    GrowOptions,
     JobRequests,
     Steps,
     release_forms,
@@ -73,11 +74,18 @@ class ResizeClient:
     # --- changes (PMIx EXTEND, RELEASE, REQ_CANCEL) ---------------------------------------
 
     def grow(
-        self, min_tasks: int, max_tasks: int | None = None, **options: Unpack[ChangeOptions]
+        self, min_tasks: int, max_tasks: int | None = None, **options: Unpack[GrowOptions]
     ) -> Allocation:
         """Ask for ``min_tasks..max_tasks`` more tasks (``max_tasks`` defaults to
-        ``min_tasks``). With ``wait``, return once the grow is committed (or given up)."""
+        ``min_tasks``). With ``wait``, return once the grow is committed (or given up);
+        with ``wait_ready``, it is committed only once its new tasks are :meth:`ready`."""
         return self._run(self._requests.grow(min_tasks, max_tasks, options))
+
+    def ready(self, task_id: int | None = None) -> Mapping[str, Any]:
+        """Tell the controller this task (``XCE_TASK_ID``, or ``task_id``) is ready for
+        work: a grow waiting for readiness is committed once its last task says so.
+        Saying it again changes nothing."""
+        return self._run(self._requests.ready(task_id))
 
     def release(
         self,

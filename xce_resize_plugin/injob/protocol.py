@@ -11,6 +11,7 @@ grow's body, a long poll's stop rule, the key-value store's wait loop exist once
 
 from __future__ import annotations
 
+import os
 import time
 import urllib.parse
 from collections.abc import Generator, Mapping, Sequence
@@ -102,6 +103,30 @@ class ChangeOptions(TypedDict, total=False):
     no_notify: bool
 
 
+class GrowOptions(ChangeOptions, total=False):
+    """A grow's options: those of every change, and its readiness wait.
+
+    ``wait_ready`` (default ``False``): the grow is committed — the job's ``wait()``
+    sees the new version — only once every new task called :meth:`ready`, waiting at
+    most ``ready_timeout`` seconds from their launch (default and bound: the site's
+    ``[resize] max_ready_timeout``); tasks not ready by then are stopped.
+    """
+
+    wait_ready: bool
+    ready_timeout: float
+
+
+def own_task_id(environ: Mapping[str, str] | None = None) -> int:
+    """The calling task's id (``XCE_TASK_ID``); refuses outside a task."""
+    env = os.environ if environ is None else environ
+    text = env.get("XCE_TASK_ID", "")
+    if not text.isdigit():
+        raise RuntimeError(
+            "not inside an XCE task: XCE_TASK_ID is not set (give the task id explicitly)"
+        )
+    return int(text)
+
+
 class JobRequests:
     """The calls of the in-job API for one job, as :data:`Steps`."""
 
@@ -134,14 +159,24 @@ class JobRequests:
                 return alloc
 
     def grow(
-        self, min_tasks: int, max_tasks: int | None, options: ChangeOptions
+        self, min_tasks: int, max_tasks: int | None, options: GrowOptions
     ) -> Steps[Allocation]:
         body: dict[str, Any] = {
             "tasks": max_tasks if max_tasks is not None else min_tasks,
             "min_tasks": min_tasks,
-            **_change_fields(options),
+            **_change_fields(options, GrowOptions),
         }
+        if options.get("wait_ready", False):
+            body["wait_ready"] = True
+        if "ready_timeout" in options:
+            body["ready_timeout"] = options["ready_timeout"]
         return (yield from self._change("grow", body, options))
+
+    def ready(self, task_id: int | None) -> Steps[Mapping[str, Any]]:
+        """Task ``task_id`` (default: the calling task) is ready for work."""
+        tid = own_task_id() if task_id is None else task_id
+        result: Mapping[str, Any] = yield Request("POST", f"{self.job_path}/tasks/{tid}/ready")
+        return result
 
     def release(
         self,
@@ -208,10 +243,10 @@ def release_forms(
     }
 
 
-def _change_fields(options: ChangeOptions) -> dict[str, Any]:
+def _change_fields(options: ChangeOptions, allowed: type = ChangeOptions) -> dict[str, Any]:
     """The body fields a grow and a release share (``notify_cmd`` only when given);
-    refuses an option :class:`ChangeOptions` does not name, as a parameter list would."""
-    unknown = options.keys() - ChangeOptions.__annotations__.keys()
+    refuses an option ``allowed`` does not name, as a parameter list would."""
+    unknown = options.keys() - allowed.__annotations__.keys()
     if unknown:
         raise TypeError(f"unexpected keyword argument {min(unknown)!r}")
     body: dict[str, Any] = {

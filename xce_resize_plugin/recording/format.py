@@ -117,6 +117,7 @@ from xce_resize_plugin.core.models import (
     AutoresizeRequest,
     CancelRequest,
     GrowRequest,
+    ReadyRequest,
     ReleaseRequest,
     ResizeRequest,
 )
@@ -160,7 +161,13 @@ class RecordingError(ConfigError):
 def request_json(request: ResizeRequest) -> dict[str, Any]:
     """A resize request as a recording line holds it."""
     if isinstance(request, GrowRequest):
-        return {"type": "grow", **attrs.asdict(request)}
+        data = attrs.asdict(request)
+        if not request.wait_ready:
+            # Grows without a readiness wait keep the lines they always had.
+            del data["wait_ready"], data["ready_timeout"]
+        return {"type": "grow", **data}
+    if isinstance(request, ReadyRequest):
+        return {"type": "ready", "task_id": request.task_id}
     if isinstance(request, ReleaseRequest):
         data = attrs.asdict(request)
         if data["hosts"] is not None:
@@ -186,6 +193,8 @@ def request_from_json(data: Mapping[str, Any]) -> ResizeRequest:
         return CancelRequest()
     if kind == "modify" and set(body) == {"autoresize"} and isinstance(body["autoresize"], bool):
         return AutoresizeRequest(body["autoresize"])
+    if kind == "ready" and set(body) == {"task_id"} and type(body["task_id"]) is int:
+        return ReadyRequest(body["task_id"])
     raise ValueError(f"bad request {dict(data)!r}")
 
 
@@ -211,6 +220,8 @@ def submit_fields(job: JobRecord) -> dict[str, Any]:
     if job.autoresize:
         # Only when set, so recordings of runs without autoresize read as before.
         fields["autoresize"] = True
+    if job.release_exited:
+        fields["release_exited"] = True  # likewise
     return fields
 
 

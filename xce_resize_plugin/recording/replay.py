@@ -210,6 +210,7 @@ class _Inputs(Observer):
             start_tasks=rec.get("start_tasks"),
             initial_tasks=rec.get("initial_tasks"),
             work=work,
+            release_exited=bool(rec.get("release_exited", False)),
         )
 
     def _host(self, ctl: EmbeddedController, rec: Mapping[str, Any]) -> None:

@@ -30,7 +30,13 @@ from starlette.responses import Response
 
 from xce_resize_plugin.core import converters
 from xce_resize_plugin.core.accounting import Usage
-from xce_resize_plugin.core.models import CancelRequest, JobInfo, JobState, ResizeRequest
+from xce_resize_plugin.core.models import (
+    CancelRequest,
+    JobInfo,
+    JobState,
+    ReadyRequest,
+    ResizeRequest,
+)
 from xce_resize_plugin.core.status import ResizeStatus
 from xce_resize_plugin.errors import InvalidRequest, NoJob, NoResizeHook
 from xce_resize_plugin.host import Controller, HostHooks, Principal
@@ -43,6 +49,7 @@ from xce_resize_plugin.rest.resize_operations import (
     OPERATIONS,
     body_too_large,
     check_job_id,
+    parse_task_id,
     parse_timeout,
     parse_version,
 )
@@ -180,6 +187,23 @@ class Handlers:
         status = await run_in_threadpool(self.hooks.change, principal, job_id, CancelRequest())
         return reply(converters.status_json(status), 200)
 
+    async def ready(self, request: Request, principal: Principal) -> Response:
+        """A task says it is ready (docs/in-job-api.md, "Readiness and exits")."""
+        job_id = _job_id(request, "task_ready")
+        task_id = parse_task_id(request.path_params["task_id"])
+        if await _body(request):
+            raise InvalidRequest("ready takes no body")
+        ready = ReadyRequest(task_id)
+        status = await run_in_threadpool(self.hooks.change, principal, job_id, ready)
+        answer = {
+            "job_id": job_id,
+            "task_id": task_id,
+            "ready": True,
+            "phase": status.phase.value,
+            "version": status.version,
+        }
+        return reply(answer, 200)
+
     async def wait(self, request: Request, principal: Principal) -> Response:
         job_id = check_job_id(request.path_params["id"])
         query = check_query(request.query_params.multi_items(), BY_NAME["resize_wait"])
@@ -219,6 +243,7 @@ def resize_routes(controller: Controller) -> list[ApiRoute]:
         "resize_history": handlers.history,
         "resize_wait": handlers.wait,
         "job_modify": handlers.modify,
+        "task_ready": handlers.ready,
     }
     return [
         ApiRoute(op, endpoint(op, by_operation[op.name], controller.authenticate), SCHEMAS)

@@ -137,6 +137,42 @@ _MODIFY = Operation(
     tags=("resize",),
 )
 
+# A task's readiness (docs/in-job-api.md, "Readiness and exits"): on the task's own
+# path, since it is the task that speaks; through xce_resize_request like a change.
+#: Largest task id a path accepts (a signed 64-bit integer, as hosts store it).
+MAX_TASK_ID = 2**63 - 1
+_READY = Operation(
+    "task_ready",
+    "POST",
+    "/v1/jobs/{id}/tasks/{task_id}/ready",
+    "A task of the job is ready for work (ResizeClient.ready())",
+    "Takes no body. Records that the task is ready (once: saying it again changes "
+    "nothing); a grow asked with `wait_ready` is committed when its last new task is "
+    "ready. Refused when the task is not one the job holds or the job is not running. "
+    "Answered once durable.",
+    response="TaskReady",
+    params=(
+        _JOB_ID,
+        Param(
+            "task_id",
+            {"type": "integer", "minimum": 0, "maximum": MAX_TASK_ID},
+            True,
+            "The task's id (its XCE_TASK_ID).",
+            location="path",
+        ),
+    ),
+    errors=_CHANGE_ERRORS,
+    tags=("resize",),
+)
+
+
+def parse_task_id(text: str) -> int:
+    """``task_id``: a decimal integer in 0..MAX_TASK_ID."""
+    if not INT_RE.match(text) or int(text) > MAX_TASK_ID:
+        raise InvalidRequest(f"task id must be an integer from 0 to {MAX_TASK_ID}, got {text!r}")
+    return int(text)
+
+
 OPERATIONS: tuple[Operation, ...] = (
     _job_operation(
         "resize_status",
@@ -201,6 +237,7 @@ OPERATIONS: tuple[Operation, ...] = (
         errors=_QUERY_ERRORS,
     ),
     _MODIFY,
+    _READY,
 )
 #: The operations by name.
 BY_NAME = {op.name: op for op in OPERATIONS}
@@ -217,6 +254,7 @@ __all__ = [
     "OPERATIONS",
     "body_too_large",
     "check_job_id",
+    "parse_task_id",
     "parse_timeout",
     "parse_version",
 ]

@@ -134,6 +134,23 @@ _RELEASE_FORMS: dict[str, dict[str, Any]] = {
     },
 }
 
+# A grow's readiness wait (docs/in-job-api.md, "Readiness and exits").
+_READINESS: dict[str, Any] = {
+    "wait_ready": {
+        "type": "boolean",
+        "default": False,
+        "description": "Commit the grow only once every new task called ready() "
+        "(its tasks not ready by the deadline are stopped).",
+    },
+    "ready_timeout": {
+        "type": "number",
+        "exclusiveMinimum": 0,
+        "description": "Seconds from the launch of the new tasks to be ready, at most "
+        "the site's [resize] max_ready_timeout (default: that maximum); needs wait_ready.",
+    },
+}
+
+
 SCHEMAS: dict[str, Any] = {
     "ResizeTask": _TASK,
     "ResizeStatus": {
@@ -212,6 +229,19 @@ SCHEMAS: dict[str, Any] = {
         ],
         "additionalProperties": False,
     },
+    "TaskReady": {
+        "type": "object",
+        "description": "What `POST /v1/jobs/{id}/tasks/{task_id}/ready` answers.",
+        "properties": {
+            "job_id": {"type": "string"},
+            "task_id": {"type": "integer", "minimum": 0},
+            "ready": {"type": "boolean", "const": True},
+            "phase": {"type": "string", "description": "The job's resize phase now."},
+            "version": {"type": "integer", "description": "The allocation version now."},
+        },
+        "required": ["job_id", "task_id", "ready", "phase", "version"],
+        "additionalProperties": False,
+    },
     "ResizeGrowRequest": {
         "type": "object",
         "description": "`bresize request [min_tasks,]tasks`: ask for min_tasks..tasks more.",
@@ -223,6 +253,7 @@ SCHEMAS: dict[str, Any] = {
                 "description": "Fewest tasks worth adding (default: tasks).",
             },
             **_OPTIONS,
+            **_READINESS,
         },
         "required": ["tasks"],
         "additionalProperties": False,

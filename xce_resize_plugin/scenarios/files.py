@@ -49,6 +49,8 @@ class JobSpec:
     estimate: float | None = None
     initial: int | None = None
     autoresize: bool = False
+    #: Tasks that exit on their own leave the allocation (docs/in-job-api.md).
+    release_exited: bool = False
 
 
 @frozen
@@ -273,9 +275,19 @@ def _jobs(where: Where, value: Any, host_names: set[str]) -> tuple[JobSpec, ...]
                     else _number(where, f"{key}.estimate", raw["estimate"])
                 ),
                 initial=_initial(where, key, raw, lo, hi),
+                release_exited=_release_exited(where, key, raw, resizable),
             )
         )
     return tuple(out)
+
+
+def _release_exited(where: Where, key: str, raw: Mapping[str, Any], resizable: bool) -> bool:
+    value = raw.get("release_exited", False)
+    if not isinstance(value, bool):
+        raise where.error(f"{key}.release_exited", "must be true or false")
+    if value and not resizable:
+        raise where.error(f"{key}.release_exited", "needs resizable = true")
+    return value
 
 
 def _modify(where: Where, key: str, body: Any) -> dict[str, Any]:

@@ -158,7 +158,7 @@ def test_lost_events_are_re_reported_on_relaunch(make_ctl: CtlFactory, tmp_path:
     assert ctl2.queued_events == 1
     ctl2.settle()
     assert recover.events == [
-        "TaskEvent(job_id='101', task_id=1, kind='started', status=None, reason='')"
+        "TaskEvent(job_id='101', task_id=1, kind='started', status=None, reason='', stopped=False)"
     ]
     assert ctl2.hosts_view()["h2"]["used"] == 1
 

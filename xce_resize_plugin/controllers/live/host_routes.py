@@ -167,6 +167,12 @@ HOST_SCHEMAS: dict[str, Any] = {
                 "minimum": 1,
                 "description": "start with at most this many tasks even when more are free",
             },
+            "release_exited": {
+                "type": "boolean",
+                "default": False,
+                "description": "a task other than task 0 that exits on its own leaves the "
+                "allocation (a shrink, reason task_exit); needs resizable",
+            },
         },
     },
     "SubmitResult": {

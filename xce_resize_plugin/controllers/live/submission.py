@@ -83,6 +83,7 @@ class Submission:
     estimate: float | None = None
     alloc: tuple[tuple[str, int], ...] | None = None
     initial: int | None = None
+    release_exited: bool = False
 
 
 def parse_submission(body: Any) -> Submission:
@@ -106,6 +107,7 @@ def parse_submission(body: Any) -> Submission:
         alloc=_alloc(body.get("alloc")),
         initial=_initial(body.get("initial")),
         autoresize=_autoresize(body),
+        release_exited=_release_exited(body.get("release_exited", False)),
     )
 
 
@@ -169,6 +171,14 @@ def _autoresize(body: Mapping[str, Any]) -> bool:
         raise InvalidRequest(
             'submit: autoresize implies resizable; drop "resizable": false @ $.autoresize'
         )
+    return value
+
+
+def _release_exited(value: Any) -> bool:
+    """``release_exited``: a flag; that the job is resizable is the plugin's check
+    (``xce_job_validate``), as for every host."""
+    if not isinstance(value, bool):
+        raise InvalidRequest("submit: release_exited must be true or false @ $.release_exited")
     return value
 
 

@@ -188,6 +188,13 @@ def _open_store(
     return store
 
 
+def _task_bounds(n: TasksSpec | None, pairs: tuple[tuple[str, int], ...] | None) -> tuple[int, int]:
+    """``-n`` as ``(min, max)``; without it 1, or the size of ``alloc``."""
+    if n is None:
+        n = sum(c for _, c in pairs) if pairs else 1
+    return parse_tasks(n)
+
+
 def _alloc_pairs(
     alloc: Mapping[str, int] | Sequence[tuple[str, int]] | None,
 ) -> tuple[tuple[str, int], ...] | None:
@@ -685,13 +692,16 @@ class EmbeddedController:
             rec = self._live_task(job_id, task_id)
             if rec is None:
                 return
+            # Whether the host had asked it to stop (a release, the job's end): a
+            # release_exited job drops only tasks that ended on their own.
+            stopped = rec.state is TaskState.STOPPING
             rec.state = TaskState.EXITED
             rec.since = self.now()
             rec.status = status
             rec.reason = reason
             rec.stop_since = rec.grace = None
             self._changed(job_id)
-            self._reported(TaskEvent(job_id, task_id, "exited", status, reason))
+            self._reported(TaskEvent(job_id, task_id, "exited", status, reason, stopped))
 
     def _live_task(self, job_id: str, task_id: int) -> TaskRecord | None:
         """The task's record if its process may still be alive (reports about tasks the
@@ -808,6 +818,7 @@ class EmbeddedController:
             notify_cmd=options.notify_cmd,
             alloc=options.alloc,
             initial_tasks=options.initial,
+            release_exited=options.release_exited,
             **extra,
         )
 
@@ -830,6 +841,7 @@ class EmbeddedController:
         start_tasks: int | None = None,
         initial_tasks: int | None = None,
         work: JobWork | None = None,
+        release_exited: bool = False,
     ) -> str:
         """Submit a job; return its id.
 
@@ -867,9 +879,7 @@ class EmbeddedController:
             if arrival < now:
                 raise SubmissionRejected(f"submit time {arrival} is before now ({now})")
             pairs = _alloc_pairs(alloc)
-            if n is None:
-                n = sum(c for _, c in pairs) if pairs else 1
-            min_tasks, max_tasks = parse_tasks(n)
+            min_tasks, max_tasks = _task_bounds(n, pairs)
             record = JobRecord(
                 id=self._claim_id(job_id),
                 user=user,
@@ -888,6 +898,7 @@ class EmbeddedController:
                 alloc=pairs,
                 start_tasks=start_tasks,
                 initial_tasks=initial_tasks,
+                release_exited=release_exited,
             )
             self._admit(record, work, now)
             return record.id
@@ -1468,7 +1479,10 @@ class EmbeddedController:
                     continue
                 if not job.tasks or job.tasks[0].id != 0:
                     problems.append(f"job {job.id}: allocation does not start with task 0")
-                if not job.min_tasks <= len(job.tasks) <= job.max_tasks:
+                # A release_exited job runs on below its minimum when tasks exited
+                # (docs/in-job-api.md, "Readiness and exits").
+                low = len(job.tasks) < job.min_tasks and not job.release_exited
+                if low or len(job.tasks) > job.max_tasks:
                     problems.append(
                         f"job {job.id}: {len(job.tasks)} tasks outside "
                         f"{job.min_tasks}..{job.max_tasks}"

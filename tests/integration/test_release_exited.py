@@ -1,0 +1,87 @@
+"""``release_exited`` on the embedded controller with a real LMDB journal: a task that
+exits on its own leaves the allocation (a shrink, reason ``task_exit``), a task the
+controller stops does not count, a job without the option keeps its allocation, and the
+journal replays and verifies (docs/in-job-api.md, "Readiness and exits")."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from xce_resize_plugin.controllers.sim import EmbeddedController, SubmissionRejected
+from xce_resize_plugin.core.audit import replay_problems
+from xce_resize_plugin.core.models import ReleaseRequest
+from xce_resize_plugin.errors import ConfigError, ResizeError
+from xce_resize_plugin.host import Principal
+from xce_resize_plugin.manager import get_plugin_manager
+from xce_resize_plugin.scenarios.files import parse
+
+CONFIG = {"journal_sync": False, "stop_grace": 0}
+
+
+def _controller(tmp_path: Path) -> EmbeddedController:
+    pm = get_plugin_manager(CONFIG, entry_points=False)
+    hosts = [("h1", 4), ("h2", 4)]
+    return EmbeddedController(pm, tmp_path, hosts=hosts, config=CONFIG, strict=True)
+
+
+def test_a_task_that_exits_leaves_the_allocation(tmp_path: Path) -> None:
+    ctl = _controller(tmp_path)
+    dropping = ctl.submit(
+        "alice", "2,6", resizable=True, release_exited=True, alloc={"h1": 2, "h2": 2}
+    )
+    keeping = ctl.submit("alice", "1,4", resizable=True, alloc={"h1": 2, "h2": 2})
+    ctl.settle()
+    ctl.advance(10.0)
+    ctl.inject_task_exit(dropping, 3, status=0, reason="done")
+    ctl.inject_task_exit(keeping, 3, status=1, reason="crashed")
+    ctl.settle()
+    job = ctl.job(dropping)
+    assert [t.id for t in job.tasks] == [0, 1, 2] and job.version == 1
+    assert [t.id for t in job.held] == [0, 1, 2]  # no longer charged
+    usage = ctl.acct_usage(dropping)
+    assert usage is not None
+    record = usage.records[-1]
+    assert (record.reason, [t.id for t in record.delta]) == ("task_exit", [3])
+    # Without the option nothing changes: the exited task stays, charged.
+    assert [t.id for t in ctl.job(keeping).held] == [0, 1, 2, 3]
+    assert ctl.job(keeping).version == 0
+    # A release's own stops are the release's, not exits: a shrink with no reason.
+    ctl.request_resize(Principal("alice"), dropping, ReleaseRequest(task_ids=(2,)))
+    ctl.settle()
+    assert [t.id for t in ctl.job(dropping).tasks] == [0, 1]
+    # Below min_tasks (2) too: the task is gone; the job goes on.
+    ctl.inject_task_exit(dropping, 1, status=0)
+    ctl.settle()
+    job = ctl.job(dropping)
+    assert [t.id for t in job.tasks] == [0] and job.state.value == "RUN"
+    usage = ctl.acct_usage(dropping)
+    assert usage is not None
+    assert [r.reason for r in usage.records] == ["task_exit", None, "task_exit"]
+    assert ctl.check_invariants() == []
+    ctl.stop()
+    assert replay_problems(tmp_path / "resize") == []
+
+
+def test_the_jobs_end_is_not_a_release(tmp_path: Path) -> None:
+    ctl = _controller(tmp_path)
+    job_id = ctl.submit("alice", "1,4", resizable=True, release_exited=True, runtime=50)
+    ctl.settle()
+    ctl.run()
+    usage = ctl.acct_usage(job_id)
+    assert usage is not None and usage.records == ()
+    ctl.stop()
+
+
+def test_release_exited_needs_a_resizable_job(tmp_path: Path) -> None:
+    ctl = _controller(tmp_path)
+    with pytest.raises((ResizeError, SubmissionRejected), match="release_exited needs a resizable"):
+        ctl.submit("alice", 2, release_exited=True)
+    ctl.stop()
+    data = {
+        "cluster": {"hosts": {"h1": 2}},
+        "jobs": [{"id": "1", "user": "alice", "tasks": 1, "release_exited": True}],
+    }
+    with pytest.raises(ConfigError, match="release_exited: needs resizable = true"):
+        parse(data, tmp_path / "inline.toml")
