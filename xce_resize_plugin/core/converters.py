@@ -23,13 +23,16 @@ from xce_resize_plugin.core.accounting import Usage
 from xce_resize_plugin.core.models import (
     FACT_TYPES,
     AutoresizeRequest,
+    Change,
     Fact,
     GrowRequest,
     PendingGrow,
+    ReleaseAccepted,
     ReleaseRequest,
     ResizeRecord,
     ResizeState,
     Task,
+    TaskStopped,
     host_counts,
 )
 from xce_resize_plugin.core.status import ResizeStatus
@@ -62,8 +65,33 @@ def _make_journal_converter() -> cattrs.Converter:
         ResizeRecord,
         make_dict_unstructure_fn(ResizeRecord, conv, reason=override(omit_if_default=True)),
     )
+    _omit_new_defaults(conv)
     configure_tagged_union(Fact, conv, tag_name="type")
     return conv
+
+
+def _omit_new_defaults(conv: cattrs.Converter) -> None:
+    """Drain fields are written only when set, so the facts and states of changes
+    without a drain keep the bytes they always had (and journals written before
+    them read the same)."""
+    conv.register_unstructure_hook(
+        ReleaseAccepted,
+        make_dict_unstructure_fn(ReleaseAccepted, conv, grace=override(omit_if_default=True)),
+    )
+    conv.register_unstructure_hook(
+        TaskStopped,
+        make_dict_unstructure_fn(TaskStopped, conv, status=override(omit_if_default=True)),
+    )
+    conv.register_unstructure_hook(
+        Change,
+        make_dict_unstructure_fn(
+            Change,
+            conv,
+            grace=override(omit_if_default=True),
+            deadline=override(omit_if_default=True),
+            drained=override(omit_if_default=True),
+        ),
+    )
 
 
 def _strict(kind: type) -> Any:
@@ -76,10 +104,18 @@ def _strict(kind: type) -> Any:
     return check
 
 
+def _strict_number(value: Any, _: Any) -> float:
+    # A number of seconds: an int or a float, never a string or a boolean.
+    if type(value) not in (int, float):
+        raise TypeError(f"expected a number, got {type(value).__name__} {value!r}")
+    return float(value)
+
+
 def _make_api_converter() -> cattrs.Converter:
     conv = make_converter(forbid_extra_keys=True)
     for kind in (int, str, bool):
         conv.register_structure_hook(kind, _strict(kind))
+    conv.register_structure_hook(float, _strict_number)
     conv.register_unstructure_hook(Task, lambda t: {"id": t.id, "host": t.host})
     _register_answers(conv)
     return conv
