@@ -15,6 +15,7 @@ import pluggy
 
 if TYPE_CHECKING:
     from xce_resize_plugin.core.accounting import Usage
+    from xce_resize_plugin.core.events import JobEvent
     from xce_resize_plugin.core.models import (
         JobInfo,
         LossOutcome,
@@ -112,6 +113,28 @@ def xce_resize_status(controller: Controller, job_id: str) -> ResizeStatus | Non
     :param job_id: the job.
 
     firstresult: the resize plugin answers; ``None`` for a job the host does not know.
+
+    Implemented by: the resize plugin.
+    """
+
+
+@hookspec(firstresult=True)
+def xce_resize_events(
+    controller: Controller, job_id: str, after: int | None
+) -> Sequence[JobEvent] | None:
+    """The job's events after the cursor ``after``, from its resize facts.
+
+    :param controller: the host controller.
+    :param job_id: the job.
+    :param after: the ``seq`` of the last event the caller has (``None``: from the
+        start; ``0``: every event).
+
+    firstresult: the resize plugin answers, projecting the job's journal facts to
+    events (``grow_placed``, ``grow_committed``, ``release_coming``, ``tasks_exited``,
+    ``tasks_lost``, ``size_changed``, ``job_ended``; docs/in-job-api.md), each with a
+    ``seq`` that stays the same across restarts. A cursor below 0 or beyond the last
+    event raises :class:`~xce_resize_plugin.errors.UnknownEventCursor`. The events
+    route (``GET /v1/jobs/{id}/events``) long-polls this hook.
 
     Implemented by: the resize plugin.
     """

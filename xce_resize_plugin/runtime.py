@@ -18,6 +18,7 @@ import attrs
 
 from xce_resize_plugin.core import config as config_mod
 from xce_resize_plugin.core import converters, engine
+from xce_resize_plugin.core import events as events_mod
 from xce_resize_plugin.core.accounting import Usage, usage_of_job, usage_of_state
 from xce_resize_plugin.core.models import (
     ChangeKind,
@@ -53,6 +54,7 @@ from xce_resize_plugin.host import (
     TaskEvent,
     durable_wait,
     resize_observer_of,
+    wake_at,
 )
 from xce_resize_plugin.journal import Entry, GroupCommitter, Journal, StoredState, Ticket
 from xce_resize_plugin.policy import HookPolicy
@@ -213,6 +215,18 @@ class Runtime:
             change.tasks,
             autoresize=auto,
         )
+
+    def events(self, job_id: str, after: int | None) -> list[events_mod.JobEvent] | None:
+        """The job's events after ``after`` (docs/in-job-api.md, "Job events"): its
+        durable facts, read from the journal and projected; ``None`` for a job the host
+        does not know."""
+        if self.controller.get_job(job_id) is None:
+            return None
+        with self._lock:
+            if self._deferred and self._failed is None:
+                self._commit([])  # journal_defer: what happened so far is written first
+        facts = [converters.decode_fact(data) for _, data in self.journal.job_facts(job_id)]
+        return events_mod.after_cursor(events_mod.project(facts), after)
 
     def _job(self, job_id: str) -> JobInfo:
         if not job_id or len(job_id) > 64:
@@ -376,6 +390,16 @@ class Runtime:
                 if state is not None:
                     facts = engine.decide_task_events(state, batch, now, self.settings)
                     self._transition(job_id, facts)
+                elif any(e.kind == "exited" for e in batch):
+                    self._untracked_exits(job_id, batch, now)
+
+    def _untracked_exits(self, job_id: str, batch: Sequence[TaskEvent], now: float) -> None:
+        """Tasks of a running resizable job the plugin does not track yet exited: it is
+        tracked from now, so that its events tell (docs/in-job-api.md)."""
+        job = self.controller.get_job(job_id)
+        if job is None or self._stored(job_id) is not None:
+            return  # an ended job the journal holds is never tracked twice
+        self._transition(job_id, engine.decide_untracked_exits(job, batch, now))
 
     def job_start(self, job: JobInfo) -> None:
         """A job started: an autoresizable one is tracked with its demand (a job the
@@ -599,6 +623,8 @@ class Runtime:
                     ctl.stop_tasks(effect.job_id, effect.task_ids, self.settings.stop_grace)
             elif isinstance(effect, engine.Notify):
                 self._notify(effect)
+            elif isinstance(effect, engine.DrainUntil):
+                wake_at(ctl, effect.deadline)
             elif isinstance(effect, engine.CommitAllocation):
                 ctl.commit_allocation(effect.job_id, effect.tasks, effect.version)
                 if effect.record is not None:

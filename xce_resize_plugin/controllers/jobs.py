@@ -32,6 +32,7 @@ SUBMIT_OPTIONS = {
     "estimate",
     "alloc",
     "initial",
+    "grace",
 }
 
 
@@ -57,6 +58,8 @@ class JobOptions(Protocol):
     def alloc(self) -> tuple[tuple[str, int], ...] | None: ...
     @property
     def initial(self) -> int | None: ...
+    @property
+    def grace(self) -> float: ...
 
 
 class TaskState(enum.Enum):
@@ -166,6 +169,8 @@ class JobRecord:
     exit_reason: str = ""
     #: Put back in the queue after a host failure (``JobInfo.requeued``).
     requeued: bool = False
+    #: The job's default drain time for its releases (``submit --grace``, seconds).
+    grace: float = 0.0
     end_reported: bool = False
     notifications: list[NotificationLog] = field(factory=list)
 
@@ -235,6 +240,7 @@ class JobView:
     versions: tuple[VersionRecord, ...]
     exit_reason: str
     requeued: bool
+    grace: float
 
     @property
     def slots(self) -> int:
@@ -289,4 +295,5 @@ def job_info(job: JobRecord | JobView) -> JobInfo:
         env=dict(job.env),
         autoresize=job.autoresize,
         requeued=job.requeued,
+        grace=job.grace,
     )

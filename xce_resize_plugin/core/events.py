@@ -16,7 +16,6 @@ from typing import Any
 from attrs import frozen
 
 from xce_resize_plugin.core import engine
-from xce_resize_plugin.errors import UnknownEventCursor
 from xce_resize_plugin.core.models import (
     ChangeKind,
     Committed,
@@ -30,6 +29,7 @@ from xce_resize_plugin.core.models import (
     TasksLost,
     TaskStopped,
 )
+from xce_resize_plugin.errors import UnknownEventCursor
 
 #: The event types, in the order docs/in-job-api.md describes them.
 EVENT_TYPES = (

@@ -115,6 +115,7 @@ from xce_resize_plugin.controllers.jobs import JobRecord
 from xce_resize_plugin.core.models import (
     AutoresizeRequest,
     CancelRequest,
+    DrainedRequest,
     GrowRequest,
     ReleaseRequest,
     ResizeRequest,
@@ -166,9 +167,13 @@ def request_json(request: ResizeRequest) -> dict[str, Any]:
             data["hosts"] = dict(data["hosts"])
         if data["task_ids"] is not None:
             data["task_ids"] = list(data["task_ids"])
+        if data["grace"] is None:
+            del data["grace"]  # recordings of releases without one read as before
         return {"type": "release", **data}
     if isinstance(request, AutoresizeRequest):
         return {"type": "modify", "autoresize": request.enabled}
+    if isinstance(request, DrainedRequest):
+        return {"type": "drained", "task_ids": list(request.task_ids)}
     return {"type": "cancel"}
 
 
@@ -183,6 +188,8 @@ def request_from_json(data: Mapping[str, Any]) -> ResizeRequest:
         return ReleaseRequest(**body)
     if kind == "cancel" and not body:
         return CancelRequest()
+    if kind == "drained" and set(body) == {"task_ids"} and isinstance(body["task_ids"], list):
+        return DrainedRequest(tuple(int(i) for i in body["task_ids"]))
     if kind == "modify" and set(body) == {"autoresize"} and isinstance(body["autoresize"], bool):
         return AutoresizeRequest(body["autoresize"])
     raise ValueError(f"bad request {dict(data)!r}")
@@ -210,6 +217,8 @@ def submit_fields(job: JobRecord) -> dict[str, Any]:
     if job.autoresize:
         # Only when set, so recordings of runs without autoresize read as before.
         fields["autoresize"] = True
+    if job.grace:
+        fields["grace"] = job.grace  # likewise: only a job with a drain time
     return fields
 
 

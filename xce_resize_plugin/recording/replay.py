@@ -208,6 +208,7 @@ class _Inputs(Observer):
             start_tasks=rec.get("start_tasks"),
             initial_tasks=rec.get("initial_tasks"),
             work=work,
+            grace=float(rec.get("grace", 0.0)),
         )
 
     def _host(self, ctl: EmbeddedController, rec: Mapping[str, Any]) -> None:

@@ -49,6 +49,7 @@ class JobSpec:
     estimate: float | None = None
     initial: int | None = None
     autoresize: bool = False
+    grace: float = 0.0
 
 
 @frozen
@@ -273,6 +274,7 @@ def _jobs(where: Where, value: Any, host_names: set[str]) -> tuple[JobSpec, ...]
                     else _number(where, f"{key}.estimate", raw["estimate"])
                 ),
                 initial=_initial(where, key, raw, lo, hi),
+                grace=_number(where, f"{key}.grace", raw.get("grace", 0)),
             )
         )
     return tuple(out)

@@ -83,6 +83,7 @@ class Submission:
     estimate: float | None = None
     alloc: tuple[tuple[str, int], ...] | None = None
     initial: int | None = None
+    grace: float = 0.0
 
 
 def parse_submission(body: Any) -> Submission:
@@ -106,6 +107,7 @@ def parse_submission(body: Any) -> Submission:
         alloc=_alloc(body.get("alloc")),
         initial=_initial(body.get("initial")),
         autoresize=_autoresize(body),
+        grace=_grace(body.get("grace", 0)),
     )
 
 
@@ -220,6 +222,13 @@ def _estimate(value: Any) -> float | None:
         return None
     if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
         raise InvalidRequest("submit: estimate must be a number of seconds @ $.estimate")
+    return float(value)
+
+
+def _grace(value: Any) -> float:
+    # Against the site's maximum: the plugin's xce_job_validate (docs/admin-guide.md).
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < 1e300:
+        raise InvalidRequest("submit: grace must be a number of seconds >= 0 @ $.grace")
     return float(value)
 
 

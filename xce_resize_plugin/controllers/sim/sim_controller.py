@@ -191,6 +191,10 @@ def _alloc_pairs(
     )
 
 
+def _nothing() -> None:
+    """A timeline entry that only makes the controller cycle at its instant."""
+
+
 class SimClusterView:
     """The ``cluster`` handed to ``xce_sched_cycle``: free slots per host, in host
     order, read live (slots the plugin reserves during the cycle disappear from it).
@@ -644,6 +648,14 @@ class EmbeddedController:
                 raise ValueError(f"at({time}): the clock is already at {self.now()}")
             self._timeline.at(time, fn)
 
+    def wake_at(self, time: float) -> None:
+        """A cycle at simulated ``time`` (a drain's deadline; ``host.wake_at``): the
+        clock jumps from event to event, so the plugin asks for the instant its
+        dispatch must see. Re-asked by the plugin after a restart (its resume)."""
+        with self._lock:
+            if time > self.now():
+                self._timeline.at(time, _nothing)
+
     def task_started(self, job_id: str, task_id: int) -> None:
         with self._lock:
             rec = self._live_task(job_id, task_id)
@@ -793,6 +805,7 @@ class EmbeddedController:
             notify_cmd=options.notify_cmd,
             alloc=options.alloc,
             initial_tasks=options.initial,
+            grace=options.grace,
             **extra,
         )
 
@@ -815,6 +828,7 @@ class EmbeddedController:
         start_tasks: int | None = None,
         initial_tasks: int | None = None,
         work: JobWork | None = None,
+        grace: float = 0.0,
     ) -> str:
         """Submit a job; return its id.
 
@@ -838,6 +852,8 @@ class EmbeddedController:
             at its recorded size this way.
         :param initial_tasks: the most tasks the job starts with, even when more are
             free (``xce-resize submit --initial``); between ``min`` and ``max``.
+        :param grace: the job's default drain time (seconds) for its releases,
+            within ``[resize] max_stop_grace`` (checked by ``xce_job_validate``).
         :param work: a :class:`~.work.JobWork` deciding the job's end from the sizes it
             runs at (work-based run time, see :mod:`.work`); without it the job ends
             ``runtime`` seconds after its start. A driver input: not saved in the store.
@@ -873,6 +889,7 @@ class EmbeddedController:
                 alloc=pairs,
                 start_tasks=start_tasks,
                 initial_tasks=initial_tasks,
+                grace=float(grace),
             )
             self._admit(record, work, now)
             return record.id
