@@ -64,6 +64,14 @@ def add_parsers(sub: Any) -> None:
         help="start with at most N tasks even when more are free (a resizable job that "
         "starts small and grows itself)",
     )
+    submit.add_argument(
+        "--grace",
+        type=float,
+        metavar="S",
+        help="the job's default drain time: released tasks run S seconds more (the job "
+        "is told the stop is coming) before they are stopped; at most the site's "
+        "max_stop_grace",
+    )
     submit.add_argument("--json", action="store_true")
     submit.add_argument("argv", nargs=argparse.REMAINDER, help="-- COMMAND ARGS...")
 
@@ -154,6 +162,8 @@ def _submit(args: argparse.Namespace, out: TextIO, client: Client) -> int:
         body["alloc"] = dict(_pair("--alloc", item, _count) for item in args.alloc)
     if args.initial is not None:
         body["initial"] = args.initial
+    if args.grace is not None:
+        body["grace"] = args.grace
     doc = client.call("POST", "/v1/jobs", body)
     if args.json:
         _dump(doc, out)
