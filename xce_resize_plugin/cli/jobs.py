@@ -64,14 +64,8 @@ def add_parsers(sub: Any) -> None:
         help="start with at most N tasks even when more are free (a resizable job that "
         "starts small and grows itself)",
     )
-    submit.add_argument(
-        "--grace",
-        type=float,
-        metavar="S",
-        help="the job's default drain time: released tasks run S seconds more (the job "
-        "is told the stop is coming) before they are stopped; at most the site's "
-        "max_stop_grace",
-    )
+    grace_help = "drain time: released tasks run S s more before they stop (max_stop_grace)"
+    submit.add_argument("--grace", type=float, metavar="S", help=grace_help)
     submit.add_argument("--json", action="store_true")
     submit.add_argument("argv", nargs=argparse.REMAINDER, help="-- COMMAND ARGS...")
 

@@ -447,10 +447,11 @@ def decide_drained(
 
 
 def _drain_due(state: ResizeState, at: float) -> list[Fact]:
-    """The drain's deadline passed: the stop begins."""
+    """The drain's deadline passed: the stop begins, in the same decision (a host in
+    simulated time cycles again only when something of its own changed)."""
     change = state.change
     if change is not None and change.deadline is not None and at >= change.deadline:
-        return [DrainEnded(state.job_id, at, "deadline")]
+        return [DrainEnded(state.job_id, at, "deadline"), TasksLaunched(state.job_id, at)]
     return []
 
 

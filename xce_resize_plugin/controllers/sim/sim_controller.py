@@ -832,11 +832,9 @@ class EmbeddedController:
     ) -> str:
         """Submit a job; return its id.
 
-        :param n: ``-n``: ``4``, ``"2,8"`` or ``(2, 8)``; default 1 (or the size of
-            ``alloc``).
+        :param n: ``-n``: ``4``, ``"2,8"`` or ``(2, 8)``; default 1 (or ``alloc``'s size).
         :param runtime: simulated seconds from start to DONE (``None``: until killed).
-        :param estimate: the user's runtime estimate, used by backfilling instead of
-            ``runtime`` when given.
+        :param estimate: the user's runtime estimate, used by backfilling if given.
         :param autoresize: LSF's ``bsub -ar``: the plugin grows the job toward
             ``max_tasks`` whenever slots free up; implies ``resizable``.
         :param alloc: start at arrival on exactly these hosts (``{host: tasks}`` in
@@ -852,11 +850,9 @@ class EmbeddedController:
             at its recorded size this way.
         :param initial_tasks: the most tasks the job starts with, even when more are
             free (``xce-resize submit --initial``); between ``min`` and ``max``.
-        :param grace: the job's default drain time (seconds) for its releases,
-            within ``[resize] max_stop_grace`` (checked by ``xce_job_validate``).
         :param work: a :class:`~.work.JobWork` deciding the job's end from the sizes it
-            runs at (work-based run time, see :mod:`.work`); without it the job ends
-            ``runtime`` seconds after its start. A driver input: not saved in the store.
+            runs at (:mod:`.work`; without it: ``runtime``). Not saved in the store.
+        :param grace: the job's default drain time for its releases (``--grace``).
 
         Raises :class:`SubmissionRejected` (the host's checks) or whatever
         ``xce_job_validate`` raised; nothing changes then.
