@@ -132,3 +132,46 @@ def test_a_controller_killed_during_the_drain_resumes_it(
     assert after[: len(before)] == before
     assert [e["type"] for e in after] == ["release_coming", "tasks_exited", "size_changed"]
     live.check_consistent(job_id)
+
+
+def test_the_async_client_drains_and_follows_events(resize_live_factory: Any) -> None:
+    """AsyncResizeClient: a release with a drain time, its event read through the
+    async iterator, the acknowledgement, and the events of the stop that follows."""
+    import asyncio
+
+    from xce_resize_plugin.injob.aio import AsyncResizeClient
+
+    live: LiveCluster = resize_live_factory({"h1": 2, "h2": 2})
+    live.start()
+    answer = live.ok(
+        "POST",
+        "/v1/jobs",
+        ALICE,
+        {
+            "command": ["sleep", "600"],
+            "tasks": "1,3",
+            "alloc": {"h1": 1, "h2": 2},
+            "resizable": True,
+        },
+    )
+    job_id, token = answer["id"], answer["token"]
+    live.running(job_id, 3)
+
+    async def scenario() -> list[str]:
+        env = {"XCE_JOB_ID": job_id, "XCE_CONTROLLER_URL": live.url(), "XCE_JOB_TOKEN": token}
+        seen: list[str] = []
+        async with AsyncResizeClient.from_env(env) as client:
+            alloc = await client.release(task_ids=[2], grace=200, no_notify=True)
+            assert alloc.phase == "SHRINK_DRAINING"
+            async for event in client.events(timeout=40):
+                seen.append(event["type"])
+                if event["type"] == "release_coming":
+                    assert event["task_ids"] == [2]
+                    await client.drained(event["task_ids"])
+                if event["type"] == "size_changed":
+                    break
+        return seen
+
+    assert asyncio.run(scenario()) == ["release_coming", "tasks_exited", "size_changed"]
+    job = live.idle(job_id, 1)
+    assert [t["id"] for t in job["allocation"]] == [0, 1]
