@@ -17,9 +17,11 @@ import pytest
 
 from xce_resize_plugin import errors
 from xce_resize_plugin.controllers.sim import EmbeddedController
-from xce_resize_plugin.core.models import ReleaseRequest
+from xce_resize_plugin.core import audit
+from xce_resize_plugin.core.models import DrainedRequest, ReleaseRequest
 from xce_resize_plugin.host import HostHooks, Principal
 from xce_resize_plugin.manager import get_plugin_manager
+from xce_resize_plugin.recording import format as recording_format
 
 from .live_api import HOSTS, Cluster, LiveServer, Switch, live_server
 from .test_api import assert_problem, call, path
@@ -204,6 +206,21 @@ def test_in_simulated_time_the_stop_comes_at_the_deadline(tmp_path: Path) -> Non
     view = ctl.job(job)
     assert [t.id for t in view.tasks] == [0, 1] and view.versions[-1].time == 45.0
     ctl.stop()
+    # journal verify replays the new facts to the stored state.
+    assert audit.replay_problems(tmp_path / "resize") == []
+
+
+def test_recordings_keep_drain_times_and_acknowledgements() -> None:
+    """A recording's request lines carry a release's grace and a drained request, and
+    read back the same; a release without grace keeps the line it always had."""
+    for request in (
+        ReleaseRequest(task_ids=(2,), grace=30.0),
+        DrainedRequest((2, 3)),
+        ReleaseRequest(count=1),
+    ):
+        line = recording_format.request_json(request)
+        assert recording_format.request_from_json(line) == request
+    assert "grace" not in recording_format.request_json(ReleaseRequest(count=1))
 
 
 def test_a_job_grace_above_the_maximum_is_refused_at_submission(tmp_path: Path) -> None:
