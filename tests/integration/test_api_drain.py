@@ -23,15 +23,13 @@ from xce_resize_plugin.host import HostHooks, Principal
 from xce_resize_plugin.manager import get_plugin_manager
 from xce_resize_plugin.recording import format as recording_format
 
-from .live_api import HOSTS, Cluster, LiveServer, Switch, live_server
+from . import test_api
+from .live_api import HOSTS, Cluster, LiveServer, Switch
 from .test_api import assert_problem, call, path
 
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[tuple[LiveServer, Switch]]:
-    switch = Switch()
-    with live_server(switch) as srv:
-        yield srv, switch
+# The same module-wide server and per-test HTTP client as test_api.py.
+server = test_api.server
+http = test_api.http
 
 
 @pytest.fixture
@@ -40,12 +38,6 @@ def cluster(tmp_path: Path, server: tuple[LiveServer, Switch]) -> Iterator[Clust
     server[1].target = c.app
     yield c
     c.stop()
-
-
-@pytest.fixture
-def http(server: tuple[LiveServer, Switch]) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=server[0].url, timeout=30) as client:
-        yield client
 
 
 def events_path(job: str) -> str:

@@ -62,7 +62,13 @@ def _what(tmp: Path, task_id: int) -> list[str]:
     return [entry["what"] for entry in _log(tmp, task_id)]
 
 
-def _start(live: LiveCluster, logs: Path) -> tuple[str, str, list[int]]:
+def _start(
+    factory: Any, tmp_path: Path, max_grace: float
+) -> tuple[LiveCluster, Path, str, str, list[int]]:
+    """A live cluster whose job 3 tasks run TASK, logging to the returned directory."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    live: LiveCluster = factory({"h1": 2, "h2": 2}, max_stop_grace=max_grace)
     live.start()
     answer = live.ok(
         "POST",
@@ -79,16 +85,13 @@ def _start(live: LiveCluster, logs: Path) -> tuple[str, str, list[int]]:
     job = live.running(job_id, 3)
     for tid in (1, 2):
         wait_until(lambda tid=tid: "start" in _what(logs, tid), 20, f"task {tid} started")
-    return job_id, str(answer["token"]), [t["pid"] for t in job["tasks"]]
+    return live, logs, job_id, str(answer["token"]), [t["pid"] for t in job["tasks"]]
 
 
 def test_a_task_reads_the_coming_stop_acknowledges_then_gets_sigterm(
     resize_live_factory: Any, tmp_path: Path
 ) -> None:
-    logs = tmp_path / "logs"
-    logs.mkdir()
-    live: LiveCluster = resize_live_factory({"h1": 2, "h2": 2}, max_stop_grace=300)
-    job_id, token, pids = _start(live, logs)
+    live, logs, job_id, token, pids = _start(resize_live_factory, tmp_path, 300)
     # A long drain time: the stop can only come this soon from the task's own drained().
     r = live.release(job_id, task_ids=[2], grace=240)
     assert r.status_code == 202 and r.json()["phase"] == "SHRINK_DRAINING"
@@ -110,10 +113,7 @@ def test_a_task_reads_the_coming_stop_acknowledges_then_gets_sigterm(
 def test_a_controller_killed_during_the_drain_resumes_it(
     resize_live_factory: Any, tmp_path: Path
 ) -> None:
-    logs = tmp_path / "logs"
-    logs.mkdir()
-    live: LiveCluster = resize_live_factory({"h1": 2, "h2": 2}, max_stop_grace=60)
-    job_id, token, pids = _start(live, logs)
+    live, logs, job_id, token, pids = _start(resize_live_factory, tmp_path, 60)
     assert live.release(job_id, task_ids=[1], grace=6).status_code == 202
     wait_until(lambda: "coming" in _what(logs, 1), 20, "task 1 told of the stop")
     client = ResizeClient(job_id, Client(live.url(), token))
