@@ -95,7 +95,9 @@ def xce_resize_request(
     :param job_id: the job to resize.
     :param request: a :class:`~xce_resize_plugin.core.models.GrowRequest`,
         :class:`~xce_resize_plugin.core.models.ReleaseRequest` or
-        :class:`~xce_resize_plugin.core.models.CancelRequest`.
+        :class:`~xce_resize_plugin.core.models.CancelRequest` (also
+        ``AutoresizeRequest``, and ``DrainedRequest``: tasks of a release being
+        drained that may stop now, authorised as the action ``drained``).
 
     firstresult: the resize plugin answers. Raises a
     :class:`~xce_resize_plugin.errors.ResizeError` (with LSF's code) on rejection, in
@@ -365,7 +367,8 @@ def xce_resize_authorize(principal: Principal, job: JobInfo, action: str) -> boo
 
     :param principal: who asks.
     :param job: the job.
-    :param action: ``grow``, ``release``, ``cancel`` or ``view``.
+    :param action: ``grow``, ``release``, ``cancel``, ``drained`` (tasks of a release
+        being drained may stop now) or ``view``.
 
     firstresult: ``True`` allows, ``False`` denies, ``None`` defers. Default: the owner,
     an administrator, or the job's own token.

@@ -16,9 +16,9 @@ import httpx
 import pytest
 
 from xce_resize_plugin import errors
-from xce_resize_plugin.controllers.sim import EmbeddedController
+from xce_resize_plugin.controllers.sim import EmbeddedController, ScriptedNotificationRunner
 from xce_resize_plugin.core import audit
-from xce_resize_plugin.core.models import DrainedRequest, ReleaseRequest
+from xce_resize_plugin.core.models import DrainedRequest, GrowRequest, ReleaseRequest
 from xce_resize_plugin.host import HostHooks, Principal
 from xce_resize_plugin.manager import get_plugin_manager
 from xce_resize_plugin.recording import format as recording_format
@@ -220,4 +220,35 @@ def test_a_job_grace_above_the_maximum_is_refused_at_submission(tmp_path: Path) 
     with pytest.raises(errors.GraceTooLong):
         ctl.submit("alice", "1,8", resizable=True, alloc={"hA": 2}, grace=11.0)
     assert ctl.jobs() == []
+    ctl.stop()
+
+
+def test_the_notification_names_the_task_ids_of_every_change(tmp_path: Path) -> None:
+    """XCE_RESIZE_TASK_IDS beside LSB_RESIZE_HOSTS: a grow, a release, and the
+    notification for information after a host failure (the lost tasks)."""
+    cfg = {"journal_sync": False, "stop_grace": 0}
+    notifier = ScriptedNotificationRunner()
+    ctl = EmbeddedController(
+        get_plugin_manager(cfg, entry_points=False),
+        tmp_path,
+        hosts=HOSTS,
+        config=cfg,
+        notification_runner=notifier,
+    )
+    job = ctl.submit("alice", "1,8", resizable=True, alloc={"hA": 2, "hB": 2}, notify_cmd="n")
+    ctl.settle()
+    alice = Principal("alice")
+    ctl.request_resize(alice, job, GrowRequest(2, 2, notify_cmd="n"))
+    ctl.settle()
+    ctl.request_resize(alice, job, ReleaseRequest(task_ids=(1,)))
+    ctl.settle()
+    ctl.host_down("hB")
+    ctl.settle()
+    seen = [
+        (r.env["LSB_RESIZE_EVENT"], r.env["LSB_RESIZE_HOSTS"], r.env["XCE_RESIZE_TASK_IDS"])
+        for r in notifier.requests
+    ]
+    assert seen[0][0] == "grow" and seen[0][2] == "4,5"
+    assert seen[1] == ("shrink", "hA 1", "1")
+    assert seen[2] == ("shrink", "hB 2", "2,3")  # for information: already gone
     ctl.stop()
