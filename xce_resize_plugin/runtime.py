@@ -59,6 +59,8 @@ from xce_resize_plugin.host import (
 from xce_resize_plugin.journal import Entry, GroupCommitter, Journal, StoredState, Ticket
 from xce_resize_plugin.policy import HookPolicy
 
+#: Jobs whose projected events are kept for the next poll (then the cache starts over).
+_EVENT_CACHE = 1024
 #: Who asks when the plugin reclaims slots for the queue head (resize history shows it).
 RECLAIM = Principal("reclaim", admin=True)
 
@@ -113,6 +115,8 @@ class Runtime:
         self._reclaim_min_delay = float(values["reclaim_min_delay"])
         self._reclaim_for: str | None = None
         self._reclaim_asked: set[str] = set()
+        # events(): each job's projected events and the journal's last fact then.
+        self._events: dict[str, tuple[int, list[events_mod.JobEvent]]] = {}
 
     # --- lifecycle -----------------------------------------------------------------
 
@@ -225,8 +229,18 @@ class Runtime:
         with self._lock:
             if self._deferred and self._failed is None:
                 self._commit([])  # journal_defer: what happened so far is written first
+        # Long polls ask again and again while nothing happens: the projection is kept
+        # until the journal has a newer fact (of any job).
+        last = self.journal.last_seq
+        cached = self._events.get(job_id)
+        if cached is not None and cached[0] == last:
+            return events_mod.after_cursor(cached[1], after)
         facts = [converters.decode_fact(data) for _, data in self.journal.job_facts(job_id)]
-        return events_mod.after_cursor(events_mod.project(facts), after)
+        found = events_mod.project(facts)
+        if len(self._events) >= _EVENT_CACHE:
+            self._events.clear()
+        self._events[job_id] = (last, found)
+        return events_mod.after_cursor(found, after)
 
     def _job(self, job_id: str) -> JobInfo:
         if not job_id or len(job_id) > 64:
