@@ -260,7 +260,7 @@ def decide_request(
         return _decide_autoresize(state, job, principal_name, request, at, policy, settings)
     if isinstance(request, DrainedRequest):
         policy.validate(job, request)
-        return decide_drained(state, principal_name, request.task_ids, at)
+        return decide_drained(state, job.id, principal_name, request.task_ids, at)
     if isinstance(request, CancelRequest):
         if state is None or state.pending is None:
             raise errors.NoActiveRequest(f"job {job.id}")
@@ -419,14 +419,18 @@ def check_grace(grace: float, settings: Settings, what: str) -> float:
 
 
 def decide_drained(
-    state: ResizeState | None, principal_name: str, task_ids: Sequence[int], at: float
+    state: ResizeState | None,
+    job_id: str,
+    principal_name: str,
+    task_ids: Sequence[int],
+    at: float,
 ) -> list[Fact]:
     """The job acknowledged ``task_ids`` drained: each must be a task of the release
     being drained; once every task is acknowledged the drain ends (the stop begins).
     Acknowledging a task again changes nothing."""
     change = state.change if state is not None else None
     if state is None or change is None or state.phase is not Phase.SHRINK_DRAINING:
-        raise errors.NotDraining(f"job {state.job_id if state else ''} has no release draining")
+        raise errors.NotDraining(f"job {job_id} has no release draining")
     ids = tuple(sorted(set(task_ids)))
     draining = {t.id for t in change.tasks} - change.stopped
     if not ids:
@@ -434,8 +438,7 @@ def decide_drained(
     stray = [i for i in ids if i not in draining]
     if stray:
         raise errors.NotDraining(
-            f"tasks {stray} of job {state.job_id} are not being drained "
-            f"(draining: {sorted(draining)})"
+            f"tasks {stray} of job {job_id} are not being drained (draining: {sorted(draining)})"
         )
     new = tuple(i for i in ids if i not in change.drained)
     if not new:
