@@ -404,16 +404,6 @@ class Runtime:
                 if state is not None:
                     facts = engine.decide_task_events(state, batch, now, self.settings)
                     self._transition(job_id, facts)
-                elif any(e.kind == "exited" for e in batch):
-                    self._untracked_exits(job_id, batch, now)
-
-    def _untracked_exits(self, job_id: str, batch: Sequence[TaskEvent], now: float) -> None:
-        """Tasks of a running resizable job the plugin does not track yet exited: it is
-        tracked from now, so that its events tell (docs/in-job-api.md)."""
-        job = self.controller.get_job(job_id)
-        if job is None or self._stored(job_id) is not None:
-            return  # an ended job the journal holds is never tracked twice
-        self._transition(job_id, engine.decide_untracked_exits(job, batch, now))
 
     def job_start(self, job: JobInfo) -> None:
         """A job started: an autoresizable one is tracked with its demand (a job the

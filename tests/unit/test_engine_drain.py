@@ -186,13 +186,6 @@ def test_exits_of_committed_tasks_are_facts_and_events() -> None:
     assert got[1].data == {"task_ids": [1], "status": 3, "reason": ""}
 
 
-def test_untracked_exits_track_a_resizable_job_only() -> None:
-    batch = [TaskEvent("101", 1, "exited", 9)]
-    assert engine.decide_untracked_exits(job(resizable=False), batch, 1.0) == []
-    facts = engine.decide_untracked_exits(job(), batch, 1.0)
-    assert [type(f).__name__ for f in facts] == ["JobTracked", "TaskExited"]
-
-
 def test_event_cursors() -> None:
     _, _, facts = _draining()
     got = events.project(facts)

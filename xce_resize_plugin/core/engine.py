@@ -736,16 +736,6 @@ def decide_task_events(
     return facts
 
 
-def decide_untracked_exits(job: JobInfo, events: Iterable[TaskEvent], at: float) -> list[Fact]:
-    """Tasks of a running resizable job not tracked yet exited on their own: tracking
-    starts, with one :class:`TaskExited` per exit (no fact for any other job)."""
-    if not job.resizable or job.state is not JobState.RUN or not job.tasks:
-        return []
-    state, facts = _track(None, job, at)
-    exits = _exits(state, events, set(), at)
-    return facts + exits if exits else []
-
-
 def _exits(
     state: ResizeState, events: Iterable[TaskEvent], in_change: set[int], at: float
 ) -> list[Fact]:
