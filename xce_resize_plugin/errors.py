@@ -269,6 +269,33 @@ class FencedError(JournalError):
     message = "Controller fenced by a newer epoch"
 
 
+# Drain before stop and job events (docs/in-job-api.md).
+
+
+class GraceTooLong(ResizeError):
+    """A drain time above the site's ``[resize] max_stop_grace``."""
+
+    code = "XCE_RESIZE_GRACE_TOO_LONG"
+    message = "Drain time above the site maximum"
+    http_status = 400
+
+
+class NotDraining(ResizeError):
+    """``drained`` for tasks that no release is draining."""
+
+    code = "XCE_RESIZE_NOT_DRAINING"
+    message = "No such task is being drained"
+    http_status = 409
+
+
+class UnknownEventCursor(ResizeError):
+    """An events ``after`` cursor the job's event list does not reach."""
+
+    code = "XCE_RESIZE_EVENT_CURSOR"
+    message = "Unknown event cursor"
+    http_status = 400
+
+
 ERRORS: tuple[type[ResizeError], ...] = (
     NotifyCmdTooLong,
     JobNotResizable,
@@ -299,6 +326,9 @@ ERRORS: tuple[type[ResizeError], ...] = (
     ConfigError,
     JournalError,
     FencedError,
+    GraceTooLong,
+    NotDraining,
+    UnknownEventCursor,
 )
 
 BY_CODE: dict[str, type[ResizeError]] = {e.code: e for e in ERRORS}

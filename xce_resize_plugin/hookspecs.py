@@ -15,6 +15,7 @@ import pluggy
 
 if TYPE_CHECKING:
     from xce_resize_plugin.core.accounting import Usage
+    from xce_resize_plugin.core.events import JobEvent
     from xce_resize_plugin.core.models import (
         JobInfo,
         LossOutcome,
@@ -95,9 +96,11 @@ def xce_resize_request(
     :param request: a :class:`~xce_resize_plugin.core.models.GrowRequest`,
         :class:`~xce_resize_plugin.core.models.ReleaseRequest` or
         :class:`~xce_resize_plugin.core.models.CancelRequest` (also the
-        :class:`~xce_resize_plugin.core.models.AutoresizeRequest` of a modify, and the
+        :class:`~xce_resize_plugin.core.models.AutoresizeRequest` of a modify; the
         :class:`~xce_resize_plugin.core.models.ReadyRequest` of a task saying it is
-        ready, which the policy hooks see as the action ``ready`` and do not validate).
+        ready, which the policy hooks see as the action ``ready`` and do not validate;
+        and ``DrainedRequest``: tasks of a release being drained that may stop now,
+        authorised as the action ``drained``).
 
     firstresult: the resize plugin answers. Raises a
     :class:`~xce_resize_plugin.errors.ResizeError` (with LSF's code) on rejection, in
@@ -115,6 +118,28 @@ def xce_resize_status(controller: Controller, job_id: str) -> ResizeStatus | Non
     :param job_id: the job.
 
     firstresult: the resize plugin answers; ``None`` for a job the host does not know.
+
+    Implemented by: the resize plugin.
+    """
+
+
+@hookspec(firstresult=True)
+def xce_resize_events(
+    controller: Controller, job_id: str, after: int | None
+) -> Sequence[JobEvent] | None:
+    """The job's events after the cursor ``after``, from its resize facts.
+
+    :param controller: the host controller.
+    :param job_id: the job.
+    :param after: the ``seq`` of the last event the caller has (``None``: from the
+        start; ``0``: every event).
+
+    firstresult: the resize plugin answers, projecting the job's journal facts to
+    events (``grow_placed``, ``grow_committed``, ``release_coming``, ``tasks_exited``,
+    ``tasks_lost``, ``size_changed``, ``job_ended``; docs/in-job-api.md), each with a
+    ``seq`` that stays the same across restarts. A cursor below 0 or beyond the last
+    event raises :class:`~xce_resize_plugin.errors.UnknownEventCursor`. The events
+    route (``GET /v1/jobs/{id}/events``) long-polls this hook.
 
     Implemented by: the resize plugin.
     """
@@ -345,7 +370,8 @@ def xce_resize_authorize(principal: Principal, job: JobInfo, action: str) -> boo
 
     :param principal: who asks.
     :param job: the job.
-    :param action: ``grow``, ``release``, ``cancel`` or ``view``.
+    :param action: ``grow``, ``release``, ``cancel``, ``drained`` (tasks of a release
+        being drained may stop now) or ``view``.
 
     firstresult: ``True`` allows, ``False`` denies, ``None`` defers. Default: the owner,
     an administrator, or the job's own token.

@@ -30,6 +30,7 @@ from typing import Any, Protocol, TypeAlias, cast, runtime_checkable
 import pluggy
 
 from xce_resize_plugin.core.accounting import Usage
+from xce_resize_plugin.core.events import JobEvent
 from xce_resize_plugin.core.models import (
     Fact,
     JobInfo,
@@ -175,6 +176,20 @@ def durable_wait(controller: Controller) -> AbstractContextManager[object]:
     return cast("AbstractContextManager[object]", method())
 
 
+# -- optional: a dispatch cycle at a given time (a drain's deadline) -------------------
+
+
+def wake_at(controller: Controller, time: float) -> None:
+    """Ask the host for a dispatch cycle at ``time`` (a drain's deadline), if it offers
+    ``wake_at``. A host that runs its cycles on a clock tick (the live controller, XCE)
+    needs nothing: the next cycle after the deadline ends the drain. A host in simulated
+    time (the embedded controller) offers it, since its clock jumps from event to event.
+    """
+    method = getattr(controller, "wake_at", None)
+    if method is not None:
+        method(time)
+
+
 class HostHooks:
     """The host hooks, called by a host (as tox 4 does around ``pm.hook``).
 
@@ -217,6 +232,14 @@ class HostHooks:
         return cast(
             "ResizeStatus | None",
             self._hook.xce_resize_status(controller=controller, job_id=job_id),
+        )
+
+    def resize_events(
+        self, controller: Controller, job_id: str, after: int | None
+    ) -> Sequence[JobEvent] | None:
+        return cast(
+            "Sequence[JobEvent] | None",
+            self._hook.xce_resize_events(controller=controller, job_id=job_id, after=after),
         )
 
     # -- scheduler and dispatch ---------------------------------------------------------

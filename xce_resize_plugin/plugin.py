@@ -15,8 +15,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from xce_resize_plugin import hookimpl
-from xce_resize_plugin.core import engine
+from xce_resize_plugin.core import config, engine
 from xce_resize_plugin.core.accounting import Usage
+from xce_resize_plugin.core.events import JobEvent
 from xce_resize_plugin.core.models import JobInfo, LossOutcome, ResizeRequest
 from xce_resize_plugin.core.status import ResizeStatus
 from xce_resize_plugin.errors import ResizeError
@@ -73,6 +74,8 @@ def xce_controller_stop(controller: Controller) -> None:
 @hookimpl
 def xce_job_validate(controller: Controller, job: JobInfo) -> None:
     engine.check_job_options(job)
+    # The job's default drain time, within the site's maximum (docs/admin-guide.md).
+    engine.check_grace(job.grace, config.settings(controller.config), "grace")
 
 
 # requests
@@ -88,6 +91,13 @@ def xce_resize_request(
 @hookimpl
 def xce_resize_status(controller: Controller, job_id: str) -> ResizeStatus | None:
     return runtime_of(controller).status(job_id)
+
+
+@hookimpl
+def xce_resize_events(
+    controller: Controller, job_id: str, after: int | None
+) -> Sequence[JobEvent] | None:
+    return runtime_of(controller).events(job_id, after)
 
 
 # scheduler and dispatch

@@ -18,6 +18,7 @@ import attrs
 
 from xce_resize_plugin.core import config as config_mod
 from xce_resize_plugin.core import converters, engine
+from xce_resize_plugin.core import events as events_mod
 from xce_resize_plugin.core.accounting import Usage, usage_of_job, usage_of_state
 from xce_resize_plugin.core.models import (
     ChangeKind,
@@ -53,10 +54,13 @@ from xce_resize_plugin.host import (
     TaskEvent,
     durable_wait,
     resize_observer_of,
+    wake_at,
 )
 from xce_resize_plugin.journal import Entry, GroupCommitter, Journal, StoredState, Ticket
 from xce_resize_plugin.policy import HookPolicy
 
+#: Jobs whose projected events are kept for the next poll (then the cache starts over).
+_EVENT_CACHE = 1024
 #: Who asks when the plugin reclaims slots for the queue head (resize history shows it).
 RECLAIM = Principal("reclaim", admin=True)
 
@@ -111,6 +115,8 @@ class Runtime:
         self._reclaim_min_delay = float(values["reclaim_min_delay"])
         self._reclaim_for: str | None = None
         self._reclaim_asked: set[str] = set()
+        # events(): each job's projected events and the journal's last fact then.
+        self._events: dict[str, tuple[int, list[events_mod.JobEvent]]] = {}
 
     # --- lifecycle -----------------------------------------------------------------
 
@@ -213,6 +219,28 @@ class Runtime:
             change.tasks,
             autoresize=auto,
         )
+
+    def events(self, job_id: str, after: int | None) -> list[events_mod.JobEvent] | None:
+        """The job's events after ``after`` (docs/in-job-api.md, "Job events"): its
+        durable facts, read from the journal and projected; ``None`` for a job the host
+        does not know."""
+        if self.controller.get_job(job_id) is None:
+            return None
+        with self._lock:
+            if self._deferred and self._failed is None:
+                self._commit([])  # journal_defer: what happened so far is written first
+        # Long polls ask again and again while nothing happens: the projection is kept
+        # until the journal has a newer fact (of any job).
+        last = self.journal.last_seq
+        cached = self._events.get(job_id)
+        if cached is not None and cached[0] == last:
+            return events_mod.after_cursor(cached[1], after)
+        facts = [converters.decode_fact(data) for _, data in self.journal.job_facts(job_id)]
+        found = events_mod.project(facts)
+        if len(self._events) >= _EVENT_CACHE:
+            self._events.clear()
+        self._events[job_id] = (last, found)
+        return events_mod.after_cursor(found, after)
 
     def _job(self, job_id: str) -> JobInfo:
         if not job_id or len(job_id) > 64:
@@ -622,6 +650,8 @@ class Runtime:
                     ctl.stop_tasks(effect.job_id, effect.task_ids, self.settings.stop_grace)
             elif isinstance(effect, engine.Notify):
                 self._notify(effect)
+            elif isinstance(effect, engine.DrainUntil):
+                wake_at(ctl, effect.deadline)
             elif isinstance(effect, engine.CommitAllocation):
                 ctl.commit_allocation(effect.job_id, effect.tasks, effect.version)
                 if effect.record is not None:

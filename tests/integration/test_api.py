@@ -854,8 +854,9 @@ def _schemathesis_cases(schema: Any, cluster: Cluster) -> st.SearchStrategy[Any]
 
 def _short_wait(case: Any) -> None:
     """A wait case keeps its validity but never holds the connection (the default
-    timeout is 30 s): a valid timeout becomes 0, an absent one is added as 0."""
-    if not case.path.endswith("/wait"):
+    timeout is 30 s): a valid timeout becomes 0, an absent one is added as 0. The
+    events long poll likewise."""
+    if not case.path.endswith(("/wait", "/events")):
         return
     query = case.query if isinstance(case.query, dict) else None
     if query is None:

@@ -188,11 +188,16 @@ def test_hook_xce_task_events_ignores_what_is_not_in_flight(tmp_path: Path) -> N
     events = [
         TaskEvent("1", 2, "exited", 0),  # committed already: no change in flight
         TaskEvent("1", 7, "started"),  # a task the job never had
-        TaskEvent("404", 0, "exited"),  # a job the plugin does not track
+        TaskEvent("404", 0, "exited"),  # a job the host does not have
     ]
     h.ctl.plugin_manager.hook.xce_task_events(controller=h.ctl, events=events)
     h.ctl.plugin_manager.hook.xce_task_events(controller=h.ctl, events=[])
-    assert h.journal_seq() == seq
+    # The committed task's exit is only a job event (tasks_exited): one fact, which
+    # changes nothing in the job's state.
+    assert h.journal_seq() == seq + 1
+    with Journal.open(tmp_path / "resize", readonly=True) as j:
+        last = json.loads(list(j.facts())[-1][2])
+    assert last["type"] == "TaskExited" and last["task_id"] == 2
     assert plugin.runtime_of(h.ctl).states.get("1") == before
 
 

@@ -322,7 +322,8 @@ def commands(draw: st.DrawFn) -> Command:
         no_notify=notify_cmd is None and draw(st.booleans()),
     )
     if kind == "release":
-        return base._replace(spec=draw(spec_tokens))
+        grace = draw(st.none() | st.integers(0, 99_999).map(float) | st.sampled_from([0.5, 2.25]))
+        return base._replace(spec=draw(spec_tokens), grace=grace)
     high = draw(counts)
     return base._replace(op="request", min_add=draw(st.integers(1, high)), max_add=high)
 
@@ -419,3 +420,42 @@ def test_usage_error_exit_2_and_help_version() -> None:
     assert bresize.run(["-V"], sent.append).stdout.startswith("xce_resize_plugin bresize")
     assert "bresize request" in bresize.run(["-h"], sent.append).stdout
     assert sent == []
+
+
+# --- --grace, an XCE extension ---------------------------------------------------------
+
+
+def test_grace_is_a_release_option_that_leaves_lsf_lines_alone() -> None:
+    cmd = parse(["release", "-c", "--grace", "30", "2*hostB", "12"])
+    assert cmd == Command(
+        op="release", job_id="12", spec=("2*hostB",), cancel_pending=True, grace=30.0
+    )
+    assert parse(["release", "--grace", "2.5", "all", "12"]).grace == 2.5
+    assert parse(["release", "all", "12"]).grace is None
+    _, request = to_request(cmd)
+    assert isinstance(request, ReleaseRequest) and request.grace == 30.0
+    from xce_resize_plugin.cli.bresize import request_body
+
+    assert request_body(cmd)[2] == {
+        "spec": "2*hostB",
+        "cancel_pending": True,
+        "no_notify": False,
+        "grace": 30.0,
+    }
+    assert "grace" not in (request_body(parse(["release", "all", "12"]))[2] or {})
+
+
+@pytest.mark.parametrize(
+    ("argv", "detail"),
+    [
+        (["release", "--grace", "-1", "all", "12"], "--grace takes a number of seconds"),
+        (["release", "--grace", "1e3", "all", "12"], "--grace takes a number of seconds"),
+        (["release", "--grace"], "--grace takes a number of seconds"),
+        (["release", "--grace", "1", "--grace", "2", "all", "12"], "given more than once"),
+        (["release", "all", "--grace", "1", "12"], "options come before"),
+        (["request", "--grace", "1", "2", "12"], "unknown option '--grace'"),
+    ],
+)
+def test_grace_usage_errors(argv: list[str], detail: str) -> None:
+    with pytest.raises(UsageError, match=detail):
+        parse(argv)

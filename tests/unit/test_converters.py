@@ -41,6 +41,8 @@ def _fact(cls: type) -> st.SearchStrategy[object]:
     int64 = st.integers(-(2**63), 2**63 - 1)
     ints = {f.name: int64 for f in fields if f.type is int}
     ints.update({f.name: st.none() | int64 for f in fields if f.type == int | None})
+    id_lists = st.lists(int64, max_size=4).map(tuple)
+    ints.update({f.name: id_lists for f in fields if f.type == tuple[int, ...]})
     task_fields = {f.name: tasks for f in fields if f.type == tuple[Task, ...]}
     # A readiness wait (seconds, or none) and task id lists (TaskReady, ReadyTimedOut).
     floats.update({f.name: st.none() | times for f in fields if f.type == float | None})

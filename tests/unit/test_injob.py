@@ -150,3 +150,40 @@ def test_allocation_from_json() -> None:
         }
     )
     assert alloc.hosts == {"a": 2, "b": 1} and alloc.size == 3 and alloc.settled
+
+
+class _Events:
+    """A client that answers the events route from a script of polls, recording them."""
+
+    def __init__(self, polls: list[list[dict[str, Any]]]) -> None:
+        self.polls = polls
+        self.calls: list[tuple[str, str, Any]] = []
+
+    def call(self, method: str, path: str, body: Any = None, timeout: float = 0.0) -> Any:
+        self.calls.append((method, path, body))
+        if path.startswith("/v1/jobs/7/events"):
+            return self.polls.pop(0)
+        return {"job_id": "7", "phase": "SHRINK_STOPPING", "version": 1, "min_tasks": 1,
+                "max_tasks": 8, "tasks": [{"id": 0, "host": "a"}]}  # fmt: skip
+
+
+def test_events_poll_from_the_cursor_until_the_job_ends() -> None:
+    """events() long-polls after the last seq it yielded and stops after job_ended;
+    release sends grace only when given; drained sends the ids."""
+    polls = [
+        [{"seq": 1, "type": "release_coming", "task_ids": [3], "deadline": 9.0}],
+        [],
+        [{"seq": 2, "type": "tasks_exited", "task_ids": [3]}, {"seq": 3, "type": "job_ended"}],
+    ]
+    recorder = _Events(polls)
+    client = ResizeClient("7", recorder)  # type: ignore[arg-type]
+    assert [e["seq"] for e in client.events(after=0)] == [1, 2, 3]
+    paths = [path.split("&")[0] for _, path, _ in recorder.calls]
+    assert paths == [f"/v1/jobs/7/events?after={n}" for n in (0, 1, 1)]
+    recorder.calls.clear()
+    client.release(task_ids=[3], grace=12.5)
+    client.release(task_ids=[3])
+    client.drained([3])
+    posts = [(path, body) for method, path, body in recorder.calls if method == "POST"]
+    assert posts[0][1]["grace"] == 12.5 and "grace" not in posts[1][1]
+    assert posts[2] == ("/v1/jobs/7/resize/drained", {"task_ids": [3]})

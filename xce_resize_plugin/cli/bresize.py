@@ -88,6 +88,8 @@ def request_body(cmd: Command) -> tuple[str, str, dict[str, Any] | None]:
     if cmd.op == "request":
         return "POST", f"{base}/grow", {"tasks": cmd.max_add, "min_tasks": cmd.min_add, **options}
     if cmd.op == "release":
+        if cmd.grace is not None:
+            options["grace"] = cmd.grace
         return "POST", f"{base}/release", {"spec": " ".join(cmd.spec), **options}
     return "DELETE", f"{base}/pending", None
 

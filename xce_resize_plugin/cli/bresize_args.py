@@ -61,7 +61,7 @@ __all__ = [
 ]
 
 USAGE = """\
-Usage: bresize release [-c] [-rnc resize_notification_cmd | -rncn]
+Usage: bresize release [-c] [-rnc resize_notification_cmd | -rncn] [--grace S]
                        released_host_specification job_ID
        bresize request [-c] [-rnc resize_notification_cmd | -rncn]
                        [min_task,]tasks job_ID
@@ -69,6 +69,7 @@ Usage: bresize release [-c] [-rnc resize_notification_cmd | -rncn]
        bresize [-h | -V]
 
 released_host_specification: all [~host | ~N*host ...] | host | N*host [host | N*host ...]
+--grace S (an XCE extension): let the released tasks drain S seconds before they stop
 """
 
 #: A notification command must be shorter than this many bytes (UTF-8), as in LSF.
@@ -99,7 +100,8 @@ class Command(NamedTuple):
     the normalised job ID (``221[3]`` for an array element). ``min_add``/``max_add``
     are the request's ``[min_task,]tasks`` (``4`` gives 4 and 4). ``spec`` holds the
     release specification's whitespace-separated tokens. ``cancel_pending`` is ``-c``,
-    ``notify_cmd`` the ``-rnc`` command, ``no_notify`` is ``-rncn``.
+    ``notify_cmd`` the ``-rnc`` command, ``no_notify`` is ``-rncn``. ``grace`` is the
+    release's drain time, ``--grace S`` (an XCE extension; ``None``: the job's default).
     """
 
     op: Op
@@ -110,6 +112,7 @@ class Command(NamedTuple):
     cancel_pending: bool = False
     notify_cmd: str | None = None
     no_notify: bool = False
+    grace: float | None = None
 
 
 def parse(argv: Sequence[str]) -> Command:
@@ -194,6 +197,9 @@ def _parse_options(cmd: Command, args: list[str]) -> tuple[Command, list[str]]:
             if cmd.notify_cmd is not None:
                 raise UsageError("-rnc and -rncn are mutually exclusive")
             cmd = cmd._replace(no_notify=True)
+        elif option == "--grace" and op == "release":
+            cmd = cmd._replace(grace=_grace(cmd, args[i] if i < len(args) else None))
+            i += 1
         elif option in _HELP or option in _VERSION:
             raise UsageError(f"-h/-V stand alone: got {option} after {op}")
         else:
@@ -208,6 +214,17 @@ def _parse_options(cmd: Command, args: list[str]) -> tuple[Command, list[str]]:
             if _is_option(arg):
                 raise UsageError(f"options come before {what}: got {arg!r} after it")
     return cmd, positionals
+
+
+def _grace(cmd: Command, text: str | None) -> float:
+    """``--grace S``: seconds, a decimal number (the site's maximum is the controller's
+    to check). An XCE extension: LSF's options never start with ``--``, so every LSF
+    command line parses as before."""
+    if cmd.grace is not None:
+        raise UsageError("--grace given more than once")
+    if text is None or not re.fullmatch(r"(?a)[0-9]{1,9}(\.[0-9]{1,9})?", text):
+        raise UsageError(f"--grace takes a number of seconds >= 0, got {text!r}")
+    return float(text)
 
 
 def _utf8_len(text: str) -> int:
@@ -311,6 +328,8 @@ def to_argv(cmd: Command) -> list[str]:
         argv += ["-rnc", cmd.notify_cmd]
     if cmd.no_notify:
         argv.append("-rncn")
+    if cmd.grace is not None:
+        argv += ["--grace", f"{cmd.grace:g}"]
     if cmd.op == "request":
         counts = f"{cmd.max_add}" if cmd.min_add == cmd.max_add else f"{cmd.min_add},{cmd.max_add}"
         argv.append(counts)
@@ -351,6 +370,7 @@ def to_request(cmd: Command) -> tuple[str, GrowRequest | ReleaseRequest | Cancel
             cancel_pending=cmd.cancel_pending,
             notify_cmd=cmd.notify_cmd,
             no_notify=cmd.no_notify,
+            grace=cmd.grace,
         )
         return cmd.job_id, release
     if cmd.op == "cancel":

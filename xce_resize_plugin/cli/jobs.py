@@ -18,6 +18,34 @@ from xce_resize_plugin.rest.client import Client
 
 def add_parsers(sub: Any) -> None:
     """Register the job commands on the ``xce-resize`` subparsers."""
+    _add_submit(sub)
+    jobs = sub.add_parser("jobs", help="list jobs, or show one (like bjobs)")
+    jobs.add_argument("job", nargs="?")
+    jobs.add_argument("--json", action="store_true")
+
+    history = sub.add_parser(
+        "history", help="a job's allocation timeline and resize records (like bhist -l)"
+    )
+    history.add_argument("job")
+    history.add_argument("--json", action="store_true")
+
+    kill = sub.add_parser("kill", help="kill a job (like bkill)")
+    kill.add_argument("job")
+
+    modify = sub.add_parser(
+        "modify",
+        help="turn a running job's autoresize on or off (like bmod -ar / -arn)",
+        description="xce-resize modify JOB --autoresize | --no-autoresize",
+    )
+    modify.add_argument("job")
+    switch = modify.add_mutually_exclusive_group(required=True)
+    switch.add_argument("--autoresize", "-ar", dest="autoresize", action="store_true")
+    switch.add_argument("--no-autoresize", "-arn", dest="autoresize", action="store_false")
+    modify.add_argument("--json", action="store_true")
+
+
+def _add_submit(sub: Any) -> None:
+    """``xce-resize submit`` (like bsub)."""
     submit = sub.add_parser(
         "submit",
         help="submit a job to a live controller (like bsub)",
@@ -70,32 +98,10 @@ def add_parsers(sub: Any) -> None:
         help="a task other than task 0 that exits on its own leaves the allocation and "
         "stops being charged (needs --resizable)",
     )
+    grace_help = "drain time: released tasks run S s more before they stop (max_stop_grace)"
+    submit.add_argument("--grace", type=float, metavar="S", help=grace_help)
     submit.add_argument("--json", action="store_true")
     submit.add_argument("argv", nargs=argparse.REMAINDER, help="-- COMMAND ARGS...")
-
-    jobs = sub.add_parser("jobs", help="list jobs, or show one (like bjobs)")
-    jobs.add_argument("job", nargs="?")
-    jobs.add_argument("--json", action="store_true")
-
-    history = sub.add_parser(
-        "history", help="a job's allocation timeline and resize records (like bhist -l)"
-    )
-    history.add_argument("job")
-    history.add_argument("--json", action="store_true")
-
-    kill = sub.add_parser("kill", help="kill a job (like bkill)")
-    kill.add_argument("job")
-
-    modify = sub.add_parser(
-        "modify",
-        help="turn a running job's autoresize on or off (like bmod -ar / -arn)",
-        description="xce-resize modify JOB --autoresize | --no-autoresize",
-    )
-    modify.add_argument("job")
-    switch = modify.add_mutually_exclusive_group(required=True)
-    switch.add_argument("--autoresize", "-ar", dest="autoresize", action="store_true")
-    switch.add_argument("--no-autoresize", "-arn", dest="autoresize", action="store_false")
-    modify.add_argument("--json", action="store_true")
 
 
 def parse_tasks(text: str) -> dict[str, int]:
@@ -162,6 +168,8 @@ def _submit(args: argparse.Namespace, out: TextIO, client: Client) -> int:
         body["initial"] = args.initial
     if args.release_exited:
         body["release_exited"] = True
+    if args.grace is not None:
+        body["grace"] = args.grace
     doc = client.call("POST", "/v1/jobs", body)
     if args.json:
         _dump(doc, out)

@@ -33,6 +33,7 @@ SUBMIT_OPTIONS = {
     "alloc",
     "initial",
     "release_exited",
+    "grace",
 }
 
 
@@ -60,6 +61,8 @@ class JobOptions(Protocol):
     def initial(self) -> int | None: ...
     @property
     def release_exited(self) -> bool: ...
+    @property
+    def grace(self) -> float: ...
 
 
 class TaskState(enum.Enum):
@@ -169,6 +172,8 @@ class JobRecord:
     exit_reason: str = ""
     #: Put back in the queue after a host failure (``JobInfo.requeued``).
     requeued: bool = False
+    #: The job's default drain time for its releases (``submit --grace``, seconds).
+    grace: float = 0.0
     end_reported: bool = False
     #: ``JobInfo.release_exited``: tasks that exit on their own leave the allocation.
     release_exited: bool = False
@@ -241,6 +246,7 @@ class JobView:
     exit_reason: str
     requeued: bool
     release_exited: bool
+    grace: float
 
     @property
     def slots(self) -> int:
@@ -296,4 +302,5 @@ def job_info(job: JobRecord | JobView) -> JobInfo:
         autoresize=job.autoresize,
         requeued=job.requeued,
         release_exited=job.release_exited,
+        grace=job.grace,
     )

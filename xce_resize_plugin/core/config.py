@@ -48,6 +48,14 @@ KEYS: tuple[Key, ...] = (
         "seconds between SIGTERM and SIGKILL when a shrink stops tasks",
         0,
     ),
+    Key(
+        "max_stop_grace",
+        (int, float),
+        300.0,
+        "longest drain time (seconds) a release or a job's default may ask for "
+        "before its tasks are stopped (--grace)",
+        0,
+    ),
     Key("allow_grow", bool, True, "false refuses every grow (LSF code 754)"),
     Key(
         "max_ready_timeout",
@@ -137,4 +145,5 @@ def settings(section: Mapping[str, Any]) -> Settings:
         stop_grace=float(values["stop_grace"]),
         allow_grow=values["allow_grow"],
         max_ready_timeout=float(values["max_ready_timeout"]),
+        max_stop_grace=float(values["max_stop_grace"]),
     )

@@ -29,11 +29,13 @@ from xce_resize_plugin.core.models import (
     GrowRequest,
     GrowRequested,
     PendingGrow,
+    ReleaseAccepted,
     ReleaseRequest,
     ResizeRecord,
     ResizeState,
     Task,
     TasksLost,
+    TaskStopped,
     host_counts,
 )
 from xce_resize_plugin.core.status import ResizeStatus
@@ -85,7 +87,27 @@ def _omit_new_defaults(conv: cattrs.Converter) -> None:
     conv.register_unstructure_hook(
         PendingGrow, make_dict_unstructure_fn(PendingGrow, conv, ready_timeout=omit)
     )
-    conv.register_unstructure_hook(Change, make_dict_unstructure_fn(Change, conv, ready_by=omit))
+    # Drain fields likewise: the facts and states of changes without a drain keep
+    # the bytes they always had.
+    conv.register_unstructure_hook(
+        ReleaseAccepted,
+        make_dict_unstructure_fn(ReleaseAccepted, conv, grace=override(omit_if_default=True)),
+    )
+    conv.register_unstructure_hook(
+        TaskStopped,
+        make_dict_unstructure_fn(TaskStopped, conv, status=override(omit_if_default=True)),
+    )
+    conv.register_unstructure_hook(
+        Change,
+        make_dict_unstructure_fn(
+            Change,
+            conv,
+            ready_by=omit,
+            grace=override(omit_if_default=True),
+            deadline=override(omit_if_default=True),
+            drained=override(omit_if_default=True),
+        ),
+    )
 
 
 def _strict(kind: type) -> Any:

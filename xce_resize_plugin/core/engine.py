@@ -25,6 +25,8 @@ from xce_resize_plugin.core.models import (
     Change,
     ChangeKind,
     Committed,
+    DrainedRequest,
+    DrainEnded,
     Fact,
     GrowCancelled,
     GrowPlaced,
@@ -49,7 +51,9 @@ from xce_resize_plugin.core.models import (
     ResizeState,
     Task,
     TaskEvent,
+    TaskExited,
     TaskReady,
+    TasksDrained,
     TasksLaunched,
     TasksLost,
     TaskStarted,
@@ -89,6 +93,8 @@ class Settings:
     allow_grow: bool = True
     #: The longest a grow may wait for its tasks to be ready (``wait_ready``).
     max_ready_timeout: float = 600.0
+    #: The longest drain time a release (or a job's default) may ask for, in seconds.
+    max_stop_grace: float = 300.0
 
 
 class Policy(Protocol):
@@ -150,6 +156,15 @@ class Notify:
 
 
 @frozen
+class DrainUntil:
+    """A release drains until ``deadline``: the host runs a dispatch cycle then (a
+    controller that cycles on a clock tick anyway may ignore it)."""
+
+    job_id: str
+    deadline: float
+
+
+@frozen
 class CommitAllocation:
     job_id: str
     tasks: tuple[Task, ...]
@@ -157,7 +172,7 @@ class CommitAllocation:
     record: ResizeRecord | None
 
 
-Effect = Reserve | Free | Launch | Stop | Notify | CommitAllocation
+Effect = Reserve | Free | Launch | Stop | Notify | CommitAllocation | DrainUntil
 
 
 # --- requests ------------------------------------------------------------------------
@@ -253,6 +268,9 @@ def decide_request(
         raise errors.JobFinished(f"job {job.id}")
     if isinstance(request, AutoresizeRequest):
         return _decide_autoresize(state, job, principal_name, request, at, policy, settings)
+    if isinstance(request, DrainedRequest):
+        policy.validate(job, request)
+        return decide_drained(state, job.id, principal_name, request.task_ids, at)
     if isinstance(request, CancelRequest):
         if state is None or state.pending is None:
             raise errors.NoActiveRequest(f"job {job.id}")
@@ -278,7 +296,7 @@ def decide_request(
         raise errors.PendingRequest(f"job {job.id}; use -c to cancel {what} first")
     if isinstance(request, GrowRequest):
         return _decide_grow(state, job, principal_name, request, at, policy, settings)
-    return _decide_release(state, job, principal_name, request, at, policy)
+    return _decide_release(state, job, principal_name, request, at, policy, settings)
 
 
 def _decide_grow(
@@ -350,7 +368,11 @@ def _decide_release(
     request: ReleaseRequest,
     at: float,
     policy: Policy,
+    settings: Settings,
 ) -> list[Fact]:
+    grace = check_grace(
+        request.grace if request.grace is not None else job.grace, settings, "grace"
+    )
     tasks = state.tasks if state is not None else job.tasks
     ids = set(_release_ids(tasks, job, request, policy))
     remaining = len(tasks) - len(ids)
@@ -373,6 +395,7 @@ def _decide_release(
             notify_cmd=_notify_cmd(job, request.notify_cmd, request.no_notify),
             principal=principal_name,
             cancelled_pending=cancelled,
+            grace=grace,
         )
     )
     return facts
@@ -384,6 +407,7 @@ _ACTIONS: dict[type, str] = {
     CancelRequest: "cancel",
     AutoresizeRequest: "modify",
     ReadyRequest: "ready",
+    DrainedRequest: "drained",
 }
 
 
@@ -446,6 +470,73 @@ def decide_ready_deadline(state: ResizeState, at: float, settings: Settings) -> 
     assert change is not None
     facts.append(_completion(after, change, bool(change.started - change.failed), at, settings))
     return with_demand(state, facts, at, settings)
+
+
+# --- drain before stop -----------------------------------------------------------------
+# A release with a drain time (grace) enters SHRINK_DRAINING once its notification
+# succeeded (at once without one): the tasks run on, the job hears of the coming stop
+# (a release_coming event with the deadline), and the stop begins when the deadline
+# passes (the host's dispatch cycle feeds the clock in) or when the job acknowledged
+# every task drained. The slots stay charged until each task is stopped.
+
+
+def check_grace(grace: float, settings: Settings, what: str) -> float:
+    """A drain time: a finite number of seconds from 0 to ``max_stop_grace``."""
+    if isinstance(grace, bool) or not isinstance(grace, int | float) or not 0 <= grace < 1e300:
+        raise errors.InvalidRequest(f"{what} must be a number of seconds >= 0, got {grace!r}")
+    if grace > settings.max_stop_grace:
+        raise errors.GraceTooLong(
+            f"{what} {grace:g} s is above the site maximum max_stop_grace "
+            f"{settings.max_stop_grace:g} s"
+        )
+    return float(grace)
+
+
+def decide_drained(
+    state: ResizeState | None,
+    job_id: str,
+    principal_name: str,
+    task_ids: Sequence[int],
+    at: float,
+) -> list[Fact]:
+    """The job acknowledged ``task_ids`` drained: each must be a task of the release
+    being drained; once every task is acknowledged the drain ends (the stop begins).
+    Acknowledging a task again changes nothing."""
+    change = state.change if state is not None else None
+    if state is None or change is None or state.phase is not Phase.SHRINK_DRAINING:
+        raise errors.NotDraining(f"job {job_id} has no release draining")
+    ids = tuple(sorted(set(task_ids)))
+    draining = {t.id for t in change.tasks} - change.stopped
+    if not ids:
+        raise errors.InvalidRequest("drained: task_ids must name at least one task")
+    stray = [i for i in ids if i not in draining]
+    if stray:
+        raise errors.NotDraining(
+            f"tasks {stray} of job {job_id} are not being drained (draining: {sorted(draining)})"
+        )
+    new = tuple(i for i in ids if i not in change.drained)
+    if not new:
+        return []
+    facts: list[Fact] = [TasksDrained(state.job_id, at, new, principal_name)]
+    if draining <= change.drained | set(new):
+        facts.append(DrainEnded(state.job_id, at, "drained"))
+    return facts
+
+
+def _drain_due(state: ResizeState, at: float) -> list[Fact]:
+    """The drain's deadline passed: the stop begins, in the same decision (a host in
+    simulated time cycles again only when something of its own changed)."""
+    change = state.change
+    if change is not None and change.deadline is not None and at >= change.deadline:
+        return [DrainEnded(state.job_id, at, "deadline"), TasksLaunched(state.job_id, at)]
+    return []
+
+
+def _release_phase(change: Change, at: float) -> tuple[Phase, Change]:
+    """Where a release goes once its notification succeeded (or at once without one)."""
+    if change.grace > 0:
+        return Phase.SHRINK_DRAINING, _evolve(change, deadline=at + change.grace)
+    return Phase.SHRINK_STOPPING, change
 
 
 # --- autoresize ------------------------------------------------------------------------
@@ -613,6 +704,8 @@ def decide_dispatch(state: ResizeState, at: float) -> list[Fact]:
         return [NotifyStarted(job_id=state.job_id, at=at, attempt=state.notify_attempts + 1)]
     if state.phase in (Phase.GROW_STARTING, Phase.SHRINK_STOPPING) and not change.launched:
         return [TasksLaunched(job_id=state.job_id, at=at)]
+    if state.phase is Phase.SHRINK_DRAINING:
+        return _drain_due(state, at)
     return []
 
 
@@ -674,31 +767,35 @@ def decide_task_events(
     """Tasks of the change in flight started, failed to start or exited: the facts of
     a batch of the job's events, in order, exactly as if each had been decided alone
     on the state the previous ones led to. Events of other tasks (or other jobs) and
-    repeated reports are ignored."""
+    repeated reports are ignored. A committed task outside the change that exited on
+    its own is a :class:`TaskExited` fact (a job event; the task stays allocated)."""
     change = state.change
+    events = list(events)
     if change is None:
-        return []
+        return _exits(state, events, set(), at)
     ids = {t.id for t in change.tasks}
     started, failed, stopped = set(change.started), set(change.failed), set(change.stopped)
     starting = state.phase is Phase.GROW_STARTING
-    stopping = state.phase is Phase.SHRINK_STOPPING
+    # A task being drained that exits on its own is stopped: its slot is freed now.
+    stopping = state.phase in (Phase.SHRINK_STOPPING, Phase.SHRINK_DRAINING)
     job_id = state.job_id
     facts: list[Fact] = []
-    for event in events:
+    for i, event in enumerate(events):
         task_id, kind = event.task_id, event.kind
         if task_id not in ids or event.job_id != job_id:
+            facts.extend(_exits(state, (event,), ids, at))
             continue
         if starting:
             if task_id in failed:
                 continue
             if task_id in started:
-                if kind == "exited" and readiness.waits(change) and task_id not in state.ready:
-                    # Gone before it was ready: it will never be; its slot is freed now.
-                    failed.add(task_id)
-                    reason = f"exited before it was ready: {event.reason}"
-                    facts.append(TaskStartFailed(job_id, at, task_id, reason))
-                continue
-            if kind == "started":
+                if kind != "exited" or not readiness.waits(change) or task_id in state.ready:
+                    continue
+                # Gone before it was ready: it will never be; its slot is freed now.
+                failed.add(task_id)
+                reason = f"exited before it was ready: {event.reason}"
+                facts.append(TaskStartFailed(job_id, at, task_id, reason))
+            elif kind == "started":
                 started.add(task_id)
                 facts.append(TaskStarted(job_id=job_id, at=at, task_id=task_id))
             elif kind in ("start_failed", "exited"):
@@ -708,16 +805,34 @@ def decide_task_events(
                 )
         elif stopping and kind == "exited" and task_id not in stopped:
             stopped.add(task_id)
-            facts.append(TaskStopped(job_id=job_id, at=at, task_id=task_id))
-        waiting = readiness.awaiting(change, started - failed, state.ready)
-        if len(started | failed | stopped) == len(ids) and not waiting:
-            break  # the change is complete: later events find no change in flight
-    if facts and len(started | failed | stopped) == len(ids):
-        if readiness.awaiting(change, started - failed, state.ready):
-            return facts  # committed once its tasks are ready (decide_ready)
-        facts.append(_completion(state, change, bool(started - failed), at, settings))
-        return with_demand(state, facts, at, settings)
+            facts.append(TaskStopped(job_id=job_id, at=at, task_id=task_id, status=event.status))
+        if len(started | failed | stopped) == len(ids) and not readiness.awaiting(
+            change, started - failed, state.ready
+        ):
+            # The change is complete (a grow that waits for readiness only once its
+            # tasks are ready: decide_ready): later events find no change in flight.
+            facts.append(_completion(state, change, bool(started - failed), at, settings))
+            facts = with_demand(state, facts, at, settings)
+            after = state
+            for fact in facts:
+                after = evolve(after, fact)
+            return facts + _exits(after, events[i + 1 :], set(), at)
     return facts
+
+
+def _exits(
+    state: ResizeState, events: Iterable[TaskEvent], in_change: set[int], at: float
+) -> list[Fact]:
+    """Exits of committed tasks that no change is about (reported once per exit)."""
+    committed = {t.id for t in state.tasks}
+    return [
+        TaskExited(state.job_id, at, e.task_id, e.status, e.reason)
+        for e in events
+        if e.kind == "exited"
+        and e.job_id == state.job_id
+        and e.task_id in committed
+        and e.task_id not in in_change
+    ]
 
 
 def _completion(
@@ -761,7 +876,11 @@ def survives_loss(state: ResizeState | None, job: JobInfo, lost_ids: Iterable[in
     if not tasks or tasks[0].id in lost:
         return False
     kept = {t.id for t in tasks} - lost
-    if state is not None and state.phase is Phase.SHRINK_STOPPING and state.change is not None:
+    if (
+        state is not None
+        and state.phase in (Phase.SHRINK_STOPPING, Phase.SHRINK_DRAINING)
+        and state.change is not None
+    ):
         kept -= {t.id for t in state.change.tasks}
     return len(kept) >= job.min_tasks
 
@@ -900,7 +1019,8 @@ def _settle(state: ResizeState, lost: set[int]) -> tuple[Change | None, PendingG
     - GROW_NOTIFYING: the grow goes back to pending (no failure counted), its slots freed;
     - GROW_STARTING: its lost tasks count as failed to start, the others go on;
     - SHRINK_NOTIFYING: the release is abandoned (as if vetoed), the allocation stays;
-    - SHRINK_STOPPING: its lost tasks are gone with the host, the others go on stopping.
+    - SHRINK_DRAINING, SHRINK_STOPPING: its lost tasks are gone with the host, the
+      others go on draining (to the same deadline) or stopping.
     """
     change, phase = state.change, state.phase
     if change is None:
@@ -918,7 +1038,8 @@ def _settle(state: ResizeState, lost: set[int]) -> tuple[Change | None, PendingG
     if not rest:
         return None, None, Phase.IDLE
     stopped = change.stopped - lost
-    return _evolve(change, tasks=rest, stopped=stopped), state.pending, phase
+    drained = change.drained - lost
+    return _evolve(change, tasks=rest, stopped=stopped, drained=drained), state.pending, phase
 
 
 def _loss_effects(before: ResizeState | None, fact: TasksLost, after: ResizeState) -> list[Effect]:
@@ -1011,7 +1132,6 @@ def _apply(state: ResizeState, fact: Fact) -> ResizeState:
         return readiness.fold_ready(state, fact)
     if isinstance(fact, ReadyTimedOut):
         return readiness.fold_timed_out(state, fact)
-    change = state.change
     if isinstance(fact, GrowRequested):
         pending = PendingGrow(
             fact.min_add,
@@ -1036,10 +1156,18 @@ def _apply(state: ResizeState, fact: Fact) -> ResizeState:
         next_id = max(state.next_task_id, max(t.id for t in fact.tasks) + 1)
         return _evolve(state, change=new, pending=None, phase=phase, next_task_id=next_id)
     if isinstance(fact, ReleaseAccepted):
-        new = Change(ChangeKind.SHRINK, fact.tasks, fact.notify_cmd, fact.at)
-        phase = Phase.SHRINK_NOTIFYING if new.notify_cmd is not None else Phase.SHRINK_STOPPING
-        return _evolve(state, change=new, pending=None, phase=phase)
-    assert change is not None or isinstance(fact, JobEnded | Committed), fact
+        new = Change(ChangeKind.SHRINK, fact.tasks, fact.notify_cmd, fact.at, grace=fact.grace)
+        if new.notify_cmd is not None:
+            return _evolve(state, change=new, pending=None, phase=Phase.SHRINK_NOTIFYING)
+        release_phase, new = _release_phase(new, fact.at)
+        return _evolve(state, change=new, pending=None, phase=release_phase)
+    return _apply_to_change(state, fact)
+
+
+def _apply_to_change(state: ResizeState, fact: Fact) -> ResizeState:
+    """The facts about the change in flight (and the job's end)."""
+    change = state.change
+    assert change is not None or isinstance(fact, JobEnded | Committed | TaskExited), fact
     if isinstance(fact, NotifyStarted):
         assert change is not None
         return _evolve(
@@ -1048,9 +1176,10 @@ def _apply(state: ResizeState, fact: Fact) -> ResizeState:
     if isinstance(fact, NotifyDone):
         assert change is not None
         if fact.ok:
-            grow = change.kind is ChangeKind.GROW
-            phase = Phase.GROW_STARTING if grow else Phase.SHRINK_STOPPING
-            return _evolve(state, phase=phase)
+            if change.kind is ChangeKind.GROW:
+                return _evolve(state, phase=Phase.GROW_STARTING)
+            after_notify, change = _release_phase(change, fact.at)
+            return _evolve(state, phase=after_notify, change=change)
         return _abandon(state, change, fact.gave_up)
     if isinstance(fact, TasksLaunched):
         assert change is not None
@@ -1073,6 +1202,14 @@ def _apply(state: ResizeState, fact: Fact) -> ResizeState:
         return _commit(state, change, fact)
     if isinstance(fact, JobEnded):
         return _evolve(state, phase=Phase.ENDED, change=None, pending=None, ended_at=fact.at)
+    if isinstance(fact, TasksDrained):
+        assert change is not None
+        drained = change.drained | set(fact.task_ids)
+        return _evolve(state, change=_evolve(change, drained=drained))
+    if isinstance(fact, DrainEnded):
+        return _evolve(state, phase=Phase.SHRINK_STOPPING)
+    if isinstance(fact, TaskExited):
+        return state
     raise TypeError(f"unknown fact {fact!r}")
 
 
@@ -1125,6 +1262,13 @@ def effects(before: ResizeState | None, fact: Fact, after: ResizeState) -> list[
     job_id = after.job_id
     if isinstance(fact, GrowPlaced):
         return [Reserve(job_id, fact.tasks)]
+    if (
+        after.phase is Phase.SHRINK_DRAINING
+        and (before is None or before.phase is not Phase.SHRINK_DRAINING)
+        and after.change is not None
+        and after.change.deadline is not None
+    ):
+        return [DrainUntil(job_id, after.change.deadline)]
     if isinstance(fact, NotifyStarted):
         change = after.change
         assert change is not None and change.notify_cmd is not None
@@ -1248,6 +1392,8 @@ def resume_effects(state: ResizeState) -> list[Effect]:
     if gone:
         out.append(Free(job_id, gone))
     change = state.change
+    if change is not None and change.deadline is not None and state.phase is Phase.SHRINK_DRAINING:
+        out.append(DrainUntil(job_id, change.deadline))
     if change is not None and change.launched:
         if change.kind is ChangeKind.GROW:
             out.append(Launch(job_id, _unresolved(change)))

@@ -41,6 +41,9 @@ class Phase(enum.Enum):
     GROW_NOTIFYING = "GROW_NOTIFYING"
     GROW_STARTING = "GROW_STARTING"
     SHRINK_NOTIFYING = "SHRINK_NOTIFYING"
+    #: A release with a drain time: the tasks run on until its deadline or until the
+    #: job acknowledges them drained (docs/in-job-api.md, "Drain before stop").
+    SHRINK_DRAINING = "SHRINK_DRAINING"
     SHRINK_STOPPING = "SHRINK_STOPPING"
     ENDED = "ENDED"
 
@@ -148,6 +151,9 @@ class JobInfo:
     #: own while the job runs leaves the allocation (docs/in-job-api.md, "Readiness
     #: and exits").
     release_exited: bool = False
+    #: The job's default drain time (seconds) for its releases (``submit --grace``):
+    #: between the notification and the stop (docs/user-guide.md, "Drain before stop").
+    grace: float = 0.0
 
     @property
     def first_host(self) -> str | None:
@@ -185,6 +191,17 @@ class ReleaseRequest:
     cancel_pending: bool = False
     notify_cmd: str | None = None
     no_notify: bool = False
+    #: Drain time in seconds before the tasks are stopped (``--grace``); ``None``: the
+    #: job's default (:attr:`JobInfo.grace`).
+    grace: float | None = None
+
+
+@frozen
+class DrainedRequest:
+    """The job says these tasks of the release being drained may be stopped now
+    (``ResizeClient.drained``)."""
+
+    task_ids: tuple[int, ...]
 
 
 @frozen
@@ -207,7 +224,9 @@ class ReadyRequest:
     task_id: int
 
 
-ResizeRequest = GrowRequest | ReleaseRequest | CancelRequest | AutoresizeRequest | ReadyRequest
+ResizeRequest = (
+    GrowRequest | ReleaseRequest | CancelRequest | AutoresizeRequest | ReadyRequest | DrainedRequest
+)
 
 
 @frozen
@@ -250,6 +269,11 @@ class Change:
     #: A grow waiting for readiness: when its tasks that are not ready by then are
     #: failed (set at its launch; ``None``: the grow does not wait).
     ready_by: float | None = None
+    #: A release's drain time (seconds), its deadline once the drain began, and the
+    #: task ids the job acknowledged drained (docs/in-job-api.md, "Drain before stop").
+    grace: float = 0.0
+    deadline: float | None = None
+    drained: frozenset[int] = frozenset()
 
 
 @frozen
@@ -418,6 +442,8 @@ class ReleaseAccepted:
     notify_cmd: str | None
     principal: str
     cancelled_pending: bool = False
+    #: Seconds the tasks drain between the notification and the stop (0: no drain).
+    grace: float = 0.0
 
 
 @frozen
@@ -467,11 +493,13 @@ class TaskStartFailed:
 
 @frozen
 class TaskStopped:
-    """A shrink's task is gone: its slot is freed at this fact."""
+    """A shrink's task is gone: its slot is freed at this fact. ``status``: its exit
+    status where the host reported one."""
 
     job_id: str
     at: float
     task_id: int
+    status: int | None = None
 
 
 @frozen
@@ -549,6 +577,41 @@ class ReadyTimedOut:
     task_ids: tuple[int, ...]
 
 
+# --- drain before stop, exits outside a change -----------------------------------------
+
+
+@frozen
+class TasksDrained:
+    """The job acknowledged these tasks of the release being drained: they may stop."""
+
+    job_id: str
+    at: float
+    task_ids: tuple[int, ...]
+    principal: str
+
+
+@frozen
+class DrainEnded:
+    """The drain is over and the release's tasks are stopped now. ``reason``:
+    ``deadline`` (the drain time passed) or ``drained`` (every task acknowledged)."""
+
+    job_id: str
+    at: float
+    reason: str
+
+
+@frozen
+class TaskExited:
+    """A task of the committed allocation, outside any change, exited on its own (it
+    stays in the allocation until a release takes it): a job event, no state change."""
+
+    job_id: str
+    at: float
+    task_id: int
+    status: int | None = None
+    reason: str = ""
+
+
 Fact = (
     JobTracked
     | GrowRequested
@@ -568,6 +631,9 @@ Fact = (
     | TasksLost
     | TaskReady
     | ReadyTimedOut
+    | TasksDrained
+    | DrainEnded
+    | TaskExited
 )
 
 FACT_TYPES: tuple[type, ...] = (
@@ -589,6 +655,9 @@ FACT_TYPES: tuple[type, ...] = (
     TasksLost,
     TaskReady,
     ReadyTimedOut,
+    TasksDrained,
+    DrainEnded,
+    TaskExited,
 )
 
 

@@ -12,7 +12,7 @@ Ray): the same calls as :class:`~.client.ResizeClient`, awaitable, on httpx (the
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Self, TypeVar, Unpack
 
@@ -89,10 +89,24 @@ class AsyncResizeClient:
         task_ids: Sequence[int] | None = None,
         count: int | None = None,
         spec: str | None = None,
+        grace: float | None = None,
         **options: Unpack[ChangeOptions],
     ) -> Allocation:
         forms = release_forms(hosts, host_counts, task_ids, count, spec)
-        return await self._run(self._requests.release(forms, options))
+        return await self._run(self._requests.release(forms, options, grace))
+
+    async def drained(self, task_ids: Sequence[int]) -> Allocation:
+        return await self._run(self._requests.drained(task_ids))
+
+    async def events(
+        self, after: int | None = None, timeout: float | None = None
+    ) -> AsyncIterator[dict[str, Any]]:
+        """As :meth:`ResizeClient.events <xce_resize_plugin.injob.client.ResizeClient.events>`,
+        an async iterator."""
+        cursor = self._requests.events(after, timeout)
+        while not cursor.done:
+            for event in await self._run(cursor.poll()):
+                yield event
 
     async def cancel(self) -> Allocation:
         return await self._run(self._requests.cancel())

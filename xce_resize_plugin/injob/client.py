@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Protocol, TypeVar, Unpack
 
 from xce_resize_plugin.injob.protocol import (
@@ -95,17 +95,37 @@ class ResizeClient:
         task_ids: Sequence[int] | None = None,
         count: int | None = None,
         spec: str | None = None,
+        grace: float | None = None,
         **options: Unpack[ChangeOptions],
     ) -> Allocation:
         """Give tasks back: all of the job's tasks on ``hosts``, ``host_counts`` tasks on
         hosts, these ``task_ids``, a ``count`` chosen by the site policy, or an LSF
-        ``spec``. Exactly one form. Task 0 always stays."""
+        ``spec``. Exactly one form. Task 0 always stays. ``grace``: seconds the tasks
+        may drain before they are stopped (default: the job's, given at submission)."""
         forms = release_forms(hosts, host_counts, task_ids, count, spec)
-        return self._run(self._requests.release(forms, options))
+        return self._run(self._requests.release(forms, options, grace))
 
     def cancel(self) -> Allocation:
         """Cancel the pending grow (PMIx REQ_CANCEL)."""
         return self._run(self._requests.cancel())
+
+    # --- drain before stop and job events ------------------------------------------------
+
+    def drained(self, task_ids: Sequence[int]) -> Allocation:
+        """Say these tasks of the release being drained may be stopped now (they get
+        SIGTERM once every task of the release is acknowledged, or at the deadline)."""
+        return self._run(self._requests.drained(task_ids))
+
+    def events(
+        self, after: int | None = None, timeout: float | None = None
+    ) -> Iterator[dict[str, Any]]:
+        """The job's events, oldest first, as they happen (long polls): each a dict with
+        ``seq``, ``type`` and its fields (docs/in-job-api.md). From the event after
+        ``after`` (``None``: the first); ends after ``job_ended`` or ``timeout`` seconds
+        (``None``: no limit)."""
+        cursor = self._requests.events(after, timeout)
+        while not cursor.done:
+            yield from self._run(cursor.poll())
 
     # --- the job's key-value store (rendezvous) -------------------------------------------
 

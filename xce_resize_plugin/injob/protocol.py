@@ -182,13 +182,25 @@ class JobRequests:
         self,
         forms: Mapping[str, Any],
         options: ChangeOptions,
+        grace: float | None = None,
     ) -> Steps[Allocation]:
         body = _change_fields(options)
         given = {k: v for k, v in forms.items() if v is not None}
         if len(given) != 1:
             raise ValueError("give exactly one of hosts/host_counts, task_ids, count, spec")
         body.update(given)
+        if grace is not None:
+            body["grace"] = grace
         return (yield from self._change("release", body, options))
+
+    # --- drain before stop and job events (docs/in-job-api.md) ------------------------
+
+    def drained(self, task_ids: Sequence[int]) -> Steps[Allocation]:
+        doc = yield Request("POST", f"{self.base}/drained", {"task_ids": list(task_ids)})
+        return Allocation.from_json(doc)
+
+    def events(self, after: int | None, timeout: float | None) -> EventCursor:
+        return EventCursor(self.job_path, after, timeout)
 
     def cancel(self) -> Steps[Allocation]:
         yield Request("DELETE", f"{self.base}/pending")
@@ -223,6 +235,32 @@ class JobRequests:
         if not options.get("wait", False):
             return Allocation.from_json(doc)
         return (yield from self.wait(before, options.get("timeout", 60.0)))
+
+
+class EventCursor:
+    """Where a reader of the job's events is: the last ``seq`` it has, and when it
+    stops (``timeout`` seconds from now, ``None``: never before the job ends). Each
+    :meth:`poll` is one long poll; :attr:`done` says whether another is due."""
+
+    def __init__(self, job_path: str, after: int | None, timeout: float | None) -> None:
+        self.path = f"{job_path}/events"
+        self.after = 0 if after is None else after
+        self.deadline = None if timeout is None else time.monotonic() + timeout
+        self.done = False
+
+    def poll(self) -> Steps[list[dict[str, Any]]]:
+        """One long poll: the events after the cursor (possibly none), the cursor moved
+        past them; done after the job's ``job_ended`` event or once out of time."""
+        left = MAX_POLL if self.deadline is None else self.deadline - time.monotonic()
+        poll = max(0.0, min(MAX_POLL, left))
+        path = f"{self.path}?after={self.after}&timeout={poll:.3f}"
+        found: list[dict[str, Any]] = yield Request("GET", path, timeout=poll + 10.0)
+        if found:
+            self.after = int(found[-1]["seq"])
+        ended = any(event.get("type") == "job_ended" for event in found)
+        out_of_time = self.deadline is not None and time.monotonic() >= self.deadline
+        self.done = ended or out_of_time
+        return found
 
 
 def release_forms(

@@ -116,6 +116,7 @@ from xce_resize_plugin.controllers.jobs import JobRecord
 from xce_resize_plugin.core.models import (
     AutoresizeRequest,
     CancelRequest,
+    DrainedRequest,
     GrowRequest,
     ReadyRequest,
     ReleaseRequest,
@@ -174,9 +175,13 @@ def request_json(request: ResizeRequest) -> dict[str, Any]:
             data["hosts"] = dict(data["hosts"])
         if data["task_ids"] is not None:
             data["task_ids"] = list(data["task_ids"])
+        if data["grace"] is None:
+            del data["grace"]  # recordings of releases without one read as before
         return {"type": "release", **data}
     if isinstance(request, AutoresizeRequest):
         return {"type": "modify", "autoresize": request.enabled}
+    if isinstance(request, DrainedRequest):
+        return {"type": "drained", "task_ids": list(request.task_ids)}
     return {"type": "cancel"}
 
 
@@ -191,6 +196,8 @@ def request_from_json(data: Mapping[str, Any]) -> ResizeRequest:
         return ReleaseRequest(**body)
     if kind == "cancel" and not body:
         return CancelRequest()
+    if kind == "drained" and set(body) == {"task_ids"} and isinstance(body["task_ids"], list):
+        return DrainedRequest(tuple(int(i) for i in body["task_ids"]))
     if kind == "modify" and set(body) == {"autoresize"} and isinstance(body["autoresize"], bool):
         return AutoresizeRequest(body["autoresize"])
     if kind == "ready" and set(body) == {"task_id"} and type(body["task_id"]) is int:
@@ -222,6 +229,8 @@ def submit_fields(job: JobRecord) -> dict[str, Any]:
         fields["autoresize"] = True
     if job.release_exited:
         fields["release_exited"] = True  # likewise
+    if job.grace:
+        fields["grace"] = job.grace  # likewise: only a job with a drain time
     return fields
 
 

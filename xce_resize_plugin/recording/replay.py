@@ -211,6 +211,7 @@ class _Inputs(Observer):
             initial_tasks=rec.get("initial_tasks"),
             work=work,
             release_exited=bool(rec.get("release_exited", False)),
+            grace=float(rec.get("grace", 0.0)),
         )
 
     def _host(self, ctl: EmbeddedController, rec: Mapping[str, Any]) -> None:

@@ -30,8 +30,10 @@ from starlette.responses import Response
 
 from xce_resize_plugin.core import converters
 from xce_resize_plugin.core.accounting import Usage
+from xce_resize_plugin.core.events import JobEvent
 from xce_resize_plugin.core.models import (
     CancelRequest,
+    DrainedRequest,
     JobInfo,
     JobState,
     ReadyRequest,
@@ -49,6 +51,7 @@ from xce_resize_plugin.rest.resize_operations import (
     OPERATIONS,
     body_too_large,
     check_job_id,
+    parse_cursor,
     parse_task_id,
     parse_timeout,
     parse_version,
@@ -108,6 +111,17 @@ class Hooks:
             raise NoResizeHook("no plugin answered xce_resize_request")
         return status
 
+    def events(self, job_id: str, after: int) -> tuple[list[JobEvent], JobState]:
+        """The job's events after ``after``, and its state."""
+        ctl = self.controller
+        job = ctl.get_job(job_id)
+        if job is None:
+            raise NoJob(f"job {job_id}")
+        found = HostHooks(ctl.plugin_manager).resize_events(ctl, job_id, after)
+        if found is None:
+            raise NoResizeHook("no plugin answered xce_resize_events")
+        return list(found), job.state
+
     def poll(self, job_id: str) -> tuple[ResizeStatus, JobState]:
         job = self.controller.get_job(job_id)
         if job is None:
@@ -127,6 +141,16 @@ async def _json_body(request: Request, what: str) -> Any:
     if not raw:
         raise InvalidRequest(f"{what}: a JSON object body is required")
     return parse_json(raw)
+
+
+def _drained_from_json(data: Any) -> DrainedRequest:
+    """The drained body: ``{"task_ids": [ints]}`` (fields checked against its schema)."""
+    ids = data.get("task_ids") if isinstance(data, dict) else None
+    if not isinstance(ids, list) or not ids or any(type(i) is not int or i < 0 for i in ids):
+        raise InvalidRequest(
+            f"drained: task_ids must be a non-empty list of task ids, got {ids!r} @ $.task_ids"
+        )
+    return DrainedRequest(tuple(ids))
 
 
 def _job_id(request: Request, name: str) -> str:
@@ -179,6 +203,29 @@ class Handlers:
         change = decode(data)
         status = await run_in_threadpool(self.hooks.change, principal, job_id, change)
         return reply(converters.status_json(status), op.status)
+
+    async def drained(self, request: Request, principal: Principal) -> Response:
+        return await self._change(request, principal, "resize_drained", _drained_from_json)
+
+    async def events(self, request: Request, principal: Principal) -> Response:
+        """The job's events after the cursor, long-polled like ``wait``."""
+        job_id = _job_id(request, "job_events")
+        query = request.query_params
+        after = parse_cursor(query.get("after"))
+        timeout = parse_timeout(query.get("timeout"))
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        await run_in_threadpool(self.hooks.view, principal, job_id)
+        delay = _POLL_FIRST
+        while True:
+            found, job_state = await run_in_threadpool(self.hooks.events, job_id, after)
+            left = deadline - loop.time()
+            ended = job_state in (JobState.DONE, JobState.EXIT)
+            if found or ended or left <= 0 or await request.is_disconnected():
+                break
+            await asyncio.sleep(min(delay, left))
+            delay = min(delay * 2, _POLL_MAX)
+        return reply([event.to_json() for event in found], 200)
 
     async def cancel(self, request: Request, principal: Principal) -> Response:
         job_id = _job_id(request, "resize_cancel")
@@ -244,6 +291,8 @@ def resize_routes(controller: Controller) -> list[ApiRoute]:
         "resize_wait": handlers.wait,
         "job_modify": handlers.modify,
         "task_ready": handlers.ready,
+        "resize_drained": handlers.drained,
+        "job_events": handlers.events,
     }
     return [
         ApiRoute(op, endpoint(op, by_operation[op.name], controller.authenticate), SCHEMAS)

@@ -6,7 +6,13 @@ from __future__ import annotations
 import math
 import re
 
-from xce_resize_plugin.errors import BadJobId, BodyTooLarge, InvalidRequest, ResizeError
+from xce_resize_plugin.errors import (
+    BadJobId,
+    BodyTooLarge,
+    InvalidRequest,
+    ResizeError,
+    UnknownEventCursor,
+)
 from xce_resize_plugin.rest.operation import Operation, Param
 from xce_resize_plugin.rest.parsing import INT_RE
 
@@ -21,6 +27,7 @@ MAX_JOB_ID = 64
 #: Largest ``version`` a ``wait`` accepts (a signed 64-bit integer, as hosts store it).
 MAX_VERSION = 2**63 - 1
 
+_CURSOR_RE = re.compile(r"\A-?[0-9]{1,19}\Z")
 _NUMBER_RE = re.compile(r"\A-?[0-9]{1,40}(\.[0-9]{1,40})?([eE][+-]?[0-9]{1,4})?\Z")
 
 
@@ -43,6 +50,19 @@ def parse_version(text: str) -> int:
     if not INT_RE.match(text) or int(text) > MAX_VERSION:
         raise InvalidRequest(f"version must be an integer from 0 to {MAX_VERSION}, got {text!r}")
     return int(text)
+
+
+def parse_cursor(text: str | None) -> int:
+    """``after``: an event cursor, an integer (default 0: every event). A negative one
+    is answered as a cursor the job's events do not reach."""
+    if text is None:
+        return 0
+    if not _CURSOR_RE.match(text):
+        raise InvalidRequest(f"after must be an integer event cursor, got {text!r}")
+    value = int(text)
+    if value < 0:
+        raise UnknownEventCursor(f"after={value}; cursors start at 0")
+    return value
 
 
 def parse_timeout(text: str | None) -> float:
@@ -173,6 +193,44 @@ def parse_task_id(text: str) -> int:
     return int(text)
 
 
+# Drain before stop and job events (docs/in-job-api.md): the job's token reaches them
+# for its own job only, as every resize route.
+_DRAINED = _job_operation(
+    "resize_drained",
+    "POST",
+    "/drained",
+    "Say tasks of the release being drained may stop now (ResizeClient.drained)",
+    'Body `{"task_ids": [...]}`: tasks of the release in its drain time (phase '
+    "SHRINK_DRAINING). Once every task of the release is acknowledged the stop begins "
+    "at once, without waiting for the deadline. A task id no release is draining is "
+    "refused (409 XCE_RESIZE_NOT_DRAINING) and nothing changes. Answered once durable.",
+    body="ResizeDrained",
+    errors=_CHANGE_ERRORS,
+)
+_EVENTS = Operation(
+    "job_events",
+    "GET",
+    "/v1/jobs/{id}/events",
+    "The job's events (long poll, for the in-job API)",
+    "Answers the job's events with `seq` greater than `after` (oldest first) as soon as "
+    "there is one, or an empty list after `timeout` seconds (capped at 60) or once the "
+    "job ended. The sequence numbers are the same after a controller restart. An "
+    "`after` below 0 or beyond the last event is refused (400 XCE_RESIZE_EVENT_CURSOR).",
+    response="JobEvents",
+    params=(
+        _JOB_ID,
+        Param(
+            "after",
+            {"type": "integer", "minimum": 0, "default": 0},
+            False,
+            "The `seq` of the last event the caller has (0: from the first).",
+        ),
+        _WAIT_QUERY[1],
+    ),
+    errors=_QUERY_ERRORS,
+    tags=("resize",),
+)
+
 OPERATIONS: tuple[Operation, ...] = (
     _job_operation(
         "resize_status",
@@ -238,6 +296,8 @@ OPERATIONS: tuple[Operation, ...] = (
     ),
     _MODIFY,
     _READY,
+    _DRAINED,
+    _EVENTS,
 )
 #: The operations by name.
 BY_NAME = {op.name: op for op in OPERATIONS}
@@ -254,6 +314,7 @@ __all__ = [
     "OPERATIONS",
     "body_too_large",
     "check_job_id",
+    "parse_cursor",
     "parse_task_id",
     "parse_timeout",
     "parse_version",

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from xce_resize_plugin.core.events import EVENT_TYPES
 from xce_resize_plugin.core.models import JobState
 
 _TASK = {
@@ -56,6 +57,7 @@ _STATUS_PROPERTIES: dict[str, Any] = {
             "GROW_NOTIFYING",
             "GROW_STARTING",
             "SHRINK_NOTIFYING",
+            "SHRINK_DRAINING",
             "SHRINK_STOPPING",
             "ENDED",
         ],
@@ -102,6 +104,17 @@ _OPTIONS = {
         "type": "boolean",
         "default": False,
         "description": "Run no notification command (bresize -rncn).",
+    },
+}
+
+
+_GRACE = {
+    "grace": {
+        "type": ["number", "null"],
+        "minimum": 0,
+        "description": "Drain time in seconds before the released tasks are stopped "
+        "(`--grace`), at most the site's `max_stop_grace`; null: the job's default "
+        "(given at submission, else 0).",
     },
 }
 
@@ -274,8 +287,53 @@ SCHEMAS: dict[str, Any] = {
     "ResizeReleaseRequest": {
         "type": "object",
         "description": "`bresize release`: exactly one of spec, hosts, task_ids, count.",
-        "properties": {**_RELEASE_FORMS, **_OPTIONS},
+        "properties": {**_RELEASE_FORMS, **_OPTIONS, **_GRACE},
         "oneOf": [_release_form(name) for name in _RELEASE_FORMS],
+        "additionalProperties": False,
+    },
+    # -- drain before stop and job events (docs/in-job-api.md) --------------------------
+    "ResizeDrained": {
+        "type": "object",
+        "description": "The job's tasks of the release being drained that may stop now.",
+        "properties": {
+            "task_ids": {
+                "type": "array",
+                "items": {"type": "integer", "minimum": 0},
+                "minItems": 1,
+                "description": "Task ids of the release being drained.",
+            },
+        },
+        "required": ["task_ids"],
+        "additionalProperties": False,
+    },
+    "JobEvents": {
+        "type": "array",
+        "description": "The job's events after the cursor, oldest first.",
+        "items": {"$ref": "#/components/schemas/JobEvent"},
+    },
+    "JobEvent": {
+        "type": "object",
+        "description": "One event of the job: `seq` (from 1, increasing, the same after "
+        "a controller restart), `type`, `time`, and the fields of its type: "
+        "`task_ids` (every type but job_ended), `tasks` (grow_placed), `version` "
+        "(grow_committed, size_changed), `deadline` (release_coming), `status` and "
+        "`reason` (tasks_exited), `host` and `status` (tasks_lost), `tasks_before` and "
+        "`tasks_after` (size_changed).",
+        "properties": {
+            "seq": {"type": "integer", "minimum": 1},
+            "type": {"type": "string", "enum": list(EVENT_TYPES)},
+            "time": {"type": "number"},
+            "task_ids": {"type": "array", "items": {"type": "integer", "minimum": 0}},
+            "tasks": _TASKS,
+            "version": {"type": "integer", "minimum": 0},
+            "deadline": {"type": "number"},
+            "status": {"type": ["integer", "null"]},
+            "reason": {"type": "string"},
+            "host": {"type": "string"},
+            "tasks_before": {"type": "integer", "minimum": 0},
+            "tasks_after": {"type": "integer", "minimum": 0},
+        },
+        "required": ["seq", "type", "time"],
         "additionalProperties": False,
     },
 }

@@ -51,6 +51,7 @@ class JobSpec:
     autoresize: bool = False
     #: Tasks that exit on their own leave the allocation (docs/in-job-api.md).
     release_exited: bool = False
+    grace: float = 0.0
 
 
 @frozen
@@ -276,6 +277,7 @@ def _jobs(where: Where, value: Any, host_names: set[str]) -> tuple[JobSpec, ...]
                 ),
                 initial=_initial(where, key, raw, lo, hi),
                 release_exited=_release_exited(where, key, raw, resizable),
+                grace=_number(where, f"{key}.grace", raw.get("grace", 0)),
             )
         )
     return tuple(out)

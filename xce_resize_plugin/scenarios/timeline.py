@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from xce_resize_plugin.core.models import (
     AutoresizeSet,
     Committed,
+    DrainEnded,
     Fact,
     GrowCancelled,
     GrowPlaced,
@@ -21,6 +22,7 @@ from xce_resize_plugin.core.models import (
     NotifyDone,
     ReleaseAccepted,
     Task,
+    TasksDrained,
     TasksLost,
     TaskStartFailed,
     format_hosts,
@@ -69,6 +71,8 @@ _ONE_LINE: dict[type[Any], Callable[[Any], str]] = {
     TasksLost: lambda f: (
         f"host {f.host} failed: lost {format_hosts(f.tasks)} ({_ids(f.tasks)}); slots freed"
     ),
+    TasksDrained: lambda f: f"{_ids(Task(i, '') for i in f.task_ids)} drained (acknowledged)",
+    DrainEnded: lambda f: f"drain over ({f.reason}): stopping the released tasks",
 }
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -219,9 +220,11 @@ def test_replay_reports_a_removed_request(recorded: dict[str, Any], tmp_path: Pa
     del lines[_first(lines, kind="request", job=a, request__type="grow", result="ok")]
     result = replay(_write(tmp_path / "no-grow.jsonl", lines))
     assert not result.ok
-    assert any(p.startswith(f"job {a}: 12 facts live, 0 in the replay") for p in result.problems), (
-        result.problems
-    )
+    # (How many facts live: the grow's, the release's, and the exits of A's tasks when
+    # it was killed, which the host may report in one batch or apart.)
+    assert any(
+        re.match(rf"job {a}: 1[2-4] facts live, 0 in the replay", p) for p in result.problems
+    ), result.problems
     # A's release of task 2 now names a task A does not have: answered differently.
     assert any("answered" in p and "recorded ok" in p for p in result.problems), result.problems
 

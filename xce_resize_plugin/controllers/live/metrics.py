@@ -72,6 +72,7 @@ IN_FLIGHT = (
     Phase.GROW_NOTIFYING,
     Phase.GROW_STARTING,
     Phase.SHRINK_NOTIFYING,
+    Phase.SHRINK_DRAINING,
     Phase.SHRINK_STOPPING,
 )
 _BUSY = frozenset((Phase.GROW_PENDING, *IN_FLIGHT))

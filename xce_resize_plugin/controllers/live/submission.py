@@ -84,6 +84,7 @@ class Submission:
     alloc: tuple[tuple[str, int], ...] | None = None
     initial: int | None = None
     release_exited: bool = False
+    grace: float = 0.0
 
 
 def parse_submission(body: Any) -> Submission:
@@ -108,6 +109,7 @@ def parse_submission(body: Any) -> Submission:
         initial=_initial(body.get("initial")),
         autoresize=_autoresize(body),
         release_exited=_release_exited(body.get("release_exited", False)),
+        grace=_grace(body.get("grace", 0)),
     )
 
 
@@ -230,6 +232,13 @@ def _estimate(value: Any) -> float | None:
         return None
     if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
         raise InvalidRequest("submit: estimate must be a number of seconds @ $.estimate")
+    return float(value)
+
+
+def _grace(value: Any) -> float:
+    # Against the site's maximum: the plugin's xce_job_validate (docs/admin-guide.md).
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < 1e300:
+        raise InvalidRequest("submit: grace must be a number of seconds >= 0 @ $.grace")
     return float(value)
 
 

@@ -206,6 +206,10 @@ def _alloc_pairs(
     )
 
 
+def _nothing() -> None:
+    """A timeline entry that only makes the controller cycle at its instant."""
+
+
 class SimClusterView:
     """The ``cluster`` handed to ``xce_sched_cycle``: free slots per host, in host
     order, read live (slots the plugin reserves during the cycle disappear from it).
@@ -666,6 +670,14 @@ class EmbeddedController:
                 raise ValueError(f"at({time}): the clock is already at {self.now()}")
             self._timeline.at(time, fn)
 
+    def wake_at(self, time: float) -> None:
+        """A cycle at simulated ``time`` (a drain's deadline; ``host.wake_at``): the
+        clock jumps from event to event, so the plugin asks for the instant its
+        dispatch must see. Re-asked by the plugin after a restart (its resume)."""
+        with self._lock:
+            if time > self.now():
+                self._timeline.at(time, _nothing)
+
     def task_started(self, job_id: str, task_id: int) -> None:
         with self._lock:
             rec = self._live_task(job_id, task_id)
@@ -819,6 +831,7 @@ class EmbeddedController:
             alloc=options.alloc,
             initial_tasks=options.initial,
             release_exited=options.release_exited,
+            grace=options.grace,
             **extra,
         )
 
@@ -842,14 +855,13 @@ class EmbeddedController:
         initial_tasks: int | None = None,
         work: JobWork | None = None,
         release_exited: bool = False,
+        grace: float = 0.0,
     ) -> str:
         """Submit a job; return its id.
 
-        :param n: ``-n``: ``4``, ``"2,8"`` or ``(2, 8)``; default 1 (or the size of
-            ``alloc``).
+        :param n: ``-n``: ``4``, ``"2,8"`` or ``(2, 8)``; default 1 (or ``alloc``'s size).
         :param runtime: simulated seconds from start to DONE (``None``: until killed).
-        :param estimate: the user's runtime estimate, used by backfilling instead of
-            ``runtime`` when given.
+        :param estimate: the user's runtime estimate, used by backfilling if given.
         :param autoresize: LSF's ``bsub -ar``: the plugin grows the job toward
             ``max_tasks`` whenever slots free up; implies ``resizable``.
         :param alloc: start at arrival on exactly these hosts (``{host: tasks}`` in
@@ -866,8 +878,8 @@ class EmbeddedController:
         :param initial_tasks: the most tasks the job starts with, even when more are
             free (``xce-resize submit --initial``); between ``min`` and ``max``.
         :param work: a :class:`~.work.JobWork` deciding the job's end from the sizes it
-            runs at (work-based run time, see :mod:`.work`); without it the job ends
-            ``runtime`` seconds after its start. A driver input: not saved in the store.
+            runs at (:mod:`.work`; without it: ``runtime``). Not saved in the store.
+        :param grace: the job's default drain time for its releases (``--grace``).
 
         Raises :class:`SubmissionRejected` (the host's checks) or whatever
         ``xce_job_validate`` raised; nothing changes then.
@@ -899,6 +911,7 @@ class EmbeddedController:
                 start_tasks=start_tasks,
                 initial_tasks=initial_tasks,
                 release_exited=release_exited,
+                grace=float(grace),
             )
             self._admit(record, work, now)
             return record.id

@@ -1,0 +1,157 @@
+"""A job's events, projected from its journal facts (docs/in-job-api.md, "Job events").
+
+The plugin is the source: the events of a job are a pure function of its facts, in
+journal order, so they survive a controller restart with the same sequence numbers
+(the ``seq`` of an event is its position in the job's list, from 1) and a host gets
+them from the plugin alone. Each event names what happened in words a framework reads
+(``grow_placed``, ``grow_committed``, ``release_coming``, ``tasks_exited``,
+``tasks_lost``, ``size_changed``, ``job_ended``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from attrs import frozen
+
+from xce_resize_plugin.core import engine
+from xce_resize_plugin.core.models import (
+    ChangeKind,
+    Committed,
+    Fact,
+    GrowPlaced,
+    JobEnded,
+    Phase,
+    ResizeState,
+    Task,
+    TaskExited,
+    TasksLost,
+    TaskStopped,
+)
+from xce_resize_plugin.errors import UnknownEventCursor
+
+#: The event types, in the order docs/in-job-api.md describes them.
+EVENT_TYPES = (
+    "grow_placed",
+    "grow_committed",
+    "release_coming",
+    "tasks_exited",
+    "tasks_lost",
+    "size_changed",
+    "job_ended",
+)
+
+_STOPPING = (Phase.SHRINK_DRAINING, Phase.SHRINK_STOPPING)
+
+
+@frozen
+class JobEvent:
+    """One event of a job: its ``seq`` (from 1, increasing), ``type``, ``time`` (the
+    fact's time) and the fields of its type (``data``)."""
+
+    seq: int
+    type: str
+    time: float
+    data: Mapping[str, Any]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"seq": self.seq, "type": self.type, "time": self.time, **self.data}
+
+
+def _ids(tasks: Iterable[Task]) -> list[int]:
+    return [t.id for t in tasks]
+
+
+def _placed(fact: GrowPlaced) -> list[tuple[str, dict[str, Any]]]:
+    tasks = [{"id": t.id, "host": t.host} for t in fact.tasks]
+    return [("grow_placed", {"task_ids": _ids(fact.tasks), "tasks": tasks})]
+
+
+def _committed(after: ResizeState) -> list[tuple[str, dict[str, Any]]]:
+    record = after.records[-1]
+    out: list[tuple[str, dict[str, Any]]] = []
+    if record.kind is ChangeKind.GROW:
+        out.append(("grow_committed", {"task_ids": _ids(record.delta), "version": record.version}))
+    out.append(_size(record.before, record.after, record.version))
+    return out
+
+
+def _size(
+    before: tuple[Task, ...], after: tuple[Task, ...], version: int
+) -> tuple[str, dict[str, Any]]:
+    return (
+        "size_changed",
+        {
+            "tasks_before": len(before),
+            "tasks_after": len(after),
+            "task_ids": _ids(after),
+            "version": version,
+        },
+    )
+
+
+def _lost(
+    before: ResizeState | None, fact: TasksLost, after: ResizeState
+) -> list[tuple[str, dict[str, Any]]]:
+    out: list[tuple[str, dict[str, Any]]] = [
+        ("tasks_lost", {"task_ids": _ids(fact.tasks), "host": fact.host, "status": None})
+    ]
+    old = before.tasks if before is not None else ()
+    if after.tasks != old:
+        out.append(_size(old, after.tasks, after.version))
+    return out
+
+
+def _of_fact(
+    before: ResizeState | None, fact: Fact, after: ResizeState
+) -> list[tuple[str, dict[str, Any]]]:
+    """The events one fact makes, as (type, fields)."""
+    change = after.change
+    if (
+        change is not None
+        and change.kind is ChangeKind.SHRINK
+        and after.phase in _STOPPING
+        and (before is None or before.phase not in _STOPPING)
+    ):
+        # The release passed its notification: the stop comes at the deadline (now,
+        # without a drain time).
+        deadline = change.deadline if change.deadline is not None else fact.at
+        return [("release_coming", {"task_ids": _ids(change.tasks), "deadline": deadline})]
+    if isinstance(fact, GrowPlaced):
+        return _placed(fact)
+    if isinstance(fact, Committed):
+        return _committed(after)
+    if isinstance(fact, TaskStopped | TaskExited):
+        reason = fact.reason if isinstance(fact, TaskExited) else "stopped"
+        data = {"task_ids": [fact.task_id], "status": fact.status, "reason": reason}
+        return [("tasks_exited", data)]
+    if isinstance(fact, TasksLost):
+        return _lost(before, fact, after)
+    if isinstance(fact, JobEnded):
+        return [("job_ended", {})]
+    return []
+
+
+def project(facts: Iterable[Fact], prior: ResizeState | None = None) -> list[JobEvent]:
+    """The events of one job's facts, in order, numbered from 1. ``prior``: the state
+    the facts start from (``None``: the job's first fact)."""
+    out: list[JobEvent] = []
+    state = prior
+    for fact in facts:
+        after = engine.evolve(state, fact)
+        for kind, data in _of_fact(state, fact, after):
+            out.append(JobEvent(len(out) + 1, kind, fact.at, data))
+        state = after
+    return out
+
+
+def after_cursor(events: list[JobEvent], after: int | None) -> list[JobEvent]:
+    """The events after the cursor ``after`` (``None``: all of them); a cursor below 0 or
+    beyond the last event raises :class:`~xce_resize_plugin.errors.UnknownEventCursor`."""
+    if after is None:
+        return events
+    last = events[-1].seq if events else 0
+    if after < 0 or after > last:
+        raise UnknownEventCursor(f"after={after}; this job's events run from 1 to {last}")
+    return events[after:]
