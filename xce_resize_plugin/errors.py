@@ -269,6 +269,14 @@ class FencedError(JournalError):
     message = "Controller fenced by a newer epoch"
 
 
+class VersionChanged(ResizeError):
+    """A grow or release with ``if_version`` found the allocation at another version."""
+
+    code = "XCE_RESIZE_VERSION_CHANGED"
+    message = "The job's allocation changed"
+    http_status = 409
+
+
 ERRORS: tuple[type[ResizeError], ...] = (
     NotifyCmdTooLong,
     JobNotResizable,
@@ -299,6 +307,7 @@ ERRORS: tuple[type[ResizeError], ...] = (
     ConfigError,
     JournalError,
     FencedError,
+    VersionChanged,
 )
 
 BY_CODE: dict[str, type[ResizeError]] = {e.code: e for e in ERRORS}

@@ -29,6 +29,8 @@ from xce_resize_plugin.core.models import (
     ReleaseRequest,
     ResizeRecord,
     ResizeState,
+    Target,
+    TargetRequest,
     Task,
     host_counts,
 )
@@ -148,6 +150,10 @@ def _register_answers(conv: cattrs.Converter) -> None:
 
     conv.register_unstructure_hook(ResizeStatus, status)
     conv.register_unstructure_hook(Usage, usage)
+    # The target as the job sees it: its notification command is the job's own.
+    conv.register_unstructure_hook(
+        Target, make_dict_unstructure_fn(Target, conv, notify_cmd=override(omit=True))
+    )
 
 
 JOURNAL = _make_journal_converter()
@@ -203,8 +209,13 @@ _HISTORY_FIELDS = ("records", "charges")
 
 
 def _state_without_history(conv: cattrs.Converter) -> Any:
+    # A state without a target keeps the bytes it always had (and older journals read).
     return make_dict_unstructure_fn(
-        ResizeState, conv, records=override(omit=True), charges=override(omit=True)
+        ResizeState,
+        conv,
+        records=override(omit=True),
+        charges=override(omit=True),
+        target=override(omit_if_default=True),
     )
 
 
@@ -322,6 +333,18 @@ def modify_from_json(data: Mapping[str, Any]) -> AutoresizeRequest:
     return AutoresizeRequest(value)
 
 
+def target_from_json(data: Any) -> TargetRequest:
+    """The REST/scenario target body: ``{"tasks": N, "release_prefer": [task ids]}``."""
+    body = dict(_object(data, "target"))
+    if "tasks" not in body:
+        raise errors.InvalidRequest("target: missing 'tasks' @ $.tasks")
+    if body["tasks"] is None:
+        raise errors.InvalidRequest(
+            "target: expected int, got NoneType None @ $.tasks (DELETE clears the target)"
+        )
+    return structure_or_error(body, TargetRequest, "target")
+
+
 def status_json(status: ResizeStatus) -> dict[str, Any]:
     """The ``ResizeStatus`` answer: allocation, bounds, pending grow, change in flight."""
     data: dict[str, Any] = API.unstructure(status)
@@ -364,4 +387,5 @@ __all__ = [
     "release_from_json",
     "status_json",
     "structure_or_error",
+    "target_from_json",
 ]

@@ -159,6 +159,9 @@ class GrowRequest:
     cancel_pending: bool = False
     notify_cmd: str | None = None
     no_notify: bool = False
+    #: Refuse the grow (XCE_RESIZE_VERSION_CHANGED) unless the committed allocation is
+    #: still at this version; ``None``: no condition.
+    if_version: int | None = None
 
 
 @frozen
@@ -176,6 +179,8 @@ class ReleaseRequest:
     cancel_pending: bool = False
     notify_cmd: str | None = None
     no_notify: bool = False
+    #: As :attr:`GrowRequest.if_version`.
+    if_version: int | None = None
 
 
 @frozen
@@ -191,7 +196,30 @@ class AutoresizeRequest:
     enabled: bool
 
 
-ResizeRequest = GrowRequest | ReleaseRequest | CancelRequest | AutoresizeRequest
+# --- declarative size (docs/in-job-api.md, "A target size") ---------------------------
+
+
+@frozen
+class TargetRequest:
+    """Set the job's target size (``tasks``) or clear it (``tasks`` ``None``):
+    ``PUT``/``DELETE /v1/jobs/{id}/resize/target``, ``xce-resize target``."""
+
+    tasks: int | None
+    #: Task ids to release first when the job is above its target.
+    release_prefer: tuple[int, ...] = ()
+
+
+@frozen
+class Target:
+    """A job's target size: the plugin grows or releases until the job holds ``tasks``.
+    ``notify_cmd``: the job's notification command, which the target's changes run."""
+
+    tasks: int
+    release_prefer: tuple[int, ...] = ()
+    notify_cmd: str | None = None
+
+
+ResizeRequest = GrowRequest | ReleaseRequest | CancelRequest | AutoresizeRequest | TargetRequest
 
 
 @frozen
@@ -297,6 +325,9 @@ class ResizeState:
     #: notification command ``autoresize_notify``.
     autoresize: bool = False
     autoresize_notify: str | None = None
+    #: The job's target size, if one is set (exclusive with autoresize): the plugin's
+    #: demand then grows to ``target.tasks`` and it releases down to it.
+    target: Target | None = None
 
     @property
     def held(self) -> tuple[Task, ...]:
@@ -362,6 +393,19 @@ class AutoresizeSet:
     at: float
     enabled: bool
     notify_cmd: str | None
+    principal: str
+    reason: str
+
+
+@frozen
+class TargetSet:
+    """The job's target size set (``target``) or cleared (``None``). ``reason``: set,
+    clear, request / release / cancel (a manual change took over), autoresize (turned
+    on), given-up (the target's grow failed ``notify_max_failures`` times in a row)."""
+
+    job_id: str
+    at: float
+    target: Target | None
     principal: str
     reason: str
 
@@ -515,6 +559,7 @@ Fact = (
     | JobEnded
     | AutoresizeSet
     | TasksLost
+    | TargetSet
 )
 
 FACT_TYPES: tuple[type, ...] = (
@@ -534,6 +579,7 @@ FACT_TYPES: tuple[type, ...] = (
     JobEnded,
     AutoresizeSet,
     TasksLost,
+    TargetSet,
 )
 
 
