@@ -106,6 +106,10 @@ def _register_answers(conv: cattrs.Converter) -> None:
             auto=override(omit=True),
         ),
     )
+    # The target as the job sees it: its notification command is the job's own.
+    conv.register_unstructure_hook(
+        Target, make_dict_unstructure_fn(Target, conv, notify_cmd=override(omit=True))
+    )
     status_fields = make_dict_unstructure_fn(
         ResizeStatus, conv, in_flight=override(omit=True), in_flight_tasks=override(omit=True)
     )
@@ -150,10 +154,6 @@ def _register_answers(conv: cattrs.Converter) -> None:
 
     conv.register_unstructure_hook(ResizeStatus, status)
     conv.register_unstructure_hook(Usage, usage)
-    # The target as the job sees it: its notification command is the job's own.
-    conv.register_unstructure_hook(
-        Target, make_dict_unstructure_fn(Target, conv, notify_cmd=override(omit=True))
-    )
 
 
 JOURNAL = _make_journal_converter()

@@ -195,6 +195,8 @@ def _check_autoresize_range(job: JobInfo) -> None:
 def check_if_version(state: ResizeState | None, job: JobInfo, if_version: int | None) -> None:
     """Refuse a change conditioned on an allocation version the job is no longer at."""
     version = state.version if state is not None else 0
+    if if_version is not None and if_version < 0:
+        raise errors.InvalidRequest(f"if_version must be at least 0, got {if_version}")
     if if_version is not None and if_version != version:
         raise errors.VersionChanged(
             f"job {job.id} is at allocation version {version}, not {if_version}"

@@ -30,7 +30,13 @@ from starlette.responses import Response
 
 from xce_resize_plugin.core import converters
 from xce_resize_plugin.core.accounting import Usage
-from xce_resize_plugin.core.models import CancelRequest, JobInfo, JobState, ResizeRequest
+from xce_resize_plugin.core.models import (
+    CancelRequest,
+    JobInfo,
+    JobState,
+    ResizeRequest,
+    TargetRequest,
+)
 from xce_resize_plugin.core.status import ResizeStatus
 from xce_resize_plugin.errors import InvalidRequest, NoJob, NoResizeHook
 from xce_resize_plugin.host import Controller, HostHooks, Principal
@@ -166,7 +172,7 @@ class Handlers:
         """A change with a JSON body: operation ``name``, its body made by ``decode``."""
         op = BY_NAME[name]
         job_id = _job_id(request, name)
-        what = name.removeprefix("resize_").removeprefix("job_")
+        what = name.removeprefix("resize_").removeprefix("job_").removesuffix("_set")
         data = await _json_body(request, what)
         check_fields(data, schema_fields(str(op.body)), what)
         change = decode(data)
@@ -178,6 +184,19 @@ class Handlers:
         if await _body(request):
             raise InvalidRequest("cancel takes no body")
         status = await run_in_threadpool(self.hooks.change, principal, job_id, CancelRequest())
+        return reply(converters.status_json(status), 200)
+
+    async def set_target(self, request: Request, principal: Principal) -> Response:
+        return await self._change(
+            request, principal, "resize_target_set", converters.target_from_json
+        )
+
+    async def clear_target(self, request: Request, principal: Principal) -> Response:
+        job_id = _job_id(request, "resize_target_clear")
+        if await _body(request):
+            raise InvalidRequest("clearing a target takes no body")
+        change = TargetRequest(None)
+        status = await run_in_threadpool(self.hooks.change, principal, job_id, change)
         return reply(converters.status_json(status), 200)
 
     async def wait(self, request: Request, principal: Principal) -> Response:
@@ -219,6 +238,8 @@ def resize_routes(controller: Controller) -> list[ApiRoute]:
         "resize_history": handlers.history,
         "resize_wait": handlers.wait,
         "job_modify": handlers.modify,
+        "resize_target_set": handlers.set_target,
+        "resize_target_clear": handlers.clear_target,
     }
     return [
         ApiRoute(op, endpoint(op, by_operation[op.name], controller.authenticate), SCHEMAS)
