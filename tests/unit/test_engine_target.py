@@ -28,6 +28,7 @@ from xce_resize_plugin.core.models import (
     TargetSet,
     TaskEvent,
 )
+from xce_resize_plugin.host import Principal
 from xce_resize_plugin.journal import StoredState
 
 
@@ -85,7 +86,7 @@ def test_a_target_below_the_size_releases_the_preferred_tasks_first() -> None:
 
 def test_without_preference_the_release_policy_chooses_and_never_task_0() -> None:
     j = job({"hA": 4})
-    state, facts = aim(None, j, 1)
+    _, facts = aim(None, j, 1)
     (release,) = [f for f in facts if isinstance(f, ReleaseAccepted)]
     assert 0 not in {t.id for t in release.tasks} and len(release.tasks) == 3
 
@@ -212,8 +213,6 @@ def test_bad_targets_are_refused_and_change_nothing(
 
 
 def test_another_users_target_is_refused() -> None:
-    from xce_resize_plugin.host import Principal
-
     with pytest.raises(errors.PermissionDenied):
         target.decide_target(
             None, job(), Principal("mallory"), TargetRequest(3), 1.0, POLICY, SETTINGS
