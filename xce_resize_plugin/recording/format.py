@@ -68,8 +68,9 @@ Input kinds (fields besides ``kind``, ``t``, ``phase``, ``i``, ``r``):
   command the controller accepted, before its effects), and for a close with
   evacuation ``evacuate`` (``true``) and ``principal`` (who asks the releases);
 - ``request``: ``job``, ``principal`` ({``name``, ``admin``, ``job_id``}),
-  ``request`` ({``type``: ``grow`` | ``release`` | ``cancel`` | ``modify``, and the
-  request's fields; ``modify`` has ``autoresize``}), ``result`` (``"ok"`` or the
+  ``request`` ({``type``: ``grow`` | ``release`` | ``cancel`` | ``modify`` |
+  ``target``, and the request's fields; ``modify`` has ``autoresize``, ``target``
+  ``tasks`` (``null``: cleared) and ``release_prefer``}), ``result`` (``"ok"`` or the
   error code);
 - ``task``: ``job``, ``task`` (the task id), ``event`` (``started`` | ``start_failed`` |
   ``exited``), ``status``, ``reason``;
@@ -118,6 +119,7 @@ from xce_resize_plugin.core.models import (
     GrowRequest,
     ReleaseRequest,
     ResizeRequest,
+    TargetRequest,
 )
 from xce_resize_plugin.errors import ConfigError
 from xce_resize_plugin.host import Principal
@@ -157,11 +159,18 @@ class RecordingError(ConfigError):
 
 
 def request_json(request: ResizeRequest) -> dict[str, Any]:
-    """A resize request as a recording line holds it."""
+    """A resize request as a recording line holds it (``if_version`` only when given,
+    so that recordings without it keep their bytes)."""
+    if isinstance(request, TargetRequest):
+        return {
+            "type": "target",
+            "tasks": request.tasks,
+            "release_prefer": list(request.release_prefer),
+        }
     if isinstance(request, GrowRequest):
-        return {"type": "grow", **attrs.asdict(request)}
+        return {"type": "grow", **_without_if_version(attrs.asdict(request))}
     if isinstance(request, ReleaseRequest):
-        data = attrs.asdict(request)
+        data = _without_if_version(attrs.asdict(request))
         if data["hosts"] is not None:
             data["hosts"] = dict(data["hosts"])
         if data["task_ids"] is not None:
@@ -172,9 +181,17 @@ def request_json(request: ResizeRequest) -> dict[str, Any]:
     return {"type": "cancel"}
 
 
+def _without_if_version(data: dict[str, Any]) -> dict[str, Any]:
+    if data.get("if_version") is None:
+        data.pop("if_version", None)
+    return data
+
+
 def request_from_json(data: Mapping[str, Any]) -> ResizeRequest:
     body = dict(data)
     kind = body.pop("type", None)
+    if kind == "target" and set(body) == {"tasks", "release_prefer"}:
+        return TargetRequest(body["tasks"], tuple(body["release_prefer"]))
     if kind == "grow":
         return GrowRequest(**body)
     if kind == "release":

@@ -32,6 +32,7 @@ from xce_resize_plugin.core.models import (
     AutoresizeRequest,
     CancelRequest,
     ResizeRequest,
+    TargetRequest,
     host_counts,
 )
 from xce_resize_plugin.errors import ConfigError, InvalidRequest, ResizeError
@@ -207,6 +208,10 @@ def _api_request(body: dict[str, Any]) -> tuple[str, ResizeRequest]:
         return job_id, converters.release_from_json(body)
     if op == "modify":
         return job_id, AutoresizeRequest(bool(body["autoresize"]))
+    if op == "target":
+        if body.pop("clear", False):
+            return job_id, TargetRequest(None)
+        return job_id, converters.target_from_json(body)
     if body:
         raise InvalidRequest(f"cancel takes no fields, got {', '.join(sorted(body))}")
     return job_id, CancelRequest()
@@ -246,6 +251,12 @@ def run(scenario: Scenario, state_dir: Path, record: IO[str] | None = None) -> S
                     else {"min": pending.min_add, "max": pending.max_add}
                 ),
                 "resize_phase": status.phase.value if status is not None else "IDLE",
+                # Only while one is set (a target is a running job's: docs/scenarios.md).
+                **(
+                    {"target": converters.API.unstructure(status.target)}
+                    if status is not None and status.target is not None
+                    else {}
+                ),
                 "start_time": view.start_time,
                 "end_time": view.end_time,
                 **({"exit_reason": view.exit_reason} if view.state.value == "EXIT" else {}),
