@@ -342,7 +342,8 @@ def xce_resize_authorize(principal: Principal, job: JobInfo, action: str) -> boo
 
     :param principal: who asks.
     :param job: the job.
-    :param action: ``grow``, ``release``, ``cancel`` or ``view``.
+    :param action: ``grow``, ``release``, ``cancel``, ``modify`` (autoresize),
+        ``target`` (set or clear a target size) or ``view``.
 
     firstresult: ``True`` allows, ``False`` denies, ``None`` defers. Default: the owner,
     an administrator, or the job's own token.
