@@ -330,7 +330,7 @@ def _principal(value: Any) -> bool:
 
 
 def _request(value: Any) -> bool:
-    return isinstance(value, dict) and value.get("type") in ("grow", "release", "cancel")
+    return isinstance(value, dict) and value.get("type") in ("grow", "release", "cancel", "target")
 
 
 def _ids(value: Any) -> bool:
@@ -363,7 +363,7 @@ _FIELDS: dict[str, dict[str, tuple[Callable[[Any], bool], str]]] = {
     "request": {
         "job": (_str, "a job id (string)"),
         "principal": (_principal, "an object with a name"),
-        "request": (_request, "an object whose type is grow, release or cancel"),
+        "request": (_request, "an object whose type is grow, release, cancel or target"),
     },
     "task": {
         "job": (_str, "a job id (string)"),
