@@ -115,3 +115,22 @@ def test_allocation_from_json() -> None:
         }
     )
     assert alloc.hosts == {"a": 2, "b": 1} and alloc.size == 3 and alloc.settled
+
+
+def test_a_target_and_if_version_send_what_the_routes_take() -> None:
+    recorder = _Recorder()
+    client = ResizeClient("7", recorder)  # type: ignore[arg-type]
+    client.set_target(4, release_prefer=[3, 2])
+    client.clear_target()
+    client.release(task_ids=[3], if_version=1)
+    assert [(m, p, b) for m, p, b in recorder.calls if m != "GET"] == [
+        ("PUT", "/v1/jobs/7/resize/target", {"tasks": 4, "release_prefer": [3, 2]}),
+        ("DELETE", "/v1/jobs/7/resize/target", None),
+        (
+            "POST",
+            "/v1/jobs/7/resize/release",
+            {"cancel_pending": False, "no_notify": False, "if_version": 1, "task_ids": [3]},
+        ),
+    ]
+    # The answer has no target: set_target(wait=True) has nothing to wait for.
+    assert client.set_target(4, wait=True).target is None

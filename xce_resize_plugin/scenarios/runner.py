@@ -35,6 +35,7 @@ from xce_resize_plugin.core.models import (
     TargetRequest,
     host_counts,
 )
+from xce_resize_plugin.core.status import ResizeStatus
 from xce_resize_plugin.errors import ConfigError, InvalidRequest, ResizeError
 from xce_resize_plugin.host import Principal
 from xce_resize_plugin.journal import Journal
@@ -198,6 +199,13 @@ def _drain_text(drain: HostDrain) -> str:
     return f"host {drain.host} is closed" + (": " + "; ".join(parts) if parts else "")
 
 
+def _target_json(status: ResizeStatus | None) -> dict[str, Any]:
+    """A job's ``target``, only while one is set (docs/scenarios.md, "target tables")."""
+    if status is None or status.target is None:
+        return {}
+    return {"target": converters.API.unstructure(status.target)}
+
+
 def _api_request(body: dict[str, Any]) -> tuple[str, ResizeRequest]:
     """A scenario ``resize`` table: the REST body plus ``op`` and ``job``."""
     op = body.pop("op")
@@ -251,12 +259,7 @@ def run(scenario: Scenario, state_dir: Path, record: IO[str] | None = None) -> S
                     else {"min": pending.min_add, "max": pending.max_add}
                 ),
                 "resize_phase": status.phase.value if status is not None else "IDLE",
-                # Only while one is set (a target is a running job's: docs/scenarios.md).
-                **(
-                    {"target": converters.API.unstructure(status.target)}
-                    if status is not None and status.target is not None
-                    else {}
-                ),
+                **_target_json(status),
                 "start_time": view.start_time,
                 "end_time": view.end_time,
                 **({"exit_reason": view.exit_reason} if view.state.value == "EXIT" else {}),
