@@ -5,36 +5,17 @@ a target, and every kind of bad input refused with nothing changed
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from .live_api import Cluster, LiveServer, Switch, live_server
+from . import test_api
+from .live_api import Cluster
 from .test_api import assert_problem, call, path
 
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[tuple[LiveServer, Switch]]:
-    switch = Switch()
-    with live_server(switch) as srv:
-        yield srv, switch
-
-
-@pytest.fixture
-def cluster(tmp_path: Path, server: tuple[LiveServer, Switch]) -> Iterator[Cluster]:
-    c = Cluster(tmp_path)
-    server[1].target = c.app
-    yield c
-    c.stop()
-
-
-@pytest.fixture
-def http(server: tuple[LiveServer, Switch]) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=server[0].url, timeout=30) as client:
-        yield client
+# The resize API's own fixtures: one server for the module, a new cluster per test.
+server, cluster, http = test_api.server, test_api.cluster, test_api.http
 
 
 def status(http: httpx.Client, job: str) -> dict[str, Any]:
