@@ -14,6 +14,7 @@ from xce_resize_plugin.core.models import GrowRequested, ReleaseAccepted, Target
 from xce_resize_plugin.recording.replay import replay
 from xce_resize_plugin.scenarios import files, runner
 from xce_resize_plugin.scenarios.result import ScenarioResult
+from xce_resize_plugin.scenarios.timeline import render
 
 from .harness import Harness
 
@@ -71,6 +72,10 @@ def test_up_when_slots_free_then_down_with_the_preferred_tasks(resize_scenario: 
     assert result.jobs["101"]["pending_grow"] is None
     assert [c.exit for c in result.commands] == [0, 0]
     assert result.problems == ()
+    text = render(result)
+    assert "alice$ xce-resize target 101 3 --prefer 6,5" in text
+    assert "job 101: target 3 tasks, release 6,5 first" in text
+    assert "job 101: target demand of 1..3 tasks pending" in text
 
 
 def test_a_manual_release_takes_over_and_autoresize_replaces_the_target(

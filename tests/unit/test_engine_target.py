@@ -245,3 +245,18 @@ def test_the_target_is_kept_in_the_materialised_state_and_old_states_read() -> N
     # A state without a target is written as before: no key, so older journals read.
     plain, _ = request(None, j, GrowRequest(1, 1))
     assert "target" not in orjson.loads(converters.encode_state(plain))
+
+
+def test_journal_verify_checks_a_states_target() -> None:
+    import attrs
+
+    from xce_resize_plugin.core import audit
+
+    state, _ = aim(None, job({"hA": 2}), 4)
+    assert audit.state_problems(state) == []
+    bad = attrs.evolve(state, target=Target(9, (0,)), autoresize=True)
+    assert audit.state_problems(bad) == [
+        "job 101: target 9 outside 1..8",
+        "job 101: a target and autoresize at once",
+        "job 101: task 0 among the target's preferred releases",
+    ]
