@@ -260,3 +260,27 @@ def test_journal_verify_checks_a_states_target() -> None:
         "job 101: a target and autoresize at once",
         "job 101: task 0 among the target's preferred releases",
     ]
+
+
+def test_a_target_grow_given_up_clears_the_target() -> None:
+    j = job({"hA": 2}, notify_cmd="veto")
+    state, _ = aim(None, j, 4)
+    for attempt in (1, 2):  # SETTINGS: notify_max_failures = 2
+        state = run(state, place(state, j, {"hB": 2}, at=2.0 + attempt))
+        state = run(state, engine.decide_dispatch(state, 2.5 + attempt))
+        facts = engine.decide_notify_done(state, attempt, 1, "", 3.0 + attempt, SETTINGS)
+        state = run(state, facts)
+    assert state.target is None and state.pending is None and len(state.tasks) == 2
+    assert isinstance(facts[-1], TargetSet) and facts[-1].reason == "given-up"
+
+
+def test_a_grow_asked_for_before_the_target_giving_up_leaves_the_target() -> None:
+    j = job({"hA": 2}, notify_cmd="veto")
+    state, _ = request(None, j, GrowRequest(1, 1))
+    state = run(state, place(state, j, {"hB": 1}))
+    state = run(state, engine.decide_dispatch(state, 2.5))
+    state, _ = aim(state, j, 4)  # set while the grow's notification runs
+    state = run(state, engine.decide_notify_done(state, 1, 1, "", 3.0, SETTINGS))
+    # Its failure does not return the manual grow to pending: the target's demand does.
+    assert state.target == Target(4, (), "veto")
+    assert state.pending is not None and state.pending.auto and state.pending.max_add == 2

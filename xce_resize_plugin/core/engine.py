@@ -461,9 +461,10 @@ def _demand(state: ResizeState, at: float, settings: Settings) -> GrowRequested 
 def with_demand(
     state: ResizeState | None, facts: list[Fact], at: float, settings: Settings
 ) -> list[Fact]:
-    """``facts`` and, for an autoresizable job, the demand the state after them calls
-    for; or autoresize turned off when they gave up the demand's grow (it would only
-    fail again)."""
+    """``facts`` and, for an autoresizable job or one with a target, the demand the
+    state after them calls for; or autoresize turned off (the target cleared) when they
+    gave up the demand's grow (it would only fail again), or when the notification
+    command vetoed a release the target asked for."""
     if not (state is not None and demand_size(state) is not None) and not any(
         isinstance(f, AutoresizeSet | TargetSet) for f in facts
     ):
@@ -483,9 +484,12 @@ def with_demand(
         # plugin does not insist (it would only be refused again).
         return [*facts, *_target_off(after, at, "target", "vetoed")]
     if any(isinstance(f, NotifyDone | GrowReverted) and f.gave_up for f in facts):
-        if after.target is not None:
+        if after.target is None:
+            return [*facts, AutoresizeSet(after.job_id, at, False, None, "autoresize", "given-up")]
+        change = state.change if state is not None else None
+        if change is not None and change.pending is not None and change.pending.auto:
             return [*facts, *_target_off(after, at, "target", "given-up")]
-        return [*facts, AutoresizeSet(after.job_id, at, False, None, "autoresize", "given-up")]
+        # A grow someone asked for before the target was set gave up: not the target's.
     demand = _demand(after, at, settings)
     return facts if demand is None else [*facts, demand]
 
