@@ -296,6 +296,14 @@ class UnknownEventCursor(ResizeError):
     http_status = 400
 
 
+class VersionChanged(ResizeError):
+    """A grow or release with ``if_version`` found the allocation at another version."""
+
+    code = "XCE_RESIZE_VERSION_CHANGED"
+    message = "The job's allocation changed"
+    http_status = 409
+
+
 ERRORS: tuple[type[ResizeError], ...] = (
     NotifyCmdTooLong,
     JobNotResizable,
@@ -329,6 +337,7 @@ ERRORS: tuple[type[ResizeError], ...] = (
     GraceTooLong,
     NotDraining,
     UnknownEventCursor,
+    VersionChanged,
 )
 
 BY_CODE: dict[str, type[ResizeError]] = {e.code: e for e in ERRORS}

@@ -370,8 +370,9 @@ def xce_resize_authorize(principal: Principal, job: JobInfo, action: str) -> boo
 
     :param principal: who asks.
     :param job: the job.
-    :param action: ``grow``, ``release``, ``cancel``, ``drained`` (tasks of a release
-        being drained may stop now) or ``view``.
+    :param action: ``grow``, ``release``, ``cancel``, ``modify`` (autoresize),
+        ``target`` (set or clear a target size), ``drained`` (tasks of a release being
+        drained may stop now), ``ready`` (a task is ready) or ``view``.
 
     firstresult: ``True`` allows, ``False`` denies, ``None`` defers. Default: the owner,
     an administrator, or the job's own token.

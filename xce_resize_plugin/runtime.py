@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 import attrs
 
 from xce_resize_plugin.core import config as config_mod
-from xce_resize_plugin.core import converters, engine
+from xce_resize_plugin.core import converters, engine, target
 from xce_resize_plugin.core import events as events_mod
 from xce_resize_plugin.core.accounting import Usage, usage_of_job, usage_of_state
 from xce_resize_plugin.core.models import (
@@ -31,6 +31,7 @@ from xce_resize_plugin.core.models import (
     ReleaseRequest,
     ResizeRequest,
     ResizeState,
+    TargetRequest,
     Task,
     allocation_env,
     format_hosts,
@@ -141,9 +142,10 @@ class Runtime:
                 continue
             self._execute(engine.resume_effects(state))
             self._transition(state.job_id, engine.decide_recover(state, now))
-            if state.autoresize:
+            if engine.demand_size(state) is not None:
                 current = self.states.get(state.job_id, state)
                 self._transition(state.job_id, engine.decide_demand(current, now, self.settings))
+                self._converge(state.job_id)
 
     def stop(self) -> None:
         try:
@@ -161,15 +163,11 @@ class Runtime:
             self._check_failed()
             job = self._job(job_id)
             state = self.states.get(job_id)
-            facts = engine.decide_request(
-                state,
-                job,
-                principal,
-                request,
-                self.controller.now(),
-                self.policy,
-                self.settings,
-            )
+            now, policy, settings = self.controller.now(), self.policy, self.settings
+            if isinstance(request, TargetRequest):
+                facts = target.decide_target(state, job, principal, request, now, policy, settings)
+            else:
+                facts = engine.decide_request(state, job, principal, request, now, policy, settings)
             # A request's facts have no effects on the host (placement,
             # notification and tasks come from the cycles), so the lock is released
             # before the fsync and concurrent requests share one (group commit).
@@ -206,9 +204,10 @@ class Runtime:
         # Positional, in ResizeStatus's field order (mypy checks each type).
         committed = (state.tasks, state.min_tasks, state.max_tasks, state.version)
         auto = state.autoresize and state.live
+        aim = state.target if state.live else None
         if change is None:
             return ResizeStatus(
-                state.job_id, state.phase, *committed, state.pending, autoresize=auto
+                state.job_id, state.phase, *committed, state.pending, autoresize=auto, target=aim
             )
         return ResizeStatus(
             state.job_id,
@@ -218,6 +217,7 @@ class Runtime:
             change.kind,
             change.tasks,
             autoresize=auto,
+            target=aim,
         )
 
     def events(self, job_id: str, after: int | None) -> list[events_mod.JobEvent] | None:
@@ -413,6 +413,7 @@ class Runtime:
                     facts = engine.decide_task_events(state, batch, now, self.settings)
                     self._transition(job_id, facts)
                 self._release_exited(job_id, batch, now)
+                self._converge(job_id)
 
     def _release_exited(self, job_id: str, batch: Sequence[TaskEvent], now: float) -> None:
         """A ``release_exited`` job drops the tasks that exited on their own (an
@@ -453,6 +454,7 @@ class Runtime:
                 state, attempt, status, reason, self.controller.now(), self.settings
             )
             self._transition(job_id, facts)
+            self._converge(job_id)
 
     def job_end(self, job_id: str) -> None:
         with self._lock:
@@ -483,6 +485,7 @@ class Runtime:
             prior = self._ended_state(job.id) if state is None and job.requeued else None
             facts = engine.decide_host_loss(state, job, host, ids, now, self.settings, prior)
             self._transition(job.id, facts)
+            self._converge(job.id)
             return LossOutcome.SHRUNK if shrunk else LossOutcome.KEPT
         try:
             answer = self.policy.host_lost(job, ids)
@@ -507,6 +510,27 @@ class Runtime:
             return usage_of_state(state, now)
         job = self.controller.get_job(job_id)
         return usage_of_job(job, now) if job is not None else None
+
+    # --- a target size: the release that converges on it -------------------------------
+
+    def _converge(self, job_id: str) -> None:
+        """After a transition that may leave a job above its target (a commit, a failed
+        change, a host failure, a restart): release down to it (core/target.py). The
+        demand below a target is the engine's, decided in the transition itself."""
+        state = self.states.get(job_id)
+        if state is None or state.target is None:
+            return  # the common case
+        job = self.controller.get_job(job_id)
+        if job is None:
+            return
+        try:
+            facts = target.decide_converge(state, job, self.controller.now(), self.policy)
+        except ResizeError as exc:
+            # A site's release policy refused: the job stays above its target until the
+            # next change settles (or the target is set again).
+            log.warning("job %s: target %d not reached: %s", job_id, state.target.tasks, exc.text)
+            return
+        self._transition(job_id, facts)
 
     # --- the one path every change takes ---------------------------------------------
 

@@ -111,7 +111,7 @@ def test_scenario_until_stops_the_clock(tmp_path: Path) -> None:
         ),
         (
             "[cluster]\nhosts = { a = 2 }\n[[commands]]\nat = 1\nuser = 'u'\n",
-            "commands[0]: give exactly one of bresize, resize, modify or host",
+            "commands[0]: give exactly one of bresize, resize, modify, target or host",
         ),
         (
             "[cluster]\nhosts = { a = 2 }\n[[commands]]\nuser = 'u'\nbresize = \"request '1\"\n",

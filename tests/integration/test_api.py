@@ -140,6 +140,7 @@ def test_status(cluster: Cluster, http: httpx.Client) -> None:
         "pending": None,
         "autoresize": False,
         "demand": None,
+        "target": None,
         "in_flight": None,
     }
 

@@ -187,3 +187,22 @@ def test_events_poll_from_the_cursor_until_the_job_ends() -> None:
     posts = [(path, body) for method, path, body in recorder.calls if method == "POST"]
     assert posts[0][1]["grace"] == 12.5 and "grace" not in posts[1][1]
     assert posts[2] == ("/v1/jobs/7/resize/drained", {"task_ids": [3]})
+
+
+def test_a_target_and_if_version_send_what_the_routes_take() -> None:
+    recorder = _Recorder()
+    client = ResizeClient("7", recorder)  # type: ignore[arg-type]
+    client.set_target(4, release_prefer=[3, 2])
+    client.clear_target()
+    client.release(task_ids=[3], if_version=1)
+    assert [(m, p, b) for m, p, b in recorder.calls if m != "GET"] == [
+        ("PUT", "/v1/jobs/7/resize/target", {"tasks": 4, "release_prefer": [3, 2]}),
+        ("DELETE", "/v1/jobs/7/resize/target", None),
+        (
+            "POST",
+            "/v1/jobs/7/resize/release",
+            {"cancel_pending": False, "no_notify": False, "if_version": 1, "task_ids": [3]},
+        ),
+    ]
+    # The answer has no target: set_target(wait=True) has nothing to wait for.
+    assert client.set_target(4, wait=True).target is None

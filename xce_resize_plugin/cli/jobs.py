@@ -237,9 +237,18 @@ def resize_summary(resize: Mapping[str, Any]) -> str:
         low, high = pending.get("min"), pending.get("max")
         span = f"{high}" if low == high else f"{low} to {high}"
         what = "autoresize demand" if resize.get("demand") else "pending grow"
+        if resize.get("demand") and isinstance(resize.get("target"), Mapping):
+            what = "target's grow"
         parts.append(f"{what} of {span} task(s)")
     if resize.get("autoresize"):
         parts.append("autoresize on")
+    target = resize.get("target")
+    if isinstance(target, Mapping):
+        prefer = ",".join(str(i) for i in target.get("release_prefer", ()))
+        parts.append(
+            f"target {target.get('tasks')} task(s)"
+            + (f" (release {prefer} first)" if prefer else "")
+        )
     in_flight = resize.get("in_flight")
     if isinstance(in_flight, Mapping):
         ids = ",".join(str(t.get("id")) for t in in_flight.get("tasks", ()))
@@ -282,7 +291,10 @@ def _jobs(args: argparse.Namespace, out: TextIO, client: Client) -> int:
 
 def _auto(resize: Any) -> str:
     """The AUTO column: ``-`` (no autoresize), ``on`` (no demand now: at MAX, or a
-    change in flight), or the demand, ``+1-3`` (1 to 3 more tasks)."""
+    change in flight), or the demand, ``+1-3`` (1 to 3 more tasks); ``=4`` for a job
+    with a target size of 4 tasks."""
+    if isinstance(resize, Mapping) and isinstance(resize.get("target"), Mapping):
+        return f"={resize['target'].get('tasks')}"  # a target size (xce-resize target)
     if not isinstance(resize, Mapping) or not resize.get("autoresize"):
         return "-"
     demand = resize.get("demand")

@@ -102,9 +102,11 @@ def _parser() -> argparse.ArgumentParser:
 
     from xce_resize_plugin.cli.hosts import add_parsers as add_host_parsers
     from xce_resize_plugin.cli.jobs import add_parsers as add_client_parsers
+    from xce_resize_plugin.cli.target import add_parsers as add_target_parsers
 
     add_client_parsers(sub)
     add_host_parsers(sub)
+    add_target_parsers(sub)
     return p
 
 
@@ -333,6 +335,10 @@ def _dispatch(args: argparse.Namespace, out: TextIO) -> int:
         from xce_resize_plugin.cli.hosts import run as run_hosts
 
         return run_hosts(args, out)
+    if args.command in ("target", "grow", "release"):
+        from xce_resize_plugin.cli.target import run as run_target
+
+        return run_target(args, out)
     if args.command in ("submit", "jobs", "history", "kill", "modify"):
         from xce_resize_plugin.cli.jobs import run as run_client
 

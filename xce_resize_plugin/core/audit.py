@@ -41,6 +41,16 @@ def state_problems(state: ResizeState) -> list[str]:
         )
     if change is not None and state.pending is not None:
         out.append(f"job {job}: a pending grow beside a change in flight")
+    target = state.target
+    if state.live and target is not None:
+        if not state.min_tasks <= target.tasks <= state.max_tasks:
+            out.append(
+                f"job {job}: target {target.tasks} outside {state.min_tasks}..{state.max_tasks}"
+            )
+        if state.autoresize:
+            out.append(f"job {job}: a target and autoresize at once")
+        if 0 in target.release_prefer:
+            out.append(f"job {job}: task 0 among the target's preferred releases")
     return out
 
 

@@ -33,6 +33,8 @@ from xce_resize_plugin.core.models import (
     ReleaseRequest,
     ResizeRecord,
     ResizeState,
+    Target,
+    TargetRequest,
     Task,
     TasksLost,
     TaskStopped,
@@ -157,6 +159,10 @@ def _register_answers(conv: cattrs.Converter) -> None:
             ready_timeout=override(omit=True),
         ),
     )
+    # The target as the job sees it: its notification command is the job's own.
+    conv.register_unstructure_hook(
+        Target, make_dict_unstructure_fn(Target, conv, notify_cmd=override(omit=True))
+    )
     status_fields = make_dict_unstructure_fn(
         ResizeStatus, conv, in_flight=override(omit=True), in_flight_tasks=override(omit=True)
     )
@@ -256,12 +262,14 @@ _HISTORY_FIELDS = ("records", "charges")
 
 
 def _state_without_history(conv: cattrs.Converter) -> Any:
+    # A state without a target keeps the bytes it always had (and older journals read).
     return make_dict_unstructure_fn(
         ResizeState,
         conv,
         records=override(omit=True),
         charges=override(omit=True),
         ready=override(omit_if_default=True),
+        target=override(omit_if_default=True),
     )
 
 
@@ -379,6 +387,18 @@ def modify_from_json(data: Mapping[str, Any]) -> AutoresizeRequest:
     return AutoresizeRequest(value)
 
 
+def target_from_json(data: Any) -> TargetRequest:
+    """The REST/scenario target body: ``{"tasks": N, "release_prefer": [task ids]}``."""
+    body = dict(_object(data, "target"))
+    if "tasks" not in body:
+        raise errors.InvalidRequest("target: missing 'tasks' @ $.tasks")
+    if body["tasks"] is None:
+        raise errors.InvalidRequest(
+            "target: expected int, got NoneType None @ $.tasks (DELETE clears the target)"
+        )
+    return structure_or_error(body, TargetRequest, "target")
+
+
 def status_json(status: ResizeStatus) -> dict[str, Any]:
     """The ``ResizeStatus`` answer: allocation, bounds, pending grow, change in flight."""
     data: dict[str, Any] = API.unstructure(status)
@@ -421,4 +441,5 @@ __all__ = [
     "release_from_json",
     "status_json",
     "structure_or_error",
+    "target_from_json",
 ]

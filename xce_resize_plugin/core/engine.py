@@ -49,6 +49,8 @@ from xce_resize_plugin.core.models import (
     ResizeRecord,
     ResizeRequest,
     ResizeState,
+    TargetRequest,
+    TargetSet,
     Task,
     TaskEvent,
     TaskExited,
@@ -213,6 +215,17 @@ def _check_autoresize_range(job: JobInfo) -> None:
         )
 
 
+def check_if_version(state: ResizeState | None, job: JobInfo, if_version: int | None) -> None:
+    """Refuse a change conditioned on an allocation version the job is no longer at."""
+    version = state.version if state is not None else 0
+    if if_version is not None and if_version < 0:
+        raise errors.InvalidRequest(f"if_version must be at least 0, got {if_version}")
+    if if_version is not None and if_version != version:
+        raise errors.VersionChanged(
+            f"job {job.id} is at allocation version {version}, not {if_version}"
+        )
+
+
 def _check_job(job: JobInfo) -> None:
     if job.state is JobState.PEND:
         raise errors.NotStarted(f"job {job.id}")
@@ -266,6 +279,8 @@ def decide_request(
     _check_job(job)
     if state is not None and not state.live:
         raise errors.JobFinished(f"job {job.id}")
+    if isinstance(request, TargetRequest):
+        raise TypeError("a target is decided by core.target.decide_target")
     if isinstance(request, AutoresizeRequest):
         return _decide_autoresize(state, job, principal_name, request, at, policy, settings)
     if isinstance(request, DrainedRequest):
@@ -278,12 +293,14 @@ def decide_request(
         return [
             GrowCancelled(job_id=job.id, at=at, reason="cancel"),
             *_autoresize_off(state, at, principal_name, "cancel"),
+            *_target_off(state, at, principal_name, "cancel"),
         ]
     if request.notify_cmd is not None and request.no_notify:
         raise errors.InvalidRequest("notify_cmd and no_notify are mutually exclusive")
     check_notify_cmd(request.notify_cmd)
     if state is not None and state.change is not None:
         raise errors.ResizeInProgress(f"job {job.id} has a {state.change.kind.value} in flight")
+    check_if_version(state, job, request.if_version)
     if (
         state is not None
         and state.pending is not None
@@ -292,7 +309,7 @@ def decide_request(
         # and the demand is made again once the release is settled.
         and not (state.pending.auto and isinstance(request, ReleaseRequest))
     ):
-        what = "the autoresize demand" if state.pending.auto else "it"
+        what = _demand_name(state) if state.pending.auto else "it"
         raise errors.PendingRequest(f"job {job.id}; use -c to cancel {what} first")
     if isinstance(request, GrowRequest):
         return _decide_grow(state, job, principal_name, request, at, policy, settings)
@@ -323,8 +340,10 @@ def _decide_grow(
     ready_timeout = _ready_timeout(request, settings)
     policy.validate(job, request)
     state, facts = _track(state, job, at)
-    # A manual request replaces the demand and ends autoresize (as in LSF).
+    # A manual request replaces the demand and ends autoresize (as in LSF), and the
+    # target: whoever resizes by hand takes over from it (docs/in-job-api.md).
     facts.extend(_autoresize_off(state, at, principal_name, "request"))
+    facts.extend(_target_off(state, at, principal_name, "request"))
     if state.pending is not None:
         facts.append(GrowCancelled(job_id=job.id, at=at, reason="replaced"))
     facts.append(
@@ -383,6 +402,7 @@ def _decide_release(
         )
     policy.validate(job, request)
     state, facts = _track(state, job, at)
+    facts.extend(_target_off(state, at, principal_name, "release"))
     cancelled = state.pending is not None
     if cancelled:
         auto = state.pending is not None and state.pending.auto
@@ -408,6 +428,7 @@ _ACTIONS: dict[type, str] = {
     AutoresizeRequest: "modify",
     ReadyRequest: "ready",
     DrainedRequest: "drained",
+    TargetRequest: "target",
 }
 
 
@@ -555,10 +576,31 @@ def _autoresize_off(
     return [AutoresizeSet(state.job_id, at, False, None, principal, reason)]
 
 
+def _target_off(state: ResizeState | None, at: float, principal: str, reason: str) -> list[Fact]:
+    """The job's target cleared, if it has one (a manual change takes over)."""
+    if state is None or state.target is None:
+        return []
+    return [TargetSet(state.job_id, at, None, principal, reason)]
+
+
+def demand_size(state: ResizeState) -> int | None:
+    """The size the plugin's demand grows the job to: its target if it has one, else
+    ``max_tasks`` under autoresize; ``None``: the job has no demand."""
+    if state.target is not None:
+        return state.target.tasks
+    return state.max_tasks if state.autoresize else None
+
+
+def _demand_name(state: ResizeState) -> str:
+    return "the target's grow" if state.target is not None else "the autoresize demand"
+
+
 def _demand(state: ResizeState, at: float, settings: Settings) -> GrowRequested | None:
     """The demand the state calls for now, if it has none and is due one — or a new
-    one when its pending demand no longer fits its size (tasks were lost meanwhile)."""
-    room = state.max_tasks - len(state.tasks)
+    one when its pending demand no longer fits its size (tasks were lost meanwhile).
+    The same machinery serves autoresize and a target (``demand_size``)."""
+    size = demand_size(state)
+    room = (size if size is not None else 0) - len(state.tasks)
     pending = state.pending
     due = state.phase is Phase.IDLE and pending is None
     stale = (
@@ -567,15 +609,16 @@ def _demand(state: ResizeState, at: float, settings: Settings) -> GrowRequested 
         and state.phase is Phase.GROW_PENDING
         and pending.max_add != room
     )
-    if not state.autoresize or not settings.allow_grow or room < 1 or not (due or stale):
+    if size is None or not settings.allow_grow or room < 1 or not (due or stale):
         return None
+    target = state.target
     return GrowRequested(
         job_id=state.job_id,
         at=at,
         min_add=1,
         max_add=room,
-        notify_cmd=state.autoresize_notify,
-        principal="autoresize",
+        notify_cmd=state.autoresize_notify if target is None else target.notify_cmd,
+        principal="autoresize" if target is None else "target",
         auto=True,
     )
 
@@ -583,20 +626,35 @@ def _demand(state: ResizeState, at: float, settings: Settings) -> GrowRequested 
 def with_demand(
     state: ResizeState | None, facts: list[Fact], at: float, settings: Settings
 ) -> list[Fact]:
-    """``facts`` and, for an autoresizable job, the demand the state after them calls
-    for; or autoresize turned off when they gave up the demand's grow (it would only
-    fail again)."""
-    if not (state is not None and state.autoresize) and not any(
-        isinstance(f, AutoresizeSet) for f in facts
+    """``facts`` and, for an autoresizable job or one with a target, the demand the
+    state after them calls for; or autoresize turned off (the target cleared) when they
+    gave up the demand's grow (it would only fail again), or when the notification
+    command vetoed a release the target asked for."""
+    if not (state is not None and demand_size(state) is not None) and not any(
+        isinstance(f, AutoresizeSet | TargetSet) for f in facts
     ):
         return facts  # the common case: no fold
     after = state
     for fact in facts:
         after = evolve(after, fact)
-    if after is None or not after.live or not after.autoresize:
+    if after is None or not after.live or demand_size(after) is None:
         return facts
+    shrinking = state is not None and state.phase is Phase.SHRINK_NOTIFYING
+    if (
+        after.target is not None
+        and shrinking
+        and any(isinstance(f, NotifyDone) and not f.ok for f in facts)
+    ):
+        # The job's notification command refused a release the target asked for: the
+        # plugin does not insist (it would only be refused again).
+        return [*facts, *_target_off(after, at, "target", "vetoed")]
     if any(isinstance(f, NotifyDone | GrowReverted) and f.gave_up for f in facts):
-        return [*facts, AutoresizeSet(after.job_id, at, False, None, "autoresize", "given-up")]
+        if after.target is None:
+            return [*facts, AutoresizeSet(after.job_id, at, False, None, "autoresize", "given-up")]
+        change = state.change if state is not None else None
+        if change is not None and change.pending is not None and change.pending.auto:
+            return [*facts, *_target_off(after, at, "target", "given-up")]
+        # A grow someone asked for before the target was set gave up: not the target's.
     demand = _demand(after, at, settings)
     return facts if demand is None else [*facts, demand]
 
@@ -638,7 +696,9 @@ def _decide_autoresize(
     if state is not None and state.autoresize:
         policy.validate(job, request)
         return []
-    if state is not None and state.pending is not None:
+    # Turning autoresize on replaces a target (the last word wins) and its grow.
+    target_off = _target_off(state, at, principal_name, "autoresize")
+    if state is not None and state.pending is not None and not target_off:
         raise errors.PendingRequest(f"job {job.id}; cancel the pending grow first")
     change = state.change if state is not None else None
     if change is not None and change.kind is ChangeKind.GROW:
@@ -649,6 +709,9 @@ def _decide_autoresize(
         raise errors.RequestNotEnabled("allow_grow is off in the [resize] configuration")
     policy.validate(job, request)
     _, facts = _track(state, job, at)
+    facts.extend(target_off)
+    if target_off and state is not None and state.pending is not None:
+        facts.append(GrowCancelled(job_id=job.id, at=at, reason="autoresize"))
     facts.append(AutoresizeSet(job.id, at, True, job.notify_cmd, principal_name, "modify"))
     return with_demand(state, facts, at, settings)
 
@@ -1145,6 +1208,8 @@ def _apply(state: ResizeState, fact: Fact) -> ResizeState:
     if isinstance(fact, AutoresizeSet):
         notify = fact.notify_cmd if fact.enabled else None
         return _evolve(state, autoresize=fact.enabled, autoresize_notify=notify)
+    if isinstance(fact, TargetSet):
+        return _evolve(state, target=fact.target)
     if isinstance(fact, GrowCancelled):
         phase = Phase.IDLE if state.phase is Phase.GROW_PENDING else state.phase
         return _evolve(state, pending=None, phase=phase)
@@ -1215,10 +1280,14 @@ def _apply_to_change(state: ResizeState, fact: Fact) -> ResizeState:
 
 def _abandon(state: ResizeState, change: Change, gave_up: bool) -> ResizeState:
     """A change that failed: a grow goes back to pending (or is given up), a shrink ends.
-    A demand's grow whose job stopped being autoresizable meanwhile is dropped."""
+    A demand's grow whose job has no room for it any more (autoresize turned off,
+    the target reached or cleared meanwhile) is dropped."""
     back = change.pending
-    if back is not None and back.auto and not state.autoresize:
+    size = demand_size(state)
+    if back is not None and back.auto and (size is None or size <= len(state.tasks)):
         back = None
+    if back is not None and not back.auto and state.target is not None:
+        back = None  # a target set since replaces the grow someone asked for
     if change.kind is ChangeKind.GROW and back is not None and not gave_up:
         pending = _evolve(back, failures=back.failures + 1)
         return _evolve(state, change=None, pending=pending, phase=Phase.GROW_PENDING)

@@ -174,6 +174,9 @@ class GrowRequest:
     #: site's ``[resize] max_ready_timeout``); docs/in-job-api.md.
     wait_ready: bool = False
     ready_timeout: float | None = None
+    #: Refuse the grow (XCE_RESIZE_VERSION_CHANGED) unless the committed allocation is
+    #: still at this version; ``None``: no condition.
+    if_version: int | None = None
 
 
 @frozen
@@ -194,6 +197,8 @@ class ReleaseRequest:
     #: Drain time in seconds before the tasks are stopped (``--grace``); ``None``: the
     #: job's default (:attr:`JobInfo.grace`).
     grace: float | None = None
+    #: As :attr:`GrowRequest.if_version`.
+    if_version: int | None = None
 
 
 @frozen
@@ -224,8 +229,37 @@ class ReadyRequest:
     task_id: int
 
 
+# --- declarative size (docs/in-job-api.md, "A target size") ---------------------------
+
+
+@frozen
+class TargetRequest:
+    """Set the job's target size (``tasks``) or clear it (``tasks`` ``None``):
+    ``PUT``/``DELETE /v1/jobs/{id}/resize/target``, ``xce-resize target``."""
+
+    tasks: int | None
+    #: Task ids to release first when the job is above its target.
+    release_prefer: tuple[int, ...] = ()
+
+
+@frozen
+class Target:
+    """A job's target size: the plugin grows or releases until the job holds ``tasks``.
+    ``notify_cmd``: the job's notification command, which the target's changes run."""
+
+    tasks: int
+    release_prefer: tuple[int, ...] = ()
+    notify_cmd: str | None = None
+
+
 ResizeRequest = (
-    GrowRequest | ReleaseRequest | CancelRequest | AutoresizeRequest | ReadyRequest | DrainedRequest
+    GrowRequest
+    | ReleaseRequest
+    | CancelRequest
+    | AutoresizeRequest
+    | ReadyRequest
+    | DrainedRequest
+    | TargetRequest
 )
 
 
@@ -345,6 +379,9 @@ class ResizeState:
     autoresize_notify: str | None = None
     #: Ids of the held tasks that said they are ready (``ResizeClient.ready()``).
     ready: frozenset[int] = frozenset()
+    #: The job's target size, if one is set (exclusive with autoresize): the plugin's
+    #: demand then grows to ``target.tasks`` and it releases down to it.
+    target: Target | None = None
 
     @property
     def held(self) -> tuple[Task, ...]:
@@ -412,6 +449,19 @@ class AutoresizeSet:
     at: float
     enabled: bool
     notify_cmd: str | None
+    principal: str
+    reason: str
+
+
+@frozen
+class TargetSet:
+    """The job's target size set (``target``) or cleared (``None``). ``reason``: set,
+    clear, request / release / cancel (a manual change took over), autoresize (turned
+    on), given-up (the target's grow failed ``notify_max_failures`` times in a row)."""
+
+    job_id: str
+    at: float
+    target: Target | None
     principal: str
     reason: str
 
@@ -634,6 +684,7 @@ Fact = (
     | TasksDrained
     | DrainEnded
     | TaskExited
+    | TargetSet
 )
 
 FACT_TYPES: tuple[type, ...] = (
@@ -658,6 +709,7 @@ FACT_TYPES: tuple[type, ...] = (
     TasksDrained,
     DrainEnded,
     TaskExited,
+    TargetSet,
 )
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from attrs import frozen
 
-from xce_resize_plugin.core.models import ChangeKind, PendingGrow, Phase, Task
+from xce_resize_plugin.core.models import ChangeKind, PendingGrow, Phase, Target, Task
 
 
 @frozen
@@ -13,7 +13,8 @@ class ResizeStatus:
 
     ``tasks`` is the committed allocation; ``in_flight`` the kind and tasks of the
     change in flight, if any; ``pending`` the pending grow, if any (``pending.auto``:
-    the autoresize demand); ``autoresize`` whether autoresize is on.
+    the autoresize demand); ``autoresize`` whether autoresize is on; ``target`` the
+    job's target size, if one is set.
     """
 
     job_id: str
@@ -26,6 +27,7 @@ class ResizeStatus:
     in_flight: ChangeKind | None = None
     in_flight_tasks: tuple[Task, ...] = ()
     autoresize: bool = False
+    target: Target | None = None
 
     @property
     def demand(self) -> PendingGrow | None:

@@ -111,6 +111,19 @@ class AsyncResizeClient:
     async def cancel(self) -> Allocation:
         return await self._run(self._requests.cancel())
 
+    async def set_target(
+        self,
+        tasks: int,
+        release_prefer: Sequence[int] = (),
+        *,
+        wait: bool = False,
+        timeout: float = 60.0,
+    ) -> Allocation:
+        return await self._run(self._requests.set_target(tasks, release_prefer, wait, timeout))
+
+    async def clear_target(self) -> Allocation:
+        return await self._run(self._requests.clear_target())
+
     async def put(self, key: str, value: str) -> int:
         return await self._run(self._requests.put(key, value))
 

@@ -127,6 +127,29 @@ class ResizeClient:
         while not cursor.done:
             yield from self._run(cursor.poll())
 
+    # --- a target size (docs/in-job-api.md, "A target size") ------------------------------
+
+    def set_target(
+        self,
+        tasks: int,
+        release_prefer: Sequence[int] = (),
+        *,
+        wait: bool = False,
+        timeout: float = 60.0,
+    ) -> Allocation:
+        """Converge on ``tasks`` tasks: the controller grows (one grow of the missing
+        tasks, placed whenever slots free) or releases (``release_prefer`` ids first,
+        then by the site's release policy; never task 0) by itself, and again after
+        every change and host failure, until the target is cleared or replaced by a
+        manual change. Replaces the pending grow and turns autoresize off. With
+        ``wait``, return once the job holds ``tasks`` and is settled, its target is
+        gone, or ``timeout`` seconds passed."""
+        return self._run(self._requests.set_target(tasks, release_prefer, wait, timeout))
+
+    def clear_target(self) -> Allocation:
+        """Clear the target: the grow it kept pending is cancelled; the size stays."""
+        return self._run(self._requests.clear_target())
+
     # --- the job's key-value store (rendezvous) -------------------------------------------
 
     def put(self, key: str, value: str) -> int:

@@ -53,6 +53,8 @@ class Allocation:
     pending: Mapping[str, int] | None = None
     in_flight: Mapping[str, Any] | None = None
     raw: Mapping[str, Any] = field(default_factory=dict, repr=False)
+    #: The job's target size (``{"tasks": N, "release_prefer": [...]}``), if one is set.
+    target: Mapping[str, Any] | None = None
 
     @property
     def hosts(self) -> dict[str, int]:
@@ -83,6 +85,7 @@ class Allocation:
             pending=doc.get("pending"),
             in_flight=doc.get("in_flight"),
             raw=doc,
+            target=doc.get("target"),
         )
 
 
@@ -93,7 +96,8 @@ class ChangeOptions(TypedDict, total=False):
     waiting at most ``timeout`` seconds (default 60). ``cancel_pending`` (LSF's ``-c``)
     cancels the job's pending grow first; ``notify_cmd`` (``-rnc``) is the notification
     command for this change, ``no_notify`` (``-rncn``) runs none; by default the job's
-    own command runs.
+    own command runs. ``if_version``: refused (``XCE_RESIZE_VERSION_CHANGED``) unless
+    the allocation is still at that version.
     """
 
     wait: bool
@@ -101,6 +105,7 @@ class ChangeOptions(TypedDict, total=False):
     cancel_pending: bool
     notify_cmd: str | None
     no_notify: bool
+    if_version: int | None
 
 
 class GrowOptions(ChangeOptions, total=False):
@@ -206,6 +211,33 @@ class JobRequests:
         yield Request("DELETE", f"{self.base}/pending")
         return (yield from self.allocation())
 
+    # --- a target size (docs/in-job-api.md, "A target size") ---------------------------
+
+    def set_target(
+        self, tasks: int, release_prefer: Sequence[int], wait: bool, timeout: float
+    ) -> Steps[Allocation]:
+        body = {"tasks": tasks, "release_prefer": list(release_prefer)}
+        alloc = Allocation.from_json((yield Request("PUT", f"{self.base}/target", body)))
+        if not wait:
+            return alloc
+        return (yield from self.reach(tasks, alloc, timeout))
+
+    def clear_target(self) -> Steps[Allocation]:
+        return Allocation.from_json((yield Request("DELETE", f"{self.base}/target")))
+
+    def reach(self, tasks: int, alloc: Allocation, timeout: float) -> Steps[Allocation]:
+        """Wait until the job holds ``tasks`` with nothing pending or in flight; or its
+        target is gone (cleared, replaced by a manual change, given up), the job
+        ended, or ``timeout`` seconds passed."""
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            reached = alloc.size == tasks and alloc.settled
+            ended = alloc.raw.get("job_state") not in (None, "RUN")
+            if reached or alloc.target is None or ended or left <= 0:
+                return alloc
+            alloc = yield from self.wait(alloc.version, left)
+
     def put(self, key: str, value: str) -> Steps[int]:
         doc = yield Request("PUT", self._kv(key), {"value": value})
         return int(doc["version"])
@@ -294,4 +326,7 @@ def _change_fields(options: ChangeOptions, allowed: type = ChangeOptions) -> dic
     notify_cmd = options.get("notify_cmd")
     if notify_cmd is not None:
         body["notify_cmd"] = notify_cmd
+    if_version = options.get("if_version")
+    if if_version is not None:
+        body["if_version"] = if_version
     return body

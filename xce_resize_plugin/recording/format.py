@@ -68,8 +68,9 @@ Input kinds (fields besides ``kind``, ``t``, ``phase``, ``i``, ``r``):
   command the controller accepted, before its effects), and for a close with
   evacuation ``evacuate`` (``true``) and ``principal`` (who asks the releases);
 - ``request``: ``job``, ``principal`` ({``name``, ``admin``, ``job_id``}),
-  ``request`` ({``type``: ``grow`` | ``release`` | ``cancel`` | ``modify``, and the
-  request's fields; ``modify`` has ``autoresize``}), ``result`` (``"ok"`` or the
+  ``request`` ({``type``: ``grow`` | ``release`` | ``cancel`` | ``modify`` |
+  ``target``, and the request's fields; ``modify`` has ``autoresize``, ``target``
+  ``tasks`` (``null``: cleared) and ``release_prefer``}), ``result`` (``"ok"`` or the
   error code);
 - ``task``: ``job``, ``task`` (the task id), ``event`` (``started`` | ``start_failed`` |
   ``exited``), ``status``, ``reason``;
@@ -121,6 +122,7 @@ from xce_resize_plugin.core.models import (
     ReadyRequest,
     ReleaseRequest,
     ResizeRequest,
+    TargetRequest,
 )
 from xce_resize_plugin.errors import ConfigError
 from xce_resize_plugin.host import Principal
@@ -160,9 +162,16 @@ class RecordingError(ConfigError):
 
 
 def request_json(request: ResizeRequest) -> dict[str, Any]:
-    """A resize request as a recording line holds it."""
+    """A resize request as a recording line holds it (``if_version`` only when given,
+    so that recordings without it keep their bytes)."""
+    if isinstance(request, TargetRequest):
+        return {
+            "type": "target",
+            "tasks": request.tasks,
+            "release_prefer": list(request.release_prefer),
+        }
     if isinstance(request, GrowRequest):
-        data = attrs.asdict(request)
+        data = _without_if_version(attrs.asdict(request))
         if not request.wait_ready:
             # Grows without a readiness wait keep the lines they always had.
             del data["wait_ready"], data["ready_timeout"]
@@ -170,7 +179,7 @@ def request_json(request: ResizeRequest) -> dict[str, Any]:
     if isinstance(request, ReadyRequest):
         return {"type": "ready", "task_id": request.task_id}
     if isinstance(request, ReleaseRequest):
-        data = attrs.asdict(request)
+        data = _without_if_version(attrs.asdict(request))
         if data["hosts"] is not None:
             data["hosts"] = dict(data["hosts"])
         if data["task_ids"] is not None:
@@ -185,9 +194,17 @@ def request_json(request: ResizeRequest) -> dict[str, Any]:
     return {"type": "cancel"}
 
 
+def _without_if_version(data: dict[str, Any]) -> dict[str, Any]:
+    if data.get("if_version") is None:
+        data.pop("if_version", None)
+    return data
+
+
 def request_from_json(data: Mapping[str, Any]) -> ResizeRequest:
     body = dict(data)
     kind = body.pop("type", None)
+    if kind == "target" and set(body) == {"tasks", "release_prefer"}:
+        return TargetRequest(body["tasks"], tuple(body["release_prefer"]))
     if kind == "grow":
         return GrowRequest(**body)
     if kind == "release":
@@ -334,7 +351,7 @@ def _principal(value: Any) -> bool:
 
 
 def _request(value: Any) -> bool:
-    return isinstance(value, dict) and value.get("type") in ("grow", "release", "cancel")
+    return isinstance(value, dict) and value.get("type") in ("grow", "release", "cancel", "target")
 
 
 def _ids(value: Any) -> bool:
@@ -367,7 +384,7 @@ _FIELDS: dict[str, dict[str, tuple[Callable[[Any], bool], str]]] = {
     "request": {
         "job": (_str, "a job id (string)"),
         "principal": (_principal, "an object with a name"),
-        "request": (_request, "an object whose type is grow, release or cancel"),
+        "request": (_request, "an object whose type is grow, release, cancel or target"),
     },
     "task": {
         "job": (_str, "a job id (string)"),

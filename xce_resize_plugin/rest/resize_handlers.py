@@ -38,6 +38,7 @@ from xce_resize_plugin.core.models import (
     JobState,
     ReadyRequest,
     ResizeRequest,
+    TargetRequest,
 )
 from xce_resize_plugin.core.status import ResizeStatus
 from xce_resize_plugin.errors import InvalidRequest, NoJob, NoResizeHook
@@ -197,7 +198,7 @@ class Handlers:
         """A change with a JSON body: operation ``name``, its body made by ``decode``."""
         op = BY_NAME[name]
         job_id = _job_id(request, name)
-        what = name.removeprefix("resize_").removeprefix("job_")
+        what = name.removeprefix("resize_").removeprefix("job_").removesuffix("_set")
         data = await _json_body(request, what)
         check_fields(data, schema_fields(str(op.body)), what)
         change = decode(data)
@@ -251,6 +252,19 @@ class Handlers:
         }
         return reply(answer, 200)
 
+    async def set_target(self, request: Request, principal: Principal) -> Response:
+        return await self._change(
+            request, principal, "resize_target_set", converters.target_from_json
+        )
+
+    async def clear_target(self, request: Request, principal: Principal) -> Response:
+        job_id = _job_id(request, "resize_target_clear")
+        if await _body(request):
+            raise InvalidRequest("clearing a target takes no body")
+        change = TargetRequest(None)
+        status = await run_in_threadpool(self.hooks.change, principal, job_id, change)
+        return reply(converters.status_json(status), 200)
+
     async def wait(self, request: Request, principal: Principal) -> Response:
         job_id = check_job_id(request.path_params["id"])
         query = check_query(request.query_params.multi_items(), BY_NAME["resize_wait"])
@@ -293,6 +307,8 @@ def resize_routes(controller: Controller) -> list[ApiRoute]:
         "task_ready": handlers.ready,
         "resize_drained": handlers.drained,
         "job_events": handlers.events,
+        "resize_target_set": handlers.set_target,
+        "resize_target_clear": handlers.clear_target,
     }
     return [
         ApiRoute(op, endpoint(op, by_operation[op.name], controller.authenticate), SCHEMAS)

@@ -298,6 +298,29 @@ OPERATIONS: tuple[Operation, ...] = (
     _READY,
     _DRAINED,
     _EVENTS,
+    # A declarative size (docs/in-job-api.md, "A target size").
+    _job_operation(
+        "resize_target_set",
+        "PUT",
+        "/target",
+        "Set the job's target size (xce-resize target, ResizeClient.set_target)",
+        "The plugin converges on `tasks` by itself: below it one grow of the missing "
+        "tasks pends (placed like any grow), above it the extra tasks are released "
+        "(`release_prefer` first, then by the release policy; never task 0). Replaces "
+        "the job's pending grow and turns autoresize off. Answered once durable, with "
+        "the job's resize state (`target`).",
+        body="ResizeTargetRequest",
+        errors=_CHANGE_ERRORS,
+    ),
+    _job_operation(
+        "resize_target_clear",
+        "DELETE",
+        "/target",
+        "Clear the job's target size",
+        "Takes no body. The grow the target kept pending is cancelled; a change in "
+        "flight goes on; the job keeps its size. Clearing no target changes nothing.",
+        errors=_CHANGE_ERRORS,
+    ),
 )
 #: The operations by name.
 BY_NAME = {op.name: op for op in OPERATIONS}

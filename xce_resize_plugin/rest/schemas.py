@@ -72,6 +72,11 @@ _STATUS_PROPERTIES: dict[str, Any] = {
         "oneOf": [{"type": "null"}, _PENDING],
     },
     **_AUTORESIZE,
+    "target": {
+        "description": "The job's target size, if one is set: the plugin grows or "
+        "releases until the job holds `tasks` (PUT .../resize/target).",
+        "oneOf": [{"type": "null"}, {"$ref": "#/components/schemas/ResizeTargetState"}],
+    },
     "in_flight": {
         "description": "The change in flight, if any: tasks added (grow) or released (shrink).",
         "oneOf": [
@@ -115,6 +120,45 @@ _GRACE = {
         "description": "Drain time in seconds before the released tasks are stopped "
         "(`--grace`), at most the site's `max_stop_grace`; null: the job's default "
         "(given at submission, else 0).",
+    },
+}
+
+
+# --- declarative size and conditional changes (docs/in-job-api.md, "A target size") ---
+_IF_VERSION = {
+    "if_version": {
+        "type": ["integer", "null"],
+        "minimum": 0,
+        "description": "Refuse the change (409 XCE_RESIZE_VERSION_CHANGED) unless the "
+        "job's allocation is still at this version.",
+    },
+}
+_PREFER = {
+    "type": "array",
+    "items": {"type": "integer", "minimum": 0},
+    "description": "Task ids to release first when the job is above its target (still "
+    "held ones, in this order); the release policy picks the rest. Never task 0.",
+}
+_TARGET_SCHEMAS: dict[str, Any] = {
+    "ResizeTargetRequest": {
+        "type": "object",
+        "description": "`xce-resize target JOB N [--prefer IDS]`: converge on N tasks.",
+        "properties": {
+            "tasks": {
+                "type": "integer",
+                "minimum": 1,
+                "description": "The job's target size, within min_tasks..max_tasks.",
+            },
+            "release_prefer": _PREFER,
+        },
+        "required": ["tasks"],
+        "additionalProperties": False,
+    },
+    "ResizeTargetState": {
+        "type": "object",
+        "properties": {"tasks": {"type": "integer", "minimum": 1}, "release_prefer": _PREFER},
+        "required": ["tasks", "release_prefer"],
+        "additionalProperties": False,
     },
 }
 
@@ -267,6 +311,7 @@ SCHEMAS: dict[str, Any] = {
             },
             **_OPTIONS,
             **_READINESS,
+            **_IF_VERSION,
         },
         "required": ["tasks"],
         "additionalProperties": False,
@@ -287,7 +332,7 @@ SCHEMAS: dict[str, Any] = {
     "ResizeReleaseRequest": {
         "type": "object",
         "description": "`bresize release`: exactly one of spec, hosts, task_ids, count.",
-        "properties": {**_RELEASE_FORMS, **_OPTIONS, **_GRACE},
+        "properties": {**_RELEASE_FORMS, **_OPTIONS, **_GRACE, **_IF_VERSION},
         "oneOf": [_release_form(name) for name in _RELEASE_FORMS],
         "additionalProperties": False,
     },
@@ -336,6 +381,7 @@ SCHEMAS: dict[str, Any] = {
         "required": ["seq", "type", "time"],
         "additionalProperties": False,
     },
+    **_TARGET_SCHEMAS,
 }
 
 

@@ -23,7 +23,7 @@ SECTIONS = {"cluster", "limits", "users", "resize", "scenario", "jobs", "command
 #: A ``[[jobs]]`` table: the submission options every controller takes, and the
 #: scenario's own (id, owner, arrival time, true run time).
 JOB_KEYS = SUBMIT_OPTIONS | {"id", "user", "submit", "runtime"}
-COMMAND_KEYS = {"at", "user", "bresize", "resize", "modify", "host"}
+COMMAND_KEYS = {"at", "user", "bresize", "resize", "modify", "host", "target"}
 #: What a ``modify`` command may change (``xce-resize modify``, ``bmod``).
 MODIFY_KEYS = {"job", "autoresize"}
 RESIZE_OPS = {"grow", "release", "cancel"}
@@ -31,6 +31,8 @@ RESIZE_OPS = {"grow", "release", "cancel"}
 #: administrator or an injected failure does to a host.
 HOST_STATES = {"down", "up", "closed", "open"}
 HOST_KEYS = {"name", "state", "evacuate"}
+#: A ``target`` command's keys (``xce-resize target``; docs/scenarios.md).
+TARGET_KEYS = {"job", "tasks", "release_prefer", "clear"}
 
 
 @frozen
@@ -304,6 +306,25 @@ def _modify(where: Where, key: str, body: Any) -> dict[str, Any]:
     return {"op": "modify", **body}
 
 
+def _target(where: Where, key: str, body: Any) -> dict[str, Any]:
+    """A ``target = { job = "101", tasks = 4, release_prefer = [3] }`` command (or
+    ``clear = true`` instead of ``tasks``), checked; held as a resize body with
+    ``op = "target"``. What the controller checks (the range, the ids) it answers."""
+    if not isinstance(body, Mapping):
+        raise where.error(f"{key}.target", "must be a table")
+    where.only(f"{key}.target", body, TARGET_KEYS)
+    if not isinstance(body.get("job"), str):
+        raise where.error(f"{key}.target.job", "missing or not a string")
+    clear = body.get("clear", False)
+    if clear is not True and clear is not False:
+        raise where.error(f"{key}.target.clear", "must be true or false")
+    if clear == ("tasks" in body):
+        raise where.error(f"{key}.target", "give exactly one of tasks or clear = true")
+    if clear and "release_prefer" in body:
+        raise where.error(f"{key}.target.release_prefer", "not with clear = true")
+    return {"op": "target", **body}
+
+
 def _host_command(
     where: Where, key: str, raw: Any, user: str, hosts: set[str], admins: frozenset[str]
 ) -> HostCommand:
@@ -342,10 +363,12 @@ def _commands(
         user = raw.get("user")
         if not isinstance(user, str) or not user:
             raise where.error(f"{key}.user", "missing or not a string")
-        given = [k for k in ("bresize", "resize", "modify", "host") if k in raw]
+        given = [k for k in ("bresize", "resize", "modify", "host", "target") if k in raw]
         if len(given) != 1:
-            raise where.error(key, "give exactly one of bresize, resize, modify or host")
-        if given[0] == "host":
+            raise where.error(key, "give exactly one of bresize, resize, modify, target or host")
+        if given[0] == "target":
+            out.append(CommandSpec(at=at, user=user, resize=_target(where, key, raw["target"])))
+        elif given[0] == "host":
             host = _host_command(where, f"{key}.host", raw["host"], user, hosts, admins)
             out.append(CommandSpec(at=at, user=user, host=host))
         elif given[0] == "modify":

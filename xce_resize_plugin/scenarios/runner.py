@@ -32,8 +32,10 @@ from xce_resize_plugin.core.models import (
     AutoresizeRequest,
     CancelRequest,
     ResizeRequest,
+    TargetRequest,
     host_counts,
 )
+from xce_resize_plugin.core.status import ResizeStatus
 from xce_resize_plugin.errors import ConfigError, InvalidRequest, ResizeError
 from xce_resize_plugin.host import Principal
 from xce_resize_plugin.journal import Journal
@@ -197,6 +199,13 @@ def _drain_text(drain: HostDrain) -> str:
     return f"host {drain.host} is closed" + (": " + "; ".join(parts) if parts else "")
 
 
+def _target_json(status: ResizeStatus | None) -> dict[str, Any]:
+    """A job's ``target``, only while one is set (docs/scenarios.md, "target tables")."""
+    if status is None or status.target is None:
+        return {}
+    return {"target": converters.API.unstructure(status.target)}
+
+
 def _api_request(body: dict[str, Any]) -> tuple[str, ResizeRequest]:
     """A scenario ``resize`` table: the REST body plus ``op`` and ``job``."""
     op = body.pop("op")
@@ -207,6 +216,10 @@ def _api_request(body: dict[str, Any]) -> tuple[str, ResizeRequest]:
         return job_id, converters.release_from_json(body)
     if op == "modify":
         return job_id, AutoresizeRequest(bool(body["autoresize"]))
+    if op == "target":
+        if body.pop("clear", False):
+            return job_id, TargetRequest(None)
+        return job_id, converters.target_from_json(body)
     if body:
         raise InvalidRequest(f"cancel takes no fields, got {', '.join(sorted(body))}")
     return job_id, CancelRequest()
@@ -246,6 +259,7 @@ def run(scenario: Scenario, state_dir: Path, record: IO[str] | None = None) -> S
                     else {"min": pending.min_add, "max": pending.max_add}
                 ),
                 "resize_phase": status.phase.value if status is not None else "IDLE",
+                **_target_json(status),
                 "start_time": view.start_time,
                 "end_time": view.end_time,
                 **({"exit_reason": view.exit_reason} if view.state.value == "EXIT" else {}),

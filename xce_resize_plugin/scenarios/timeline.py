@@ -21,6 +21,7 @@ from xce_resize_plugin.core.models import (
     GrowReverted,
     NotifyDone,
     ReleaseAccepted,
+    TargetSet,
     Task,
     TasksDrained,
     TasksLost,
@@ -57,9 +58,20 @@ def _size(fact: GrowRequested) -> str:
 #: with its output and what it rolled back, is :func:`_notify_lines`.
 _ONE_LINE: dict[type[Any], Callable[[Any], str]] = {
     GrowRequested: lambda f: (
-        f"autoresize demand of {_size(f)} tasks pending"
+        f"{'target' if f.principal == 'target' else 'autoresize'} demand of {_size(f)} "
+        "tasks pending"
         if f.auto
         else f"grow of {_size(f)} tasks pending"
+    ),
+    TargetSet: lambda f: (
+        f"target cleared ({f.reason})"
+        if f.target is None
+        else f"target {f.target.tasks} tasks"
+        + (
+            f", release {','.join(map(str, f.target.release_prefer))} first"
+            if f.target.release_prefer
+            else ""
+        )
     ),
     AutoresizeSet: lambda f: f"autoresize {'on' if f.enabled else 'off'} ({f.reason})",
     GrowCancelled: lambda f: f"pending grow {_CANCEL_REASONS.get(f.reason, f.reason)}",
@@ -112,6 +124,14 @@ def _rest_line(body: Mapping[str, Any] | None) -> str:
     if body is not None and body.get("op") == "modify":
         switch = "--autoresize" if body.get("autoresize") else "--no-autoresize"
         return f"xce-resize modify {shlex.quote(str(body.get('job')))} {switch}"
+    if body is not None and body.get("op") == "target":
+        job = shlex.quote(str(body.get("job")))
+        if body.get("clear"):
+            return f"xce-resize target {job} --clear"
+        prefer = ",".join(map(str, body.get("release_prefer", ())))
+        return f"xce-resize target {job} {body.get('tasks')}" + (
+            f" --prefer {prefer}" if prefer else ""
+        )
     return f"REST {body}"
 
 

@@ -69,7 +69,7 @@ def write(path: Path, *lines: dict[str, Any], header: dict[str, Any] | None = No
         ({"kind": "submit", "t": 1, "job": "1", "user": "a", "tasks": [1]}, "tasks must be"),
         (
             {"kind": "request", "t": 1, "job": "1", "principal": {"name": "a"}, "request": {}},
-            "request must be an object whose type is grow, release or cancel",
+            "request must be an object whose type is grow, release, cancel or target",
         ),
         ({"kind": "ending", "t": 1, "job": "1", "tasks": ["1"], "grace": 1}, "tasks must be"),
         ({"kind": "end", "t": 1, "job": "1", "state": "KILLED"}, "state must be DONE | EXIT"),
