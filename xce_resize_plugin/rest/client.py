@@ -61,6 +61,7 @@ class Client:
         timeout: float | None = None,
     ) -> Any:
         """Send one request; return the decoded JSON answer (``None`` when empty)."""
+        import http.client
         import json
         import urllib.error
         import urllib.request
@@ -76,9 +77,15 @@ class Client:
             with urllib.request.urlopen(req, timeout=timeout or self.timeout) as resp:
                 raw = resp.read()
         except urllib.error.HTTPError as exc:
-            raise remote_error(exc.code, exc.read(), str(exc.reason)) from None
-        except (urllib.error.URLError, OSError) as exc:
-            reason = getattr(exc, "reason", exc)
+            try:
+                raw = exc.read()
+            except (OSError, http.client.HTTPException):
+                raw = b""  # cut off mid-answer: the status still says what happened
+            raise remote_error(exc.code, raw, str(exc.reason)) from None
+        except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
+            # HTTPException: the connection closed mid-answer (a controller killed while
+            # it wrote it), so the request's outcome is unknown, as when unreachable.
+            reason = getattr(exc, "reason", None) or repr(exc)
             raise Unreachable(f"{self.url}: {reason}") from None
         return json.loads(raw) if raw else None
 
