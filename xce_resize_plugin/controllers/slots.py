@@ -168,8 +168,19 @@ class FreeSlots:
         out: list[tuple[str, int]] = []
         total = 0
         for base, n in self._open_runs():
-            # A run of hosts with free slots, all taken up to ptile; the last run is
-            # cut to what is still wanted below.
+            if n == 1:  # one host (a word not all free): as the plain loop did
+                take = free[base]
+                if ptile is not None and take > ptile:
+                    take = ptile
+                if take > cap - total:
+                    take = cap - total
+                out.append((names[base], take))
+                total += take
+                if total >= cap:
+                    break
+                continue
+            # A whole word of hosts with free slots, all taken up to ptile; the last
+            # is cut to what is still wanted below.
             takes = _read_run(free, base, n)
             if ptile is not None:
                 takes = list(map(min, takes, repeat(ptile)))

@@ -41,6 +41,8 @@ from xce_resize_plugin.core.models import JobState, Task
 from xce_resize_plugin.simulation.malleable import SpeedupModel
 
 _host_of = attrgetter("host")
+#: From this many tasks on, a start or an end is counted per host in C (a loop below).
+_BULK = 24
 
 __all__ = [
     "MAX_PROBLEMS",
@@ -141,9 +143,9 @@ class LedgerCheck(Check):
     def _add(self, job_id: str, time: float, tasks: Iterable[Task], sign: int) -> None:
         used, slots = self.used, self.slots
         tasks = tasks if isinstance(tasks, tuple) else tuple(tasks)
-        per_host = Counter(map(_host_of, tasks))
+        per_host = Counter(map(_host_of, tasks)) if len(tasks) >= _BULK else {}
         hosts = tuple(per_host)
-        if all(map(used.__contains__, hosts)):
+        if hosts and all(map(used.__contains__, hosts)):
             # Counted per host in C; a problem is looked for task by task below.
             counts = map(sign.__mul__, per_host.values())
             after = list(map(add, map(used.__getitem__, hosts), counts))
