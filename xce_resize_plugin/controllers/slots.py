@@ -377,14 +377,5 @@ class FreeSlots:
 
     def _open(self) -> Iterator[int]:
         """Positions of the hosts with free slots, in order (a snapshot of the words)."""
-        top, words = self._top, self._words
-        while top:
-            low = top & -top
-            top ^= low
-            w = low.bit_length() - 1
-            word = words[w]
-            base = w * _WORD
-            while word:
-                bit = word & -word
-                word ^= bit
-                yield base + bit.bit_length() - 1
+        for base, n in self._open_runs():
+            yield from range(base, base + n)
