@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from itertools import chain, repeat
+from operator import add, le, sub
 
 from xce_resize_plugin.controllers.slots import FreeSlots
 from xce_resize_plugin.controllers.violations import ContractViolation
@@ -233,15 +235,63 @@ class Cluster:
             raise ContractViolation(f"job {job_id} is not known to the cluster")
         if self._held.get(job_id):
             raise ContractViolation(f"job {job_id} already holds slots")
-        slots, used_map = self._slots, self._used
-        per_host: dict[str, int] = {}
-        for host, count in placement:
-            per_host[host] = per_host.get(host, 0) + count
-        total = 0
+        per_host = dict(placement)
+        if len(per_host) != len(placement):  # a host twice: add its counts up
+            per_host = {}
+            for host, count in placement:
+                per_host[host] = per_host.get(host, 0) + count
+        total = self._check_allocation(job_id, per_host)
+        limit = self._limits.get(user)
+        if limit is not None and self._user_used.get(user, 0) + total > limit:
+            raise ContractViolation(
+                f"job {job_id}: {total} slot(s) exceed user {user}'s limit of {limit}"
+            )
+        hosts, counts = tuple(per_host), tuple(per_host.values())
+        if len(per_host) == len(placement):
+            names = list(chain.from_iterable(map(repeat, hosts, counts)))
+        else:
+            names = [host for host, count in placement for _ in range(count)]
+        self._held[job_id] = dict(enumerate(names))
+        self._job_hosts[job_id] = per_host
+        self.change_epoch += 1
+        self.taken_count += total
+        used_map = self._used
+        used = list(map(add, map(used_map.__getitem__, hosts), counts))
+        used_map.update(zip(hosts, used, strict=True))
+        # Checked above: no host goes over its slots, so what is left is >= 0.
+        left = map(sub, map(self._slots.__getitem__, hosts), used)
+        self._free.set_many(tuple(zip(hosts, left, strict=True)))
+        self._user_used[user] = self._user_used.get(user, 0) + total
+        return tuple(map(Task, range(total), names))
+
+    def _check_allocation(self, job_id: str, per_host: Mapping[str, int]) -> int:
+        """The slots of a whole allocation (``per_host``: host -> tasks), checked that
+        every host is known, takes tasks and has them free; return the total.
+
+        The common case (all fine) is checked in C over every host at once; the first
+        host at fault is then looked for one by one for the message.
+        """
+        slots, used_map, free = self._slots, self._used, self._free
+        hosts, counts = tuple(per_host), tuple(per_host.values())
+        known = all(map(slots.__contains__, hosts))
+        if (
+            known
+            and not self._down
+            and not self._closed
+            and min(counts, default=1) >= 1
+            and all(
+                map(
+                    le,
+                    map(add, map(used_map.__getitem__, hosts), counts),
+                    map(slots.__getitem__, hosts),
+                )
+            )
+        ):
+            return sum(counts)
         for host, count in per_host.items():
             if host not in slots:
                 raise ContractViolation(f"job {job_id}: unknown host {host!r}")
-            if not self._free.enabled(host):
+            if not free.enabled(host):
                 raise ContractViolation(
                     f"job {job_id}: {host} is {self.host_state(host).value}: no new tasks"
                 )
@@ -250,24 +300,7 @@ class Cluster:
                     f"job {job_id}: {count} slot(s) on {host} exceed its "
                     f"{slots[host]} slots ({used_map[host]} in use)"
                 )
-            total += count
-        limit = self._limits.get(user)
-        if limit is not None and self._user_used.get(user, 0) + total > limit:
-            raise ContractViolation(
-                f"job {job_id}: {total} slot(s) exceed user {user}'s limit of {limit}"
-            )
-        names = [host for host, count in placement for _ in range(count)]
-        self._held[job_id] = dict(enumerate(names))
-        self._job_hosts[job_id] = per_host
-        self.change_epoch += 1
-        self.taken_count += total
-        left = []
-        for host, count in per_host.items():
-            used = used_map[host] = used_map[host] + count
-            left.append((host, max(0, slots[host] - used)))
-        self._free.set_many(left)
-        self._user_used[user] = self._user_used.get(user, 0) + total
-        return tuple(map(Task, range(total), names))
+        return sum(counts)
 
     def release_all(self, job_id: str) -> int:
         """Free everything ``job_id`` holds, in bulk (per host, not per task); return
@@ -278,12 +311,18 @@ class Cluster:
         user = self._owner[job_id]
         hosts = self._job_hosts[job_id]
         slots, used_map = self._slots, self._used
-        left = []
-        for host, count in hosts.items():
-            used = used_map[host] = used_map[host] - count
-            if host in slots:
-                left.append((host, max(0, slots[host] - used)))
-        self._free.set_many(left)
+        names, counts = tuple(hosts), tuple(hosts.values())
+        used = list(map(sub, map(used_map.__getitem__, names), counts))
+        used_map.update(zip(names, used, strict=True))
+        if all(map(slots.__contains__, names)):
+            left = list(map(sub, map(slots.__getitem__, names), used))
+            if min(left, default=0) < 0:  # over its slots (restored after a shrink)
+                left = [max(0, n) for n in left]
+            self._free.set_many(tuple(zip(names, left, strict=True)))
+        else:
+            self._free.set_many(
+                [(h, max(0, slots[h] - u)) for h, u in zip(names, used, strict=True) if h in slots]
+            )
         n = len(held)
         held.clear()
         hosts.clear()

@@ -10,7 +10,7 @@ cluster ledger owns them (one source of truth); the store saves both together.
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, MutableMapping, Sequence
 from typing import Any, Protocol
 
 from attrs import define, field, frozen
@@ -95,6 +95,74 @@ class TaskRecord:
     grace: float | None = None
 
 
+class TaskStates(MutableMapping[int, TaskRecord]):
+    """A job's task records (task id -> :class:`TaskRecord`), made on first use.
+
+    A job starts with every task RUNNING since its start, and most jobs of a trace
+    simulation end without anyone asking about one of their tasks: making a record per
+    task at every start and marking each exited at every end was a good part of what a
+    start and an end cost for jobs of thousands of tasks. Until something reads or
+    changes one record, this holds only the tasks and their common state; it behaves
+    as the dict of records it stands for.
+    """
+
+    __slots__ = ("_reason", "_records", "_since", "_state", "_tasks")
+
+    def __init__(self, tasks: Sequence[Task], state: TaskState, since: float) -> None:
+        self._records: dict[int, TaskRecord] | None = None
+        self._tasks = tasks
+        self._state = state
+        self._since = since
+        self._reason = ""
+
+    def _all(self) -> dict[int, TaskRecord]:
+        records = self._records
+        if records is None:
+            state, since, reason = self._state, self._since, self._reason
+            records = self._records = {
+                t.id: TaskRecord(t.host, state, since, reason=reason) for t in self._tasks
+            }
+        return records
+
+    def exit_live(self, now: float, reason: str, live: tuple[TaskState, ...]) -> bool:
+        """Mark every task still in a ``live`` state exited ``now`` without making the
+        records, if none was made yet; ``False`` (nothing done) otherwise."""
+        if self._records is not None:
+            return False
+        if self._state in live:
+            self._state, self._since, self._reason = TaskState.EXITED, now, reason
+        return True
+
+    def __getitem__(self, task_id: int) -> TaskRecord:
+        return self._all()[task_id]
+
+    def __setitem__(self, task_id: int, record: TaskRecord) -> None:
+        self._all()[task_id] = record
+
+    def __delitem__(self, task_id: int) -> None:
+        del self._all()[task_id]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._all())
+
+    def __len__(self) -> int:
+        return len(self._all()) if self._records is not None else len(self._tasks)
+
+    def __contains__(self, task_id: object) -> bool:
+        return task_id in self._all()
+
+    def get(self, task_id: int, default: TaskRecord | None = None) -> TaskRecord | None:  # type: ignore[override]
+        return self._all().get(task_id, default)
+
+    def __eq__(self, other: object) -> bool:
+        return self._all() == (other._all() if isinstance(other, TaskStates) else other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"TaskStates({self._all()!r})"
+
+
 @frozen
 class VersionRecord:
     """One committed allocation: its version, when, and the tasks."""
@@ -168,7 +236,7 @@ class JobRecord:
     tasks: tuple[Task, ...] = ()
     version: int = 0
     versions: list[VersionRecord] = field(factory=list)
-    task_states: dict[int, TaskRecord] = field(factory=dict)
+    task_states: MutableMapping[int, TaskRecord] = field(factory=dict)
     exit_reason: str = ""
     #: Put back in the queue after a host failure (``JobInfo.requeued``).
     requeued: bool = False

@@ -53,6 +53,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from functools import partial
+from operator import itemgetter
 
 import attrs
 from attrs import frozen
@@ -153,6 +154,9 @@ class PassResult:
 
     starts: tuple[Start, ...]
     reservation: Reservation | None
+
+
+_count_of = itemgetter(1)  # a placement pair's task count
 
 
 def can_ever_fit(
@@ -309,7 +313,7 @@ class _Pass:
             self.fillable.append((len(self.starts), job))
         self.starts.append(Start(job.id, placed, backfilled))
         self.avail.take(placed)
-        n = sum(c for _, c in placed)
+        n: int = sum(map(_count_of, placed))
         self.taken[job.user] = self.taken.get(job.user, 0) + n
         duration = job.duration_for(n)
         end = None if duration is None else self.now + duration

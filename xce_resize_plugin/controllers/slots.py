@@ -24,7 +24,10 @@ it is in use (the draft reads the parent for every host it did not change itself
 
 from __future__ import annotations
 
+from collections import Counter, deque
 from collections.abc import Iterable, Iterator, Mapping, MutableSequence, Sequence
+from itertools import compress, groupby, repeat
+from operator import ge, sub, xor
 
 __all__ = ["FreeSlots", "Placement"]
 
@@ -32,6 +35,13 @@ __all__ = ["FreeSlots", "Placement"]
 Placement = tuple[tuple[str, int], ...]
 
 _WORD = 64  # hosts per word of the bitmap (positions: i >> 6, i & 63)
+_FULL = (1 << _WORD) - 1  # a word whose 64 hosts all have free slots
+#: From this many hosts on, a change goes through :meth:`FreeSlots._apply_bulk`, whose
+#: per-host work runs in C (maps, counters) instead of one Python loop iteration each.
+_BULK = 24
+_word_of = (6).__rrshift__  # i -> i >> 6, as a C callable
+_bit_of = (63).__and__  # i -> i & 63
+_power = (1).__lshift__  # b -> 1 << b
 
 
 class _Overlay(dict[int, int]):
@@ -49,6 +59,20 @@ class _Overlay(dict[int, int]):
 
 
 _Slots = MutableSequence[int] | _Overlay
+
+
+def _read_at(free: _Slots, idx: Sequence[int]) -> list[int]:
+    """``free[i]`` for each position of ``idx``, in C (an overlay's misses included)."""
+    if isinstance(free, _Overlay):
+        return list(map(free.get, idx, _read_at(free.base, idx)))
+    return list(map(free.__getitem__, idx))
+
+
+def _read_run(free: _Slots, start: int, n: int) -> list[int]:
+    """``free[start:start + n]`` as a list, in C (an overlay's misses included)."""
+    if isinstance(free, _Overlay):
+        return list(map(free.get, range(start, start + n), _read_run(free.base, start, n)))
+    return list(free[start : start + n])
 
 
 class FreeSlots:
@@ -143,16 +167,36 @@ class FreeSlots:
         names, free = self._names, self._free
         out: list[tuple[str, int]] = []
         total = 0
-        for i in self._open():
-            take = free[i]
-            if ptile is not None and take > ptile:
-                take = ptile
-            if take > cap - total:
-                take = cap - total
-            out.append((names[i], take))
-            total += take
-            if total >= cap:
-                break
+        for base, n in self._open_runs():
+            if n == 1:  # one host (a word not all free): as the plain loop did
+                take = free[base]
+                if ptile is not None and take > ptile:
+                    take = ptile
+                if take > cap - total:
+                    take = cap - total
+                out.append((names[base], take))
+                total += take
+                if total >= cap:
+                    break
+                continue
+            # A whole word of hosts with free slots, all taken up to ptile; the last
+            # is cut to what is still wanted below.
+            takes = _read_run(free, base, n)
+            if ptile is not None:
+                takes = list(map(min, takes, repeat(ptile)))
+            got = sum(takes)
+            if total + got < cap:
+                out.extend(zip(names[base : base + n], takes, strict=True))
+                total += got
+                continue
+            for i, take in enumerate(takes):
+                if take > cap - total:
+                    take = cap - total
+                out.append((names[base + i], take))
+                total += take
+                if total >= cap:
+                    break
+            break
         return tuple(out)
 
     # -- changing ----------------------------------------------------------------------
@@ -160,14 +204,22 @@ class FreeSlots:
     def take(self, placement: Iterable[tuple[str, int]]) -> None:
         """Take these slots; a host with fewer free slots raises :class:`ValueError`
         (after the hosts before it were taken: callers place first)."""
+        pairs = placement if isinstance(placement, (tuple, list)) else tuple(placement)
         pos, free = self._pos, self._free
+        if len(pairs) >= _BULK:
+            hosts, counts = zip(*pairs, strict=True)
+            idx = list(map(pos.__getitem__, hosts))
+            left = list(map(sub, _read_at(free, idx), counts))
+            if len(set(idx)) == len(idx) and all(map(ge, left, repeat(0))):
+                self._apply_bulk(idx, left)
+                return
         changes = []
-        for host, n in placement:
+        for host, n in pairs:
             i = pos[host]
-            left = free[i] - n
-            if left < 0:
+            left_i = free[i] - n
+            if left_i < 0:
                 raise ValueError(f"host {host!r}: {n} slots taken, {free[i]} free")
-            changes.append((i, left))
+            changes.append((i, left_i))
         self._apply(changes)
 
     def give(self, hosts: Iterable[tuple[str, int]]) -> int:
@@ -192,7 +244,14 @@ class FreeSlots:
     def set_many(self, hosts: Iterable[tuple[str, int]]) -> None:
         """:meth:`set` for each ``(host, free)``."""
         pos, off = self._pos, self._off
-        self._apply([(i, 0 if i in off else n) for h, n in hosts for i in (pos[h],)])
+        pairs = hosts if isinstance(hosts, (tuple, list)) else tuple(hosts)
+        if len(pairs) >= _BULK and not off:
+            names, news = zip(*pairs, strict=True)
+            idx = list(map(pos.__getitem__, names))
+            if len(set(idx)) == len(idx):
+                self._apply_bulk(idx, news)
+                return
+        self._apply([(i, 0 if i in off else n) for h, n in pairs for i in (pos[h],)])
 
     def disable(self, host: str) -> None:
         """Take ``host`` out: it counts no free slot until :meth:`enable`."""
@@ -244,8 +303,63 @@ class FreeSlots:
                 top &= ~(1 << w)
         self._top, self.total = top, total
 
-    def _open(self) -> Iterator[int]:
-        """Positions of the hosts with free slots, in order (a snapshot of the words)."""
+    def _apply_bulk(self, idx: Sequence[int], news: Sequence[int]) -> None:
+        """:meth:`_apply` for many distinct positions at once (``idx``, each set to the
+        matching ``news``), with the per-host work in C: the same result as the loop."""
+        free, hist = self._free, self._hist
+        n = len(idx)
+        first = idx[0]
+        # Consecutive hosts (the common case: placed in host order): read and written
+        # as slices.
+        run = idx[-1] - first + 1 == n and idx == list(range(first, first + n))
+        olds = _read_run(free, first, n) if run else _read_at(free, idx)
+        self.total += sum(news) - sum(olds)
+        for v, c in Counter(olds).items():
+            if v:
+                left = hist[v] - c
+                if left:
+                    hist[v] = left
+                else:
+                    del hist[v]
+        for v, c in Counter(news).items():
+            if v:
+                hist[v] = hist.get(v, 0) + c
+        if run and isinstance(free, list):
+            free[first : first + n] = news
+        else:
+            deque(map(free.__setitem__, idx, news), maxlen=0)
+        # Hosts whose free slots went from none to some or back flip their bit.
+        if run and ((all(olds) and not any(news)) or (not any(olds) and all(news))):
+            self._flip_run(first, first + n)
+            return
+        flips = compress(idx, map(xor, map(bool, olds), map(bool, news)))
+        top = self._top
+        for w, group in groupby(flips, _word_of):
+            top = self._flip_word(top, w, sum(map(_power, map(_bit_of, group))))
+        self._top = top
+
+    def _flip_run(self, start: int, stop: int) -> None:
+        """Flip the bits of the positions ``start..stop-1`` (a word at a time)."""
+        top = self._top
+        w = start >> 6
+        while start < stop:
+            end = min(stop, (w + 1) * _WORD)
+            mask = ((1 << (end - start)) - 1) << (start & 63)
+            top = self._flip_word(top, w, mask)
+            start = end
+            w += 1
+        self._top = top
+
+    def _flip_word(self, top: int, w: int, mask: int) -> int:
+        """Flip ``mask`` in word ``w``; return ``top`` with the word's bit updated."""
+        words = self._words
+        word = words[w] ^ mask
+        words[w] = word
+        return top | (1 << w) if word else top & ~(1 << w)
+
+    def _open_runs(self) -> Iterator[tuple[int, int]]:
+        """``(first position, hosts)`` runs of hosts with free slots, in order: a word
+        whose 64 hosts all have some is one run (no per-host step), else one host each."""
         top, words = self._top, self._words
         while top:
             low = top & -top
@@ -253,7 +367,15 @@ class FreeSlots:
             w = low.bit_length() - 1
             word = words[w]
             base = w * _WORD
+            if word == _FULL:
+                yield base, _WORD
+                continue
             while word:
                 bit = word & -word
                 word ^= bit
-                yield base + bit.bit_length() - 1
+                yield base + bit.bit_length() - 1, 1
+
+    def _open(self) -> Iterator[int]:
+        """Positions of the hosts with free slots, in order (a snapshot of the words)."""
+        for base, n in self._open_runs():
+            yield from range(base, base + n)

@@ -30,13 +30,19 @@ from __future__ import annotations
 import bisect
 import heapq
 import math
+from collections import Counter
 from collections.abc import Iterable, Mapping
+from operator import add, attrgetter, le
 
 from xce_resize_plugin.controllers.hosts import HOST_FAILURE
 from xce_resize_plugin.controllers.jobs import job_id_key
 from xce_resize_plugin.controllers.observer import FinishedJob, Observer
 from xce_resize_plugin.core.models import JobState, Task
 from xce_resize_plugin.simulation.malleable import SpeedupModel
+
+_host_of = attrgetter("host")
+#: From this many tasks on, a start or an end is counted per host in C (a loop below).
+_BULK = 24
 
 __all__ = [
     "MAX_PROBLEMS",
@@ -136,6 +142,18 @@ class LedgerCheck(Check):
 
     def _add(self, job_id: str, time: float, tasks: Iterable[Task], sign: int) -> None:
         used, slots = self.used, self.slots
+        tasks = tasks if isinstance(tasks, tuple) else tuple(tasks)
+        per_host = Counter(map(_host_of, tasks)) if len(tasks) >= _BULK else {}
+        hosts = tuple(per_host)
+        if hosts and all(map(used.__contains__, hosts)):
+            # Counted per host in C; a problem is looked for task by task below.
+            counts = map(sign.__mul__, per_host.values())
+            after = list(map(add, map(used.__getitem__, hosts), counts))
+            if sign < 0 or all(map(le, after, map(slots.__getitem__, hosts))):
+                used.update(zip(hosts, after, strict=True))
+                self.total += sign * len(tasks)
+                self._peak(time)
+                return
         for task in tasks:
             host = task.host
             n = used.get(host)
@@ -150,6 +168,9 @@ class LedgerCheck(Check):
                     f"t={time:g}: host {host} holds {n} tasks, only {slots[host]} slots "
                     f"(job {job_id} task {task.id})"
                 )
+        self._peak(time)
+
+    def _peak(self, time: float) -> None:
         if self.total > self.peak:
             self.peak = self.total
             if self.total > self.capacity:

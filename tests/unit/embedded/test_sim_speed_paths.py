@@ -194,3 +194,62 @@ def test_history_rows_written_per_transition_rebuild_the_state(
             facts += [TaskStopped(job_id="7", at=t, task_id=x.id) for x in gone]
         for fact in [*facts, Committed(job_id="7", at=t, version=state.version + 1)]:
             state = stored(engine.evolve(state, fact))
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(st.integers(0, 3), min_size=30, max_size=300),
+    st.lists(
+        st.tuples(st.integers(0, 299), st.integers(1, 200), st.integers(0, 3), st.booleans()),
+        max_size=8,
+    ),
+    st.booleans(),
+)
+def test_bulk_changes_agree_with_a_plain_map(
+    initial: list[int],
+    runs: list[tuple[int, int, int, bool]],
+    in_draft: bool,
+) -> None:
+    """Changes of many hosts at once (``set_many``, ``take`` of what ``place`` gave: the
+    bulk paths, run by run or scattered, across words, in a draft of a draft) leave the
+    same counts, bitmap and placements as the host-by-host model."""
+    names = [f"h{i:03d}" for i in range(len(initial))]
+    slots = FreeSlots(names, initial)
+    if in_draft:
+        slots = slots.draft().draft()
+    model = dict(zip(names, initial, strict=True))
+    for start, length, value, scattered in runs:
+        chosen = names[start % len(names) :: 2 if scattered else 1][:length]
+        slots.set_many([(h, value) for h in chosen])
+        model.update(dict.fromkeys(chosen, value))
+        _agrees(slots, model, None)
+        want = sum(model.values()) // 3 + 1
+        placed = slots.place(1, want, None)
+        if placed is not None:
+            slots.take(placed)
+            for h, n in placed:
+                model[h] -= n
+            _agrees(slots, model, 2)
+
+
+def test_task_records_are_made_on_first_use() -> None:
+    """A started job's task records stand for RUNNING records without being made; ended
+    before any was made, they all read EXITED with the reason; made on first use, they
+    are ordinary records."""
+    from xce_resize_plugin.controllers.jobs import TaskRecord, TaskState, TaskStates
+
+    tasks = (Task(0, "a"), Task(1, "b"))
+    untouched = TaskStates(tasks, TaskState.RUNNING, 5.0)
+    assert len(untouched) == 2
+    live = (TaskState.RUNNING,)
+    assert untouched.exit_live(9.0, "job ended", live)
+    assert dict(untouched) == {
+        0: TaskRecord("a", TaskState.EXITED, 9.0, reason="job ended"),
+        1: TaskRecord("b", TaskState.EXITED, 9.0, reason="job ended"),
+    }
+    assert not untouched.exit_live(10.0, "again", live)  # made now: the caller's loop
+    used = TaskStates(tasks, TaskState.RUNNING, 5.0)
+    used[1].state = TaskState.STOPPING
+    assert used.get(1) == TaskRecord("b", TaskState.STOPPING, 5.0)
+    assert not used.exit_live(9.0, "job ended", live)
+    assert used == {0: TaskRecord("a", TaskState.RUNNING, 5.0), 1: used[1]}

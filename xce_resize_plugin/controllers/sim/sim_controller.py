@@ -48,7 +48,7 @@ import logging
 import math
 import operator
 import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, MutableMapping, Sequence
 from contextlib import AbstractContextManager
 from functools import partial
 from pathlib import Path
@@ -66,6 +66,7 @@ from xce_resize_plugin.controllers.jobs import (
     NotificationLog,
     TaskRecord,
     TaskState,
+    TaskStates,
     VersionRecord,
     job_id_key,
 )
@@ -132,6 +133,13 @@ _third = operator.itemgetter(2)
 
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
+
+
+def _exit_all(records: MutableMapping[int, TaskRecord], now: float, reason: str) -> None:
+    """:func:`_exit_tasks` for all of a job's task records (at once while none was made:
+    see :class:`~xce_resize_plugin.controllers.jobs.TaskStates`)."""
+    if not (isinstance(records, TaskStates) and records.exit_live(now, reason, _LIVE)):
+        _exit_tasks(records.values(), now, reason)
 
 
 def _exit_tasks(records: Iterable[TaskRecord], now: float, reason: str) -> None:
@@ -1186,7 +1194,7 @@ class EmbeddedController:
     def _requeue_job(self, job: JobRecord) -> None:
         """Put a running job back in the queue (its place: its submit time); it starts
         again from scratch. No ``xce_job_end``: the plugin ended the run's state."""
-        _exit_tasks(job.task_states.values(), self.now(), "requeued")
+        _exit_all(job.task_states, self.now(), "requeued")
         self._cluster.free_job(job.id)
         self._running.pop(job.id, None)
         self._drop_running_view(job.id)
@@ -1724,7 +1732,7 @@ class EmbeddedController:
         job.tasks = tasks
         job.version = 0
         job.versions = [VersionRecord(0, now, tasks)]
-        job.task_states = {t.id: TaskRecord(t.host, TaskState.RUNNING, now) for t in tasks}
+        job.task_states = TaskStates(tasks, TaskState.RUNNING, now)  # records on first use
         self._running[job.id] = job
         work = self._work.get(job.id)
         self._schedule_end(job, work.start(now, len(tasks)) if work is not None else None)
@@ -1766,7 +1774,7 @@ class EmbeddedController:
         job.state = state
         job.end_time = now
         job.exit_reason = reason
-        _exit_tasks(job.task_states.values(), now, "job ended")
+        _exit_all(job.task_states, now, "job ended")
         if was_pending:
             self._dequeue(job)
         cluster = self._cluster
