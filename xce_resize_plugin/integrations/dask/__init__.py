@@ -1,0 +1,17 @@
+"""Dask on a resizable job (the ``dask`` extra; docs/frameworks.md, "Dask").
+
+In task 0::
+
+    from distributed import Client
+    from xce_resize_plugin.integrations.dask import XCECluster
+
+    with XCECluster() as cluster, Client(cluster) as client:
+        cluster.adapt(minimum=1, maximum=7)   # or cluster.scale(4)
+        ...
+
+and in every other task the command ``xce-dask-worker``.
+"""
+
+from xce_resize_plugin.integrations.dask.cluster import SCHEDULER_KEY, XCEAdaptive, XCECluster
+
+__all__ = ["SCHEDULER_KEY", "XCEAdaptive", "XCECluster"]

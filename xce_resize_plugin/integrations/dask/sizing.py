@@ -1,0 +1,134 @@
+"""How the job reaches a given number of tasks: the one place an integration asks the
+controller for a size.
+
+Today's in-job API is relative (grow by k, release these ids) and takes one change at
+a time: a grow may pend, one change is in flight at a time, and a request made
+meanwhile is refused. So :class:`JobSizer` keeps the wanted size and runs a small
+reconcile loop: it reads the allocation, waits while a change is in flight, releases
+the task ids its user named first, cancels a pending grow that no longer fits, and
+grows by the difference. Callers only say :meth:`JobSizer.request` (the size, and the
+ids to let go first) — the shape of the controller's declarative target
+(``set_target(n)`` with the ids preferred for release), so moving onto it replaces this
+module's loop and nothing of its callers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Iterable
+
+from xce_resize_plugin.errors import Unreachable
+from xce_resize_plugin.injob.aio import AsyncResizeClient
+from xce_resize_plugin.injob.protocol import Allocation
+from xce_resize_plugin.rest.client import RemoteError
+
+log = logging.getLogger(__name__)
+
+#: Longest wait on the controller's long poll between two looks at the wanted size.
+POLL = 10.0
+#: Pause after a refused or failed request before the loop looks again.
+RETRY = 0.5
+
+
+class JobSizer:
+    """Drives the job towards :attr:`tasks` tasks (task 0 included), one change at a
+    time, until it has them; then leaves the allocation alone until the next
+    :meth:`request`, so that a change made from outside the job (``bresize release``
+    by the owner or an administrator) stands. Start it with :meth:`start` inside a
+    running loop; :meth:`stop` stops it (the client stays its owner's)."""
+
+    def __init__(self, client: AsyncResizeClient) -> None:
+        self.client = client
+        self.tasks: int | None = None
+        #: The last allocation the loop read (``None`` before the first).
+        self.allocation: Allocation | None = None
+        self._release: set[int] = set()
+        self._wake = asyncio.Event()
+        self._settled = asyncio.Event()
+        self._loop_task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._loop_task = asyncio.ensure_future(self._run())
+
+    async def stop(self) -> None:
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._loop_task
+
+    def request(self, tasks: int, release: Iterable[int] = ()) -> None:
+        """Want ``tasks`` tasks; let the ``release`` ids go first (their work is done
+        elsewhere: the caller retired them). Returns at once; the loop does the rest."""
+        self.tasks = tasks
+        self._release.update(t for t in release if t != 0)
+        self._settled.clear()
+        self._wake.set()
+
+    async def settled(self, timeout: float) -> Allocation:
+        """Wait until the allocation has the wanted size with nothing pending or in
+        flight; the allocation. Raises :class:`TimeoutError` after ``timeout`` seconds."""
+        await asyncio.wait_for(self._settled.wait(), timeout)
+        assert self.allocation is not None
+        return self.allocation
+
+    async def _run(self) -> None:
+        while True:
+            self._wake.clear()
+            try:
+                alloc = await self.client.allocation()
+                self.allocation = alloc
+                version = await self._step(alloc)
+            except (RemoteError, Unreachable) as exc:
+                # A change raced ours (another request, an outside bresize) or the
+                # controller is failing over: look again shortly.
+                log.info("resize request not taken (%s); retrying", exc)
+                await asyncio.sleep(RETRY)
+                continue
+            if version is not None:
+                await self._wait(version)
+
+    async def _step(self, alloc: Allocation) -> int | None:
+        """One move towards the wanted size; the version to wait past, or ``None`` to
+        look again at once."""
+        ids = {task_id for task_id, _ in alloc.tasks}
+        self._release &= ids
+        if alloc.in_flight is not None or self.tasks is None:
+            return alloc.version
+        planned = alloc.size + (int(alloc.pending["max"]) if alloc.pending else 0)
+        if self._release:
+            await self.client.release(
+                task_ids=sorted(self._release),
+                no_notify=True,
+                cancel_pending=alloc.pending is not None,
+            )
+            return None
+        if alloc.pending is not None and planned != self.tasks:
+            await self.client.cancel()
+            return None
+        if alloc.size < self.tasks and alloc.pending is None:
+            await self.client.grow(1, self.tasks - alloc.size, no_notify=True)
+            return None
+        if alloc.settled and alloc.size >= self.tasks and alloc.pending is None:
+            # Reached: from now on the allocation is the job's to change. An outside
+            # release (the owner's bresize, an administrator) is not undone.
+            self.tasks = None
+            self._settled.set()
+        return alloc.version
+
+    async def _wait(self, version: int) -> None:
+        """Until the allocation moves past ``version`` or a new size is wanted."""
+        poll = asyncio.ensure_future(self.client.wait(after_version=version, timeout=POLL))
+        wake = asyncio.ensure_future(self._wake.wait())
+        try:
+            done, _ = await asyncio.wait({poll, wake}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            # Also when this loop is cancelled: no request is left running behind it.
+            for task in (poll, wake):
+                if not task.done():
+                    task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, RemoteError, Unreachable):
+                    await task
+        if poll in done and poll.exception() is not None:
+            await asyncio.sleep(RETRY)
