@@ -26,7 +26,7 @@ import dask.array as da  # noqa: E402
 import numpy as np  # noqa: E402
 
 from tests.e2e.live.test_live_clients import cli  # noqa: E402
-from xce_resize_plugin.integrations.dask import SCHEDULER_KEY, XCECluster  # noqa: E402
+from xce_resize_plugin.integrations.dask import RETIRE_STIMULUS, SCHEDULER_KEY, XCECluster  # noqa: E402
 from xce_resize_plugin.testing.live import ALICE, LiveCluster, wait_until  # noqa: E402
 
 #: Task 0 sleeps (this test process plays its program); every other task is a worker.
@@ -172,13 +172,20 @@ def test_scale_down_retires_before_it_releases(
     with distributed.Client(cluster) as client:
         data = client.scatter([[j] * 100 for j in range(40)])
         before = worker_names(cluster)
+        name_of = {a: str(w["name"]) for a, w in cluster.scheduler_info["workers"].items()}
         cluster.scale(2)
         alloc = cluster.wait_for_allocation(60)
         gone = before - {str(t) for t, _ in alloc.tasks}
         assert len(gone) == 2 and alloc.size == 3
         # The released tasks are exactly the retired workers: no data was on a task
         # when it was stopped, so every scattered value is still there.
-        assert worker_names(cluster) == before - gone
+        assert worker_names(cluster) == before - gone == allocation_workers(live, job_id)
         assert client.gather(data) == [[j] * 100 for j in range(40)]
-    history = live.ok("GET", f"/v1/jobs/{job_id}/resize/history", ALICE)
-    print(history)
+        # The cluster retired them itself (not the workers on their SIGTERM).
+        retired = [
+            msg
+            for _, msg in client.get_events("all")
+            if msg.get("action") == "retire-workers" and msg["retired"]
+        ]
+        assert [m["stimulus_id"].startswith(RETIRE_STIMULUS) for m in retired] == [True]
+        assert {name_of[a] for a in retired[0]["retired"]} == gone

@@ -12,6 +12,11 @@ In task 0::
 and in every other task the command ``xce-dask-worker``.
 """
 
-from xce_resize_plugin.integrations.dask.cluster import SCHEDULER_KEY, XCEAdaptive, XCECluster
+from xce_resize_plugin.integrations.dask.cluster import (
+    RETIRE_STIMULUS,
+    SCHEDULER_KEY,
+    XCEAdaptive,
+    XCECluster,
+)
 
-__all__ = ["SCHEDULER_KEY", "XCEAdaptive", "XCECluster"]
+__all__ = ["RETIRE_STIMULUS", "SCHEDULER_KEY", "XCEAdaptive", "XCECluster"]

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Generator, Mapping
 from typing import Any
 
@@ -40,6 +41,8 @@ log = logging.getLogger(__name__)
 
 #: The key of the job's key-value store that holds the scheduler's address.
 SCHEDULER_KEY = "dask-scheduler"
+#: How the scheduler's event log names a retirement the cluster made before a release.
+RETIRE_STIMULUS = "xce-scale-down"
 
 
 class XCEAdaptive(Adaptive):
@@ -204,7 +207,12 @@ class XCECluster(Cluster):
         names = [str(t) for t in task_ids if str(t) in registered]
         retired: dict[str, Any] = {}
         if names:
-            retired = await self._rpc.retire_workers(names=names, close_workers=False, remove=True)
+            retired = await self._rpc.retire_workers(
+                names=names,
+                close_workers=False,
+                remove=True,
+                stimulus_id=f"{RETIRE_STIMULUS}-{time.time()}",
+            )
         kept = set(names) - {str(info["name"]) for info in retired.values()}
         if kept:
             log.warning("workers %s keep data no other worker could take: not released", kept)
