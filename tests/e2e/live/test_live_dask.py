@@ -12,6 +12,7 @@ other tasks run the real ``xce-dask-worker`` under the live controller's agents.
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections.abc import Iterator
@@ -20,6 +21,7 @@ from typing import Any
 
 import pytest
 
+pytestmark = pytest.mark.slow  # real Dask workers start in seconds each: ~1 min in all
 distributed = pytest.importorskip("distributed")
 import dask  # noqa: E402
 import dask.array as da  # noqa: E402
@@ -54,13 +56,13 @@ def job_env(live: LiveCluster, answer: dict[str, Any]) -> dict[str, str]:
 
 @pytest.fixture
 def dask_job(resize_live_factory: Any) -> Iterator[tuple[LiveCluster, XCECluster, str]]:
-    live: LiveCluster = resize_live_factory({"h1": 4, "h2": 4}, stop_grace=STOP_GRACE)
+    live: LiveCluster = resize_live_factory({"h1": 3, "h2": 3}, stop_grace=STOP_GRACE)
     live.start()
     answer = live.ok(
         "POST",
         "/v1/jobs",
         ALICE,
-        {"command": DASK_JOB, "tasks": "1,8", "resizable": True, "initial": 1},
+        {"command": DASK_JOB, "tasks": "1,6", "resizable": True, "initial": 1},
     )
     live.running(answer["id"], 1)
     cluster = XCECluster(environ=job_env(live, answer))
@@ -79,11 +81,11 @@ def allocation_workers(live: LiveCluster, job_id: str) -> set[str]:
 
 
 def going(live: LiveCluster, job_id: str) -> set[str]:
-    """The tasks a release in flight stops, or that a finished one took (since 1..6)."""
+    """The tasks a release in flight stops, or that a finished one took (of 1..4)."""
     in_flight = live.ok("GET", f"/v1/jobs/{job_id}/resize", ALICE)["in_flight"]
     if in_flight is not None and in_flight["kind"] == "shrink":
         return {str(t["id"]) for t in in_flight["tasks"]}
-    return {str(t) for t in range(1, 7)} - allocation_workers(live, job_id)
+    return {str(t) for t in range(1, 5)} - allocation_workers(live, job_id)
 
 
 def counted(log: Path) -> dict[int, int]:
@@ -101,8 +103,10 @@ def test_scale_grows_and_the_workers_register_by_task_id(
     assert cluster.scheduler is not None
     stored = live.ok("GET", f"/v1/jobs/{job_id}/kv/{SCHEDULER_KEY}", ALICE)["value"]
     assert stored == cluster.scheduler_address and stored.startswith("tcp://127.0.0.1:")
-    with pytest.raises(ValueError, match="0 to 7 workers"):
-        cluster.scale(8)
+    for bad in (lambda: cluster.scale(6), lambda: cluster.adapt(minimum=2, maximum=6)):
+        with pytest.raises(ValueError, match="this job has 0 to 5 workers"):
+            bad()
+    assert cluster.allocation.size == 1 and cluster._adaptive is None  # nothing changed
     cluster.scale(3)
     cluster.wait_for_workers(3, timeout=60)
     alloc = cluster.wait_for_allocation(60)
@@ -131,8 +135,8 @@ def test_outside_release_during_a_computation_loses_nothing(
         time.sleep(0.05)
         return block * 2
 
-    cluster.scale(6)
-    cluster.wait_for_workers(6, timeout=60)
+    cluster.scale(4)
+    cluster.wait_for_workers(4, timeout=60)
     with distributed.Client(cluster) as client:
         parts = [
             da.from_delayed(dask.delayed(chunk, pure=False)(i), shape=(1000,), dtype=int)
@@ -189,3 +193,28 @@ def test_scale_down_retires_before_it_releases(
         ]
         assert [m["stimulus_id"].startswith(RETIRE_STIMULUS) for m in retired] == [True]
         assert {name_of[a] for a in retired[0]["retired"]} == gone
+
+
+def test_the_example_job_grows_computes_and_shrinks(resize_live_factory: Any) -> None:
+    """docs/examples/dask_job.sh as a user submits it: XCECluster() with no arguments
+    in task 0, a bare xce-dask-worker in the other tasks, adaptive scaling."""
+    live: LiveCluster = resize_live_factory({"h1": 2, "h2": 2}, stop_grace=STOP_GRACE)
+    live.start()
+    script = Path(__file__).parents[3] / "docs" / "examples" / "dask_job.sh"
+    path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+    job_id = live.submit(
+        command=["/bin/sh", str(script), "--items", "24", "--seconds", "0.2", "--maximum", "3"],
+        tasks="1,4",
+        initial=1,
+        resizable=True,
+        env={"PATH": path},
+    )
+    wait_until(lambda: live.job(job_id)["state"] in ("DONE", "EXIT"), 120, "the job's end")
+    out = (live.state / "jobs" / job_id / "task-0.out").read_text()
+    job = live.job(job_id)
+    assert job["state"] == "DONE", out
+    expected = sum(i * i for i in range(24))
+    assert f"total {expected} (expected {expected})" in out
+    assert "workers left: 0" in out
+    started = sorted(p.name for p in (live.state / "jobs" / job_id).glob("task-*.out"))
+    assert len(started) > 1, started  # it grew: some worker tasks ran

@@ -90,7 +90,12 @@ class XCECluster(Cluster):
         if not head:
             raise RuntimeError("not inside an XCE job: XCE_HEAD_ADDR not set in the environment")
         self._environ = env
-        self._scheduler_options = {"host": head, "dashboard": False, **(scheduler_options or {})}
+        self._scheduler_options = {
+            "host": head,
+            "dashboard": False,
+            "dashboard_address": f"{head}:0",  # never a fixed port two jobs would share
+            **(scheduler_options or {}),
+        }
         self.scheduler: Scheduler | None = None
         self._allocation: Allocation
         self._sizer: JobSizer | None = None
