@@ -7,8 +7,8 @@ import pytest
 
 pytest.importorskip("distributed")
 
-from xce_resize_plugin.integrations.dask import XCECluster  # noqa: E402
-from xce_resize_plugin.integrations.dask.worker import main, parse_args  # noqa: E402
+from xce_resize_plugin.integrations.dask import XCECluster
+from xce_resize_plugin.integrations.dask.worker import main, parse_args
 
 JOB = {"XCE_JOB_ID": "7", "XCE_CONTROLLER_URL": "http://127.0.0.1:9", "XCE_HEAD_ADDR": "h"}
 
