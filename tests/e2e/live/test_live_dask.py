@@ -80,12 +80,13 @@ def allocation_workers(live: LiveCluster, job_id: str) -> set[str]:
     return {str(t["id"]) for t in live.job(job_id)["allocation"] if t["id"] != 0}
 
 
-def going(live: LiveCluster, job_id: str) -> set[str]:
-    """The tasks a release in flight stops, or that a finished one took (of 1..4)."""
+def going(live: LiveCluster, job_id: str, workers: int = 4) -> set[str]:
+    """The tasks a release in flight stops, or that a finished one took (of the
+    ``workers`` tasks 1, 2, ...)."""
     in_flight = live.ok("GET", f"/v1/jobs/{job_id}/resize", ALICE)["in_flight"]
     if in_flight is not None and in_flight["kind"] == "shrink":
         return {str(t["id"]) for t in in_flight["tasks"]}
-    return {str(t) for t in range(1, 5)} - allocation_workers(live, job_id)
+    return {str(t) for t in range(1, workers + 1)} - allocation_workers(live, job_id)
 
 
 def counted(log: Path) -> dict[int, int]:

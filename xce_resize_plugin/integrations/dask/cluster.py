@@ -149,6 +149,13 @@ class XCECluster(Cluster):
         return sized if sized is not None else self._allocation
 
     @property
+    def resize_log(self) -> list[tuple[float, str, Any]]:
+        """The resize requests the cluster made, oldest first: ``(time.time(), kind,
+        detail)``, kind ``grow`` (detail: tasks asked for at most), ``release`` (task
+        ids) or ``cancel``."""
+        return list(self._sizer.log) if self._sizer is not None else []
+
+    @property
     def requested(self) -> set[str]:
         """The workers the job has tasks for (names = task ids), registered or not."""
         return {str(task_id) for task_id, _ in self.allocation.tasks if task_id != 0}
@@ -192,10 +199,10 @@ class XCECluster(Cluster):
 
     async def _scale(self, n: int) -> None:
         assert self._sizer is not None
-        alloc = self.allocation
-        workers = [task_id for task_id, _ in alloc.tasks if task_id != 0]
+        leaving = self._sizer.leaving
+        workers = [t for t, _ in self.allocation.tasks if t != 0 and t not in leaving]
         if n >= len(workers):
-            self._sizer.request(n + 1)
+            self._sizer.resize(n + 1)
             return
         # The workers that have not registered yet hold no data: they go first.
         observed = {str(name) for name in self.observed}
@@ -221,9 +228,7 @@ class XCECluster(Cluster):
         kept = set(names) - {str(info["name"]) for info in retired.values()}
         if kept:
             log.warning("workers %s keep data no other worker could take: not released", kept)
-        going = [t for t in task_ids if str(t) not in kept and t != 0]
-        held = {task_id for task_id, _ in self.allocation.tasks}
-        self._sizer.request(len(held - set(going)), going)
+        self._sizer.release([t for t in task_ids if str(t) not in kept])
 
     async def _wait_settled(self, timeout: float) -> Allocation:
         assert self._sizer is not None

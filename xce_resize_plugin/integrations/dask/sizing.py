@@ -6,10 +6,10 @@ a time: a grow may pend, one change is in flight at a time, and a request made
 meanwhile is refused. So :class:`JobSizer` keeps the wanted size and runs a small
 reconcile loop: it reads the allocation, waits while a change is in flight, releases
 the task ids its user named first, cancels a pending grow that no longer fits, and
-grows by the difference. Callers only say :meth:`JobSizer.request` (the size, and the
-ids to let go first) — the shape of the controller's declarative target
-(``set_target(n)`` with the ids preferred for release), so moving onto it replaces this
-module's loop and nothing of its callers.
+grows by the difference. Callers only say :meth:`JobSizer.resize` (a size) and
+:meth:`JobSizer.release` (these ids go; the size drops by as many) — the shape of the
+controller's declarative target (``set_target(n)``, with the ids preferred for
+release), so moving onto it replaces this module's loop and nothing of its callers.
 """
 
 from __future__ import annotations
@@ -17,7 +17,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Iterable
+from typing import Any
 
 from xce_resize_plugin.errors import Unreachable
 from xce_resize_plugin.injob.aio import AsyncResizeClient
@@ -35,7 +37,7 @@ RETRY = 0.5
 class JobSizer:
     """Drives the job towards :attr:`tasks` tasks (task 0 included), one change at a
     time, until it has them; then leaves the allocation alone until the next
-    :meth:`request`, so that a change made from outside the job (``bresize release``
+    :meth:`resize` or :meth:`release`, so that a change made from outside the job (``bresize release``
     by the owner or an administrator) stands. Start it with :meth:`start` inside a
     running loop; :meth:`stop` stops it (the client stays its owner's)."""
 
@@ -44,7 +46,11 @@ class JobSizer:
         self.tasks: int | None = None
         #: The last allocation the loop read (``None`` before the first).
         self.allocation: Allocation | None = None
+        #: The requests made, oldest first: (``time.time()``, ``"grow"``, tasks asked
+        #: for at most), (…, ``"release"``, task ids), (…, ``"cancel"``, ``None``).
+        self.log: list[tuple[float, str, Any]] = []
         self._release: set[int] = set()
+        self._counted: set[int] = set()  # released ids already taken off the wanted size
         self._wake = asyncio.Event()
         self._settled = asyncio.Event()
         self._loop_task: asyncio.Task[None] | None = None
@@ -58,11 +64,25 @@ class JobSizer:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._loop_task
 
-    def request(self, tasks: int, release: Iterable[int] = ()) -> None:
-        """Want ``tasks`` tasks; let the ``release`` ids go first (their work is done
-        elsewhere: the caller retired them). Returns at once; the loop does the rest."""
+    def resize(self, tasks: int) -> None:
+        """Want ``tasks`` tasks (task 0 included). Returns at once; the loop does the
+        rest."""
         self.tasks = tasks
-        self._release.update(t for t in release if t != 0)
+        self._changed()
+
+    def release(self, task_ids: Iterable[int]) -> None:
+        """Let these tasks go (their work is done elsewhere: the caller retired them);
+        the wanted size drops by as many of them as the job holds, counted against the
+        allocation the loop reads next (not a stale one)."""
+        self._release.update(t for t in task_ids if t != 0)
+        self._changed()
+
+    @property
+    def leaving(self) -> set[int]:
+        """The task ids asked to go that the job still holds."""
+        return set(self._release)
+
+    def _changed(self) -> None:
         self._settled.clear()
         self._wake.set()
 
@@ -94,10 +114,17 @@ class JobSizer:
         look again at once."""
         ids = {task_id for task_id, _ in alloc.tasks}
         self._release &= ids
+        self._counted &= ids
+        uncounted = self._release - self._counted
+        if uncounted:
+            base = self.tasks if self.tasks is not None else alloc.size
+            self.tasks = max(1, base - len(uncounted))
+            self._counted |= uncounted
         if alloc.in_flight is not None or self.tasks is None:
             return alloc.version
         planned = alloc.size + (int(alloc.pending["max"]) if alloc.pending else 0)
         if self._release:
+            self.log.append((time.time(), "release", sorted(self._release)))
             await self.client.release(
                 task_ids=sorted(self._release),
                 no_notify=True,
@@ -105,9 +132,11 @@ class JobSizer:
             )
             return None
         if alloc.pending is not None and planned != self.tasks:
+            self.log.append((time.time(), "cancel", None))
             await self.client.cancel()
             return None
         if alloc.size < self.tasks and alloc.pending is None:
+            self.log.append((time.time(), "grow", self.tasks - alloc.size))
             await self.client.grow(1, self.tasks - alloc.size, no_notify=True)
             return None
         if alloc.settled and alloc.size >= self.tasks and alloc.pending is None:
