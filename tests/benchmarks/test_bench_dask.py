@@ -140,7 +140,12 @@ def _loss_run(live: LiveCluster, worker: str, tmp_path: Path) -> dict[str, Any]:
         "POST",
         "/v1/jobs",
         ALICE,
-        {"command": job_command(["sleep", "600"], worker), "tasks": "1,7", "initial": 1},
+        {
+            "command": job_command(["sleep", "600"], worker),
+            "tasks": "1,7",
+            "initial": 1,
+            "resizable": True,
+        },
     )
     job_id = str(answer["id"])
     live.running(job_id, 1)

@@ -29,6 +29,7 @@ import numpy as np  # noqa: E402
 
 from tests.e2e.live.test_live_clients import cli  # noqa: E402
 from xce_resize_plugin.integrations.dask import RETIRE_STIMULUS, SCHEDULER_KEY, XCECluster  # noqa: E402
+from xce_resize_plugin.rest.client import RemoteError  # noqa: E402
 from xce_resize_plugin.testing.live import ALICE, LiveCluster, wait_until  # noqa: E402
 
 #: Task 0 sleeps (this test process plays its program); every other task is a worker.
@@ -194,6 +195,22 @@ def test_scale_down_retires_before_it_releases(
         ]
         assert [m["stimulus_id"].startswith(RETIRE_STIMULUS) for m in retired] == [True]
         assert {name_of[a] for a in retired[0]["retired"]} == gone
+
+
+def test_a_job_not_resizable_says_so(resize_live_factory: Any) -> None:
+    live: LiveCluster = resize_live_factory({"h1": 2})
+    live.start()
+    answer = live.ok("POST", "/v1/jobs", ALICE, {"command": DASK_JOB, "tasks": "1,2"})
+    live.running(answer["id"], 2)  # not resizable: started at its maximum
+    with XCECluster(environ=job_env(live, answer)) as cluster:
+        cluster.wait_for_workers(1, timeout=60)
+        cluster.scale(0)
+        with pytest.raises(RemoteError) as refused:
+            cluster.wait_for_allocation(30)
+        assert refused.value.code == "LSBE_JOB_RESIZABLE"
+        with pytest.raises(RemoteError):
+            cluster.scale(0)
+    assert live.job(answer["id"])["version"] == 0
 
 
 def test_the_example_job_grows_computes_and_shrinks(resize_live_factory: Any) -> None:

@@ -179,6 +179,8 @@ class XCECluster(Cluster):
                 f"scale({n}): this job has 0 to {self.max_workers} workers "
                 f"(its maximum tasks less task 0)"
             )
+        if self._sizer is not None and self._sizer.error is not None:
+            raise self._sizer.error
         return self.sync(self._scale, n)
 
     def scale_down(self, workers: list[Any]) -> Any:
@@ -236,7 +238,10 @@ class XCECluster(Cluster):
 
     def wait_for_allocation(self, timeout: float = 60.0) -> Allocation:
         """Block until the job has the size last asked for (nothing pending or in
-        flight); the allocation. ``TimeoutError`` after ``timeout`` seconds."""
+        flight); the allocation. ``TimeoutError`` after ``timeout`` seconds; the
+        controller's refusal (:class:`~xce_resize_plugin.rest.client.RemoteError`) if
+        the job cannot be resized (e.g. ``LSBE_JOB_RESIZABLE``: not submitted
+        resizable)."""
         result: Allocation = self.sync(self._wait_settled, timeout)
         return result
 

@@ -32,14 +32,26 @@ log = logging.getLogger(__name__)
 POLL = 10.0
 #: Pause after a refused or failed request before the loop looks again.
 RETRY = 0.5
+#: Refusals that no retry can change (the job is not resizable, is gone, or is not
+#: this token's; a request the controller finds malformed): the loop stops on them.
+FATAL = frozenset(
+    {
+        "LSBE_JOB_RESIZABLE",
+        "LSBE_NO_JOB",
+        "LSBE_JOB_FINISH",
+        "LSBE_PERMISSION",
+        "XCE_RESIZE_INVALID_REQUEST",
+    }
+)
 
 
 class JobSizer:
     """Drives the job towards :attr:`tasks` tasks (task 0 included), one change at a
     time, until it has them; then leaves the allocation alone until the next
-    :meth:`resize` or :meth:`release`, so that a change made from outside the job (``bresize release``
-    by the owner or an administrator) stands. Start it with :meth:`start` inside a
-    running loop; :meth:`stop` stops it (the client stays its owner's)."""
+    :meth:`resize` or :meth:`release`, so that a change made from outside the job
+    (``bresize release`` by the owner or an administrator) stands. Start it with
+    :meth:`start` inside a running loop; :meth:`stop` stops it (the client stays its
+    owner's)."""
 
     def __init__(self, client: AsyncResizeClient) -> None:
         self.client = client
@@ -49,6 +61,8 @@ class JobSizer:
         #: The requests made, oldest first: (``time.time()``, ``"grow"``, tasks asked
         #: for at most), (…, ``"release"``, task ids), (…, ``"cancel"``, ``None``).
         self.log: list[tuple[float, str, Any]] = []
+        #: The refusal that stopped the loop (one of :data:`FATAL`), if any.
+        self.error: RemoteError | None = None
         self._release: set[int] = set()
         self._counted: set[int] = set()  # released ids already taken off the wanted size
         self._wake = asyncio.Event()
@@ -88,8 +102,11 @@ class JobSizer:
 
     async def settled(self, timeout: float) -> Allocation:
         """Wait until the allocation has the wanted size with nothing pending or in
-        flight; the allocation. Raises :class:`TimeoutError` after ``timeout`` seconds."""
+        flight; the allocation. Raises :class:`TimeoutError` after ``timeout`` seconds,
+        and the refusal that stopped the loop, if one did."""
         await asyncio.wait_for(self._settled.wait(), timeout)
+        if self.error is not None:
+            raise self.error
         assert self.allocation is not None
         return self.allocation
 
@@ -100,10 +117,19 @@ class JobSizer:
                 alloc = await self.client.allocation()
                 self.allocation = alloc
                 version = await self._step(alloc)
-            except (RemoteError, Unreachable) as exc:
-                # A change raced ours (another request, an outside bresize) or the
-                # controller is failing over: look again shortly.
+            except RemoteError as exc:
+                if exc.code in FATAL:
+                    log.error("resizing the job stopped: %s", exc)
+                    self.error = exc
+                    self._settled.set()
+                    return
+                # A change raced ours (another request, an outside bresize): look again.
                 log.info("resize request not taken (%s); retrying", exc)
+                await asyncio.sleep(RETRY)
+                continue
+            except Unreachable as exc:
+                # The controller is failing over: look again shortly.
+                log.info("controller not reached (%s); retrying", exc)
                 await asyncio.sleep(RETRY)
                 continue
             if version is not None:
