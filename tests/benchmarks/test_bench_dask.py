@@ -176,17 +176,18 @@ def _loss_run(live: LiveCluster, worker: str, tmp_path: Path) -> dict[str, Any]:
             begin = time.monotonic()
             total = client.compute(array.map_blocks(slow, dtype=int).sum())
             time.sleep(0.5)
+            asked = time.monotonic()
             assert cli(live, "release", "2*h2", job_id, tool="bresize").returncode == 0
             released = wait_until(lambda: going(live, job_id, 6), 30, "the release")
+
+            def stopped() -> bool:
+                held = {str(t["id"]) for t in live.job(job_id)["allocation"]}
+                return not held & released
+
+            wait_until(stopped, 120, "the released tasks stopped")
+            drained = time.monotonic() - asked
             value = total.result(timeout=300)
             took = time.monotonic() - begin
-            wait_until(
-                lambda: all(
-                    t["id"] != int(r) for r in released for t in live.job(job_id)["allocation"]
-                ),
-                120,
-                "release done",
-            )
             lost = sum(1 for f in [*chunks, *scattered] if f.status != "finished")
     recomputed = sum(n - 1 for n in counted(log).values())
     live.call("DELETE", f"/v1/jobs/{job_id}", ALICE)
@@ -194,6 +195,7 @@ def _loss_run(live: LiveCluster, worker: str, tmp_path: Path) -> dict[str, Any]:
         "recomputed": recomputed,
         "lost": lost,
         "took": took,
+        "drained": drained,
         "right": value == 2 * 100_000 * sum(range(64)),
     }
 
@@ -207,9 +209,11 @@ def test_outside_release_data_loss(resize_live_factory: Any, tmp_path: Path) -> 
         f"\noutside bresize release of 2 of 6 workers during a computation over a persisted "
         f"array (64 chunks) and 18 scattered arrays (stop_grace {STOP_GRACE:g} s):\n"
         f"  xce-dask-worker: {ours['recomputed']} chunks recomputed, {ours['lost']} futures "
-        f"lost, computation {ours['took']:.2f} s, result right: {ours['right']} "
+        f"lost, computation {ours['took']:.2f} s, result right: {ours['right']}, "
+        f"released tasks gone {ours['drained']:.2f} s after the bresize "
         f"(target 0 and 0) {'met' if ours['recomputed'] == ours['lost'] == 0 else 'NOT met'}\n"
         f"  dask worker (stock): {stock['recomputed']} chunks recomputed, {stock['lost']} "
-        f"futures lost, computation {stock['took']:.2f} s"
+        f"futures lost, computation {stock['took']:.2f} s, released tasks gone "
+        f"{stock['drained']:.2f} s after the bresize"
     )
     assert ours["right"] and ours["recomputed"] == ours["lost"] == 0
