@@ -119,6 +119,10 @@ def test_scale_grows_and_the_workers_register_by_task_id(
     scratch = live.state / "jobs" / job_id / "scratch"
     dirs = {w["local_directory"] for w in cluster.scheduler_info["workers"].values()}
     assert all(str(d).startswith(str(scratch)) for d in dirs), dirs
+    # Closing the cluster gives the workers' tasks back: task 0 alone again.
+    cluster.close()
+    wait_until(lambda: not allocation_workers(live, job_id), 30, "the workers released")
+    assert live.job(job_id)["state"] == "RUN"
 
 
 def test_outside_release_during_a_computation_loses_nothing(
