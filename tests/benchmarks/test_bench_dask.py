@@ -21,12 +21,9 @@ from typing import Any
 import pytest
 
 distributed = pytest.importorskip("distributed")
-import dask  # noqa: E402
-import dask.array as da  # noqa: E402
-import numpy as np  # noqa: E402
 
 from tests.e2e.live.test_live_clients import cli  # noqa: E402
-from tests.e2e.live.test_live_dask import counted, going, job_env  # noqa: E402
+from tests.e2e.live.test_live_dask import counted, going, hold_data, job_env  # noqa: E402
 from xce_resize_plugin.integrations.dask import XCECluster  # noqa: E402
 from xce_resize_plugin.testing.live import ALICE, LiveCluster, wait_until  # noqa: E402
 
@@ -150,12 +147,6 @@ def _loss_run(live: LiveCluster, worker: str, tmp_path: Path) -> dict[str, Any]:
     job_id = str(answer["id"])
     live.running(job_id, 1)
     log = tmp_path / f"chunks-{job_id}.log"
-    log.touch()
-
-    def chunk(i: int) -> Any:
-        with open(log, "a") as fh:
-            fh.write(f"{i}\n")
-        return np.full(100_000, i)
 
     def slow(block: Any) -> Any:
         time.sleep(0.2)
@@ -165,14 +156,7 @@ def _loss_run(live: LiveCluster, worker: str, tmp_path: Path) -> dict[str, Any]:
         cluster.scale(6)
         cluster.wait_for_workers(6, timeout=120)
         with distributed.Client(cluster) as client:
-            parts = [
-                da.from_delayed(dask.delayed(chunk, pure=False)(i), shape=(100_000,), dtype=int)
-                for i in range(64)
-            ]
-            array = client.persist(da.concatenate(parts))
-            chunks = distributed.futures_of(array)
-            distributed.wait(chunks)
-            scattered = client.scatter([np.full(100_000, j) for j in range(18)])
+            array, chunks, scattered = hold_data(client, log, 100_000)
             begin = time.monotonic()
             total = client.compute(array.map_blocks(slow, dtype=int).sum())
             time.sleep(0.5)

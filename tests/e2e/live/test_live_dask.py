@@ -90,6 +90,28 @@ def going(live: LiveCluster, job_id: str, workers: int = 4) -> set[str]:
     return {str(t) for t in range(1, workers + 1)} - allocation_workers(live, job_id)
 
 
+def hold_data(client: Any, log: Path, size: int) -> tuple[Any, list[Any], list[Any]]:
+    """The data a release must not lose: an array of 64 chunks of ``size`` integers,
+    persisted (each chunk's computation appends its index to ``log``: see
+    :func:`counted`), and 18 such arrays scattered; the array, its chunks' futures and
+    the scattered futures."""
+    log.touch()
+
+    def chunk(i: int) -> Any:  # nested: shipped to the workers by value
+        with open(log, "a") as fh:
+            fh.write(f"{i}\n")
+        return np.full(size, i)
+
+    parts = [
+        da.from_delayed(dask.delayed(chunk, pure=False)(i), shape=(size,), dtype=int)
+        for i in range(64)
+    ]
+    array = client.persist(da.concatenate(parts))
+    chunks = distributed.futures_of(array)
+    distributed.wait(chunks)
+    return array, chunks, client.scatter([np.full(size, j) for j in range(18)])
+
+
 def counted(log: Path) -> dict[int, int]:
     """Chunk index -> how many times it was computed (each computation appends a line)."""
     counts: dict[int, int] = {}
@@ -130,12 +152,6 @@ def test_outside_release_during_a_computation_loses_nothing(
 ) -> None:
     live, cluster, job_id = dask_job
     log = tmp_path / "chunks.log"
-    log.touch()
-
-    def chunk(i: int) -> Any:
-        with open(log, "a") as fh:
-            fh.write(f"{i}\n")
-        return np.full(1000, i)
 
     def slow_double(block: Any) -> Any:
         time.sleep(0.05)
@@ -144,14 +160,7 @@ def test_outside_release_during_a_computation_loses_nothing(
     cluster.scale(4)
     cluster.wait_for_workers(4, timeout=60)
     with distributed.Client(cluster) as client:
-        parts = [
-            da.from_delayed(dask.delayed(chunk, pure=False)(i), shape=(1000,), dtype=int)
-            for i in range(64)
-        ]
-        array = client.persist(da.concatenate(parts))
-        chunks = distributed.futures_of(array)
-        distributed.wait(chunks)
-        scattered = client.scatter([np.full(1000, j) for j in range(18)])
+        array, chunks, scattered = hold_data(client, log, 1000)
         holders = client.who_has(chunks)
         name_of = {a: str(w["name"]) for a, w in cluster.scheduler_info["workers"].items()}
         total = client.compute(array.map_blocks(slow_double, dtype=int).sum())
