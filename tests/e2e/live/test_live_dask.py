@@ -29,6 +29,7 @@ import numpy as np  # noqa: E402
 
 from tests.e2e.live.test_live_clients import cli  # noqa: E402
 from xce_resize_plugin.integrations.dask import RETIRE_STIMULUS, SCHEDULER_KEY, XCECluster  # noqa: E402
+from xce_resize_plugin.integrations.dask.retire import NOTIFY_STIMULUS  # noqa: E402
 from xce_resize_plugin.rest.client import RemoteError  # noqa: E402
 from xce_resize_plugin.testing.live import ALICE, LiveCluster, wait_until  # noqa: E402
 
@@ -208,6 +209,53 @@ def test_scale_down_retires_before_it_releases(
         ]
         assert [m["stimulus_id"].startswith(RETIRE_STIMULUS) for m in retired] == [True]
         assert {name_of[a] for a in retired[0]["retired"]} == gone
+
+
+def test_the_notification_command_retires_before_an_outside_release(
+    resize_live_factory: Any, tmp_path: Path
+) -> None:
+    """With ``xce-dask-retire`` as the job's notification command, an outside release
+    retires its workers before any SIGTERM: a stop grace too short to move data does
+    not matter."""
+    live: LiveCluster = resize_live_factory({"h1": 3, "h2": 3}, stop_grace=0.2, notify_timeout=60.0)
+    live.start()
+    retire = f"{sys.executable} -m xce_resize_plugin.integrations.dask.retire"
+    answer = live.ok(
+        "POST",
+        "/v1/jobs",
+        ALICE,
+        {
+            "command": DASK_JOB,
+            "tasks": "1,6",
+            "resizable": True,
+            "initial": 1,
+            "notify_cmd": retire,
+        },
+    )
+    job_id = str(answer["id"])
+    live.running(job_id, 1)
+    with XCECluster(environ=job_env(live, answer)) as cluster:
+        cluster.scale(4)
+        cluster.wait_for_workers(4, timeout=60)
+        cluster.wait_for_allocation(60)  # its own grow ran no notification
+        with distributed.Client(cluster) as client:
+            array, chunks, scattered = hold_data(client, tmp_path / "chunks.log", 1000)
+            name_of = {a: str(w["name"]) for a, w in cluster.scheduler_info["workers"].items()}
+            assert cli(live, "release", "2*h2", job_id, tool="bresize").returncode == 0
+            released = wait_until(lambda: going(live, job_id), 30, "the release under way")
+            wait_until(lambda: not allocation_workers(live, job_id) & released, 30, "stopped")
+            by_notification = {
+                name_of[a]
+                for _, msg in client.get_events("all")
+                if msg.get("action") == "retire-workers"
+                and msg["stimulus_id"].startswith(NOTIFY_STIMULUS)
+                for a in msg["retired"]
+            }
+            assert by_notification == released and len(released) == 2
+            assert [f.status for f in chunks + scattered] == ["finished"] * (64 + 18)
+            assert (array.compute() == np.repeat(np.arange(64), 1000)).all()
+            assert [int(a[0]) for a in client.gather(scattered)] == list(range(18))
+    assert counted(tmp_path / "chunks.log") == dict.fromkeys(range(64), 1)
 
 
 def test_a_job_not_resizable_says_so(resize_live_factory: Any) -> None:
