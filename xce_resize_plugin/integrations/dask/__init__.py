@@ -9,7 +9,9 @@ In task 0::
         cluster.adapt(minimum=1, maximum=7)   # or cluster.scale(4)
         ...
 
-and in every other task the command ``xce-dask-worker``.
+and in every other task the command ``xce-dask-worker``; ``xce-dask-retire`` as the
+job's notification command retires the workers an outside release takes before they
+are stopped.
 """
 
 from xce_resize_plugin.integrations.dask.cluster import (
