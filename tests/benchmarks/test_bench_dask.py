@@ -8,11 +8,13 @@
    ``bresize release`` takes 2 of 6 workers during a computation: chunks recomputed
    and futures lost with the stock ``xce-dask-worker`` (target: 0 and 0), side by side
    with distributed's own ``dask worker`` (the issue's baseline).
+3. docs/examples/dask_job.sh run to its end as a user submits it.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -201,3 +203,36 @@ def test_outside_release_data_loss(resize_live_factory: Any, tmp_path: Path) -> 
         f"{stock['drained']:.2f} s after the bresize"
     )
     assert ours["right"] and ours["recomputed"] == ours["lost"] == 0
+
+
+def test_the_example_job_grows_computes_and_shrinks(resize_live_factory: Any) -> None:
+    """docs/examples/dask_job.sh as a user submits it: XCECluster() with no arguments
+    in task 0, a bare xce-dask-worker in the other tasks, adaptive scaling, and
+    xce-dask-retire as the notification command. (Here, not in the default suite: it
+    runs for about 20 s.)"""
+    live: LiveCluster = resize_live_factory({"h1": 2, "h2": 2}, stop_grace=STOP_GRACE)
+    live.start()
+    script = Path(__file__).parents[2] / "docs" / "examples" / "dask_job.sh"
+    path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+    begin = time.monotonic()
+    job_id = live.submit(
+        command=["/bin/sh", str(script), "--items", "24", "--seconds", "0.2", "--maximum", "3"],
+        notify_cmd="xce-dask-retire",
+        tasks="1,4",
+        initial=1,
+        resizable=True,
+        env={"PATH": path},
+    )
+    wait_until(lambda: live.job(job_id)["state"] in ("DONE", "EXIT"), 120, "the job's end")
+    out = (live.state / "jobs" / job_id / "task-0.out").read_text()
+    job = live.job(job_id)
+    assert job["state"] == "DONE", out
+    expected = sum(i * i for i in range(24))
+    assert f"total {expected} (expected {expected})" in out
+    assert "workers left: 0" in out
+    started = sorted(p.name for p in (live.state / "jobs" / job_id).glob("task-*.out"))
+    assert len(started) > 1, started  # it grew: some worker tasks ran
+    print(
+        f"\nthe example Dask job (docs/examples/dask_job.sh, 24 items of 0.2 s, at most 3 "
+        f"workers): {len(started) - 1} worker tasks, done in {time.monotonic() - begin:.1f} s"
+    )

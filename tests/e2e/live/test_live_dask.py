@@ -12,7 +12,6 @@ other tasks run the real ``xce-dask-worker`` under the live controller's agents.
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from collections.abc import Iterator
@@ -272,28 +271,3 @@ def test_a_job_not_resizable_says_so(resize_live_factory: Any) -> None:
         with pytest.raises(RemoteError):
             cluster.scale(0)
     assert live.job(answer["id"])["version"] == 0
-
-
-def test_the_example_job_grows_computes_and_shrinks(resize_live_factory: Any) -> None:
-    """docs/examples/dask_job.sh as a user submits it: XCECluster() with no arguments
-    in task 0, a bare xce-dask-worker in the other tasks, adaptive scaling."""
-    live: LiveCluster = resize_live_factory({"h1": 2, "h2": 2}, stop_grace=STOP_GRACE)
-    live.start()
-    script = Path(__file__).parents[3] / "docs" / "examples" / "dask_job.sh"
-    path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
-    job_id = live.submit(
-        command=["/bin/sh", str(script), "--items", "24", "--seconds", "0.2", "--maximum", "3"],
-        tasks="1,4",
-        initial=1,
-        resizable=True,
-        env={"PATH": path},
-    )
-    wait_until(lambda: live.job(job_id)["state"] in ("DONE", "EXIT"), 120, "the job's end")
-    out = (live.state / "jobs" / job_id / "task-0.out").read_text()
-    job = live.job(job_id)
-    assert job["state"] == "DONE", out
-    expected = sum(i * i for i in range(24))
-    assert f"total {expected} (expected {expected})" in out
-    assert "workers left: 0" in out
-    started = sorted(p.name for p in (live.state / "jobs" / job_id).glob("task-*.out"))
-    assert len(started) > 1, started  # it grew: some worker tasks ran
