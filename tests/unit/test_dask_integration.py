@@ -25,6 +25,14 @@ def test_the_cluster_outside_task_0_is_refused(environ: dict[str, str], message:
         XCECluster(environ=environ)
 
 
+def test_an_unreachable_controller_fails_the_start_and_leaves_nothing_running() -> None:
+    from xce_resize_plugin.errors import Unreachable
+
+    environ = {**JOB, "XCE_HEAD_ADDR": "127.0.0.1", "XCE_CONTROLLER_URL": "http://127.0.0.1:9"}
+    with pytest.raises(Unreachable, match=r"127\.0\.0\.1:9"):
+        XCECluster(environ=environ)
+
+
 def test_the_worker_outside_a_job_or_in_task_0_says_why(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

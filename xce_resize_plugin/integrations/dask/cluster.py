@@ -121,11 +121,19 @@ class XCECluster(Cluster):
             return
         self.status = Status.starting
         client = AsyncResizeClient.from_env(self._environ)
+        try:
+            self._allocation = await client.allocation()
+            self.scheduler = await Scheduler(**self._scheduler_options)
+            self.scheduler_comm = rpc(self.scheduler.address)
+            await client.put(SCHEDULER_KEY, self.scheduler.address)
+        except BaseException:
+            # The controller refused or was not reached: leave nothing running.
+            if self.scheduler is not None:
+                await self.scheduler.close(reason="XCECluster failed to start")
+            await client.aclose()
+            self.status = Status.closed  # nothing of it runs: nothing to close
+            raise
         self._sizer = JobSizer(client)
-        self._allocation = await client.allocation()
-        self.scheduler = await Scheduler(**self._scheduler_options)
-        self.scheduler_comm = rpc(self.scheduler.address)
-        await client.put(SCHEDULER_KEY, self.scheduler.address)
         self._sizer.start()
         await super()._start()
 
