@@ -1,0 +1,273 @@
+"""Dask on a resizable job (docs/frameworks.md, "Dask"): an :class:`XCECluster` in this
+process stands for task 0's program (it is given the job's environment), the job's
+other tasks run the real ``xce-dask-worker`` under the live controller's agents.
+
+- ``scale()`` grows the job, and the workers register under their task ids;
+- an outside ``bresize release`` (the owner's command) takes two workers in the middle
+  of a computation over persisted and scattered data: nothing is recomputed, no future
+  is lost, the result is right;
+- ``scale()`` down retires the chosen workers (data moved) before it releases exactly
+  those tasks.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.slow  # real Dask workers start in seconds each: ~1 min in all
+distributed = pytest.importorskip("distributed")
+import dask  # noqa: E402
+import dask.array as da  # noqa: E402
+import numpy as np  # noqa: E402
+
+from tests.e2e.live.test_live_clients import cli  # noqa: E402
+from xce_resize_plugin.integrations.dask import RETIRE_STIMULUS, SCHEDULER_KEY, XCECluster  # noqa: E402
+from xce_resize_plugin.integrations.dask.retire import NOTIFY_STIMULUS  # noqa: E402
+from xce_resize_plugin.rest.client import RemoteError  # noqa: E402
+from xce_resize_plugin.testing.live import ALICE, LiveCluster, wait_until  # noqa: E402
+
+#: Task 0 sleeps (this test process plays its program); every other task is a worker.
+DASK_JOB = [
+    "/bin/sh",
+    "-c",
+    'if [ "$XCE_TASK_ID" = 0 ]; then exec sleep 600; fi; '
+    'exec "$0" -m xce_resize_plugin.integrations.dask.worker --nthreads 2',
+    sys.executable,
+]
+#: Long enough for a released worker to hand its data over before SIGKILL.
+STOP_GRACE = 30.0
+
+
+def job_env(live: LiveCluster, answer: dict[str, Any]) -> dict[str, str]:
+    """The environment the job's task 0 has, as far as XCECluster reads it."""
+    return {
+        "XCE_JOB_ID": str(answer["id"]),
+        "XCE_JOB_TOKEN": str(answer["token"]),
+        "XCE_CONTROLLER_URL": live.url(),
+        "XCE_HEAD_ADDR": "127.0.0.1",
+        "XCE_TASK_ID": "0",
+    }
+
+
+@pytest.fixture
+def dask_job(resize_live_factory: Any) -> Iterator[tuple[LiveCluster, XCECluster, str]]:
+    live: LiveCluster = resize_live_factory({"h1": 3, "h2": 3}, stop_grace=STOP_GRACE)
+    live.start()
+    answer = live.ok(
+        "POST",
+        "/v1/jobs",
+        ALICE,
+        {"command": DASK_JOB, "tasks": "1,6", "resizable": True, "initial": 1},
+    )
+    live.running(answer["id"], 1)
+    cluster = XCECluster(environ=job_env(live, answer))
+    try:
+        yield live, cluster, str(answer["id"])
+    finally:
+        cluster.close()
+
+
+def worker_names(cluster: XCECluster) -> set[str]:
+    return {str(w["name"]) for w in cluster.scheduler_info["workers"].values()}
+
+
+def allocation_workers(live: LiveCluster, job_id: str) -> set[str]:
+    return {str(t["id"]) for t in live.job(job_id)["allocation"] if t["id"] != 0}
+
+
+def going(live: LiveCluster, job_id: str, workers: int = 4) -> set[str]:
+    """The tasks a release in flight stops, or that a finished one took (of the
+    ``workers`` tasks 1, 2, ...)."""
+    in_flight = live.ok("GET", f"/v1/jobs/{job_id}/resize", ALICE)["in_flight"]
+    if in_flight is not None and in_flight["kind"] == "shrink":
+        return {str(t["id"]) for t in in_flight["tasks"]}
+    return {str(t) for t in range(1, workers + 1)} - allocation_workers(live, job_id)
+
+
+def hold_data(client: Any, log: Path, size: int) -> tuple[Any, list[Any], list[Any]]:
+    """The data a release must not lose: an array of 64 chunks of ``size`` integers,
+    persisted (each chunk's computation appends its index to ``log``: see
+    :func:`counted`), and 18 such arrays scattered; the array, its chunks' futures and
+    the scattered futures."""
+    log.touch()
+
+    def chunk(i: int) -> Any:  # nested: shipped to the workers by value
+        with open(log, "a") as fh:
+            fh.write(f"{i}\n")
+        return np.full(size, i)
+
+    parts = [
+        da.from_delayed(dask.delayed(chunk, pure=False)(i), shape=(size,), dtype=int)
+        for i in range(64)
+    ]
+    array = client.persist(da.concatenate(parts))
+    chunks = distributed.futures_of(array)
+    distributed.wait(chunks)
+    return array, chunks, client.scatter([np.full(size, j) for j in range(18)])
+
+
+def counted(log: Path) -> dict[int, int]:
+    """Chunk index -> how many times it was computed (each computation appends a line)."""
+    counts: dict[int, int] = {}
+    for line in log.read_text().split():
+        counts[int(line)] = counts.get(int(line), 0) + 1
+    return counts
+
+
+def test_scale_grows_and_the_workers_register_by_task_id(
+    dask_job: tuple[LiveCluster, XCECluster, str],
+) -> None:
+    live, cluster, job_id = dask_job
+    assert cluster.scheduler is not None
+    stored = live.ok("GET", f"/v1/jobs/{job_id}/kv/{SCHEDULER_KEY}", ALICE)["value"]
+    assert stored == cluster.scheduler_address and stored.startswith("tcp://127.0.0.1:")
+    for bad in (lambda: cluster.scale(6), lambda: cluster.adapt(minimum=2, maximum=6)):
+        with pytest.raises(ValueError, match="this job has 0 to 5 workers"):
+            bad()
+    assert cluster.allocation.size == 1 and cluster._adaptive is None  # nothing changed
+    cluster.scale(3)
+    cluster.wait_for_workers(3, timeout=60)
+    alloc = cluster.wait_for_allocation(60)
+    assert alloc.size == 4
+    wait_until(lambda: worker_names(cluster) == allocation_workers(live, job_id), 30, "names")
+    assert worker_names(cluster) == {"1", "2", "3"}
+    # Each worker's local directory is the job's scratch directory.
+    scratch = live.state / "jobs" / job_id / "scratch"
+    dirs = {w["local_directory"] for w in cluster.scheduler_info["workers"].values()}
+    assert all(str(d).startswith(str(scratch)) for d in dirs), dirs
+    # Closing the cluster gives the workers' tasks back: task 0 alone again.
+    cluster.close()
+    wait_until(lambda: not allocation_workers(live, job_id), 30, "the workers released")
+    assert live.job(job_id)["state"] == "RUN"
+
+
+def test_outside_release_during_a_computation_loses_nothing(
+    dask_job: tuple[LiveCluster, XCECluster, str], tmp_path: Path
+) -> None:
+    live, cluster, job_id = dask_job
+    log = tmp_path / "chunks.log"
+
+    def slow_double(block: Any) -> Any:
+        time.sleep(0.05)
+        return block * 2
+
+    cluster.scale(4)
+    cluster.wait_for_workers(4, timeout=60)
+    with distributed.Client(cluster) as client:
+        array, chunks, scattered = hold_data(client, log, 1000)
+        holders = client.who_has(chunks)
+        name_of = {a: str(w["name"]) for a, w in cluster.scheduler_info["workers"].items()}
+        total = client.compute(array.map_blocks(slow_double, dtype=int).sum())
+        sums = client.map(lambda a: slow_double(a).sum(), scattered, pure=False)
+        # Two workers on h2 go mid-way, by the owner's own bresize.
+        out = cli(live, "release", "2*h2", job_id, tool="bresize")
+        assert out.returncode == 0, out.stderr
+        released = wait_until(lambda: going(live, job_id), 30, "the release under way")
+        assert len(released) == 2
+        assert total.result(timeout=120) == 2 * 1000 * sum(range(64))
+        assert client.gather(sums) == [2 * 1000 * j for j in range(18)]
+        wait_until(lambda: not worker_names(cluster) & released, 60, "released workers gone")
+        assert [f.status for f in chunks + scattered] == ["finished"] * (64 + 18)
+        assert [int(a[0]) for a in client.gather(scattered)] == list(range(18))
+        assert (array.compute() == np.repeat(np.arange(64), 1000)).all()
+    # The released workers did hold chunks of the array, and none was computed twice.
+    assert any(name_of[a] in released for addrs in holders.values() for a in addrs)
+    assert counted(log) == dict.fromkeys(range(64), 1)  # nothing was recomputed
+
+
+def test_scale_down_retires_before_it_releases(
+    dask_job: tuple[LiveCluster, XCECluster, str],
+) -> None:
+    live, cluster, job_id = dask_job
+    cluster.scale(4)
+    cluster.wait_for_workers(4, timeout=60)
+    cluster.wait_for_allocation(60)
+    with distributed.Client(cluster) as client:
+        data = client.scatter([[j] * 100 for j in range(40)])
+        before = worker_names(cluster)
+        name_of = {a: str(w["name"]) for a, w in cluster.scheduler_info["workers"].items()}
+        cluster.scale(2)
+        alloc = cluster.wait_for_allocation(60)
+        gone = before - {str(t) for t, _ in alloc.tasks}
+        assert len(gone) == 2 and alloc.size == 3
+        # The released tasks are exactly the retired workers: no data was on a task
+        # when it was stopped, so every scattered value is still there.
+        assert worker_names(cluster) == before - gone == allocation_workers(live, job_id)
+        assert client.gather(data) == [[j] * 100 for j in range(40)]
+        # The cluster retired them itself (not the workers on their SIGTERM).
+        retired = [
+            msg
+            for _, msg in client.get_events("all")
+            if msg.get("action") == "retire-workers" and msg["retired"]
+        ]
+        assert [m["stimulus_id"].startswith(RETIRE_STIMULUS) for m in retired] == [True]
+        assert {name_of[a] for a in retired[0]["retired"]} == gone
+
+
+def test_the_notification_command_retires_before_an_outside_release(
+    resize_live_factory: Any, tmp_path: Path
+) -> None:
+    """With ``xce-dask-retire`` as the job's notification command, an outside release
+    retires its workers before any SIGTERM: a stop grace too short to move data does
+    not matter."""
+    live: LiveCluster = resize_live_factory({"h1": 3, "h2": 3}, stop_grace=0.2, notify_timeout=60.0)
+    live.start()
+    retire = f"{sys.executable} -m xce_resize_plugin.integrations.dask.retire"
+    answer = live.ok(
+        "POST",
+        "/v1/jobs",
+        ALICE,
+        {
+            "command": DASK_JOB,
+            "tasks": "1,6",
+            "resizable": True,
+            "initial": 1,
+            "notify_cmd": retire,
+        },
+    )
+    job_id = str(answer["id"])
+    live.running(job_id, 1)
+    with XCECluster(environ=job_env(live, answer)) as cluster:
+        cluster.scale(4)
+        cluster.wait_for_workers(4, timeout=60)
+        cluster.wait_for_allocation(60)  # its own grow ran no notification
+        with distributed.Client(cluster) as client:
+            array, chunks, scattered = hold_data(client, tmp_path / "chunks.log", 1000)
+            name_of = {a: str(w["name"]) for a, w in cluster.scheduler_info["workers"].items()}
+            assert cli(live, "release", "2*h2", job_id, tool="bresize").returncode == 0
+            released = wait_until(lambda: going(live, job_id), 30, "the release under way")
+            wait_until(lambda: not allocation_workers(live, job_id) & released, 30, "stopped")
+            by_notification = {
+                name_of[a]
+                for _, msg in client.get_events("all")
+                if msg.get("action") == "retire-workers"
+                and msg["stimulus_id"].startswith(NOTIFY_STIMULUS)
+                for a in msg["retired"]
+            }
+            assert by_notification == released and len(released) == 2
+            assert [f.status for f in chunks + scattered] == ["finished"] * (64 + 18)
+            assert (array.compute() == np.repeat(np.arange(64), 1000)).all()
+            assert [int(a[0]) for a in client.gather(scattered)] == list(range(18))
+    assert counted(tmp_path / "chunks.log") == dict.fromkeys(range(64), 1)
+
+
+def test_a_job_not_resizable_says_so(resize_live_factory: Any) -> None:
+    live: LiveCluster = resize_live_factory({"h1": 2})
+    live.start()
+    answer = live.ok("POST", "/v1/jobs", ALICE, {"command": DASK_JOB, "tasks": "1,2"})
+    live.running(answer["id"], 2)  # not resizable: started at its maximum
+    with XCECluster(environ=job_env(live, answer)) as cluster:
+        cluster.wait_for_workers(1, timeout=60)
+        cluster.scale(0)
+        with pytest.raises(RemoteError) as refused:
+            cluster.wait_for_allocation(30)
+        assert refused.value.code == "LSBE_JOB_RESIZABLE"
+        with pytest.raises(RemoteError):
+            cluster.scale(0)
+    assert live.job(answer["id"])["version"] == 0

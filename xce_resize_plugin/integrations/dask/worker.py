@@ -1,0 +1,109 @@
+"""``xce-dask-worker``: the Dask worker of one task of a resizable job.
+
+Run in every task but task 0 (whose program builds an
+:class:`~xce_resize_plugin.integrations.dask.cluster.XCECluster`). It reads the
+scheduler's address from the job's key-value store (waiting for task 0 to publish
+it), and starts a worker named by the task id (``XCE_TASK_ID``), with the job's
+scratch directory (``XCE_JOB_DIR``) as its local directory. It runs until the worker
+closes: the scheduler closed it (the cluster shrank, or closed), or the task was
+released. A release reaches it as SIGTERM (then SIGKILL after the site's
+``stop_grace``): it closes gracefully, moving the data it holds to the other workers
+first, so a release from outside the job loses nothing when ``stop_grace`` is long
+enough to move it (docs/frameworks.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+from collections.abc import Mapping, Sequence
+
+from distributed import Worker
+
+from xce_resize_plugin.injob.aio import AsyncResizeClient
+from xce_resize_plugin.integrations.dask.cluster import SCHEDULER_KEY
+
+log = logging.getLogger("xce-dask-worker")
+
+#: How long a worker waits for task 0 to publish the scheduler's address, by default.
+ADDRESS_WAIT = 300.0
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="xce-dask-worker",
+        description="The Dask worker of one task of a resizable job (not task 0).",
+    )
+    parser.add_argument("--nthreads", type=int, default=1, help="threads (default 1)")
+    parser.add_argument("--memory-limit", default="auto", help="Dask's memory limit (default auto)")
+    parser.add_argument(
+        "--wait",
+        type=float,
+        default=ADDRESS_WAIT,
+        help=f"seconds to wait for the scheduler's address (default {ADDRESS_WAIT:g})",
+    )
+    args = parser.parse_args(argv)
+    if args.nthreads < 1 or args.wait < 0:
+        parser.error("--nthreads must be at least 1 and --wait at least 0")
+    return args
+
+
+async def scheduler_address(environ: Mapping[str, str], wait: float) -> str:
+    """The address task 0 published; raises :class:`RuntimeError` if none came in
+    ``wait`` seconds."""
+    async with AsyncResizeClient.from_env(environ) as client:
+        address = await client.get(SCHEDULER_KEY, wait=wait)
+    if address is None:
+        raise RuntimeError(
+            f"no Dask scheduler published in the job's key-value store "
+            f"({SCHEDULER_KEY!r}) within {wait:g} s: does task 0 run XCECluster()?"
+        )
+    return address
+
+
+async def run(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
+    task = environ.get("XCE_TASK_ID")
+    if not task or task == "0":
+        raise RuntimeError("xce-dask-worker runs in a job's tasks other than task 0")
+    address = await scheduler_address(environ, args.wait)
+    worker = Worker(
+        address,
+        name=task,
+        nthreads=args.nthreads,
+        memory_limit=args.memory_limit,
+        local_directory=environ.get("XCE_JOB_DIR"),
+    )
+    loop = asyncio.get_running_loop()
+    closing: list[asyncio.Task[None]] = []
+
+    def released(signum: int) -> None:
+        # Released (or the job is being killed): move the data, then close.
+        log.info("%s: closing gracefully", signal.Signals(signum).name)
+        if not closing:
+            closing.append(loop.create_task(worker.close_gracefully(reason="task released")))
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, released, sig)
+    await worker
+    await worker.finished()
+    for task_ in closing:
+        await task_
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    try:
+        return asyncio.run(run(args, os.environ))
+    except RuntimeError as exc:
+        print(f"xce-dask-worker: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
