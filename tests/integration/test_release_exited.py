@@ -13,7 +13,7 @@ from xce_resize_plugin.controllers.sim import EmbeddedController, SubmissionReje
 from xce_resize_plugin.core.audit import replay_problems
 from xce_resize_plugin.core.models import ReleaseRequest
 from xce_resize_plugin.errors import ConfigError, ResizeError
-from xce_resize_plugin.host import Principal
+from xce_resize_plugin.host import HostHooks, Principal
 from xce_resize_plugin.manager import get_plugin_manager
 from xce_resize_plugin.scenarios.files import parse
 
@@ -59,6 +59,11 @@ def test_a_task_that_exits_leaves_the_allocation(tmp_path: Path) -> None:
     usage = ctl.acct_usage(dropping)
     assert usage is not None
     assert [r.reason for r in usage.records] == ["task_exit", None, "task_exit"]
+    # The job is told, with the reason (docs/in-job-api.md, "Job events").
+    told = HostHooks(ctl.plugin_manager).resize_events(ctl, dropping, 0)  # type: ignore[arg-type]
+    assert told is not None
+    lost = [e.data for e in told if e.type == "tasks_lost"]
+    assert [(d["task_ids"], d["reason"]) for d in lost] == [([3], "task_exit"), ([1], "task_exit")]
     assert ctl.check_invariants() == []
     ctl.stop()
     assert replay_problems(tmp_path / "resize") == []
@@ -85,3 +90,20 @@ def test_release_exited_needs_a_resizable_job(tmp_path: Path) -> None:
     }
     with pytest.raises(ConfigError, match="release_exited: needs resizable = true"):
         parse(data, tmp_path / "inline.toml")
+
+
+def test_a_failed_host_is_told_as_lost_tasks(tmp_path: Path) -> None:
+    """The events name a failed host's tasks with the reason host_failure, then the
+    smaller size (a job the plugin did not track before: the loss tracks it)."""
+    ctl = _controller(tmp_path)
+    job_id = ctl.submit("alice", "1,6", resizable=True, alloc={"h1": 2, "h2": 2})
+    ctl.settle()
+    ctl.advance(5.0)
+    ctl.host_down("h2")
+    ctl.settle()
+    told = HostHooks(ctl.plugin_manager).resize_events(ctl, job_id, 0)  # type: ignore[arg-type]
+    assert told is not None
+    kinds = [(e.type, e.data.get("reason"), e.data.get("host")) for e in told]
+    assert kinds[:2] == [("tasks_lost", "host_failure", "h2"), ("size_changed", None, None)]
+    assert told[0].data["task_ids"] == [2, 3] and told[1].data["tasks_after"] == 2
+    ctl.stop()

@@ -94,9 +94,10 @@ def _size(
 def _lost(
     before: ResizeState | None, fact: TasksLost, after: ResizeState
 ) -> list[tuple[str, dict[str, Any]]]:
-    out: list[tuple[str, dict[str, Any]]] = [
-        ("tasks_lost", {"task_ids": _ids(fact.tasks), "host": fact.host, "status": None})
-    ]
+    # ``reason`` tells a failed host (host_failure) from a release_exited job's own
+    # exit (task_exit): the job reacts differently to each.
+    lost = {"task_ids": _ids(fact.tasks), "host": fact.host, "status": None}
+    out: list[tuple[str, dict[str, Any]]] = [("tasks_lost", {**lost, "reason": fact.reason})]
     old = before.tasks if before is not None else ()
     if after.tasks != old:
         out.append(_size(old, after.tasks, after.version))

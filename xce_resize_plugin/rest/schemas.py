@@ -362,7 +362,7 @@ SCHEMAS: dict[str, Any] = {
         "a controller restart), `type`, `time`, and the fields of its type: "
         "`task_ids` (every type but job_ended), `tasks` (grow_placed), `version` "
         "(grow_committed, size_changed), `deadline` (release_coming), `status` and "
-        "`reason` (tasks_exited), `host` and `status` (tasks_lost), `tasks_before` and "
+        "`reason` (tasks_exited), `host`, `status` and `reason` (tasks_lost), `tasks_before` and "
         "`tasks_after` (size_changed).",
         "properties": {
             "seq": {"type": "integer", "minimum": 1},
