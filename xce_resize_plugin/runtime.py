@@ -412,8 +412,21 @@ class Runtime:
                 if state is not None:
                     facts = engine.decide_task_events(state, batch, now, self.settings)
                     self._transition(job_id, facts)
+                else:
+                    self._untracked_exits(job_id, batch, now)
                 self._release_exited(job_id, batch, now)
                 self._converge(job_id)
+
+    def _untracked_exits(self, job_id: str, batch: Sequence[TaskEvent], now: float) -> None:
+        """A task of a resizable job that exits on its own is told to the job even
+        before its first resize: the plugin starts tracking the job then (a crashed
+        worker is news to an elastic framework; docs/in-job-api.md, "Job events")."""
+        if not any(e.kind == "exited" and not e.stopped and e.task_id != 0 for e in batch):
+            return  # the common case: no job lookup
+        job = self.controller.get_job(job_id)
+        if job is None or job.release_exited or self._stored(job_id) is not None:
+            return  # release_exited: _release_exited tracks it; an ended run: never twice
+        self._transition(job_id, engine.decide_untracked_exits(job, batch, now))
 
     def _release_exited(self, job_id: str, batch: Sequence[TaskEvent], now: float) -> None:
         """A ``release_exited`` job drops the tasks that exited on their own (an

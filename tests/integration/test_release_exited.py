@@ -14,6 +14,7 @@ from xce_resize_plugin.core.audit import replay_problems
 from xce_resize_plugin.core.models import ReleaseRequest
 from xce_resize_plugin.errors import ConfigError, ResizeError
 from xce_resize_plugin.host import HostHooks, Principal
+from xce_resize_plugin.journal import Journal
 from xce_resize_plugin.manager import get_plugin_manager
 from xce_resize_plugin.scenarios.files import parse
 
@@ -107,3 +108,32 @@ def test_a_failed_host_is_told_as_lost_tasks(tmp_path: Path) -> None:
     assert kinds[:2] == [("tasks_lost", "host_failure", "h2"), ("size_changed", None, None)]
     assert told[0].data["task_ids"] == [2, 3] and told[1].data["tasks_after"] == 2
     ctl.stop()
+
+
+def test_a_crashed_task_of_a_job_never_resized_is_told(tmp_path: Path) -> None:
+    """Without release_exited the task stays allocated, but the job hears of its exit
+    even before any resize: the plugin starts tracking it then; a rigid job's exits
+    and a resizable job whose tasks run on write nothing."""
+    ctl = _controller(tmp_path)
+    crashed = ctl.submit("alice", "1,4", resizable=True, alloc={"h1": 2, "h2": 2})
+    quiet = ctl.submit("alice", "1,4", resizable=True, alloc={"h1": 1})
+    rigid = ctl.submit("alice", "1", alloc={"h2": 1})
+    ctl.settle()
+    ctl.advance(10.0)
+    ctl.inject_task_exit(crashed, 2, status=3, reason="exit 3")
+    ctl.settle()
+    hooks = HostHooks(ctl.plugin_manager)
+    told = hooks.resize_events(ctl, crashed, 0)  # type: ignore[arg-type]
+    assert told is not None
+    assert [(e.type, e.data["task_ids"], e.data["status"]) for e in told] == [
+        ("tasks_exited", [2], 3)
+    ]
+    assert [t.id for t in ctl.job(crashed).held] == [0, 1, 2, 3]  # still charged
+    ctl.inject_task_exit(rigid, 0, status=0)
+    ctl.settle()
+    assert hooks.resize_events(ctl, quiet, 0) == []  # type: ignore[arg-type]
+    assert hooks.resize_events(ctl, rigid, 0) == []  # type: ignore[arg-type]
+    ctl.stop()
+    assert replay_problems(tmp_path / "resize") == []
+    with Journal.open(tmp_path / "resize", readonly=True) as journal:
+        assert {job for _, job, _ in journal.facts()} == {crashed}

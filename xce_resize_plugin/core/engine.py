@@ -1013,6 +1013,18 @@ def _loss_facts(
     return facts
 
 
+def decide_untracked_exits(job: JobInfo, events: Iterable[TaskEvent], at: float) -> list[Fact]:
+    """Tasks of a running resizable job the plugin does not track yet exited on their
+    own (not task 0, not stopped by the host): the plugin starts tracking the job so
+    that the job is told (``tasks_exited`` events); its allocation does not change."""
+    if not (job.resizable and job.state is JobState.RUN and job.tasks):
+        return []
+    state, facts = _track(None, job, at)
+    head = job.tasks[0].id
+    exits = _exits(state, [e for e in events if not e.stopped and e.task_id != head], set(), at)
+    return facts + exits if exits else []
+
+
 def decide_task_exit(
     state: ResizeState | None,
     job: JobInfo,
