@@ -267,7 +267,7 @@ def test_the_notification_command_retires_before_an_outside_release(
     with XCECluster(environ=job_env(live, answer)) as cluster:
         cluster.scale(4)
         cluster.wait_for_workers(4, timeout=60)
-        cluster.wait_for_allocation(60)  # its own grow ran no notification
+        cluster.wait_for_allocation(60)  # its target's grow ran the command too: accepted
         with distributed.Client(cluster) as client:
             array, chunks, scattered = hold_data(client, tmp_path / "chunks.log", 1000)
             name_of = {a: str(w["name"]) for a, w in cluster.scheduler_info["workers"].items()}
