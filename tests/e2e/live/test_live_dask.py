@@ -8,6 +8,8 @@ other tasks run the real ``xce-dask-worker`` under the live controller's agents.
   the middle of a computation over persisted and scattered data: the cluster retires
   them on the ``release_coming`` event and acknowledges the drain, so the tasks stop
   before the deadline; nothing is recomputed, no future is lost, the result is right;
+- with a cluster that does not follow the events, ``xce-dask-worker`` drains itself on
+  the ``release_coming`` naming its task;
 - ``scale()`` down retires the chosen workers (data moved) before it names exactly
   those tasks for release in the job's target.
 """
@@ -239,6 +241,43 @@ def test_scale_down_retires_before_it_releases(
         ]
         assert [m["stimulus_id"].startswith(RETIRE_STIMULUS) for m in retired] == [True]
         assert {name_of[a] for a in retired[0]["retired"]} == gone
+
+
+class DeafCluster(XCECluster):
+    """An XCECluster that does not follow the job's events: whatever drains a coming
+    release is the workers' own doing."""
+
+    async def _listen(self, client: Any) -> None:
+        return
+
+
+def test_the_worker_drains_itself_on_its_release_coming(
+    dask_job: tuple[LiveCluster, XCECluster, str],
+) -> None:
+    live, cluster, job_id = dask_job
+    cluster.close()  # the fixture's; this test's cluster does not listen
+    with DeafCluster(environ=cluster._environ) as deaf, distributed.Client(deaf) as client:
+        deaf.scale(3)
+        deaf.wait_for_workers(3, timeout=60)
+        deaf.wait_for_allocation(60)
+        data = client.scatter([[j] * 100 for j in range(30)])
+        name = sorted(worker_names(deaf))[-1]
+        body = {"task_ids": [int(name)], "grace": DRAIN}
+        live.ok("POST", f"/v1/jobs/{job_id}/resize/release", ALICE, body)
+        wait_until(lambda: name not in allocation_workers(live, job_id), 60, "stopped")
+        assert client.gather(data) == [[j] * 100 for j in range(30)]
+        seen = events(live, job_id)
+        coming = [e for e in seen if e["type"] == "release_coming"]
+        exited = [e for e in seen if e["type"] == "tasks_exited" and int(name) in e["task_ids"]]
+        assert [e["task_ids"] for e in coming] == [[int(name)]] and exited, seen
+        # The worker closed gracefully and acknowledged: gone before the deadline.
+        assert exited[0]["time"] < coming[0]["deadline"]
+        retired = [
+            msg["stimulus_id"]
+            for _, msg in client.get_events("all")
+            if msg.get("action") == "retire-workers" and msg["retired"]
+        ]
+        assert [s.startswith("worker-close-gracefully") for s in retired] == [True], retired
 
 
 def test_the_notification_command_retires_before_an_outside_release(
