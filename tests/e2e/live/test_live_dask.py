@@ -31,6 +31,7 @@ import dask.array as da  # noqa: E402
 import numpy as np  # noqa: E402
 
 from tests.e2e.live.test_live_clients import cli  # noqa: E402
+from xce_resize_plugin.injob import ResizeClient  # noqa: E402
 from xce_resize_plugin.integrations.dask import RETIRE_STIMULUS, SCHEDULER_KEY, XCECluster  # noqa: E402
 from xce_resize_plugin.integrations.dask.retire import NOTIFY_STIMULUS  # noqa: E402
 from xce_resize_plugin.rest.client import RemoteError  # noqa: E402
@@ -167,6 +168,20 @@ def test_scale_grows_and_the_workers_register_by_task_id(
     cluster.close()
     wait_until(lambda: not allocation_workers(live, job_id), 30, "the workers released")
     assert live.job(job_id)["state"] == "RUN"
+
+
+def test_a_grow_waiting_for_readiness_commits_with_the_workers_registered(
+    dask_job: tuple[LiveCluster, XCECluster, str],
+) -> None:
+    live, cluster, job_id = dask_job
+    client = ResizeClient.from_env(cluster._environ)
+    alloc = client.grow(2, 2, wait=True, timeout=90, wait_ready=True, ready_timeout=60)
+    assert alloc.size == 3 and alloc.settled
+    # Committed only once both workers said ready, after registering: they are there.
+    assert cluster.scheduler is not None
+    registered = {str(ws.name) for ws in cluster.scheduler.workers.values()}
+    assert {str(t) for t, _ in alloc.tasks if t != 0} == allocation_workers(live, job_id)
+    assert allocation_workers(live, job_id) <= registered
 
 
 def test_outside_release_during_a_computation_loses_nothing(

@@ -6,12 +6,14 @@ scheduler's address from the job's key-value store (waiting for task 0 to publis
 it), and starts a worker named by the task id (``XCE_TASK_ID``), with the job's
 scratch directory (``XCE_JOB_DIR``) as its local directory. It runs until the worker
 closes: the scheduler closed it (the cluster shrank, or closed), or the task was
-released. It follows the job's events: a ``release_coming`` naming its task (a
-release with a drain time, ``--grace``) makes it close gracefully, moving the data it
-holds to the other workers first, and then acknowledge the drain (``drained``) so the
-task stops at once rather than at the deadline. SIGTERM (a release without a drain
-time, or the deadline passed; SIGKILL follows after the site's ``stop_grace``) closes
-it gracefully too: the fallback where no event came (docs/frameworks.md).
+released. Once its worker has registered with the scheduler it says the task is
+ready (``ready()``: a grow made with ``wait_ready`` commits only then). It follows
+the job's events: a ``release_coming`` naming its task (a release with a drain time,
+``--grace``) makes it close gracefully, moving the data it holds to the other workers
+first, and then acknowledge the drain (``drained``) so the task stops at once rather
+than at the deadline. SIGTERM (a release without a drain time, or the deadline
+passed; SIGKILL follows after the site's ``stop_grace``) closes it gracefully too: the
+fallback where no event came (docs/frameworks.md).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from distributed import Worker
 from xce_resize_plugin.errors import Unreachable
 from xce_resize_plugin.injob.aio import AsyncResizeClient
 from xce_resize_plugin.integrations.dask.cluster import SCHEDULER_KEY
-from xce_resize_plugin.integrations.dask.sizing import RETRY
+from xce_resize_plugin.integrations.dask.sizing import ATTEMPTS, RETRY
 from xce_resize_plugin.rest.client import RemoteError
 
 log = logging.getLogger("xce-dask-worker")
@@ -115,12 +117,28 @@ async def _leave(worker: Worker, environ: Mapping[str, str], task_id: int, ack: 
             log.info("drain not acknowledged: %s", exc)
 
 
+async def _ready(client: AsyncResizeClient, task_id: int) -> None:
+    """Tell the controller this task is usable, so that a grow made with
+    ``wait_ready`` commits once its workers have registered (safe to repeat)."""
+    for _ in range(ATTEMPTS):
+        try:
+            await client.ready(task_id)
+            return
+        except Unreachable:
+            await asyncio.sleep(RETRY)  # the controller is failing over
+        except RemoteError as exc:
+            log.warning("ready not recorded: %s", exc)
+            return
+
+
 async def _watch(
     environ: Mapping[str, str], task_id: int, leave: Callable[[str, bool], None]
 ) -> None:
-    """Follow the job's events until one says this task is to be released."""
+    """Say the task is ready (its worker registered), then follow the job's events
+    until one says this task is to be released."""
     after: int | None = None
     async with AsyncResizeClient.from_env(environ) as client:
+        await _ready(client, task_id)
         while True:
             try:
                 async for event in client.events(after=after):
