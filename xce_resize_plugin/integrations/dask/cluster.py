@@ -228,7 +228,8 @@ class XCECluster(Cluster):
     async def _scale(self, n: int) -> None:
         assert self._sizer is not None
         alloc = await self._sizer.refresh()
-        workers = [t for t, _ in alloc.tasks if t != 0]
+        leaving = self._sizer.leaving
+        workers = [t for t, _ in alloc.tasks if t != 0 and t not in leaving]
         if n >= len(workers):
             await self._sizer.resize(n + 1)
             return

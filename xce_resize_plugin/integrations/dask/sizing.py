@@ -64,10 +64,17 @@ class JobSizer:
         """Make ``tasks`` the job's target (task 0 included); returns once the
         controller took it, not once reached (see :meth:`settled`)."""
 
-        async def order() -> tuple[int, list[int]]:
-            kind = "grow" if tasks > self.allocation.size else "target"
-            self.log.append((time.time(), kind, tasks))
-            return tasks, []
+        async def order() -> tuple[int, list[int]] | None:
+            alloc = self.allocation
+            # Tasks the target names to go, their release not started yet: keep them
+            # named (else the controller would pick others, whose workers hold data),
+            # and grow only once they are on their way (the caller asks again).
+            held = {t for t, _ in alloc.tasks}
+            going = sorted((self.leaving - _in_flight_shrink(alloc)) & held)
+            wanted = min(tasks, alloc.size - len(going)) if going else tasks
+            kind = "grow" if wanted > alloc.size else "target"
+            self.log.append((time.time(), kind, wanted))
+            return wanted, going
 
         return await self._set(order)
 
@@ -77,26 +84,42 @@ class JobSizer:
         the controller releases first. Ids the job no longer holds are left out."""
         wanted = {t for t in task_ids if t != 0}
 
-        async def order() -> tuple[int, list[int]]:
+        async def order() -> tuple[int, list[int]] | None:
             alloc = await self.refresh()
             held = {t for t, _ in alloc.tasks}
             flight = alloc.in_flight or {}
             moving = {int(t["id"]) for t in flight.get("tasks", ())}
             after = held | moving if flight.get("kind") == "grow" else held - moving
             prefer = sorted(wanted & after)
+            if not prefer:
+                return None  # all already going
             self.log.append((time.time(), "release", prefer))
             return max(1, len(after) - len(prefer)), prefer
 
-        if not wanted:
-            return self.allocation
         return await self._set(order)
 
-    async def _set(self, order: Callable[[], Awaitable[tuple[int, list[int]]]]) -> Allocation:
-        """Set the target ``order`` computes, again when the controller was not reached
-        or the allocation changed under it; other refusals are raised."""
+    @property
+    def leaving(self) -> set[int]:
+        """The tasks on their way out: those a release in flight stops, and those the
+        target names to release while the job is above it."""
+        alloc = self.allocation
+        out = _in_flight_shrink(alloc)
+        if alloc.target is not None and int(alloc.target["tasks"]) < alloc.size:
+            out |= {int(t) for t in alloc.target.get("release_prefer", ())}
+        return out
+
+    async def _set(
+        self, order: Callable[[], Awaitable[tuple[int, list[int]] | None]]
+    ) -> Allocation:
+        """Set the target ``order`` computes (none: nothing to do), again when the
+        controller was not reached or the allocation changed under it; other refusals
+        are raised."""
         for attempt in range(ATTEMPTS):
             try:
-                tasks, prefer = await order()
+                wanted = await order()
+                if wanted is None:
+                    return self.allocation
+                tasks, prefer = wanted
                 self.allocation = await self.client.set_target(tasks, prefer)
                 return self.allocation
             except (Unreachable, RemoteError) as exc:
@@ -123,3 +146,11 @@ class JobSizer:
             alloc = self.allocation = await self.client.wait(
                 after_version=alloc.version, timeout=min(POLL, left)
             )
+
+
+def _in_flight_shrink(alloc: Allocation) -> set[int]:
+    """The tasks the release in flight stops (none if no release is)."""
+    flight = alloc.in_flight or {}
+    if flight.get("kind") != "shrink":
+        return set()
+    return {int(t["id"]) for t in flight.get("tasks", ())}
