@@ -65,7 +65,7 @@ class JobSizer:
         controller took it, not once reached (see :meth:`settled`)."""
 
         async def order() -> tuple[int, list[int]] | None:
-            alloc = self.allocation
+            alloc = await self.refresh()
             # Tasks the target names to go, their release not started yet: keep them
             # named (else the controller would pick others, whose workers hold data),
             # and grow only once they are on their way (the caller asks again).
