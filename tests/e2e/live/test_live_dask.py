@@ -2,12 +2,16 @@
 process stands for task 0's program (it is given the job's environment), the job's
 other tasks run the real ``xce-dask-worker`` under the live controller's agents.
 
-- ``scale()`` grows the job, and the workers register under their task ids;
-- an outside ``bresize release`` (the owner's command) takes two workers in the middle
-  of a computation over persisted and scattered data: nothing is recomputed, no future
-  is lost, the result is right;
-- ``scale()`` down retires the chosen workers (data moved) before it releases exactly
-  those tasks.
+- ``scale()`` sets the job's target, the job grows, and the workers register under
+  their task ids;
+- an outside ``bresize release --grace 30`` (the owner's command) takes two workers in
+  the middle of a computation over persisted and scattered data: the cluster retires
+  them on the ``release_coming`` event and acknowledges the drain, so the tasks stop
+  before the deadline; nothing is recomputed, no future is lost, the result is right;
+- with a cluster that does not follow the events, ``xce-dask-worker`` drains itself on
+  the ``release_coming`` naming its task;
+- ``scale()`` down retires the chosen workers (data moved) before it names exactly
+  those tasks for release in the job's target.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import dask.array as da  # noqa: E402
 import numpy as np  # noqa: E402
 
 from tests.e2e.live.test_live_clients import cli  # noqa: E402
+from xce_resize_plugin.injob import ResizeClient  # noqa: E402
 from xce_resize_plugin.integrations.dask import RETIRE_STIMULUS, SCHEDULER_KEY, XCECluster  # noqa: E402
 from xce_resize_plugin.integrations.dask.retire import NOTIFY_STIMULUS  # noqa: E402
 from xce_resize_plugin.rest.client import RemoteError  # noqa: E402
@@ -40,8 +45,11 @@ DASK_JOB = [
     'exec "$0" -m xce_resize_plugin.integrations.dask.worker --nthreads 2',
     sys.executable,
 ]
-#: Long enough for a released worker to hand its data over before SIGKILL.
-STOP_GRACE = 30.0
+#: Short: the data moves during a release's drain time (or before the cluster's own
+#: releases), not between SIGTERM and SIGKILL.
+STOP_GRACE = 1.0
+#: The drain time of the outside release: far longer than moving the data takes.
+DRAIN = 30.0
 
 
 def job_env(live: LiveCluster, answer: dict[str, Any]) -> dict[str, str]:
@@ -90,6 +98,19 @@ def going(live: LiveCluster, job_id: str, workers: int = 4) -> set[str]:
     return {str(t) for t in range(1, workers + 1)} - allocation_workers(live, job_id)
 
 
+def target(live: LiveCluster, job_id: str) -> Any:
+    """The job's target as its resize status shows it (``None``: none)."""
+    return live.ok("GET", f"/v1/jobs/{job_id}/resize", ALICE)["target"]
+
+
+def events(live: LiveCluster, job_id: str) -> list[dict[str, Any]]:
+    """The job's events so far."""
+    found: list[dict[str, Any]] = live.ok(
+        "GET", f"/v1/jobs/{job_id}/events?after=0&timeout=0", ALICE
+    )
+    return found
+
+
 def hold_data(client: Any, log: Path, size: int) -> tuple[Any, list[Any], list[Any]]:
     """The data a release must not lose: an array of 64 chunks of ``size`` integers,
     persisted (each chunk's computation appends its index to ``log``: see
@@ -132,9 +153,11 @@ def test_scale_grows_and_the_workers_register_by_task_id(
             bad()
     assert cluster.allocation.size == 1 and cluster._adaptive is None  # nothing changed
     cluster.scale(3)
+    assert target(live, job_id)["tasks"] == 4  # the job's target, in its status
+    assert [kind for _, kind, _ in cluster.resize_log] == ["grow"]
     cluster.wait_for_workers(3, timeout=60)
     alloc = cluster.wait_for_allocation(60)
-    assert alloc.size == 4
+    assert alloc.size == 4 and alloc.target is not None and alloc.target["tasks"] == 4
     wait_until(lambda: worker_names(cluster) == allocation_workers(live, job_id), 30, "names")
     assert worker_names(cluster) == {"1", "2", "3"}
     # Each worker's local directory is the job's scratch directory.
@@ -145,6 +168,20 @@ def test_scale_grows_and_the_workers_register_by_task_id(
     cluster.close()
     wait_until(lambda: not allocation_workers(live, job_id), 30, "the workers released")
     assert live.job(job_id)["state"] == "RUN"
+
+
+def test_a_grow_waiting_for_readiness_commits_with_the_workers_registered(
+    dask_job: tuple[LiveCluster, XCECluster, str],
+) -> None:
+    live, cluster, job_id = dask_job
+    client = ResizeClient.from_env(cluster._environ)
+    alloc = client.grow(2, 2, wait=True, timeout=90, wait_ready=True, ready_timeout=60)
+    assert alloc.size == 3 and alloc.settled
+    # Committed only once both workers said ready, after registering: they are there.
+    assert cluster.scheduler is not None
+    registered = {str(ws.name) for ws in cluster.scheduler.workers.values()}
+    assert {str(t) for t, _ in alloc.tasks if t != 0} == allocation_workers(live, job_id)
+    assert allocation_workers(live, job_id) <= registered
 
 
 def test_outside_release_during_a_computation_loses_nothing(
@@ -165,11 +202,12 @@ def test_outside_release_during_a_computation_loses_nothing(
         name_of = {a: str(w["name"]) for a, w in cluster.scheduler_info["workers"].items()}
         total = client.compute(array.map_blocks(slow_double, dtype=int).sum())
         sums = client.map(lambda a: slow_double(a).sum(), scattered, pure=False)
-        # Two workers on h2 go mid-way, by the owner's own bresize.
-        out = cli(live, "release", "2*h2", job_id, tool="bresize")
+        # Two workers on h2 go mid-way, by the owner's own bresize, with a drain time.
+        out = cli(live, "release", "--grace", f"{DRAIN:g}", "2*h2", job_id, tool="bresize")
         assert out.returncode == 0, out.stderr
         released = wait_until(lambda: going(live, job_id), 30, "the release under way")
         assert len(released) == 2
+        assert target(live, job_id) is None  # a manual release takes over the size
         assert total.result(timeout=120) == 2 * 1000 * sum(range(64))
         assert client.gather(sums) == [2 * 1000 * j for j in range(18)]
         wait_until(lambda: not worker_names(cluster) & released, 60, "released workers gone")
@@ -179,6 +217,15 @@ def test_outside_release_during_a_computation_loses_nothing(
     # The released workers did hold chunks of the array, and none was computed twice.
     assert any(name_of[a] in released for addrs in holders.values() for a in addrs)
     assert counted(log) == dict.fromkeys(range(64), 1)  # nothing was recomputed
+    # The cluster retired them on the event and acknowledged: they stopped before the
+    # drain's deadline (unacknowledged, nothing stops them before it).
+    ids = sorted(int(t) for t in released)
+    wait_until(lambda: not allocation_workers(live, job_id) & released, 60, "stopped")
+    seen = events(live, job_id)
+    coming = [e for e in seen if e["type"] == "release_coming" and sorted(e["task_ids"]) == ids]
+    exited = [e for e in seen if e["type"] == "tasks_exited" and set(e["task_ids"]) & set(ids)]
+    assert len(coming) == 1 and exited, seen
+    assert max(e["time"] for e in exited) < coming[0]["deadline"]
 
 
 def test_scale_down_retires_before_it_releases(
@@ -196,6 +243,7 @@ def test_scale_down_retires_before_it_releases(
         alloc = cluster.wait_for_allocation(60)
         gone = before - {str(t) for t, _ in alloc.tasks}
         assert len(gone) == 2 and alloc.size == 3
+        assert target(live, job_id) == {"tasks": 3, "release_prefer": sorted(map(int, gone))}
         # The released tasks are exactly the retired workers: no data was on a task
         # when it was stopped, so every scattered value is still there.
         assert worker_names(cluster) == before - gone == allocation_workers(live, job_id)
@@ -208,6 +256,43 @@ def test_scale_down_retires_before_it_releases(
         ]
         assert [m["stimulus_id"].startswith(RETIRE_STIMULUS) for m in retired] == [True]
         assert {name_of[a] for a in retired[0]["retired"]} == gone
+
+
+class DeafCluster(XCECluster):
+    """An XCECluster that does not follow the job's events: whatever drains a coming
+    release is the workers' own doing."""
+
+    async def _listen(self, client: Any) -> None:
+        return
+
+
+def test_the_worker_drains_itself_on_its_release_coming(
+    dask_job: tuple[LiveCluster, XCECluster, str],
+) -> None:
+    live, cluster, job_id = dask_job
+    cluster.close()  # the fixture's; this test's cluster does not listen
+    with DeafCluster(environ=cluster._environ) as deaf, distributed.Client(deaf) as client:
+        deaf.scale(3)
+        deaf.wait_for_workers(3, timeout=60)
+        deaf.wait_for_allocation(60)
+        data = client.scatter([[j] * 100 for j in range(30)])
+        name = sorted(worker_names(deaf))[-1]
+        body = {"task_ids": [int(name)], "grace": DRAIN}
+        live.ok("POST", f"/v1/jobs/{job_id}/resize/release", ALICE, body)
+        wait_until(lambda: name not in allocation_workers(live, job_id), 60, "stopped")
+        assert client.gather(data) == [[j] * 100 for j in range(30)]
+        seen = events(live, job_id)
+        coming = [e for e in seen if e["type"] == "release_coming"]
+        exited = [e for e in seen if e["type"] == "tasks_exited" and int(name) in e["task_ids"]]
+        assert [e["task_ids"] for e in coming] == [[int(name)]] and exited, seen
+        # The worker closed gracefully and acknowledged: gone before the deadline.
+        assert exited[0]["time"] < coming[0]["deadline"]
+        retired = [
+            msg["stimulus_id"]
+            for _, msg in client.get_events("all")
+            if msg.get("action") == "retire-workers" and msg["retired"]
+        ]
+        assert [s.startswith("worker-close-gracefully") for s in retired] == [True], retired
 
 
 def test_the_notification_command_retires_before_an_outside_release(
@@ -236,7 +321,7 @@ def test_the_notification_command_retires_before_an_outside_release(
     with XCECluster(environ=job_env(live, answer)) as cluster:
         cluster.scale(4)
         cluster.wait_for_workers(4, timeout=60)
-        cluster.wait_for_allocation(60)  # its own grow ran no notification
+        cluster.wait_for_allocation(60)  # its target's grow ran the command too: accepted
         with distributed.Client(cluster) as client:
             array, chunks, scattered = hold_data(client, tmp_path / "chunks.log", 1000)
             name_of = {a: str(w["name"]) for a, w in cluster.scheduler_info["workers"].items()}
@@ -264,10 +349,7 @@ def test_a_job_not_resizable_says_so(resize_live_factory: Any) -> None:
     live.running(answer["id"], 2)  # not resizable: started at its maximum
     with XCECluster(environ=job_env(live, answer)) as cluster:
         cluster.wait_for_workers(1, timeout=60)
-        cluster.scale(0)
         with pytest.raises(RemoteError) as refused:
-            cluster.wait_for_allocation(30)
-        assert refused.value.code == "LSBE_JOB_RESIZABLE"
-        with pytest.raises(RemoteError):
             cluster.scale(0)
+        assert refused.value.code == "LSBE_JOB_RESIZABLE"
     assert live.job(answer["id"])["version"] == 0

@@ -14,14 +14,21 @@ them (a grow), names them (task ids, known only once the grow is placed) and may
 them from outside the job (an owner's or an administrator's ``bresize release``). The
 cluster only says how many, and which go.
 
-Every shrink the cluster makes retires the workers first (their data moved to the
-workers that stay, ``retire_workers``) and releases exactly those tasks afterwards;
-a worker whose data could not be moved is kept. A shrink made from outside the job
-reaches the workers as SIGTERM, on which ``xce-dask-worker`` retires itself.
+The cluster says the job's size as its target (``set_target``, through
+:class:`~.sizing.JobSizer`). Every shrink it makes retires the workers first (their
+data moved to the workers that stay, ``retire_workers``) and then names exactly those
+tasks to release; a worker whose data could not be moved is kept. A release it did
+not make (an outside ``bresize release``, an administrator's, a reclaim, a host
+drain) reaches it as a ``release_coming`` job event, on which it retires those
+workers and acknowledges them (``drained``), so the tasks stop as soon as their data
+is safe rather than at the drain's deadline; ``xce-dask-worker`` also closes
+gracefully on that event or on SIGTERM, the fallback where no event comes.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import os
 import time
@@ -33,9 +40,11 @@ from distributed.deploy.adaptive import Adaptive
 from distributed.deploy.cluster import Cluster
 from distributed.scheduler import Scheduler
 
+from xce_resize_plugin.errors import Unreachable
 from xce_resize_plugin.injob.aio import AsyncResizeClient
 from xce_resize_plugin.injob.protocol import Allocation
-from xce_resize_plugin.integrations.dask.sizing import JobSizer
+from xce_resize_plugin.integrations.dask.sizing import RETRY, JobSizer
+from xce_resize_plugin.rest.client import RemoteError
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +52,9 @@ log = logging.getLogger(__name__)
 SCHEDULER_KEY = "dask-scheduler"
 #: How the scheduler's event log names a retirement the cluster made before a release.
 RETIRE_STIMULUS = "xce-scale-down"
+#: How it names a retirement on a ``release_coming`` event (a release the cluster did
+#: not choose: the owner's, an administrator's, a reclaim, a host drain).
+DRAIN_STIMULUS = "xce-release-coming"
 
 
 class XCEAdaptive(Adaptive):
@@ -50,6 +62,13 @@ class XCEAdaptive(Adaptive):
     the cluster's own: retire the chosen workers (data moved), then release their
     tasks. (The stock one closes the workers itself, so their tasks would exit before
     the job is asked to let them go.)"""
+
+    async def recommendations(self, target: int) -> dict[str, Any]:
+        recommended: dict[str, Any] = await super().recommendations(target)
+        if recommended["status"] == "down" and not recommended.get("workers"):
+            # Only tasks still to come exceed the target: lower the job's target.
+            return {"status": "up", "n": target}
+        return recommended
 
     async def scale_down(self, workers: list[Any]) -> None:  # type: ignore[override]
         if workers:
@@ -99,6 +118,8 @@ class XCECluster(Cluster):
         self.scheduler: Scheduler | None = None
         self._allocation: Allocation
         self._sizer: JobSizer | None = None
+        self._listener: asyncio.Future[None] | None = None
+        self._draining: set[asyncio.Future[None]] = set()
         super().__init__(asynchronous=asynchronous, loop=loop, name=name, quiet=True)
         if not self.called_from_running_loop:
             self._loop_runner.start()
@@ -133,8 +154,8 @@ class XCECluster(Cluster):
             await client.aclose()
             self.status = Status.closed  # nothing of it runs: nothing to close
             raise
-        self._sizer = JobSizer(client)
-        self._sizer.start()
+        self._sizer = JobSizer(client, self._allocation)
+        self._listener = asyncio.ensure_future(self._listen(client))
         await super()._start()
 
     @property
@@ -152,15 +173,14 @@ class XCECluster(Cluster):
 
     @property
     def allocation(self) -> Allocation:
-        """The job's allocation as last read (refreshed at every change)."""
-        sized = self._sizer.allocation if self._sizer is not None else None
-        return sized if sized is not None else self._allocation
+        """The job's allocation as last read (refreshed at every job event)."""
+        return self._sizer.allocation if self._sizer is not None else self._allocation
 
     @property
     def resize_log(self) -> list[tuple[float, str, Any]]:
-        """The resize requests the cluster made, oldest first: ``(time.time(), kind,
-        detail)``, kind ``grow`` (detail: tasks asked for at most), ``release`` (task
-        ids) or ``cancel``."""
+        """The targets the cluster set, oldest first: ``(time.time(), kind, detail)``,
+        kind ``grow`` (detail: the tasks wanted, more than the job had), ``target`` (the
+        tasks wanted, no more) or ``release`` (the task ids named to go)."""
         return list(self._sizer.log) if self._sizer is not None else []
 
     @property
@@ -170,25 +190,23 @@ class XCECluster(Cluster):
 
     @property
     def plan(self) -> set[str]:
-        """The requested workers and one placeholder per task a pending grow or the
-        wanted size still adds."""
+        """The requested workers and one placeholder per task the job's target (or a
+        pending grow) still adds."""
         alloc = self.allocation
-        wanted = self._sizer.tasks if self._sizer is not None else None
         coming = int(alloc.pending["max"]) if alloc.pending else 0
-        if wanted is not None:
-            coming = max(coming, wanted - alloc.size)
+        if alloc.target is not None:
+            coming = max(coming, int(alloc.target["tasks"]) - alloc.size)
         return self.requested | {f"coming-{i}" for i in range(coming)}
 
     def scale(self, n: int) -> Any:
-        """Make the job ``n`` workers (``n + 1`` tasks); a shrink retires the workers
-        with the least data first, then releases their tasks."""
+        """Make the job ``n`` workers (``n + 1`` tasks, its target); a shrink retires
+        the workers with the least data first, then names them for release. Raises
+        the controller's refusal (e.g. ``LSBE_JOB_RESIZABLE``)."""
         if not 0 <= n <= self.max_workers:
             raise ValueError(
                 f"scale({n}): this job has 0 to {self.max_workers} workers "
                 f"(its maximum tasks less task 0)"
             )
-        if self._sizer is not None and self._sizer.error is not None:
-            raise self._sizer.error
         return self.sync(self._scale, n)
 
     def scale_down(self, workers: list[Any]) -> Any:
@@ -209,10 +227,11 @@ class XCECluster(Cluster):
 
     async def _scale(self, n: int) -> None:
         assert self._sizer is not None
+        alloc = await self._sizer.refresh()
         leaving = self._sizer.leaving
-        workers = [t for t, _ in self.allocation.tasks if t != 0 and t not in leaving]
+        workers = [t for t, _ in alloc.tasks if t != 0 and t not in leaving]
         if n >= len(workers):
-            self._sizer.resize(n + 1)
+            await self._sizer.resize(n + 1)
             return
         # The workers that have not registered yet hold no data: they go first.
         observed = {str(name) for name in self.observed}
@@ -223,8 +242,10 @@ class XCECluster(Cluster):
             going += [int(str(name)) for name in names]
         await self._scale_down(going)
 
-    async def _scale_down(self, task_ids: list[int]) -> None:
-        assert self._sizer is not None
+    async def _retire(self, task_ids: list[int], stimulus: str) -> set[int]:
+        """Retire the registered workers of these tasks (data moved, removed from the
+        scheduler); the tasks that hold no data now: those retired and those whose
+        worker was not registered. A worker whose data no other could take is kept."""
         registered = {str(w["name"]) for w in self.scheduler_info["workers"].values()}
         names = [str(t) for t in task_ids if str(t) in registered]
         retired: dict[str, Any] = {}
@@ -233,25 +254,65 @@ class XCECluster(Cluster):
                 names=names,
                 close_workers=False,
                 remove=True,
-                stimulus_id=f"{RETIRE_STIMULUS}-{time.time()}",
+                stimulus_id=f"{stimulus}-{time.time()}",
             )
         kept = set(names) - {str(info["name"]) for info in retired.values()}
         if kept:
-            log.warning("workers %s keep data no other worker could take: not released", kept)
-        self._sizer.release([t for t in task_ids if str(t) not in kept])
+            log.warning("workers %s keep data no other worker could take", sorted(kept))
+        return {t for t in task_ids if str(t) not in kept}
+
+    async def _scale_down(self, task_ids: list[int]) -> None:
+        assert self._sizer is not None
+        await self._sizer.release(await self._retire(task_ids, RETIRE_STIMULUS))
 
     async def _wait_settled(self, timeout: float) -> Allocation:
         assert self._sizer is not None
         return await self._sizer.settled(timeout)
 
     def wait_for_allocation(self, timeout: float = 60.0) -> Allocation:
-        """Block until the job has the size last asked for (nothing pending or in
-        flight); the allocation. ``TimeoutError`` after ``timeout`` seconds; the
-        controller's refusal (:class:`~xce_resize_plugin.rest.client.RemoteError`) if
-        the job cannot be resized (e.g. ``LSBE_JOB_RESIZABLE``: not submitted
-        resizable)."""
+        """Block until the job holds its target with nothing pending or in flight (or
+        has none: a manual change cleared it); the allocation. ``TimeoutError`` after
+        ``timeout`` seconds."""
         result: Allocation = self.sync(self._wait_settled, timeout)
         return result
+
+    # -- releases the cluster did not choose ---------------------------------------
+
+    async def _listen(self, client: AsyncResizeClient) -> None:
+        """Follow the job's events until it ends: refresh the allocation at each, and
+        drain the workers a ``release_coming`` names."""
+        assert self._sizer is not None
+        after: int | None = None
+        while True:
+            try:
+                async for event in client.events(after=after):
+                    after = int(event["seq"])
+                    await self._sizer.refresh()
+                    if event.get("type") == "release_coming":
+                        ids = [int(t) for t in event.get("task_ids", ()) if int(t) != 0]
+                        drain = asyncio.ensure_future(self._drain(client, ids))
+                        self._draining.add(drain)
+                        drain.add_done_callback(self._draining.discard)
+                return  # the job ended
+            except Unreachable as exc:
+                # The controller is failing over: go on where we were.
+                log.info("job events not read (%s); again", exc)
+                await asyncio.sleep(RETRY)
+            except RemoteError as exc:
+                log.warning("job events refused (%s): outside releases not drained", exc)
+                return
+
+    async def _drain(self, client: AsyncResizeClient, task_ids: list[int]) -> None:
+        """Retire the workers of a coming release, then tell the controller their tasks
+        may stop now (a worker kept for its data stops at the deadline instead)."""
+        try:
+            safe = await self._retire(task_ids, DRAIN_STIMULUS)
+            if safe:
+                await client.drained(sorted(safe))
+            log.info("release of %s: drained %s", task_ids, sorted(safe))
+        except (Unreachable, RemoteError) as exc:
+            # Already stopped (acknowledged by the worker, or past its deadline).
+            log.info("drain of %s not acknowledged: %s", task_ids, exc)
 
     # -- the end --------------------------------------------------------------------
 
@@ -260,15 +321,17 @@ class XCECluster(Cluster):
             return
         if self._adaptive is not None:
             self._adaptive.stop(reason="cluster-closing")
-        going = [task_id for task_id, _ in self.allocation.tasks if task_id != 0]
         await super()._close()
         if self.scheduler is not None:
             await self.scheduler.close(reason="XCECluster closed")
+        for task in (self._listener, *self._draining):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         if self._sizer is not None:
             # The scheduler told its workers to close: their tasks exit; give them back.
-            await self._sizer.stop()
-            if going:
-                await _release_quietly(self._sizer.client, going)
+            await _shrink_quietly(self._sizer)
             await self._sizer.client.aclose()
 
     def close(self, timeout: float | None = None) -> Any:
@@ -278,10 +341,10 @@ class XCECluster(Cluster):
         return result
 
 
-async def _release_quietly(client: AsyncResizeClient, task_ids: list[int]) -> None:
-    """Release the tasks at the cluster's close; a job already ending refuses it, which
-    is fine (its tasks go anyway)."""
+async def _shrink_quietly(sizer: JobSizer) -> None:
+    """Target task 0 alone (the job's minimum, if higher) at the cluster's close; a job
+    already ending refuses it, which is fine (its tasks go anyway)."""
     try:
-        await client.release(task_ids=task_ids, no_notify=True, cancel_pending=True)
-    except Exception as exc:
-        log.info("release of workers %s at close not taken: %s", task_ids, exc)
+        await sizer.resize(max(1, sizer.allocation.min_tasks))
+    except (Unreachable, RemoteError) as exc:
+        log.info("workers not released at close: %s", exc)

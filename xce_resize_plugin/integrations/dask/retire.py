@@ -8,8 +8,12 @@ workers (their data moved to the workers that stay) and then accepts the change,
 workers hold nothing when SIGTERM comes, however short ``[resize] stop_grace`` is: the
 notification has ``[resize] notify_timeout`` (default 60 s) instead. It always accepts
 (exit 0): a Dask job has no reason to refuse a release, and a worker whose data could
-not be moved still hands it over on SIGTERM. Grows are accepted at once. The releases
-:class:`~.cluster.XCECluster` makes itself run no notification (it retires first).
+not be moved still hands it over on SIGTERM. Grows are accepted at once.
+
+Where the controller gives releases a drain time and job events (``--grace``),
+:class:`~.cluster.XCECluster` drains on the ``release_coming`` event instead and this
+command is not needed; it is kept for releases without a drain time and for hosts
+whose controller has no job events.
 """
 
 from __future__ import annotations

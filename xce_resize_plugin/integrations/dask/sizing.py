@@ -1,24 +1,28 @@
 """How the job reaches a given number of tasks: the one place an integration asks the
 controller for a size.
 
-Today's in-job API is relative (grow by k, release these ids) and takes one change at
-a time: a grow may pend, one change is in flight at a time, and a request made
-meanwhile is refused. So :class:`JobSizer` keeps the wanted size and runs a small
-reconcile loop: it reads the allocation, waits while a change is in flight, releases
-the task ids its user named first, cancels a pending grow that no longer fits, and
-grows by the difference. Callers only say :meth:`JobSizer.resize` (a size) and
-:meth:`JobSizer.release` (these ids go; the size drops by as many) — the shape of the
-controller's declarative target (``set_target(n)``, with the ids preferred for
-release), so moving onto it replaces this module's loop and nothing of its callers.
+It declares the size as the job's target (``set_target``, docs/in-job-api.md, "A
+target size"): the controller converges on it by itself — keeps one pending grow while
+below it, replaces that grow when the target changes, waits for a change in flight to
+settle, grows back after a host failure — so nothing here loops over grows, cancels
+and releases. :meth:`JobSizer.resize` says a size; :meth:`JobSizer.release` says
+which tasks go (their workers already retired).
+
+Why a release is a target with ``release_prefer`` and not ``release(task_ids=...)``:
+an explicit release is a manual change, which clears the job's target (the size an
+adaptive cluster keeps asking for would be lost at every scale-down) and is refused
+while another change is in flight or, without ``cancel_pending``, while a grow pends.
+The target is one request whatever the job is doing, and it is as exact: with ``n`` =
+the tasks the job holds once the change in flight settles, less the ids that go, the
+controller releases exactly ``len(ids)`` tasks, the preferred ones first.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from xce_resize_plugin.errors import Unreachable
@@ -28,162 +32,125 @@ from xce_resize_plugin.rest.client import RemoteError
 
 log = logging.getLogger(__name__)
 
-#: Longest wait on the controller's long poll between two looks at the wanted size.
-POLL = 10.0
-#: Pause after a refused or failed request before the loop looks again.
+#: Pause between two attempts when the controller was not reached (failing over), or
+#: the allocation changed between the read and the request.
 RETRY = 0.5
-#: Refusals that no retry can change (the job is not resizable, is gone, or is not
-#: this token's; a request the controller finds malformed): the loop stops on them.
-FATAL = frozenset(
-    {
-        "LSBE_JOB_RESIZABLE",
-        "LSBE_NO_JOB",
-        "LSBE_JOB_FINISH",
-        "LSBE_PERMISSION",
-        "XCE_RESIZE_INVALID_REQUEST",
-    }
-)
+#: How many attempts a request gets before its error reaches the caller.
+ATTEMPTS = 20
+#: Longest wait on the controller's long poll in :meth:`JobSizer.settled`.
+POLL = 10.0
+#: The refusal a target gets when a preferred id left the job between the read of the
+#: allocation and the request (an outside release took it): read again and retry.
+RACED = "XCE_RESIZE_INVALID_REQUEST"
 
 
 class JobSizer:
-    """Drives the job towards :attr:`tasks` tasks (task 0 included), one change at a
-    time, until it has them; then leaves the allocation alone until the next
-    :meth:`resize` or :meth:`release`, so that a change made from outside the job
-    (``bresize release`` by the owner or an administrator) stands. Start it with
-    :meth:`start` inside a running loop; :meth:`stop` stops it (the client stays its
-    owner's)."""
+    """Declares the job's size to the controller, as its target; :attr:`allocation` is
+    the last allocation read (the cluster refreshes it at every job event)."""
 
-    def __init__(self, client: AsyncResizeClient) -> None:
+    def __init__(self, client: AsyncResizeClient, allocation: Allocation) -> None:
         self.client = client
-        self.tasks: int | None = None
-        #: The last allocation the loop read (``None`` before the first).
-        self.allocation: Allocation | None = None
-        #: The requests made, oldest first: (``time.time()``, ``"grow"``, tasks asked
-        #: for at most), (…, ``"release"``, task ids), (…, ``"cancel"``, ``None``).
+        self.allocation = allocation
+        #: The targets set, oldest first: (``time.time()``, kind, detail); kind
+        #: ``grow`` (detail: the tasks wanted, more than the job had), ``target`` (the
+        #: tasks wanted, no more than it had) or ``release`` (the task ids that go).
         self.log: list[tuple[float, str, Any]] = []
-        #: The refusal that stopped the loop (one of :data:`FATAL`), if any.
-        self.error: RemoteError | None = None
-        self._release: set[int] = set()
-        self._counted: set[int] = set()  # released ids already taken off the wanted size
-        self._wake = asyncio.Event()
-        self._settled = asyncio.Event()
-        self._loop_task: asyncio.Task[None] | None = None
 
-    def start(self) -> None:
-        self._loop_task = asyncio.ensure_future(self._run())
+    async def refresh(self) -> Allocation:
+        self.allocation = await self.client.allocation()
+        return self.allocation
 
-    async def stop(self) -> None:
-        if self._loop_task is not None:
-            self._loop_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._loop_task
+    async def resize(self, tasks: int) -> Allocation:
+        """Make ``tasks`` the job's target (task 0 included); returns once the
+        controller took it, not once reached (see :meth:`settled`)."""
 
-    def resize(self, tasks: int) -> None:
-        """Want ``tasks`` tasks (task 0 included). Returns at once; the loop does the
-        rest."""
-        self.tasks = tasks
-        self._changed()
+        async def order() -> tuple[int, list[int]] | None:
+            alloc = await self.refresh()
+            # Tasks the target names to go, their release not started yet: keep them
+            # named (else the controller would pick others, whose workers hold data),
+            # and grow only once they are on their way (the caller asks again).
+            held = {t for t, _ in alloc.tasks}
+            going = sorted((self.leaving - _in_flight_shrink(alloc)) & held)
+            wanted = min(tasks, alloc.size - len(going)) if going else tasks
+            kind = "grow" if wanted > alloc.size else "target"
+            self.log.append((time.time(), kind, wanted))
+            return wanted, going
 
-    def release(self, task_ids: Iterable[int]) -> None:
-        """Let these tasks go (their work is done elsewhere: the caller retired them);
-        the wanted size drops by as many of them as the job holds, counted against the
-        allocation the loop reads next (not a stale one)."""
-        self._release.update(t for t in task_ids if t != 0)
-        self._changed()
+        return await self._set(order)
+
+    async def release(self, task_ids: Iterable[int]) -> Allocation:
+        """Let these tasks go (the caller retired their workers): the target becomes
+        the tasks the job holds once its change in flight settles, less these, which
+        the controller releases first. Ids the job no longer holds are left out."""
+        wanted = {t for t in task_ids if t != 0}
+
+        async def order() -> tuple[int, list[int]] | None:
+            alloc = await self.refresh()
+            held = {t for t, _ in alloc.tasks}
+            flight = alloc.in_flight or {}
+            moving = {int(t["id"]) for t in flight.get("tasks", ())}
+            after = held | moving if flight.get("kind") == "grow" else held - moving
+            prefer = sorted(wanted & after)
+            if not prefer:
+                return None  # all already going
+            self.log.append((time.time(), "release", prefer))
+            return max(1, len(after) - len(prefer)), prefer
+
+        return await self._set(order)
 
     @property
     def leaving(self) -> set[int]:
-        """The task ids asked to go that the job still holds."""
-        return set(self._release)
+        """The tasks on their way out: those a release in flight stops, and those the
+        target names to release while the job is above it."""
+        alloc = self.allocation
+        out = _in_flight_shrink(alloc)
+        if alloc.target is not None and int(alloc.target["tasks"]) < alloc.size:
+            out |= {int(t) for t in alloc.target.get("release_prefer", ())}
+        return out
 
-    def _changed(self) -> None:
-        self._settled.clear()
-        self._wake.set()
+    async def _set(
+        self, order: Callable[[], Awaitable[tuple[int, list[int]] | None]]
+    ) -> Allocation:
+        """Set the target ``order`` computes (none: nothing to do), again when the
+        controller was not reached or the allocation changed under it; other refusals
+        are raised."""
+        for attempt in range(ATTEMPTS):
+            try:
+                wanted = await order()
+                if wanted is None:
+                    return self.allocation
+                tasks, prefer = wanted
+                self.allocation = await self.client.set_target(tasks, prefer)
+                return self.allocation
+            except (Unreachable, RemoteError) as exc:
+                retry = isinstance(exc, Unreachable) or exc.code == RACED
+                if not retry or attempt == ATTEMPTS - 1:
+                    raise
+                log.info("target not set (%s); again", exc)
+                await asyncio.sleep(RETRY)
+        raise AssertionError("unreachable")  # pragma: no cover
 
     async def settled(self, timeout: float) -> Allocation:
-        """Wait until the allocation has the wanted size with nothing pending or in
-        flight; the allocation. Raises :class:`TimeoutError` after ``timeout`` seconds,
-        and the refusal that stopped the loop, if one did."""
-        await asyncio.wait_for(self._settled.wait(), timeout)
-        if self.error is not None:
-            raise self.error
-        assert self.allocation is not None
-        return self.allocation
-
-    async def _run(self) -> None:
+        """Wait until the job holds its target with nothing pending or in flight (or
+        has no target: none set, or cleared by a manual change, which then stands);
+        the allocation. :class:`TimeoutError` after ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        alloc = await self.refresh()
         while True:
-            self._wake.clear()
-            try:
-                alloc = await self.client.allocation()
-                self.allocation = alloc
-                version = await self._step(alloc)
-            except RemoteError as exc:
-                if exc.code in FATAL:
-                    log.error("resizing the job stopped: %s", exc)
-                    self.error = exc
-                    self._settled.set()
-                    return
-                # A change raced ours (another request, an outside bresize): look again.
-                log.info("resize request not taken (%s); retrying", exc)
-                await asyncio.sleep(RETRY)
-                continue
-            except Unreachable as exc:
-                # The controller is failing over: look again shortly.
-                log.info("controller not reached (%s); retrying", exc)
-                await asyncio.sleep(RETRY)
-                continue
-            if version is not None:
-                await self._wait(version)
-
-    async def _step(self, alloc: Allocation) -> int | None:
-        """One move towards the wanted size; the version to wait past, or ``None`` to
-        look again at once."""
-        ids = {task_id for task_id, _ in alloc.tasks}
-        self._release &= ids
-        self._counted &= ids
-        uncounted = self._release - self._counted
-        if uncounted:
-            base = self.tasks if self.tasks is not None else alloc.size
-            self.tasks = max(1, base - len(uncounted))
-            self._counted |= uncounted
-        if alloc.in_flight is not None or self.tasks is None:
-            return alloc.version
-        planned = alloc.size + (int(alloc.pending["max"]) if alloc.pending else 0)
-        if self._release:
-            self.log.append((time.time(), "release", sorted(self._release)))
-            await self.client.release(
-                task_ids=sorted(self._release),
-                no_notify=True,
-                cancel_pending=alloc.pending is not None,
+            target = alloc.target
+            if alloc.settled and (target is None or alloc.size == int(target["tasks"])):
+                return alloc
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"the job did not reach its target {target} in {timeout:g} s")
+            alloc = self.allocation = await self.client.wait(
+                after_version=alloc.version, timeout=min(POLL, left)
             )
-            return None
-        if alloc.pending is not None and planned != self.tasks:
-            self.log.append((time.time(), "cancel", None))
-            await self.client.cancel()
-            return None
-        if alloc.size < self.tasks and alloc.pending is None:
-            self.log.append((time.time(), "grow", self.tasks - alloc.size))
-            await self.client.grow(1, self.tasks - alloc.size, no_notify=True)
-            return None
-        if alloc.settled and alloc.size >= self.tasks and alloc.pending is None:
-            # Reached: from now on the allocation is the job's to change. An outside
-            # release (the owner's bresize, an administrator) is not undone.
-            self.tasks = None
-            self._settled.set()
-        return alloc.version
 
-    async def _wait(self, version: int) -> None:
-        """Until the allocation moves past ``version`` or a new size is wanted."""
-        poll = asyncio.ensure_future(self.client.wait(after_version=version, timeout=POLL))
-        wake = asyncio.ensure_future(self._wake.wait())
-        try:
-            done, _ = await asyncio.wait({poll, wake}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            # Also when this loop is cancelled: no request is left running behind it.
-            for task in (poll, wake):
-                if not task.done():
-                    task.cancel()
-                with contextlib.suppress(asyncio.CancelledError, RemoteError, Unreachable):
-                    await task
-        if poll in done and poll.exception() is not None:
-            await asyncio.sleep(RETRY)
+
+def _in_flight_shrink(alloc: Allocation) -> set[int]:
+    """The tasks the release in flight stops (none if no release is)."""
+    flight = alloc.in_flight or {}
+    if flight.get("kind") != "shrink":
+        return set()
+    return {int(t["id"]) for t in flight.get("tasks", ())}

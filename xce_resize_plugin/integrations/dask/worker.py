@@ -6,10 +6,14 @@ scheduler's address from the job's key-value store (waiting for task 0 to publis
 it), and starts a worker named by the task id (``XCE_TASK_ID``), with the job's
 scratch directory (``XCE_JOB_DIR``) as its local directory. It runs until the worker
 closes: the scheduler closed it (the cluster shrank, or closed), or the task was
-released. A release reaches it as SIGTERM (then SIGKILL after the site's
-``stop_grace``): it closes gracefully, moving the data it holds to the other workers
-first, so a release from outside the job loses nothing when ``stop_grace`` is long
-enough to move it (docs/frameworks.md).
+released. Once its worker has registered with the scheduler it says the task is
+ready (``ready()``: a grow made with ``wait_ready`` commits only then). It follows
+the job's events: a ``release_coming`` naming its task (a release with a drain time,
+``--grace``) makes it close gracefully, moving the data it holds to the other workers
+first, and then acknowledge the drain (``drained``) so the task stops at once rather
+than at the deadline. SIGTERM (a release without a drain time, or the deadline
+passed; SIGKILL follows after the site's ``stop_grace``) closes it gracefully too: the
+fallback where no event came (docs/frameworks.md).
 """
 
 from __future__ import annotations
@@ -20,12 +24,15 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from distributed import Worker
 
+from xce_resize_plugin.errors import Unreachable
 from xce_resize_plugin.injob.aio import AsyncResizeClient
 from xce_resize_plugin.integrations.dask.cluster import SCHEDULER_KEY
+from xce_resize_plugin.integrations.dask.sizing import ATTEMPTS, RETRY
+from xce_resize_plugin.rest.client import RemoteError
 
 log = logging.getLogger("xce-dask-worker")
 
@@ -80,19 +87,72 @@ async def run(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     loop = asyncio.get_running_loop()
     closing: list[asyncio.Task[None]] = []
 
-    def released(signum: int) -> None:
-        # Released (or the job is being killed): move the data, then close.
-        log.info("%s: closing gracefully", signal.Signals(signum).name)
+    def leave(why: str, ack: bool) -> None:
+        # Released: move the data, then close (and say so, when the event told us).
+        log.info("%s: closing gracefully", why)
         if not closing:
-            closing.append(loop.create_task(worker.close_gracefully(reason="task released")))
+            closing.append(loop.create_task(_leave(worker, environ, int(task), ack)))
 
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, released, sig)
+        loop.add_signal_handler(sig, leave, signal.Signals(sig).name, False)
     await worker
-    await worker.finished()
-    for task_ in closing:
-        await task_
+    watch = loop.create_task(_watch(environ, int(task), leave))
+    try:
+        await worker.finished()
+        for task_ in closing:
+            await task_
+    finally:
+        watch.cancel()
     return 0
+
+
+async def _leave(worker: Worker, environ: Mapping[str, str], task_id: int, ack: bool) -> None:
+    await worker.close_gracefully(reason="task released")
+    if ack:
+        try:
+            async with AsyncResizeClient.from_env(environ) as client:
+                await client.drained([task_id])
+        except (Unreachable, RemoteError) as exc:
+            # The cluster acknowledged it first and the task is stopping: nothing lost.
+            log.info("drain not acknowledged: %s", exc)
+
+
+async def _ready(client: AsyncResizeClient, task_id: int) -> None:
+    """Tell the controller this task is usable, so that a grow made with
+    ``wait_ready`` commits once its workers have registered (safe to repeat)."""
+    for _ in range(ATTEMPTS):
+        try:
+            await client.ready(task_id)
+            return
+        except Unreachable:
+            await asyncio.sleep(RETRY)  # the controller is failing over
+        except RemoteError as exc:
+            log.warning("ready not recorded: %s", exc)
+            return
+
+
+async def _watch(
+    environ: Mapping[str, str], task_id: int, leave: Callable[[str, bool], None]
+) -> None:
+    """Say the task is ready (its worker registered), then follow the job's events
+    until one says this task is to be released."""
+    after: int | None = None
+    async with AsyncResizeClient.from_env(environ) as client:
+        await _ready(client, task_id)
+        while True:
+            try:
+                async for event in client.events(after=after):
+                    after = int(event["seq"])
+                    ids = event.get("task_ids", ())
+                    if event.get("type") == "release_coming" and task_id in ids:
+                        leave("release coming", True)
+                        return
+                return  # the job ended
+            except Unreachable:
+                await asyncio.sleep(RETRY)  # the controller is failing over
+            except RemoteError as exc:
+                log.warning("job events refused (%s): closing on SIGTERM only", exc)
+                return
 
 
 def main(argv: Sequence[str] | None = None) -> int:
