@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import weakref
 from collections.abc import Mapping, Sequence
 
 import attrs
@@ -75,7 +76,10 @@ class Runtime:
     """Resize state of one controller. The hooks in :mod:`.plugin` delegate here."""
 
     def __init__(self, controller: Controller) -> None:
-        self.controller = controller
+        # Weak: the plugin maps controller -> runtime weakly (plugin.py), so a strong
+        # reference back would keep a dropped (crashed) controller, its runtime and its
+        # journal handle alive for the life of the process.
+        self._controller = weakref.ref(controller)
         values = config_mod.check(controller.config)
         self.settings = config_mod.settings(controller.config)
         self.policy = HookPolicy(controller.plugin_manager)
@@ -118,6 +122,14 @@ class Runtime:
         self._reclaim_asked: set[str] = set()
         # events(): each job's projected events and the journal's last fact then.
         self._events: dict[str, tuple[int, list[events_mod.JobEvent]]] = {}
+
+    @property
+    def controller(self) -> Controller:
+        """The controller this runtime serves (while it exists)."""
+        controller = self._controller()
+        if controller is None:
+            raise ReferenceError("the controller of this resize runtime is gone")
+        return controller
 
     # --- lifecycle -----------------------------------------------------------------
 

@@ -3,7 +3,9 @@ with the real plugin and a real LMDB journal."""
 
 from __future__ import annotations
 
+import gc
 import json
+import weakref
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -64,6 +66,21 @@ def test_hook_xce_controller_stop(tmp_path: Path) -> None:
     h.ctl.stop()
     with pytest.raises(plugin.NotStartedError):
         plugin.runtime_of(h.ctl)
+
+
+def test_a_crashed_controller_is_freed_with_its_runtime(tmp_path: Path) -> None:
+    """A controller dropped without xce_controller_stop (a crash: close() only) must not
+    stay alive through the plugin's runtime: a process that hosts many controllers one
+    after another (tests, benchmarks, what-if runs) would keep every one of them."""
+    h = started(tmp_path)
+    h.request("alice", "1", GrowRequest(1, 1))
+    h.ctl.close()
+    runtime = weakref.ref(plugin.runtime_of(h.ctl))
+    controller = weakref.ref(h.ctl)
+    del h
+    gc.collect()
+    assert controller() is None
+    assert runtime() is None
 
 
 # --- submission, requests -------------------------------------------------------------
