@@ -58,7 +58,14 @@ from xce_resize_plugin.host import (
     resize_observer_of,
     wake_at,
 )
-from xce_resize_plugin.journal import Entry, GroupCommitter, Journal, StoredState, Ticket
+from xce_resize_plugin.journal import (
+    Entry,
+    GroupCommitter,
+    Journal,
+    StoredState,
+    Ticket,
+    collector_paused,
+)
 from xce_resize_plugin.policy import HookPolicy
 
 #: Jobs whose projected events are kept for the next poll (then the cache starts over).
@@ -136,6 +143,10 @@ class Runtime:
     def start(self) -> None:
         """Fence older controllers, load live jobs, resume their in-flight changes."""
         self.journal.start()
+        with collector_paused():
+            self._resume_live_jobs()
+
+    def _resume_live_jobs(self) -> None:
         for _job_id, data in self.journal.live_states():
             loaded = converters.decode_state(data)
             self._store(loaded)

@@ -39,6 +39,7 @@ from xce_resize_plugin.controllers.jobs import (
 from xce_resize_plugin.controllers.violations import StoreError
 from xce_resize_plugin.core.models import GrowHosts, JobState, Task
 from xce_resize_plugin.journal.lmdb_env import DEFAULT_MAP_SIZE, LmdbEnv
+from xce_resize_plugin.journal.loading import collector_paused
 from xce_resize_plugin.journal.records import BadRecord, seal, unseal
 
 if TYPE_CHECKING:
@@ -339,7 +340,8 @@ class LmdbStore:
         return self._env.name
 
     def load(self) -> Snapshot | None:
-        return self._env.read(self._snapshot)
+        with collector_paused():
+            return self._env.read(self._snapshot)
 
     def _snapshot(self, txn: _Txn) -> Snapshot | None:
         raw = txn.get(_STATE, db=self._meta_db)

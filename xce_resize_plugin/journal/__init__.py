@@ -20,7 +20,9 @@ Modules:
 - :mod:`~xce_resize_plugin.journal.verification`, :mod:`~xce_resize_plugin.journal.exporting`,
   :mod:`~xce_resize_plugin.journal.compaction`: the offline tools behind
   ``xce-resize journal verify|export|compact``, and the check a controller makes of
-  its journal before it starts (:func:`require_intact`).
+  its journal before it starts (:func:`require_intact`);
+- :mod:`~xce_resize_plugin.journal.loading`: :func:`collector_paused`, around the
+  decoding of a store's live records at a controller's start.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from xce_resize_plugin.journal.exporting import export
 from xce_resize_plugin.journal.group_commit import GroupCommitter, Ticket
 from xce_resize_plugin.journal.journal import Journal
 from xce_resize_plugin.journal.lmdb_env import DEFAULT_MAP_SIZE, Fence, LmdbEnv
+from xce_resize_plugin.journal.loading import collector_paused
 from xce_resize_plugin.journal.records import SCHEMA
 from xce_resize_plugin.journal.verification import VerifyReport, require_intact, verify
 
@@ -47,6 +50,7 @@ __all__ = [
     "Tail",
     "Ticket",
     "VerifyReport",
+    "collector_paused",
     "compact",
     "export",
     "require_intact",
