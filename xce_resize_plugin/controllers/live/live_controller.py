@@ -807,13 +807,15 @@ class LiveController:
     # lock (the hook-call monitor): the crash points come before any other input.
 
     reserve_slots = _forward(EmbeddedController.reserve_slots, crash="after-reserve")
-    free_slots = _forward(EmbeddedController.free_slots)
     launch_tasks = _forward(EmbeddedController.launch_tasks, crash="after-launch")
     stop_tasks = _forward(EmbeddedController.stop_tasks, crash="after-stop")
     run_notification = _forward(EmbeddedController.run_notification, crash="after-notify")
 
     def commit_allocation(self, job_id: str, tasks: Sequence[Task], version: int) -> None:
         with self.lock:
+            if self._failure_ends(job_id):
+                log.info("job %s: v%s not committed: a host failure ends the job", job_id, version)
+                return
             before = self._job(job_id).version
             self.embedded.commit_allocation(job_id, tasks, version)
             job = self._job(job_id)
@@ -821,6 +823,26 @@ class LiveController:
                 # Every committed change rewrites the hostfile, atomically.
                 self._write_hostfile(job_id, job.tasks)
                 self._crash("after-commit")
+
+    # -- a job that a host failure ends keeps its allocation until its end ----------------
+
+    def free_slots(self, job_id: str, task_ids: Sequence[int]) -> None:
+        with self.lock:
+            if self._failure_ends(job_id):
+                kept = {t.id for t in self._job(job_id).tasks}
+                task_ids = [i for i in task_ids if i not in kept]
+            self.embedded.free_slots(job_id, task_ids)
+
+    def _failure_ends(self, job_id: str) -> bool:
+        """Whether a host failure is ending (or requeueing) the job: its processes on
+        the other hosts are being stopped, and its lost tasks, unheld, stay in its
+        allocation until the end (:meth:`_loss_end`). A change of the job that
+        completes meanwhile (a release whose tasks stopped, a grow whose tasks started)
+        is not committed and frees no slot of the allocation: a commit would name the
+        lost tasks, whose slots are gone (the embedded controller refuses it), and the
+        end frees every slot the job holds anyway. The plugin learns of the end then."""
+        ending = self._ending.get(job_id)
+        return ending is not None and ending[1] == HOST_FAILURE
 
     # =================================================================================
     # driver methods
