@@ -95,6 +95,21 @@ def test_hook_xce_job_validate(tmp_path: Path) -> None:
     assert h.ctl.jobs() == []
 
 
+def test_xce_job_validate_parses_no_config_per_submission(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A trace simulation validates every job: the started runtime's settings are used,
+    # the [resize] table is not parsed again on each submission.
+    h = Harness(tmp_path)
+    parsed: list[object] = []
+    real = plugin.config.settings
+    monkeypatch.setattr(plugin.config, "settings", lambda s: parsed.append(s) or real(s))
+    for i in range(3):
+        h.ctl.submit("alice", 1, runtime=10, job_id=f"v{i}")
+    assert parsed == []
+    assert [j.id for j in h.ctl.jobs()] == ["v0", "v1", "v2"]
+
+
 def test_hook_xce_resize_request(tmp_path: Path) -> None:
     h = started(tmp_path, hosts=[("hA", 2)])
     status = h.request("alice", "1", GrowRequest(1, 2))
