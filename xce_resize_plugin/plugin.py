@@ -26,10 +26,6 @@ from xce_resize_plugin.rest import routes as api
 from xce_resize_plugin.runtime import Runtime
 
 _RUNTIMES: weakref.WeakKeyDictionary[Any, Runtime] = weakref.WeakKeyDictionary()
-# The [resize] settings of a controller that has not started yet, parsed once: a
-# submission is validated on every job, and parsing the table each time cost a trace
-# simulation about 5% of its time. A started controller's runtime holds its own.
-_SETTINGS: weakref.WeakKeyDictionary[Any, engine.Settings] = weakref.WeakKeyDictionary()
 
 
 class NotStartedError(ResizeError):
@@ -83,13 +79,11 @@ def xce_job_validate(controller: Controller, job: JobInfo) -> None:
 
 
 def _settings_of(controller: Controller) -> engine.Settings:
+    # Every submission is validated: the started runtime's parsed settings, not the
+    # [resize] table parsed again (that cost a trace simulation about 5 %). Only a
+    # controller that has not started the plugin yet has its table parsed here.
     runtime = _RUNTIMES.get(controller)
-    if runtime is not None:
-        return runtime.settings
-    parsed = _SETTINGS.get(controller)
-    if parsed is None:
-        parsed = _SETTINGS[controller] = config.settings(controller.config)
-    return parsed
+    return runtime.settings if runtime is not None else config.settings(controller.config)
 
 
 # requests
