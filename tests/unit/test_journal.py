@@ -847,6 +847,37 @@ def test_history_tails_patch_the_end_of_each_sequence(journal: Journal) -> None:
     assert verify(journal.path.parent).ok
 
 
+_HISTORIES = st.dictionaries(
+    # Ids that are prefixes of each other, so one job's history keys sort among another's.
+    st.sampled_from(["a", "ab", "a b", "b", "a\x7f", "\u00e9"]),
+    st.tuples(
+        st.lists(st.binary(max_size=3), max_size=4), st.lists(st.binary(max_size=3), max_size=4)
+    ),
+    max_size=6,
+)
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(histories=_HISTORIES)
+def test_every_job_reads_back_its_own_history(
+    histories: dict[str, tuple[list[bytes], list[bytes]]],
+) -> None:
+    with tempfile.TemporaryDirectory() as tmp, Journal.open(tmp, sync=False) as j:
+        j.start()
+        for job, (records, charges) in histories.items():
+            tails = (Tail("records", 0, tuple(records), 0), Tail("charges", 0, tuple(charges), 0))
+            j.commit([Entry(job, (b"f",), b"s" + job.encode(), history=tails)])
+        expected = {
+            job: StoredState(b"s" + job.encode(), tuple(records), tuple(charges))
+            for job, (records, charges) in histories.items()
+        }
+        assert dict(j.live_states()) == expected
+        for job, stored in expected.items():
+            assert j.state(job) == stored
+
+
 def test_bad_tails_are_refused_before_anything_is_written() -> None:
     with pytest.raises(ValueError, match="unknown history sequence"):
         Tail("notes", 0, (), 0)

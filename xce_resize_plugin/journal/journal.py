@@ -51,6 +51,7 @@ from xce_resize_plugin.journal.records import (
     encode_done,
     encode_fact,
     history_prefix,
+    history_rows,
     index_prefix,
     job_key,
     key_seq,
@@ -259,11 +260,7 @@ class Journal(Closing):
         ]
 
     def _history_rows(self, txn: _Txn, job: bytes) -> _Histories:
-        cursor = txn.cursor(self._db(HISTORY))
-        return {
-            name: list(numbered_rows(cursor, history_prefix(job, tag)))
-            for name, tag in TAILS.items()
-        }
+        return history_rows(txn.cursor(self._db(HISTORY)), job)
 
     def _stored(self, job_id: str, state: bytes, histories: _Histories) -> StoredState:
         """Check each history row (CRC, no index missing) and assemble the state."""

@@ -66,7 +66,9 @@ def seal(body: bytes, key: bytes = b"") -> bytes:
     With ``key`` (the record's LMDB key, not stored in the value) the CRC covers the key
     too, so that a record copied under another key shows as well.
     """
-    return _CRC.pack(zlib.crc32(body, zlib.crc32(key))) + body
+    # The journal's own records have no key: one CRC call, not two (recovery reads
+    # tens of thousands of them).
+    return _CRC.pack(zlib.crc32(body, zlib.crc32(key)) if key else zlib.crc32(body)) + body
 
 
 def unseal(value: bytes, key: bytes = b"") -> bytes:
@@ -75,7 +77,7 @@ def unseal(value: bytes, key: bytes = b"") -> bytes:
         raise BadRecord(f"record too short ({len(value)} bytes)")
     (stored,) = _CRC.unpack_from(value)
     body = value[_CRC.size :]
-    computed = zlib.crc32(body, zlib.crc32(key))
+    computed = zlib.crc32(body, zlib.crc32(key)) if key else zlib.crc32(body)
     if stored != computed:
         raise BadRecord(f"CRC mismatch (stored {stored:08x}, computed {computed:08x})")
     return body
@@ -171,6 +173,27 @@ def decode_job_key(key: bytes) -> str:
         return key.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise BadRecord(f"job id {key!r} is not utf-8 ({exc})") from None
+
+
+def history_rows(cursor: lmdb.Cursor[bytes], job: bytes) -> dict[str, list[tuple[bytes, bytes]]]:
+    """``{sequence name: [(key, value), ...]}`` of one job's ``history`` rows, every
+    known sequence present (empty if it has no rows), each in index order.
+
+    One cursor walk over ``job\\0``: the sequences of one job are adjacent, and recovery
+    reads every live job's, so a seek per sequence would double its cursor work.
+    """
+    out: dict[str, list[tuple[bytes, bytes]]] = {name: [] for name in TAILS}
+    prefix = job + SEP
+    size = len(prefix) + 1 + U64.size
+    if not cursor.set_range(prefix):
+        return out
+    for key, value in cursor:
+        if not key.startswith(prefix):
+            break
+        name = TAIL_NAMES.get(key[len(prefix) : len(prefix) + 1])
+        if name is not None and len(key) == size:
+            out[name].append((key, value))
+    return out
 
 
 def numbered_rows(
