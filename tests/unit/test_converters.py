@@ -22,6 +22,7 @@ from xce_resize_plugin.core.models import (
     ReleaseAccepted,
     ResizeRecord,
     ResizeState,
+    Target,
     Task,
 )
 from xce_resize_plugin.journal import StoredState
@@ -43,7 +44,12 @@ def _fact(cls: type) -> st.SearchStrategy[object]:
     ints.update({f.name: st.none() | int64 for f in fields if f.type == int | None})
     id_lists = st.lists(int64, max_size=4).map(tuple)
     ints.update({f.name: id_lists for f in fields if f.type == tuple[int, ...]})
-    task_fields = {f.name: tasks for f in fields if f.type == tuple[Task, ...]}
+    task_fields: dict[str, st.SearchStrategy[object]] = {
+        f.name: tasks for f in fields if f.type == tuple[Task, ...]
+    }
+    # A nested target holds 64-bit integers as well (left to inference, they need not).
+    targets = st.none() | st.builds(Target, int64, st.lists(int64, max_size=4).map(tuple))
+    task_fields.update({f.name: targets for f in fields if f.type == Target | None})
     # A readiness wait (seconds, or none) and task id lists (TaskReady, ReadyTimedOut).
     floats.update({f.name: st.none() | times for f in fields if f.type == float | None})
     ids = st.lists(int64, max_size=6).map(tuple)
