@@ -44,6 +44,8 @@ def test_an_unknown_option_is_refused_before_any_request() -> None:
         client.grow(1, notify="x")  # type: ignore[call-arg]
     with pytest.raises(TypeError, match="'waits'"):
         client.release(count=1, waits=True)  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match="'grace'"):
+        client.set_target(2, grace=1.0)  # type: ignore[call-arg]
 
 
 class _Recorder:

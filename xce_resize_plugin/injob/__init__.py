@@ -22,6 +22,21 @@ notification command.
 """
 
 from xce_resize_plugin.injob.client import ResizeClient
-from xce_resize_plugin.injob.protocol import MAX_POLL, Allocation, ChangeOptions
+from xce_resize_plugin.injob.protocol import (
+    MAX_POLL,
+    Allocation,
+    ChangeOptions,
+    GrowOptions,
+    ReleaseOptions,
+    WaitOptions,
+)
 
-__all__ = ["MAX_POLL", "Allocation", "ChangeOptions", "ResizeClient"]
+__all__ = [
+    "MAX_POLL",
+    "Allocation",
+    "ChangeOptions",
+    "GrowOptions",
+    "ReleaseOptions",
+    "ResizeClient",
+    "WaitOptions",
+]

@@ -22,12 +22,13 @@ from xce_resize_plugin.errors import Unreachable
 from xce_resize_plugin.injob.client import job_environment
 from xce_resize_plugin.injob.protocol import (
     Allocation,
-    ChangeOptions,
+    Exchange,
     GrowOptions,
     JobRequests,
+    ReleaseOptions,
     Request,
     Steps,
-    release_forms,
+    WaitOptions,
 )
 from xce_resize_plugin.rest.client import RemoteError, remote_error
 
@@ -81,19 +82,8 @@ class AsyncResizeClient:
     async def ready(self, task_id: int | None = None) -> Mapping[str, Any]:
         return await self._run(self._requests.ready(task_id))
 
-    async def release(
-        self,
-        *,
-        hosts: Sequence[str] | None = None,
-        host_counts: Mapping[str, int] | None = None,
-        task_ids: Sequence[int] | None = None,
-        count: int | None = None,
-        spec: str | None = None,
-        grace: float | None = None,
-        **options: Unpack[ChangeOptions],
-    ) -> Allocation:
-        forms = release_forms(hosts, host_counts, task_ids, count, spec)
-        return await self._run(self._requests.release(forms, options, grace))
+    async def release(self, **options: Unpack[ReleaseOptions]) -> Allocation:
+        return await self._run(self._requests.release(options))
 
     async def drained(self, task_ids: Sequence[int]) -> Allocation:
         return await self._run(self._requests.drained(task_ids))
@@ -112,14 +102,9 @@ class AsyncResizeClient:
         return await self._run(self._requests.cancel())
 
     async def set_target(
-        self,
-        tasks: int,
-        release_prefer: Sequence[int] = (),
-        *,
-        wait: bool = False,
-        timeout: float = 60.0,
+        self, tasks: int, release_prefer: Sequence[int] = (), **options: Unpack[WaitOptions]
     ) -> Allocation:
-        return await self._run(self._requests.set_target(tasks, release_prefer, wait, timeout))
+        return await self._run(self._requests.set_target(tasks, release_prefer, options))
 
     async def clear_target(self) -> Allocation:
         return await self._run(self._requests.clear_target())
@@ -131,17 +116,13 @@ class AsyncResizeClient:
         return await self._run(self._requests.get(key, wait))
 
     async def _run(self, steps: Steps[_T]) -> _T:
-        answer: Any = None
-        error: RemoteError | None = None
-        while True:
+        exchange = Exchange(steps)
+        while (request := exchange.next_request()) is not None:
             try:
-                request = steps.send(answer) if error is None else steps.throw(error)
-            except StopIteration as done:
-                return done.value  # type: ignore[no-any-return]
-            try:
-                answer, error = await self._send(request), None
+                exchange.answered(await self._send(request))
             except RemoteError as exc:
-                answer, error = None, exc
+                exchange.refused(exc)
+        return exchange.result
 
     async def _send(self, request: Request) -> Any:
         try:

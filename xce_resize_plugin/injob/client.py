@@ -8,11 +8,12 @@ from typing import Any, Protocol, TypeVar, Unpack
 
 from xce_resize_plugin.injob.protocol import (
     Allocation,
-    ChangeOptions,
+    Exchange,
     GrowOptions,
     JobRequests,
+    ReleaseOptions,
     Steps,
-    release_forms,
+    WaitOptions,
 )
 from xce_resize_plugin.rest.client import Client, RemoteError
 
@@ -87,23 +88,13 @@ class ResizeClient:
         Saying it again changes nothing."""
         return self._run(self._requests.ready(task_id))
 
-    def release(
-        self,
-        *,
-        hosts: Sequence[str] | None = None,
-        host_counts: Mapping[str, int] | None = None,
-        task_ids: Sequence[int] | None = None,
-        count: int | None = None,
-        spec: str | None = None,
-        grace: float | None = None,
-        **options: Unpack[ChangeOptions],
-    ) -> Allocation:
+    def release(self, **options: Unpack[ReleaseOptions]) -> Allocation:
         """Give tasks back: all of the job's tasks on ``hosts``, ``host_counts`` tasks on
         hosts, these ``task_ids``, a ``count`` chosen by the site policy, or an LSF
-        ``spec``. Exactly one form. Task 0 always stays. ``grace``: seconds the tasks
-        may drain before they are stopped (default: the job's, given at submission)."""
-        forms = release_forms(hosts, host_counts, task_ids, count, spec)
-        return self._run(self._requests.release(forms, options, grace))
+        ``spec`` (:class:`~xce_resize_plugin.injob.protocol.ReleaseOptions`). Exactly one
+        form. Task 0 always stays. ``grace``: seconds the tasks may drain before they are
+        stopped (default: the job's, given at submission)."""
+        return self._run(self._requests.release(options))
 
     def cancel(self) -> Allocation:
         """Cancel the pending grow (PMIx REQ_CANCEL)."""
@@ -130,12 +121,7 @@ class ResizeClient:
     # --- a target size (docs/in-job-api.md, "A target size") ------------------------------
 
     def set_target(
-        self,
-        tasks: int,
-        release_prefer: Sequence[int] = (),
-        *,
-        wait: bool = False,
-        timeout: float = 60.0,
+        self, tasks: int, release_prefer: Sequence[int] = (), **options: Unpack[WaitOptions]
     ) -> Allocation:
         """Converge on ``tasks`` tasks: the controller grows (one grow of the missing
         tasks, placed whenever slots free) or releases (``release_prefer`` ids first,
@@ -144,7 +130,7 @@ class ResizeClient:
         manual change. Replaces the pending grow and turns autoresize off. With
         ``wait``, return once the job holds ``tasks`` and is settled, its target is
         gone, or ``timeout`` seconds passed."""
-        return self._run(self._requests.set_target(tasks, release_prefer, wait, timeout))
+        return self._run(self._requests.set_target(tasks, release_prefer, options))
 
     def clear_target(self) -> Allocation:
         """Clear the target: the grow it kept pending is cancelled; the size stays."""
@@ -164,19 +150,14 @@ class ResizeClient:
 
     def _run(self, steps: Steps[_T]) -> _T:
         """Send each request a call makes, and feed its answer (or refusal) back."""
-        answer: Any = None
-        error: RemoteError | None = None
-        while True:
+        exchange = Exchange(steps)
+        while (request := exchange.next_request()) is not None:
             try:
-                request = steps.send(answer) if error is None else steps.throw(error)
-            except StopIteration as done:
-                return done.value  # type: ignore[no-any-return]
-            try:
-                answer, error = (
+                exchange.answered(
                     self.client.call(
                         request.method, request.path, request.body, timeout=request.timeout
-                    ),
-                    None,
+                    )
                 )
             except RemoteError as exc:
-                answer, error = None, exc
+                exchange.refused(exc)
+        return exchange.result

@@ -16,7 +16,7 @@ import time
 import urllib.parse
 from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypedDict, TypeVar
+from typing import Any, Generic, TypedDict, TypeVar
 
 from xce_resize_plugin.rest.client import RemoteError
 
@@ -38,6 +38,33 @@ class Request:
 
 #: A call: yields requests, is sent their decoded answers, returns its result.
 Steps = Generator[Request, Any, _T]
+
+
+class Exchange(Generic[_T]):
+    """One call being driven: the clients ask it for the next request, send it, and
+    hand back the answer or the controller's refusal; once it has no more requests,
+    :attr:`result` is the call's result. The only stepping logic, for both clients."""
+
+    def __init__(self, steps: Steps[_T]) -> None:
+        self._steps = steps
+        self._answer: Any = None
+        self._error: RemoteError | None = None
+        self.result: _T
+
+    def next_request(self) -> Request | None:
+        """The next request to send, or ``None`` when the call is done."""
+        steps, error = self._steps, self._error
+        try:
+            return steps.send(self._answer) if error is None else steps.throw(error)
+        except StopIteration as done:
+            self.result = done.value
+            return None
+
+    def answered(self, answer: Any) -> None:
+        self._answer, self._error = answer, None
+
+    def refused(self, error: RemoteError) -> None:
+        self._answer, self._error = None, error
 
 
 @dataclass(frozen=True)
@@ -89,7 +116,15 @@ class Allocation:
         )
 
 
-class ChangeOptions(TypedDict, total=False):
+class WaitOptions(TypedDict, total=False):
+    """Whether a call waits for its outcome: ``wait`` (default ``False``), at most
+    ``timeout`` seconds (default 60). ``set_target`` takes these alone."""
+
+    wait: bool
+    timeout: float
+
+
+class ChangeOptions(WaitOptions, total=False):
     """The options every change (``grow``, ``release``) takes, all by keyword.
 
     ``wait`` (default ``False``): return once the change is committed (or given up),
@@ -100,8 +135,6 @@ class ChangeOptions(TypedDict, total=False):
     the allocation is still at that version.
     """
 
-    wait: bool
-    timeout: float
     cancel_pending: bool
     notify_cmd: str | None
     no_notify: bool
@@ -119,6 +152,24 @@ class GrowOptions(ChangeOptions, total=False):
 
     wait_ready: bool
     ready_timeout: float
+
+
+class ReleaseOptions(ChangeOptions, total=False):
+    """A release's forms and options, all by keyword.
+
+    Exactly one form: ``hosts`` (all of the job's tasks there), ``host_counts`` (that
+    many tasks on each host; ``hosts`` and ``host_counts`` may be given together),
+    ``task_ids``, a ``count`` chosen by the site policy, or an LSF ``spec``. Task 0
+    always stays. ``grace``: seconds the tasks may drain before they are stopped
+    (default: the job's, given at submission). And the options of every change.
+    """
+
+    hosts: Sequence[str] | None
+    host_counts: Mapping[str, int] | None
+    task_ids: Sequence[int] | None
+    count: int | None
+    spec: str | None
+    grace: float | None
 
 
 def own_task_id(environ: Mapping[str, str] | None = None) -> int:
@@ -183,17 +234,20 @@ class JobRequests:
         result: Mapping[str, Any] = yield Request("POST", f"{self.job_path}/tasks/{tid}/ready")
         return result
 
-    def release(
-        self,
-        forms: Mapping[str, Any],
-        options: ChangeOptions,
-        grace: float | None = None,
-    ) -> Steps[Allocation]:
-        body = _change_fields(options)
+    def release(self, options: ReleaseOptions) -> Steps[Allocation]:
+        body = _change_fields(options, ReleaseOptions)
+        forms = release_forms(
+            options.get("hosts"),
+            options.get("host_counts"),
+            options.get("task_ids"),
+            options.get("count"),
+            options.get("spec"),
+        )
         given = {k: v for k, v in forms.items() if v is not None}
         if len(given) != 1:
             raise ValueError("give exactly one of hosts/host_counts, task_ids, count, spec")
         body.update(given)
+        grace = options.get("grace")
         if grace is not None:
             body["grace"] = grace
         return (yield from self._change("release", body, options))
@@ -214,13 +268,14 @@ class JobRequests:
     # --- a target size (docs/in-job-api.md, "A target size") ---------------------------
 
     def set_target(
-        self, tasks: int, release_prefer: Sequence[int], wait: bool, timeout: float
+        self, tasks: int, release_prefer: Sequence[int], options: WaitOptions
     ) -> Steps[Allocation]:
+        refuse_unknown(options, WaitOptions)
         body = {"tasks": tasks, "release_prefer": list(release_prefer)}
         alloc = Allocation.from_json((yield Request("PUT", f"{self.base}/target", body)))
-        if not wait:
+        if not options.get("wait", False):
             return alloc
-        return (yield from self.reach(tasks, alloc, timeout))
+        return (yield from self.reach(tasks, alloc, options.get("timeout", 60.0)))
 
     def clear_target(self) -> Steps[Allocation]:
         return Allocation.from_json((yield Request("DELETE", f"{self.base}/target")))
@@ -313,12 +368,18 @@ def release_forms(
     }
 
 
-def _change_fields(options: ChangeOptions, allowed: type = ChangeOptions) -> dict[str, Any]:
-    """The body fields a grow and a release share (``notify_cmd`` only when given);
-    refuses an option ``allowed`` does not name, as a parameter list would."""
+def refuse_unknown(options: Mapping[str, Any], allowed: type) -> None:
+    """Refuse a keyword the TypedDict ``allowed`` (with its bases) does not name, as a
+    parameter list would."""
     unknown = options.keys() - allowed.__annotations__.keys()
     if unknown:
         raise TypeError(f"unexpected keyword argument {min(unknown)!r}")
+
+
+def _change_fields(options: ChangeOptions, allowed: type = ChangeOptions) -> dict[str, Any]:
+    """The body fields a grow and a release share (``notify_cmd`` only when given);
+    refuses an option ``allowed`` does not name, as a parameter list would."""
+    refuse_unknown(options, allowed)
     body: dict[str, Any] = {
         "cancel_pending": options.get("cancel_pending", False),
         "no_notify": options.get("no_notify", False),
