@@ -43,11 +43,17 @@ from xce_resize_plugin.errors import BadJobId, NotifyCmdTooLong, UsageError
 TYPE_CHECKING = False  # typing is not imported on this path (see cli/lean.py)
 if TYPE_CHECKING:
     from collections.abc import Sequence
-    from typing import Literal, TypeAlias
+    from typing import Literal, TypeAlias, TypedDict
 
     from xce_resize_plugin.core.models import CancelRequest, GrowRequest, ReleaseRequest
 
     Op: TypeAlias = Literal["request", "release", "cancel", "help", "version"]
+
+    class _ChangeFields(TypedDict):
+        cancel_pending: bool
+        notify_cmd: str | None
+        no_notify: bool
+
 
 __all__ = [
     "MAX_NOTIFY_BYTES",
@@ -352,27 +358,19 @@ def to_request(cmd: Command) -> tuple[str, GrowRequest | ReleaseRequest | Cancel
     from xce_resize_plugin.core.models import CancelRequest, GrowRequest, ReleaseRequest
     from xce_resize_plugin.core.releasespec import parse_release_spec
 
+    # What a grow and a release share (LSF's -c, -rnc, -rncn).
+    change: _ChangeFields = {
+        "cancel_pending": cmd.cancel_pending,
+        "notify_cmd": cmd.notify_cmd,
+        "no_notify": cmd.no_notify,
+    }
     if cmd.op == "request":
         if cmd.min_add is None or cmd.max_add is None:
             raise UsageError("request needs [min_task,]tasks")
-        grow = GrowRequest(
-            min_add=cmd.min_add,
-            max_add=cmd.max_add,
-            cancel_pending=cmd.cancel_pending,
-            notify_cmd=cmd.notify_cmd,
-            no_notify=cmd.no_notify,
-        )
-        return cmd.job_id, grow
+        return cmd.job_id, GrowRequest(min_add=cmd.min_add, max_add=cmd.max_add, **change)
     if cmd.op == "release":
         parse_release_spec(cmd.spec)
-        release = ReleaseRequest(
-            spec=" ".join(cmd.spec),
-            cancel_pending=cmd.cancel_pending,
-            notify_cmd=cmd.notify_cmd,
-            no_notify=cmd.no_notify,
-            grace=cmd.grace,
-        )
-        return cmd.job_id, release
+        return cmd.job_id, ReleaseRequest(spec=" ".join(cmd.spec), grace=cmd.grace, **change)
     if cmd.op == "cancel":
         return cmd.job_id, CancelRequest()
     raise UsageError(f"bresize {'-h' if cmd.op == 'help' else '-V'} is not a resize request")

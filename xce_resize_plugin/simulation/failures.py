@@ -20,7 +20,7 @@ import random
 from collections.abc import Callable, Sequence
 from functools import partial
 
-from attrs import frozen
+from attrs import asdict, frozen
 
 from xce_resize_plugin.controllers.sim.sim_controller import EmbeddedController
 from xce_resize_plugin.core.models import LossOutcome
@@ -72,12 +72,9 @@ class FailureStats:
     slot_hours_lost: float = 0.0
 
     def to_json(self) -> dict[str, float | int]:
-        return {
-            "host_failures": self.failures,
-            "jobs_killed": self.jobs_killed,
-            "jobs_shrunk": self.jobs_shrunk,
-            "slot_hours_lost": self.slot_hours_lost,
-        }
+        """As JSON, in field order; ``failures`` is named ``host_failures`` there."""
+        fields = asdict(self)
+        return {"host_failures": fields.pop("failures"), **fields}
 
 
 class FailureInjector:

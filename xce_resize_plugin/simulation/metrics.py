@@ -26,7 +26,7 @@ import math
 from array import array
 from collections.abc import Callable, Sequence
 
-from attrs import define, field, frozen
+from attrs import asdict, define, field, frozen
 
 from xce_resize_plugin.controllers.observer import FinishedJob, Observer
 from xce_resize_plugin.core.models import Task
@@ -136,18 +136,8 @@ class RunMetrics:
     shrinks: int
 
     def to_json(self) -> dict[str, float | int]:
-        return {
-            "jobs": self.jobs,
-            "mean_wait": self.mean_wait,
-            "median_wait": self.median_wait,
-            "mean_turnaround": self.mean_turnaround,
-            "mean_bounded_slowdown": self.mean_bounded_slowdown,
-            "utilization": self.utilization,
-            "makespan": self.makespan,
-            "resizes": self.resizes,
-            "grows": self.grows,
-            "shrinks": self.shrinks,
-        }
+        """The table as JSON, in field order (``--json``, the sweep's cells)."""
+        return asdict(self)
 
 
 def summarize(
