@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Iterator, Mapping, MutableMapping, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 from attrs import define, field, frozen
 
@@ -37,32 +37,27 @@ SUBMIT_OPTIONS = {
 }
 
 
-class JobOptions(Protocol):
-    """The options of :data:`SUBMIT_OPTIONS` as a submission carries them (a scenario's
-    job table, a live ``POST /v1/jobs``): handed to
+@frozen(kw_only=True)
+class JobOptions:
+    """The options of :data:`SUBMIT_OPTIONS` (but the task range) as a submission
+    carries them: declared once here, the base of a scenario's job
+    (:class:`~xce_resize_plugin.scenarios.files.JobSpec`) and of a live ``POST
+    /v1/jobs`` body (:class:`~xce_resize_plugin.controllers.live.submission.Submission`),
+    and handed to
     :meth:`~xce_resize_plugin.controllers.sim.sim_controller.EmbeddedController.submit_job`
     as one object, so the two paths pass them on in one place."""
 
-    @property
-    def estimate(self) -> float | None: ...
-    @property
-    def ptile(self) -> int | None: ...
-    @property
-    def resizable(self) -> bool: ...
-    @property
-    def autoresize(self) -> bool: ...
-    @property
-    def grow_hosts(self) -> GrowHosts: ...
-    @property
-    def notify_cmd(self) -> str | None: ...
-    @property
-    def alloc(self) -> tuple[tuple[str, int], ...] | None: ...
-    @property
-    def initial(self) -> int | None: ...
-    @property
-    def release_exited(self) -> bool: ...
-    @property
-    def grace(self) -> float: ...
+    estimate: float | None = None
+    ptile: int | None = None
+    resizable: bool = False
+    autoresize: bool = False
+    grow_hosts: GrowHosts = GrowHosts.PREFER_EXISTING
+    notify_cmd: str | None = None
+    alloc: tuple[tuple[str, int], ...] | None = None
+    initial: int | None = None
+    #: Tasks that exit on their own leave the allocation (docs/in-job-api.md).
+    release_exited: bool = False
+    grace: float = 0.0
 
 
 class TaskState(enum.Enum):

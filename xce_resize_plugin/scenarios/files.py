@@ -14,7 +14,7 @@ from typing import Any
 
 from attrs import field, frozen
 
-from xce_resize_plugin.controllers.jobs import SUBMIT_OPTIONS
+from xce_resize_plugin.controllers.jobs import SUBMIT_OPTIONS, JobOptions
 from xce_resize_plugin.controllers.tomlfile import IntCheck, Where, read_toml
 from xce_resize_plugin.core import config
 from xce_resize_plugin.core.models import GrowHosts
@@ -36,24 +36,16 @@ TARGET_KEYS = {"job", "tasks", "release_prefer", "clear"}
 
 
 @frozen
-class JobSpec:
+class JobSpec(JobOptions):
+    """A scenario's ``[[jobs]]`` entry: who, when, how many tasks for how long, and the
+    submission options."""
+
     id: str
     user: str
     submit: float
     min_tasks: int
     max_tasks: int
     runtime: float
-    ptile: int | None = None
-    resizable: bool = False
-    grow_hosts: GrowHosts = GrowHosts.PREFER_EXISTING
-    notify_cmd: str | None = None
-    alloc: tuple[tuple[str, int], ...] | None = None
-    estimate: float | None = None
-    initial: int | None = None
-    autoresize: bool = False
-    #: Tasks that exit on their own leave the allocation (docs/in-job-api.md).
-    release_exited: bool = False
-    grace: float = 0.0
 
 
 @frozen

@@ -17,7 +17,7 @@ from typing import Any
 
 from attrs import frozen
 
-from xce_resize_plugin.controllers.jobs import SUBMIT_OPTIONS
+from xce_resize_plugin.controllers.jobs import SUBMIT_OPTIONS, JobOptions
 from xce_resize_plugin.controllers.live.proc import Account
 from xce_resize_plugin.core.models import GrowHosts
 from xce_resize_plugin.errors import InvalidRequest, ResizeError
@@ -68,23 +68,14 @@ def job_account(owner: str, *, single_user: bool, euid: int) -> Account:
 
 
 @frozen
-class Submission:
-    """A checked ``POST /v1/jobs`` body."""
+class Submission(JobOptions):
+    """A checked ``POST /v1/jobs`` body: the command, the task range, the job's
+    environment and working directory, and the submission options."""
 
     command: tuple[str, ...]
     tasks: tuple[int, int]
-    ptile: int | None = None
-    resizable: bool = False
-    grow_hosts: GrowHosts = GrowHosts.PREFER_EXISTING
-    notify_cmd: str | None = None
     env: Mapping[str, str] = {}
-    autoresize: bool = False
     cwd: str | None = None
-    estimate: float | None = None
-    alloc: tuple[tuple[str, int], ...] | None = None
-    initial: int | None = None
-    release_exited: bool = False
-    grace: float = 0.0
 
 
 def parse_submission(body: Any) -> Submission:
