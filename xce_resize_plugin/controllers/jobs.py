@@ -13,7 +13,7 @@ import enum
 from collections.abc import Iterator, Mapping, MutableMapping, Sequence
 from typing import Any
 
-from attrs import define, field, frozen
+from attrs import define, field, fields_dict, frozen
 
 from xce_resize_plugin.core.models import GrowHosts, JobInfo, JobState, Task, project
 
@@ -58,6 +58,19 @@ class JobOptions:
     #: Tasks that exit on their own leave the allocation (docs/in-job-api.md).
     release_exited: bool = False
     grace: float = 0.0
+
+
+_OPTION_NAMES = tuple(fields_dict(JobOptions))
+
+
+def submit_keywords(options: JobOptions) -> dict[str, Any]:
+    """``options`` as the keywords of
+    :meth:`~xce_resize_plugin.controllers.sim.sim_controller.EmbeddedController.submit`
+    (where ``initial`` is ``initial_tasks``)."""
+    # Only the options' own fields: a scenario's job or a live submission has more.
+    keywords = {name: getattr(options, name) for name in _OPTION_NAMES}
+    keywords["initial_tasks"] = keywords.pop("initial")
+    return keywords
 
 
 class TaskState(enum.Enum):

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import attrs
 import pytest
 
 from tests.conftest import CtlFactory, ToyResizer, make_pm
+from xce_resize_plugin.controllers.jobs import JobOptions
 from xce_resize_plugin.controllers.sim import (
     EmbeddedController,
     MemoryStore,
@@ -164,3 +166,27 @@ def test_observers_see_a_job_ending_before_it_ended(make_ctl: CtlFactory) -> Non
         ("ending", done, "10.0", "DONE", "done"),
         ("ended", done, "10.0", "DONE", "done"),
     ]
+
+
+def test_submit_job_passes_on_every_option(make_ctl: CtlFactory) -> None:
+    """``submit_job`` hands each field of a :class:`JobOptions` to ``submit``: a
+    field the two spell differently, or one it drops, would show here."""
+    ctl = make_ctl()
+    options = JobOptions(
+        estimate=120.0,
+        ptile=2,
+        resizable=True,
+        autoresize=True,
+        grow_hosts=GrowHosts.ANY,
+        notify_cmd="true",
+        alloc=(("h2", 2),),
+        initial=2,
+        release_exited=True,
+        grace=7.5,
+    )
+    record = ctl.record(ctl.submit_job("u", (1, 4), options, runtime=60.0))
+    assert record is not None
+    names = attrs.fields_dict(JobOptions).keys() - {"initial"}
+    seen = {name: getattr(record, name) for name in names}
+    seen["initial"] = record.initial_tasks
+    assert seen == attrs.asdict(options, recurse=False)

@@ -69,6 +69,7 @@ from xce_resize_plugin.controllers.jobs import (
     TaskStates,
     VersionRecord,
     job_id_key,
+    submit_keywords,
 )
 from xce_resize_plugin.controllers.observer import FinishedJob, Observer
 from xce_resize_plugin.controllers.runners import (
@@ -827,21 +828,7 @@ class EmbeddedController:
     def submit_job(self, user: str, n: TasksSpec, options: JobOptions, **extra: Any) -> str:
         """:meth:`submit` with the job's options from one object (``extra``: the other
         keywords of :meth:`submit`, e.g. ``runtime``, ``env``, ``job_id``)."""
-        return self.submit(
-            user,
-            n,
-            estimate=options.estimate,
-            ptile=options.ptile,
-            resizable=options.resizable,
-            autoresize=options.autoresize,
-            grow_hosts=options.grow_hosts,
-            notify_cmd=options.notify_cmd,
-            alloc=options.alloc,
-            initial_tasks=options.initial,
-            release_exited=options.release_exited,
-            grace=options.grace,
-            **extra,
-        )
+        return self.submit(user, n, **submit_keywords(options), **extra)
 
     def submit(
         self,
