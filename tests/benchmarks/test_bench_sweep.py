@@ -104,7 +104,9 @@ def test_two_workers_against_serial(tmp_path: Path) -> None:
         parallel = run_sweep(sweep, workers=2)
     parallel_s = time.perf_counter() - began
     load_after = os.getloadavg()
-    assert serial.ran == parallel.ran == 18
+    # 18 cells, 16 runs: per trace one rigid run, and one elastic run at fraction 1.0
+    # for the three seeds (xce_resize_plugin/simulation/sweep.py shares them).
+    assert serial.ran == parallel.ran == 16
     assert [r for _, r in serial.cells] == [r for _, r in parallel.cells]
     assert all(not r["problems"] for _, r in serial.cells)
     print(

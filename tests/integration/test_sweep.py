@@ -7,11 +7,14 @@ import json
 from pathlib import Path
 
 import pytest
+from attrs import evolve
 
 from xce_resize_plugin.cli.main import main
+from xce_resize_plugin.controllers.sim.speedup import parse_speedup
 from xce_resize_plugin.errors import ConfigError
 from xce_resize_plugin.simulation import sweep as sweep_mod
-from xce_resize_plugin.simulation.simulate import SimulationError
+from xce_resize_plugin.simulation.failures import parse as parse_host_failures
+from xce_resize_plugin.simulation.simulate import SimOptions, SimulationError
 from xce_resize_plugin.simulation.sweep import CellCache, run_sweep
 from xce_resize_plugin.simulation.sweep_config import load_sweep
 from xce_resize_plugin.simulation.sweep_report import format_sweep, groups, mean_ci, sweep_json
@@ -46,7 +49,9 @@ def test_two_workers_give_the_numbers_of_the_cells_run_serially(tmp_path: Path) 
     config = load_sweep(_grid(tmp_path))
     parallel = run_sweep(config, workers=2)
     serial = run_sweep(config, workers=1)
-    assert parallel.ran == serial.ran == 12 and parallel.cached == 0
+    # 12 cells, 14 runs: per trace one rigid run, one elastic run at fraction 0 for
+    # both seeds, one per seed at 0.5; the synthetic workload's seed changes its jobs.
+    assert parallel.ran == serial.ran == 14 and parallel.cached == 0
     assert [c for c, _ in parallel.cells] == [c for c, _ in serial.cells]
     assert [r for _, r in parallel.cells] == [r for _, r in serial.cells]
     assert json.dumps(sweep_json(parallel)) == json.dumps(sweep_json(serial))
@@ -60,37 +65,78 @@ def test_two_workers_give_the_numbers_of_the_cells_run_serially(tmp_path: Path) 
     assert synthetic[0]["rigid"] == synthetic[2]["rigid"]  # seed 0 at both fractions
 
 
+def test_cells_share_a_run_only_when_it_reads_none_of_their_differences() -> None:
+    """The sharing of :func:`run_options` holds: a trace's rigid run is the same run
+    whatever the malleable options, and at fraction 1 the seed chooses nothing."""
+    source = str(KTH)
+    varied = SimOptions(
+        malleable_fraction=0.5,
+        seed=3,
+        driver="shrink-for-queue",
+        speedup=parse_speedup("linear:cost=5"),
+        min_factor=0.25,
+        max_factor=4.0,
+        grow_cooldown=60.0,
+        grow_margin=2.0,
+        grow_when_queue_empty=False,
+        shrink_min_delay=30.0,
+        limit=150,
+    )
+    shared = sweep_mod.run_options(source, varied, "rigid")
+    assert shared.malleable_fraction == 0.0 and shared.seed == 0
+    as_given = sweep_mod.run_one(source, varied, "rigid")
+    assert as_given["malleable_jobs"] > 0  # the options do mark jobs malleable
+    as_shared = sweep_mod.run_one(source, shared, "rigid")
+    assert (as_given["run"], as_given["problems"]) == (as_shared["run"], as_shared["problems"])
+    everyone = evolve(varied, malleable_fraction=1.0)
+    assert sweep_mod.run_options(source, everyone, "elastic").seed == 0
+    assert sweep_mod.run_one(source, everyone, "elastic") == sweep_mod.run_one(
+        source, evolve(everyone, seed=0), "elastic"
+    )
+    # Where the seed changes the jobs (synthetic, no seed=) or the failures, it stays.
+    synthetic = "lublin:jobs=50,procs=32"
+    assert sweep_mod.run_options(synthetic, varied, "rigid").seed == 3
+    failing = evolve(varied, host_failures=parse_host_failures("100"))
+    assert sweep_mod.run_options(source, failing, "rigid").seed == 3
+    assert (
+        sweep_mod.run_options(source, evolve(failing, malleable_fraction=1.0), "elastic").seed == 3
+    )
+
+
 def test_the_cache_makes_a_second_run_do_no_work_and_resumes_an_interrupted_one(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     config = load_sweep(_grid(tmp_path))
     cache = CellCache(tmp_path / "cache")
     calls: list[str] = []
-    real = sweep_mod.run_cell
+    real = sweep_mod.run_one
 
-    def counting(source: str, options: sweep_mod.SimOptions) -> sweep_mod.CellResult:
+    def counting(
+        source: str, options: sweep_mod.SimOptions, mode: sweep_mod.Mode
+    ) -> sweep_mod.RunResultDoc:
         calls.append(source)
         if len(calls) == 5 and broken:
             raise RuntimeError("killed")
-        return real(source, options)
+        return real(source, options, mode)
 
-    monkeypatch.setattr(sweep_mod, "run_cell", counting)
+    monkeypatch.setattr(sweep_mod, "run_one", counting)
     broken = True
-    with pytest.raises(SimulationError, match=r"cell .* seed .*: RuntimeError: killed"):
+    with pytest.raises(SimulationError, match=r"cell .* seed .* run\): RuntimeError: killed"):
         run_sweep(config, workers=1, cache=cache)
     assert len(list((tmp_path / "cache").glob("*.json"))) == 4  # finished before the failure
     broken = False
     calls.clear()
     resumed = run_sweep(config, workers=1, cache=cache)
-    assert (resumed.ran, resumed.cached, len(calls)) == (8, 4, 8)
+    assert (resumed.ran, resumed.cached, len(calls)) == (10, 4, 10)
     calls.clear()
     again = run_sweep(config, workers=1, cache=cache)
-    assert (again.ran, again.cached, calls) == (0, 12, [])
+    assert (again.ran, again.cached, calls) == (0, 14, [])
     assert again.cells == resumed.cells
-    # A changed input is a new cell: one more seed runs only its own cells.
+    # A changed input is a new cell: one more seed makes only its own new runs (an
+    # elastic run at 0.5 per trace; the synthetic workload's rigid run and two elastic).
     more = load_sweep(_config(tmp_path, _grid(tmp_path).read_text().replace("[0, 1]", "[0, 1, 2]")))
     grown = run_sweep(more, workers=1, cache=cache)
-    assert (grown.ran, grown.cached) == (6, 12)
+    assert (grown.ran, grown.cached) == (5, 14)
 
 
 def test_confidence_interval_against_a_hand_computation() -> None:
@@ -126,7 +172,7 @@ def test_summary_rows_hold_the_cells_values(tmp_path: Path) -> None:
     spread = abs(waits[0] - waits[1]) / 2  # s / sqrt(n) = (|a - b| / sqrt(2)) / sqrt(2)
     assert half.stats["mean_wait"].ci95 == pytest.approx(12.706205 * spread, rel=1e-6)
     text = format_sweep(result)
-    assert "12 cells (12 run, 0 from the cache)" in text and "checks: passed" in text
+    assert "12 cells, 14 runs (14 made, 0 from the cache)" in text and "checks: passed" in text
 
 
 def test_dask_cluster_gives_the_numbers_of_local_workers(tmp_path: Path) -> None:
@@ -137,7 +183,7 @@ def test_dask_cluster_gives_the_numbers_of_local_workers(tmp_path: Path) -> None
     ) as cluster:
         on_dask = run_sweep(config, dask=cluster.scheduler_address)
     local = run_sweep(config, workers=1)
-    assert on_dask.ran == 12
+    assert on_dask.ran == 14
     assert [r for _, r in on_dask.cells] == [r for _, r in local.cells]
 
 
@@ -152,8 +198,8 @@ def test_cli_table_json_plot_and_cache(tmp_path: Path, capsys: pytest.CaptureFix
     args = ["sweep", str(config), "--cache", str(cache), "--workers", "1"]
     assert main([*args, "--json", str(out), "--plot", str(png)]) == 0
     captured = capsys.readouterr()
-    assert "2 cells (2 run, 0 from the cache)" in captured.out
-    assert "sweep:" in captured.err and "2 cells run" in captured.err
+    assert "2 cells, 3 runs (3 made, 0 from the cache)" in captured.out
+    assert "sweep:" in captured.err and "3 runs made" in captured.err
     doc = json.loads(out.read_text())
     assert doc["format"] == "xce-resize-sweep" and len(doc["cells"]) == 2
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

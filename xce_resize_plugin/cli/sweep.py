@@ -62,7 +62,7 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
     if not args.quiet:
         where = "no cache" if cache is None else f"cache {cache.directory}"
         print(
-            f"sweep: {time.monotonic() - began:.1f} s, {result.ran} cells run, "
+            f"sweep: {time.monotonic() - began:.1f} s, {result.ran} runs made, "
             f"{result.cached} from the cache ({where})",
             file=sys.stderr,
         )

@@ -51,7 +51,7 @@ class RunBars:
 
 
 class CellBar:
-    """The cells of a sweep: ``done`` counts cells finished (cached ones at once)."""
+    """The runs of a sweep: ``done`` counts runs finished (cached ones at once)."""
 
     def __init__(
         self, total: int, cached: int, *, quiet: bool = False, stream: TextIO | None = None
@@ -61,7 +61,7 @@ class CellBar:
             total=total,
             initial=cached,
             desc="sweep",
-            unit="cell",
+            unit="run",
             file=out,
             disable=not wanted(out, quiet),
         )

@@ -1,28 +1,33 @@
 """``xce-resize sweep``: a grid of simulations, run in parallel, cached, summarised.
 
-Each cell of the grid (:mod:`.sweep_config`) is one :func:`~.simulate.simulate` call —
-both runs, rigid and elastic, one after the other in one process — through
-:func:`run_cell`, the same machinery as ``xce-resize simulate``. Cells run
+Each cell of the grid (:mod:`.sweep_config`) is a rigid and an elastic run of its
+workload, made by :func:`~.simulate.run_mode`, the same machinery as ``xce-resize
+simulate``. Cells that would make the same run share it (:func:`run_key`): the rigid
+run of a trace reads no malleable option (not the fraction, the seed, the driver or
+the speedup), so one rigid run serves every cell of the trace, and at a malleable
+fraction of 0 or 1 the seed chooses nothing, so one elastic run serves every seed
+(a synthetic workload without ``seed=``, or host failures, keep the seed: it changes
+the jobs or the failures). Runs are made
 
 - on the local cores (:func:`run_sweep` with ``workers``; default: all of them), one
-  cell per worker process of a :class:`~concurrent.futures.ProcessPoolExecutor`
+  run per worker process of a :class:`~concurrent.futures.ProcessPoolExecutor`
   (started by ``forkserver``, so no worker inherits the parent's threads), the
-  largest workloads first so that the last cells to finish are short ones;
-  ``workers=1`` runs them in this process, one after the other;
+  largest workloads first so that the last runs to finish are short ones;
+  ``workers=1`` makes them in this process, one after the other;
 - or on an existing Dask cluster (``dask=ADDRESS``, the ``dask`` extra), one task
-  per cell; its workers need this package and the trace files at the same paths.
+  per run; its workers need this package and the trace files at the same paths.
 
-Finished cells are cached (:class:`CellCache`): a file per cell named by the SHA-256 of
-its inputs — the workload's identity (a trace file's SHA-256, a synthetic spec), every
-option (fraction, seed, driver, speedup, [resize] ...), the content of the site policy
-files it loads, and the package version — holding the cell's results. A cell found
-there is not run again, so an interrupted sweep resumes where it stopped, and a grid
-that grows by a seed or a fraction runs only the new cells. Results are written by
-this process as each cell finishes.
+Finished runs are cached (:class:`CellCache`): a file per run named by the SHA-256 of
+its inputs — the workload's identity (a trace file's SHA-256, a synthetic spec), the
+run (rigid or elastic), every option it reads (fraction, seed, driver, speedup,
+[resize] ...), the content of the site policy files it loads, and the package version
+— holding the run's results. A run found there is not made again, so an interrupted
+sweep resumes where it stopped, and a grid that grows by a seed or a fraction makes
+only the new runs. Results are written by this process as each run finishes.
 
 A cell's result is a JSON object: both runs' metrics (:meth:`~.metrics.RunMetrics.to_json`
 plus ``events`` and ``resize_requests``), the workload's job and malleable-job counts,
-and the problems its checks found.
+and the problems their checks found.
 """
 
 from __future__ import annotations
@@ -37,20 +42,43 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import attrs
 from attrs import frozen
 
 from xce_resize_plugin import __version__
 from xce_resize_plugin.errors import UsageError
-from xce_resize_plugin.simulation.simulate import RunResult, SimOptions, SimulationError, simulate
+from xce_resize_plugin.simulation.lublin import is_spec
+from xce_resize_plugin.simulation.simulate import (
+    MODES,
+    Mode,
+    RunResult,
+    SimOptions,
+    SimulationError,
+    run_mode,
+)
 from xce_resize_plugin.simulation.sweep_config import Cell, SweepConfig
 from xce_resize_plugin.simulation.workloads import open_workload
 
-__all__ = ["CACHE_FORMAT", "CellCache", "SweepResult", "default_cache_dir", "run_cell", "run_sweep"]
+__all__ = [
+    "CACHE_FORMAT",
+    "CellCache",
+    "Run",
+    "SweepResult",
+    "cell_result",
+    "default_cache_dir",
+    "run_cell",
+    "run_key",
+    "run_one",
+    "run_options",
+    "run_sweep",
+]
 
 #: Part of every cache key: a change of what a cached result holds changes it.
-CACHE_FORMAT = "xce-resize-sweep-cell/1"
+CACHE_FORMAT = "xce-resize-sweep-run/2"
 
 CellResult = dict[str, Any]
+#: One run's result: ``jobs``, ``malleable_jobs``, ``run`` (its metrics), ``problems``.
+RunResultDoc = dict[str, Any]
 
 
 def default_cache_dir() -> Path:
@@ -66,17 +94,63 @@ def _run_json(run: RunResult) -> dict[str, Any]:
     return out
 
 
-def run_cell(source: str, options: SimOptions) -> CellResult:
-    """Simulate one cell (both runs, in this process) and return its results."""
+def run_one(source: str, options: SimOptions, mode: Mode) -> RunResultDoc:
+    """Make one run of a cell (in this process) and return its results."""
     workload = open_workload(source, options)
-    comparison = simulate(workload.source, options, workload=workload, parallel=False)
+    result = run_mode(workload, options, mode)
     return {
         "jobs": len(workload.jobs),
         "malleable_jobs": workload.malleable,
-        "rigid": _run_json(comparison.rigid),
-        "elastic": _run_json(comparison.elastic),
-        "problems": comparison.problems,
+        "run": _run_json(result),
+        "problems": [f"{mode}: {p}" for p in result.problems],
     }
+
+
+def cell_result(rigid: RunResultDoc, elastic: RunResultDoc) -> CellResult:
+    """A cell's result from its two runs (the malleable count is the elastic run's)."""
+    return {
+        "jobs": elastic["jobs"],
+        "malleable_jobs": elastic["malleable_jobs"],
+        "rigid": rigid["run"],
+        "elastic": elastic["run"],
+        "problems": [*rigid["problems"], *elastic["problems"]],
+    }
+
+
+def run_cell(source: str, options: SimOptions) -> CellResult:
+    """Simulate one cell (both runs, in this process) and return its results."""
+    return cell_result(
+        run_one(source, run_options(source, options, "rigid"), "rigid"),
+        run_one(source, run_options(source, options, "elastic"), "elastic"),
+    )
+
+
+def run_options(source: str, options: SimOptions, mode: Mode) -> SimOptions:
+    """``options`` with what the run does not read set to fixed values, so that cells
+    that make the same run have the same options (and key) for it."""
+    # The seed picks the malleable jobs; a synthetic spec without seed= takes it for
+    # its jobs, and host failures for their times: then every run reads it.
+    seed_chooses_only = not is_spec(source) and options.host_failures is None
+    if mode == "rigid":
+        # Every job runs rigid at its recorded size, with no driver (tested:
+        # tests/integration/test_sweep.py).
+        plain = SimOptions()
+        return attrs.evolve(
+            options,
+            malleable_fraction=0.0,
+            seed=0 if seed_chooses_only else options.seed,
+            speedup=plain.speedup,
+            driver=plain.driver,
+            min_factor=plain.min_factor,
+            max_factor=plain.max_factor,
+            grow_cooldown=plain.grow_cooldown,
+            grow_margin=plain.grow_margin,
+            grow_when_queue_empty=plain.grow_when_queue_empty,
+            shrink_min_delay=plain.shrink_min_delay,
+        )
+    if seed_chooses_only and options.malleable_fraction in (0.0, 1.0):
+        return attrs.evolve(options, seed=0)  # none or all jobs malleable, whatever the seed
+    return options
 
 
 def _policy_hashes(options: SimOptions) -> list[str]:
@@ -94,12 +168,14 @@ def _policy_hashes(options: SimOptions) -> list[str]:
     return out
 
 
-def cell_key(cell: Cell, options: SimOptions) -> str:
-    """The SHA-256 of everything a cell's results depend on."""
+def run_key(cell: Cell, options: SimOptions, mode: Mode) -> str:
+    """The SHA-256 of everything one run's results depend on (``options`` as
+    :func:`run_options` gives them for the run)."""
     doc = {
         "format": CACHE_FORMAT,
         "package": __version__,
         "workload": cell.workload.identity,
+        "run": mode,
         "options": options.to_json(),
         "policies": _policy_hashes(options),
     }
@@ -107,7 +183,7 @@ def cell_key(cell: Cell, options: SimOptions) -> str:
 
 
 class CellCache:
-    """Finished cells, one JSON file per cell key in ``directory`` (created on use)."""
+    """Finished runs, one JSON file per run key in ``directory`` (created on use)."""
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory
@@ -121,9 +197,9 @@ class CellCache:
             doc = json.loads(self._path(key).read_text(encoding="utf-8"))
         except (OSError, ValueError):
             return None
-        return doc if isinstance(doc, dict) and "elastic" in doc else None
+        return doc if isinstance(doc, dict) and "run" in doc else None
 
-    def put(self, key: str, result: CellResult) -> None:
+    def put(self, key: str, result: RunResultDoc) -> None:
         """Write atomically: a reader sees the whole file or none."""
         self.directory.mkdir(parents=True, exist_ok=True)
         tmp = self._path(key).with_suffix(f".tmp{os.getpid()}")
@@ -133,7 +209,8 @@ class CellCache:
 
 @frozen
 class SweepResult:
-    """Every cell with its results, in grid order, and how many ran or were cached."""
+    """Every cell with its results, in grid order, and how many runs were made or
+    came from the cache (cells that make the same run share it)."""
 
     config: SweepConfig
     cells: tuple[tuple[Cell, CellResult], ...]
@@ -141,49 +218,63 @@ class SweepResult:
     cached: int
 
 
-Job = tuple[int, Cell, SimOptions, str]
-Runner = Callable[[Sequence[Job]], Iterator[tuple[int, CellResult]]]
+@frozen
+class Run:
+    """One run a sweep makes: ``cell`` is the first cell that needs it (it names the run
+    in errors), ``options`` are :func:`run_options`'s for it."""
+
+    key: str
+    mode: Mode
+    cell: Cell
+    options: SimOptions
+
+    def make(self) -> RunResultDoc:
+        return run_one(self.cell.workload.source, self.options, self.mode)
+
+    def failed(self, exc: Exception) -> SimulationError:
+        text = f"cell {self.cell.label()} ({self.mode} run): {type(exc).__name__}: {exc}"
+        return SimulationError(text)
 
 
-def _serial(jobs: Sequence[Job]) -> Iterator[tuple[int, CellResult]]:
-    for i, cell, options, _ in jobs:
-        yield i, _guarded(cell, options)
+Runner = Callable[[Sequence[Run]], Iterator[tuple[str, RunResultDoc]]]
 
 
-def _guarded(cell: Cell, options: SimOptions) -> CellResult:
-    try:
-        return run_cell(cell.workload.source, options)
-    except SimulationError:
-        raise
-    except Exception as exc:  # a cell's failure names the cell
-        raise SimulationError(f"cell {cell.label()}: {type(exc).__name__}: {exc}") from exc
+def _serial(runs: Sequence[Run]) -> Iterator[tuple[str, RunResultDoc]]:
+    for run in runs:
+        try:
+            result = run.make()
+        except SimulationError:
+            raise
+        except Exception as exc:  # a run's failure names its cell
+            raise run.failed(exc) from exc
+        yield run.key, result
 
 
 def _local(workers: int) -> Runner:
-    def run(jobs: Sequence[Job]) -> Iterator[tuple[int, CellResult]]:
+    def make(runs: Sequence[Run]) -> Iterator[tuple[str, RunResultDoc]]:
         methods = multiprocessing.get_all_start_methods()
         ctx = multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
-        with cf.ProcessPoolExecutor(max_workers=min(workers, len(jobs)), mp_context=ctx) as pool:
+        with cf.ProcessPoolExecutor(max_workers=min(workers, len(runs)), mp_context=ctx) as pool:
             futures = {
-                pool.submit(run_cell, cell.workload.source, options): (i, cell)
-                for i, cell, options, _ in jobs
+                pool.submit(run_one, run.cell.workload.source, run.options, run.mode): run
+                for run in runs
             }
             try:
                 for fut in cf.as_completed(futures):
-                    i, cell = futures[fut]
-                    yield i, _result_of(cell, fut.result)
+                    run = futures[fut]
+                    yield run.key, _result_of(run, fut.result)
             finally:
                 for fut in futures:
                     fut.cancel()
 
-    return run
+    return make
 
 
-def _result_of(cell: Cell, get: Callable[[], CellResult]) -> CellResult:
+def _result_of(run: Run, get: Callable[[], RunResultDoc]) -> RunResultDoc:
     try:
         return get()
     except Exception as exc:  # raised in a worker: name the cell
-        raise SimulationError(f"cell {cell.label()}: {type(exc).__name__}: {exc}") from exc
+        raise run.failed(exc) from exc
 
 
 def _dask(address: str) -> Runner:
@@ -195,7 +286,7 @@ def _dask(address: str) -> Runner:
             "--dask needs the dask extra: pip install 'xce_resize_plugin[dask]'"
         ) from None
 
-    def run(jobs: Sequence[Job]) -> Iterator[tuple[int, CellResult]]:
+    def make(runs: Sequence[Run]) -> Iterator[tuple[str, RunResultDoc]]:
         try:
             client = distributed.Client(address, timeout=10, set_as_default=False)
         except (OSError, TimeoutError) as exc:
@@ -203,18 +294,23 @@ def _dask(address: str) -> Runner:
         with client:
             futures = {
                 client.submit(
-                    run_cell, cell.workload.source, options, key=f"xce-sweep-{key}", pure=False
-                ): (i, cell)
-                for i, cell, options, key in jobs
+                    run_one,
+                    run.cell.workload.source,
+                    run.options,
+                    run.mode,
+                    key=f"xce-sweep-{run.key}",
+                    pure=False,
+                ): run
+                for run in runs
             }
             try:
                 for fut in distributed.as_completed(futures, loop=client.loop):
-                    i, cell = futures[fut]
-                    yield i, _result_of(cell, fut.result)
+                    run = futures[fut]
+                    yield run.key, _result_of(run, fut.result)
             finally:
                 client.cancel(list(futures))
 
-    return run
+    return make
 
 
 def run_sweep(
@@ -226,38 +322,48 @@ def run_sweep(
     on_cell: Callable[[], None] | None = None,
     on_start: Callable[[int, int], None] | None = None,
 ) -> SweepResult:
-    """Run the cells of ``config`` that ``cache`` does not hold; return them all.
+    """Make the runs of ``config``'s cells that ``cache`` does not hold; return every
+    cell with its results.
 
-    :param workers: local worker processes (default: the machine's cores; 1 runs the
-        cells in this process).
-    :param dask: the address of a Dask scheduler to run the cells on instead.
-    :param on_start: called once with (cells, cached cells) before any cell runs.
-    :param on_cell: called as each cell to run finishes (a progress bar).
+    :param workers: local worker processes (default: the machine's cores; 1 makes the
+        runs in this process).
+    :param dask: the address of a Dask scheduler to make the runs on instead.
+    :param on_start: called once with (runs, runs in the cache) before any run starts.
+    :param on_cell: called as each run to make finishes (a progress bar).
     """
     cells = config.cells()
-    results: dict[int, CellResult] = {}
-    todo: list[Job] = []
-    for i, cell in enumerate(cells):
+    pairs: list[tuple[str, str]] = []  # each cell's (rigid, elastic) run keys
+    runs: dict[str, Run] = {}
+    for cell in cells:
         options = config.options_for(cell)
-        key = cell_key(cell, options)
+        keys = []
+        for mode in MODES:
+            run_opts = run_options(cell.workload.source, options, mode)
+            key = run_key(cell, run_opts, mode)
+            runs.setdefault(key, Run(key, mode, cell, run_opts))
+            keys.append(key)
+        pairs.append((keys[0], keys[1]))
+    results: dict[str, RunResultDoc] = {}
+    for key in runs:
         hit = cache.get(key) if cache is not None else None
         if hit is not None:
-            results[i] = hit
-        else:
-            todo.append((i, cell, options, key))
+            results[key] = hit
+    todo = [run for key, run in runs.items() if key not in results]
     if on_start is not None:
-        on_start(len(cells), len(results))
-    # The largest workloads first: the cells left at the end are then the short ones.
-    todo.sort(key=lambda job: -job[1].workload.jobs)
-    keys = {i: key for i, _, _, key in todo}
+        on_start(len(runs), len(results))
+    # The largest workloads first: the runs left at the end are then the short ones.
+    todo.sort(key=lambda run: -run.cell.workload.jobs)
     if todo:
         n = workers if workers is not None else (os.cpu_count() or 1)
         runner = _dask(dask) if dask is not None else (_serial if n <= 1 else _local(n))
-        for i, result in runner(todo):
-            results[i] = result
+        for key, result in runner(todo):
+            results[key] = result
             if cache is not None:
-                cache.put(keys[i], result)
+                cache.put(key, result)
             if on_cell is not None:
                 on_cell()
-    ordered = tuple((cell, results[i]) for i, cell in enumerate(cells))
-    return SweepResult(config, ordered, ran=len(todo), cached=len(cells) - len(todo))
+    ordered = tuple(
+        (cell, cell_result(results[rigid], results[elastic]))
+        for cell, (rigid, elastic) in zip(cells, pairs, strict=True)
+    )
+    return SweepResult(config, ordered, ran=len(todo), cached=len(runs) - len(todo))

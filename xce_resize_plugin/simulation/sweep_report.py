@@ -131,7 +131,8 @@ def format_sweep(result: SweepResult) -> str:
     lines = [
         f"Sweep {config.path}: {len(config.workloads)} workloads x {len(config.fractions)} "
         f"malleable fractions x {len(config.seeds)} seeds x {len(config.drivers)} drivers "
-        f"= {cells} cells ({result.ran} run, {result.cached} from the cache)",
+        f"= {cells} cells, {result.ran + result.cached} runs ({result.ran} made, "
+        f"{result.cached} from the cache)",
         "Each value: mean ± half-width of the 95 % confidence interval across seeds "
         "(Student t; - for one seed).",
         "",
