@@ -127,6 +127,11 @@ class Runtime:
         self._reclaim_min_delay = float(values["reclaim_min_delay"])
         self._reclaim_for: str | None = None
         self._reclaim_asked: set[str] = set()
+        # Bumped whenever a job's state is stored: with the head the host describes
+        # and the jobs asked, all a reclaim decision reads (see _reclaim).
+        self._version = 0
+        self._reclaim_seen: tuple[QueueHead, int, int] | None = None
+        self._reclaim_answer = False
         # events(): each job's projected events and the journal's last fact then.
         self._events: dict[str, tuple[int, list[events_mod.JobEvent]]] = {}
 
@@ -334,26 +339,45 @@ class Runtime:
         with self._lock:
             if queued is None:
                 self._reclaim_for, self._reclaim_asked = None, set()
+                self._reclaim_seen = None
                 return False
             if queued.job_id != self._reclaim_for:
                 self._reclaim_for, self._reclaim_asked = queued.job_id, set()
+                self._reclaim_seen = None
             now = self.controller.now()
-            job = self.controller.get_job(queued.job_id)
-            if job is None or queued.shadow - now < self._reclaim_min_delay:
+            if queued.shadow - now < self._reclaim_min_delay:
                 return False
-            coming = self._being_freed(queued.unusable)
-            free = _plus(queued.free, coming)
-            head = ReclaimHead(job, queued.tasks, queued.ptile, free, queued.unusable)
-            if head.short() == 0:
-                return bool(coming)  # what is being freed starts it: nothing to ask
-            candidates = self._reclaim_candidates(queued)
-            if head.short() > sum(c.excess for c in candidates):
-                return False  # even every job at its minimum would not start it
-            selection = self.policy.select_reclaim(head, candidates)
-            check_selection(selection, candidates)
-            if head.short(freed_by(selection, candidates)) > 0:
-                return False  # a reconfiguration that starts nobody only costs
-            return self._ask_reclaim(head, selection, candidates, now)
+            # Most cycles find the same head, the same states and the same jobs asked
+            # as the last one (a job arriving behind the head changes none of them):
+            # the decision would be the same, so the last one stands. Only a decision
+            # that changed nothing is kept; the time counts only in the check above.
+            seen = (queued, self._version, len(self._reclaim_asked))
+            if seen == self._reclaim_seen:
+                return self._reclaim_answer
+            answer = self._reclaim_decide(queued, now)
+            unchanged = self._version == seen[1] and len(self._reclaim_asked) == seen[2]
+            self._reclaim_seen = seen if unchanged else None
+            self._reclaim_answer = answer
+            return answer
+
+    def _reclaim_decide(self, queued: QueueHead, now: float) -> bool:
+        """:meth:`_reclaim` for a head whose start is far enough away."""
+        job = self.controller.get_job(queued.job_id)
+        if job is None:
+            return False
+        coming = self._being_freed(queued.unusable)
+        free = _plus(queued.free, coming)
+        head = ReclaimHead(job, queued.tasks, queued.ptile, free, queued.unusable)
+        if head.short() == 0:
+            return bool(coming)  # what is being freed starts it: nothing to ask
+        candidates = self._reclaim_candidates(queued)
+        if head.short() > sum(c.excess for c in candidates):
+            return False  # even every job at its minimum would not start it
+        selection = self.policy.select_reclaim(head, candidates)
+        check_selection(selection, candidates)
+        if head.short(freed_by(selection, candidates)) > 0:
+            return False  # a reconfiguration that starts nobody only costs
+        return self._ask_reclaim(head, selection, candidates, now)
 
     def _being_freed(self, unusable: frozenset[str]) -> dict[str, int]:
         """Slots per host that shrinks in flight will free (not yet stopped)."""
@@ -675,6 +699,7 @@ class Runtime:
 
     def _store(self, state: ResizeState) -> None:
         job_id = state.job_id
+        self._version += 1
         if not state.live:
             self.states.pop(job_id, None)
             self._busy.discard(job_id)
