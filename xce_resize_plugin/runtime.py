@@ -368,10 +368,11 @@ class Runtime:
         coming = self._being_freed(queued.unusable)
         free = _plus(queued.free, coming)
         head = ReclaimHead(job, queued.tasks, queued.ptile, free, queued.unusable)
-        if head.short() == 0:
+        short = head.short()
+        if short == 0:
             return bool(coming)  # what is being freed starts it: nothing to ask
         candidates = self._reclaim_candidates(queued)
-        if head.short() > sum(c.excess for c in candidates):
+        if short > sum(c.excess for c in candidates):
             return False  # even every job at its minimum would not start it
         selection = self.policy.select_reclaim(head, candidates)
         check_selection(selection, candidates)
