@@ -1,7 +1,8 @@
 """Answers kept between scheduler cycles give the run every fresh answer would give
 (docs/performance.md, "Speed of the whole HPC2N run"): the plugin's reclaim decision,
-kept while the head, the job states and the jobs asked stay the same, and the host's
-description of the blocked head, kept until its ledger changes.
+kept while the head, the job states and the jobs asked stay the same (and its
+candidates, while all but the free slots do), and the host's description of the
+blocked head, kept until its ledger changes.
 
 A trace run with reclaim on (the shrinking driver) is made twice: as it runs, and with
 every kept answer thrown away before it could be used; the two must agree job by job.
@@ -18,7 +19,7 @@ from xce_resize_plugin import plugin
 from xce_resize_plugin.controllers.sim.sim_controller import EmbeddedController
 from xce_resize_plugin.core.models import GrowRequest
 from xce_resize_plugin.core.reclaim import QueueHead
-from xce_resize_plugin.host import ClusterView
+from xce_resize_plugin.host import ClusterView, Principal
 from xce_resize_plugin.runtime import Runtime
 from xce_resize_plugin.simulation.simulate import RunResult, SimOptions, load_workload, run_mode
 
@@ -63,7 +64,7 @@ def test_a_kept_reclaim_decision_is_the_one_a_fresh_decision_gives(
     reclaim = Runtime._reclaim
 
     def fresh(self: Runtime, cluster: ClusterView) -> bool:
-        self._reclaim_seen = None
+        self._reclaim_seen = self._candidates_kept = None
         return reclaim(self, cluster)
 
     monkeypatch.setattr(Runtime, "_reclaim", fresh)
@@ -122,3 +123,19 @@ def test_reclaim_decides_again_once_a_state_or_the_head_changed(tmp_path: Path) 
     assert decided == ["2"]
     ctl.advance(1000)  # job 1 ends, job 2 starts: no blocked head any more
     assert decided == ["2"]
+
+
+def test_reclaim_candidates_follow_a_stored_state(tmp_path: Path) -> None:
+    h = Harness(tmp_path, hosts=[("hA", 4), ("hB", 4)], config={"reclaim": "shrink"})
+    ctl = h.ctl
+    ctl.submit("ann", (2, 8), resizable=True, alloc={"hA": 4, "hB": 2}, runtime=1000, job_id="1")
+    ctl.settle()
+    runtime = plugin.runtime_of(ctl)
+    head = QueueHead("9", 4, None, resizable=("1",))
+    (before,) = runtime._reclaim_candidates(head)
+    assert runtime._reclaim_candidates(head) == (before,)
+    assert before.excess == 4 and not before.pending_grow
+    # A grow asked (not placed before the next cycle): the same jobs, another state.
+    ctl.request_resize(Principal("ann"), "1", GrowRequest(1, 1))
+    (after,) = runtime._reclaim_candidates(head)
+    assert after.excess == 4 and after.pending_grow
