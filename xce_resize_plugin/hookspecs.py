@@ -439,7 +439,9 @@ def xce_resize_select_reclaim(
         may give (``excess``).
 
     Called in the scheduler cycle when ``[resize] reclaim = "shrink"`` and the host
-    reports a blocked head. firstresult: return job id -> task ids to release, or
+    reports a blocked head; not again while the head, the job states and the jobs
+    already asked stay as they were (the answer would be the same: it should depend on
+    the arguments only). firstresult: return job id -> task ids to release, or
     ``None`` to let a later implementation decide. The plugin refuses an answer that
     takes task 0, a task the job does not have, or more than a job's ``excess``
     (:class:`~xce_resize_plugin.errors.PolicyRejected`), and asks nothing when the

@@ -127,6 +127,12 @@ class Runtime:
         self._reclaim_min_delay = float(values["reclaim_min_delay"])
         self._reclaim_for: str | None = None
         self._reclaim_asked: set[str] = set()
+        # Bumped whenever a job's state is stored: with the head the host describes
+        # and the jobs asked, all a reclaim decision reads (see _reclaim).
+        self._version = 0
+        self._reclaim_seen: tuple[QueueHead, int, int] | None = None
+        self._reclaim_answer = False
+        self._candidates_kept: tuple[_CandidatesKey, tuple[ReclaimCandidate, ...]] | None = None
         # events(): each job's projected events and the journal's last fact then.
         self._events: dict[str, tuple[int, list[events_mod.JobEvent]]] = {}
 
@@ -334,26 +340,47 @@ class Runtime:
         with self._lock:
             if queued is None:
                 self._reclaim_for, self._reclaim_asked = None, set()
+                self._reclaim_seen = self._candidates_kept = None
                 return False
             if queued.job_id != self._reclaim_for:
                 self._reclaim_for, self._reclaim_asked = queued.job_id, set()
+                self._reclaim_seen = self._candidates_kept = None
             now = self.controller.now()
-            job = self.controller.get_job(queued.job_id)
-            if job is None or queued.shadow - now < self._reclaim_min_delay:
+            if queued.shadow - now < self._reclaim_min_delay:
                 return False
-            coming = self._being_freed(queued.unusable)
-            free = _plus(queued.free, coming)
-            head = ReclaimHead(job, queued.tasks, queued.ptile, free, queued.unusable)
-            if head.short() == 0:
-                return bool(coming)  # what is being freed starts it: nothing to ask
-            candidates = self._reclaim_candidates(queued)
-            if head.short() > sum(c.excess for c in candidates):
-                return False  # even every job at its minimum would not start it
-            selection = self.policy.select_reclaim(head, candidates)
-            check_selection(selection, candidates)
-            if head.short(freed_by(selection, candidates)) > 0:
-                return False  # a reconfiguration that starts nobody only costs
-            return self._ask_reclaim(head, selection, candidates, now)
+            # Most cycles find the same head, the same states and the same jobs asked
+            # as the last one (a job arriving behind the head changes none of them):
+            # the decision would be the same, so the last one stands. Only a decision
+            # that changed nothing is kept; the time counts only in the check above.
+            seen = (queued, self._version, len(self._reclaim_asked))
+            if seen == self._reclaim_seen:
+                return self._reclaim_answer
+            answer = self._reclaim_decide(queued, now)
+            unchanged = self._version == seen[1] and len(self._reclaim_asked) == seen[2]
+            self._reclaim_seen = seen if unchanged else None
+            self._reclaim_answer = answer
+            return answer
+
+    def _reclaim_decide(self, queued: QueueHead, now: float) -> bool:
+        """:meth:`_reclaim` for a head whose start is far enough away."""
+        job = self.controller.get_job(queued.job_id)
+        if job is None:
+            return False
+        coming = self._being_freed(queued.unusable)
+        free = _plus(queued.free, coming)
+        head = ReclaimHead(job, queued.tasks, queued.ptile, free, queued.unusable)
+        short = head.short()
+        if short == 0:
+            return bool(coming)  # what is being freed starts it: nothing to ask
+        candidates = self._reclaim_candidates(queued)
+        if short > sum(c.excess for c in candidates):
+            return False  # even every job at its minimum would not start it
+        # A list of its own: the policy may reorder what it is given.
+        selection = self.policy.select_reclaim(head, list(candidates))
+        check_selection(selection, candidates)
+        if head.short(freed_by(selection, candidates)) > 0:
+            return False  # a reconfiguration that starts nobody only costs
+        return self._ask_reclaim(head, selection, candidates, now)
 
     def _being_freed(self, unusable: frozenset[str]) -> dict[str, int]:
         """Slots per host that shrinks in flight will free (not yet stopped)."""
@@ -367,9 +394,18 @@ class Runtime:
                     out[task.host] = out.get(task.host, 0) + 1
         return out
 
-    def _reclaim_candidates(self, queued: QueueHead) -> list[ReclaimCandidate]:
+    def _reclaim_candidates(self, queued: QueueHead) -> tuple[ReclaimCandidate, ...]:
         """The host's running resizable jobs above their minimum with nothing in
-        flight, not yet asked for this head."""
+        flight, not yet asked for this head.
+
+        Kept while the head, the host's resizable jobs, the states and the jobs asked
+        stay the same: half of the decisions that are made again (see _reclaim) differ
+        only in the free slots, and a job's view changes only with its state or its
+        end (the host then lists other resizable jobs)."""
+        key = (queued.job_id, queued.resizable, self._version, len(self._reclaim_asked))
+        kept = self._candidates_kept
+        if kept is not None and kept[0] == key:
+            return kept[1]
         out: list[ReclaimCandidate] = []
         for job_id in queued.resizable:
             if job_id in self._reclaim_asked or job_id == queued.job_id:
@@ -386,7 +422,9 @@ class Runtime:
                 releasable = tuple(t for t in tasks if t.id != 0)
                 pending = state is not None and state.pending is not None
                 out.append(ReclaimCandidate(job, releasable, excess, pending))
-        return out
+        found = tuple(out)
+        self._candidates_kept = (key, found)
+        return found
 
     def _ask_reclaim(
         self,
@@ -675,6 +713,7 @@ class Runtime:
 
     def _store(self, state: ResizeState) -> None:
         job_id = state.job_id
+        self._version += 1
         if not state.live:
             self.states.pop(job_id, None)
             self._busy.discard(job_id)
@@ -772,6 +811,11 @@ def _entry(
         ended_at=after.ended_at,
         history=converters.history_tails(before, after),
     )
+
+
+#: What a reclaim's candidates depend on: the head, the host's resizable jobs, the
+#: runtime's state counter and how many jobs were asked for this head.
+_CandidatesKey = tuple[str, tuple[str, ...], int, int]
 
 
 def _plus(a: Mapping[str, int], b: Mapping[str, int]) -> dict[str, int]:

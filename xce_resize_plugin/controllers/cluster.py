@@ -235,6 +235,9 @@ class Cluster:
             raise ContractViolation(f"job {job_id} is not known to the cluster")
         if self._held.get(job_id):
             raise ContractViolation(f"job {job_id} already holds slots")
+        if len(placement) == 1:
+            host, count = placement[0]
+            return self._allocate_on_one(job_id, user, host, count)
         per_host = dict(placement)
         if len(per_host) != len(placement):  # a host twice: add its counts up
             per_host = {}
@@ -263,6 +266,32 @@ class Cluster:
         self._free.set_many(tuple(zip(hosts, left, strict=True)))
         self._user_used[user] = self._user_used.get(user, 0) + total
         return tuple(map(Task, range(total), names))
+
+    def _allocate_on_one(self, job_id: str, user: str, host: str, count: int) -> tuple[Task, ...]:
+        """:meth:`allocate` on one host: the same checks, messages and changes, without
+        the per-host maps (most jobs of a trace run on one host: one slot each)."""
+        slots = self._slots.get(host)
+        if (
+            slots is None
+            or count < 1
+            or not self._free.enabled(host)
+            or self._used[host] + count > slots
+        ):
+            self._check_allocation(job_id, {host: count})  # raises, naming what is wrong
+        assert slots is not None
+        limit = self._limits.get(user)
+        if limit is not None and self._user_used.get(user, 0) + count > limit:
+            raise ContractViolation(
+                f"job {job_id}: {count} slot(s) exceed user {user}'s limit of {limit}"
+            )
+        self._held[job_id] = dict.fromkeys(range(count), host)
+        self._job_hosts[job_id] = {host: count}
+        self.change_epoch += 1
+        self.taken_count += count
+        used = self._used[host] = self._used[host] + count
+        self._free.set(host, slots - used)
+        self._user_used[user] = self._user_used.get(user, 0) + count
+        return tuple(map(Task, range(count), repeat(host, count)))
 
     def _check_allocation(self, job_id: str, per_host: Mapping[str, int]) -> int:
         """The slots of a whole allocation (``per_host``: host -> tasks), checked that
@@ -311,6 +340,12 @@ class Cluster:
         user = self._owner[job_id]
         hosts = self._job_hosts[job_id]
         slots, used_map = self._slots, self._used
+        if len(hosts) == 1:  # most jobs of a trace: one host, no per-host maps
+            ((host, count),) = hosts.items()
+            in_use = used_map[host] = used_map[host] - count
+            if host in slots:
+                self._free.set(host, max(0, slots[host] - in_use))
+            return self._released(job_id, user, held, hosts)
         names, counts = tuple(hosts), tuple(hosts.values())
         used = list(map(sub, map(used_map.__getitem__, names), counts))
         used_map.update(zip(names, used, strict=True))
@@ -323,6 +358,10 @@ class Cluster:
             self._free.set_many(
                 [(h, max(0, slots[h] - u)) for h, u in zip(names, used, strict=True) if h in slots]
             )
+        return self._released(job_id, user, held, hosts)
+
+    def _released(self, job_id: str, user: str, held: dict[int, str], hosts: dict[str, int]) -> int:
+        """The end of :meth:`release_all`, once the hosts' counts are updated."""
         n = len(held)
         held.clear()
         hosts.clear()

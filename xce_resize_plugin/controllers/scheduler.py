@@ -391,9 +391,11 @@ def _backfill(
                 extra -= sum(n for _, n in placed)
         if placed is not None:
             state.start(job, placed, True)
+    # Built directly: attrs.evolve looks the class up again at every pass.
+    res = reservation
     if at_shadow is None:
-        return attrs.evolve(reservation, extra=extra)
-    return attrs.evolve(reservation, extra=extra, excess=_excess(state, at_shadow, ptile))
+        return Reservation(res.job_id, res.shadow, extra, res.ptile, res.excess)
+    return Reservation(res.job_id, res.shadow, extra, res.ptile, _excess(state, at_shadow, ptile))
 
 
 def _fits_past_shadow(

@@ -876,10 +876,15 @@ def decide_task_events(
             # tasks are ready: decide_ready): later events find no change in flight.
             facts.append(_completion(state, change, bool(started - failed), at, settings))
             facts = with_demand(state, facts, at, settings)
+            rest = events[i + 1 :]
+            if not rest:
+                # Nothing left to decide on the state the facts lead to: the runtime
+                # folds them once, not here first (a grow's k tasks were k folds).
+                return facts
             after = state
             for fact in facts:
                 after = evolve(after, fact)
-            return facts + _exits(after, events[i + 1 :], set(), at)
+            return facts + _exits(after, rest, set(), at)
     return facts
 
 

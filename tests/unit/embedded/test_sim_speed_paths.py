@@ -9,6 +9,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -253,3 +255,88 @@ def test_task_records_are_made_on_first_use() -> None:
     assert used.get(1) == TaskRecord("b", TaskState.STOPPING, 5.0)
     assert not used.exit_live(9.0, "job ended", live)
     assert used == {0: TaskRecord("a", TaskState.RUNNING, 5.0), 1: used[1]}
+
+
+_ops = st.lists(
+    st.one_of(
+        st.tuples(
+            st.just("start"),
+            st.integers(1, 4),
+            st.lists(
+                st.tuples(st.sampled_from(["a", "b", "c", "zz"]), st.integers(0, 3)),
+                min_size=1,
+                max_size=3,
+                unique_by=lambda p: p[0],
+            ),
+        ),
+        st.tuples(st.just("end"), st.integers(1, 4), st.just([])),
+        st.tuples(st.just("close"), st.sampled_from(["a", "b", "c"]), st.just([])),
+    ),
+    max_size=30,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(_ops)
+def test_allocate_and_release_all_agree_with_reserve_and_free(ops: list[Any]) -> None:
+    """One host or several, closed hosts, a user's limit: the bulk start and end
+    (one host each has a path of its own) leave the ledger the per-task ones leave."""
+    from xce_resize_plugin.controllers.sim import ContractViolation
+
+    hosts = [("a", 3), ("b", 2), ("c", 1)]
+    bulk, plain = Cluster(hosts, user_slots={"u2": 3}), Cluster(hosts, user_slots={"u2": 3})
+    for c in (bulk, plain):
+        for k in range(1, 5):
+            c.register_job(str(k), f"u{k % 3}")
+    for op, arg, placement in ops:
+        if op == "close":
+            for c in (bulk, plain):
+                c.set_closed(arg, not c.is_closed(arg))
+            continue
+        job = str(arg)
+        if op == "end":
+            assert bulk.release_all(job) == len(plain.free_job(job))
+            continue
+        refused = []
+        try:
+            tasks = bulk.allocate(job, tuple(placement))
+        except ContractViolation:
+            refused.append("bulk")
+        names = [h for h, n in placement for _ in range(n)]
+        try:
+            if plain.held(job) or not all(n >= 1 for _, n in placement):
+                raise ContractViolation("refused as allocate refuses")
+            plain.reserve(job, [Task(i, h) for i, h in enumerate(names)])
+        except ContractViolation:
+            refused.append("plain")
+        assert refused in ([], ["bulk", "plain"])
+        if not refused:
+            assert tasks == tuple(Task(i, h) for i, h in enumerate(names))
+        assert bulk.free_slots() == plain.free_slots()
+        assert list(bulk.open_slots()) == list(plain.open_slots())
+        assert bulk.held(job) == plain.held(job)
+        assert bulk.job_host_counts(job) == plain.job_host_counts(job)
+        assert bulk.users_in_use() == plain.users_in_use()
+        assert bulk.check() == plain.check() == []
+
+
+def test_allocate_on_one_host_refuses_with_the_messages_of_many() -> None:
+    import pytest
+
+    from xce_resize_plugin.controllers.sim import ContractViolation
+
+    c = Cluster([("a", 2), ("b", 2)], user_slots={"u": 1})
+    c.register_job("1", "u")
+    c.register_job("2", "v")
+    c.set_closed("b", True)
+    for placement, message in (
+        ((("zz", 1),), "job 2: unknown host 'zz'"),
+        ((("b", 1),), "job 2: b is closed: no new tasks"),
+        ((("a", 0),), r"job 2: 0 slot\(s\) on a exceed its 2 slots \(0 in use\)"),
+        ((("a", 3),), r"job 2: 3 slot\(s\) on a exceed its 2 slots \(0 in use\)"),
+    ):
+        with pytest.raises(ContractViolation, match=f"^{message}$"):
+            c.allocate("2", placement)
+    with pytest.raises(ContractViolation, match=r"^job 1: 2 slot\(s\) exceed user u's limit of 1$"):
+        c.allocate("1", (("a", 2),))
+    assert c.held("1") == c.held("2") == {} and c.check() == []

@@ -215,6 +215,11 @@ def _alloc_pairs(
     )
 
 
+#: What a blocked head is told of the cluster: free slots per host, the hosts out of
+#: service, the resizable running jobs above their minimum (``QueueHead``'s fields).
+_HeadSlots = tuple[dict[str, int], frozenset[str], tuple[str, ...]]
+
+
 def _nothing() -> None:
     """A timeline entry that only makes the controller cycle at its instant."""
 
@@ -479,6 +484,7 @@ class EmbeddedController:
         self._by_end: list[tuple[float, str, RunningJob]] = []
         self._views_epoch = 0
         self._res_known: tuple[Reservation, int, int, float] | None = None
+        self._head_kept: tuple[int, _HeadSlots] | None = None
         self._future: dict[str, JobRecord] = {}
         self._timeline = Timeline()
         self._events = EventQueue()
@@ -1885,16 +1891,29 @@ class EmbeddedController:
         view = self._pending_views.get(res.job_id) if res is not None else None
         if res is None or view is None:
             return None
-        held = self._cluster.held_count
-        resizable = tuple(
-            j for j, job in self._running.items() if job.resizable and held(j) > job.min_tasks
-        )
-        free = dict(self._cluster.open_slots())
-        # Slots a reclaim frees on a closed or failed host do not count for the head.
-        unusable = self._cluster.out_of_service()
+        free, unusable, resizable = self._head_slots()
         return QueueHead(
             res.job_id, view.min_tasks, view.ptile, res.shadow, free, unusable, resizable
         )
+
+    def _head_slots(self) -> _HeadSlots:
+        """The free slots, the hosts out of service and the resizable running jobs above
+        their minimum, as a head sees them. Each changes only with the ledger (a job
+        starts, ends or is resized; a host closes, opens, fails or comes back: each
+        bumps ``change_epoch``), and the plugin asks at every cycle while the head is
+        blocked: they are kept until the ledger changes (the same objects, read-only)."""
+        cluster = self._cluster
+        kept = self._head_kept
+        if kept is not None and kept[0] == cluster.change_epoch:
+            return kept[1]
+        held = cluster.held_count
+        resizable = tuple(
+            j for j, job in self._running.items() if job.resizable and held(j) > job.min_tasks
+        )
+        # Slots a reclaim frees on a closed or failed host do not count for the head.
+        parts = (dict(cluster.open_slots()), cluster.out_of_service(), resizable)
+        self._head_kept = (cluster.change_epoch, parts)
+        return parts
 
     def _known_reservation(self, now: float) -> Reservation | None:
         """The last pass's reservation if it is still exact: no slot taken or freed,
