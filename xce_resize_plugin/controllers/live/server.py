@@ -75,13 +75,15 @@ def build_app(ctl: LiveController, metrics: ControllerMetrics | None = None) -> 
     """The controller's ASGI application: host routes, plugin routes, ``/metrics`` (with
     ``metrics``), OpenAPI; every request through the REST layer's
     :class:`~xce_resize_plugin.rest.http.RequestContext` (request id, log context,
-    access line, the metrics' HTTP counters)."""
+    access line, the metrics' HTTP counters), with a worker thread for each concurrent
+    change (:class:`~xce_resize_plugin.rest.http.RequestThreads`)."""
     from starlette.applications import Starlette
     from starlette.middleware import Middleware
 
     from xce_resize_plugin.controllers.live.host_routes import host_routes
     from xce_resize_plugin.rest.http import (
         RequestContext,
+        RequestThreads,
         exception_handlers,
         openapi_route,
         set_body_timeout,
@@ -97,7 +99,7 @@ def build_app(ctl: LiveController, metrics: ControllerMetrics | None = None) -> 
     app = Starlette(
         routes=[*served, document],
         exception_handlers=exception_handlers(),
-        middleware=[Middleware(RequestContext, observe=observe)],
+        middleware=[Middleware(RequestContext, observe=observe), Middleware(RequestThreads)],
     )
     set_body_timeout(app, ctl.cfg.body_timeout)
     return app
