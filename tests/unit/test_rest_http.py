@@ -11,11 +11,14 @@ import asyncio
 import errno
 import itertools
 import json
+import threading
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from anyio.to_thread import current_default_thread_limiter
 from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
 
 from tests.conftest import http_scope
 from xce_resize_plugin.controllers.live.host_routes import MAX_BODY as HOST_MAX_BODY
@@ -275,3 +278,30 @@ def test_one_builder_describes_host_and_resize_routes_alike() -> None:
             assert op["security"] == ([] if public else [{"bearer": []}]), (path, method)
             if not public:
                 assert "401" in op["responses"], (path, method)
+
+
+def test_every_concurrent_change_gets_a_worker_thread() -> None:
+    """A change holds its worker thread until its facts are durable, so 64 concurrent
+    ones need 64 threads at once: with RequestThreads around the app they all run
+    together (anyio's default of 40 would leave 24 waiting in the event loop, and here
+    the barrier would break). A loop that already allows more threads keeps them."""
+    clients = 64
+    barrier = threading.Barrier(clients)
+
+    async def change(scope: Any, receive: Any, send: Any) -> None:
+        await run_in_threadpool(barrier.wait, 10)
+
+    app = http.RequestThreads(change)
+
+    async def serve(tokens: int) -> int:
+        current_default_thread_limiter().total_tokens = tokens
+        scope = http_scope("POST", "/v1/jobs/7/resize/grow", {})
+        await asyncio.gather(*(app(scope, Stream(iter([])), _ignore) for _ in range(clients)))
+        return int(current_default_thread_limiter().total_tokens)
+
+    assert asyncio.run(serve(40)) == http.REQUEST_THREADS >= clients
+    assert asyncio.run(serve(500)) == 500
+
+
+async def _ignore(message: Any) -> None:
+    """An ASGI ``send`` that drops what it is given."""

@@ -20,6 +20,8 @@ its log context (:mod:`.logcontext`: request id, then user and job as they are
 learnt), logs an access line per request (logger ``xce_resize_plugin.access``, INFO;
 the live controller keeps it off unless asked) and tells an optional observer the
 route, method, status and duration (the live controller's metrics).
+:class:`RequestThreads` gives the hook calls enough worker threads for every
+concurrent change to wait for its fsync in one.
 
 Routes are :class:`ApiRoute` objects: each carries the
 :class:`~xce_resize_plugin.rest.operation.Operation` it serves, from which
@@ -35,6 +37,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from anyio.to_thread import current_default_thread_limiter
 from attrs import frozen
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
@@ -306,6 +309,30 @@ class RequestContext:
             access_log.info("%s %s %d %.1f ms", method, path, status, seconds * 1e3)
 
 
+#: Worker threads for hook calls (at least). A change holds its thread until its facts
+#: are durable, so each concurrent change needs one: with anyio's default of 40, the
+#: changes of more clients waited in the event loop, undecided, instead of sharing the
+#: next fsync (docs/performance.md, "Durable REST throughput").
+REQUEST_THREADS = 128
+
+
+class RequestThreads:
+    """ASGI middleware: the event loop's worker threads for hook calls (Starlette's
+    ``run_in_threadpool``, anyio's default limiter) are at least ``threads``."""
+
+    def __init__(self, app: ASGIApp, threads: int = REQUEST_THREADS) -> None:
+        self.app = app
+        self.threads = threads
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        # The limiter belongs to the running event loop: checked at every request (a
+        # look-up), so that any loop serving the application has the threads.
+        limiter = current_default_thread_limiter()
+        if limiter.total_tokens < self.threads:
+            limiter.total_tokens = self.threads
+        await self.app(scope, receive, send)
+
+
 def _header(scope: Scope, name: bytes) -> str | None:
     """The first ``name`` header of the request (latin-1, as HTTP has it), or ``None``."""
     for key, value in scope["headers"]:
@@ -348,6 +375,7 @@ def exception_handlers() -> dict[Any, Callable[[Request, Exception], Awaitable[R
 __all__ = [
     "DEFAULT_BODY_TIMEOUT",
     "REQUEST_ID",
+    "REQUEST_THREADS",
     "UNMATCHED",
     "ApiRoute",
     "Authenticate",
@@ -356,6 +384,7 @@ __all__ = [
     "Handler",
     "RequestContext",
     "RequestObserver",
+    "RequestThreads",
     "Translate",
     "as_resize_error",
     "authenticated",

@@ -55,31 +55,42 @@ def _journal_facts(state: Path) -> list[tuple[str, str]]:
         return [(job, json.loads(raw)["type"]) for _, job, raw in journal.facts()]
 
 
+def _controller(tmp_path: Path) -> tuple[LiveController, live_config.LiveConfig]:
+    """A live controller of :data:`CONFIG` in ``tmp_path``, not opened yet."""
+    path = tmp_path / "c.toml"
+    path.write_text(CONFIG)
+    cfg = live_config.load(path)
+    return LiveController(get_plugin_manager(cfg.resize), cfg), cfg
+
+
+def _running_jobs(ctl: LiveController, hosts: tuple[str, ...]) -> list[str]:
+    """Open ``ctl``; one running resizable job of alice's on each of ``hosts``."""
+    ctl.open()
+    jobs = [
+        ctl.submit_job(
+            Principal("alice"),
+            {"command": ["sleep", "600"], "tasks": "1,2", "alloc": {h: 1}, "resizable": True},
+        )["id"]
+        for h in hosts
+    ]
+    for job in jobs:
+        wait_until(lambda j=job: ctl.job_json(j)["tasks"][0]["pid"], 10, f"job {job} running")
+    return jobs
+
+
 def test_requests_are_decided_while_another_waits_for_its_fsync(tmp_path: Path) -> None:
     """Four grows on a full cluster while the journal cannot write: all four are decided
     (the controller lock is free for them), none is answered; once the journal writes,
     all four are answered and the journal has them in the order they were decided.
     Before the controller handed its lock over, the first request held it through its
     fsync and the others could not even be decided."""
-    path = tmp_path / "c.toml"
-    path.write_text(CONFIG)
-    cfg = live_config.load(path)
-    pm = get_plugin_manager(cfg.resize)
-    ctl = LiveController(pm, cfg)
+    ctl, cfg = _controller(tmp_path)
+    pm = ctl.plugin_manager
     decisions = _Decisions()
     ctl.add_observer(decisions)
     try:
-        ctl.open()
+        jobs = _running_jobs(ctl, ("h1", "h1", "h2", "h2"))
         alice = Principal("alice")
-        jobs = [
-            ctl.submit_job(
-                alice,
-                {"command": ["sleep", "600"], "tasks": "1,2", "alloc": {h: 1}, "resizable": True},
-            )["id"]
-            for h in ("h1", "h1", "h2", "h2")
-        ]
-        for job in jobs:
-            wait_until(lambda j=job: ctl.job_json(j)["tasks"][0]["pid"], 10, f"job {job} running")
         runtime = runtime_of(ctl)
         answered: list[str] = []
 
@@ -110,6 +121,64 @@ def test_requests_are_decided_while_another_waits_for_its_fsync(tmp_path: Path) 
         grows = [job for job, kind in _journal_facts(cfg.state_dir) if kind == "GrowRequested"]
         assert grows == decisions.jobs
         assert sorted(grows) == sorted(jobs)
+        assert ctl.check_invariants() == []
+    finally:
+        ctl.shutdown()
+        kill_marked(str(tmp_path))
+
+
+class _Wakes(threading.Event):
+    """The loop's wake-up event, noting for each ``set()`` by thread ``who`` whether
+    the journal was held up at the time."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.who: int | None = None
+        self.held_up = False
+        self.calls: list[bool] = []
+
+    def set(self) -> None:
+        if threading.get_ident() == self.who:
+            self.calls.append(self.held_up)
+        super().set()
+
+
+def test_a_request_wakes_the_loop_once_when_decided(tmp_path: Path) -> None:
+    """A resize request wakes the controller loop once, when it is decided, while its
+    fsync is still held up (so the cycle runs meanwhile, with the lock handed over),
+    not again when it returns, nor for the policy hooks it calls; the next hook call of
+    the same thread wakes the loop as usual. Before, the loop was woken after every hook
+    call, the nested ones included, and after the fsync."""
+    ctl, _ = _controller(tmp_path)
+    pm = ctl.plugin_manager
+    wakes = _Wakes()
+    try:
+        job, *_ = _running_jobs(ctl, ("h1", "h1", "h2", "h2"))  # the cluster is full
+        ctl._wake = wakes
+        alice = Principal("alice")
+        runtime = runtime_of(ctl)
+        done = threading.Event()
+
+        def grow_then_status() -> None:
+            wakes.who = threading.get_ident()
+            request = GrowRequest(1, 1, no_notify=True)
+            answer = pm.hook.xce_resize_request(
+                controller=ctl, principal=alice, job_id=job, request=request
+            )
+            assert answer.pending is not None  # accepted, and it pends
+            wakes.held_up = False
+            pm.hook.xce_resize_status(controller=ctl, job_id=job)
+            done.set()
+
+        thread = threading.Thread(target=grow_then_status)
+        with runtime.journal._shared.turn:  # no journal write can start meanwhile
+            wakes.held_up = True
+            thread.start()
+            wait_until(lambda: wakes.calls, 10, "the loop woken")
+            assert not done.is_set()
+        thread.join(10)
+        assert done.is_set()
+        assert wakes.calls == [True, False]
         assert ctl.check_invariants() == []
     finally:
         ctl.shutdown()

@@ -701,7 +701,8 @@ class LiveController:
         impls: Sequence[HookImpl],
         kwargs: Mapping[str, Any],
     ) -> None:
-        self._hook_calls().pop()
+        calls = self._hook_calls()
+        calls.pop()
         error = outcome.exception
         failure = storage_failure(error)
         try:
@@ -717,7 +718,10 @@ class LiveController:
             self.lock.release()
         if hook_name == "xce_resize_request" and error is None:
             self._crash("after-request")
-        if threading.get_ident() != self._loop_ident:
+        # The outermost call wakes the loop (the hooks called inside it, e.g. the
+        # policies a request asks, change nothing the loop would not see through it),
+        # unless it is a request that woke it when it was decided (durable_wait).
+        if not calls and not self._woke_at_decision() and threading.get_ident() != self._loop_ident:
             self._wake.set()  # e.g. a resize request: place it now, not at the next tick
         if isinstance(error, FencedError):
             self.fence(error)
@@ -741,8 +745,20 @@ class LiveController:
             name, kwargs = calls[0]
             for observer in self._observers:
                 observer.hook_decided(name, kwargs)
+        # The decision is the change a cycle acts on: wake the loop now, so that its
+        # cycle runs during the fsync (with the lock handed over) rather than after,
+        # once per request (docs/performance.md, "Durable REST throughput").
+        self._calls.woken = True
+        self._wake.set()
         with self.lock.handed_over():
             yield
+
+    def _woke_at_decision(self) -> bool:
+        """Whether this thread's request hook woke the loop when it was decided
+        (:meth:`durable_wait`); asking clears it, for the next hook call."""
+        woken: bool = getattr(self._calls, "woken", False)
+        self._calls.woken = False
+        return woken
 
     def health(self) -> tuple[dict[str, Any], int]:
         """``GET /v1/health``: the answer and its status (503 unless ``ok``)."""

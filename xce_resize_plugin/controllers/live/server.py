@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import gc
 import json
 import logging
 import signal
@@ -74,13 +75,15 @@ def build_app(ctl: LiveController, metrics: ControllerMetrics | None = None) -> 
     """The controller's ASGI application: host routes, plugin routes, ``/metrics`` (with
     ``metrics``), OpenAPI; every request through the REST layer's
     :class:`~xce_resize_plugin.rest.http.RequestContext` (request id, log context,
-    access line, the metrics' HTTP counters)."""
+    access line, the metrics' HTTP counters), with a worker thread for each concurrent
+    change (:class:`~xce_resize_plugin.rest.http.RequestThreads`)."""
     from starlette.applications import Starlette
     from starlette.middleware import Middleware
 
     from xce_resize_plugin.controllers.live.host_routes import host_routes
     from xce_resize_plugin.rest.http import (
         RequestContext,
+        RequestThreads,
         exception_handlers,
         openapi_route,
         set_body_timeout,
@@ -96,7 +99,7 @@ def build_app(ctl: LiveController, metrics: ControllerMetrics | None = None) -> 
     app = Starlette(
         routes=[*served, document],
         exception_handlers=exception_handlers(),
-        middleware=[Middleware(RequestContext, observe=observe)],
+        middleware=[Middleware(RequestContext, observe=observe), Middleware(RequestThreads)],
     )
     set_body_timeout(app, ctl.cfg.body_timeout)
     return app
@@ -167,6 +170,12 @@ def run(
         ctl.shutdown()
         sock.close()
         return _exit_status(ctl)
+    # The objects of the start (modules, configuration, the recovered state) live as
+    # long as the process: out of the collector's reach, a full collection (which the
+    # connections' reference cycles trigger every thousand requests or so) walks only
+    # what serving made.
+    gc.collect()
+    gc.freeze()
     if ready_file is not None:
         _write_ready(ready_file, cfg, ctl)
     log.info(
