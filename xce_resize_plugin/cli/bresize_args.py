@@ -35,8 +35,6 @@ calls so that ``bresize`` rejects a bad spec before contacting the controller.
 
 from __future__ import annotations
 
-import re
-
 from xce_resize_plugin.cli.lean import NamedTuple
 from xce_resize_plugin.errors import BadJobId, NotifyCmdTooLong, UsageError
 
@@ -88,13 +86,14 @@ MAX_TASKS = 2**31 - 1
 _SUBCOMMANDS = ("request", "release", "cancel")
 _HELP = frozenset({"-h", "--help"})
 _VERSION = frozenset({"-V", "--version"})
-# Patterns are compiled on first use (re caches them), not at import: -h and -V need
-# none. (?a), ASCII: int() accepts other scripts' digits, the controller would not.
+# Patterns are compiled on first use (re caches them), and re itself is imported only
+# by the functions that match (a third of the start-up budget; bresize -h and -V need
+# none). (?a), ASCII: int() accepts other scripts' digits, the controller would not.
 _COUNTS = r"(?a)([0-9]+)(?:,([0-9]+))?"
 _JOB_ID = r"(?a)([0-9]+)(?:\[([0-9]+)\])?"
 # A token such as "-1" or "-2*hostA" is a (wrong) positional, not an unknown option:
 # letting it through gives the user the count or spec error that actually applies.
-_NEGATIVE = r"(?a)-[0-9]"
+_DIGITS = frozenset("0123456789")
 # Job IDs and array indices longer than this are certainly not real jobs.
 _MAX_ID_DIGITS = 20
 
@@ -226,6 +225,8 @@ def _grace(cmd: Command, text: str | None) -> float:
     """``--grace S``: seconds, a decimal number (the site's maximum is the controller's
     to check). An XCE extension: LSF's options never start with ``--``, so every LSF
     command line parses as before."""
+    import re
+
     if cmd.grace is not None:
         raise UsageError("--grace given more than once")
     if text is None or not re.fullmatch(r"(?a)[0-9]{1,9}(\.[0-9]{1,9})?", text):
@@ -245,10 +246,12 @@ def _utf8_len(text: str) -> int:
 
 
 def _is_option(arg: str) -> bool:
-    return arg.startswith("-") and not re.match(_NEGATIVE, arg)
+    return arg.startswith("-") and arg[1:2] not in _DIGITS
 
 
 def _request_positionals(positionals: list[str]) -> tuple[int, int, str]:
+    import re
+
     if not positionals:
         raise UsageError("missing [min_task,]tasks and job ID")
     if len(positionals) == 1:
@@ -266,6 +269,8 @@ def _request_positionals(positionals: list[str]) -> tuple[int, int, str]:
 
 
 def _parse_counts(text: str) -> tuple[int, int]:
+    import re
+
     match = re.fullmatch(_COUNTS, text)
     if match is None:
         raise UsageError(f"request takes [min_task,]tasks: got {text!r}")
@@ -290,6 +295,8 @@ def _positive(digits: str, name: str, text: str) -> int:
 
 
 def _release_positionals(positionals: list[str]) -> tuple[tuple[str, ...], str]:
+    import re
+
     if not positionals:
         raise UsageError("missing release specification and job ID")
     *spec_args, job_text = positionals
@@ -306,6 +313,8 @@ def _release_positionals(positionals: list[str]) -> tuple[tuple[str, ...], str]:
 
 def parse_job_id(text: str) -> str:
     """``N`` or ``N[i]`` (an array element), normalised; else BadJobId naming ``text``."""
+    import re
+
     match = re.fullmatch(_JOB_ID, text)
     if match is None:
         raise BadJobId(f"{text!r}: a job ID is a number, or number[index] for an array element")

@@ -4,8 +4,8 @@
 importing :mod:`typing` alone costs a third of that budget. The modules on its path
 therefore write ``TYPE_CHECKING = False`` (mypy treats the name as true) and take
 :class:`NamedTuple` from here: for mypy it *is* :class:`typing.NamedTuple`; at run time
-it builds the same class with :func:`collections.namedtuple`, which :mod:`re` (imported
-by every console-script wrapper) has loaded already.
+it builds the same class with :func:`collections.namedtuple` (``collections`` is about a
+millisecond; :mod:`re` and :mod:`typing`, three or more each, stay off the path).
 """
 
 from __future__ import annotations
