@@ -244,27 +244,18 @@ class Cluster:
             for host, count in placement:
                 per_host[host] = per_host.get(host, 0) + count
         total = self._check_allocation(job_id, per_host)
-        limit = self._limits.get(user)
-        if limit is not None and self._user_used.get(user, 0) + total > limit:
-            raise ContractViolation(
-                f"job {job_id}: {total} slot(s) exceed user {user}'s limit of {limit}"
-            )
         hosts, counts = tuple(per_host), tuple(per_host.values())
         if len(per_host) == len(placement):
             names = list(chain.from_iterable(map(repeat, hosts, counts)))
         else:
             names = [host for host, count in placement for _ in range(count)]
-        self._held[job_id] = dict(enumerate(names))
-        self._job_hosts[job_id] = per_host
-        self.change_epoch += 1
-        self.taken_count += total
+        self._charge(job_id, user, total, dict(enumerate(names)), per_host)
         used_map = self._used
         used = list(map(add, map(used_map.__getitem__, hosts), counts))
         used_map.update(zip(hosts, used, strict=True))
         # Checked above: no host goes over its slots, so what is left is >= 0.
         left = map(sub, map(self._slots.__getitem__, hosts), used)
         self._free.set_many(tuple(zip(hosts, left, strict=True)))
-        self._user_used[user] = self._user_used.get(user, 0) + total
         return tuple(map(Task, range(total), names))
 
     def _allocate_on_one(self, job_id: str, user: str, host: str, count: int) -> tuple[Task, ...]:
@@ -279,19 +270,27 @@ class Cluster:
         ):
             self._check_allocation(job_id, {host: count})  # raises, naming what is wrong
         assert slots is not None
-        limit = self._limits.get(user)
-        if limit is not None and self._user_used.get(user, 0) + count > limit:
-            raise ContractViolation(
-                f"job {job_id}: {count} slot(s) exceed user {user}'s limit of {limit}"
-            )
-        self._held[job_id] = dict.fromkeys(range(count), host)
-        self._job_hosts[job_id] = {host: count}
-        self.change_epoch += 1
-        self.taken_count += count
+        self._charge(job_id, user, count, dict.fromkeys(range(count), host), {host: count})
         used = self._used[host] = self._used[host] + count
         self._free.set(host, slots - used)
-        self._user_used[user] = self._user_used.get(user, 0) + count
         return tuple(map(Task, range(count), repeat(host, count)))
+
+    def _charge(
+        self, job_id: str, user: str, total: int, held: dict[int, str], per_host: dict[str, int]
+    ) -> None:
+        """The part of :meth:`allocate` every placement shares: the user's limit (checked
+        before anything changes), then the job's tasks, hosts and the counters; the
+        caller then updates its hosts' use."""
+        limit = self._limits.get(user)
+        if limit is not None and self._user_used.get(user, 0) + total > limit:
+            raise ContractViolation(
+                f"job {job_id}: {total} slot(s) exceed user {user}'s limit of {limit}"
+            )
+        self._held[job_id] = held
+        self._job_hosts[job_id] = per_host
+        self.change_epoch += 1
+        self.taken_count += total
+        self._user_used[user] = self._user_used.get(user, 0) + total
 
     def _check_allocation(self, job_id: str, per_host: Mapping[str, int]) -> int:
         """The slots of a whole allocation (``per_host``: host -> tasks), checked that
