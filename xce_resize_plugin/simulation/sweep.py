@@ -66,7 +66,6 @@ __all__ = [
     "SweepResult",
     "cell_result",
     "default_cache_dir",
-    "run_cell",
     "run_key",
     "run_one",
     "run_options",
@@ -115,14 +114,6 @@ def cell_result(rigid: RunResultDoc, elastic: RunResultDoc) -> CellResult:
         "elastic": elastic["run"],
         "problems": [*rigid["problems"], *elastic["problems"]],
     }
-
-
-def run_cell(source: str, options: SimOptions) -> CellResult:
-    """Simulate one cell (both runs, in this process) and return its results."""
-    return cell_result(
-        run_one(source, run_options(source, options, "rigid"), "rigid"),
-        run_one(source, run_options(source, options, "elastic"), "elastic"),
-    )
 
 
 def run_options(source: str, options: SimOptions, mode: Mode) -> SimOptions:
