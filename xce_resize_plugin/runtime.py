@@ -222,7 +222,7 @@ class Runtime:
                 return ResizeStatus(
                     job.id,
                     Phase.IDLE,
-                    job.tasks,
+                    tuple(job.tasks),
                     job.min_tasks,
                     job.max_tasks,
                     0,

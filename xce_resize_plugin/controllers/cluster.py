@@ -14,11 +14,13 @@ free-slot view and ``slot_headroom`` first.
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, MutableMapping, Sequence
+from functools import partial
 from itertools import chain, repeat
 from operator import add, le, sub
 
-from xce_resize_plugin.controllers.slots import FreeSlots
+from xce_resize_plugin.controllers.lazy import TaskList, Unfolded
+from xce_resize_plugin.controllers.slots import FreeSlots, Placement, Run
 from xce_resize_plugin.controllers.violations import ContractViolation
 from xce_resize_plugin.core.models import Task
 
@@ -64,19 +66,29 @@ class Cluster:
         for user, limit in self._limits.items():
             if not isinstance(limit, int) or limit < 0:
                 raise ValueError(f"user {user!r}: slot limit must be a non-negative integer")
-        self._used: dict[str, int] = dict.fromkeys(self._slots, 0)
+        # Slots and slots in use per host position (the free-slot view's order), so
+        # that a run of hosts is read and written as a slice; slots restored on a host
+        # the configuration no longer has are counted apart.
+        self._pos: dict[str, int] = {h: i for i, h in enumerate(self._slots)}
+        self._cap: list[int] = list(self._slots.values())
+        self._used: list[int] = [0] * len(self._cap)
+        self._used_elsewhere: dict[str, int] = {}
         # Free slots per host, kept up to date with every change as counts per class of
         # hosts and in host order: the scheduler reads them at every pass, at a cost
         # that does not grow with the number of hosts.
         self._free = FreeSlots(list(self._slots), list(self._slots.values()))
-        self._held: dict[str, dict[int, str]] = {}
+        # Per job, task id -> host (made on first use for a job started by runs).
+        self._held: dict[str, MutableMapping[int, str]] = {}
+        # Jobs whose held slots are still exactly the runs they were started with:
+        # ended in steps per run, not per host.
+        self._runs: dict[str, Placement] = {}
         # Hosts taken out of scheduling: failed (down) and closed by an administrator.
         # Few: a state change costs O(1) in the free-slot view (FreeSlots.disable).
         self._down: set[str] = set()
         self._closed: set[str] = set()
         # Per job, slots per host: kept incrementally because the scheduler asks for it
         # for every running job whenever the queue head is blocked.
-        self._job_hosts: dict[str, dict[str, int]] = {}
+        self._job_hosts: dict[str, MutableMapping[str, int]] = {}
         self._owner: dict[str, str] = {}
         self._user_used: dict[str, int] = {}
         #: Slots ever taken (a counter that only grows): what was taken since a moment.
@@ -129,9 +141,14 @@ class Cluster:
         if name in self._down or name in self._closed:
             self._free.disable(name)
         else:
-            self._free.enable(name, max(0, self._slots[name] - self._used[name]))
+            self._free.enable(name, max(0, self._slots[name] - self.used(name)))
         self.change_epoch += 1
         self.free_epoch += 1  # the scheduler's next pass must look again
+
+    def failed_hosts(self) -> list[str]:
+        """The failed (``unavail``) hosts, in host order (O(1) when there are none)."""
+        down = self._down
+        return [h for h in self._slots if h in down] if down else []
 
     def is_closed(self, name: str) -> bool:
         """Whether an administrator closed ``name`` (whether or not it is also down)."""
@@ -175,6 +192,7 @@ class Cluster:
         self._held.pop(job_id, None)
         self._job_hosts.pop(job_id, None)
         self._owner.pop(job_id, None)
+        self._runs.pop(job_id, None)
 
     # -- the ledger ------------------------------------------------------------------
 
@@ -209,10 +227,10 @@ class Cluster:
                 raise ContractViolation(
                     f"job {job_id}: {n} slot(s) on {host}, which is {self.host_state(host).value}"
                 )
-            if self._used[host] + n > self._slots[host]:
+            if self.used(host) + n > self._slots[host]:
                 raise ContractViolation(
                     f"job {job_id}: {n} more slot(s) on {host} exceed its "
-                    f"{self._slots[host]} slots ({self._used[host]} in use)"
+                    f"{self._slots[host]} slots ({self.used(host)} in use)"
                 )
         limit = self._limits.get(user)
         if limit is not None and self._user_used.get(user, 0) + len(new) > limit:
@@ -222,7 +240,7 @@ class Cluster:
         self._apply(job_id, user, new.values())
         return list(new.values())
 
-    def allocate(self, job_id: str, placement: Sequence[tuple[str, int]]) -> tuple[Task, ...]:
+    def allocate(self, job_id: str, placement: Sequence[tuple[str, int]]) -> Sequence[Task]:
         """Charge a job that holds nothing yet for tasks ``0..n-1`` placed as
         ``placement`` says (``(host, count)`` pairs in allocation order); return them.
 
@@ -235,6 +253,12 @@ class Cluster:
             raise ContractViolation(f"job {job_id} is not known to the cluster")
         if self._held.get(job_id):
             raise ContractViolation(f"job {job_id} already holds slots")
+        if isinstance(placement, Placement) and placement.runs is not None:
+            if placement.names is self._free.names:
+                tasks = self._allocate_runs(job_id, user, placement)
+                if tasks is not None:
+                    return tasks
+            placement = placement.pairs()  # checked host by host below
         if len(placement) == 1:
             host, count = placement[0]
             return self._allocate_on_one(job_id, user, host, count)
@@ -250,13 +274,58 @@ class Cluster:
         else:
             names = [host for host, count in placement for _ in range(count)]
         self._charge(job_id, user, total, dict(enumerate(names)), per_host)
-        used_map = self._used
-        used = list(map(add, map(used_map.__getitem__, hosts), counts))
-        used_map.update(zip(hosts, used, strict=True))
+        used_at, idx = self._used, list(map(self._pos.__getitem__, hosts))
+        used = list(map(add, map(used_at.__getitem__, idx), counts))
+        for i, u in zip(idx, used, strict=True):
+            used_at[i] = u
         # Checked above: no host goes over its slots, so what is left is >= 0.
         left = map(sub, map(self._slots.__getitem__, hosts), used)
         self._free.set_many(tuple(zip(hosts, left, strict=True)))
         return tuple(map(Task, range(total), names))
+
+    def _allocate_runs(self, job_id: str, user: str, placement: Placement) -> TaskList | None:
+        """:meth:`allocate` of a placement held as runs (``None`` if a run's hosts are
+        not alike, for the host-by-host path to check): the job's task and host maps
+        are made only when read, so a start costs steps per run, not per host."""
+        assert placement.runs is not None
+        plan = self._plan_runs(placement.runs, 1)
+        if plan is None:
+            return None
+        total = placement.total
+        held: Unfolded[int, str] = Unfolded(partial(_task_hosts, placement), total)
+        hosts: Unfolded[str, int] = Unfolded(partial(dict, placement), placement.host_count())
+        self._charge(job_id, user, total, held, hosts)
+        self._apply_runs(plan)
+        self._runs[job_id] = placement
+        return TaskList(placement)
+
+    def _plan_runs(
+        self, runs: Sequence[Run], sign: int
+    ) -> list[tuple[int, int, int, int, int, int]] | None:
+        """For taking (``sign`` 1) or giving back (-1) ``runs``: per run the first
+        position, hosts, slots in use before and after and free slots before and
+        after; ``None`` when a run's hosts differ in slots or use, are taken out, or
+        would go over their slots (the host-by-host path then checks and names it)."""
+        used, cap, off = self._used, self._cap, self._free.off
+        plan = []
+        for first, n, take in runs:
+            if off and any(first <= i < first + n for i in off):
+                return None
+            u, c = used[first : first + n], cap[first : first + n]
+            u0, c0 = u[0], c[0]
+            if u.count(u0) != n or c.count(c0) != n:
+                return None
+            after = u0 + sign * take
+            if after < 0 or (sign > 0 and after > c0):
+                return None
+            plan.append((first, n, u0, after, max(0, c0 - u0), max(0, c0 - after)))
+        return plan
+
+    def _apply_runs(self, plan: Iterable[tuple[int, int, int, int, int, int]]) -> None:
+        used, free = self._used, self._free
+        for first, n, _, after, free_before, free_after in plan:
+            used[first : first + n] = [after] * n
+            free.set_run(first, n, free_before, free_after)
 
     def _allocate_on_one(self, job_id: str, user: str, host: str, count: int) -> tuple[Task, ...]:
         """:meth:`allocate` on one host: the same checks, messages and changes, without
@@ -266,17 +335,23 @@ class Cluster:
             slots is None
             or count < 1
             or not self._free.enabled(host)
-            or self._used[host] + count > slots
+            or self._used[self._pos[host]] + count > slots
         ):
             self._check_allocation(job_id, {host: count})  # raises, naming what is wrong
         assert slots is not None
         self._charge(job_id, user, count, dict.fromkeys(range(count), host), {host: count})
-        used = self._used[host] = self._used[host] + count
+        i = self._pos[host]
+        used = self._used[i] = self._used[i] + count
         self._free.set(host, slots - used)
         return tuple(map(Task, range(count), repeat(host, count)))
 
     def _charge(
-        self, job_id: str, user: str, total: int, held: dict[int, str], per_host: dict[str, int]
+        self,
+        job_id: str,
+        user: str,
+        total: int,
+        held: MutableMapping[int, str],
+        per_host: MutableMapping[str, int],
     ) -> None:
         """The part of :meth:`allocate` every placement shares: the user's limit (checked
         before anything changes), then the job's tasks, hosts and the counters; the
@@ -299,7 +374,7 @@ class Cluster:
         The common case (all fine) is checked in C over every host at once; the first
         host at fault is then looked for one by one for the message.
         """
-        slots, used_map, free = self._slots, self._used, self._free
+        slots, used_at, pos, free = self._slots, self._used, self._pos, self._free
         hosts, counts = tuple(per_host), tuple(per_host.values())
         known = all(map(slots.__contains__, hosts))
         if (
@@ -310,7 +385,7 @@ class Cluster:
             and all(
                 map(
                     le,
-                    map(add, map(used_map.__getitem__, hosts), counts),
+                    map(add, map(used_at.__getitem__, map(pos.__getitem__, hosts)), counts),
                     map(slots.__getitem__, hosts),
                 )
             )
@@ -323,10 +398,11 @@ class Cluster:
                 raise ContractViolation(
                     f"job {job_id}: {host} is {self.host_state(host).value}: no new tasks"
                 )
-            if count < 1 or used_map[host] + count > slots[host]:
+            in_use = used_at[pos[host]]
+            if count < 1 or in_use + count > slots[host]:
                 raise ContractViolation(
                     f"job {job_id}: {count} slot(s) on {host} exceed its "
-                    f"{slots[host]} slots ({used_map[host]} in use)"
+                    f"{slots[host]} slots ({in_use} in use)"
                 )
         return sum(counts)
 
@@ -338,28 +414,44 @@ class Cluster:
             return 0
         user = self._owner[job_id]
         hosts = self._job_hosts[job_id]
-        slots, used_map = self._slots, self._used
+        placement = self._runs.pop(job_id, None)
+        if placement is not None and placement.runs is not None:
+            plan = self._plan_runs(placement.runs, -1)
+            if plan is not None:  # as started: run by run
+                self._apply_runs(plan)
+                return self._released(job_id, user, held, hosts)
+        slots, used_at, pos = self._slots, self._used, self._pos
         if len(hosts) == 1:  # most jobs of a trace: one host, no per-host maps
             ((host, count),) = hosts.items()
-            in_use = used_map[host] = used_map[host] - count
-            if host in slots:
-                self._free.set(host, max(0, slots[host] - in_use))
+            i = pos.get(host)
+            if i is None:
+                self._used_elsewhere[host] -= count
+                return self._released(job_id, user, held, hosts)
+            in_use = used_at[i] = used_at[i] - count
+            self._free.set(host, max(0, slots[host] - in_use))
             return self._released(job_id, user, held, hosts)
-        names, counts = tuple(hosts), tuple(hosts.values())
-        used = list(map(sub, map(used_map.__getitem__, names), counts))
-        used_map.update(zip(names, used, strict=True))
-        if all(map(slots.__contains__, names)):
-            left = list(map(sub, map(slots.__getitem__, names), used))
-            if min(left, default=0) < 0:  # over its slots (restored after a shrink)
-                left = [max(0, n) for n in left]
-            self._free.set_many(tuple(zip(names, left, strict=True)))
-        else:
-            self._free.set_many(
-                [(h, max(0, slots[h] - u)) for h, u in zip(names, used, strict=True) if h in slots]
-            )
+        for host, count in hosts.items():
+            if host not in pos:
+                self._used_elsewhere[host] -= count
+        names = tuple(h for h in hosts if h in pos)
+        counts = tuple(map(hosts.__getitem__, names))
+        idx = list(map(pos.__getitem__, names))
+        used = list(map(sub, map(used_at.__getitem__, idx), counts))
+        for i, u in zip(idx, used, strict=True):
+            used_at[i] = u
+        left = list(map(sub, map(slots.__getitem__, names), used))
+        if min(left, default=0) < 0:  # over its slots (restored after a shrink)
+            left = [max(0, n) for n in left]
+        self._free.set_many(tuple(zip(names, left, strict=True)))
         return self._released(job_id, user, held, hosts)
 
-    def _released(self, job_id: str, user: str, held: dict[int, str], hosts: dict[str, int]) -> int:
+    def _released(
+        self,
+        job_id: str,
+        user: str,
+        held: MutableMapping[int, str],
+        hosts: MutableMapping[str, int],
+    ) -> int:
         """The end of :meth:`release_all`, once the hosts' counts are updated."""
         n = len(held)
         held.clear()
@@ -382,15 +474,19 @@ class Cluster:
     def _apply(self, job_id: str, user: str, tasks: Iterable[Task]) -> None:
         held = self._held.setdefault(job_id, {})
         hosts = self._job_hosts.setdefault(job_id, {})
-        slots, used_map, free = self._slots, self._used, self._free
+        self._runs.pop(job_id, None)  # no longer what it started with
+        slots, used_at, pos, free = self._slots, self._used, self._pos, self._free
         n = 0
         self.change_epoch += 1
         for task in tasks:
             host = task.host
             held[task.id] = host
             hosts[host] = hosts.get(host, 0) + 1
-            used = used_map[host] = used_map.get(host, 0) + 1
-            if host in slots:
+            i = pos.get(host)
+            if i is None:
+                self._used_elsewhere[host] = self._used_elsewhere.get(host, 0) + 1
+            else:
+                used = used_at[i] = used_at[i] + 1
                 free.set(host, max(0, slots[host] - used))
             n += 1
         if n:
@@ -404,6 +500,8 @@ class Cluster:
             return []
         user = self._owner[job_id]
         hosts = self._job_hosts[job_id]
+        self._runs.pop(job_id, None)  # no longer what it started with
+        pos = self._pos
         freed: list[Task] = []
         for tid in task_ids:
             host = held.pop(tid, None)
@@ -413,8 +511,11 @@ class Cluster:
             hosts[host] -= 1
             if not hosts[host]:
                 del hosts[host]
-            used = self._used[host] = self._used[host] - 1
-            if host in self._slots:
+            i = pos.get(host)
+            if i is None:
+                self._used_elsewhere[host] -= 1
+            else:
+                used = self._used[i] = self._used[i] - 1
                 self._free.set(host, max(0, self._slots[host] - used))
             self._user_used[user] -= 1
         if freed:
@@ -444,7 +545,9 @@ class Cluster:
         return self._job_hosts.get(job_id, {})
 
     def used(self, host: str) -> int:
-        return self._used[host]
+        """Slots in use on ``host`` (also on a host the configuration no longer has)."""
+        i = self._pos.get(host)
+        return self._used_elsewhere.get(host, 0) if i is None else self._used[i]
 
     def free_slots(self) -> dict[str, int]:
         """Free slots per host, in host order (never negative; a copy, O(hosts))."""
@@ -502,8 +605,8 @@ class Cluster:
                 problems.append(f"host {host}: {n} slot(s) held on an unknown host")
             elif n > slots:
                 problems.append(f"host {host}: {n} slots in use, only {slots}")
-            if n != self._used.get(host, 0):
-                problems.append(f"host {host}: usage counter {self._used.get(host)} != {n}")
+            if n != self.used(host):
+                problems.append(f"host {host}: usage counter {self.used(host)} != {n}")
         for user in set(user_recount) | set(self._user_used):
             n = user_recount.get(user, 0)
             if n != self._user_used.get(user, 0):
@@ -517,3 +620,9 @@ class Cluster:
                 problems.append(f"host {host}: free slot counter disagrees with the held slots")
         problems.extend(self._free.problems())
         return problems
+
+
+def _task_hosts(placement: Placement) -> dict[int, str]:
+    """Task id -> host of a job started with ``placement`` (tasks 0..n-1 in order)."""
+    counts = (n for _, n in placement)
+    return dict(enumerate(chain.from_iterable(map(repeat, placement.hosts(), counts))))

@@ -177,7 +177,7 @@ class VersionRecord:
 
     version: int
     time: float
-    tasks: tuple[Task, ...]
+    tasks: Sequence[Task]
 
 
 @frozen
@@ -241,7 +241,7 @@ class JobRecord:
     state: JobState = JobState.PEND
     start_time: float | None = None
     end_time: float | None = None
-    tasks: tuple[Task, ...] = ()
+    tasks: Sequence[Task] = ()
     version: int = 0
     versions: list[VersionRecord] = field(factory=list)
     task_states: MutableMapping[int, TaskRecord] = field(factory=dict)
@@ -303,7 +303,7 @@ class JobView:
     state: JobState
     min_tasks: int
     max_tasks: int
-    tasks: tuple[Task, ...]
+    tasks: Sequence[Task]
     held: tuple[Task, ...]
     task_states: Mapping[int, TaskState]
     resizable: bool

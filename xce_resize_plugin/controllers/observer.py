@@ -23,7 +23,7 @@ This module imports no controller: the controllers import it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from attrs import frozen
@@ -60,11 +60,11 @@ class Observer:
     def job_submitted(self, job_id: str, time: float) -> None:
         """The job was accepted (queued, or started on its ``alloc``)."""
 
-    def job_started(self, job_id: str, time: float, tasks: tuple[Task, ...]) -> None:
+    def job_started(self, job_id: str, time: float, tasks: Sequence[Task]) -> None:
         """The host started the job on ``tasks`` (allocation version 0)."""
 
     def allocation_committed(
-        self, job_id: str, time: float, tasks: tuple[Task, ...], version: int
+        self, job_id: str, time: float, tasks: Sequence[Task], version: int
     ) -> None:
         """``commit_allocation`` made ``tasks`` the job's allocation ``version``."""
 

@@ -53,11 +53,11 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from functools import partial
-from operator import itemgetter
 
 import attrs
 from attrs import frozen
 
+from xce_resize_plugin.controllers.lazy import Unfolded
 from xce_resize_plugin.controllers.slots import FreeSlots, Placement
 
 __all__ = [
@@ -154,9 +154,6 @@ class PassResult:
 
     starts: tuple[Start, ...]
     reservation: Reservation | None
-
-
-_count_of = itemgetter(1)  # a placement pair's task count
 
 
 def can_ever_fit(
@@ -313,11 +310,13 @@ class _Pass:
             self.fillable.append((len(self.starts), job))
         self.starts.append(Start(job.id, placed, backfilled))
         self.avail.take(placed)
-        n: int = sum(map(_count_of, placed))
+        n = placed.total
         self.taken[job.user] = self.taken.get(job.user, 0) + n
         duration = job.duration_for(n)
         end = None if duration is None else self.now + duration
-        self.started.append(RunningJob(job.id, end, dict(placed), partial(int, n)))
+        # Its hosts are read only for a head with ptile: made then.
+        hosts: Unfolded[str, int] = Unfolded(partial(dict, placed), placed.host_count())
+        self.started.append(RunningJob(job.id, end, hosts, partial(int, n)))
         return n
 
 
@@ -348,7 +347,7 @@ def _ends_by(state: _Pass, job: PendingJob, r: int | None, shadow: float) -> Pla
     placed = state.avail.place(job.min_tasks, job.max_tasks, job.ptile, r)
     if placed is None:
         return None
-    d = job.duration_at(sum(n for _, n in placed))
+    d = job.duration_at(placed.total)
     return placed if d is not None and now + d <= shadow else None
 
 
@@ -388,7 +387,7 @@ def _backfill(
             cap = extra if r is None else min(r, extra)
             placed = avail.place(job.min_tasks, job.max_tasks, job.ptile, cap)
             if placed is not None:
-                extra -= sum(n for _, n in placed)
+                extra -= placed.total
         if placed is not None:
             state.start(job, placed, True)
     # Built directly: attrs.evolve looks the class up again at every pass.
@@ -434,7 +433,7 @@ def _fill_leftovers(state: _Pass) -> None:
         if avail.total <= 0:
             break
         placed = state.starts[index].placement
-        have = sum(n for _, n in placed)
+        have = placed.total
         want = job.fill_to - have if job.fill_to is not None else 0
         r = state.room(job.user)
         if r is not None:
@@ -457,4 +456,5 @@ def _fill_leftovers(state: _Pass) -> None:
         for host, take in more:
             per_host[host] = per_host.get(host, 0) + take
             state.taken[job.user] = state.taken.get(job.user, 0) + take
-        state.starts[index] = attrs.evolve(state.starts[index], placement=tuple(per_host.items()))
+        placement = Placement(per_host.items())
+        state.starts[index] = attrs.evolve(state.starts[index], placement=placement)

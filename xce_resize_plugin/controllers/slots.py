@@ -18,21 +18,30 @@ A host may be taken out (:meth:`~FreeSlots.disable`: closed or failed): it then 
 its class as any host whose free slots drop to 0 does; :meth:`~FreeSlots.enable` puts
 it back. Both are O(1), like a change of one host's free slots. :meth:`~FreeSlots.draft` gives a
 copy-on-write child for a scheduling pass to try starts on: it costs nothing to make,
-and changes to it never reach its parent. A parent must not change while a draft of
-it is in use (the draft reads the parent for every host it did not change itself).
+copies its parent's per-host list at its first change (a block copy, far cheaper than
+the per-host steps of the starts it tries), and changes to it never reach its parent.
+A parent must not change while a draft of it is in use.
+
+A :class:`Placement` made by :meth:`~FreeSlots.place` is held as *runs* of consecutive
+hosts taking the same number of tasks each. Taking it, charging it (the cluster) and
+freeing it again cost a few steps per run, not per host: a job of a thousand one-slot
+hosts placed in host order is one or a few runs. The ``(host, tasks)`` pairs are made
+only when something reads them.
 """
 
 from __future__ import annotations
 
 from collections import Counter, deque
-from collections.abc import Iterable, Iterator, Mapping, MutableSequence, Sequence
-from itertools import compress, groupby, repeat
-from operator import ge, sub, xor
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from itertools import chain, compress, groupby, repeat
+from operator import ge, itemgetter, sub, xor
+from typing import overload
 
-__all__ = ["FreeSlots", "Placement"]
+__all__ = ["FreeSlots", "Placement", "Run"]
 
-#: ``(host, tasks)`` pairs in allocation order.
-Placement = tuple[tuple[str, int], ...]
+#: ``(first host position, hosts, tasks per host)``: consecutive hosts of a placement.
+Run = tuple[int, int, int]
+_count_of = itemgetter(1)
 
 _WORD = 64  # hosts per word of the bitmap (positions: i >> 6, i & 63)
 _FULL = (1 << _WORD) - 1  # a word whose 64 hosts all have free slots
@@ -44,55 +53,109 @@ _bit_of = (63).__and__  # i -> i & 63
 _power = (1).__lshift__  # b -> 1 << b
 
 
-class _Overlay(dict[int, int]):
-    """A list's copy-on-write stand-in: reads fall through to ``base`` until written
-    (a dict, so that reads of written entries and every write stay in C)."""
+class Placement(Sequence[tuple[str, int]]):
+    """``(host, tasks)`` pairs in allocation order, and their ``total`` of tasks.
 
-    __slots__ = ("base",)
+    Made from pairs, or by :meth:`FreeSlots.place` as runs of hosts (see the module
+    docstring): then :attr:`runs` and :attr:`names` (the hosts in position order)
+    are set and the pairs are made only when read. Equal to any sequence of the same
+    pairs (a tuple of pairs compares equal), hashed as that tuple.
+    """
 
-    def __init__(self, base: _Slots) -> None:
-        super().__init__()
-        self.base = base
+    __slots__ = ("_pairs", "names", "runs", "total")
 
-    def __missing__(self, i: int) -> int:
-        return self.base[i]
+    def __init__(self, pairs: Iterable[tuple[str, int]] = ()) -> None:
+        self._pairs: tuple[tuple[str, int], ...] | None = tuple(pairs)
+        self.names: Sequence[str] | None = None
+        self.runs: tuple[Run, ...] | None = None
+        self.total: int = sum(map(_count_of, self._pairs))
 
+    @classmethod
+    def of_runs(cls, names: Sequence[str], runs: Iterable[Run]) -> Placement:
+        """The placement of ``runs`` over the hosts ``names`` (in position order)."""
+        self = cls.__new__(cls)
+        self._pairs = None
+        self.names = names
+        self.runs = tuple(runs)
+        self.total = sum(n * take for _, n, take in self.runs)
+        return self
 
-_Slots = MutableSequence[int] | _Overlay
+    def pairs(self) -> tuple[tuple[str, int], ...]:
+        """The ``(host, tasks)`` pairs (made at the first call for runs)."""
+        if self._pairs is None:
+            names, runs = self.names, self.runs
+            assert names is not None and runs is not None
+            self._pairs = tuple(
+                chain.from_iterable(
+                    zip(names[first : first + n], repeat(take, n), strict=True)
+                    for first, n, take in runs
+                )
+            )
+        return self._pairs
 
+    def hosts(self) -> Iterator[str]:
+        """The hosts in allocation order, each once per pair."""
+        if self._pairs is None and self.runs is not None and self.names is not None:
+            names = self.names
+            return chain.from_iterable(names[f : f + n] for f, n, _ in self.runs)
+        return map(itemgetter(0), self.pairs())
 
-def _read_at(free: _Slots, idx: Sequence[int]) -> list[int]:
-    """``free[i]`` for each position of ``idx``, in C (an overlay's misses included)."""
-    if isinstance(free, _Overlay):
-        return list(map(free.get, idx, _read_at(free.base, idx)))
-    return list(map(free.__getitem__, idx))
+    def host_count(self) -> int:
+        """How many pairs (hosts), without making them."""
+        if self._pairs is None and self.runs is not None:
+            return sum(n for _, n, _ in self.runs)
+        return len(self.pairs())
 
+    def __len__(self) -> int:
+        return self.host_count()
 
-def _read_run(free: _Slots, start: int, n: int) -> list[int]:
-    """``free[start:start + n]`` as a list, in C (an overlay's misses included)."""
-    if isinstance(free, _Overlay):
-        return list(map(free.get, range(start, start + n), _read_run(free.base, start, n)))
-    return list(free[start : start + n])
+    @overload
+    def __getitem__(self, i: int) -> tuple[str, int]: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> Sequence[tuple[str, int]]: ...
+
+    def __getitem__(self, i: int | slice) -> tuple[str, int] | Sequence[tuple[str, int]]:
+        return self.pairs()[i]
+
+    def __iter__(self) -> Iterator[tuple[str, int]]:
+        return iter(self.pairs())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Placement):
+            return self.pairs() == other.pairs()
+        if isinstance(other, (tuple, list)):
+            return self.pairs() == tuple(other)
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self.pairs())
+
+    def __repr__(self) -> str:
+        return f"Placement({self.pairs()!r})"
 
 
 class FreeSlots:
     """Free slots of the hosts ``names`` (in host order); see the module docstring."""
 
-    __slots__ = ("_free", "_hist", "_names", "_off", "_pos", "_top", "_words", "total")
+    __slots__ = ("_free", "_hist", "_names", "_off", "_own", "_pos", "_top", "_words", "total")
 
     def __init__(self, names: Sequence[str], free: Sequence[int]) -> None:
         if len(names) != len(free):
             raise ValueError("one free count per host")
         self._names: Sequence[str] = tuple(names)
         self._pos: Mapping[str, int] = {h: i for i, h in enumerate(self._names)}
-        self._free: _Slots = [0] * len(self._names)
+        self._free: list[int] = [0] * len(self._names)
         #: Free count -> how many hosts have exactly that many free slots (counts > 0).
         self._hist: dict[int, int] = {}
-        self._words: _Slots = [0] * (len(self._names) // _WORD + 1)
+        self._words: list[int] = [0] * (len(self._names) // _WORD + 1)
         self._top = 0
         self.total = 0
         #: Positions of the hosts taken out (see the module docstring); few or none.
         self._off: frozenset[int] = frozenset()
+        #: Whether ``_free`` and ``_words`` are this object's own (a draft shares its
+        #: parent's until its first change).
+        self._own = True
         for i, n in enumerate(free):
             if n < 0:
                 raise ValueError(f"host {self._names[i]!r}: negative free slots {n}")
@@ -107,12 +170,34 @@ class FreeSlots:
         """A copy-on-write child (see the module docstring)."""
         child = FreeSlots.__new__(FreeSlots)
         child._names, child._pos, child._off = self._names, self._pos, self._off
-        child._free, child._words = _Overlay(self._free), _Overlay(self._words)
+        child._free, child._words, child._own = self._free, self._words, False
         child._hist = dict(self._hist)
         child._top, child.total = self._top, self.total
         return child
 
+    def _mine(self) -> list[int]:
+        """The per-host list, made this object's own first (a draft's first change)."""
+        if not self._own:
+            self._free = list(self._free)
+            self._words = list(self._words)
+            self._own = True
+        return self._free
+
     # -- reading -----------------------------------------------------------------------
+
+    @property
+    def names(self) -> Sequence[str]:
+        """The hosts in position order (the order of a placement's runs)."""
+        return self._names
+
+    def position(self, host: str) -> int | None:
+        """``host``'s position in :attr:`names` (``None`` for a host it does not know)."""
+        return self._pos.get(host)
+
+    @property
+    def off(self) -> frozenset[int]:
+        """Positions of the hosts taken out."""
+        return self._off
 
     def __contains__(self, host: object) -> bool:
         return host in self._pos
@@ -121,6 +206,10 @@ class FreeSlots:
         """Free slots on ``host`` (0 for a host it does not know)."""
         i = self._pos.get(host)
         return 0 if i is None else self._free[i]
+
+    def free_run(self, first: int, n: int) -> list[int]:
+        """The free slots of the positions ``first..first+n-1``."""
+        return self._free[first : first + n]
 
     def capacity(self, ptile: int | None) -> int:
         """How many tasks fit now with at most ``ptile`` per host (``None``: no limit)."""
@@ -136,12 +225,11 @@ class FreeSlots:
 
     def as_dict(self) -> dict[str, int]:
         """Every host's free slots, in host order (O(hosts): views and checks only)."""
-        free = self._free
-        return {h: free[i] for i, h in enumerate(self._names)}
+        return dict(zip(self._names, self._free, strict=True))
 
     def problems(self) -> list[str]:
         """Disagreements between the counts, the bitmap and the per-host values."""
-        free = [self._free[i] for i in range(len(self._names))]
+        free = list(self._free)
         hist: dict[int, int] = {}
         for n in free:
             if n:
@@ -153,6 +241,8 @@ class FreeSlots:
             out.append("free-slot total disagrees with the hosts' free slots")
         if list(self._open()) != [i for i, n in enumerate(free) if n]:
             out.append("the hosts with free slots disagree with the counters")
+        if any(free[i] for i in self._off):
+            out.append("a host taken out counts free slots")
         return out
 
     def place(
@@ -160,56 +250,61 @@ class FreeSlots:
     ) -> Placement | None:
         """Greedy placement in host order: as many tasks as fit up to ``max_tasks``, at
         most ``ptile`` per host and ``headroom`` in all; ``None`` if fewer than
-        ``min_tasks`` fit. Reads only the hosts it returns."""
+        ``min_tasks`` fit. Reads only the hosts it returns, a run of hosts with the
+        same free slots at a time."""
         cap = max_tasks if headroom is None else min(max_tasks, headroom)
         if cap < min_tasks or cap <= 0 or self.capacity(ptile) < min_tasks:
             return None
-        names, free = self._names, self._free
-        out: list[tuple[str, int]] = []
+        free = self._free
+        runs: list[Run] = []
         total = 0
         for base, n in self._open_runs():
-            if n == 1:  # one host (a word not all free): as the plain loop did
-                take = free[base]
-                if ptile is not None and take > ptile:
-                    take = ptile
-                if take > cap - total:
-                    take = cap - total
-                out.append((names[base], take))
-                total += take
-                if total >= cap:
-                    break
-                continue
-            # A whole word of hosts with free slots, all taken up to ptile; the last
-            # is cut to what is still wanted below.
-            takes = _read_run(free, base, n)
-            if ptile is not None:
-                takes = list(map(min, takes, repeat(ptile)))
-            got = sum(takes)
-            if total + got < cap:
-                out.extend(zip(names[base : base + n], takes, strict=True))
-                total += got
-                continue
-            for i, take in enumerate(takes):
-                if take > cap - total:
-                    take = cap - total
-                out.append((names[base + i], take))
-                total += take
-                if total >= cap:
-                    break
-            break
-        return tuple(out)
+            if n == 1:
+                groups: Iterable[tuple[int, int]] = ((free[base], 1),)
+            else:
+                values = free[base : base + n]
+                v = values[0]
+                if values.count(v) == n:  # alike hosts (always so for one-slot hosts)
+                    groups = ((v, n),)
+                else:
+                    groups = ((v, sum(1 for _ in g)) for v, g in groupby(values))
+            for v, k in groups:
+                take = v if ptile is None or v < ptile else ptile
+                want = cap - total
+                full = want // take
+                if full >= k:
+                    _add_run(runs, base, k, take)
+                    total += k * take
+                    base += k
+                    continue
+                if full:
+                    _add_run(runs, base, full, take)
+                if want > full * take:
+                    _add_run(runs, base + full, 1, want - full * take)
+                total = cap
+                break
+            if total >= cap:
+                break
+        return Placement.of_runs(self._names, runs)
 
     # -- changing ----------------------------------------------------------------------
 
     def take(self, placement: Iterable[tuple[str, int]]) -> None:
         """Take these slots; a host with fewer free slots raises :class:`ValueError`
         (after the hosts before it were taken: callers place first)."""
+        if (
+            isinstance(placement, Placement)
+            and placement.names is self._names
+            and self._take_runs(placement.runs or ())
+        ):
+            return
         pairs = placement if isinstance(placement, (tuple, list)) else tuple(placement)
-        pos, free = self._pos, self._free
+        pos = self._pos
+        free = self._mine()
         if len(pairs) >= _BULK:
             hosts, counts = zip(*pairs, strict=True)
             idx = list(map(pos.__getitem__, hosts))
-            left = list(map(sub, _read_at(free, idx), counts))
+            left = list(map(sub, map(free.__getitem__, idx), counts))
             if len(set(idx)) == len(idx) and all(map(ge, left, repeat(0))):
                 self._apply_bulk(idx, left)
                 return
@@ -221,6 +316,37 @@ class FreeSlots:
                 raise ValueError(f"host {host!r}: {n} slots taken, {free[i]} free")
             changes.append((i, left_i))
         self._apply(changes)
+
+    def _take_runs(self, runs: Sequence[Run]) -> bool:
+        """:meth:`take` of runs whose hosts each have the same free slots (what
+        :meth:`place` makes); ``False``, changing nothing, if one is not so or short."""
+        free = self._free
+        plan = []
+        for first, n, take in runs:
+            values = free[first : first + n]
+            v = values[0]
+            if values.count(v) != n or v < take:
+                return False
+            plan.append((first, n, v, v - take))
+        for first, n, old, new in plan:
+            self.set_run(first, n, old, new)
+        return True
+
+    def set_run(self, first: int, n: int, old: int, new: int) -> None:
+        """Set the free slots of positions ``first..first+n-1``, each ``old`` now (the
+        caller read them), to ``new``; none of them may be taken out."""
+        if old == new:
+            return
+        free = self._mine()
+        free[first : first + n] = [new] * n
+        self.total += n * (new - old)
+        hist = self._hist
+        if old:
+            _leave(hist, old, n)
+        if new:
+            hist[new] = hist.get(new, 0) + n
+        if not old or not new:  # the hosts went from none to some free slots or back
+            self._flip_run(first, first + n)
 
     def give(self, hosts: Iterable[tuple[str, int]]) -> int:
         """Give these slots back (hosts it does not know and hosts taken out are
@@ -275,7 +401,8 @@ class FreeSlots:
     def _apply(self, changes: Iterable[tuple[int, int]]) -> None:
         """Set the free slots of positions; the classes and the bitmap follow. One
         loop for a job's hosts: this is what starting and ending jobs cost."""
-        free, hist, words = self._free, self._hist, self._words
+        free = self._mine()
+        hist, words = self._hist, self._words
         top, total = self._top, self.total
         for i, new in changes:
             old = free[i]
@@ -306,25 +433,22 @@ class FreeSlots:
     def _apply_bulk(self, idx: Sequence[int], news: Sequence[int]) -> None:
         """:meth:`_apply` for many distinct positions at once (``idx``, each set to the
         matching ``news``), with the per-host work in C: the same result as the loop."""
-        free, hist = self._free, self._hist
+        free = self._mine()
+        hist = self._hist
         n = len(idx)
         first = idx[0]
         # Consecutive hosts (the common case: placed in host order): read and written
         # as slices.
-        run = idx[-1] - first + 1 == n and idx == list(range(first, first + n))
-        olds = _read_run(free, first, n) if run else _read_at(free, idx)
+        run = idx[-1] - first + 1 == n and list(idx) == list(range(first, first + n))
+        olds = free[first : first + n] if run else list(map(free.__getitem__, idx))
         self.total += sum(news) - sum(olds)
         for v, c in Counter(olds).items():
             if v:
-                left = hist[v] - c
-                if left:
-                    hist[v] = left
-                else:
-                    del hist[v]
+                _leave(hist, v, c)
         for v, c in Counter(news).items():
             if v:
                 hist[v] = hist.get(v, 0) + c
-        if run and isinstance(free, list):
+        if run:
             free[first : first + n] = news
         else:
             deque(map(free.__setitem__, idx, news), maxlen=0)
@@ -339,27 +463,40 @@ class FreeSlots:
         self._top = top
 
     def _flip_run(self, start: int, stop: int) -> None:
-        """Flip the bits of the positions ``start..stop-1`` (a word at a time)."""
+        """Flip the bits of the positions ``start..stop-1``: the words at both ends one
+        by one, the whole words between them as one slice (a run's hosts all went from
+        none to some free slots or back, so those words go from empty to full or back)."""
         top = self._top
         w = start >> 6
-        while start < stop:
+        if start & 63:  # the first word, partly
             end = min(stop, (w + 1) * _WORD)
-            mask = ((1 << (end - start)) - 1) << (start & 63)
-            top = self._flip_word(top, w, mask)
+            top = self._flip_word(top, w, ((1 << (end - start)) - 1) << (start & 63))
             start = end
             w += 1
+        whole = (stop - start) >> 6
+        if whole:
+            words = self._words
+            full = words[w] == 0  # all empty before, so all full after (or back)
+            words[w : w + whole] = [_FULL if full else 0] * whole
+            span = ((1 << whole) - 1) << w
+            top = top | span if full else top & ~span
+            start += whole * _WORD
+            w += whole
+        if start < stop:  # the last word, partly
+            top = self._flip_word(top, w, (1 << (stop - start)) - 1)
         self._top = top
 
     def _flip_word(self, top: int, w: int, mask: int) -> int:
-        """Flip ``mask`` in word ``w``; return ``top`` with the word's bit updated."""
+        """Flip ``mask`` in word ``w`` (the words are this object's own: see
+        :meth:`_mine`); return ``top`` with the word's bit updated."""
         words = self._words
         word = words[w] ^ mask
         words[w] = word
         return top | (1 << w) if word else top & ~(1 << w)
 
     def _open_runs(self) -> Iterator[tuple[int, int]]:
-        """``(first position, hosts)`` runs of hosts with free slots, in order: a word
-        whose 64 hosts all have some is one run (no per-host step), else one host each."""
+        """``(first position, hosts)`` runs of consecutive hosts with free slots, in
+        order, a word at a time (a run does not cross a word's end): no per-host step."""
         top, words = self._top, self._words
         while top:
             low = top & -top
@@ -367,15 +504,33 @@ class FreeSlots:
             w = low.bit_length() - 1
             word = words[w]
             base = w * _WORD
-            if word == _FULL:
-                yield base, _WORD
-                continue
             while word:
-                bit = word & -word
-                word ^= bit
-                yield base + bit.bit_length() - 1, 1
+                low = word & -word
+                run = word & ~(word + low)  # the carry of + low runs through the ones
+                word ^= run
+                start = low.bit_length() - 1
+                yield base + start, run.bit_length() - start
 
     def _open(self) -> Iterator[int]:
         """Positions of the hosts with free slots, in order (a snapshot of the words)."""
         for base, n in self._open_runs():
             yield from range(base, base + n)
+
+
+def _leave(hist: dict[int, int], free: int, hosts: int) -> None:
+    """``hosts`` hosts leave the class of ``free`` free slots."""
+    left = hist[free] - hosts
+    if left:
+        hist[free] = left
+    else:
+        del hist[free]
+
+
+def _add_run(runs: list[Run], first: int, n: int, take: int) -> None:
+    """Append a run, joined to the last one when it goes on from it with the same take."""
+    if runs:
+        f, k, t = runs[-1]
+        if t == take and f + k == first:
+            runs[-1] = (f, k + n, take)
+            return
+    runs.append((first, n, take))

@@ -248,7 +248,7 @@ def _track(
         user=job.user,
         min_tasks=job.min_tasks,
         max_tasks=job.max_tasks,
-        tasks=job.tasks,
+        tasks=tuple(job.tasks),
         started_at=job.start_time if job.start_time is not None else at,
     )
     return evolve(prior if prior is not None and not prior.live else None, fact), [fact]
@@ -392,7 +392,7 @@ def _decide_release(
     grace = check_grace(
         request.grace if request.grace is not None else job.grace, settings, "grace"
     )
-    tasks = state.tasks if state is not None else job.tasks
+    tasks = state.tasks if state is not None else tuple(job.tasks)
     ids = set(_release_ids(tasks, job, request, policy))
     remaining = len(tasks) - len(ids)
     if remaining < job.min_tasks:

@@ -130,7 +130,7 @@ class JobInfo:
     state: JobState
     min_tasks: int
     max_tasks: int
-    tasks: tuple[Task, ...] = ()
+    tasks: Sequence[Task] = ()
     resizable: bool = False
     ptile: int | None = None
     grow_hosts: GrowHosts = GrowHosts.PREFER_EXISTING

@@ -54,7 +54,7 @@ from __future__ import annotations
 import fcntl
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -243,7 +243,7 @@ class LiveRecorder(LiveObserver):
         assert record is not None, "observers hear of a submission once it is accepted"
         self.input("submit", **submit_fields(record))
 
-    def job_started(self, job_id: str, time: float, tasks: tuple[Task, ...]) -> None:
+    def job_started(self, job_id: str, time: float, tasks: Sequence[Task]) -> None:
         self._write({"kind": "started", "t": time, "job": job_id, "hosts": host_counts(tasks)})
 
     def host_changed(

@@ -278,7 +278,7 @@ class _Inputs(Observer):
 
     # -- outputs ----------------------------------------------------------------------
 
-    def job_started(self, job_id: str, time: float, tasks: tuple[Task, ...]) -> None:
+    def job_started(self, job_id: str, time: float, tasks: Sequence[Task]) -> None:
         self.started.append((job_id, host_counts(tasks)))
 
 

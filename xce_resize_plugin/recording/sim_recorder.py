@@ -228,7 +228,7 @@ class SimRecorder(Observer):
         self.input("request", None, **request_fields(job_id, principal, request, code))
 
     # observer
-    def job_started(self, job_id: str, time: float, tasks: tuple[Task, ...]) -> None:
+    def job_started(self, job_id: str, time: float, tasks: Sequence[Task]) -> None:
         self.writer.write(
             {
                 "kind": "started",

@@ -31,12 +31,14 @@ import bisect
 import heapq
 import math
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from operator import add, attrgetter, le
 
 from xce_resize_plugin.controllers.hosts import HOST_FAILURE
 from xce_resize_plugin.controllers.jobs import job_id_key
+from xce_resize_plugin.controllers.lazy import TaskList
 from xce_resize_plugin.controllers.observer import FinishedJob, Observer
+from xce_resize_plugin.controllers.slots import Placement
 from xce_resize_plugin.core.models import JobState, Task
 from xce_resize_plugin.simulation.malleable import SpeedupModel
 
@@ -135,40 +137,80 @@ class LedgerCheck(Check):
         super().__init__()
         self.slots = dict(hosts)
         self.capacity = sum(self.slots.values())
-        self.used: dict[str, int] = dict.fromkeys(self.slots, 0)
+        # Tasks held per host position (host order), so that a job started as runs of
+        # hosts (a placement of the scheduler) is counted a run at a time.
+        self._names = tuple(self.slots)
+        self._pos = {h: i for i, h in enumerate(self._names)}
+        self._cap = list(self.slots.values())
+        self._used = [0] * len(self._cap)
+        self._same_names: Sequence[str] | None = None  # a host tuple found equal to ours
         self.total = 0
         self.peak = 0
-        self._alloc: dict[str, tuple[Task, ...]] = {}
+        self._alloc: dict[str, Sequence[Task]] = {}
+
+    def used(self, host: str) -> int:
+        """Tasks held on ``host`` as this check counted them."""
+        return self._used[self._pos[host]]
 
     def _add(self, job_id: str, time: float, tasks: Iterable[Task], sign: int) -> None:
-        used, slots = self.used, self.slots
+        if isinstance(tasks, TaskList) and self._add_runs(tasks.placement, sign):
+            self._peak(time)
+            return
+        used, slots, pos = self._used, self._cap, self._pos
         tasks = tasks if isinstance(tasks, tuple) else tuple(tasks)
         per_host = Counter(map(_host_of, tasks)) if len(tasks) >= _BULK else {}
-        hosts = tuple(per_host)
-        if hosts and all(map(used.__contains__, hosts)):
+        idx = list(map(pos.get, per_host))
+        if idx and None not in idx:
             # Counted per host in C; a problem is looked for task by task below.
+            at = [i for i in idx if i is not None]
             counts = map(sign.__mul__, per_host.values())
-            after = list(map(add, map(used.__getitem__, hosts), counts))
-            if sign < 0 or all(map(le, after, map(slots.__getitem__, hosts))):
-                used.update(zip(hosts, after, strict=True))
+            after = list(map(add, map(used.__getitem__, at), counts))
+            if sign < 0 or all(map(le, after, map(slots.__getitem__, at))):
+                for at_i, n in zip(at, after, strict=True):
+                    used[at_i] = n
                 self.total += sign * len(tasks)
                 self._peak(time)
                 return
         for task in tasks:
             host = task.host
-            n = used.get(host)
-            if n is None:
+            i = pos.get(host)
+            if i is None:
                 self.problem(f"t={time:g}: job {job_id} task {task.id} on unknown host {host}")
                 continue
-            n += sign
-            used[host] = n
+            n = used[i] = used[i] + sign
             self.total += sign
-            if sign > 0 and n > slots[host]:
+            if sign > 0 and n > slots[i]:
                 self.problem(
-                    f"t={time:g}: host {host} holds {n} tasks, only {slots[host]} slots "
+                    f"t={time:g}: host {host} holds {n} tasks, only {slots[i]} slots "
                     f"(job {job_id} task {task.id})"
                 )
         self._peak(time)
+
+    def _add_runs(self, placement: Placement, sign: int) -> bool:
+        """Count a placement's runs of alike hosts (same slots, same tasks held) a run
+        at a time; ``False``, counting nothing, when a run is not so or goes over its
+        slots (then the tasks are counted one by one, naming the host)."""
+        names, runs = placement.names, placement.runs
+        if names is None or runs is None:
+            return False
+        if names is not self._same_names:
+            if tuple(names) != self._names:
+                return False
+            self._same_names = names
+        used, cap = self._used, self._cap
+        plan = []
+        for first, n, take in runs:
+            u, c = used[first : first + n], cap[first : first + n]
+            if u.count(u[0]) != n or c.count(c[0]) != n:
+                return False
+            after = u[0] + sign * take
+            if sign > 0 and after > c[0]:
+                return False
+            plan.append((first, n, after))
+        for first, n, after in plan:
+            used[first : first + n] = [after] * n
+        self.total += sign * placement.total
+        return True
 
     def _peak(self, time: float) -> None:
         if self.total > self.peak:
@@ -176,14 +218,14 @@ class LedgerCheck(Check):
             if self.total > self.capacity:
                 self.problem(f"t={time:g}: {self.total} tasks held, capacity {self.capacity}")
 
-    def job_started(self, job_id: str, time: float, tasks: tuple[Task, ...]) -> None:
+    def job_started(self, job_id: str, time: float, tasks: Sequence[Task]) -> None:
         if job_id in self._alloc:
             self.problem(f"t={time:g}: job {job_id} started twice")
         self._alloc[job_id] = tasks
         self._add(job_id, time, tasks, 1)
 
     def allocation_committed(
-        self, job_id: str, time: float, tasks: tuple[Task, ...], version: int
+        self, job_id: str, time: float, tasks: Sequence[Task], version: int
     ) -> None:
         old = self._alloc.get(job_id)
         if old is None:
@@ -307,7 +349,7 @@ class EasyCheck(Check):
             heapq.heappop(queue)
         return queue[0][2] if queue else None
 
-    def job_started(self, job_id: str, time: float, tasks: tuple[Task, ...]) -> None:
+    def job_started(self, job_id: str, time: float, tasks: Sequence[Task]) -> None:
         size = len(tasks)
         info = self._info.pop(job_id, None)
         if info is None:
@@ -324,7 +366,7 @@ class EasyCheck(Check):
         self.free -= size
 
     def allocation_committed(
-        self, job_id: str, time: float, tasks: tuple[Task, ...], version: int
+        self, job_id: str, time: float, tasks: Sequence[Task], version: int
     ) -> None:
         end, size = self._running[job_id]
         self.free -= len(tasks) - size

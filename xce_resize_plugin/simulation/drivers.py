@@ -36,7 +36,7 @@ at once is cancelled at the next settled instant rather than left pending.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from attrs import frozen
@@ -144,14 +144,14 @@ class Driver(Observer):
 
     # -- observer ---------------------------------------------------------------------
 
-    def job_started(self, job_id: str, time: float, tasks: tuple[Task, ...]) -> None:
+    def job_started(self, job_id: str, time: float, tasks: Sequence[Task]) -> None:
         if job_id in self._specs:
             self.sizes[job_id] = len(tasks)
             self._start[job_id] = time
             self._last[job_id] = time
 
     def allocation_committed(
-        self, job_id: str, time: float, tasks: tuple[Task, ...], version: int
+        self, job_id: str, time: float, tasks: Sequence[Task], version: int
     ) -> None:
         if job_id in self.sizes:
             self.sizes[job_id] = len(tasks)

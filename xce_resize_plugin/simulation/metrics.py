@@ -199,14 +199,14 @@ class RunStats(Observer):
         self._used = 0
         self._sizes: dict[str, int] = {}
 
-    def job_started(self, job_id: str, time: float, tasks: tuple[Task, ...]) -> None:
+    def job_started(self, job_id: str, time: float, tasks: Sequence[Task]) -> None:
         self.started += 1
         self._sizes[job_id] = len(tasks)
         self._used += len(tasks)
         self.usage.step(time, self._used)
 
     def allocation_committed(
-        self, job_id: str, time: float, tasks: tuple[Task, ...], version: int
+        self, job_id: str, time: float, tasks: Sequence[Task], version: int
     ) -> None:
         old = self._sizes.get(job_id)
         if old is None:

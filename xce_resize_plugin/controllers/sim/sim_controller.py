@@ -397,8 +397,8 @@ class EmbeddedController:
         self.lean_cycles = lean_cycles
         self._observers: list[Observer] = []
         self._on_submit: list[Callable[[str, float], None]] = []
-        self._on_start: list[Callable[[str, float, tuple[Task, ...]], None]] = []
-        self._on_commit: list[Callable[[str, float, tuple[Task, ...], int], None]] = []
+        self._on_start: list[Callable[[str, float, Sequence[Task]], None]] = []
+        self._on_commit: list[Callable[[str, float, Sequence[Task], int], None]] = []
         self._on_ending: list[Callable[[str, float, JobState, str], None]] = []
         self._on_end: list[Callable[[FinishedJob], None]] = []
         self._on_task: list[Callable[[TaskEvent, bool], None]] = []
@@ -1131,9 +1131,7 @@ class EmbeddedController:
         the jobs that still have committed tasks on a failed host (``xce_host_failed``
         is idempotent for the jobs the plugin had already settled)."""
         cluster = self._cluster
-        for name in cluster.hosts:
-            if cluster.host_state(name) is not HostState.UNAVAIL:
-                continue
+        for name in cluster.failed_hosts():
             lost = {
                 job.id: tuple(t.id for t in job.tasks if t.host == name)
                 for job in self._ordered_jobs()
@@ -1718,7 +1716,8 @@ class EmbeddedController:
     def _start_job(self, job: JobRecord, placement: Iterable[tuple[str, int]]) -> None:
         """Start ``job``: tasks 0..n-1 in allocation order, charged and running now."""
         now = self.now()
-        tasks = self._cluster.allocate(job.id, tuple(placement))
+        pairs = placement if isinstance(placement, Sequence) else tuple(placement)
+        tasks = self._cluster.allocate(job.id, pairs)
         self._dequeue(job)
         job.state = JobState.RUN
         job.start_time = now

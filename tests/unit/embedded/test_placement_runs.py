@@ -1,0 +1,185 @@
+"""Placements held as runs of hosts decide and charge exactly what their pairs do.
+
+A job placed on many hosts is taken, charged, counted and freed a run of alike hosts at
+a time (docs/performance.md, "Allocations as runs of hosts"); every step has a
+host-by-host path it must agree with: the free-slot view's ``take``, the cluster's
+``allocate``/``release_all``/``free``, the simulation's ledger check, and the job's
+task list.
+"""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from xce_resize_plugin.controllers.lazy import TaskList, Unfolded
+from xce_resize_plugin.controllers.sim import Cluster
+from xce_resize_plugin.controllers.slots import FreeSlots, Placement
+from xce_resize_plugin.core.models import JobInfo, JobState, Task
+from xce_resize_plugin.simulation.checks import LedgerCheck
+
+
+def _blocks(low: int) -> st.SearchStrategy[list[int]]:
+    """Per-host values in stretches of alike hosts (some longer than a word of the
+    free-slot bitmap, so runs cover whole words)."""
+    blocks = st.lists(st.tuples(st.integers(low, 3), st.integers(1, 200)), min_size=1, max_size=5)
+    return blocks.map(lambda bs: [v for v, n in bs for _ in range(n)])
+
+
+ops = st.lists(
+    st.tuples(
+        st.sampled_from(["start", "start", "start", "end", "free", "down", "up"]),
+        st.integers(0, 10**6),
+        st.integers(1, 700),
+        st.one_of(st.none(), st.integers(1, 3)),
+    ),
+    max_size=30,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(_blocks(1), ops)
+def test_runs_and_pairs_keep_the_same_ledger(slots: list[int], steps: list) -> None:  # type: ignore[type-arg]
+    """Two clusters take the same placements, one as runs, one as pairs: after every
+    start, end, partial release and host failure they hold, count and offer the same."""
+    hosts = [(f"h{i:03d}", n) for i, n in enumerate(slots)]
+    by_runs, by_pairs = Cluster(hosts), Cluster(hosts)
+    jobs: list[str] = []
+    for k, (op, pick, size, ptile) in enumerate(steps):
+        if op == "start":
+            placed = by_runs.free_counts().place(1, size, ptile)
+            assert placed == by_pairs.free_counts().place(1, size, ptile)
+            if placed is None:
+                continue
+            job = f"j{k}"
+            for cluster in (by_runs, by_pairs):
+                cluster.register_job(job, "u")
+            tasks = by_runs.allocate(job, placed)
+            assert tasks == by_pairs.allocate(job, placed.pairs())
+            assert len(tasks) == placed.total and tasks[0] == Task(0, placed[0][0])
+            jobs.append(job)
+        elif op == "end" and jobs:
+            job = jobs.pop(pick % len(jobs))
+            assert by_runs.release_all(job) == by_pairs.release_all(job)
+        elif op == "free" and jobs:
+            job = jobs[pick % len(jobs)]
+            ids = list(range(1, 1 + size % by_runs.held_count(job)))
+            assert by_runs.free(job, ids) == by_pairs.free(job, ids)
+        elif op in ("down", "up"):
+            host = hosts[pick % len(hosts)][0]
+            for cluster in (by_runs, by_pairs):
+                cluster.set_down(host, op == "down")
+        assert by_runs.free_slots() == by_pairs.free_slots()
+        assert [by_runs.used(h) for h, _ in hosts] == [by_pairs.used(h) for h, _ in hosts]
+        for job in jobs:
+            assert by_runs.held(job) == by_pairs.held(job)
+            assert by_runs.job_host_counts(job) == by_pairs.job_host_counts(job)
+        assert by_runs.check() == [] == by_pairs.check()
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    _blocks(0),
+    st.lists(st.tuples(st.integers(1, 600), st.one_of(st.none(), st.integers(1, 2))), max_size=6),
+    st.booleans(),
+)
+def test_taking_runs_and_pairs_leaves_the_same_counts(
+    initial: list[int], wants: list[tuple[int, int | None]], in_draft: bool
+) -> None:
+    """``take`` of a placement as runs (the slice path) and as pairs (host by host),
+    in the view itself or in a draft, leave the same counts, classes and bitmap; a
+    draft's takes never reach its parent."""
+    names = [f"h{i:03d}" for i in range(len(initial))]
+    parent_runs, by_pairs = FreeSlots(names, initial), FreeSlots(names, initial)
+    by_runs = parent_runs.draft() if in_draft else parent_runs
+    for want, ptile in wants:
+        placed = by_runs.place(1, want, ptile)
+        assert placed == by_pairs.place(1, want, ptile)
+        if placed is None:
+            continue
+        assert placed.runs is not None and placed.total == sum(n for _, n in placed)
+        assert placed.host_count() == len(placed.pairs()) == len(set(placed.hosts()))
+        by_runs.take(placed)
+        by_pairs.take(placed.pairs())
+        assert by_runs.problems() == by_pairs.problems() == []
+        assert by_runs.as_dict() == by_pairs.as_dict()
+        assert list(by_runs.open_hosts()) == list(by_pairs.open_hosts())
+        assert by_runs.capacity(2) == by_pairs.capacity(2)
+    if in_draft:
+        assert parent_runs.as_dict() == dict(zip(names, initial, strict=True))
+
+
+def test_a_placement_of_alike_hosts_is_one_run() -> None:
+    """Hosts with the same free slots in a row are one run, across the bitmap's words;
+    a placement equals the tuple of its pairs either way round."""
+    names = [f"h{i:03d}" for i in range(300)]
+    free = FreeSlots(names, [1] * 300)
+    placed = free.place(200, 200, None)
+    assert placed is not None
+    assert placed.runs == ((0, 200, 1),)
+    assert placed == tuple((h, 1) for h in names[:200]) == placed
+    assert hash(placed) == hash(placed.pairs())
+    free.take(placed)
+    again = free.place(50, 50, None)
+    assert again is not None and again.runs == ((200, 50, 1),)
+    assert Placement([("a", 2), ("b", 1)]).total == 3
+
+
+def test_a_task_list_is_its_tuple() -> None:
+    """A job's lazily made tasks: length and task 0 without making the others, equal
+    to and hashed as the tuple, and carried as such by the plugin's job view."""
+    free = FreeSlots(["a", "b", "c"], [2, 2, 2])
+    placed = free.place(5, 5, None)
+    assert placed is not None
+    tasks = TaskList(placed)
+    assert len(tasks) == 5 and tasks[0] == Task(0, "a")
+    want = (Task(0, "a"), Task(1, "a"), Task(2, "b"), Task(3, "b"), Task(4, "c"))
+    assert tasks == want and want == tasks and hash(tasks) == hash(want)
+    assert list(tasks) == list(want) and tasks[-1] == Task(4, "c")
+    info = JobInfo("1", "u", JobState.RUN, 5, 5, tasks)
+    assert info.first_host == "a" and tuple(info.tasks) == want
+
+
+def test_an_unfolded_map_is_made_once_and_stays_the_same_object() -> None:
+    made: list[int] = []
+
+    def make() -> dict[str, int]:
+        made.append(1)
+        return {"a": 1, "b": 2}
+
+    hosts: Unfolded[str, int] = Unfolded(make, 2)
+    assert len(hosts) == 2 and hosts.folded and made == []
+    hosts["a"] -= 1
+    assert hosts == {"a": 0, "b": 2} and not hosts.folded and made == [1]
+    del hosts["a"]
+    assert dict(hosts) == {"b": 2} and len(hosts) == 1 and made == [1]
+    hosts.clear()
+    assert len(hosts) == 0 and dict(hosts) == {}
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.integers(1, 2), min_size=1, max_size=200), st.lists(st.integers(1, 150)))
+def test_the_ledger_check_counts_runs_as_it_counts_tasks(
+    slots: list[int], sizes: list[int]
+) -> None:
+    """The simulation's ledger check: a start given as a task list of runs and the same
+    tasks as a tuple count the same per host, and an overbooking found either way is a
+    problem naming the host."""
+    hosts = {f"h{i:03d}": n for i, n in enumerate(slots)}
+    free = FreeSlots(list(hosts), list(hosts.values()))
+    by_runs, by_tasks = LedgerCheck(hosts), LedgerCheck(hosts)
+    held = dict.fromkeys(hosts, 0)
+    for k, size in enumerate(sizes):
+        placed = free.place(1, size, None)
+        if placed is None:
+            break
+        for host, n in placed:
+            held[host] += n
+        by_runs.job_started(f"j{k}", 0.0, TaskList(placed))
+        by_tasks.job_started(f"j{k}", 0.0, tuple(TaskList(placed)))
+        assert [by_runs.used(h) for h in hosts] == [by_tasks.used(h) for h in hosts]
+    # Nothing is taken from ``free``: the starts after the first may overbook hosts,
+    # found either way.
+    assert by_runs.problems == by_tasks.problems
+    assert [by_runs.used(h) for h in hosts] == list(held.values())
+    assert bool(by_runs.problems) == any(held[h] > hosts[h] for h in hosts)

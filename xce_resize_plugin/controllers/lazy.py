@@ -1,0 +1,154 @@
+"""Maps and task lists made only when someone reads them.
+
+A job started on thousands of hosts has per-host and per-task maps (the hosts it holds,
+its task ids) that the trace simulation mostly never reads: the job ends and they are
+dropped. :class:`Unfolded` stands for such a map and builds it at the first read or
+change; until then it knows only its size. Code that holds one sees the same object
+before and after, so a view kept by the scheduler stays live. :class:`TaskList` does
+the same for the job's tasks (what the plugin's job view carries).
+"""
+
+from __future__ import annotations
+
+from collections.abc import (
+    Callable,
+    ItemsView,
+    Iterator,
+    KeysView,
+    MutableMapping,
+    Sequence,
+    ValuesView,
+)
+from itertools import chain, repeat
+from typing import TypeVar, overload
+
+from xce_resize_plugin.controllers.slots import Placement
+from xce_resize_plugin.core.models import Task
+
+__all__ = ["TaskList", "Unfolded"]
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+class Unfolded(MutableMapping[K, V]):
+    """A dict built by ``make`` (a mapping of ``size`` keys) when first used."""
+
+    __slots__ = ("_dict", "_make", "_size")
+
+    def __init__(self, make: Callable[[], dict[K, V]], size: int) -> None:
+        self._make: Callable[[], dict[K, V]] | None = make
+        self._dict: dict[K, V] | None = None
+        self._size = size
+
+    @property
+    def folded(self) -> bool:
+        """Whether the dict is still to be made."""
+        return self._dict is None
+
+    def unfold(self) -> dict[K, V]:
+        """The dict itself (made now if need be)."""
+        d = self._dict
+        if d is None:
+            assert self._make is not None
+            d = self._dict = self._make()
+            self._make = None
+        return d
+
+    def __len__(self) -> int:
+        return self._size if self._dict is None else len(self._dict)
+
+    def __getitem__(self, key: K) -> V:
+        return self.unfold()[key]
+
+    def __setitem__(self, key: K, value: V) -> None:
+        self.unfold()[key] = value
+
+    def __delitem__(self, key: K) -> None:
+        del self.unfold()[key]
+
+    def __iter__(self) -> Iterator[K]:
+        return iter(self.unfold())
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.unfold()
+
+    def get(self, key: K, default: V | None = None) -> V | None:  # type: ignore[override]
+        return self.unfold().get(key, default)
+
+    def keys(self) -> KeysView[K]:
+        return self.unfold().keys()
+
+    def items(self) -> ItemsView[K, V]:
+        return self.unfold().items()
+
+    def values(self) -> ValuesView[V]:
+        return self.unfold().values()
+
+    def clear(self) -> None:
+        self._dict = {}
+        self._make = None
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Unfolded):
+            other = other.unfold()
+        return self.unfold() == other
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"Unfolded({self.unfold()!r})"
+
+
+class TaskList(Sequence[Task]):
+    """A started job's tasks ``0..n-1`` in allocation order, made when first read.
+
+    Stands for ``tuple(Task(i, host) ...)`` of a placement of many hosts: its length
+    and task 0 are known without making the others. Equal to the tuple of the same
+    tasks (either way round) and hashed as it.
+    """
+
+    __slots__ = ("_tasks", "placement")
+
+    def __init__(self, placement: Placement) -> None:
+        self.placement = placement
+        self._tasks: tuple[Task, ...] | None = None
+
+    def as_tuple(self) -> tuple[Task, ...]:
+        """The tasks as a tuple (made at the first call)."""
+        tasks = self._tasks
+        if tasks is None:
+            p = self.placement
+            hosts = chain.from_iterable(map(repeat, p.hosts(), (n for _, n in p)))
+            tasks = self._tasks = tuple(map(Task, range(p.total), hosts))
+        return tasks
+
+    def __len__(self) -> int:
+        return self.placement.total
+
+    @overload
+    def __getitem__(self, i: int) -> Task: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> Sequence[Task]: ...
+
+    def __getitem__(self, i: int | slice) -> Task | Sequence[Task]:
+        if i == 0 and self._tasks is None and self.placement.total:
+            return Task(0, next(self.placement.hosts()))
+        return self.as_tuple()[i]
+
+    def __iter__(self) -> Iterator[Task]:
+        return iter(self.as_tuple())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, TaskList):
+            other = other.as_tuple()
+        if isinstance(other, (tuple, list)):
+            return self.as_tuple() == tuple(other)
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self.as_tuple())
+
+    def __repr__(self) -> str:
+        return repr(self.as_tuple())
