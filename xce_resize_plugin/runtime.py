@@ -367,8 +367,11 @@ class Runtime:
         if job is None:
             return False
         coming = self._being_freed(queued.unusable)
-        free = _plus(queued.free, coming)
-        head = ReclaimHead(job, queued.tasks, queued.ptile, free, queued.unusable)
+        free = _plus(queued.free, coming) if coming else queued.free
+        total = queued.free_total
+        if total is not None:
+            total += sum(coming.values())  # none on unusable hosts
+        head = ReclaimHead(job, queued.tasks, queued.ptile, free, queued.unusable, total)
         short = head.short()
         if short == 0:
             return bool(coming)  # what is being freed starts it: nothing to ask
@@ -419,7 +422,11 @@ class Runtime:
             tasks = state.tasks if state is not None else job.tasks
             excess = len(tasks) - job.min_tasks
             if excess > 0:
-                releasable = tuple(t for t in tasks if t.id != 0)
+                # Task 0 comes first in a committed allocation: then the rest is a slice.
+                first = tasks[0]
+                releasable = (
+                    tuple(tasks[1:]) if first.id == 0 else tuple(t for t in tasks if t.id != 0)
+                )
                 pending = state is not None and state.pending is not None
                 out.append(ReclaimCandidate(job, releasable, excess, pending))
         found = tuple(out)

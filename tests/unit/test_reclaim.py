@@ -4,6 +4,8 @@ the built-in choice, and the rules a site policy's answer is held to."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from xce_resize_plugin.core.models import JobState
 from xce_resize_plugin.core.reclaim import (
@@ -76,3 +78,23 @@ def test_a_policy_answer_that_breaks_the_rules_is_refused(
 ) -> None:
     with pytest.raises(PolicyRejected, match=message):
         check_selection(selection, [cand("1", {"a": 4}, 2)])
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.integers(0, 40),
+    st.dictionaries(st.sampled_from("abcdefgh"), st.integers(1, 5), max_size=8),
+    st.dictionaries(st.sampled_from("abcdefghij"), st.integers(1, 5), max_size=10),
+    st.frozensets(st.sampled_from("ij")),
+)
+def test_a_known_free_total_judges_as_the_hosts_do(
+    tasks: int, free: dict[str, int], freed: dict[str, int], unusable: frozenset[str]
+) -> None:
+    """A head without ptile judged on the free total the host gave (no walk over the
+    hosts) is as short as one judged host by host, for any slots freed anywhere."""
+    job = make_job({}, id="9", state=JobState.PEND)
+    by_hosts = ReclaimHead(job, tasks, None, free, unusable)
+    by_total = ReclaimHead(job, tasks, None, free, unusable, sum(free.values()))
+    assert by_total.short() == by_hosts.short()
+    assert by_total.short(freed) == by_hosts.short(freed)
+    assert [by_total.gain(h, freed) for h in "acij"] == [by_hosts.gain(h, freed) for h in "acij"]

@@ -223,6 +223,11 @@ class FreeSlots:
         for i in self._open():
             yield names[i], free[i]
 
+    def snapshot(self) -> Mapping[str, int]:
+        """The hosts with free slots -> their free slots, as of now: a copy of the
+        per-host counts (a block copy), read host by host only when someone asks."""
+        return _FreeView(self._names, self._pos, list(self._free))
+
     def as_dict(self) -> dict[str, int]:
         """Every host's free slots, in host order (O(hosts): views and checks only)."""
         return dict(zip(self._names, self._free, strict=True))
@@ -515,6 +520,40 @@ class FreeSlots:
         """Positions of the hosts with free slots, in order (a snapshot of the words)."""
         for base, n in self._open_runs():
             yield from range(base, base + n)
+
+
+class _FreeView(Mapping[str, int]):
+    """:meth:`FreeSlots.snapshot`: the hosts with free slots in host order."""
+
+    __slots__ = ("_free", "_names", "_pos")
+
+    def __init__(self, names: Sequence[str], pos: Mapping[str, int], free: list[int]) -> None:
+        self._names, self._pos, self._free = names, pos, free
+
+    def __getitem__(self, host: str) -> int:
+        i = self._pos.get(host)
+        n = 0 if i is None else self._free[i]
+        if not n:
+            raise KeyError(host)
+        return n
+
+    def __iter__(self) -> Iterator[str]:
+        return compress(self._names, self._free)
+
+    def __len__(self) -> int:
+        return len(self._free) - self._free.count(0)
+
+    def __eq__(self, other: object) -> bool:
+        # Two snapshots of one cluster: their counts compared in C (a blocked head is
+        # compared with the last one at every cycle).
+        if isinstance(other, _FreeView) and other._names is self._names:
+            return self._free == other._free
+        return super().__eq__(other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"{dict(self)!r}"
 
 
 def _leave(hist: dict[int, int], free: int, hosts: int) -> None:

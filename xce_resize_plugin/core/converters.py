@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from operator import attrgetter
 from typing import Any, TypeVar
 
 import cattrs
@@ -46,8 +47,13 @@ from xce_resize_plugin.journal import StoredState, Tail
 T = TypeVar("T")
 
 
-def _unstructure_tasks(tasks: tuple[Task, ...]) -> list[list[int | str]]:
-    return [[t.id, t.host] for t in tasks]
+_id_of, _host_of = attrgetter("id"), attrgetter("host")
+
+
+def _unstructure_tasks(tasks: tuple[Task, ...]) -> list[tuple[int, str]]:
+    """``[id, host]`` pairs (as tuples: JSON writes them as the same arrays), made in C:
+    a job of many hosts has its whole allocation encoded at every transition."""
+    return list(zip(map(_id_of, tasks), map(_host_of, tasks), strict=True))
 
 
 def _make_journal_converter() -> cattrs.Converter:

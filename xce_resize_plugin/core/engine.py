@@ -843,6 +843,7 @@ def decide_task_events(
     stopping = state.phase in (Phase.SHRINK_STOPPING, Phase.SHRINK_DRAINING)
     job_id = state.job_id
     facts: list[Fact] = []
+    done = started | failed | stopped  # grows with the three sets: not rebuilt per event
     for i, event in enumerate(events):
         task_id, kind = event.task_id, event.kind
         if task_id not in ids or event.job_id != job_id:
@@ -860,18 +861,19 @@ def decide_task_events(
                 facts.append(TaskStartFailed(job_id, at, task_id, reason))
             elif kind == "started":
                 started.add(task_id)
+                done.add(task_id)
                 facts.append(TaskStarted(job_id=job_id, at=at, task_id=task_id))
             elif kind in ("start_failed", "exited"):
                 failed.add(task_id)
+                done.add(task_id)
                 facts.append(
                     TaskStartFailed(job_id=job_id, at=at, task_id=task_id, reason=event.reason)
                 )
         elif stopping and kind == "exited" and task_id not in stopped:
             stopped.add(task_id)
+            done.add(task_id)
             facts.append(TaskStopped(job_id=job_id, at=at, task_id=task_id, status=event.status))
-        if len(started | failed | stopped) == len(ids) and not readiness.awaiting(
-            change, started - failed, state.ready
-        ):
+        if len(done) == len(ids) and not readiness.awaiting(change, started - failed, state.ready):
             # The change is complete (a grow that waits for readiness only once its
             # tasks are ready: decide_ready): later events find no change in flight.
             facts.append(_completion(state, change, bool(started - failed), at, settings))

@@ -66,6 +66,9 @@ class QueueHead:
         requirements): slots freed there do not count for it.
     :param resizable: the running resizable jobs that hold more than their
         ``min_tasks`` (any order; the plugin ignores ids it cannot resize).
+    :param free_total: the sum of ``free``, when the host knows it without adding it
+        up (``None``: the plugin adds it up when it needs it); a head without
+        ``ptile`` is then judged on this count alone, whatever the number of hosts.
     """
 
     job_id: str
@@ -75,6 +78,7 @@ class QueueHead:
     free: Mapping[str, int] = field(factory=dict)
     unusable: frozenset[str] = frozenset()
     resizable: tuple[str, ...] = ()
+    free_total: int | None = None
 
 
 @frozen
@@ -91,21 +95,29 @@ class ReclaimHead:
     ptile: int | None
     free: Mapping[str, int] = field(factory=dict)
     unusable: frozenset[str] = frozenset()
+    #: The sum of ``free`` when known (see :class:`QueueHead`).
+    free_total: int | None = None
 
     def gain(self, host: str, freed: Mapping[str, int]) -> int:
         """How many more of the head's tasks fit if one more slot is freed on ``host``,
         with ``freed`` slots already reclaimed (0 or 1)."""
         if host in self.unusable:
             return 0
+        if self.ptile is None:
+            return 1
         have = self.free.get(host, 0) + freed.get(host, 0)
-        return 1 if self.ptile is None or have < self.ptile else 0
+        return 1 if have < self.ptile else 0
 
     def short(self, freed: Mapping[str, int] | None = None) -> int:
         """Tasks of the head that still do not fit once ``freed`` (host -> slots) are
         free too; 0 means it starts."""
         freed = freed or {}
-        fit = 0
         cap = self.ptile
+        if cap is None and self.free_total is not None:
+            unusable = self.unusable
+            more = sum(n for host, n in freed.items() if host not in unusable)
+            return max(0, self.tasks - self.free_total - more)
+        fit = 0
         for host in self.free.keys() | freed.keys():
             if host in self.unusable:
                 continue

@@ -183,3 +183,19 @@ def test_the_ledger_check_counts_runs_as_it_counts_tasks(
     assert by_runs.problems == by_tasks.problems
     assert [by_runs.used(h) for h in hosts] == list(held.values())
     assert bool(by_runs.problems) == any(held[h] > hosts[h] for h in hosts)
+
+
+def test_a_snapshot_of_free_slots_stays_as_it_was() -> None:
+    """The blocked head's free slots: the hosts with free slots as of the snapshot,
+    unchanged by later takes; two snapshots are equal when their counts are."""
+    names = [f"h{i:03d}" for i in range(130)]
+    free = FreeSlots(names, [i % 3 for i in range(130)])
+    before = free.snapshot()
+    assert dict(before) == dict(free.open_hosts()) and len(before) == len(dict(before))
+    assert before.get("h000", 0) == 0 and before["h001"] == 1 and "h000" not in before
+    assert before == free.snapshot() == dict(free.open_hosts())
+    placed = free.place(100, 100, None)
+    assert placed is not None
+    free.take(placed)
+    assert before != free.snapshot() and dict(free.snapshot()) == dict(free.open_hosts())
+    assert before["h001"] == 1 and free.free("h001") == 0

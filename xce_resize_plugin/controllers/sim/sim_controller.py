@@ -217,7 +217,7 @@ def _alloc_pairs(
 
 #: What a blocked head is told of the cluster: free slots per host, the hosts out of
 #: service, the resizable running jobs above their minimum (``QueueHead``'s fields).
-_HeadSlots = tuple[dict[str, int], frozenset[str], tuple[str, ...]]
+_HeadSlots = tuple[Mapping[str, int], frozenset[str], tuple[str, ...]]
 
 
 def _nothing() -> None:
@@ -1891,8 +1891,9 @@ class EmbeddedController:
         if res is None or view is None:
             return None
         free, unusable, resizable = self._head_slots()
+        total = self._cluster.free_total
         return QueueHead(
-            res.job_id, view.min_tasks, view.ptile, res.shadow, free, unusable, resizable
+            res.job_id, view.min_tasks, view.ptile, res.shadow, free, unusable, resizable, total
         )
 
     def _head_slots(self) -> _HeadSlots:
@@ -1910,7 +1911,7 @@ class EmbeddedController:
             j for j, job in self._running.items() if job.resizable and held(j) > job.min_tasks
         )
         # Slots a reclaim frees on a closed or failed host do not count for the head.
-        parts = (dict(cluster.open_slots()), cluster.out_of_service(), resizable)
+        parts = (cluster.free_counts().snapshot(), cluster.out_of_service(), resizable)
         self._head_kept = (cluster.change_epoch, parts)
         return parts
 
