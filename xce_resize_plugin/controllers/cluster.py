@@ -501,26 +501,34 @@ class Cluster:
         user = self._owner[job_id]
         hosts = self._job_hosts[job_id]
         self._runs.pop(job_id, None)  # no longer what it started with
-        pos = self._pos
-        freed: list[Task] = []
-        for tid in task_ids:
-            host = held.pop(tid, None)
-            if host is None:
-                continue
-            freed.append(Task(tid, host))
-            hosts[host] -= 1
-            if not hosts[host]:
+        if isinstance(held, Unfolded):
+            held = held.unfold()  # one dict for the pops below
+        pop = held.pop
+        freed = [Task(tid, host) for tid in task_ids if (host := pop(tid, None)) is not None]
+        if not freed:
+            return []
+        # Per host, not per task: a shrink of a large job frees thousands at once.
+        per_host: dict[str, int] = {}
+        for task in freed:
+            per_host[task.host] = per_host.get(task.host, 0) + 1
+        pos, used_at, slots = self._pos, self._used, self._slots
+        changes = []
+        for host, n in per_host.items():
+            left = hosts[host] - n
+            if left:
+                hosts[host] = left
+            else:
                 del hosts[host]
             i = pos.get(host)
             if i is None:
-                self._used_elsewhere[host] -= 1
+                self._used_elsewhere[host] -= n
             else:
-                used = self._used[i] = self._used[i] - 1
-                self._free.set(host, max(0, self._slots[host] - used))
-            self._user_used[user] -= 1
-        if freed:
-            self.free_epoch += 1
-            self.change_epoch += 1
+                used = used_at[i] = used_at[i] - n
+                changes.append((host, max(0, slots[host] - used)))
+        self._free.set_many(changes)
+        self._user_used[user] -= len(freed)
+        self.free_epoch += 1
+        self.change_epoch += 1
         return freed
 
     def free_job(self, job_id: str) -> list[Task]:
@@ -532,6 +540,14 @@ class Cluster:
     def held(self, job_id: str) -> dict[int, str]:
         """Task id -> host of the slots ``job_id`` holds (a copy, in reservation order)."""
         return dict(self._held.get(job_id, {}))
+
+    def held_view(self, job_id: str) -> Mapping[int, str]:
+        """Task id -> host of the slots ``job_id`` holds, without a copy: read it now,
+        do not keep it (a grow of thousands of tasks is checked against it)."""
+        held = self._held.get(job_id)
+        if isinstance(held, Unfolded):
+            return held.unfold()
+        return {} if held is None else held
 
     def held_count(self, job_id: str) -> int:
         return len(self._held.get(job_id, {}))

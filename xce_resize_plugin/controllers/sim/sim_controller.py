@@ -558,7 +558,7 @@ class EmbeddedController:
     def launch_tasks(self, job_id: str, tasks: Sequence[Task], env: Mapping[str, str]) -> None:
         with self._lock:
             job = self._job(job_id)
-            held = self._cluster.held(job_id)
+            held = self._cluster.held_view(job_id)
             for task in tasks:
                 rec = job.task_states.get(task.id)
                 if rec is not None:
@@ -649,7 +649,7 @@ class EmbeddedController:
                 return  # a re-issue after a failover
             if not new:
                 raise ContractViolation(f"commit_allocation: job {job_id}: empty allocation")
-            held = self._cluster.held(job_id)
+            held = self._cluster.held_view(job_id)
             for task in new:
                 if held.get(task.id) != task.host:
                     raise ContractViolation(
