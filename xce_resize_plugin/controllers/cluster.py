@@ -73,6 +73,8 @@ class Cluster:
         self._cap: list[int] = list(self._slots.values())
         self._used: list[int] = [0] * len(self._cap)
         self._used_elsewhere: dict[str, int] = {}
+        # Every host has these slots (a machine of alike hosts), else None.
+        self._alike = self._cap[0] if len(set(self._cap)) == 1 else None
         # Free slots per host, kept up to date with every change as counts per class of
         # hosts and in host order: the scheduler reads them at every pass, at a cost
         # that does not grow with the number of hosts.
@@ -306,15 +308,22 @@ class Cluster:
         position, hosts, slots in use before and after and free slots before and
         after; ``None`` when a run's hosts differ in slots or use, are taken out, or
         would go over their slots (the host-by-host path then checks and names it)."""
-        used, cap, off = self._used, self._cap, self._free.off
+        used, cap, off, alike = self._used, self._cap, self._free.off, self._alike
         plan = []
         for first, n, take in runs:
             if off and any(first <= i < first + n for i in off):
                 return None
-            u, c = used[first : first + n], cap[first : first + n]
-            u0, c0 = u[0], c[0]
-            if u.count(u0) != n or c.count(c0) != n:
+            u = used[first : first + n]
+            u0 = u[0]
+            if u.count(u0) != n:
                 return None
+            if alike is not None:
+                c0 = alike
+            else:
+                c = cap[first : first + n]
+                c0 = c[0]
+                if c.count(c0) != n:
+                    return None
             after = u0 + sign * take
             if after < 0 or (sign > 0 and after > c0):
                 return None

@@ -500,9 +500,11 @@ class FreeSlots:
         return top | (1 << w) if word else top & ~(1 << w)
 
     def _open_runs(self) -> Iterator[tuple[int, int]]:
-        """``(first position, hosts)`` runs of consecutive hosts with free slots, in
-        order, a word at a time (a run does not cross a word's end): no per-host step."""
+        """``(first position, hosts)`` maximal runs of consecutive hosts with free
+        slots, in order: a word at a time (a run going on into the next word is joined
+        to it), no per-host step."""
         top, words = self._top, self._words
+        first = end = -1  # the run not yet given: positions first..end-1
         while top:
             low = top & -top
             top ^= low
@@ -513,8 +515,16 @@ class FreeSlots:
                 low = word & -word
                 run = word & ~(word + low)  # the carry of + low runs through the ones
                 word ^= run
-                start = low.bit_length() - 1
-                yield base + start, run.bit_length() - start
+                start = base + low.bit_length() - 1
+                stop = base + run.bit_length()
+                if start == end:
+                    end = stop
+                    continue
+                if first >= 0:
+                    yield first, end - first
+                first, end = start, stop
+        if first >= 0:
+            yield first, end - first
 
     def _open(self) -> Iterator[int]:
         """Positions of the hosts with free slots, in order (a snapshot of the words)."""

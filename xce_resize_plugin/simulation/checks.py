@@ -143,6 +143,7 @@ class LedgerCheck(Check):
         self._pos = {h: i for i, h in enumerate(self._names)}
         self._cap = list(self.slots.values())
         self._used = [0] * len(self._cap)
+        self._alike = self._cap[0] if len(set(self._cap)) == 1 else None
         self._same_names: Sequence[str] | None = None  # a host tuple found equal to ours
         self.total = 0
         self.peak = 0
@@ -197,14 +198,18 @@ class LedgerCheck(Check):
             if tuple(names) != self._names:
                 return False
             self._same_names = names
-        used, cap = self._used, self._cap
+        used, cap, alike = self._used, self._cap, self._alike
         plan = []
         for first, n, take in runs:
-            u, c = used[first : first + n], cap[first : first + n]
-            if u.count(u[0]) != n or c.count(c[0]) != n:
+            u = used[first : first + n]
+            if u.count(u[0]) != n:
                 return False
+            if alike is None:
+                c = cap[first : first + n]
+                if c.count(c[0]) != n:
+                    return False
             after = u[0] + sign * take
-            if sign > 0 and after > c[0]:
+            if sign > 0 and after > (cap[first] if alike is None else alike):
                 return False
             plan.append((first, n, after))
         for first, n, after in plan:
