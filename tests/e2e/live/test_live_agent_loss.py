@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -289,4 +290,40 @@ def test_unavail_after_a_restart_is_derived_from_the_agents(
     assert live.call("POST", "/v1/hosts/h3/up", ROOT).json() == {"host": "h3", "state": "ok"}
     job = live.submit(tasks=2)
     assert live.running(job, 2)["hosts"] == {"h2": 1, "h3": 1}
+    assert live.cluster()["problems"] == []
+
+
+def test_a_notification_for_a_host_failed_at_the_start_never_runs(
+    resize_live_factory: Any, start_agent: StartAgent, tmp_path: Path
+) -> None:
+    """The job's first host is frozen while its grow's notification is on its way there,
+    and the controller dies; that host's agent dies too. At the restart the plugin runs
+    the notification again, towards an agent that does not answer: the host fails at
+    the start, and the job, whose task 0 was there, ends. When the agent comes back,
+    the notification queued for it is not run: a user's command never runs for a job
+    that has ended."""
+    live: LiveCluster = resize_live_factory({"h1": 2, "h2": 2}, controller="manage_workers = false")
+    agents = {h: start_agent(live, h) for h in ("h1", "h2")}
+    live.start()
+    marker = tmp_path / "notified"
+    job_id = live.submit(
+        tasks="1,3", alloc={"h1": 1}, resizable=True, notify_cmd=f"echo ran >> {marker}"
+    )
+    task0 = _pids(live.running(job_id, 1))[0]
+    os.kill(agents["h1"].pid, signal.SIGSTOP)
+    try:
+        assert live.grow(job_id, 2).status_code == 202
+        wait_until(lambda: live.phase(job_id) == "GROW_NOTIFYING", 5, "notifying")
+        live.crash()
+    finally:
+        os.kill(agents["h1"].pid, signal.SIGKILL)
+        agents["h1"].wait(10)
+    live.start()
+    job = wait_until(lambda: (j := live.job(job_id))["state"] == "EXIT" and j, 15, "job ends")
+    assert job["exit_reason"] == "host failure"
+    start_agent(live, "h1")
+    wait_until(lambda: _host_states(live)["h1"] == "ok", 15, "h1 ok")
+    wait_until(lambda: not alive(task0), 15, "the lost task 0 stopped by the new agent")
+    time.sleep(1.5)  # what the new agent was sent has had time to run
+    assert not marker.exists(), marker.read_text()
     assert live.cluster()["problems"] == []
