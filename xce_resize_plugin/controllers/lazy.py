@@ -152,3 +152,8 @@ class TaskList(Sequence[Task]):
 
     def __repr__(self) -> str:
         return repr(self.as_tuple())
+
+    def __reduce__(self) -> tuple[type[tuple[Task, ...]], tuple[tuple[Task, ...]]]:
+        # Pickled (sent to another process) as the plain tuple it stands for: its
+        # placement refers to the whole cluster's host names.
+        return (tuple, (self.as_tuple(),))

@@ -134,6 +134,10 @@ class Placement(Sequence[tuple[str, int]]):
     def __repr__(self) -> str:
         return f"Placement({self.pairs()!r})"
 
+    def __reduce__(self) -> tuple[type[Placement], tuple[tuple[tuple[str, int], ...]]]:
+        # Pickled as its pairs: the runs refer to the whole cluster's host names.
+        return (Placement, (self.pairs(),))
+
 
 class FreeSlots:
     """Free slots of the hosts ``names`` (in host order); see the module docstring."""

@@ -9,6 +9,8 @@ task list.
 
 from __future__ import annotations
 
+import pickle
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -199,3 +201,16 @@ def test_a_snapshot_of_free_slots_stays_as_it_was() -> None:
     free.take(placed)
     assert before != free.snapshot() and dict(free.snapshot()) == dict(free.open_hosts())
     assert before["h001"] == 1 and free.free("h001") == 0
+
+
+def test_placements_and_task_lists_pickle_as_what_they_stand_for() -> None:
+    """Sent to another process (a sweep's worker, a pickle), a placement is its pairs
+    and a task list its tuple, without the cluster's host names they refer to."""
+    names = [f"h{i:05d}" for i in range(5000)]
+    placed = FreeSlots(names, [1] * 5000).place(3, 3, None)
+    assert placed is not None
+    tasks = TaskList(placed)
+    for obj, want in ((placed, placed.pairs()), (tasks, tasks.as_tuple())):
+        data = pickle.dumps(obj)
+        assert pickle.loads(data) == want and len(data) < 500
+    assert type(pickle.loads(pickle.dumps(tasks))) is tuple
