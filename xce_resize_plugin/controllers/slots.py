@@ -194,10 +194,6 @@ class FreeSlots:
         """The hosts in position order (the order of a placement's runs)."""
         return self._names
 
-    def position(self, host: str) -> int | None:
-        """``host``'s position in :attr:`names` (``None`` for a host it does not know)."""
-        return self._pos.get(host)
-
     @property
     def off(self) -> frozenset[int]:
         """Positions of the hosts taken out."""
@@ -210,10 +206,6 @@ class FreeSlots:
         """Free slots on ``host`` (0 for a host it does not know)."""
         i = self._pos.get(host)
         return 0 if i is None else self._free[i]
-
-    def free_run(self, first: int, n: int) -> list[int]:
-        """The free slots of the positions ``first..first+n-1``."""
-        return self._free[first : first + n]
 
     def capacity(self, ptile: int | None) -> int:
         """How many tasks fit now with at most ``ptile`` per host (``None``: no limit)."""
