@@ -349,7 +349,7 @@ class Cluster:
             self._check_allocation(job_id, {host: count})  # raises, naming what is wrong
         assert slots is not None
         self._charge(job_id, user, count, dict.fromkeys(range(count), host), {host: count})
-        i = self._pos[host]
+        i = self._pos[host]  # a known host: checked above
         used = self._used[i] = self._used[i] + count
         self._free.set(host, slots - used)
         return tuple(map(Task, range(count), repeat(host, count)))
@@ -432,16 +432,13 @@ class Cluster:
         slots, used_at, pos = self._slots, self._used, self._pos
         if len(hosts) == 1:  # most jobs of a trace: one host, no per-host maps
             ((host, count),) = hosts.items()
-            i = pos.get(host)
-            if i is None:
-                self._used_elsewhere[host] -= count
-                return self._released(job_id, user, held, hosts)
-            in_use = used_at[i] = used_at[i] - count
-            self._free.set(host, max(0, slots[host] - in_use))
+            in_use = self._use(host, -count)
+            if in_use is not None:
+                self._free.set(host, max(0, slots[host] - in_use))
             return self._released(job_id, user, held, hosts)
         for host, count in hosts.items():
             if host not in pos:
-                self._used_elsewhere[host] -= count
+                self._use(host, -count)
         names = tuple(h for h in hosts if h in pos)
         counts = tuple(map(hosts.__getitem__, names))
         idx = list(map(pos.__getitem__, names))
@@ -484,18 +481,15 @@ class Cluster:
         held = self._held.setdefault(job_id, {})
         hosts = self._job_hosts.setdefault(job_id, {})
         self._runs.pop(job_id, None)  # no longer what it started with
-        slots, used_at, pos, free = self._slots, self._used, self._pos, self._free
+        slots, free = self._slots, self._free
         n = 0
         self.change_epoch += 1
         for task in tasks:
             host = task.host
             held[task.id] = host
             hosts[host] = hosts.get(host, 0) + 1
-            i = pos.get(host)
-            if i is None:
-                self._used_elsewhere[host] = self._used_elsewhere.get(host, 0) + 1
-            else:
-                used = used_at[i] = used_at[i] + 1
+            used = self._use(host, 1)
+            if used is not None:
                 free.set(host, max(0, slots[host] - used))
             n += 1
         if n:
@@ -520,7 +514,7 @@ class Cluster:
         per_host: dict[str, int] = {}
         for task in freed:
             per_host[task.host] = per_host.get(task.host, 0) + 1
-        pos, used_at, slots = self._pos, self._used, self._slots
+        slots = self._slots
         changes = []
         for host, n in per_host.items():
             left = hosts[host] - n
@@ -528,11 +522,8 @@ class Cluster:
                 hosts[host] = left
             else:
                 del hosts[host]
-            i = pos.get(host)
-            if i is None:
-                self._used_elsewhere[host] -= n
-            else:
-                used = used_at[i] = used_at[i] - n
+            used = self._use(host, -n)
+            if used is not None:
                 changes.append((host, max(0, slots[host] - used)))
         self._free.set_many(changes)
         self._user_used[user] -= len(freed)
@@ -568,6 +559,16 @@ class Cluster:
     def job_hosts(self, job_id: str) -> Mapping[str, int]:
         """Slots ``job_id`` holds per host, without a copy: read it, do not keep it."""
         return self._job_hosts.get(job_id, {})
+
+    def _use(self, host: str, n: int) -> int | None:
+        """Add ``n`` to the slots in use on ``host``; return them, or ``None`` for a
+        host the configuration no longer has (counted apart: it offers no slots)."""
+        i = self._pos.get(host)
+        if i is None:
+            self._used_elsewhere[host] = self._used_elsewhere.get(host, 0) + n
+            return None
+        used = self._used[i] = self._used[i] + n
+        return used
 
     def used(self, host: str) -> int:
         """Slots in use on ``host`` (also on a host the configuration no longer has)."""
