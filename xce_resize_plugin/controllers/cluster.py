@@ -650,5 +650,4 @@ class Cluster:
 
 def _task_hosts(placement: Placement) -> dict[int, str]:
     """Task id -> host of a job started with ``placement`` (tasks 0..n-1 in order)."""
-    counts = (n for _, n in placement)
-    return dict(enumerate(chain.from_iterable(map(repeat, placement.hosts(), counts))))
+    return dict(enumerate(placement.task_hosts()))

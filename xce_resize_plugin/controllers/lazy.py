@@ -1,11 +1,12 @@
-"""Maps and task lists made only when someone reads them.
+r"""Maps and task lists made only when someone reads them.
 
 A job started on thousands of hosts has per-host and per-task maps (the hosts it holds,
 its task ids) that the trace simulation mostly never reads: the job ends and they are
 dropped. :class:`Unfolded` stands for such a map and builds it at the first read or
 change; until then it knows only its size. Code that holds one sees the same object
 before and after, so a view kept by the scheduler stays live. :class:`TaskList` does
-the same for the job's tasks (what the plugin's job view carries).
+the same for the job's tasks (what the plugin's job view carries), as a
+:class:`~.lazy_tuple.LazyTuple` like a placement of the scheduler.
 """
 
 from __future__ import annotations
@@ -19,9 +20,9 @@ from collections.abc import (
     Sequence,
     ValuesView,
 )
-from itertools import chain, repeat
 from typing import TypeVar, overload
 
+from xce_resize_plugin.controllers.lazy_tuple import LazyTuple
 from xce_resize_plugin.controllers.slots import Placement
 from xce_resize_plugin.core.models import Task
 
@@ -100,12 +101,11 @@ class Unfolded(MutableMapping[K, V]):
         return f"Unfolded({self.unfold()!r})"
 
 
-class TaskList(Sequence[Task]):
+class TaskList(LazyTuple[Task]):
     """A started job's tasks ``0..n-1`` in allocation order, made when first read.
 
     Stands for ``tuple(Task(i, host) ...)`` of a placement of many hosts: its length
-    and task 0 are known without making the others. Equal to the tuple of the same
-    tasks (either way round) and hashed as it.
+    and task 0 are known without making the others.
     """
 
     __slots__ = ("_tasks", "placement")
@@ -119,8 +119,7 @@ class TaskList(Sequence[Task]):
         tasks = self._tasks
         if tasks is None:
             p = self.placement
-            hosts = chain.from_iterable(map(repeat, p.hosts(), (n for _, n in p)))
-            tasks = self._tasks = tuple(map(Task, range(p.total), hosts))
+            tasks = self._tasks = tuple(map(Task, range(p.total), p.task_hosts()))
         return tasks
 
     def __len__(self) -> int:
@@ -136,19 +135,6 @@ class TaskList(Sequence[Task]):
         if i == 0 and self._tasks is None and self.placement.total:
             return Task(0, next(self.placement.hosts()))
         return self.as_tuple()[i]
-
-    def __iter__(self) -> Iterator[Task]:
-        return iter(self.as_tuple())
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, TaskList):
-            other = other.as_tuple()
-        if isinstance(other, (tuple, list)):
-            return self.as_tuple() == tuple(other)
-        return NotImplemented
-
-    def __hash__(self) -> int:
-        return hash(self.as_tuple())
 
     def __repr__(self) -> str:
         return repr(self.as_tuple())

@@ -35,7 +35,8 @@ from collections import Counter, deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from itertools import chain, compress, groupby, repeat
 from operator import ge, itemgetter, sub, xor
-from typing import overload
+
+from xce_resize_plugin.controllers.lazy_tuple import LazyTuple
 
 __all__ = ["FreeSlots", "Placement", "Run"]
 
@@ -53,13 +54,12 @@ _bit_of = (63).__and__  # i -> i & 63
 _power = (1).__lshift__  # b -> 1 << b
 
 
-class Placement(Sequence[tuple[str, int]]):
+class Placement(LazyTuple[tuple[str, int]]):
     """``(host, tasks)`` pairs in allocation order, and their ``total`` of tasks.
 
     Made from pairs, or by :meth:`FreeSlots.place` as runs of hosts (see the module
     docstring): then :attr:`runs` and :attr:`names` (the hosts in position order)
-    are set and the pairs are made only when read. Equal to any sequence of the same
-    pairs (a tuple of pairs compares equal), hashed as that tuple.
+    are set and the pairs are made only when read (:meth:`as_tuple`).
     """
 
     __slots__ = ("_pairs", "names", "runs", "total")
@@ -79,6 +79,9 @@ class Placement(Sequence[tuple[str, int]]):
         self.runs = tuple(runs)
         self.total = sum(n * take for _, n, take in self.runs)
         return self
+
+    def as_tuple(self) -> tuple[tuple[str, int], ...]:
+        return self.pairs()
 
     def pairs(self) -> tuple[tuple[str, int], ...]:
         """The ``(host, tasks)`` pairs (made at the first call for runs)."""
@@ -100,6 +103,10 @@ class Placement(Sequence[tuple[str, int]]):
             return chain.from_iterable(names[f : f + n] for f, n, _ in self.runs)
         return map(itemgetter(0), self.pairs())
 
+    def task_hosts(self) -> Iterator[str]:
+        """The host of each task ``0..total-1`` in allocation order."""
+        return chain.from_iterable(map(repeat, self.hosts(), map(_count_of, self)))
+
     def host_count(self) -> int:
         """How many pairs (hosts), without making them."""
         if self._pairs is None and self.runs is not None:
@@ -108,28 +115,6 @@ class Placement(Sequence[tuple[str, int]]):
 
     def __len__(self) -> int:
         return self.host_count()
-
-    @overload
-    def __getitem__(self, i: int) -> tuple[str, int]: ...
-
-    @overload
-    def __getitem__(self, i: slice) -> Sequence[tuple[str, int]]: ...
-
-    def __getitem__(self, i: int | slice) -> tuple[str, int] | Sequence[tuple[str, int]]:
-        return self.pairs()[i]
-
-    def __iter__(self) -> Iterator[tuple[str, int]]:
-        return iter(self.pairs())
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, Placement):
-            return self.pairs() == other.pairs()
-        if isinstance(other, (tuple, list)):
-            return self.pairs() == tuple(other)
-        return NotImplemented
-
-    def __hash__(self) -> int:
-        return hash(self.pairs())
 
     def __repr__(self) -> str:
         return f"Placement({self.pairs()!r})"
