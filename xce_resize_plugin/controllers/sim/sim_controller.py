@@ -1713,11 +1713,10 @@ class EmbeddedController:
             del self._pending_views[job.id]
             self._queue_epoch += 1
 
-    def _start_job(self, job: JobRecord, placement: Iterable[tuple[str, int]]) -> None:
+    def _start_job(self, job: JobRecord, placement: Sequence[tuple[str, int]]) -> None:
         """Start ``job``: tasks 0..n-1 in allocation order, charged and running now."""
         now = self.now()
-        pairs = placement if isinstance(placement, Sequence) else tuple(placement)
-        tasks = self._cluster.allocate(job.id, pairs)
+        tasks = self._cluster.allocate(job.id, placement)
         self._dequeue(job)
         job.state = JobState.RUN
         job.start_time = now
