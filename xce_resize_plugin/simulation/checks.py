@@ -33,6 +33,7 @@ import math
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from operator import add, attrgetter, le
+from typing import cast
 
 from xce_resize_plugin.controllers.hosts import HOST_FAILURE
 from xce_resize_plugin.controllers.jobs import job_id_key
@@ -163,7 +164,7 @@ class LedgerCheck(Check):
         idx = list(map(pos.get, per_host))
         if idx and None not in idx:
             # Counted per host in C; a problem is looked for task by task below.
-            at = [i for i in idx if i is not None]
+            at = cast("list[int]", idx)  # no None in it
             counts = map(sign.__mul__, per_host.values())
             after = list(map(add, map(used.__getitem__, at), counts))
             if sign < 0 or all(map(le, after, map(slots.__getitem__, at))):
