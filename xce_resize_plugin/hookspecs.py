@@ -435,7 +435,8 @@ def xce_resize_select_reclaim(
         host that count for it (free now or being freed), and ``head.short(freed)``, the
         tasks still missing once ``freed`` (host -> slots) are free too.
     :param candidates: the running resizable jobs above their ``min_tasks`` with no
-        change in flight, each with its releasable tasks (never task 0) and how many it
+        change in flight, each with its releasable tasks (never task 0, in id order:
+        the newest last; a sequence, read from its end by the default) and how many it
         may give (``excess``).
 
     Called in the scheduler cycle when ``[resize] reclaim = "shrink"`` and the host

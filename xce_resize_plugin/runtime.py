@@ -14,6 +14,7 @@ import logging
 import threading
 import weakref
 from collections.abc import Mapping, Sequence
+from operator import attrgetter
 
 import attrs
 
@@ -34,6 +35,7 @@ from xce_resize_plugin.core.models import (
     ResizeState,
     TargetRequest,
     Task,
+    TasksInIdOrder,
     allocation_env,
     format_hosts,
     host_counts,
@@ -133,6 +135,7 @@ class Runtime:
         self._reclaim_seen: tuple[QueueHead, int, int] | None = None
         self._reclaim_answer = False
         self._candidates_kept: tuple[_CandidatesKey, tuple[ReclaimCandidate, ...]] | None = None
+        self._releasables: dict[str, tuple[Sequence[Task], Sequence[Task]]] = {}
         # events(): each job's projected events and the journal's last fact then.
         self._events: dict[str, tuple[int, list[events_mod.JobEvent]]] = {}
 
@@ -341,6 +344,7 @@ class Runtime:
             if queued is None:
                 self._reclaim_for, self._reclaim_asked = None, set()
                 self._reclaim_seen = self._candidates_kept = None
+                self._releasables = {}
                 return False
             if queued.job_id != self._reclaim_for:
                 self._reclaim_for, self._reclaim_asked = queued.job_id, set()
@@ -410,6 +414,9 @@ class Runtime:
         if kept is not None and kept[0] == key:
             return kept[1]
         out: list[ReclaimCandidate] = []
+        # The allocations of this listing's candidates (those of the last listing are
+        # dropped with it: a job no longer listed has ended or changed).
+        releasables: dict[str, tuple[Sequence[Task], Sequence[Task]]] = {}
         for job_id in queued.resizable:
             if job_id in self._reclaim_asked or job_id == queued.job_id:
                 continue
@@ -422,16 +429,38 @@ class Runtime:
             tasks = state.tasks if state is not None else job.tasks
             excess = len(tasks) - job.min_tasks
             if excess > 0:
-                # Task 0 comes first in a committed allocation: then the rest is a slice.
-                first = tasks[0]
-                releasable = (
-                    tuple(tasks[1:]) if first.id == 0 else tuple(t for t in tasks if t.id != 0)
-                )
+                releasable = self._releasable_of(job_id, tasks, releasables)
                 pending = state is not None and state.pending is not None
                 out.append(ReclaimCandidate(job, releasable, excess, pending))
         found = tuple(out)
         self._candidates_kept = (key, found)
+        self._releasables = releasables
         return found
+
+    def _releasable_of(
+        self,
+        job_id: str,
+        tasks: Sequence[Task],
+        into: dict[str, tuple[Sequence[Task], Sequence[Task]]],
+    ) -> Sequence[Task]:
+        """A job's tasks but task 0, in id order (:class:`ReclaimCandidate`), made once
+        per allocation: the candidates are listed again after every transition of any
+        job, and a job of many hosts would be copied and sorted each time."""
+        kept = self._releasables.get(job_id)
+        if kept is not None and kept[0] is tasks:
+            into[job_id] = kept
+            return kept[1]
+        # Task 0 comes first in a committed allocation: then the rest is a slice.
+        first = tasks[0]
+        if isinstance(tasks, TasksInIdOrder) and first.id == 0:
+            # The host's own list, in id order: read only from the end, if at all.
+            releasable: Sequence[Task] = tasks[1:]
+        else:
+            # Mostly in id order already: the sort then only checks it, in C.
+            rest = tasks[1:] if first.id == 0 else [t for t in tasks if t.id != 0]
+            releasable = tuple(sorted(rest, key=_task_id))
+        into[job_id] = (tasks, releasable)
+        return releasable
 
     def _ask_reclaim(
         self,
@@ -819,6 +848,8 @@ def _entry(
         history=converters.history_tails(before, after),
     )
 
+
+_task_id = attrgetter("id")
 
 #: What a reclaim's candidates depend on: the head, the host's resizable jobs, the
 #: runtime's state counter and how many jobs were asked for this head.

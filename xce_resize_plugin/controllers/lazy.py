@@ -20,11 +20,12 @@ from collections.abc import (
     Sequence,
     ValuesView,
 )
+from itertools import islice
 from typing import TypeVar, overload
 
 from xce_resize_plugin.controllers.lazy_tuple import LazyTuple
 from xce_resize_plugin.controllers.slots import Placement
-from xce_resize_plugin.core.models import Task
+from xce_resize_plugin.core.models import Task, TasksInIdOrder
 
 __all__ = ["TaskList", "Unfolded"]
 
@@ -101,29 +102,37 @@ class Unfolded(MutableMapping[K, V]):
         return f"Unfolded({self.unfold()!r})"
 
 
-class TaskList(LazyTuple[Task]):
-    """A started job's tasks ``0..n-1`` in allocation order, made when first read.
+class TaskList(LazyTuple[Task], TasksInIdOrder):
+    """A started job's tasks ``start..n-1`` (``0..n-1`` unless a slice) in allocation
+    order, made when first read.
 
-    Stands for ``tuple(Task(i, host) ...)`` of a placement of many hosts: its length
-    and task 0 are known without making the others.
+    Stands for ``tuple(Task(i, host) ...)`` of a placement of many hosts: its length,
+    any one task (by bisection over the placement's runs), its tail slices and its
+    tasks from the end are had without making the others. Allocation order is id
+    order (:class:`~xce_resize_plugin.core.models.TasksInIdOrder`): the plugin takes a
+    shrink's newest tasks from the end.
     """
 
-    __slots__ = ("_tasks", "placement")
+    __slots__ = ("_tasks", "placement", "start")
 
-    def __init__(self, placement: Placement) -> None:
+    def __init__(self, placement: Placement, start: int = 0) -> None:
         self.placement = placement
+        self.start = start
         self._tasks: tuple[Task, ...] | None = None
 
     def as_tuple(self) -> tuple[Task, ...]:
         """The tasks as a tuple (made at the first call)."""
         tasks = self._tasks
         if tasks is None:
-            p = self.placement
-            tasks = self._tasks = tuple(map(Task, range(p.total), p.task_hosts()))
+            p, start = self.placement, self.start
+            hosts = p.task_hosts()
+            if start:
+                hosts = islice(hosts, start, None)
+            tasks = self._tasks = tuple(map(Task, range(start, p.total), hosts))
         return tasks
 
     def __len__(self) -> int:
-        return self.placement.total
+        return self.placement.total - self.start
 
     @overload
     def __getitem__(self, i: int) -> Task: ...
@@ -132,9 +141,27 @@ class TaskList(LazyTuple[Task]):
     def __getitem__(self, i: slice) -> Sequence[Task]: ...
 
     def __getitem__(self, i: int | slice) -> Task | Sequence[Task]:
-        if i == 0 and self._tasks is None and self.placement.total:
+        if self._tasks is not None:
+            return self._tasks[i]
+        if isinstance(i, slice):
+            first, stop, step = i.indices(len(self))
+            if step == 1 and stop >= len(self) and first > 0:
+                return TaskList(self.placement, self.start + first)
+            return self.as_tuple()[i]
+        n = len(self)
+        k = i + n if i < 0 else i
+        if not 0 <= k < n:
+            raise IndexError("task index out of range")
+        if k == 0 and not self.start:
             return Task(0, next(self.placement.hosts()))
-        return self.as_tuple()[i]
+        return Task(self.start + k, self.placement.task_host(self.start + k))
+
+    def __reversed__(self) -> Iterator[Task]:
+        if self._tasks is not None:
+            return reversed(self._tasks)
+        p = self.placement
+        # map() stops with the ids: a slice's tasks end at its first.
+        return map(Task, range(p.total - 1, self.start - 1, -1), p.task_hosts_reversed())
 
     def __repr__(self) -> str:
         return repr(self.as_tuple())

@@ -31,9 +31,10 @@ only when something reads them.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections import Counter, deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from itertools import chain, compress, groupby, repeat
+from itertools import accumulate, chain, compress, groupby, repeat
 from operator import ge, itemgetter, sub, xor
 
 from xce_resize_plugin.controllers.lazy_tuple import LazyTuple
@@ -62,13 +63,14 @@ class Placement(LazyTuple[tuple[str, int]]):
     are set and the pairs are made only when read (:meth:`as_tuple`).
     """
 
-    __slots__ = ("_pairs", "names", "runs", "total")
+    __slots__ = ("_ends", "_pairs", "names", "runs", "total")
 
     def __init__(self, pairs: Iterable[tuple[str, int]] = ()) -> None:
         self._pairs: tuple[tuple[str, int], ...] | None = tuple(pairs)
         self.names: Sequence[str] | None = None
         self.runs: tuple[Run, ...] | None = None
         self.total: int = sum(map(_count_of, self._pairs))
+        self._ends: list[int] | None = None
 
     @classmethod
     def of_runs(cls, names: Sequence[str], runs: Iterable[Run]) -> Placement:
@@ -78,6 +80,7 @@ class Placement(LazyTuple[tuple[str, int]]):
         self.names = names
         self.runs = tuple(runs)
         self.total = sum(n * take for _, n, take in self.runs)
+        self._ends = None
         return self
 
     def as_tuple(self) -> tuple[tuple[str, int], ...]:
@@ -106,6 +109,41 @@ class Placement(LazyTuple[tuple[str, int]]):
     def task_hosts(self) -> Iterator[str]:
         """The host of each task ``0..total-1`` in allocation order."""
         return chain.from_iterable(map(repeat, self.hosts(), map(_count_of, self)))
+
+    def task_host(self, k: int) -> str:
+        """The host of task ``k`` (``0 <= k < total``), found among the runs (or pairs)
+        by bisection, without making the other tasks' hosts."""
+        if not 0 <= k < self.total:
+            raise IndexError(f"task {k} of a placement of {self.total}")
+        runs = self.runs  # fixed for the placement's life: the ends are of runs, or pairs
+        ends = self._ends
+        if ends is None:
+            steps = (
+                (n * take for _, n, take in runs)
+                if runs is not None
+                else map(_count_of, self.pairs())
+            )
+            ends = self._ends = list(accumulate(steps))
+        i = bisect_right(ends, k)
+        if runs is None:
+            return self.pairs()[i][0]
+        first, _, take = runs[i]
+        names = self.names
+        assert names is not None
+        return names[first + (k - (ends[i - 1] if i else 0)) // take]
+
+    def task_hosts_reversed(self) -> Iterator[str]:
+        """The host of each task, from task ``total-1`` down to task 0."""
+        if self._pairs is None and self.runs is not None and self.names is not None:
+            names = self.names
+            return chain.from_iterable(
+                chain.from_iterable(map(repeat, reversed(names[f : f + n]), repeat(take, n)))
+                for f, n, take in reversed(self.runs)
+            )
+        pairs = self.pairs()
+        return chain.from_iterable(
+            map(repeat, map(itemgetter(0), reversed(pairs)), map(_count_of, reversed(pairs)))
+        )
 
     def host_count(self) -> int:
         """How many pairs (hosts), without making them."""

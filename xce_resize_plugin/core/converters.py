@@ -56,6 +56,38 @@ def _unstructure_tasks(tasks: tuple[Task, ...]) -> list[tuple[int, str]]:
     return list(zip(map(_id_of, tasks), map(_host_of, tasks), strict=True))
 
 
+class _EncodedTasks:
+    """The journal's encoding of task tuples, kept for the tuples last encoded.
+
+    A job's allocation is the same tuple from one transition to the next until a
+    resize commits, and a resize record's allocations are the tuples its states held:
+    a job of many hosts would have the same tens of thousands of pairs encoded again
+    at every transition. The bytes depend only on the tuple's contents (tuples do not
+    change), and a kept tuple stays referenced, so its ``id`` is not reused while
+    kept. Small tuples are encoded each time (cheaper than the look-up).
+    """
+
+    __slots__ = ("_kept",)
+
+    SIZE = 32  #: tuples kept (all are dropped when full: a job's next ones come back)
+    SMALL = 64  #: tuples shorter than this are not kept
+
+    def __init__(self) -> None:
+        self._kept: dict[int, tuple[tuple[Task, ...], orjson.Fragment]] = {}
+
+    def __call__(self, tasks: tuple[Task, ...]) -> list[tuple[int, str]] | orjson.Fragment:
+        if len(tasks) < self.SMALL:
+            return _unstructure_tasks(tasks)
+        kept = self._kept.get(id(tasks))
+        if kept is not None and kept[0] is tasks:
+            return kept[1]
+        encoded = orjson.Fragment(_dumps(_unstructure_tasks(tasks)))
+        if len(self._kept) >= self.SIZE:
+            self._kept.clear()
+        self._kept[id(tasks)] = (tasks, encoded)
+        return encoded
+
+
 def _make_journal_converter() -> cattrs.Converter:
     conv = make_converter(forbid_extra_keys=True)
     # Tasks are the bulk of every record: [id, host] instead of {"id":…, "host":…}.
@@ -69,7 +101,8 @@ def _make_journal_converter() -> cattrs.Converter:
     )
     # And the other way round: a job's state, with its allocation, is encoded at every
     # transition; cattrs' generic path calls a hook per task through a generator.
-    conv.register_unstructure_hook_func(lambda t: t == tuple[Task, ...], _unstructure_tasks)
+    # Already encoded: the journal's converter is only ever read by orjson (_dumps).
+    conv.register_unstructure_hook_func(lambda t: t == tuple[Task, ...], _EncodedTasks())
     # A record's reason is written only when there is one (an involuntary shrink), so
     # the records of requested changes keep the bytes they always had.
     conv.register_unstructure_hook(

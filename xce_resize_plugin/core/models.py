@@ -74,6 +74,19 @@ class Task:
     host: str
 
 
+class TasksInIdOrder(Sequence[Task]):
+    """A sequence of tasks whose ids ascend, said by its type.
+
+    A host may give a job's tasks (:attr:`JobInfo.tasks`) as such a sequence when it
+    knows their order (its own ids ``0..n-1`` in allocation order, say), and make them
+    only when read: the plugin then takes a job's newest tasks from the end, without
+    reading or sorting the others (docs/host-integration.md). Its slices must be in id
+    order too. Any other sequence is sorted when the order matters.
+    """
+
+    __slots__ = ()
+
+
 def host_counts(tasks: Iterable[Task]) -> dict[str, int]:
     """Tasks per host, hosts in order of first appearance (LSF's ``hostA 2 hostB 1``)."""
     counts: dict[str, int] = {}

@@ -131,25 +131,44 @@ class ReclaimCandidate:
     """A running resizable job that may give tasks back for the head.
 
     :param job: the job (its ``tasks`` are the committed allocation).
-    :param releasable: its tasks other than task 0, oldest first.
+    :param releasable: its tasks other than task 0, in id order (oldest first: a grow's
+        tasks take the next ids).
     :param excess: how many it may give (its tasks above ``min_tasks``).
     :param pending_grow: it has a grow waiting for slots; a reclaim cancels it.
     """
 
     job: JobInfo
-    releasable: tuple[Task, ...]
+    releasable: Sequence[Task]
     excess: int
     pending_grow: bool = False
 
 
 def freed_by(selection: Selection, candidates: Iterable[ReclaimCandidate]) -> dict[str, int]:
     """Slots per host a selection frees."""
-    hosts = {c.job.id: {t.id: t.host for t in c.releasable} for c in candidates}
+    by_id = {c.job.id: c for c in candidates}
     out: dict[str, int] = {}
     for job_id, ids in selection.items():
+        hosts = _hosts_of(by_id[job_id], ids)
         for tid in ids:
-            host = hosts[job_id][tid]
+            host = hosts[tid]
             out[host] = out.get(host, 0) + 1
+    return out
+
+
+def _hosts_of(cand: ReclaimCandidate, ids: Iterable[int]) -> dict[int, str]:
+    """The hosts of those of ``ids`` that are releasable tasks of ``cand``.
+
+    Read newest first, and only until every id is found: a selection takes the newest
+    tasks of a job that may hold many thousands (the default policy does)."""
+    wanted = set(ids)
+    out: dict[int, str] = {}
+    if not wanted:
+        return out
+    for task in reversed(cand.releasable):
+        if task.id in wanted:
+            out[task.id] = task.host
+            if len(out) == len(wanted):
+                break
     return out
 
 
@@ -170,7 +189,7 @@ def reclaim_in_order(head: ReclaimHead, candidates: Iterable[ReclaimCandidate]) 
         if need <= 0:
             break
         taken = 0
-        for task in sorted(cand.releasable, key=lambda t: t.id, reverse=True):
+        for task in reversed(cand.releasable):  # in id order: the newest last
             if need <= 0 or taken >= cand.excess:
                 break
             if head.gain(task.host, freed):
@@ -197,12 +216,12 @@ def check_selection(selection: Selection, candidates: Sequence[ReclaimCandidate]
             raise PolicyRejected(
                 f"xce_resize_select_reclaim chose job {job_id!r}, which is not a candidate"
             )
-        allowed = {t.id for t in cand.releasable}
         chosen = list(ids)
-        if len(set(chosen)) != len(chosen) or not set(chosen) <= allowed:
+        if len(set(chosen)) != len(chosen) or len(_hosts_of(cand, chosen)) != len(chosen):
+            allowed = sorted(t.id for t in cand.releasable)
             raise PolicyRejected(
                 f"xce_resize_select_reclaim returned {chosen} for job {job_id}, "
-                f"whose releasable tasks are {sorted(allowed)}"
+                f"whose releasable tasks are {allowed}"
             )
         if len(chosen) > cand.excess:
             raise PolicyRejected(

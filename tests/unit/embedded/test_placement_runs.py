@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import pickle
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from xce_resize_plugin.controllers.lazy import TaskList, Unfolded
 from xce_resize_plugin.controllers.sim import Cluster
 from xce_resize_plugin.controllers.slots import FreeSlots, Placement
-from xce_resize_plugin.core.models import JobInfo, JobState, Task
+from xce_resize_plugin.core.models import JobInfo, JobState, Task, TasksInIdOrder
 from xce_resize_plugin.simulation.checks import LedgerCheck
 
 
@@ -142,6 +143,45 @@ def test_a_task_list_is_its_tuple() -> None:
     assert info.first_host == "a" and tuple(info.tasks) == want
 
 
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(st.integers(0, 3), min_size=1, max_size=150),
+    st.integers(1, 200),
+    st.integers(0, 250),
+    st.booleans(),
+)
+def test_a_task_list_reads_any_task_and_its_tail_without_being_made(
+    slots: list[int], want: int, first: int, made: bool
+) -> None:
+    """Any one task (from either end), a tail slice, the tasks from the end and
+    ``task_host`` read from the runs are those of the tuple, whether or not the tuple
+    was made first; a tail slice is a task list again, in id order."""
+    names = [f"h{i:03d}" for i in range(len(slots))]
+    placed = FreeSlots(names, slots).place(1, want, None)
+    if placed is None:
+        return
+    tasks = TaskList(placed)
+    plain = tuple(Task(i, h) for i, h in enumerate(placed.task_hosts()))
+    by_pairs = Placement(placed.pairs())
+    if made:
+        tasks.as_tuple()
+    n = len(plain)
+    assert len(tasks) == n and isinstance(tasks, TasksInIdOrder)
+    for k in {0, n - 1, n // 2, first % n}:
+        assert tasks[k] == plain[k] and tasks[k - n] == plain[k - n]
+        assert placed.task_host(k) == by_pairs.task_host(k) == plain[k].host
+    assert list(reversed(tasks)) == list(reversed(plain))
+    assert list(placed.task_hosts_reversed()) == [t.host for t in reversed(plain)]
+    tail = tasks[first:]
+    assert tail == plain[first:] and list(reversed(tail)) == list(reversed(plain[first:]))
+    if 0 < first < n and not made:
+        assert isinstance(tail, TaskList) and tail[0] == plain[first]
+    with pytest.raises(IndexError):
+        tasks[n]
+    with pytest.raises(IndexError):
+        placed.task_host(n)
+
+
 def test_an_unfolded_map_is_made_once_and_stays_the_same_object() -> None:
     made: list[int] = []
 
@@ -214,3 +254,44 @@ def test_placements_and_task_lists_pickle_as_what_they_stand_for() -> None:
         data = pickle.dumps(obj)
         assert pickle.loads(data) == want and len(data) < 500
     assert type(pickle.loads(pickle.dumps(tasks))) is tuple
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(st.integers(1, 3), min_size=1, max_size=40),
+    st.integers(1, 60),
+    st.integers(1, 30),
+    st.sampled_from([None, 1, 2]),
+    st.dictionaries(st.sampled_from(["h000", "h001", "h005", "zz"]), st.integers(0, 2)),
+)
+def test_reclaim_reads_a_lazy_task_list_as_its_tuple(
+    slots: list[int], minimum: int, need: int, ptile: int | None, free: dict[str, int]
+) -> None:
+    """The reclaim decision on a job's own lazy task list (read from its end) is the
+    decision on the same tasks as a tuple: the selection, the slots it frees, and
+    what the rules accept or refuse."""
+    from xce_resize_plugin.core.reclaim import (
+        ReclaimCandidate,
+        ReclaimHead,
+        check_selection,
+        default_selection,
+        freed_by,
+    )
+    from xce_resize_plugin.errors import PolicyRejected
+
+    names = [f"h{i:03d}" for i in range(len(slots))]
+    placed = FreeSlots(names, slots).place(1, sum(slots), None)
+    assert placed is not None
+    tasks = TaskList(placed)
+    job = JobInfo("1", "u", JobState.RUN, min(minimum, len(tasks)), 999, tasks)
+    excess = len(tasks) - job.min_tasks
+    lazy = ReclaimCandidate(job, tasks[1:], excess)
+    plain = ReclaimCandidate(job, tuple(tasks)[1:], excess)
+    head = ReclaimHead(JobInfo("9", "u", JobState.PEND, need, need), need, ptile, free)
+    chosen = default_selection(head, [lazy])
+    assert chosen == default_selection(head, [plain])
+    assert freed_by(chosen, [lazy]) == freed_by(chosen, [plain])
+    check_selection(chosen, [lazy])
+    for bad in ([0], [len(tasks)], [1, 1]):
+        with pytest.raises(PolicyRejected):
+            check_selection({"1": bad}, [lazy])

@@ -198,6 +198,33 @@ def test_history_rows_written_per_transition_rebuild_the_state(
             state = stored(engine.evolve(state, fact))
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(1, 150), min_size=1, max_size=50))
+def test_allocations_encode_to_the_same_bytes_kept_or_not(sizes: list[int]) -> None:
+    """The journal keeps the bytes of the allocations it encoded last: a tuple encoded
+    again (kept, or dropped when the keep was full), and a new tuple equal to an old
+    one, give the bytes of plain JSON, and facts that carry them decode to themselves."""
+    import orjson
+
+    made: list[tuple[Task, ...]] = []
+    for i, n in enumerate(sizes):
+        made.append(tuple(Task(k, f"h{(k * 7 + i) % 13}") for k in range(n)))
+        again = made[len(made) // 2]
+        for tasks in (made[-1], again, tuple(again)[:], tuple(list(again))):
+            plain = orjson.dumps([[t.id, t.host] for t in tasks])
+            assert orjson.dumps(converters.JOURNAL.unstructure(tasks, tuple[Task, ...])) == plain
+            fact = JobTracked(
+                job_id="7",
+                at=0.0,
+                user="u",
+                min_tasks=1,
+                max_tasks=999,
+                tasks=tasks,
+                started_at=0.0,
+            )
+            assert converters.decode_fact(converters.encode_fact(fact)) == fact
+
+
 @settings(max_examples=150, deadline=None)
 @given(
     st.lists(st.integers(0, 3), min_size=30, max_size=300),
@@ -237,24 +264,78 @@ def test_bulk_changes_agree_with_a_plain_map(
 def test_task_records_are_made_on_first_use() -> None:
     """A started job's task records stand for RUNNING records without being made; ended
     before any was made, they all read EXITED with the reason; made on first use, they
-    are ordinary records."""
+    are ordinary records, and the end hands them to the caller to mark."""
     from xce_resize_plugin.controllers.jobs import TaskRecord, TaskState, TaskStates
 
     tasks = (Task(0, "a"), Task(1, "b"))
     untouched = TaskStates(tasks, TaskState.RUNNING, 5.0)
     assert len(untouched) == 2
     live = (TaskState.RUNNING,)
-    assert untouched.exit_live(9.0, "job ended", live)
+    assert list(untouched.exit_live(9.0, "job ended", live)) == []
     assert dict(untouched) == {
         0: TaskRecord("a", TaskState.EXITED, 9.0, reason="job ended"),
         1: TaskRecord("b", TaskState.EXITED, 9.0, reason="job ended"),
     }
-    assert not untouched.exit_live(10.0, "again", live)  # made now: the caller's loop
+    # Made now: all of them go to the caller's loop.
+    assert len(list(untouched.exit_live(10.0, "again", live))) == 2
     used = TaskStates(tasks, TaskState.RUNNING, 5.0)
     used[1].state = TaskState.STOPPING
     assert used.get(1) == TaskRecord("b", TaskState.STOPPING, 5.0)
-    assert not used.exit_live(9.0, "job ended", live)
-    assert used == {0: TaskRecord("a", TaskState.RUNNING, 5.0), 1: used[1]}
+    assert list(used.exit_live(9.0, "job ended", live)) == [used[1]]
+    assert used == {0: TaskRecord("a", TaskState.EXITED, 9.0, reason="job ended"), 1: used[1]}
+
+
+_record_ops = st.lists(
+    st.tuples(
+        st.sampled_from(["get", "set", "stop", "contains", "len", "end", "all"]),
+        st.integers(-1, 12),
+    ),
+    max_size=25,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 8), st.booleans(), _record_ops)
+def test_task_records_behave_as_the_dict_they_stand_for(
+    n: int, in_order: bool, ops: list[tuple[str, int]]
+) -> None:
+    """Reads, changes, added tasks, membership, length and the job's end, on the start
+    tasks as a task list in id order (read by index) or as a plain tuple (read by id),
+    leave the records a plain dict of records would hold."""
+    from xce_resize_plugin.controllers.jobs import TaskRecord, TaskState, TaskStates
+    from xce_resize_plugin.controllers.lazy import TaskList
+    from xce_resize_plugin.controllers.slots import Placement
+
+    hosts = [f"h{i % 3}" for i in range(n)]
+    placement = Placement([(h, 1) for h in hosts])
+    start = TaskList(placement) if in_order else tuple(reversed(tuple(TaskList(placement))))
+    lazy = TaskStates(start, TaskState.RUNNING, 1.0)
+    model = {t.id: TaskRecord(t.host, TaskState.RUNNING, 1.0) for t in start}
+    live = (TaskState.STARTING, TaskState.RUNNING, TaskState.STOPPING)
+    for step, (op, tid) in enumerate(ops):
+        now = 2.0 + step
+        if op == "get":
+            assert lazy.get(tid) == model.get(tid)
+        elif op == "set":
+            rec = TaskRecord("new", TaskState.STARTING, now)
+            lazy[tid], model[tid] = rec, TaskRecord("new", TaskState.STARTING, now)
+        elif op == "stop" and tid in model:
+            lazy[tid].state = model[tid].state = TaskState.STOPPING
+        elif op == "contains":
+            assert (tid in lazy) == (tid in model)
+        elif op == "len":
+            assert len(lazy) == len(model)
+        elif op == "end":
+            for rec in lazy.exit_live(now, "end", live):
+                if rec.state in live:
+                    rec.state, rec.since, rec.reason = TaskState.EXITED, now, "end"
+            for rec in model.values():
+                if rec.state in live:
+                    rec.state, rec.since, rec.reason = TaskState.EXITED, now, "end"
+        elif op == "all":
+            assert list(lazy.items()) == list(model.items())
+    assert len(lazy) == len(model)
+    assert dict(lazy) == model
 
 
 _ops = st.lists(

@@ -137,9 +137,11 @@ _R = TypeVar("_R")
 
 
 def _exit_all(records: MutableMapping[int, TaskRecord], now: float, reason: str) -> None:
-    """:func:`_exit_tasks` for all of a job's task records (at once while none was made:
+    """:func:`_exit_tasks` for all of a job's task records (those never made at once:
     see :class:`~xce_resize_plugin.controllers.jobs.TaskStates`)."""
-    if not (isinstance(records, TaskStates) and records.exit_live(now, reason, _LIVE)):
+    if isinstance(records, TaskStates):
+        _exit_tasks(records.exit_live(now, reason, _LIVE), now, reason)
+    else:
         _exit_tasks(records.values(), now, reason)
 
 
