@@ -343,12 +343,16 @@ def _ends_by(state: _Pass, job: PendingJob, r: int | None, shadow: float) -> Pla
             return None
         return state.avail.place(job.min_tasks, job.max_tasks, job.ptile, r)
     # The largest start is the fastest: if it does not end by the shadow time, no
-    # smaller one does.
-    placed = state.avail.place(job.min_tasks, job.max_tasks, job.ptile, r)
-    if placed is None:
+    # smaller one does. Its size is known from the counts: the hosts are chosen only
+    # for a job that does end in time (most do not, and placing reads hosts).
+    avail = state.avail
+    n = avail.fit(job.min_tasks, job.max_tasks, job.ptile, r)
+    if not n:
         return None
-    d = job.duration_at(placed.total)
-    return placed if d is not None and now + d <= shadow else None
+    d = job.duration_at(n)
+    if d is None or now + d > shadow:
+        return None
+    return avail.place(job.min_tasks, job.max_tasks, job.ptile, r)
 
 
 def _backfill(

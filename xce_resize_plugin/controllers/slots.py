@@ -269,6 +269,15 @@ class FreeSlots:
             out.append("a host taken out counts free slots")
         return out
 
+    def fit(
+        self, min_tasks: int, max_tasks: int, ptile: int | None, headroom: int | None = None
+    ) -> int:
+        """How many tasks :meth:`place` would place (0 for ``None``), from the counts:
+        without reading a host."""
+        cap = max_tasks if headroom is None else min(max_tasks, headroom)
+        n = min(cap, self.capacity(ptile))
+        return n if n >= min_tasks and n > 0 else 0
+
     def place(
         self, min_tasks: int, max_tasks: int, ptile: int | None, headroom: int | None = None
     ) -> Placement | None:

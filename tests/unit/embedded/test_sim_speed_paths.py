@@ -50,6 +50,16 @@ def _agrees(slots: FreeSlots, model: dict[str, int], ptile: int | None) -> None:
             left -= take
     placed = slots.place(want, want, ptile)
     assert placed == (tuple(expected) if not left else None)
+    # fit() is the size place() gives, from the counts alone.
+    total = slots.total
+    for lo, hi, room in (
+        (1, want, None),
+        (want, total + 3, None),
+        (1, total, want // 2),
+        (0, 0, 5),
+    ):
+        p = slots.place(lo, hi, ptile, room)
+        assert slots.fit(lo, hi, ptile, room) == (0 if p is None else p.total)
 
 
 changes = st.lists(st.tuples(st.integers(0, 149), st.integers(-3, 3)), max_size=40)
