@@ -14,6 +14,7 @@ free-slot view and ``slot_headroom`` first.
 from __future__ import annotations
 
 import enum
+from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, MutableMapping, Sequence
 from functools import partial
 from itertools import chain, repeat
@@ -496,24 +497,23 @@ class Cluster:
             self._user_used[user] = self._user_used.get(user, 0) + n
             self.taken_count += n
 
-    def free(self, job_id: str, task_ids: Iterable[int]) -> list[Task]:
-        """Stop charging ``job_id`` for these task ids; unknown ids are ignored."""
+    def free(self, job_id: str, task_ids: Iterable[int]) -> int:
+        """Stop charging ``job_id`` for these task ids; unknown ids are ignored.
+        Returns how many were freed."""
         held = self._held.get(job_id)
         if not held:
-            return []
+            return 0
         user = self._owner[job_id]
         hosts = self._job_hosts[job_id]
         self._runs.pop(job_id, None)  # no longer what it started with
         if isinstance(held, Unfolded):
             held = held.unfold()  # one dict for the pops below
-        pop = held.pop
-        freed = [Task(tid, host) for tid in task_ids if (host := pop(tid, None)) is not None]
+        # The hosts of the ids held (popped in C; unknown ids give None).
+        freed = [h for h in map(held.pop, task_ids, repeat(None)) if h is not None]
         if not freed:
-            return []
+            return 0
         # Per host, not per task: a shrink of a large job frees thousands at once.
-        per_host: dict[str, int] = {}
-        for task in freed:
-            per_host[task.host] = per_host.get(task.host, 0) + 1
+        per_host = Counter(freed)
         slots = self._slots
         changes = []
         for host, n in per_host.items():
@@ -529,10 +529,10 @@ class Cluster:
         self._user_used[user] -= len(freed)
         self.free_epoch += 1
         self.change_epoch += 1
-        return freed
+        return len(freed)
 
-    def free_job(self, job_id: str) -> list[Task]:
-        """Free everything ``job_id`` holds."""
+    def free_job(self, job_id: str) -> int:
+        """Free everything ``job_id`` holds; returns how many slots."""
         return self.free(job_id, list(self._held.get(job_id, {})))
 
     # -- views -----------------------------------------------------------------------

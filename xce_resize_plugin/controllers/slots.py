@@ -245,7 +245,7 @@ class FreeSlots:
     def snapshot(self) -> Mapping[str, int]:
         """The hosts with free slots -> their free slots, as of now: a copy of the
         per-host counts (a block copy), read host by host only when someone asks."""
-        return _FreeView(self._names, self._pos, list(self._free))
+        return _FreeView(self._names, self._pos, list(self._free), self.total)
 
     def as_dict(self) -> dict[str, int]:
         """Every host's free slots, in host order (O(hosts): views and checks only)."""
@@ -563,10 +563,13 @@ class FreeSlots:
 class _FreeView(Mapping[str, int]):
     """:meth:`FreeSlots.snapshot`: the hosts with free slots in host order."""
 
-    __slots__ = ("_free", "_names", "_pos")
+    __slots__ = ("_free", "_names", "_pos", "_total")
 
-    def __init__(self, names: Sequence[str], pos: Mapping[str, int], free: list[int]) -> None:
+    def __init__(
+        self, names: Sequence[str], pos: Mapping[str, int], free: list[int], total: int
+    ) -> None:
         self._names, self._pos, self._free = names, pos, free
+        self._total = total  # the sum of free (known to the cluster without adding)
 
     def __getitem__(self, host: str) -> int:
         i = self._pos.get(host)
@@ -585,7 +588,9 @@ class _FreeView(Mapping[str, int]):
         # Two snapshots of one cluster: their counts compared in C (a blocked head is
         # compared with the last one at every cycle).
         if isinstance(other, _FreeView) and other._names is self._names:
-            return self._free == other._free
+            # Most changes between two snapshots change the total: then the counts of
+            # many thousands of hosts need not be compared to tell them apart.
+            return self._total == other._total and self._free == other._free
         return super().__eq__(other)
 
     __hash__ = None  # type: ignore[assignment]

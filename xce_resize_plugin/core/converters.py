@@ -10,6 +10,7 @@ into one ``InvalidRequest`` whose message lists each problem as ``… @ $.path``
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Mapping
 from operator import attrgetter
 from typing import Any, TypeVar
@@ -64,27 +65,39 @@ class _EncodedTasks:
     a job of many hosts would have the same tens of thousands of pairs encoded again
     at every transition. The bytes depend only on the tuple's contents (tuples do not
     change), and a kept tuple stays referenced, so its ``id`` is not reused while
-    kept. Small tuples are encoded each time (cheaper than the look-up).
+    kept. Small tuples are encoded each time (cheaper than the look-up). The oldest
+    are dropped first once the kept tuples hold more than ``budget`` tasks.
     """
 
-    __slots__ = ("_kept",)
+    __slots__ = ("_budget", "_kept", "_lock", "_tasks")
 
-    SIZE = 32  #: tuples kept (all are dropped when full: a job's next ones come back)
     SMALL = 64  #: tuples shorter than this are not kept
 
-    def __init__(self) -> None:
+    def __init__(self, budget: int = 1 << 20) -> None:
+        #: Tasks kept in all (by default about 20 MB of encoded pairs at most).
+        self._budget = budget
         self._kept: dict[int, tuple[tuple[Task, ...], orjson.Fragment]] = {}
+        self._tasks = 0
+        # Journals of several controllers may encode at once in one process.
+        self._lock = threading.Lock()
 
     def __call__(self, tasks: tuple[Task, ...]) -> list[tuple[int, str]] | orjson.Fragment:
-        if len(tasks) < self.SMALL:
+        n = len(tasks)
+        if n < self.SMALL:
             return _unstructure_tasks(tasks)
         kept = self._kept.get(id(tasks))
         if kept is not None and kept[0] is tasks:
             return kept[1]
         encoded = orjson.Fragment(_dumps(_unstructure_tasks(tasks)))
-        if len(self._kept) >= self.SIZE:
-            self._kept.clear()
-        self._kept[id(tasks)] = (tasks, encoded)
+        if n <= self._budget:
+            with self._lock:
+                kept_now = self._kept
+                while kept_now and self._tasks + n > self._budget:
+                    old, _ = kept_now.pop(next(iter(kept_now)))
+                    self._tasks -= len(old)
+                if id(tasks) not in kept_now:
+                    kept_now[id(tasks)] = (tasks, encoded)
+                    self._tasks += n
         return encoded
 
 

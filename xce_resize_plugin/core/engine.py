@@ -11,7 +11,9 @@ materialised state exactly (the journal stores both; ``journal verify`` compares
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
+from itertools import compress
+from operator import attrgetter, not_
 from typing import Any, Protocol, TypeVar
 
 from attrs import fields, frozen
@@ -411,7 +413,7 @@ def _decide_release(
         ReleaseAccepted(
             job_id=job.id,
             at=at,
-            tasks=tuple(t for t in tasks if t.id in ids),
+            tasks=_with_ids(tasks, ids),
             notify_cmd=_notify_cmd(job, request.notify_cmd, request.no_notify),
             principal=principal_name,
             cancelled_pending=cancelled,
@@ -1074,10 +1076,10 @@ def _lose(state: ResizeState, fact: TasksLost) -> ResizeState:
     """Fold a host failure into the state: the lost committed tasks leave the
     allocation (a resize record), and the change in flight is settled."""
     lost = {t.id for t in fact.tasks}
-    tasks = tuple(t for t in state.tasks if t.id not in lost)
+    tasks = _without_ids(state.tasks, lost)
     records = state.records
     if len(tasks) != len(state.tasks):
-        delta = tuple(t for t in state.tasks if t.id in lost)
+        delta = _with_ids(state.tasks, lost)
         record = ResizeRecord(
             fact.at, ChangeKind.SHRINK, state.tasks, delta, tasks, fact.version, fact.reason
         )
@@ -1116,7 +1118,7 @@ def _settle(state: ResizeState, lost: set[int]) -> tuple[Change | None, PendingG
         return change, state.pending, phase
     if change.kind is ChangeKind.GROW:
         return _evolve(change, failed=change.failed | mine), state.pending, phase
-    rest = tuple(t for t in change.tasks if t.id not in lost)
+    rest = _without_ids(change.tasks, lost)
     if not rest:
         return None, None, Phase.IDLE
     stopped = change.stopped - lost
@@ -1317,12 +1319,12 @@ def _commit(state: ResizeState, change: Change, fact: Committed) -> ResizeState:
     before = state.tasks
     if change.kind is ChangeKind.GROW:
         # A task that started and then failed (not ready in time) is not added.
-        delta = tuple(t for t in change.tasks if t.id in change.started - change.failed)
+        delta = _with_ids(change.tasks, change.started - change.failed)
         after = before + delta
     else:
         delta = change.tasks
         released = {t.id for t in delta}
-        after = tuple(t for t in before if t.id not in released)
+        after = _without_ids(before, released)
     record = ResizeRecord(fact.at, change.kind, before, delta, after, fact.version)
     return _evolve(
         state,
@@ -1452,14 +1454,28 @@ def _task_run(state: ResizeState, run: Sequence[Fact], out: list[Effect]) -> Res
     return _evolve(state, change=new, charges=_charges(state.charges, run[0].at, held))
 
 
+_id_of = attrgetter("id")
+
+
+def _with_ids(tasks: Sequence[Task], ids: Collection[int]) -> tuple[Task, ...]:
+    """The tasks whose ids are in ``ids``, in their order: filtered in C, for a job of
+    many thousands of tasks (the same as ``t for t in tasks if t.id in ids``)."""
+    return tuple(compress(tasks, map(ids.__contains__, map(_id_of, tasks))))
+
+
+def _without_ids(tasks: Sequence[Task], ids: Collection[int]) -> tuple[Task, ...]:
+    """The tasks whose ids are not in ``ids``, in their order (see :func:`_with_ids`)."""
+    return tuple(compress(tasks, map(not_, map(ids.__contains__, map(_id_of, tasks)))))
+
+
 def _without(tasks: tuple[Task, ...], gone: tuple[Task, ...]) -> tuple[Task, ...]:
     ids = {t.id for t in gone}
-    return tuple(t for t in tasks if t.id not in ids)
+    return _without_ids(tasks, ids)
 
 
 def _unresolved(change: Change) -> tuple[Task, ...]:
     done = change.started | change.failed | change.stopped
-    return tuple(t for t in change.tasks if t.id not in done)
+    return _without_ids(change.tasks, done)
 
 
 def resume_effects(state: ResizeState) -> list[Effect]:

@@ -26,9 +26,10 @@ def test_reserve_and_free_are_idempotent_per_task_id() -> None:
     assert c.reserve("1", [Task(0, "a"), Task(1, "a")]) == [Task(0, "a"), Task(1, "a")]
     assert c.reserve("1", [Task(0, "a")]) == []  # already held: no-op
     assert c.free_slots() == {"a": 0, "b": 2}
-    assert c.free("1", [1, 7]) == [Task(1, "a")]  # 7 unknown: ignored
-    assert c.free("1", [1]) == []
-    assert c.free("unknown-job", [0]) == []
+    assert c.free("1", [1, 7]) == 1  # 7 unknown: ignored
+    assert c.held("1") == {0: "a"}
+    assert c.free("1", [1]) == 0
+    assert c.free("unknown-job", [0]) == 0
     assert c.free_slots() == {"a": 1, "b": 2}
     assert c.check() == []
 
