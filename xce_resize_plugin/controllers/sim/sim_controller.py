@@ -128,6 +128,7 @@ TasksSpec = int | str | tuple[int, int]
 
 #: Task states whose process may still be alive.
 _LIVE = (TaskState.STARTING, TaskState.RUNNING, TaskState.STOPPING)
+_STOPPABLE = (TaskState.STARTING, TaskState.RUNNING)
 
 
 _third = operator.itemgetter(2)
@@ -593,20 +594,32 @@ class EmbeddedController:
     def stop_tasks(self, job_id: str, task_ids: Sequence[int], grace: float) -> None:
         with self._lock:
             job = self._job(job_id)
-            for tid in task_ids:
-                rec = job.task_states.get(tid)
-                if rec is None:
-                    self._events.put(TaskEvent(job_id, tid, "exited", None, "no such task"))
-                elif rec.state in (TaskState.STARTING, TaskState.RUNNING):
-                    rec.state = TaskState.STOPPING
-                    rec.stop_since = self.now()
-                    rec.grace = grace
-                    self._changed(job_id)
-                    self._runner_stop(job_id, tid, grace, rec.stop_since)
-                elif rec.state is TaskState.STOPPING:
-                    continue  # its exit will be reported
-                else:
-                    self._events.put(TaskEvent(job_id, tid, "exited", rec.status, rec.reason))
+            # A release stops thousands of tasks of a large job at one instant: what
+            # does not change from task to task is looked up once.
+            get, now, stop, put = (
+                job.task_states.get,
+                self.now(),
+                self._runner.stop,
+                self._events.put,
+            )
+            stopping = False
+            with self._in_runner:
+                for tid in task_ids:
+                    rec = get(tid)
+                    if rec is None:
+                        put(TaskEvent(job_id, tid, "exited", None, "no such task"))
+                    elif rec.state in _STOPPABLE:
+                        rec.state = TaskState.STOPPING
+                        rec.stop_since = now
+                        rec.grace = grace
+                        stopping = True
+                        stop(job_id, tid, grace, now)
+                    elif rec.state is TaskState.STOPPING:
+                        continue  # its exit will be reported
+                    else:
+                        put(TaskEvent(job_id, tid, "exited", rec.status, rec.reason))
+            if stopping:
+                self._changed(job_id)
             self._flush()
 
     def run_notification(
