@@ -14,7 +14,7 @@ free-slot view and ``slot_headroom`` first.
 from __future__ import annotations
 
 import enum
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Iterable, Iterator, Mapping, MutableMapping, Sequence
 from functools import partial
 from itertools import chain, repeat
@@ -440,12 +440,12 @@ class Cluster:
         for host, count in hosts.items():
             if host not in pos:
                 self._use(host, -count)
-        names = tuple(h for h in hosts if h in pos)
+        # Host by host, but each step in C: a resized job of many hosts ends here.
+        names = tuple(filter(pos.__contains__, hosts))
         counts = tuple(map(hosts.__getitem__, names))
         idx = list(map(pos.__getitem__, names))
         used = list(map(sub, map(used_at.__getitem__, idx), counts))
-        for i, u in zip(idx, used, strict=True):
-            used_at[i] = u
+        deque(map(used_at.__setitem__, idx, used), maxlen=0)  # used_at[i] = u for each
         left = list(map(sub, map(slots.__getitem__, names), used))
         if min(left, default=0) < 0:  # over its slots (restored after a shrink)
             left = [max(0, n) for n in left]
