@@ -67,8 +67,8 @@ __all__ = [
     "Reservation",
     "RunningJob",
     "Start",
-    "can_ever_fit",
     "easy_pass",
+    "empty_capacity",
     "reservation_for",
 ]
 
@@ -156,15 +156,11 @@ class PassResult:
     reservation: Reservation | None
 
 
-def can_ever_fit(
-    hosts: Mapping[str, int], min_tasks: int, ptile: int | None, limit: int | None
-) -> bool:
-    """Whether the job could start on the empty cluster (else it would pend forever)."""
-    if limit is not None and limit < min_tasks:
-        return False
+def empty_capacity(hosts: Mapping[str, int], ptile: int | None) -> int:
+    """How many tasks of a job with at most ``ptile`` per host fit on the empty cluster."""
     if ptile is None:
-        return sum(hosts.values()) >= min_tasks
-    return sum(min(n, ptile) for n in hosts.values()) >= min_tasks
+        return sum(hosts.values())
+    return sum(min(n, ptile) for n in hosts.values())
 
 
 def _groups(now: float, running: Iterable[RunningJob]) -> Iterator[tuple[float, list[RunningJob]]]:

@@ -190,3 +190,30 @@ def test_submit_job_passes_on_every_option(make_ctl: CtlFactory) -> None:
     seen = {name: getattr(record, name) for name in names}
     seen["initial"] = record.initial_tasks
     assert seen == attrs.asdict(options, recurse=False)
+
+
+def test_a_job_that_could_never_start_is_refused_whatever_came_before(
+    make_ctl: CtlFactory,
+) -> None:
+    """A submission that cannot start even on the empty cluster (too many tasks, too
+    many for its ptile, above its user's limit) is refused; the empty cluster's
+    capacity is kept per ptile, so earlier submissions of other sizes change nothing."""
+    from xce_resize_plugin.controllers.sim import SubmissionRejected
+
+    ctl = make_ctl(hosts={"a": 3, "b": 2}, user_slots={"bob": 2})
+    for n, ptile, user, ok in [
+        (5, None, "u", True),
+        (6, None, "u", False),
+        (2, 1, "u", True),
+        (3, 1, "u", False),
+        (4, 2, "u", True),
+        (5, 2, "u", False),
+        (2, None, "bob", True),
+        (3, None, "bob", False),
+        (5, None, "u", True),
+    ]:
+        if ok:
+            ctl.submit(user, n, ptile=ptile, runtime=1)
+        else:
+            with pytest.raises(SubmissionRejected, match="can never start"):
+                ctl.submit(user, n, ptile=ptile, runtime=1)

@@ -88,8 +88,8 @@ from xce_resize_plugin.controllers.scheduler import (
     PendingJob,
     Reservation,
     RunningJob,
-    can_ever_fit,
     easy_pass,
+    empty_capacity,
 )
 from xce_resize_plugin.controllers.sim.events import EventQueue, NotifyDone, Timeline
 from xce_resize_plugin.controllers.sim.work import JobWork
@@ -473,7 +473,7 @@ class EmbeddedController:
         # Per running job, the generation of its scheduled end: a job whose end moved
         # (work-based run time) leaves a stale timeline entry that must do nothing.
         self._end_gen: dict[str, int] = {}
-        self._fits: dict[tuple[int, int | None, int | None], bool] = {}
+        self._capacity: dict[int | None, int] = {}
         self._queue: list[tuple[tuple[float, tuple[int, int, str]], str]] = []
         self._pending_views: dict[str, PendingJob] = {}
         # The pending views in queue order, kept beside _queue (same positions), so a
@@ -1699,13 +1699,16 @@ class EmbeddedController:
         return job.alloc
 
     def _can_ever_fit(self, min_tasks: int, ptile: int | None, limit: int | None) -> bool:
-        # Memoised: hosts never change while the controller runs, and a trace submits
-        # hundreds of thousands of jobs of a few hundred distinct shapes.
-        key = (min_tasks, ptile, limit)
-        fits = self._fits.get(key)
-        if fits is None:
-            fits = self._fits[key] = can_ever_fit(self._cluster.hosts, min_tasks, ptile, limit)
-        return fits
+        """Whether the job could start on the empty cluster (else it would pend
+        forever). The empty cluster's capacity is kept per ``ptile``: hosts never change
+        while the controller runs, and a workload of jobs of thousands of sizes must
+        not walk every host at each submission."""
+        if limit is not None and limit < min_tasks:
+            return False
+        cap = self._capacity.get(ptile)
+        if cap is None:
+            cap = self._capacity[ptile] = empty_capacity(self._cluster.hosts, ptile)
+        return cap >= min_tasks
 
     @staticmethod
     def _queue_key(job: JobRecord) -> tuple[float, tuple[int, int, str]]:
