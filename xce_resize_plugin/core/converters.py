@@ -69,13 +69,13 @@ class _EncodedTasks:
     are dropped first once the kept tuples hold more than ``budget`` tasks.
     """
 
-    __slots__ = ("_budget", "_kept", "_lock", "_tasks")
+    __slots__ = ("_budget", "_kept", "_lock", "_small", "_tasks")
 
-    SMALL = 64  #: tuples shorter than this are not kept
-
-    def __init__(self, budget: int = 1 << 20) -> None:
+    def __init__(self, budget: int = 1 << 20, small: int = 256) -> None:
         #: Tasks kept in all (by default about 20 MB of encoded pairs at most).
         self._budget = budget
+        #: Tuples shorter than this are not kept: most jobs, with nothing to gain.
+        self._small = small
         self._kept: dict[int, tuple[tuple[Task, ...], orjson.Fragment]] = {}
         self._tasks = 0
         # Journals of several controllers may encode at once in one process.
@@ -83,7 +83,7 @@ class _EncodedTasks:
 
     def __call__(self, tasks: tuple[Task, ...]) -> list[tuple[int, str]] | orjson.Fragment:
         n = len(tasks)
-        if n < self.SMALL:
+        if n < self._small:
             return _unstructure_tasks(tasks)
         kept = self._kept.get(id(tasks))
         if kept is not None and kept[0] is tasks:

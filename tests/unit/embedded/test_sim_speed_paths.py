@@ -209,7 +209,7 @@ def test_history_rows_written_per_transition_rebuild_the_state(
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.integers(1, 150), min_size=1, max_size=50))
+@given(st.lists(st.integers(1, 600), min_size=1, max_size=30))
 def test_allocations_encode_to_the_same_bytes_kept_or_not(sizes: list[int]) -> None:
     """The journal keeps the bytes of the allocations it encoded last: a tuple encoded
     again (kept, or dropped when the keep was full), and a new tuple equal to an old
@@ -242,7 +242,7 @@ def test_the_kept_encodings_stay_within_their_budget(uses: list[tuple[int, int]]
     is the plain encoding, and the kept tuples never hold more tasks than the budget."""
     import orjson
 
-    memo = converters._EncodedTasks(budget=300)
+    memo = converters._EncodedTasks(budget=300, small=4)
     made: dict[int, tuple[Task, ...]] = {}
     for key, n in uses:
         tasks = made.setdefault(key, tuple(Task(k, f"h{(k + key) % 7}") for k in range(n)))
