@@ -545,11 +545,10 @@ def test_a_deferred_launch_lost_in_a_crash_is_decided_again(tmp_path: Path) -> N
     world.ctl.settle()
     assert len(world.ctl.job(job).tasks) == 4
     check(world)  # among others: no task started twice
-    assert kinds()[-5:] == [
+    assert kinds()[-4:] == [
         "GrowPlaced",
         "TasksLaunched",
-        "TaskStarted",
-        "TaskStarted",
+        "TasksStarted",  # the two starts, reported together
         "Committed",
     ]
     assert audit.replay_problems(tmp_path / "resize") == []

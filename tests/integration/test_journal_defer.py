@@ -59,8 +59,7 @@ def test_an_accepted_request_waits_for_the_next_write(tmp_path: Path) -> None:
         ("1", "GrowRequested"),
         ("1", "GrowPlaced"),
         ("1", "TasksLaunched"),
-        ("1", "TaskStarted"),
-        ("1", "TaskStarted"),
+        ("1", "TasksStarted"),  # the two starts, reported together
         ("1", "Committed"),
     ]
 

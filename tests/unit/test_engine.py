@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from xce_resize_plugin import default_policies, errors
 from xce_resize_plugin.core import engine
+from xce_resize_plugin.core import events as job_events
 from xce_resize_plugin.core.models import (
     CancelRequest,
     ChangeKind,
@@ -35,6 +36,8 @@ from xce_resize_plugin.core.models import (
     ResizeState,
     Task,
     TasksLaunched,
+    TasksStarted,
+    TasksStopped,
     TaskStarted,
     TaskStartFailed,
     TaskStopped,
@@ -523,7 +526,19 @@ def test_a_batch_decides_what_single_events_decide(
         state = run(state, facts)
         assert state.held_count == len(state.held)
     batched = engine.decide_task_events(start, batch, 5.0, SETTINGS)
-    assert batched == one_by_one
+    # The same facts, but a run of starts (or of stops with one status) is one fact.
+    assert _one_per_task(batched) == one_by_one
+    assert not any(map(_mergeable, batched, batched[1:])), batched
+
+    # The job events tell the same: the stopped tasks (one event for a run of them)
+    # and every other event as it was.
+    def told(facts: list[Fact]) -> tuple[list[int], list[tuple[str, object]]]:
+        got = job_events.project(facts, prior=start)
+        exited = [i for e in got if e.type == "tasks_exited" for i in e.data["task_ids"]]
+        rest = [(e.type, dict(e.data)) for e in got if e.type != "tasks_exited"]
+        return exited, rest
+
+    assert told(batched) == told(one_by_one)
     if batched:
         assert run(start, batched) == state
     # transition() folds the run of task facts at once: the same state, and the same
@@ -542,13 +557,37 @@ def test_a_batch_decides_what_single_events_decide(
     ]
 
 
+def _mergeable(a: Fact, b: Fact) -> bool:
+    """Two facts that decide_task_events should have written as one."""
+    starts = (TaskStarted, TasksStarted)
+    stops = (TaskStopped, TasksStopped)
+    if isinstance(a, starts) and isinstance(b, starts):
+        return True
+    return isinstance(a, stops) and isinstance(b, stops) and a.status == b.status
+
+
+def _one_per_task(facts: list[Fact]) -> list[Fact]:
+    """The facts with each TasksStarted / TasksStopped as one fact per task."""
+    out: list[Fact] = []
+    for f in facts:
+        if isinstance(f, TasksStarted):
+            out += [TaskStarted(f.job_id, f.at, i) for i in f.task_ids]
+        elif isinstance(f, TasksStopped):
+            out += [TaskStopped(f.job_id, f.at, i, f.status) for i in f.task_ids]
+        else:
+            out.append(f)
+    return out
+
+
 def test_a_batch_completes_a_grow_in_one_decision() -> None:
     start = _in_flight(True, 3, 0)
     ids = [t.id for t in start.change.tasks]  # type: ignore[union-attr]
     batch = [TaskEvent("101", i, "started") for i in ids] + [TaskEvent("101", ids[0], "exited")]
     facts = engine.decide_task_events(start, batch, 5.0, SETTINGS)
-    # The exit after the commit is one of a committed task: a job event, nothing more.
-    assert [type(f).__name__ for f in facts] == ["TaskStarted"] * 3 + ["Committed", "TaskExited"]
+    # The three starts are one fact; the exit after the commit is one of a committed
+    # task: a job event, nothing more.
+    assert [type(f).__name__ for f in facts] == ["TasksStarted", "Committed", "TaskExited"]
+    assert facts[0] == TasksStarted("101", 5.0, tuple(ids))
     state = run(start, facts)
     assert state.change is None and len(state.tasks) == 7 and state.held_count == 7
 

@@ -933,3 +933,47 @@ def test_schema_1_journal_is_refused_naming_the_way_out(jdir: Path) -> None:
         with pytest.raises(JournalError, match=r"schema 1.*journal export") as err:
             Journal.open(jdir, readonly=readonly)
         assert data_file(jdir) in str(err.value)
+
+
+def test_a_schema_2_journal_is_read_and_upgraded_when_written(jdir: Path) -> None:
+    """A journal of schema 2 (before the facts of several tasks) is read as it is, and
+    marked as of this schema when opened for writing, before anything new is written:
+    a version that reads only schema 2 then refuses it as newer. Nothing is lost."""
+    make_journal(jdir, jobs=3)
+    with Journal.open(jdir, readonly=True) as j:
+        before = list(j.facts())
+    env = raw_env(jdir)
+    meta = env.open_db(b"meta", create=False)
+    with env.begin(write=True) as txn:
+        txn.put(b"schema", (2).to_bytes(8, "big"), db=meta)
+    env.close()
+
+    def stored_schema() -> int:
+        env = raw_env(jdir)
+        meta = env.open_db(b"meta", create=False)
+        with env.begin() as txn:
+            raw = txn.get(b"schema", db=meta)
+        env.close()
+        assert raw is not None
+        return int.from_bytes(raw, "big")
+
+    with Journal.open(jdir, readonly=True) as j:  # read, not changed
+        assert list(j.facts()) == before
+    assert stored_schema() == 2
+    with Journal.open(jdir) as j:
+        assert list(j.facts()) == before
+    assert stored_schema() == SCHEMA == 3
+    assert verify(jdir).ok
+
+
+@pytest.mark.parametrize("schema", [0, 1, 4])
+def test_a_schema_it_does_not_read_is_refused_by_name(jdir: Path, schema: int) -> None:
+    make_journal(jdir, jobs=1)
+    env = raw_env(jdir)
+    meta = env.open_db(b"meta", create=False)
+    with env.begin(write=True) as txn:
+        txn.put(b"schema", schema.to_bytes(8, "big"), db=meta)
+    env.close()
+    with pytest.raises(JournalError, match=f"schema {schema}|newer") as err:
+        Journal.open(jdir)
+    assert data_file(jdir) in str(err.value)

@@ -39,6 +39,7 @@ from xce_resize_plugin.core.models import (
     TargetRequest,
     Task,
     TasksLost,
+    TasksStopped,
     TaskStopped,
     host_counts,
 )
@@ -152,6 +153,10 @@ def _omit_new_defaults(conv: cattrs.Converter) -> None:
     conv.register_unstructure_hook(
         TaskStopped,
         make_dict_unstructure_fn(TaskStopped, conv, status=override(omit_if_default=True)),
+    )
+    conv.register_unstructure_hook(
+        TasksStopped,
+        make_dict_unstructure_fn(TasksStopped, conv, status=override(omit_if_default=True)),
     )
     conv.register_unstructure_hook(
         Change,

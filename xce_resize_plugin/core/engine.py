@@ -60,6 +60,8 @@ from xce_resize_plugin.core.models import (
     TasksDrained,
     TasksLaunched,
     TasksLost,
+    TasksStarted,
+    TasksStopped,
     TaskStarted,
     TaskStartFailed,
     TaskStopped,
@@ -833,7 +835,13 @@ def decide_task_events(
     a batch of the job's events, in order, exactly as if each had been decided alone
     on the state the previous ones led to. Events of other tasks (or other jobs) and
     repeated reports are ignored. A committed task outside the change that exited on
-    its own is a :class:`TaskExited` fact (a job event; the task stays allocated)."""
+    its own is a :class:`TaskExited` fact (a job event; the task stays allocated).
+
+    Consecutive starts, and consecutive stops with the same exit status, are one fact
+    (:class:`TasksStarted`, :class:`TasksStopped`; a single one stays a
+    :class:`TaskStarted` or :class:`TaskStopped`): they fold into the same state as
+    one fact per task (tested), and a release of thousands of tasks writes one record.
+    """
     change = state.change
     events = list(events)
     if change is None:
@@ -845,11 +853,15 @@ def decide_task_events(
     stopping = state.phase in (Phase.SHRINK_STOPPING, Phase.SHRINK_DRAINING)
     job_id = state.job_id
     facts: list[Fact] = []
+    run = _Run(job_id, at, facts)
     done = started | failed | stopped  # grows with the three sets: not rebuilt per event
     for i, event in enumerate(events):
         task_id, kind = event.task_id, event.kind
         if task_id not in ids or event.job_id != job_id:
-            facts.extend(_exits(state, (event,), ids, at))
+            exits = _exits(state, (event,), ids, at)
+            if exits:  # (mostly none: another job's event, a repeated report)
+                run.flush()
+                facts.extend(exits)
             continue
         if starting:
             if task_id in failed:
@@ -860,24 +872,27 @@ def decide_task_events(
                 # Gone before it was ready: it will never be; its slot is freed now.
                 failed.add(task_id)
                 reason = f"exited before it was ready: {event.reason}"
+                run.flush()
                 facts.append(TaskStartFailed(job_id, at, task_id, reason))
             elif kind == "started":
                 started.add(task_id)
                 done.add(task_id)
-                facts.append(TaskStarted(job_id=job_id, at=at, task_id=task_id))
+                run.add(True, None, task_id)
             elif kind in ("start_failed", "exited"):
                 failed.add(task_id)
                 done.add(task_id)
+                run.flush()
                 facts.append(
                     TaskStartFailed(job_id=job_id, at=at, task_id=task_id, reason=event.reason)
                 )
         elif stopping and kind == "exited" and task_id not in stopped:
             stopped.add(task_id)
             done.add(task_id)
-            facts.append(TaskStopped(job_id=job_id, at=at, task_id=task_id, status=event.status))
+            run.add(False, event.status, task_id)
         if len(done) == len(ids) and not readiness.awaiting(change, started - failed, state.ready):
             # The change is complete (a grow that waits for readiness only once its
             # tasks are ready: decide_ready): later events find no change in flight.
+            run.flush()
             facts.append(_completion(state, change, bool(started - failed), at, settings))
             facts = with_demand(state, facts, at, settings)
             rest = events[i + 1 :]
@@ -889,7 +904,48 @@ def decide_task_events(
             for fact in facts:
                 after = evolve(after, fact)
             return facts + _exits(after, rest, set(), at)
+    run.flush()
     return facts
+
+
+class _Run:
+    """The starts, or the stops of one exit status, of :func:`decide_task_events` not
+    yet written as a fact: one fact when the run ends (another kind of event, another
+    status, another fact, or the end of the batch)."""
+
+    __slots__ = ("_at", "_facts", "_ids", "_job_id", "_started", "_status")
+
+    def __init__(self, job_id: str, at: float, facts: list[Fact]) -> None:
+        self._job_id, self._at, self._facts = job_id, at, facts
+        self._ids: list[int] = []
+        self._started = False
+        self._status: int | None = None
+
+    def add(self, started: bool, status: int | None, task_id: int) -> None:
+        """One more start (``started``) or stop (with ``status``)."""
+        if self._ids and (started is not self._started or status != self._status):
+            self.flush()
+        self._started, self._status = started, status
+        self._ids.append(task_id)
+
+    def flush(self) -> None:
+        ids = self._ids
+        if not ids:
+            return
+        job_id, at = self._job_id, self._at
+        fact: Fact
+        if self._started:
+            fact = (
+                TaskStarted(job_id, at, ids[0])
+                if len(ids) == 1
+                else TasksStarted(job_id, at, tuple(ids))
+            )
+        elif len(ids) == 1:
+            fact = TaskStopped(job_id, at, ids[0], self._status)
+        else:
+            fact = TasksStopped(job_id, at, tuple(ids), self._status)
+        self._facts.append(fact)
+        self._ids = []
 
 
 def _exits(
@@ -1280,6 +1336,12 @@ def _apply_to_change(state: ResizeState, fact: Fact) -> ResizeState:
     if isinstance(fact, TaskStopped):
         assert change is not None
         return _evolve(state, change=_evolve(change, stopped=change.stopped | {fact.task_id}))
+    if isinstance(fact, TasksStarted):
+        assert change is not None
+        return _evolve(state, change=_evolve(change, started=change.started | set(fact.task_ids)))
+    if isinstance(fact, TasksStopped):
+        assert change is not None
+        return _evolve(state, change=_evolve(change, stopped=change.stopped | set(fact.task_ids)))
     if isinstance(fact, GrowReverted):
         assert change is not None
         return _abandon(state, change, fact.gave_up)
@@ -1383,6 +1445,8 @@ def effects(before: ResizeState | None, fact: Fact, after: ResizeState) -> list[
         return [Stop(job_id, tuple(t.id for t in _unresolved(change)))]
     if isinstance(fact, TaskStartFailed | TaskStopped):
         return [Free(job_id, (fact.task_id,))]
+    if isinstance(fact, TasksStopped):
+        return [Free(job_id, fact.task_ids)]
     if isinstance(fact, ReadyTimedOut):
         # Stopped (SIGTERM, grace, SIGKILL) and freed now, as a task failing to start.
         return [Stop(job_id, fact.task_ids), Free(job_id, fact.task_ids)]
@@ -1399,7 +1463,7 @@ def effects(before: ResizeState | None, fact: Fact, after: ResizeState) -> list[
 #: (docs/failover.md). With ``journal_defer`` the runtime writes them with the next
 #: transaction rather than in one of their own.
 DEFERRABLE = (TasksLaunched,)
-_TASK_FACTS = (TaskStarted, TaskStartFailed, TaskStopped)
+_TASK_FACTS = (TaskStarted, TaskStartFailed, TaskStopped, TasksStarted, TasksStopped)
 
 
 def transition(
@@ -1436,9 +1500,14 @@ def _task_run(state: ResizeState, run: Sequence[Fact], out: list[Effect]) -> Res
     for fact in run:
         if isinstance(fact, TaskStarted):
             started.add(fact.task_id)
+        elif isinstance(fact, TasksStarted):
+            started.update(fact.task_ids)
         elif isinstance(fact, TaskStartFailed):
             failed.add(fact.task_id)
             freed.append(fact.task_id)
+        elif isinstance(fact, TasksStopped):
+            stopped.update(fact.task_ids)
+            freed.extend(fact.task_ids)
         else:
             assert isinstance(fact, TaskStopped)
             stopped.add(fact.task_id)

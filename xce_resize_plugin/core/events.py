@@ -27,6 +27,7 @@ from xce_resize_plugin.core.models import (
     Task,
     TaskExited,
     TasksLost,
+    TasksStopped,
     TaskStopped,
 )
 from xce_resize_plugin.errors import UnknownEventCursor
@@ -126,6 +127,10 @@ def _of_fact(
     if isinstance(fact, TaskStopped | TaskExited):
         reason = fact.reason if isinstance(fact, TaskExited) else "stopped"
         data = {"task_ids": [fact.task_id], "status": fact.status, "reason": reason}
+        return [("tasks_exited", data)]
+    if isinstance(fact, TasksStopped):
+        # Tasks stopped at one instant with one status: one event naming them all.
+        data = {"task_ids": list(fact.task_ids), "status": fact.status, "reason": "stopped"}
         return [("tasks_exited", data)]
     if isinstance(fact, TasksLost):
         return _lost(before, fact, after)

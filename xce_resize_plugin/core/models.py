@@ -566,6 +566,27 @@ class TaskStopped:
 
 
 @frozen
+class TasksStarted:
+    """Several of a grow's new tasks are running (:class:`TaskStarted` for each, as one
+    fact: a grow of thousands of tasks writes one record, not thousands)."""
+
+    job_id: str
+    at: float
+    task_ids: tuple[int, ...]
+
+
+@frozen
+class TasksStopped:
+    """Several of a shrink's tasks are gone, all with the same ``status``
+    (:class:`TaskStopped` for each, as one fact); their slots are freed at this fact."""
+
+    job_id: str
+    at: float
+    task_ids: tuple[int, ...]
+    status: int | None = None
+
+
+@frozen
 class GrowReverted:
     """No task of a grow started: the grow is pending again (or given up)."""
 
@@ -687,6 +708,8 @@ Fact = (
     | TaskStarted
     | TaskStartFailed
     | TaskStopped
+    | TasksStarted
+    | TasksStopped
     | GrowReverted
     | Committed
     | JobEnded
@@ -712,6 +735,8 @@ FACT_TYPES: tuple[type, ...] = (
     TaskStarted,
     TaskStartFailed,
     TaskStopped,
+    TasksStarted,
+    TasksStopped,
     GrowReverted,
     Committed,
     JobEnded,

@@ -11,6 +11,7 @@ shares one :class:`SharedEnv`, reference-counted and found by the data file's id
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -30,8 +31,11 @@ from xce_resize_plugin.journal.records import (
     SCHEMA,
     SCHEMA_KEY,
     U64,
+    UPGRADABLE,
 )
 from xce_resize_plugin.journal.turn import TurnLock
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     _Db = lmdb._Database
@@ -172,12 +176,28 @@ def _open_dbs(env: lmdb.Environment, data_file: Path, *, readonly: bool) -> dict
     if not has_meta and readonly:
         raise JournalError(f"{data_file}: an empty LMDB environment, not a journal yet")
     if has_meta:
-        _check_schema(env, data_file)
+        schema = _check_schema(env, data_file)
         dbs = _existing_dbs(env, data_file)
+        if schema != SCHEMA and not readonly:
+            _upgrade(env, dbs, data_file, schema)
     else:
         dbs = _create_dbs(env, data_file)
     _check_schema(env, data_file)
     return dbs
+
+
+def _upgrade(env: lmdb.Environment, dbs: dict[str, _Db], data_file: Path, schema: int) -> None:
+    """Mark a journal of an older schema this version reads (``UPGRADABLE``) as of this
+    one, before anything of the new schema is written to it: from then on an older
+    version refuses it as newer instead of failing on a fact it does not know."""
+    try:
+        with env.begin(write=True) as txn:
+            txn.put(SCHEMA_KEY, U64.pack(SCHEMA), db=dbs[META])
+    except lmdb.Error as exc:
+        raise JournalError(
+            f"{data_file}: cannot upgrade journal schema {schema} to {SCHEMA} ({lmdb_reason(exc)})"
+        ) from exc
+    log.info("%s: journal schema %s upgraded to %s", data_file, schema, SCHEMA)
 
 
 def _existing_dbs(env: lmdb.Environment, data_file: Path) -> dict[str, _Db]:
@@ -212,9 +232,9 @@ def _create_dbs(env: lmdb.Environment, data_file: Path) -> dict[str, _Db]:
     return dbs
 
 
-def _check_schema(env: lmdb.Environment, data_file: Path) -> None:
-    """Refuse a journal of another schema before opening its databases (a different
-    schema may have different ones)."""
+def _check_schema(env: lmdb.Environment, data_file: Path) -> int:
+    """Refuse a journal of a schema this version does not read before opening its
+    databases (a different schema may have different ones); return its schema."""
     try:
         meta = env.open_db(META.encode(), create=False)
         with env.begin() as txn:
@@ -223,7 +243,7 @@ def _check_schema(env: lmdb.Environment, data_file: Path) -> None:
         raise JournalError(f"{data_file}: damaged ({lmdb_reason(exc)})") from exc
     if raw is None or len(raw) != U64.size:
         raise JournalError(f"{data_file}: damaged: meta has no valid schema version")
-    (schema,) = U64.unpack(raw)
+    schema: int = U64.unpack(raw)[0]
     if schema > SCHEMA:
         raise JournalError(
             f"{data_file}: written by a newer version (journal schema {schema}, this version "
@@ -232,9 +252,10 @@ def _check_schema(env: lmdb.Environment, data_file: Path) -> None:
     if schema == 1:
         raise JournalError(
             f"{data_file}: journal schema 1, written by an earlier development version of "
-            f"xce_resize_plugin (this version reads schema {SCHEMA} only); export its facts "
+            f"xce_resize_plugin (this version reads schemas 2 and {SCHEMA}); export its facts "
             "with that version (`xce-resize journal export`) and start from a new state "
             "directory"
         )
-    if schema < 1:
+    if schema < 1 or (schema != SCHEMA and schema not in UPGRADABLE):
         raise JournalError(f"{data_file}: unknown journal schema {schema}")
+    return schema

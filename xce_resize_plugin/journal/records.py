@@ -36,9 +36,13 @@ from typing import TYPE_CHECKING, Final
 if TYPE_CHECKING:
     import lmdb
 
-#: The storage schema this version writes and the only one it reads (schema 1 kept a
-#: job's resize records and charge steps inside its state; see docs/journal-format.md).
-SCHEMA: Final = 2
+#: The storage schema this version writes (schema 1 kept a job's resize records and
+#: charge steps inside its state; schema 3 added the facts of several tasks at once,
+#: ``TasksStarted`` and ``TasksStopped``; see docs/journal-format.md).
+SCHEMA: Final = 3
+#: Older schemas this version reads, and upgrades in place when it opens the journal
+#: for writing (what they hold is a subset of what this one may hold).
+UPGRADABLE: Final = (2,)
 
 DATA_FILE: Final = "data.mdb"
 FACTS, INDEX, JOBS, DONE, META = "facts", "index", "jobs", "done", "meta"
