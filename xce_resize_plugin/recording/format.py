@@ -97,7 +97,9 @@ in order (times included: the replay is instant for instant). For a live recordi
 per job and in order: where it started ({host: tasks}), and its facts without their
 times (``at`` and every ``*_at`` field: live time never repeats); a live recording
 without its ``closed`` line (the controller crashed) is compared as a prefix (each
-job's recorded facts must be the first ones the replay produced for it).
+job's recorded facts must be the first ones the replay produced for it). Either way a
+fact of several tasks is compared as the per-task facts it stands for
+(:func:`.replay.one_per_task`).
 
 Lines of an unknown ``kind`` are an error (a newer format), not skipped; so are lines
 missing a field replay needs, and kinds of the other controller's variant.

@@ -16,6 +16,7 @@ from xce_resize_plugin.recording.format import RecordingError, check_line, read_
 from xce_resize_plugin.recording.replay import (
     MAX_PROBLEMS,
     compare_live,
+    one_per_task,
     replay,
     show_fact,
     timeless,
@@ -174,6 +175,30 @@ def test_compare_live_lists_the_first_difference_of_each_job() -> None:
         "job 101 fact 2: live GrowPlaced tasks=[1@h1, 2@h2]; replay GrowPlaced tasks=[1@h1, 2@h1]",
         "job 102 fact 1: live ReleaseAccepted tasks=[1@h2]; replay ReleaseAccepted tasks=[2@h2]",
     ]
+
+
+def test_starts_and_stops_batched_otherwise_are_the_same_run() -> None:
+    """A live run whose agents reported a grow's starts one by one (or a recording made
+    before the facts of several tasks) and a replay that reported them all at once
+    agree; a different task, status or order does not."""
+    apart = [
+        ("101", fact("TaskStarted", 2.0, task_id=1)),
+        ("101", fact("TaskStarted", 2.1, task_id=2)),
+        ("101", fact("TaskStopped", 3.0, task_id=3, status=143)),
+        ("101", fact("TaskStopped", 3.0, task_id=4, status=143)),
+    ]
+    together = [
+        ("101", fact("TasksStarted", 2.0, task_ids=[1, 2])),
+        ("101", fact("TasksStopped", 3.0, task_ids=[3, 4], status=143)),
+    ]
+    assert compare_live([], [], apart, together) == []
+    assert [timeless(f) for _, f in one_per_task(together)] == [timeless(f) for _, f in apart]
+    for changed in (
+        [("101", fact("TasksStarted", 2.0, task_ids=[2, 1])), together[1]],
+        [together[0], ("101", fact("TasksStopped", 3.0, task_ids=[3, 4], status=137))],
+        [together[0], ("101", fact("TasksStopped", 3.0, task_ids=[3, 5], status=143))],
+    ):
+        assert compare_live([], [], apart, changed) != []
 
 
 def test_compare_live_missing_and_extra_facts_and_starts() -> None:
