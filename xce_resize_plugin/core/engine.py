@@ -1327,21 +1327,17 @@ def _apply_to_change(state: ResizeState, fact: Fact) -> ResizeState:
         assert change is not None
         launched = readiness.launched_by(change, fact.at)
         return _evolve(state, change=_evolve(launched, launched=True))
-    if isinstance(fact, TaskStarted):
+    if isinstance(fact, TaskStarted | TasksStarted):
         assert change is not None
-        return _evolve(state, change=_evolve(change, started=change.started | {fact.task_id}))
+        started = change.started | set(_ids_of(fact))
+        return _evolve(state, change=_evolve(change, started=started))
     if isinstance(fact, TaskStartFailed):
         assert change is not None
         return _evolve(state, change=_evolve(change, failed=change.failed | {fact.task_id}))
-    if isinstance(fact, TaskStopped):
+    if isinstance(fact, TaskStopped | TasksStopped):
         assert change is not None
-        return _evolve(state, change=_evolve(change, stopped=change.stopped | {fact.task_id}))
-    if isinstance(fact, TasksStarted):
-        assert change is not None
-        return _evolve(state, change=_evolve(change, started=change.started | set(fact.task_ids)))
-    if isinstance(fact, TasksStopped):
-        assert change is not None
-        return _evolve(state, change=_evolve(change, stopped=change.stopped | set(fact.task_ids)))
+        stopped = change.stopped | set(_ids_of(fact))
+        return _evolve(state, change=_evolve(change, stopped=stopped))
     if isinstance(fact, GrowReverted):
         assert change is not None
         return _abandon(state, change, fact.gave_up)
@@ -1385,8 +1381,7 @@ def _commit(state: ResizeState, change: Change, fact: Committed) -> ResizeState:
         after = before + delta
     else:
         delta = change.tasks
-        released = {t.id for t in delta}
-        after = _without_ids(before, released)
+        after = _without(before, delta)
     record = ResizeRecord(fact.at, change.kind, before, delta, after, fact.version)
     return _evolve(
         state,
@@ -1443,10 +1438,8 @@ def effects(before: ResizeState | None, fact: Fact, after: ResizeState) -> list[
         if change.kind is ChangeKind.GROW:
             return [Launch(job_id, _unresolved(change))]
         return [Stop(job_id, tuple(t.id for t in _unresolved(change)))]
-    if isinstance(fact, TaskStartFailed | TaskStopped):
-        return [Free(job_id, (fact.task_id,))]
-    if isinstance(fact, TasksStopped):
-        return [Free(job_id, fact.task_ids)]
+    if isinstance(fact, TaskStartFailed | TaskStopped | TasksStopped):
+        return [Free(job_id, _ids_of(fact))]
     if isinstance(fact, ReadyTimedOut):
         # Stopped (SIGTERM, grace, SIGKILL) and freed now, as a task failing to start.
         return [Stop(job_id, fact.task_ids), Free(job_id, fact.task_ids)]
@@ -1464,6 +1457,12 @@ def effects(before: ResizeState | None, fact: Fact, after: ResizeState) -> list[
 #: transaction rather than in one of their own.
 DEFERRABLE = (TasksLaunched,)
 _TASK_FACTS = (TaskStarted, TaskStartFailed, TaskStopped, TasksStarted, TasksStopped)
+_TaskFact = TaskStarted | TaskStartFailed | TaskStopped | TasksStarted | TasksStopped
+
+
+def _ids_of(fact: _TaskFact) -> tuple[int, ...]:
+    """The task ids a task fact is about: one, or several (schema 3)."""
+    return fact.task_ids if isinstance(fact, TasksStarted | TasksStopped) else (fact.task_id,)
 
 
 def transition(
@@ -1498,20 +1497,16 @@ def _task_run(state: ResizeState, run: Sequence[Fact], out: list[Effect]) -> Res
     started, failed, stopped = set(change.started), set(change.failed), set(change.stopped)
     freed: list[int] = []
     for fact in run:
-        if isinstance(fact, TaskStarted):
-            started.add(fact.task_id)
-        elif isinstance(fact, TasksStarted):
-            started.update(fact.task_ids)
+        assert isinstance(fact, _TASK_FACTS)
+        ids = _ids_of(fact)
+        if isinstance(fact, TaskStarted | TasksStarted):
+            started.update(ids)
         elif isinstance(fact, TaskStartFailed):
-            failed.add(fact.task_id)
-            freed.append(fact.task_id)
-        elif isinstance(fact, TasksStopped):
-            stopped.update(fact.task_ids)
-            freed.extend(fact.task_ids)
+            failed.update(ids)
+            freed.extend(ids)
         else:
-            assert isinstance(fact, TaskStopped)
-            stopped.add(fact.task_id)
-            freed.append(fact.task_id)
+            stopped.update(ids)
+            freed.extend(ids)
     if freed:
         out.append(Free(state.job_id, tuple(freed)))
     new = _evolve(
