@@ -935,6 +935,17 @@ def test_schema_1_journal_is_refused_naming_the_way_out(jdir: Path) -> None:
         assert data_file(jdir) in str(err.value)
 
 
+def stored_schema(jdir: Path) -> int:
+    """The schema number in the journal's meta, read directly."""
+    env = raw_env(jdir)
+    meta = env.open_db(b"meta", create=False)
+    with env.begin() as txn:
+        raw = txn.get(b"schema", db=meta)
+    env.close()
+    assert raw is not None
+    return int.from_bytes(raw, "big")
+
+
 def test_a_schema_2_journal_is_read_and_upgraded_when_written(jdir: Path) -> None:
     """A journal of schema 2 (before the facts of several tasks) is read as it is, and
     marked as of this schema when opened for writing, before anything new is written:
@@ -948,21 +959,12 @@ def test_a_schema_2_journal_is_read_and_upgraded_when_written(jdir: Path) -> Non
         txn.put(b"schema", (2).to_bytes(8, "big"), db=meta)
     env.close()
 
-    def stored_schema() -> int:
-        env = raw_env(jdir)
-        meta = env.open_db(b"meta", create=False)
-        with env.begin() as txn:
-            raw = txn.get(b"schema", db=meta)
-        env.close()
-        assert raw is not None
-        return int.from_bytes(raw, "big")
-
     with Journal.open(jdir, readonly=True) as j:  # read, not changed
         assert list(j.facts()) == before
-    assert stored_schema() == 2
+    assert stored_schema(jdir) == 2
     with Journal.open(jdir) as j:
         assert list(j.facts()) == before
-    assert stored_schema() == SCHEMA == 3
+    assert stored_schema(jdir) == SCHEMA == 3
     assert verify(jdir).ok
 
 
@@ -977,3 +979,4 @@ def test_a_schema_it_does_not_read_is_refused_by_name(jdir: Path, schema: int) -
     with pytest.raises(JournalError, match=f"schema {schema}|newer") as err:
         Journal.open(jdir)
     assert data_file(jdir) in str(err.value)
+    assert stored_schema(jdir) == schema  # refused before anything was written
