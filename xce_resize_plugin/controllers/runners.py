@@ -26,9 +26,9 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, cast
 
 from attrs import define, field, frozen
 
@@ -84,6 +84,13 @@ class TaskReporter(Protocol):
 
     def task_exited(self, job_id: str, task_id: int, status: int | None, reason: str) -> None: ...
 
+    def tasks_exited(
+        self, job_id: str, task_ids: Sequence[int], status: int | None, reason: str
+    ) -> None:
+        """:meth:`task_exited` for several tasks of one job that ended alike at one
+        instant (a release's tasks), in that order."""
+        ...
+
 
 class TaskRunner(Protocol):
     """Starts and stops task processes; reports through the bound reporter.
@@ -97,6 +104,25 @@ class TaskRunner(Protocol):
     def start(self, job_id: str, task: Task, env: Mapping[str, str]) -> None: ...
 
     def stop(self, job_id: str, task_id: int, grace: float, since: float) -> None: ...
+
+
+StopMany = Callable[[str, Sequence[int], float, float], None]
+
+
+def stop_many_of(runner: TaskRunner) -> StopMany:
+    """How to stop several tasks of one job at once with ``runner``: its own
+    ``stop_many(job_id, task_ids, grace, since)`` when it has one (a runner may report
+    them as one :meth:`TaskReporter.tasks_exited`: a release of a job of many hosts
+    stops thousands at one instant), else :meth:`TaskRunner.stop` for each, in order."""
+    many = getattr(runner, "stop_many", None)
+    if many is not None:
+        return cast(StopMany, many)
+
+    def one_by_one(job_id: str, task_ids: Sequence[int], grace: float, since: float) -> None:
+        for tid in task_ids:
+            runner.stop(job_id, tid, grace, since)
+
+    return one_by_one
 
 
 class InRunner:
@@ -182,15 +208,34 @@ class SimTaskRunner:
 
     def stop(self, job_id: str, task_id: int, grace: float, since: float) -> None:
         reporter = self.reporter
-        delay = self.faults.delay(job_id, task_id)
-        if delay <= grace:
-            when, status, reason = since + delay, STATUS_SIGTERM, "SIGTERM"
-        else:
-            when, status, reason = since + max(0.0, grace), STATUS_SIGKILL, "SIGKILL"
+        when, status, reason = _exit_of(self.faults.delay(job_id, task_id), grace, since)
         if when <= reporter.now():
             reporter.task_exited(job_id, task_id, status, reason)
         else:
             reporter.at(when, lambda: reporter.task_exited(job_id, task_id, status, reason))
+
+    def stop_many(self, job_id: str, task_ids: Sequence[int], grace: float, since: float) -> None:
+        """:meth:`stop` for each task; tasks that end alike at one instant are reported
+        together (:meth:`TaskReporter.tasks_exited`), in the order given."""
+        if self.faults.stop_delays:
+            for tid in task_ids:  # delays per task: each its own exit
+                self.stop(job_id, tid, grace, since)
+            return
+        reporter = self.reporter
+        ids = tuple(task_ids)
+        when, status, reason = _exit_of(self.faults.stop_delay, grace, since)
+        if when <= reporter.now():
+            reporter.tasks_exited(job_id, ids, status, reason)
+        else:
+            reporter.at(when, lambda: reporter.tasks_exited(job_id, ids, status, reason))
+
+
+def _exit_of(delay: float, grace: float, since: float) -> tuple[float, int, str]:
+    """When a task stopped at ``since`` exits and how: SIGTERM after ``delay``, or
+    SIGKILL at the end of the grace period."""
+    if delay <= grace:
+        return since + delay, STATUS_SIGTERM, "SIGTERM"
+    return since + max(0.0, grace), STATUS_SIGKILL, "SIGKILL"
 
 
 # -- notifications ------------------------------------------------------------------

@@ -181,7 +181,7 @@ class FreeSlots:
         #: Positions of the hosts taken out (see the module docstring); few or none.
         self._off: frozenset[int] = frozenset()
         #: Whether ``_free`` and ``_words`` are this object's own (a draft shares its
-        #: parent's until its first change).
+        #: parent's until its first change; a snapshot shares ours until our next).
         self._own = True
         for i, n in enumerate(free):
             if n < 0:
@@ -243,9 +243,15 @@ class FreeSlots:
             yield names[i], free[i]
 
     def snapshot(self) -> Mapping[str, int]:
-        """The hosts with free slots -> their free slots, as of now: a copy of the
-        per-host counts (a block copy), read host by host only when someone asks."""
-        return _FreeView(self._names, self._pos, list(self._free), self.total)
+        """The hosts with free slots -> their free slots, as of now, read host by host
+        only when someone asks.
+
+        The snapshot shares the per-host list, and this object copies it at its next
+        change (as a draft does its parent's, :meth:`_mine`): the blocked head is
+        snapshotted at every cycle, and most cycles (a job arriving behind it) change
+        nothing before the next one."""
+        self._own = False
+        return _FreeView(self._names, self._pos, self._free, self.total)
 
     def as_dict(self) -> dict[str, int]:
         """Every host's free slots, in host order (O(hosts): views and checks only)."""
@@ -590,6 +596,8 @@ class _FreeView(Mapping[str, int]):
         if isinstance(other, _FreeView) and other._names is self._names:
             # Most changes between two snapshots change the total: then the counts of
             # many thousands of hosts need not be compared to tell them apart.
+            if self._free is other._free:
+                return True  # taken with no change in between (see snapshot)
             return self._total == other._total and self._free == other._free
         return super().__eq__(other)
 

@@ -22,6 +22,7 @@ from xce_resize_plugin.controllers.runners import (
     NotificationRunner,
     TaskReporter,
     TaskRunner,
+    stop_many_of,
 )
 from xce_resize_plugin.controllers.sim.sim_controller import EmbeddedController
 from xce_resize_plugin.controllers.sim.work import SpeedupWork
@@ -51,6 +52,7 @@ class _RecordingTaskRunner:
     def bind(self, reporter: TaskReporter) -> None:
         self._reporter = reporter
         self._inner.bind(self)
+        self._stop_many = stop_many_of(self._inner)
 
     def start(self, job_id: str, task: Task, env: Mapping[str, str]) -> None:
         self._inside += 1
@@ -63,6 +65,13 @@ class _RecordingTaskRunner:
         self._inside += 1
         try:
             self._inner.stop(job_id, task_id, grace, since)
+        finally:
+            self._inside -= 1
+
+    def stop_many(self, job_id: str, task_ids: Sequence[int], grace: float, since: float) -> None:
+        self._inside += 1
+        try:
+            self._stop_many(job_id, task_ids, grace, since)
         finally:
             self._inside -= 1
 
@@ -102,6 +111,14 @@ class _RecordingTaskRunner:
     def task_exited(self, job_id: str, task_id: int, status: int | None, reason: str) -> None:
         self._record(job_id, task_id, "exited", status, reason)
         self._to.task_exited(job_id, task_id, status, reason)
+
+    def tasks_exited(
+        self, job_id: str, task_ids: Sequence[int], status: int | None, reason: str
+    ) -> None:
+        # A recording has one line per task (the replay answers each stop from it).
+        for tid in task_ids:
+            self._record(job_id, tid, "exited", status, reason)
+        self._to.tasks_exited(job_id, task_ids, status, reason)
 
 
 class _RecordingNotifier:

@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+from itertools import pairwise
 from typing import Any
 
 from hypothesis import given, settings
@@ -80,22 +81,35 @@ def test_free_slots_agree_with_a_plain_map(
 ) -> None:
     """Counts per class, the bitmap of hosts with free slots (more than 64 hosts: several
     words) and greedy placement against a plain map; then a draft's changes stay in the
-    draft."""
+    draft. Snapshots taken on the way (they share the counts until the next change)
+    keep the counts of their instant."""
     names = [f"h{i:03d}" for i in range(len(initial))]
     slots = FreeSlots(names, initial)
     model = dict(zip(names, initial, strict=True))
+    snapshots = [(slots.snapshot(), _open(model))]
     for i, delta in base_changes:
         host = names[i % len(names)]
         model[host] = max(0, model[host] + delta)
         slots.set(host, model[host])
         _agrees(slots, model, ptile)
+        snapshots.append((slots.snapshot(), _open(model)))
     draft, draft_model = slots.draft(), dict(model)
     for i, delta in draft_changes:
         host = names[i % len(names)]
         draft_model[host] = max(0, draft_model[host] + delta)
         draft.set(host, draft_model[host])
         _agrees(draft, draft_model, ptile)
+        snapshots.append((draft.snapshot(), _open(draft_model)))
     _agrees(slots, model, ptile)
+    for snap, expected in snapshots:
+        assert dict(snap) == expected
+    for (a, a_model), (b, b_model) in pairwise(snapshots):
+        assert (a == b) == (a_model == b_model)
+
+
+def _open(model: dict[str, int]) -> dict[str, int]:
+    """The hosts with free slots, as a snapshot lists them."""
+    return {h: n for h, n in model.items() if n}
 
 
 def test_fill_takes_leftovers_only_when_nobody_waits() -> None:
@@ -446,3 +460,81 @@ def test_allocate_on_one_host_refuses_with_the_messages_of_many() -> None:
     with pytest.raises(ContractViolation, match=r"^job 1: 2 slot\(s\) exceed user u's limit of 1$"):
         c.allocate("1", (("a", 2),))
     assert c.held("1") == c.held("2") == {} and c.check() == []
+
+
+class _OneByOne:
+    """A task runner without ``stop_many``: the controller stops task by task."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    def bind(self, reporter: Any) -> None:
+        self._inner.bind(reporter)
+
+    def start(self, job_id: str, task: Task, env: Any) -> None:
+        self._inner.start(job_id, task, env)
+
+    def stop(self, job_id: str, task_id: int, grace: float, since: float) -> None:
+        self._inner.stop(job_id, task_id, grace, since)
+
+
+def _stops_seen(
+    tmp: Any, bulk: bool, stops: list[list[int]], delay: float, grace: float
+) -> tuple[list[tuple[Any, ...]], dict[int, Any]]:
+    """Run a job of 6 tasks whose stops the plugin asks in ``stops`` (one call per list,
+    one cycle apart); return the task events the plugin saw and the task states."""
+    from tests.conftest import make_pm
+    from xce_resize_plugin import hookimpl
+    from xce_resize_plugin.controllers.sim import (
+        EmbeddedController,
+        MemoryStore,
+        SimTaskRunner,
+        TaskFaults,
+    )
+    from xce_resize_plugin.host import Controller, TaskEvent
+
+    seen: list[tuple[Any, ...]] = []
+    todo = list(stops)
+
+    class Stopper:
+        @hookimpl
+        def xce_dispatch_cycle(self, controller: Controller) -> None:
+            if todo:
+                controller.stop_tasks(job, todo.pop(0), grace)
+
+        @hookimpl
+        def xce_task_events(self, controller: Controller, events: list[TaskEvent]) -> None:
+            seen.extend((e.task_id, e.kind, e.status, e.reason, e.stopped) for e in events)
+
+    runner = SimTaskRunner(TaskFaults(stop_delay=delay))
+    ctl = EmbeddedController(
+        make_pm(Stopper()),
+        tmp,
+        {"h1": 4, "h2": 4},
+        store=MemoryStore(),
+        task_runner=runner if bulk else _OneByOne(runner),
+    )
+    job = ctl.submit("u", 6, runtime=1000, alloc={"h1": 3, "h2": 3})
+    for t in (0.0, 1.0, 2.0, 3.0, 50.0):
+        ctl.run(until=t)
+    states = dict(ctl.job(job).task_states)
+    ctl.close()
+    return seen, states
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.lists(st.integers(-1, 7), max_size=8), min_size=1, max_size=3),
+    st.sampled_from([0.0, 2.0, 20.0]),
+    st.sampled_from([0.0, 5.0]),
+)
+def test_a_stop_of_many_tasks_reports_what_stops_one_by_one_report(
+    tmp_path_factory: Any, stops: list[list[int]], delay: float, grace: float
+) -> None:
+    """The simulated runner reports the tasks a release stops together (one
+    ``tasks_exited``): the plugin sees the same task events in the same order, and the
+    tasks end in the same states, as when each is stopped on its own; unknown ids,
+    ids given twice and tasks already stopping or exited included."""
+    bulk = _stops_seen(tmp_path_factory.mktemp("bulk"), True, stops, delay, grace)
+    single = _stops_seen(tmp_path_factory.mktemp("single"), False, stops, delay, grace)
+    assert bulk == single

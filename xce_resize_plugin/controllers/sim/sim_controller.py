@@ -83,6 +83,7 @@ from xce_resize_plugin.controllers.runners import (
     SubprocessNotificationRunner,
     TaskFaults,
     TaskRunner,
+    stop_many_of,
 )
 from xce_resize_plugin.controllers.scheduler import (
     PendingJob,
@@ -457,9 +458,9 @@ class EmbeddedController:
         if "clock" in saved and saved["clock"] > self._clock.now():
             self._clock.advance_to(float(saved["clock"]))
         self._next_id = int(saved.get("next_job_id", 101))
-
         self._runner: TaskRunner = task_runner if task_runner is not None else SimTaskRunner(faults)
         self._runner.bind(self)
+        self._stop_many = stop_many_of(self._runner)
         self._notifier: NotificationRunner = (
             notification_runner
             if notification_runner is not None
@@ -596,28 +597,37 @@ class EmbeddedController:
             job = self._job(job_id)
             # A release stops thousands of tasks of a large job at one instant: what
             # does not change from task to task is looked up once.
-            get, now, stop, put = (
+            get, now, stop_many, put = (
                 job.task_states.get,
                 self.now(),
-                self._runner.stop,
+                self._stop_many,
                 self._events.put,
             )
             stopping = False
+            # The tasks to stop go to the runner together (it may report them as one
+            # exit); a task already gone is answered in its place in the order given.
+            batch: list[int] = []
             with self._in_runner:
                 for tid in task_ids:
                     rec = get(tid)
-                    if rec is None:
-                        put(TaskEvent(job_id, tid, "exited", None, "no such task"))
-                    elif rec.state in _STOPPABLE:
+                    if rec is not None and rec.state in _STOPPABLE:
                         rec.state = TaskState.STOPPING
                         rec.stop_since = now
                         rec.grace = grace
                         stopping = True
-                        stop(job_id, tid, grace, now)
-                    elif rec.state is TaskState.STOPPING:
+                        batch.append(tid)
+                        continue
+                    if rec is not None and rec.state is TaskState.STOPPING:
                         continue  # its exit will be reported
+                    if batch:
+                        stop_many(job_id, batch, grace, now)
+                        batch = []
+                    if rec is None:
+                        put(TaskEvent(job_id, tid, "exited", None, "no such task"))
                     else:
                         put(TaskEvent(job_id, tid, "exited", rec.status, rec.reason))
+                if batch:
+                    stop_many(job_id, batch, grace, now)
             if stopping:
                 self._changed(job_id)
             self._flush()
@@ -744,6 +754,30 @@ class EmbeddedController:
             rec.stop_since = rec.grace = None
             self._changed(job_id)
             self._reported(TaskEvent(job_id, task_id, "exited", status, reason, stopped))
+
+    def tasks_exited(
+        self, job_id: str, task_ids: Sequence[int], status: int | None, reason: str
+    ) -> None:
+        with self._lock:
+            job = self._jobs.get(job_id)
+            if job is None or job.finished:
+                return  # stale: the job's end took them down
+            get, now, reported = job.task_states.get, self.now(), self._reported
+            changed = False
+            for tid in task_ids:
+                rec = get(tid)
+                if rec is None or rec.state not in _LIVE:
+                    continue
+                stopped = rec.state is TaskState.STOPPING
+                rec.state = TaskState.EXITED
+                rec.since = now
+                rec.status = status
+                rec.reason = reason
+                rec.stop_since = rec.grace = None
+                if not changed:
+                    self._changed(job_id)
+                    changed = True
+                reported(TaskEvent(job_id, tid, "exited", status, reason, stopped))
 
     def _live_task(self, job_id: str, task_id: int) -> TaskRecord | None:
         """The task's record if its process may still be alive (reports about tasks the
