@@ -505,7 +505,12 @@ class Cluster:
             return 0
         user = self._owner[job_id]
         hosts = self._job_hosts[job_id]
-        self._runs.pop(job_id, None)  # no longer what it started with
+        placement = self._runs.pop(job_id, None)  # no longer what it started with
+        if placement is not None and placement.runs is not None:
+            task_ids = task_ids if isinstance(task_ids, (list, tuple)) else list(task_ids)
+            freed_n = self._free_newest(job_id, user, placement, task_ids)
+            if freed_n:
+                return freed_n
         if isinstance(held, Unfolded):
             held = held.unfold()  # one dict for the pops below
         # The hosts of the ids held (popped in C; unknown ids give None).
@@ -530,6 +535,35 @@ class Cluster:
         self.free_epoch += 1
         self.change_epoch += 1
         return len(freed)
+
+    def _free_newest(
+        self, job_id: str, user: str, placement: Placement, task_ids: Sequence[int]
+    ) -> int:
+        """:meth:`free` of a job still held as the runs it started with, when the ids
+        are its newest tasks (what a shrink takes by default): run by run, and what it
+        keeps stays runs, so that its next shrink and its end cost steps per run too.
+        0, changing nothing, when that is not the case."""
+        n, k = placement.total, len(task_ids)
+        if not 0 < k < n or min(task_ids) != n - k or max(task_ids) != n - 1:
+            return 0
+        if len(set(task_ids)) != k:
+            return 0
+        kept, gone = placement.split(n - k)
+        plan = self._plan_runs(gone, -1)
+        if plan is None:
+            return 0
+        held, hosts = self._held[job_id], self._job_hosts[job_id]
+        if not isinstance(held, Unfolded) or not isinstance(hosts, Unfolded):
+            return 0
+        self._apply_runs(plan)
+        # The same map objects: the scheduler's view of the job holds its hosts.
+        held.refold(partial(_task_hosts, kept), n - k)
+        hosts.refold(partial(dict, kept), kept.host_count())
+        self._runs[job_id] = kept
+        self._user_used[user] -= k
+        self.free_epoch += 1
+        self.change_epoch += 1
+        return k
 
     def free_job(self, job_id: str) -> int:
         """Free everything ``job_id`` holds; returns how many slots."""

@@ -48,6 +48,11 @@ class Unfolded(MutableMapping[K, V]):
         """Whether the dict is still to be made."""
         return self._dict is None
 
+    def refold(self, make: Callable[[], dict[K, V]], size: int) -> None:
+        """Stand for another map, made by ``make`` when first used: the same object, so
+        that a view holding it stays live (a job's maps after a shrink)."""
+        self._make, self._dict, self._size = make, None, size
+
     def unfold(self) -> dict[K, V]:
         """The dict itself (made now if need be)."""
         d = self._dict

@@ -86,6 +86,37 @@ class Placement(LazyTuple[tuple[str, int]]):
     def as_tuple(self) -> tuple[tuple[str, int], ...]:
         return self.pairs()
 
+    def split(self, m: int) -> tuple[Placement, tuple[Run, ...]]:
+        """Its first ``m`` tasks as a placement of runs, and the runs of the others (a
+        host whose tasks fall on both sides is in both, with its share): a shrink that
+        releases a job's newest tasks keeps the rest as runs. Only for runs."""
+        names, runs = self.names, self.runs
+        assert names is not None and runs is not None, "split() is for runs"
+        head: list[Run] = []
+        tail: list[Run] = []
+        left = m
+        for first, n, take in runs:
+            size = n * take
+            if left >= size:
+                head.append((first, n, take))
+                left -= size
+                continue
+            if not left:
+                tail.append((first, n, take))
+                continue
+            full, part = divmod(left, take)
+            if full:
+                head.append((first, full, take))
+            at, rest = first + full, n - full
+            if part:  # this host's first tasks stay, its others go
+                head.append((at, 1, part))
+                tail.append((at, 1, take - part))
+                at, rest = at + 1, rest - 1
+            if rest:
+                tail.append((at, rest, take))
+            left = 0
+        return Placement.of_runs(names, head), tuple(tail)
+
     def pairs(self) -> tuple[tuple[str, int], ...]:
         """The ``(host, tasks)`` pairs (made at the first call for runs)."""
         if self._pairs is None:

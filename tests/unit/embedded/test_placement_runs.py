@@ -31,7 +31,7 @@ def _blocks(low: int) -> st.SearchStrategy[list[int]]:
 
 ops = st.lists(
     st.tuples(
-        st.sampled_from(["start", "start", "start", "end", "free", "down", "up"]),
+        st.sampled_from(["start", "start", "start", "end", "free", "shrink", "down", "up"]),
         st.integers(0, 10**6),
         st.integers(1, 700),
         st.one_of(st.none(), st.integers(1, 3)),
@@ -44,7 +44,9 @@ ops = st.lists(
 @given(_blocks(1), ops)
 def test_runs_and_pairs_keep_the_same_ledger(slots: list[int], steps: list) -> None:  # type: ignore[type-arg]
     """Two clusters take the same placements, one as runs, one as pairs: after every
-    start, end, partial release and host failure they hold, count and offer the same."""
+    start, end, partial release (of any tasks, or of the newest: then the rest stays
+    runs) and host failure they hold, count and offer the same; a view of a job's
+    hosts taken before a release shows it after."""
     hosts = [(f"h{i:03d}", n) for i, n in enumerate(slots)]
     by_runs, by_pairs = Cluster(hosts), Cluster(hosts)
     jobs: list[str] = []
@@ -68,6 +70,16 @@ def test_runs_and_pairs_keep_the_same_ledger(slots: list[int], steps: list) -> N
             job = jobs[pick % len(jobs)]
             ids = list(range(1, 1 + size % by_runs.held_count(job)))
             assert by_runs.free(job, ids) == by_pairs.free(job, ids)
+        elif op == "shrink" and jobs:
+            job = jobs[pick % len(jobs)]
+            n = by_runs.held_count(job)
+            if n < 2:
+                continue
+            newest = list(range(n - 1 - size % (n - 1), n))
+            newest.reverse()  # in any order
+            view = by_runs.job_hosts(job)
+            assert by_runs.free(job, newest) == by_pairs.free(job, newest)
+            assert dict(view) == by_pairs.job_host_counts(job)
         elif op in ("down", "up"):
             host = hosts[pick % len(hosts)][0]
             for cluster in (by_runs, by_pairs):
@@ -295,3 +307,22 @@ def test_reclaim_reads_a_lazy_task_list_as_its_tuple(
     for bad in ([0], [len(tasks)], [1, 1]):
         with pytest.raises(PolicyRejected):
             check_selection({"1": bad}, [lazy])
+
+
+@settings(max_examples=150, deadline=None)
+@given(_blocks(0), st.integers(1, 600), st.one_of(st.none(), st.integers(1, 3)), st.data())
+def test_a_placement_splits_into_its_first_tasks_and_the_rest(
+    initial: list[int], want: int, ptile: int | None, data: st.DataObject
+) -> None:
+    """``split(m)``: the first ``m`` tasks' hosts as a placement of runs, and runs of
+    the others, together the placement's tasks in order."""
+    names = [f"h{i:03d}" for i in range(len(initial))]
+    placed = FreeSlots(names, initial).place(1, want, ptile)
+    if placed is None:
+        return
+    m = data.draw(st.integers(0, placed.total))
+    head, tail = placed.split(m)
+    every = list(placed.task_hosts())
+    assert head.total == m and list(head.task_hosts()) == every[:m]
+    rest = Placement.of_runs(names, tail)
+    assert rest.total == placed.total - m and list(rest.task_hosts()) == every[m:]
