@@ -266,3 +266,52 @@ def test_hook_xce_host_failed_without_a_plugin_ends_every_job(tmp_path: Path) ->
     h.ctl.settle()
     assert h.ctl.host_down("hB").outcomes == {job: LossOutcome.EXIT}
     assert h.ctl.hosts_view()["hA"]["used"] == 0
+
+
+class _CrashInHostFailed(Exception):
+    """The controller died while the plugin was told of a host failure."""
+
+
+def test_a_crash_before_the_plugin_settled_a_host_failure_is_settled_after_the_restart(
+    tmp_path: Path,
+) -> None:
+    """The host freed the failed host's slots, then died before the plugin wrote its
+    loss: the restarted plugin asserts again every slot it knows the job holds, those
+    on the failed host included. The controller starts, the job loses those tasks as an
+    involuntary shrink, and the state is the one without the crash."""
+    from xce_resize_plugin import hookimpl
+
+    def run(crash: bool, where: Path) -> tuple[Any, ...]:
+        h = make(where)
+        job = submit(h, alloc={"hA": 2, "hB": 2})
+        h.request("alice", job, GrowRequest(min_add=2, max_add=2))  # tracked from now
+        assert hosts_of(h, job) == {"hA": 4, "hB": 2}
+
+        class Crash:
+            @hookimpl(tryfirst=True)
+            def xce_host_failed(self, **kw: Any) -> None:
+                raise _CrashInHostFailed
+
+        if crash:
+            h.ctl.plugin_manager.register(Crash())
+            with pytest.raises(_CrashInHostFailed):
+                h.ctl.host_down("hB")
+            h.crash_and_restart()
+        else:
+            h.ctl.host_down("hB")
+        h.ctl.settle()
+        assert h.ctl.check_invariants() == []
+        seen = (
+            h.ctl.job(job).state,
+            hosts_of(h, job),
+            h.ctl.job(job).held,
+            records(h, job),
+            h.ctl.host_view("hB"),
+        )
+        h.ctl.close()
+        assert replay_problems(where / "resize") == []
+        return seen
+
+    crashed = run(True, tmp_path / "crashed")
+    assert crashed[1] == {"hA": 4} and crashed[4].used == 0
+    assert crashed == run(False, tmp_path / "not")

@@ -103,7 +103,10 @@ class CrashingController(EmbeddedController):
     def reserve_slots(self, job_id: str, tasks: Sequence[Task]) -> None:
         self._tick()
         held = {t.id for t in self.job(job_id).held}
-        new = sum(1 for t in tasks if t.id not in held)  # recovery re-reserves held ones
+        # Recovery re-reserves held ones; and those on a failed host, which are not
+        # charged but settled as lost (docs/failover.md).
+        down = {h.name for h in self.host_views() if h.state is HostState.UNAVAIL}
+        new = sum(1 for t in tasks if t.id not in held and t.host not in down)
         offered = self.offered_slot_count()
         if new > offered:
             self.overreach.append(f"t={self.now()} job {job_id}: {new} slots, {offered} offered")

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import attrs
 import pytest
 from attrs import frozen
+from hypothesis import given
+from hypothesis import strategies as st
 
-from xce_resize_plugin.core.models import Task, allocation_env, project
+from xce_resize_plugin.core.models import Task, allocation_env, make_tasks, project
 
 
 @frozen
@@ -56,3 +59,26 @@ def test_may_act_on_keeps_a_job_token_to_its_own_job() -> None:
     assert Principal("alice").may_act_on("103", "alice")
     assert not Principal("bob").may_act_on("103", "alice")
     assert Principal("root", admin=True).may_act_on("103", "alice")
+
+
+@given(
+    st.lists(st.integers(0, 10**6), max_size=40),
+    st.lists(st.text(min_size=1, max_size=4), max_size=40),
+    st.booleans(),
+)
+def test_tasks_made_in_bulk_are_the_tasks_made_one_by_one(
+    ids: list[int], hosts: list[str], as_iterators: bool
+) -> None:
+    """``make_tasks`` gives what ``Task(id, host)`` gives for each pair (the shorter
+    input ends it): equal, hashed alike, ordered alike, and as frozen."""
+    plain = tuple(map(Task, ids, hosts))
+    bulk = make_tasks(iter(ids) if as_iterators else ids, iter(hosts) if as_iterators else hosts)
+    assert bulk == plain and [hash(t) for t in bulk] == [hash(t) for t in plain]
+    assert sorted(bulk) == sorted(plain)
+    assert all(
+        type(t) is Task and attrs.asdict(t) == attrs.asdict(p)
+        for t, p in zip(bulk, plain, strict=True)
+    )
+    for task in bulk[:1]:
+        with pytest.raises(attrs.exceptions.FrozenInstanceError):
+            task.id = 1  # type: ignore[misc]

@@ -17,13 +17,13 @@ import enum
 from collections import Counter, deque
 from collections.abc import Iterable, Iterator, Mapping, MutableMapping, Sequence
 from functools import partial
-from itertools import chain, repeat
-from operator import add, le, sub
+from itertools import chain, islice, repeat
+from operator import add, attrgetter, le, sub
 
 from xce_resize_plugin.controllers.lazy import TaskList, Unfolded
 from xce_resize_plugin.controllers.slots import FreeSlots, Placement, Run
 from xce_resize_plugin.controllers.violations import ContractViolation
-from xce_resize_plugin.core.models import Task
+from xce_resize_plugin.core.models import Task, make_tasks
 
 
 class HostState(enum.Enum):
@@ -284,7 +284,7 @@ class Cluster:
         # Checked above: no host goes over its slots, so what is left is >= 0.
         left = map(sub, map(self._slots.__getitem__, hosts), used)
         self._free.set_many(tuple(zip(hosts, left, strict=True)))
-        return tuple(map(Task, range(total), names))
+        return make_tasks(range(total), names)
 
     def _allocate_runs(self, job_id: str, user: str, placement: Placement) -> TaskList | None:
         """:meth:`allocate` of a placement held as runs (``None`` if a run's hosts are
@@ -353,7 +353,7 @@ class Cluster:
         i = self._pos[host]  # a known host: checked above
         used = self._used[i] = self._used[i] + count
         self._free.set(host, slots - used)
-        return tuple(map(Task, range(count), repeat(host, count)))
+        return make_tasks(range(count), (host,) * count)
 
     def _charge(
         self,
@@ -583,6 +583,23 @@ class Cluster:
             return held.unfold()
         return {} if held is None else held
 
+    def not_held(self, job_id: str, tasks: Sequence[Task]) -> Task | None:
+        """The first of ``tasks`` that ``job_id`` does not hold on its host (``None``:
+        it holds them all). A job still held as runs is checked against them in C
+        when the tasks are its first ones in order (a shrink's commit keeps those),
+        without making its task map."""
+        placement = self._runs.get(job_id)
+        if placement is not None and placement.runs is not None and len(tasks) <= placement.total:
+            n = len(tasks)
+            ids, hosts = list(map(_id_of, tasks)), list(map(_host_of, tasks))
+            if ids == list(range(n)) and hosts == list(islice(placement.task_hosts(), n)):
+                return None
+        held = self.held_view(job_id)
+        for task in tasks:
+            if held.get(task.id) != task.host:
+                return task
+        return None
+
     def held_count(self, job_id: str) -> int:
         return len(self._held.get(job_id, {}))
 
@@ -680,6 +697,10 @@ class Cluster:
                 problems.append(f"host {host}: free slot counter disagrees with the held slots")
         problems.extend(self._free.problems())
         return problems
+
+
+_id_of = attrgetter("id")
+_host_of = attrgetter("host")
 
 
 def _task_hosts(placement: Placement) -> dict[int, str]:

@@ -25,7 +25,7 @@ from typing import TypeVar, overload
 
 from xce_resize_plugin.controllers.lazy_tuple import LazyTuple
 from xce_resize_plugin.controllers.slots import Placement
-from xce_resize_plugin.core.models import Task, TasksInIdOrder
+from xce_resize_plugin.core.models import Task, TasksInIdOrder, make_tasks
 
 __all__ = ["TaskList", "Unfolded"]
 
@@ -133,7 +133,7 @@ class TaskList(LazyTuple[Task], TasksInIdOrder):
             hosts = p.task_hosts()
             if start:
                 hosts = islice(hosts, start, None)
-            tasks = self._tasks = tuple(map(Task, range(start, p.total), hosts))
+            tasks = self._tasks = make_tasks(range(start, p.total), list(hosts))
         return tasks
 
     def __len__(self) -> int:

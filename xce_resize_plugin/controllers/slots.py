@@ -139,6 +139,16 @@ class Placement(LazyTuple[tuple[str, int]]):
 
     def task_hosts(self) -> Iterator[str]:
         """The host of each task ``0..total-1`` in allocation order."""
+        if self._pairs is None and self.runs is not None and self.names is not None:
+            # From the runs, without making the pairs: a run of one task per host is
+            # its slice of the names.
+            names = self.names
+            return chain.from_iterable(
+                names[f : f + n]
+                if take == 1
+                else chain.from_iterable(map(repeat, names[f : f + n], repeat(take, n)))
+                for f, n, take in self.runs
+            )
         return chain.from_iterable(map(repeat, self.hosts(), map(_count_of, self)))
 
     def task_host(self, k: int) -> str:

@@ -30,9 +30,10 @@ from __future__ import annotations
 import bisect
 import heapq
 import math
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Iterable, Mapping, Sequence
-from operator import add, attrgetter, le
+from itertools import compress
+from operator import add, attrgetter, le, not_
 from typing import cast
 
 from xce_resize_plugin.controllers.hosts import HOST_FAILURE
@@ -44,6 +45,7 @@ from xce_resize_plugin.core.models import JobState, Task
 from xce_resize_plugin.simulation.malleable import SpeedupModel
 
 _host_of = attrgetter("host")
+_id_of = attrgetter("id")
 #: From this many tasks on, a start or an end is counted per host in C (a loop below).
 _BULK = 24
 
@@ -168,8 +170,7 @@ class LedgerCheck(Check):
             counts = map(sign.__mul__, per_host.values())
             after = list(map(add, map(used.__getitem__, at), counts))
             if sign < 0 or all(map(le, after, map(slots.__getitem__, at))):
-                for at_i, n in zip(at, after, strict=True):
-                    used[at_i] = n
+                deque(map(used.__setitem__, at, after), maxlen=0)  # used[i] = n, in C
                 self.total += sign * len(tasks)
                 self._peak(time)
                 return
@@ -240,10 +241,12 @@ class LedgerCheck(Check):
         self._alloc[job_id] = tasks
         # Task ids are never reused within a job, so ids say which tasks are which
         # (and hash much faster than the tasks themselves).
-        before, after = {t.id for t in old}, {t.id for t in tasks}
+        # (In C: a shrink of a job of many hosts commits tens of thousands of tasks.)
+        old_ids, new_ids = list(map(_id_of, old)), list(map(_id_of, tasks))
+        before, after = set(old_ids), set(new_ids)
         # Released tasks first: a shrink frees its slots before anything else commits.
-        self._add(job_id, time, (t for t in old if t.id not in after), -1)
-        self._add(job_id, time, (t for t in tasks if t.id not in before), 1)
+        self._add(job_id, time, compress(old, map(not_, map(after.__contains__, old_ids))), -1)
+        self._add(job_id, time, compress(tasks, map(not_, map(before.__contains__, new_ids))), 1)
 
     def job_ended(self, job: FinishedJob) -> None:
         tasks = self._alloc.pop(job.id, None)

@@ -89,7 +89,22 @@ def test_runs_and_pairs_keep_the_same_ledger(slots: list[int], steps: list) -> N
         for job in jobs:
             assert by_runs.held(job) == by_pairs.held(job)
             assert by_runs.job_host_counts(job) == by_pairs.job_host_counts(job)
+            _same_not_held(by_runs, by_pairs, job, pick, hosts[size % len(hosts)][0])
         assert by_runs.check() == [] == by_pairs.check()
+
+
+def _same_not_held(a: Cluster, b: Cluster, job: str, pick: int, other: str) -> None:
+    """``not_held`` of a job's first tasks in id order, of them with one task moved to
+    ``other`` and of them with one missing, the same on both clusters."""
+    tasks = [Task(i, h) for i, h in sorted(b.held(job).items())]
+    first = tasks[: 1 + pick % len(tasks)]
+    assert a.not_held(job, first) is None is b.not_held(job, first)
+    k = pick % len(first)
+    moved = [*first[:k], Task(first[k].id, other), *first[k + 1 :]]
+    expected = None if other == first[k].host else moved[k]
+    assert a.not_held(job, moved) == expected == b.not_held(job, moved)
+    gap = first[:k] + first[k + 1 :] + [Task(len(tasks) + 5, first[k].host)]
+    assert a.not_held(job, gap) == gap[-1] == b.not_held(job, gap)
 
 
 @settings(max_examples=150, deadline=None)
@@ -323,6 +338,7 @@ def test_a_placement_splits_into_its_first_tasks_and_the_rest(
     m = data.draw(st.integers(0, placed.total))
     head, tail = placed.split(m)
     every = list(placed.task_hosts())
+    assert every == [h for h, n in placed.pairs() for _ in range(n)]
     assert head.total == m and list(head.task_hosts()) == every[:m]
     rest = Placement.of_runs(names, tail)
     assert rest.total == placed.total - m and list(rest.task_hosts()) == every[m:]

@@ -424,6 +424,8 @@ class EmbeddedController:
         self.tokens: dict[str, Principal] = dict(tokens or {})
         self._hook_depth = 0
         self._started = False
+        #: While the plugin starts: slots its resume asserted on failed hosts.
+        self._resumed_losses: dict[str, dict[str, set[int]]] | None = None
         self._closed = False
         if autostart:
             self.start()
@@ -548,9 +550,28 @@ class EmbeddedController:
                 raise ContractViolation(
                     f"reserve_slots: job {job_id} is {job.state.value}, not RUN"
                 )
-            if self._cluster.reserve(job_id, list(tasks)):
+            wanted = list(tasks)
+            if self._resumed_losses is not None:
+                wanted = self._lost_before_restart(job_id, wanted)
+            if self._cluster.reserve(job_id, wanted):
                 self._changed(job_id)
             self._flush()
+
+    def _lost_before_restart(self, job_id: str, tasks: list[Task]) -> list[Task]:
+        """The plugin's resume asserts again the slots a job holds; those on a failed
+        host were lost in a host failure a crash left unsettled: they are kept for
+        :meth:`_resettle_down_hosts` to settle (the plugin is told it lost them), not
+        charged on a host that has no slots to give. The others are returned."""
+        down = self._cluster.failed_hosts()
+        if not down:
+            return tasks
+        failed = set(down)
+        losses = self._resumed_losses
+        assert losses is not None
+        for task in tasks:
+            if task.host in failed:
+                losses.setdefault(task.host, {}).setdefault(job_id, set()).add(task.id)
+        return [t for t in tasks if t.host not in failed]
 
     def free_slots(self, job_id: str, task_ids: Sequence[int]) -> None:
         with self._lock:
@@ -674,13 +695,11 @@ class EmbeddedController:
                 return  # a re-issue after a failover
             if not new:
                 raise ContractViolation(f"commit_allocation: job {job_id}: empty allocation")
-            held = self._cluster.held_view(job_id)
-            for task in new:
-                if held.get(task.id) != task.host:
-                    raise ContractViolation(
-                        f"commit_allocation: job {job_id} task {task.id} on {task.host} "
-                        "is not reserved"
-                    )
+            task = self._cluster.not_held(job_id, new)
+            if task is not None:
+                raise ContractViolation(
+                    f"commit_allocation: job {job_id} task {task.id} on {task.host} is not reserved"
+                )
             resized = len(new) != len(job.tasks)
             job.tasks = new
             job.version = version
@@ -850,13 +869,18 @@ class EmbeddedController:
                 return
             self._top_level("start")
             self._started = True
-            self._hook(self._hooks.controller_start, self._host)
+            resumed: dict[str, dict[str, set[int]]] = {}
+            self._resumed_losses = resumed  # filled while the plugin resumes its jobs
+            try:
+                self._hook(self._hooks.controller_start, self._host)
+            finally:
+                self._resumed_losses = None
             for job in self._ordered_jobs():
                 if job.finished and not job.end_reported:
                     self._report_end(job)
             # Starts first: the plugin must know a job before it hears of its lost tasks.
             self._report_running_starts()
-            self._resettle_down_hosts()
+            self._resettle_down_hosts(resumed)
             self._flush()
 
     def stop(self) -> None:
@@ -1175,16 +1199,24 @@ class EmbeddedController:
             self._changed(job_id)
         return lost
 
-    def _resettle_down_hosts(self) -> None:
+    def _resettle_down_hosts(self, resumed: Mapping[str, Mapping[str, set[int]]]) -> None:
         """After a restart: a host failure the crash interrupted is settled again for
-        the jobs that still have committed tasks on a failed host (``xce_host_failed``
-        is idempotent for the jobs the plugin had already settled)."""
+        the jobs that still have committed tasks on a failed host, or whose slots there
+        the plugin's resume asserted (``resumed``: host -> job -> task ids; see
+        :meth:`_lost_before_restart`). ``xce_host_failed`` is idempotent for the jobs the
+        plugin had already settled."""
         cluster = self._cluster
         for name in cluster.failed_hosts():
+            asserted = resumed.get(name, {})
             lost = {
-                job.id: tuple(t.id for t in job.tasks if t.host == name)
+                job.id: tuple(
+                    sorted(
+                        {t.id for t in job.tasks if t.host == name} | asserted.get(job.id, set())
+                    )
+                )
                 for job in self._ordered_jobs()
-                if job.state is JobState.RUN and any(t.host == name for t in job.tasks)
+                if job.state is JobState.RUN
+                and (job.id in asserted or any(t.host == name for t in job.tasks))
             }
             if not lost:
                 continue
