@@ -17,7 +17,7 @@ import enum
 from collections import Counter, deque
 from collections.abc import Iterable, Iterator, Mapping, MutableMapping, Sequence
 from functools import partial
-from itertools import chain, islice, repeat
+from itertools import chain, repeat
 from operator import add, attrgetter, le, sub
 
 from xce_resize_plugin.controllers.lazy import TaskList, Unfolded
@@ -583,17 +583,26 @@ class Cluster:
             return held.unfold()
         return {} if held is None else held
 
+    def as_held(self, job_id: str, tasks: Sequence[Task]) -> TaskList | None:
+        """``tasks`` as the job's own task list, when they are exactly what it holds as
+        runs (a shrink's commit of its first tasks, after its newest were freed), else
+        ``None``. Compared in C, without making the job's task map; the list made is
+        equal to ``tasks`` and reads its runs (the job's next shrink, its end and the
+        checks count them a run at a time)."""
+        placement = self._runs.get(job_id)
+        if isinstance(tasks, TaskList) and tasks.placement is placement and not tasks.start:
+            return tasks
+        if placement is None or placement.runs is None or len(tasks) != placement.total:
+            return None
+        n = len(tasks)
+        ids, hosts = list(map(_id_of, tasks)), list(map(_host_of, tasks))
+        if ids == list(range(n)) and hosts == list(placement.task_hosts()):
+            return TaskList(placement)
+        return None
+
     def not_held(self, job_id: str, tasks: Sequence[Task]) -> Task | None:
         """The first of ``tasks`` that ``job_id`` does not hold on its host (``None``:
-        it holds them all). A job still held as runs is checked against them in C
-        when the tasks are its first ones in order (a shrink's commit keeps those),
-        without making its task map."""
-        placement = self._runs.get(job_id)
-        if placement is not None and placement.runs is not None and len(tasks) <= placement.total:
-            n = len(tasks)
-            ids, hosts = list(map(_id_of, tasks)), list(map(_host_of, tasks))
-            if ids == list(range(n)) and hosts == list(islice(placement.task_hosts(), n)):
-                return None
+        it holds them all)."""
         held = self.held_view(job_id)
         for task in tasks:
             if held.get(task.id) != task.host:

@@ -239,14 +239,36 @@ class LedgerCheck(Check):
             self.problem(f"t={time:g}: job {job_id} committed an allocation without running")
             return
         self._alloc[job_id] = tasks
+        if self._shrunk_as_runs(time, old, tasks):
+            return
         # Task ids are never reused within a job, so ids say which tasks are which
-        # (and hash much faster than the tasks themselves).
-        # (In C: a shrink of a job of many hosts commits tens of thousands of tasks.)
+        # (and hash much faster than the tasks themselves; in C: a shrink of a job of
+        # many hosts commits tens of thousands of tasks).
         old_ids, new_ids = list(map(_id_of, old)), list(map(_id_of, tasks))
         before, after = set(old_ids), set(new_ids)
         # Released tasks first: a shrink frees its slots before anything else commits.
         self._add(job_id, time, compress(old, map(not_, map(after.__contains__, old_ids))), -1)
         self._add(job_id, time, compress(tasks, map(not_, map(before.__contains__, new_ids))), 1)
+
+    def _shrunk_as_runs(self, time: float, old: Sequence[Task], new: Sequence[Task]) -> bool:
+        """A commit that keeps the first tasks of a job held as runs (a shrink by its
+        newest tasks), counted a run at a time: the runs it no longer holds are
+        released. ``False``, counting nothing, for any other commit."""
+        if not (isinstance(old, TaskList) and isinstance(new, TaskList)):
+            return False
+        before, after = old.placement, new.placement
+        if old.start or new.start or before.runs is None or after.runs is None:
+            return False
+        if before.names is not after.names or not 0 < after.total < before.total:
+            return False
+        kept, gone = before.split(after.total)
+        if kept.runs != after.runs:
+            return False
+        assert before.names is not None
+        if not self._add_runs(Placement.of_runs(before.names, gone), -1):
+            return False
+        self._peak(time)
+        return True
 
     def job_ended(self, job: FinishedJob) -> None:
         tasks = self._alloc.pop(job.id, None)

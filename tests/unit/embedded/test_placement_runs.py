@@ -97,13 +97,18 @@ def _same_not_held(a: Cluster, b: Cluster, job: str, pick: int, other: str) -> N
     """``not_held`` of a job's first tasks in id order, of them with one task moved to
     ``other`` and of them with one missing, the same on both clusters."""
     tasks = [Task(i, h) for i, h in sorted(b.held(job).items())]
+    listed = a.as_held(job, tasks)
+    assert listed is None or (isinstance(listed, TaskList) and listed == tuple(tasks))
+    assert b.as_held(job, tasks) is None  # held task by task: nothing to list as runs
+    if len(tasks) > 1:
+        assert a.as_held(job, tasks[:-1]) is None  # not all it holds
     first = tasks[: 1 + pick % len(tasks)]
     assert a.not_held(job, first) is None is b.not_held(job, first)
     k = pick % len(first)
     moved = [*first[:k], Task(first[k].id, other), *first[k + 1 :]]
     expected = None if other == first[k].host else moved[k]
     assert a.not_held(job, moved) == expected == b.not_held(job, moved)
-    gap = first[:k] + first[k + 1 :] + [Task(len(tasks) + 5, first[k].host)]
+    gap = first[:k] + first[k + 1 :] + [Task(tasks[-1].id + 1, first[k].host)]  # not held
     assert a.not_held(job, gap) == gap[-1] == b.not_held(job, gap)
 
 
@@ -233,11 +238,12 @@ def test_the_ledger_check_counts_runs_as_it_counts_tasks(
 ) -> None:
     """The simulation's ledger check: a start given as a task list of runs and the same
     tasks as a tuple count the same per host, and an overbooking found either way is a
-    problem naming the host."""
+    problem naming the host; so does a shrink's commit of a job's first tasks."""
     hosts = {f"h{i:03d}": n for i, n in enumerate(slots)}
     free = FreeSlots(list(hosts), list(hosts.values()))
     by_runs, by_tasks = LedgerCheck(hosts), LedgerCheck(hosts)
     held = dict.fromkeys(hosts, 0)
+    started = []
     for k, size in enumerate(sizes):
         placed = free.place(1, size, None)
         if placed is None:
@@ -247,11 +253,18 @@ def test_the_ledger_check_counts_runs_as_it_counts_tasks(
         by_runs.job_started(f"j{k}", 0.0, TaskList(placed))
         by_tasks.job_started(f"j{k}", 0.0, tuple(TaskList(placed)))
         assert [by_runs.used(h) for h in hosts] == [by_tasks.used(h) for h in hosts]
+        started.append(placed)
     # Nothing is taken from ``free``: the starts after the first may overbook hosts,
     # found either way.
     assert by_runs.problems == by_tasks.problems
     assert [by_runs.used(h) for h in hosts] == list(held.values())
     assert bool(by_runs.problems) == any(held[h] > hosts[h] for h in hosts)
+    for k, placed in enumerate(started):
+        kept, _ = placed.split(max(1, placed.total * 2 // 3))
+        by_runs.allocation_committed(f"j{k}", 1.0, TaskList(kept), 2)
+        by_tasks.allocation_committed(f"j{k}", 1.0, tuple(TaskList(kept)), 2)
+        assert [by_runs.used(h) for h in hosts] == [by_tasks.used(h) for h in hosts]
+        assert by_runs.total == by_tasks.total
 
 
 def test_a_snapshot_of_free_slots_stays_as_it_was() -> None:
@@ -342,3 +355,24 @@ def test_a_placement_splits_into_its_first_tasks_and_the_rest(
     assert head.total == m and list(head.task_hosts()) == every[:m]
     rest = Placement.of_runs(names, tail)
     assert rest.total == placed.total - m and list(rest.task_hosts()) == every[m:]
+
+
+def test_a_job_shrunk_by_its_newest_tasks_is_listed_and_ended_as_runs() -> None:
+    """A job started on runs and shrunk by its newest tasks: the cluster lists what it
+    holds as a task list of runs (what a commit then keeps), and its end frees runs."""
+    names = [f"h{i:03d}" for i in range(300)]
+    cluster = Cluster([(h, 1) for h in names])
+    cluster.register_job("j", "u")
+    placed = cluster.free_counts().place(1, 200, None)
+    assert placed is not None
+    started = cluster.allocate("j", placed)
+    assert isinstance(started, TaskList)
+    assert cluster.free("j", list(range(150, 200))) == 50
+    kept = [Task(i, names[i]) for i in range(150)]
+    listed = cluster.as_held("j", kept)
+    assert isinstance(listed, TaskList) and listed == tuple(kept)
+    assert listed.placement.runs == ((0, 150, 1),)
+    assert cluster.as_held("j", listed) is listed
+    assert cluster.as_held("j", [*kept[:-1], Task(149, names[151])]) is None
+    assert cluster.release_all("j") == 150 and cluster.free_total == 300
+    assert cluster.check() == []

@@ -681,7 +681,7 @@ class EmbeddedController:
     def commit_allocation(self, job_id: str, tasks: Sequence[Task], version: int) -> None:
         with self._lock:
             job = self._job(job_id)
-            new = tuple(tasks)
+            new: Sequence[Task] = tuple(tasks)
             if job.state is not JobState.RUN:
                 # A commit re-issued after the job ended changes nothing any more.
                 log.info("commit_allocation v%s for %s job %s ignored", version, job.state, job_id)
@@ -695,11 +695,16 @@ class EmbeddedController:
                 return  # a re-issue after a failover
             if not new:
                 raise ContractViolation(f"commit_allocation: job {job_id}: empty allocation")
-            task = self._cluster.not_held(job_id, new)
-            if task is not None:
-                raise ContractViolation(
-                    f"commit_allocation: job {job_id} task {task.id} on {task.host} is not reserved"
-                )
+            listed = self._cluster.as_held(job_id, new)
+            if listed is None:
+                task = self._cluster.not_held(job_id, new)
+                if task is not None:
+                    raise ContractViolation(
+                        f"commit_allocation: job {job_id} task {task.id} on {task.host} "
+                        "is not reserved"
+                    )
+            if listed is not None:
+                new = listed  # equal, and read as runs from now on
             resized = len(new) != len(job.tasks)
             job.tasks = new
             job.version = version
