@@ -14,6 +14,7 @@ from xce_resize_plugin.core.reclaim import (
     check_selection,
     default_selection,
     freed_by,
+    reclaim_in_order,
 )
 from xce_resize_plugin.errors import PolicyRejected
 from xce_resize_plugin.testing import make_job
@@ -98,3 +99,52 @@ def test_a_known_free_total_judges_as_the_hosts_do(
     assert by_total.short() == by_hosts.short()
     assert by_total.short(freed) == by_hosts.short(freed)
     assert [by_total.gain(h, freed) for h in "acij"] == [by_hosts.gain(h, freed) for h in "acij"]
+
+
+def _one_by_one(h: ReclaimHead, candidates: list[ReclaimCandidate]) -> dict[str, list[int]]:
+    """The built-in choice spelled out task by task: each job's newest tasks first, up
+    to its excess, those whose slot counts for the head, until the head fits."""
+    freed: dict[str, int] = {}
+    out: dict[str, list[int]] = {}
+    need = h.short()
+    for c in candidates:
+        taken = 0
+        for task in sorted(c.releasable, key=lambda t: -t.id):
+            if need <= 0 or taken >= c.excess:
+                break
+            if h.gain(task.host, freed):
+                out.setdefault(c.job.id, []).append(task.id)
+                freed[task.host] = freed.get(task.host, 0) + 1
+                taken, need = taken + 1, need - 1
+    return out
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.integers(0, 30),
+    st.dictionaries(st.sampled_from("abcd"), st.integers(1, 3), max_size=4),
+    st.lists(
+        st.tuples(
+            st.dictionaries(st.sampled_from("abcdef"), st.integers(1, 6), min_size=1),
+            st.integers(1, 4),
+        ),
+        max_size=4,
+    ),
+    st.one_of(st.none(), st.integers(1, 3)),
+    st.frozensets(st.sampled_from("ef")),
+)
+def test_the_order_takes_what_a_task_by_task_walk_takes(
+    tasks: int,
+    free: dict[str, int],
+    jobs: list[tuple[dict[str, int], int]],
+    ptile: int | None,
+    unusable: frozenset[str],
+) -> None:
+    """``reclaim_in_order`` (which takes a job's newest tasks in one slice when every
+    freed slot counts) chooses what a walk over each job's tasks, newest first, does."""
+    h = head(tasks, free, ptile, unusable)
+    candidates = [
+        cand(str(i), alloc, max(1, min(minimum, sum(alloc.values()))))
+        for i, (alloc, minimum) in enumerate(jobs)
+    ]
+    assert reclaim_in_order(h, candidates) == _one_by_one(h, candidates)

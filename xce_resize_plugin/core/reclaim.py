@@ -185,9 +185,21 @@ def reclaim_in_order(head: ReclaimHead, candidates: Iterable[ReclaimCandidate]) 
     freed: dict[str, int] = {}
     out: dict[str, list[int]] = {}
     need = head.short()
+    # Without a ptile and with every host usable, every slot freed counts: a job gives
+    # its newest tasks up to its excess, read from the end of its list in one slice
+    # (a job of many hosts gives thousands; the loop below asks for each).
+    every_slot_counts = head.ptile is None and not head.unusable
     for cand in candidates:
         if need <= 0:
             break
+        if every_slot_counts:
+            releasable = cand.releasable
+            take = min(need, cand.excess, len(releasable))
+            if take > 0:
+                tail = releasable[len(releasable) - take :]
+                out[cand.job.id] = [task.id for task in reversed(tail)]
+                need -= take
+            continue
         taken = 0
         for task in reversed(cand.releasable):  # in id order: the newest last
             if need <= 0 or taken >= cand.excess:
