@@ -47,7 +47,7 @@ from xce_resize_plugin.core.reclaim import (
     ReclaimHead,
     Selection,
     check_selection,
-    freed_by,
+    short_after,
 )
 from xce_resize_plugin.core.status import ResizeStatus
 from xce_resize_plugin.errors import InvalidRequest, JournalError, NoJob, ResizeError
@@ -385,7 +385,7 @@ class Runtime:
         # A list of its own: the policy may reorder what it is given.
         selection = self.policy.select_reclaim(head, list(candidates))
         check_selection(selection, candidates)
-        if head.short(freed_by(selection, candidates)) > 0:
+        if short_after(head, selection, candidates) > 0:
             return False  # a reconfiguration that starts nobody only costs
         return self._ask_reclaim(head, selection, candidates, now)
 
@@ -488,7 +488,7 @@ class Runtime:
                 self._reclaim_asked.add(job_id)  # refused by a site rule: not for this head
                 continue
             decided.append((job_id, ids, facts))
-        if head.short(freed_by({j: ids for j, ids, _ in decided}, candidates)) > 0:
+        if short_after(head, {j: ids for j, ids, _ in decided}, candidates) > 0:
             return False
         for job_id, _, chosen in decided:
             self._reclaim_asked.add(job_id)

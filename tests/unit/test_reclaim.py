@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from xce_resize_plugin.core.models import JobState
+from xce_resize_plugin.core.models import JobState, Task, TasksInIdOrder
 from xce_resize_plugin.core.reclaim import (
     ReclaimCandidate,
     ReclaimHead,
@@ -15,6 +15,7 @@ from xce_resize_plugin.core.reclaim import (
     default_selection,
     freed_by,
     reclaim_in_order,
+    short_after,
 )
 from xce_resize_plugin.errors import PolicyRejected
 from xce_resize_plugin.testing import make_job
@@ -148,3 +149,71 @@ def test_the_order_takes_what_a_task_by_task_walk_takes(
         for i, (alloc, minimum) in enumerate(jobs)
     ]
     assert reclaim_in_order(h, candidates) == _one_by_one(h, candidates)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.integers(0, 30),
+    st.dictionaries(st.sampled_from("abcd"), st.integers(1, 3), max_size=4),
+    st.dictionaries(st.sampled_from("abcdef"), st.integers(1, 6), min_size=1),
+    st.one_of(st.none(), st.integers(1, 3)),
+    st.frozensets(st.sampled_from("ef")),
+    st.booleans(),
+    st.data(),
+)
+def test_what_a_selection_leaves_short_is_counted_as_the_hosts_count_it(
+    tasks: int,
+    free: dict[str, int],
+    alloc: dict[str, int],
+    ptile: int | None,
+    unusable: frozenset[str],
+    total_known: bool,
+    data: st.DataObject,
+) -> None:
+    """``short_after`` (a count when every freed slot counts) is what the head is short
+    once the selection's slots, host by host, are freed."""
+    job = make_job({}, id="9", state=JobState.PEND)
+    total = sum(free.values()) if total_known else None
+    h = ReclaimHead(job, tasks, ptile, free, unusable, total)
+    c = cand("1", alloc, 1)
+    releasable = [t.id for t in c.releasable]
+    ids = data.draw(st.lists(st.sampled_from(releasable), unique=True)) if releasable else []
+    assert short_after(h, {"1": ids}, [c]) == h.short(freed_by({"1": ids}, [c]))
+
+
+class _InIdOrder(TasksInIdOrder):
+    """A plain tuple that says its ids ascend (as a host's own task list does)."""
+
+    def __init__(self, tasks: tuple[Task, ...]) -> None:
+        self._tasks = tasks
+
+    def __len__(self) -> int:
+        return len(self._tasks)
+
+    def __getitem__(self, i):  # type: ignore[no-untyped-def]
+        return self._tasks[i]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.one_of(
+        st.lists(st.integers(1, 12), min_size=1, max_size=10, unique=True).map(sorted),
+        st.tuples(st.integers(1, 5), st.integers(1, 8)).map(lambda t: list(range(t[0], sum(t)))),
+    ),
+    st.lists(st.integers(-2, 14), max_size=6),
+)
+def test_a_list_in_id_order_is_checked_as_any_list(ids: list[int], chosen: list[int]) -> None:
+    """``check_selection`` accepts and refuses the same answers whether the releasable
+    tasks are a list in id order (checked by its first and last id when it has no gap)
+    or a plain tuple."""
+    tasks = tuple(Task(i, f"h{i % 3}") for i in ids)
+    job = make_job({"h0": 1}, id="1", min_tasks=1)
+    verdicts = []
+    for releasable in (tasks, _InIdOrder(tasks)):
+        c = ReclaimCandidate(job, releasable, len(tasks))
+        try:
+            check_selection({"1": chosen}, [c])
+            verdicts.append("ok")
+        except PolicyRejected as exc:
+            verdicts.append(str(exc))
+    assert verdicts[0] == verdicts[1]

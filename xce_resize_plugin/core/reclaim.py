@@ -28,7 +28,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from attrs import field, frozen
 
-from xce_resize_plugin.core.models import JobInfo, Task
+from xce_resize_plugin.core.models import JobInfo, Task, TasksInIdOrder
 from xce_resize_plugin.errors import PolicyRejected
 
 __all__ = [
@@ -42,6 +42,7 @@ __all__ = [
     "default_selection",
     "freed_by",
     "reclaim_in_order",
+    "short_after",
 ]
 
 #: The values of ``[resize] reclaim``.
@@ -143,6 +144,19 @@ class ReclaimCandidate:
     pending_grow: bool = False
 
 
+def short_after(
+    head: ReclaimHead, selection: Selection, candidates: Iterable[ReclaimCandidate]
+) -> int:
+    """``head.short(freed_by(selection, candidates))``: the head's tasks that still do
+    not fit once the selection is freed. When every freed slot counts (no ``ptile``,
+    every host usable, the free total known) that is a count, and the selected tasks'
+    hosts are not looked up (a reclaim from jobs of many hosts selects thousands)."""
+    if head.ptile is None and head.free_total is not None and not head.unusable:
+        freed = sum(map(len, selection.values()))
+        return max(0, head.tasks - head.free_total - freed)
+    return head.short(freed_by(selection, candidates))
+
+
 def freed_by(selection: Selection, candidates: Iterable[ReclaimCandidate]) -> dict[str, int]:
     """Slots per host a selection frees."""
     by_id = {c.job.id: c for c in candidates}
@@ -170,6 +184,18 @@ def _hosts_of(cand: ReclaimCandidate, ids: Iterable[int]) -> dict[int, str]:
             if len(out) == len(wanted):
                 break
     return out
+
+
+def _all_releasable(cand: ReclaimCandidate, ids: Sequence[int]) -> bool:
+    """Whether every one of ``ids`` (no id twice) is a releasable task of ``cand``. A
+    list in id order whose ids have no gap holds exactly the ids between its first
+    and its last: then no task is read but those two."""
+    releasable = cand.releasable
+    if isinstance(releasable, TasksInIdOrder) and len(releasable):
+        low, high = releasable[0].id, releasable[-1].id
+        if high - low + 1 == len(releasable):
+            return all(isinstance(i, int) and low <= i <= high for i in ids)
+    return len(_hosts_of(cand, ids)) == len(ids)
 
 
 def default_order(candidates: Iterable[ReclaimCandidate]) -> list[ReclaimCandidate]:
@@ -229,7 +255,7 @@ def check_selection(selection: Selection, candidates: Sequence[ReclaimCandidate]
                 f"xce_resize_select_reclaim chose job {job_id!r}, which is not a candidate"
             )
         chosen = list(ids)
-        if len(set(chosen)) != len(chosen) or len(_hosts_of(cand, chosen)) != len(chosen):
+        if len(set(chosen)) != len(chosen) or not _all_releasable(cand, chosen):
             allowed = sorted(t.id for t in cand.releasable)
             raise PolicyRejected(
                 f"xce_resize_select_reclaim returned {chosen} for job {job_id}, "
