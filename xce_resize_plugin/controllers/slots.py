@@ -31,6 +31,7 @@ only when something reads them.
 
 from __future__ import annotations
 
+import weakref
 from bisect import bisect_right
 from collections import Counter, deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -206,7 +207,20 @@ class Placement(LazyTuple[tuple[str, int]]):
 class FreeSlots:
     """Free slots of the hosts ``names`` (in host order); see the module docstring."""
 
-    __slots__ = ("_free", "_hist", "_names", "_off", "_own", "_pos", "_top", "_words", "total")
+    __slots__ = (
+        "_free",
+        "_hist",
+        "_log",
+        "_logged_n",
+        "_names",
+        "_off",
+        "_own",
+        "_pos",
+        "_top",
+        "_views",
+        "_words",
+        "total",
+    )
 
     def __init__(self, names: Sequence[str], free: Sequence[int]) -> None:
         if len(names) != len(free):
@@ -222,8 +236,14 @@ class FreeSlots:
         #: Positions of the hosts taken out (see the module docstring); few or none.
         self._off: frozenset[int] = frozenset()
         #: Whether ``_free`` and ``_words`` are this object's own (a draft shares its
-        #: parent's until its first change; a snapshot shares ours until our next).
+        #: parent's until its first change).
         self._own = True
+        #: While snapshots share the per-host list: every change since the oldest of
+        #: them (see :meth:`snapshot`) as ``(first position or positions, old free
+        #: counts)``, else ``None``; and how many positions it holds.
+        self._log: list[tuple[int | Sequence[int], list[int]]] | None = None
+        self._logged_n = 0
+        self._views: list[weakref.ref[_FreeView]] = []
         for i, n in enumerate(free):
             if n < 0:
                 raise ValueError(f"host {self._names[i]!r}: negative free slots {n}")
@@ -239,6 +259,7 @@ class FreeSlots:
         child = FreeSlots.__new__(FreeSlots)
         child._names, child._pos, child._off = self._names, self._pos, self._off
         child._free, child._words, child._own = self._free, self._words, False
+        child._log, child._views = None, []
         child._hist = dict(self._hist)
         child._top, child.total = self._top, self.total
         return child
@@ -284,15 +305,40 @@ class FreeSlots:
             yield names[i], free[i]
 
     def snapshot(self) -> Mapping[str, int]:
-        """The hosts with free slots -> their free slots, as of now, read host by host
-        only when someone asks.
+        """The hosts with free slots -> their free slots, as of now.
 
-        The snapshot shares the per-host list, and this object copies it at its next
-        change (as a draft does its parent's, :meth:`_mine`): the blocked head is
-        snapshotted at every cycle, and most cycles (a job arriving behind it) change
-        nothing before the next one."""
-        self._own = False
-        return _FreeView(self._names, self._pos, self._free, self.total)
+        The blocked head's free slots are snapshotted at every change of the ledger
+        while it waits, and hardly ever read host by host (a head without ``ptile`` is
+        judged on the total). So a snapshot is not a copy: it shares the per-host list,
+        and every later change logs the positions it changes with their old values
+        (in C for a run or a bulk change), as long as a snapshot that needs them lives.
+        A snapshot read host by host, or compared with one of another instant, is made
+        from the list and the log; a log grown to the number of hosts turns the live
+        snapshots into copies and starts again."""
+        views = [ref for ref in self._views if (v := ref()) is not None and v._owner is self]
+        if not views:
+            self._log, self._logged_n = [], 0
+        assert self._log is not None
+        view = _FreeView(self._names, self._pos, self.total, self, len(self._log))
+        views.append(weakref.ref(view))
+        self._views = views
+        return view
+
+    def _logged(self, where: int | Sequence[int], olds: list[int]) -> None:
+        """Log the old counts of a change about to be written: of the positions from
+        ``where`` on, or of the positions ``where`` (only while a snapshot shares the
+        list: see :meth:`snapshot`). Once the log holds more positions than there are
+        hosts, the snapshots it serves are made copies and it stops."""
+        log = self._log
+        assert log is not None
+        log.append((where, olds))
+        self._logged_n += len(olds)
+        if self._logged_n > len(self._names):
+            for ref in self._views:
+                view = ref()
+                if view is not None and view._owner is self:
+                    view._freeze()
+            self._views, self._log = [], None
 
     def as_dict(self) -> dict[str, int]:
         """Every host's free slots, in host order (O(hosts): views and checks only)."""
@@ -418,6 +464,8 @@ class FreeSlots:
         if old == new:
             return
         free = self._mine()
+        if self._log is not None:
+            self._logged(first, free[first : first + n])
         free[first : first + n] = [new] * n
         self.total += n * (new - old)
         hist = self._hist
@@ -484,10 +532,14 @@ class FreeSlots:
         free = self._mine()
         hist, words = self._hist, self._words
         top, total = self._top, self.total
+        log = self._log
         for i, new in changes:
             old = free[i]
             if new == old:
                 continue
+            if log is not None:
+                self._logged(i, [old])
+                log = self._log
             free[i] = new
             total += new - old
             if old:
@@ -528,6 +580,8 @@ class FreeSlots:
         for v, c in Counter(news).items():
             if v:
                 hist[v] = hist.get(v, 0) + c
+        if self._log is not None:
+            self._logged(first if run else list(idx), olds)
         if run:
             free[first : first + n] = news
         else:
@@ -608,38 +662,69 @@ class FreeSlots:
 
 
 class _FreeView(Mapping[str, int]):
-    """:meth:`FreeSlots.snapshot`: the hosts with free slots in host order."""
+    """:meth:`FreeSlots.snapshot`: the hosts with free slots in host order.
 
-    __slots__ = ("_free", "_names", "_pos", "_total")
+    Linked to its :class:`FreeSlots` (``_owner``) while that one logs its changes:
+    its counts are the owner's with the changes logged from ``_at`` on undone. Made
+    its own copy (``_free``) when read host by host or when the log is reset."""
+
+    __slots__ = ("__weakref__", "_at", "_free", "_names", "_owner", "_pos", "_total")
 
     def __init__(
-        self, names: Sequence[str], pos: Mapping[str, int], free: list[int], total: int
+        self,
+        names: Sequence[str],
+        pos: Mapping[str, int],
+        total: int,
+        owner: FreeSlots | None,
+        at: int = 0,
+        free: list[int] | None = None,
     ) -> None:
-        self._names, self._pos, self._free = names, pos, free
-        self._total = total  # the sum of free (known to the cluster without adding)
+        self._names, self._pos = names, pos
+        self._total = total  # the sum of the counts (known to the cluster without adding)
+        self._owner, self._at, self._free = owner, at, free
+
+    def _counts(self) -> list[int]:
+        """The counts as of the snapshot (made now, and kept, if still linked)."""
+        if self._free is None:
+            self._freeze()
+        assert self._free is not None
+        return self._free
+
+    def _freeze(self) -> None:
+        owner = self._owner
+        assert owner is not None and owner._log is not None
+        counts = list(owner._free)
+        # Undone newest first, so that the oldest value logged since the snapshot wins.
+        for where, olds in reversed(owner._log[self._at :]):
+            if isinstance(where, int):
+                counts[where : where + len(olds)] = olds
+            else:
+                deque(map(counts.__setitem__, where, olds), maxlen=0)
+        self._free, self._owner = counts, None
 
     def __getitem__(self, host: str) -> int:
         i = self._pos.get(host)
-        n = 0 if i is None else self._free[i]
+        n = 0 if i is None else self._counts()[i]
         if not n:
             raise KeyError(host)
         return n
 
     def __iter__(self) -> Iterator[str]:
-        return compress(self._names, self._free)
+        return compress(self._names, self._counts())
 
     def __len__(self) -> int:
-        return len(self._free) - self._free.count(0)
+        counts = self._counts()
+        return len(counts) - counts.count(0)
 
     def __eq__(self, other: object) -> bool:
-        # Two snapshots of one cluster: their counts compared in C (a blocked head is
-        # compared with the last one at every cycle).
+        # The blocked head is compared with the last one at every cycle.
         if isinstance(other, _FreeView) and other._names is self._names:
-            # Most changes between two snapshots change the total: then the counts of
-            # many thousands of hosts need not be compared to tell them apart.
-            if self._free is other._free:
-                return True  # taken with no change in between (see snapshot)
-            return self._total == other._total and self._free == other._free
+            if self._total != other._total:
+                return False  # most changes change the total: no count is compared
+            owner = self._owner
+            if owner is not None and other._owner is owner and self._at == other._at:
+                return True  # taken with no change in between
+            return self._counts() == other._counts()
         return super().__eq__(other)
 
     __hash__ = None  # type: ignore[assignment]

@@ -10,6 +10,7 @@ task list.
 from __future__ import annotations
 
 import pickle
+from itertools import pairwise
 
 import pytest
 from hypothesis import given, settings
@@ -123,10 +124,13 @@ def test_taking_runs_and_pairs_leaves_the_same_counts(
 ) -> None:
     """``take`` of a placement as runs (the slice path) and as pairs (host by host),
     in the view itself or in a draft, leave the same counts, classes and bitmap; a
-    draft's takes never reach its parent."""
+    draft's takes never reach its parent. Snapshots taken on the way (which share the
+    counts and log what changes after them) keep their instant's counts, and compare
+    equal exactly when those are equal."""
     names = [f"h{i:03d}" for i in range(len(initial))]
     parent_runs, by_pairs = FreeSlots(names, initial), FreeSlots(names, initial)
     by_runs = parent_runs.draft() if in_draft else parent_runs
+    shots = [(by_runs.snapshot(), by_pairs.snapshot(), _open_of(by_pairs))]
     for want, ptile in wants:
         placed = by_runs.place(1, want, ptile)
         assert placed == by_pairs.place(1, want, ptile)
@@ -140,8 +144,19 @@ def test_taking_runs_and_pairs_leaves_the_same_counts(
         assert by_runs.as_dict() == by_pairs.as_dict()
         assert list(by_runs.open_hosts()) == list(by_pairs.open_hosts())
         assert by_runs.capacity(2) == by_pairs.capacity(2)
+        shots.append((by_runs.snapshot(), by_pairs.snapshot(), _open_of(by_pairs)))
     if in_draft:
         assert parent_runs.as_dict() == dict(zip(names, initial, strict=True))
+    for (a_runs, a_pairs, a_model), (b_runs, b_pairs, b_model) in pairwise(shots):
+        assert (a_runs == b_runs) == (a_pairs == b_pairs) == (a_model == b_model)
+    for snap_runs, snap_pairs, model in shots:
+        assert dict(snap_runs) == dict(snap_pairs) == model
+        assert snap_runs == snap_pairs == model
+
+
+def _open_of(free: FreeSlots) -> dict[str, int]:
+    """The hosts with free slots, as a snapshot lists them."""
+    return {h: n for h, n in free.as_dict().items() if n}
 
 
 def test_a_placement_of_alike_hosts_is_one_run() -> None:

@@ -9,7 +9,7 @@
 
 from __future__ import annotations
 
-from itertools import pairwise
+from itertools import combinations, pairwise
 from typing import Any
 
 from hypothesis import given, settings
@@ -538,3 +538,53 @@ def test_a_stop_of_many_tasks_reports_what_stops_one_by_one_report(
     bulk = _stops_seen(tmp_path_factory.mktemp("bulk"), True, stops, delay, grace)
     single = _stops_seen(tmp_path_factory.mktemp("single"), False, stops, delay, grace)
     assert bulk == single
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.integers(0, 3), min_size=1, max_size=70),
+    st.lists(
+        st.tuples(st.integers(0, 69), st.integers(0, 69), st.booleans(), st.booleans()),
+        max_size=30,
+    ),
+)
+def test_snapshots_of_any_two_instants_compare_as_their_counts(
+    initial: list[int], moves: list[tuple[int, int, bool, bool]]
+) -> None:
+    """A slot moved from one host to another leaves the total as it was: snapshots
+    taken around such moves (sharing the counts, with the changes logged) are equal
+    exactly when their counts are, whichever two are compared, and keep their counts
+    however many changes come after (the log is reset once it outgrows the hosts)."""
+    names = [f"h{i:03d}" for i in range(len(initial))]
+    slots = FreeSlots(names, initial)
+    model = dict(zip(names, initial, strict=True))
+    shots = [(slots.snapshot(), _open(model))]
+    for a, b, bulk, shoot in moves:
+        src, dst = names[a % len(names)], names[b % len(names)]
+        if src == dst or not model[src]:
+            continue
+        model[src] -= 1
+        model[dst] += 1
+        pairs = [(src, model[src]), (dst, model[dst])]
+        if bulk:  # the bulk path: many hosts at once, most set to what they hold
+            pairs += [(h, model[h]) for h in names if h not in (src, dst)][:30]
+        slots.set_many(pairs)
+        if shoot:
+            shots.append((slots.snapshot(), _open(model)))
+    for (x, x_model), (y, y_model) in combinations(shots, 2):
+        assert (x == y) == (x_model == y_model)
+    for snap, expected in shots:
+        assert dict(snap) == expected and len(snap) == len(expected)
+
+
+def test_a_snapshot_kept_alive_does_not_make_the_log_outgrow_the_hosts() -> None:
+    """The log that snapshots share never holds more positions than there are hosts:
+    past that, the live snapshots are made copies (and keep their counts)."""
+    names = [f"h{i:03d}" for i in range(10)]
+    slots = FreeSlots(names, [2] * 10)
+    kept = slots.snapshot()
+    for k in range(60):
+        slots.set(names[k % 10], k % 3)
+        assert slots._log is None or slots._logged_n <= len(names)
+    assert dict(kept) == dict.fromkeys(names, 2)
+    assert slots._log is None  # nothing shares the counts any more
