@@ -49,13 +49,13 @@ from xce_resize_plugin.journal import StoredState, Tail
 T = TypeVar("T")
 
 
-_id_of, _host_of = attrgetter("id"), attrgetter("host")
+_id_and_host = attrgetter("id", "host")
 
 
 def _unstructure_tasks(tasks: tuple[Task, ...]) -> list[tuple[int, str]]:
-    """``[id, host]`` pairs (as tuples: JSON writes them as the same arrays), made in C:
-    a job of many hosts has its whole allocation encoded at every transition."""
-    return list(zip(map(_id_of, tasks), map(_host_of, tasks), strict=True))
+    """``[id, host]`` pairs (as tuples: JSON writes them as the same arrays), made in C
+    in one pass: a job of many hosts has each new allocation encoded."""
+    return list(map(_id_and_host, tasks))
 
 
 class _EncodedTasks:
