@@ -696,15 +696,12 @@ class EmbeddedController:
             if not new:
                 raise ContractViolation(f"commit_allocation: job {job_id}: empty allocation")
             listed = self._cluster.as_held(job_id, new)
-            if listed is None:
-                task = self._cluster.not_held(job_id, new)
-                if task is not None:
-                    raise ContractViolation(
-                        f"commit_allocation: job {job_id} task {task.id} on {task.host} "
-                        "is not reserved"
-                    )
             if listed is not None:
                 new = listed  # equal, and read as runs from now on
+            elif (task := self._cluster.not_held(job_id, new)) is not None:
+                raise ContractViolation(
+                    f"commit_allocation: job {job_id} task {task.id} on {task.host} is not reserved"
+                )
             resized = len(new) != len(job.tasks)
             job.tasks = new
             job.version = version
@@ -764,20 +761,7 @@ class EmbeddedController:
             self._reported(TaskEvent(job_id, task_id, "start_failed", None, reason))
 
     def task_exited(self, job_id: str, task_id: int, status: int | None, reason: str) -> None:
-        with self._lock:
-            rec = self._live_task(job_id, task_id)
-            if rec is None:
-                return
-            # Whether the host had asked it to stop (a release, the job's end): a
-            # release_exited job drops only tasks that ended on their own.
-            stopped = rec.state is TaskState.STOPPING
-            rec.state = TaskState.EXITED
-            rec.since = self.now()
-            rec.status = status
-            rec.reason = reason
-            rec.stop_since = rec.grace = None
-            self._changed(job_id)
-            self._reported(TaskEvent(job_id, task_id, "exited", status, reason, stopped))
+        self.tasks_exited(job_id, (task_id,), status, reason)
 
     def tasks_exited(
         self, job_id: str, task_ids: Sequence[int], status: int | None, reason: str
@@ -791,7 +775,9 @@ class EmbeddedController:
             for tid in task_ids:
                 rec = get(tid)
                 if rec is None or rec.state not in _LIVE:
-                    continue
+                    continue  # no process that may still be alive: a stale report
+                # Whether the host had asked it to stop (a release, the job's end): a
+                # release_exited job drops only tasks that ended on their own.
                 stopped = rec.state is TaskState.STOPPING
                 rec.state = TaskState.EXITED
                 rec.since = now
