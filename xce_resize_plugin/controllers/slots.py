@@ -319,7 +319,7 @@ class FreeSlots:
         if not views:
             self._log, self._logged_n = [], 0
         assert self._log is not None
-        view = _FreeView(self._names, self._pos, self.total, self, len(self._log))
+        view = _FreeView(self, len(self._log))
         views.append(weakref.ref(view))
         self._views = views
         return view
@@ -670,18 +670,12 @@ class _FreeView(Mapping[str, int]):
 
     __slots__ = ("__weakref__", "_at", "_free", "_names", "_owner", "_pos", "_total")
 
-    def __init__(
-        self,
-        names: Sequence[str],
-        pos: Mapping[str, int],
-        total: int,
-        owner: FreeSlots | None,
-        at: int = 0,
-        free: list[int] | None = None,
-    ) -> None:
-        self._names, self._pos = names, pos
-        self._total = total  # the sum of the counts (known to the cluster without adding)
-        self._owner, self._at, self._free = owner, at, free
+    def __init__(self, owner: FreeSlots, at: int) -> None:
+        self._names, self._pos = owner._names, owner._pos
+        self._total = owner.total  # the sum of the counts, known without adding them
+        self._owner: FreeSlots | None = owner
+        self._at = at  # the owner's log position when taken
+        self._free: list[int] | None = None
 
     def _counts(self) -> list[int]:
         """The counts as of the snapshot (made now, and kept, if still linked)."""
