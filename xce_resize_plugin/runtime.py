@@ -22,6 +22,7 @@ from xce_resize_plugin.core import config as config_mod
 from xce_resize_plugin.core import converters, engine, target
 from xce_resize_plugin.core import events as events_mod
 from xce_resize_plugin.core.accounting import Usage, usage_of_job, usage_of_state
+from xce_resize_plugin.core.allocations import joined
 from xce_resize_plugin.core.models import (
     ChangeKind,
     Fact,
@@ -772,7 +773,7 @@ class Runtime:
             elif isinstance(effect, engine.Launch):
                 if effect.tasks:
                     state = self.states[effect.job_id]
-                    after = state.tasks + effect.tasks
+                    after = joined(state.tasks, effect.tasks)
                     # Only a resizable job changes size (hence resizable=True, here and
                     # in the notification's environment).
                     ctl.launch_tasks(

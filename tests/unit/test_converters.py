@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 
 import attrs
 import orjson
@@ -45,7 +46,7 @@ def _fact(cls: type) -> st.SearchStrategy[object]:
     id_lists = st.lists(int64, max_size=4).map(tuple)
     ints.update({f.name: id_lists for f in fields if f.type == tuple[int, ...]})
     task_fields: dict[str, st.SearchStrategy[object]] = {
-        f.name: tasks for f in fields if f.type == tuple[Task, ...]
+        f.name: tasks for f in fields if f.type in (tuple[Task, ...], Sequence[Task])
     }
     # A nested target holds 64-bit integers as well (left to inference, they need not).
     targets = st.none() | st.builds(Target, int64, st.lists(int64, max_size=4).map(tuple))

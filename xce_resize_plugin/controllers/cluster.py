@@ -594,6 +594,15 @@ class Cluster:
             return tasks
         if placement is None or placement.runs is None or len(tasks) != placement.total:
             return None
+        if (
+            isinstance(tasks, TaskList)
+            and not tasks.start
+            and tasks.placement.names is placement.names
+            and tasks.placement.runs == placement.runs
+        ):
+            # The job's list cut to its first tasks (the plugin's state after a release
+            # of its newest ones): the same runs of the same hosts.
+            return TaskList(placement)
         n = len(tasks)
         ids, hosts = list(map(_id_of, tasks)), list(map(_host_of, tasks))
         if ids == list(range(n)) and hosts == list(placement.task_hosts()):

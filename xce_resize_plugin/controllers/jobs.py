@@ -135,27 +135,32 @@ class TaskStates(MutableMapping[int, TaskRecord]):
         self._reason = ""
         #: How many of the records are of tasks added after the start.
         self._added = 0
-        #: The start tasks' hosts by id, when they are not ``0..n-1`` in order.
-        self._hosts: dict[int, str] | None = None
+        #: The start tasks' hosts: by id, or (ids ``0..n-1`` in order) by index; made
+        #: at the first look-up.
+        self._hosts: dict[int, str] | list[str] | None = None
 
     def _host_of(self, task_id: int) -> str | None:
         """The host of a start task (``None``: not one)."""
-        tasks = self._tasks
         hosts = self._hosts
         if hosts is None:
-            n = len(tasks)
-            if (
-                isinstance(tasks, TasksInIdOrder)
-                and n
-                and tasks[0].id == 0
-                and tasks[-1].id == n - 1
-            ):
-                # Ascending ids from 0 to n-1: task i is at index i.
-                if isinstance(task_id, int) and 0 <= task_id < n:
-                    return tasks[task_id].host
-                return None
-            hosts = self._hosts = {t.id: t.host for t in tasks}
+            hosts = self._hosts = self._host_index()
+        if isinstance(hosts, list):
+            if isinstance(task_id, int) and 0 <= task_id < len(hosts):
+                return hosts[task_id]
+            return None
         return hosts.get(task_id)
+
+    def _host_index(self) -> dict[int, str] | list[str]:
+        tasks = self._tasks
+        n = len(tasks)
+        if isinstance(tasks, TasksInIdOrder) and n and tasks[0].id == 0 and tasks[-1].id == n - 1:
+            # Ascending ids from 0 to n-1: task i is at index i. A host's lazy list gives
+            # its hosts without making its tasks (a release stops thousands at once).
+            task_hosts = getattr(tasks, "task_hosts", None)
+            if task_hosts is not None:
+                return list(task_hosts())
+            return [t.host for t in tasks]
+        return {t.id: t.host for t in tasks}
 
     def _record(self, task_id: int) -> TaskRecord | None:
         """The task's record, made now for a start task never read before."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import (
     Callable,
     ItemsView,
+    Iterable,
     Iterator,
     KeysView,
     MutableMapping,
@@ -139,6 +140,16 @@ class TaskList(LazyTuple[Task], TasksInIdOrder):
     def __len__(self) -> int:
         return self.placement.total - self.start
 
+    def task_hosts(self) -> Iterator[str]:
+        """The host of each task in order, without making the tasks."""
+        if self._tasks is not None:
+            return (t.host for t in self._tasks)
+        hosts = self.placement.task_hosts()
+        return islice(hosts, self.start, None) if self.start else hosts
+
+    def id_host_pairs(self) -> Iterable[tuple[int, str]]:
+        return zip(range(self.start, self.placement.total), self.task_hosts(), strict=True)
+
     @overload
     def __getitem__(self, i: int) -> Task: ...
 
@@ -150,15 +161,21 @@ class TaskList(LazyTuple[Task], TasksInIdOrder):
             return self._tasks[i]
         if isinstance(i, slice):
             first, stop, step = i.indices(len(self))
-            if step == 1 and stop >= len(self) and first > 0:
+            n = len(self)
+            if step != 1 or first >= stop or (first == 0 and stop == n):
+                return self.as_tuple()[i]
+            if stop == n:
                 return TaskList(self.placement, self.start + first)
-            return self.as_tuple()[i]
+            if self.placement.runs is None:
+                return self.as_tuple()[i]
+            # Its first tasks: the placement's first runs (the plugin's state after a
+            # release of the job's newest tasks), made without the tasks.
+            head, _ = self.placement.split(self.start + stop)
+            return TaskList(head, self.start + first)
         n = len(self)
         k = i + n if i < 0 else i
         if not 0 <= k < n:
             raise IndexError("task index out of range")
-        if k == 0 and not self.start:
-            return Task(0, next(self.placement.hosts()))
         return Task(self.start + k, self.placement.task_host(self.start + k))
 
     def __reversed__(self) -> Iterator[Task]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from operator import attrgetter
 from typing import Any, TypeVar
 
@@ -38,6 +38,7 @@ from xce_resize_plugin.core.models import (
     Target,
     TargetRequest,
     Task,
+    TasksInIdOrder,
     TasksLost,
     TasksStopped,
     TaskStopped,
@@ -52,9 +53,12 @@ T = TypeVar("T")
 _id_and_host = attrgetter("id", "host")
 
 
-def _unstructure_tasks(tasks: tuple[Task, ...]) -> list[tuple[int, str]]:
+def _unstructure_tasks(tasks: Sequence[Task]) -> list[tuple[int, str]]:
     """``[id, host]`` pairs (as tuples: JSON writes them as the same arrays), made in C
-    in one pass: a job of many hosts has each new allocation encoded."""
+    in one pass: a job of many hosts has each new allocation encoded. A host's list in
+    id order makes them itself (without making its tasks, if it can)."""
+    if isinstance(tasks, TasksInIdOrder):
+        return list(tasks.id_host_pairs())
     return list(map(_id_and_host, tasks))
 
 
@@ -79,12 +83,12 @@ class _EncodedTasks:
         self._budget = budget
         #: Tuples shorter than this are not kept: most jobs, with nothing to gain.
         self._small = small
-        self._kept: dict[int, tuple[tuple[Task, ...], orjson.Fragment]] = {}
+        self._kept: dict[int, tuple[Sequence[Task], orjson.Fragment]] = {}
         self._tasks = 0
         # Journals of several controllers may encode at once in one process.
         self._lock = threading.Lock()
 
-    def __call__(self, tasks: tuple[Task, ...]) -> list[tuple[int, str]] | orjson.Fragment:
+    def __call__(self, tasks: Sequence[Task]) -> list[tuple[int, str]] | orjson.Fragment:
         n = len(tasks)
         if n < self._small:
             return _unstructure_tasks(tasks)
@@ -104,6 +108,12 @@ class _EncodedTasks:
         return encoded
 
 
+def _is_tasks(t: object) -> bool:
+    """A field of tasks: a tuple, or an allocation that may be a host's own list
+    (core/allocations.py)."""
+    return t == tuple[Task, ...] or t == Sequence[Task]
+
+
 def _make_journal_converter() -> cattrs.Converter:
     conv = make_converter(forbid_extra_keys=True)
     # Tasks are the bulk of every record: [id, host] instead of {"id":…, "host":…}.
@@ -112,13 +122,12 @@ def _make_journal_converter() -> cattrs.Converter:
     # Recovery decodes every live job's state, and tasks are most of it: a direct hook
     # for task tuples is several times faster than cattrs' generic tuple path.
     conv.register_structure_hook_func(
-        lambda t: t == tuple[Task, ...],
-        lambda v, _: tuple([Task(int(i), str(h)) for i, h in v]),
+        _is_tasks, lambda v, _: tuple([Task(int(i), str(h)) for i, h in v])
     )
     # And the other way round: a job's state, with its allocation, is encoded at every
     # transition; cattrs' generic path calls a hook per task through a generator.
     # Already encoded: the journal's converter is only ever read by orjson (_dumps).
-    conv.register_unstructure_hook_func(lambda t: t == tuple[Task, ...], _EncodedTasks())
+    conv.register_unstructure_hook_func(_is_tasks, _EncodedTasks())
     # A record's reason is written only when there is one (an involuntary shrink), so
     # the records of requested changes keep the bytes they always had.
     conv.register_unstructure_hook(

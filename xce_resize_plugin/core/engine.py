@@ -12,14 +12,25 @@ materialised state exactly (the journal stores both; ``journal verify`` compares
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Sequence
-from itertools import compress
-from operator import attrgetter, not_
 from typing import Any, Protocol, TypeVar
 
 from attrs import fields, frozen
 
 from xce_resize_plugin import errors
 from xce_resize_plugin.core import readiness
+from xce_resize_plugin.core.allocations import (
+    as_kept,
+    id_range,
+    joined,
+    next_task_id,
+    task_ids,
+)
+from xce_resize_plugin.core.allocations import (
+    with_ids as _with_ids,
+)
+from xce_resize_plugin.core.allocations import (
+    without_ids as _without_ids,
+)
 from xce_resize_plugin.core.models import (
     AutoresizeRequest,
     AutoresizeSet,
@@ -125,7 +136,7 @@ class Policy(Protocol):
 @frozen
 class Reserve:
     job_id: str
-    tasks: tuple[Task, ...]
+    tasks: Sequence[Task]
 
 
 @frozen
@@ -137,7 +148,7 @@ class Free:
 @frozen
 class Launch:
     job_id: str
-    tasks: tuple[Task, ...]
+    tasks: Sequence[Task]
 
 
 @frozen
@@ -154,8 +165,8 @@ class Notify:
     attempt: int
     command: str
     kind: ChangeKind
-    delta: tuple[Task, ...]
-    after: tuple[Task, ...]
+    delta: Sequence[Task]
+    after: Sequence[Task]
     #: The allocation version of ``after`` when it is already committed (a notification
     #: for information after an involuntary shrink); ``None``: the next version.
     version: int | None = None
@@ -173,7 +184,7 @@ class DrainUntil:
 @frozen
 class CommitAllocation:
     job_id: str
-    tasks: tuple[Task, ...]
+    tasks: Sequence[Task]
     version: int
     record: ResizeRecord | None
 
@@ -252,7 +263,7 @@ def _track(
         user=job.user,
         min_tasks=job.min_tasks,
         max_tasks=job.max_tasks,
-        tasks=tuple(job.tasks),
+        tasks=as_kept(job.tasks),
         started_at=job.start_time if job.start_time is not None else at,
     )
     return evolve(prior if prior is not None and not prior.live else None, fact), [fact]
@@ -365,7 +376,7 @@ def _decide_grow(
 
 
 def _release_ids(
-    tasks: tuple[Task, ...], job: JobInfo, request: ReleaseRequest, policy: Policy
+    tasks: Sequence[Task], job: JobInfo, request: ReleaseRequest, policy: Policy
 ) -> tuple[int, ...]:
     named = named_release_ids(request, tasks)
     if named is not None:
@@ -396,7 +407,7 @@ def _decide_release(
     grace = check_grace(
         request.grace if request.grace is not None else job.grace, settings, "grace"
     )
-    tasks = state.tasks if state is not None else tuple(job.tasks)
+    tasks = state.tasks if state is not None else as_kept(job.tasks)
     ids = set(_release_ids(tasks, job, request, policy))
     remaining = len(tasks) - len(ids)
     if remaining < job.min_tasks:
@@ -952,7 +963,7 @@ def _exits(
     state: ResizeState, events: Iterable[TaskEvent], in_change: set[int], at: float
 ) -> list[Fact]:
     """Exits of committed tasks that no change is about (reported once per exit)."""
-    committed = {t.id for t in state.tasks}
+    committed: Collection[int] = id_range(state.tasks) or {t.id for t in state.tasks}
     return [
         TaskExited(state.job_id, at, e.task_id, e.status, e.reason)
         for e in events
@@ -1257,7 +1268,7 @@ def _tracked(prior: ResizeState | None, fact: JobTracked) -> ResizeState:
         max_tasks=fact.max_tasks,
         tasks=fact.tasks,
         started_at=fact.started_at,
-        next_task_id=max((t.id for t in fact.tasks), default=-1) + 1,
+        next_task_id=next_task_id(fact.tasks),
         version=version,
         records=records,
         charges=charges,
@@ -1378,7 +1389,7 @@ def _commit(state: ResizeState, change: Change, fact: Committed) -> ResizeState:
     if change.kind is ChangeKind.GROW:
         # A task that started and then failed (not ready in time) is not added.
         delta = _with_ids(change.tasks, change.started - change.failed)
-        after = before + delta
+        after: Sequence[Task] = joined(before, delta)
     else:
         delta = change.tasks
         after = _without(before, delta)
@@ -1420,7 +1431,7 @@ def effects(before: ResizeState | None, fact: Fact, after: ResizeState) -> list[
         change = after.change
         assert change is not None and change.notify_cmd is not None
         after_tasks = (
-            after.tasks + change.tasks
+            joined(after.tasks, change.tasks)
             if change.kind is ChangeKind.GROW
             else _without(after.tasks, change.tasks)
         )
@@ -1437,7 +1448,7 @@ def effects(before: ResizeState | None, fact: Fact, after: ResizeState) -> list[
         assert change is not None
         if change.kind is ChangeKind.GROW:
             return [Launch(job_id, _unresolved(change))]
-        return [Stop(job_id, tuple(t.id for t in _unresolved(change)))]
+        return [Stop(job_id, task_ids(_unresolved(change)))]
     if isinstance(fact, TaskStartFailed | TaskStopped | TasksStopped):
         return [Free(job_id, _ids_of(fact))]
     if isinstance(fact, ReadyTimedOut):
@@ -1518,26 +1529,11 @@ def _task_run(state: ResizeState, run: Sequence[Fact], out: list[Effect]) -> Res
     return _evolve(state, change=new, charges=_charges(state.charges, run[0].at, held))
 
 
-_id_of = attrgetter("id")
+def _without(tasks: Sequence[Task], gone: Sequence[Task]) -> Sequence[Task]:
+    return _without_ids(tasks, set(task_ids(gone)))
 
 
-def _with_ids(tasks: Sequence[Task], ids: Collection[int]) -> tuple[Task, ...]:
-    """The tasks whose ids are in ``ids``, in their order: filtered in C, for a job of
-    many thousands of tasks (the same as ``t for t in tasks if t.id in ids``)."""
-    return tuple(compress(tasks, map(ids.__contains__, map(_id_of, tasks))))
-
-
-def _without_ids(tasks: Sequence[Task], ids: Collection[int]) -> tuple[Task, ...]:
-    """The tasks whose ids are not in ``ids``, in their order (see :func:`_with_ids`)."""
-    return tuple(compress(tasks, map(not_, map(ids.__contains__, map(_id_of, tasks)))))
-
-
-def _without(tasks: tuple[Task, ...], gone: tuple[Task, ...]) -> tuple[Task, ...]:
-    ids = {t.id for t in gone}
-    return _without_ids(tasks, ids)
-
-
-def _unresolved(change: Change) -> tuple[Task, ...]:
+def _unresolved(change: Change) -> Sequence[Task]:
     done = change.started | change.failed | change.stopped
     return _without_ids(change.tasks, done)
 

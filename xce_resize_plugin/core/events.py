@@ -10,7 +10,7 @@ them from the plugin alone. Each event names what happened in words a framework 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from attrs import frozen
@@ -79,7 +79,7 @@ def _committed(after: ResizeState) -> list[tuple[str, dict[str, Any]]]:
 
 
 def _size(
-    before: tuple[Task, ...], after: tuple[Task, ...], version: int
+    before: Sequence[Task], after: Sequence[Task], version: int
 ) -> tuple[str, dict[str, Any]]:
     return (
         "size_changed",

@@ -11,6 +11,7 @@ import functools
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from itertools import repeat
+from operator import attrgetter
 from typing import Any, TypeVar
 
 from attrs import AttrsInstance, field, fields, frozen
@@ -77,18 +78,26 @@ class Task:
 
 
 class TasksInIdOrder(Sequence[Task]):
-    """A sequence of tasks whose ids ascend, said by its type.
+    """A sequence of tasks whose ids strictly ascend, said by its type.
 
     A host may give a job's tasks (:attr:`JobInfo.tasks`) as such a sequence when it
     knows their order (its own ids ``0..n-1`` in allocation order, say), and make them
     only when read: the plugin then takes a job's newest tasks from the end, without
-    reading or sorting the others (docs/host-integration.md). Its slices must be in id
-    order too. Any other sequence is sorted when the order matters.
+    reading or sorting the others, and keeps the sequence (or its slices) in its state
+    instead of a copy (docs/host-integration.md). Its ids are distinct (a job's task
+    ids are), it never changes, and its slices are in id order too. Any other sequence
+    is copied, and sorted when the order matters.
     """
 
     __slots__ = ()
 
+    def id_host_pairs(self) -> Iterable[tuple[int, str]]:
+        """``(id, host)`` of each task in order: how the journal writes an allocation.
+        A host's list may make them without making its tasks."""
+        return map(_id_and_host, self)
 
+
+_id_and_host = attrgetter("id", "host")
 _new_object = object.__new__
 # The slots' own descriptors: setting through them is what attrs' frozen __init__ does
 # (through object.__setattr__), without a Python call per field.
@@ -327,7 +336,7 @@ class Change:
     """
 
     kind: ChangeKind
-    tasks: tuple[Task, ...]
+    tasks: Sequence[Task]
     notify_cmd: str | None
     since: float
     attempt: int = 0
@@ -352,9 +361,9 @@ class ResizeRecord:
 
     time: float
     kind: ChangeKind
-    before: tuple[Task, ...]
-    delta: tuple[Task, ...]
-    after: tuple[Task, ...]
+    before: Sequence[Task]
+    delta: Sequence[Task]
+    after: Sequence[Task]
     version: int
     #: Why the change happened when nobody asked for it: ``host_failure`` for an
     #: involuntary shrink (docs/failover.md); ``None`` for a requested change.
@@ -397,7 +406,7 @@ class ResizeState:
     user: str
     min_tasks: int
     max_tasks: int
-    tasks: tuple[Task, ...]
+    tasks: Sequence[Task]
     started_at: float
     phase: Phase = Phase.IDLE
     pending: PendingGrow | None = None
@@ -420,13 +429,12 @@ class ResizeState:
     target: Target | None = None
 
     @property
-    def held(self) -> tuple[Task, ...]:
+    def held(self) -> Sequence[Task]:
         change = self.change
         if change is None:
             return self.tasks if self.ended_at is None else ()
         if change.kind is ChangeKind.GROW:
-            extra = tuple(t for t in change.tasks if t.id not in change.failed)
-            return self.tasks + extra
+            return (*self.tasks, *(t for t in change.tasks if t.id not in change.failed))
         return tuple(t for t in self.tasks if t.id not in change.stopped)
 
     @property
@@ -456,7 +464,7 @@ class JobTracked:
     user: str
     min_tasks: int
     max_tasks: int
-    tasks: tuple[Task, ...]
+    tasks: Sequence[Task]
     started_at: float
 
 
@@ -524,7 +532,7 @@ class GrowPlaced:
 class ReleaseAccepted:
     job_id: str
     at: float
-    tasks: tuple[Task, ...]
+    tasks: Sequence[Task]
     notify_cmd: str | None
     principal: str
     cancelled_pending: bool = False

@@ -42,10 +42,11 @@ ReleaseNoop and InvalidRequest as documented on each function. The head task
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 
 from attrs import frozen
 
+from xce_resize_plugin.core.allocations import id_range
 from xce_resize_plugin.core.models import ReleaseRequest, Task
 from xce_resize_plugin.errors import (
     BadHost,
@@ -345,7 +346,8 @@ def resolve_task_ids(ids: Iterable[int], tasks: Sequence[Task]) -> tuple[int, ..
     wanted = list(ids)
     if not wanted:
         raise ReleaseNoop("no task ids given")
-    present = {t.id for t in tasks}
+    # A host's gapless list in id order: membership by its range, without its tasks.
+    present: Collection[int] = id_range(tasks) or {t.id for t in tasks}
     head_id = tasks[0].id if tasks else None
     seen: set[int] = set()
     for task_id in wanted:

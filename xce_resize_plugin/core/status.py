@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from attrs import frozen
 
 from xce_resize_plugin.core.models import ChangeKind, PendingGrow, Phase, Target, Task
@@ -19,13 +21,13 @@ class ResizeStatus:
 
     job_id: str
     phase: Phase
-    tasks: tuple[Task, ...]
+    tasks: Sequence[Task]
     min_tasks: int
     max_tasks: int
     version: int
     pending: PendingGrow | None = None
     in_flight: ChangeKind | None = None
-    in_flight_tasks: tuple[Task, ...] = ()
+    in_flight_tasks: Sequence[Task] = ()
     autoresize: bool = False
     target: Target | None = None
 

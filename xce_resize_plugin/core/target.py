@@ -128,7 +128,7 @@ def _clear(state: ResizeState | None, at: float, principal: str) -> list[Fact]:
 
 
 def release_choice(
-    tasks: tuple[Task, ...], job: JobInfo, target: Target, count: int, policy: Policy
+    tasks: Sequence[Task], job: JobInfo, target: Target, count: int, policy: Policy
 ) -> tuple[int, ...]:
     """The ``count`` task ids to release: the preferred ones the job still holds, in
     the order given, then those the release policy picks; never task 0."""

@@ -372,9 +372,8 @@ def test_a_placement_splits_into_its_first_tasks_and_the_rest(
     assert rest.total == placed.total - m and list(rest.task_hosts()) == every[m:]
 
 
-def test_a_job_shrunk_by_its_newest_tasks_is_listed_and_ended_as_runs() -> None:
-    """A job started on runs and shrunk by its newest tasks: the cluster lists what it
-    holds as a task list of runs (what a commit then keeps), and its end frees runs."""
+def _a_job_on_runs() -> tuple[list[str], Cluster, TaskList]:
+    """A cluster of 300 one-slot hosts and job ``j`` started on its first 200."""
     names = [f"h{i:03d}" for i in range(300)]
     cluster = Cluster([(h, 1) for h in names])
     cluster.register_job("j", "u")
@@ -382,6 +381,13 @@ def test_a_job_shrunk_by_its_newest_tasks_is_listed_and_ended_as_runs() -> None:
     assert placed is not None
     started = cluster.allocate("j", placed)
     assert isinstance(started, TaskList)
+    return names, cluster, started
+
+
+def test_a_job_shrunk_by_its_newest_tasks_is_listed_and_ended_as_runs() -> None:
+    """A job started on runs and shrunk by its newest tasks: the cluster lists what it
+    holds as a task list of runs (what a commit then keeps), and its end frees runs."""
+    names, cluster, _ = _a_job_on_runs()
     assert cluster.free("j", list(range(150, 200))) == 50
     kept = [Task(i, names[i]) for i in range(150)]
     listed = cluster.as_held("j", kept)
@@ -391,3 +397,50 @@ def test_a_job_shrunk_by_its_newest_tasks_is_listed_and_ended_as_runs() -> None:
     assert cluster.as_held("j", [*kept[:-1], Task(149, names[151])]) is None
     assert cluster.release_all("j") == 150 and cluster.free_total == 300
     assert cluster.check() == []
+
+
+@settings(max_examples=150, deadline=None)
+@given(_blocks(0), st.integers(1, 400), st.one_of(st.none(), st.integers(1, 3)), st.data())
+def test_any_slice_of_a_task_list_is_that_of_its_tuple(
+    initial: list[int], want: int, ptile: int | None, data: st.DataObject
+) -> None:
+    """Slices (of the list, and of its tail slices) read as the tuple's; a slice of
+    consecutive tasks of a placement of runs is a task list again (the plugin keeps a
+    job's first tasks after a release of its newest ones), made without the tasks.
+    Its hosts and ``(id, host)`` pairs are those of its tasks."""
+    names = [f"h{i:03d}" for i in range(len(initial))]
+    placed = FreeSlots(names, initial).place(1, want, ptile)
+    if placed is None:
+        return
+    start = data.draw(st.integers(0, placed.total - 1))
+    tasks = TaskList(placed, start)
+    plain = tuple(Task(i, h) for i, h in enumerate(placed.task_hosts()))[start:]
+    n = len(plain)
+    a = data.draw(st.integers(-n - 2, n + 2))
+    b = data.draw(st.integers(-n - 2, n + 2))
+    step = data.draw(st.sampled_from([None, 1, 2, -1]))
+    part = tasks[a:b:step]
+    first, stop, _ = slice(a, b).indices(n)
+    if step in (None, 1) and first < stop and (first, stop) != (0, n):
+        assert isinstance(part, TaskList) and part._tasks is None
+        assert list(part.id_host_pairs()) == [(t.id, t.host) for t in plain[a:b]]
+        assert list(part.task_hosts()) == [t.host for t in plain[a:b]]
+    assert tuple(part) == plain[a:b:step]
+    assert list(tasks.id_host_pairs()) == [(t.id, t.host) for t in plain]
+    tasks.as_tuple()
+    assert list(tasks.id_host_pairs()) == [(t.id, t.host) for t in plain]
+    assert list(tasks.task_hosts()) == [t.host for t in plain]
+
+
+def test_the_plugins_first_tasks_of_a_job_commit_as_the_jobs_own_runs() -> None:
+    """The plugin's state after a release of the newest tasks is the job's task list
+    cut to its first tasks: the cluster takes it as what the job holds, comparing runs,
+    and any other cut is compared task by task."""
+    _, cluster, started = _a_job_on_runs()
+    first = started[:150]
+    assert isinstance(first, TaskList) and first.placement is not started.placement
+    assert cluster.free("j", list(range(150, 200))) == 50
+    listed = cluster.as_held("j", first)
+    assert isinstance(listed, TaskList) and listed == tuple(started)[:150]
+    assert cluster.as_held("j", started[:149]) is None
+    assert cluster.as_held("j", started[1:151]) is None

@@ -15,6 +15,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from xce_resize_plugin.controllers.lazy import TaskList
 from xce_resize_plugin.controllers.scheduler import PendingJob, easy_pass
 from xce_resize_plugin.controllers.sim import Cluster
 from xce_resize_plugin.controllers.slots import FreeSlots
@@ -22,16 +23,26 @@ from xce_resize_plugin.core import converters, engine
 from xce_resize_plugin.core.models import (
     Committed,
     GrowPlaced,
+    GrowRequest,
     GrowRequested,
+    JobInfo,
     JobTracked,
     ReleaseAccepted,
+    ReleaseRequest,
     ResizeState,
     Task,
+    TaskEvent,
     TasksLaunched,
     TaskStarted,
     TaskStopped,
 )
+from xce_resize_plugin.host import Principal
 from xce_resize_plugin.journal import StoredState
+from xce_resize_plugin.manager import get_plugin_manager
+from xce_resize_plugin.policy import HookPolicy
+from xce_resize_plugin.testing import grow_host_view, make_job
+
+OWNER = Principal("alice")
 
 
 def _agrees(slots: FreeSlots, model: dict[str, int], ptile: int | None) -> None:
@@ -491,7 +502,7 @@ def _stops_seen(
         SimTaskRunner,
         TaskFaults,
     )
-    from xce_resize_plugin.host import Controller, TaskEvent
+    from xce_resize_plugin.host import Controller
 
     seen: list[tuple[Any, ...]] = []
     todo = list(stops)
@@ -588,3 +599,91 @@ def test_a_snapshot_kept_alive_does_not_make_the_log_outgrow_the_hosts() -> None
         assert slots._log is None or slots._logged_n <= len(names)
     assert dict(kept) == dict.fromkeys(names, 2)
     assert slots._log is None  # nothing shares the counts any more
+
+
+def _resize_life(job: JobInfo, steps: list[tuple[str, int]]) -> list[Any]:
+    """What the plugin decides, does and journals over releases and grows of ``job``
+    (each release of the newest ``k`` tasks, of ``k`` by count, or of a task in the
+    middle; each grow of ``k`` tasks on new hosts), the host answering at once."""
+    policy = HookPolicy(get_plugin_manager(entry_points=False))
+    settings_ = engine.Settings()
+    seen: list[Any] = []
+    state: ResizeState | None = None
+    at = 0.0
+
+    def apply(facts: list[Any]) -> list[Any]:
+        nonlocal state
+        state, effects = engine.transition(state, facts)
+        assert state is not None
+        seen.extend([facts, effects, converters.encode_state(state)])
+        return effects
+
+    for kind, k in steps:
+        at += 1.0
+        tasks = state.tasks if state is not None else job.tasks
+        n = len(tasks)
+        if kind == "grow":
+            if n + k > job.max_tasks:
+                continue
+            apply(
+                engine.decide_request(state, job, OWNER, GrowRequest(k, k), at, policy, settings_)
+            )
+            assert state is not None
+            view = grow_host_view({f"new{at:.0f}-{i}": 1 for i in range(k)}, {})
+            apply(engine.decide_placement(state, job, view, None, policy, at))
+        else:
+            k = min(k, n - 1)
+            if k < 1:
+                continue
+            if kind == "newest":
+                # The newest k (a slice: the host's list itself is not read).
+                req = ReleaseRequest(task_ids=tuple(t.id for t in tasks[n - k :]))
+            elif kind == "count":
+                req = ReleaseRequest(count=k)
+            else:
+                req = ReleaseRequest(task_ids=(list(tasks)[n // 2].id,))
+            apply(engine.decide_request(state, job, OWNER, req, at, policy, settings_))
+        assert state is not None
+        effects = apply(engine.decide_dispatch(state, at))
+        change = state.change
+        assert change is not None
+        kind_of = "started" if kind == "grow" else "exited"
+        events = [
+            TaskEvent(job.id, t.id, kind_of, 0 if kind_of == "exited" else None, "", kind != "grow")
+            for t in change.tasks
+        ]
+        seen.append(effects)
+        apply(engine.decide_task_events(state, events, at, settings_))
+        assert state is not None and state.change is None
+    return seen
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.integers(2, 300),
+    st.lists(
+        st.tuples(
+            st.sampled_from(["newest", "newest", "count", "middle", "grow"]), st.integers(1, 80)
+        ),
+        max_size=6,
+    ),
+)
+def test_a_job_given_as_the_hosts_list_is_resized_as_its_tuple(
+    size: int, steps: list[tuple[str, int]]
+) -> None:
+    """A job whose tasks are the host's lazy list in id order: the plugin decides the
+    same facts and effects and journals the same bytes as for the tuple, at every step;
+    a job only ever released by its newest tasks keeps the host's list unmade."""
+    names = [f"h{i:03d}" for i in range(size)]
+    cluster = Cluster([(h, 1) for h in names])
+    cluster.register_job("7", "alice")
+    placed = cluster.free_counts().place(size, size, None)
+    assert placed is not None
+    listed = cluster.allocate("7", placed)
+    assert isinstance(listed, TaskList)
+    lazy = make_job({}, tasks=listed, max_tasks=400, start_time=0.0)
+    plain = make_job({}, tasks=tuple(TaskList(placed)), max_tasks=400, start_time=0.0)
+    seen = _resize_life(lazy, steps)
+    if all(kind == "newest" for kind, _ in steps):
+        assert listed._tasks is None  # (compared below, it is made)
+    assert seen == _resize_life(plain, steps)

@@ -112,6 +112,7 @@ from xce_resize_plugin.core.models import (
     LossOutcome,
     ReleaseRequest,
     Task,
+    TasksInIdOrder,
 )
 from xce_resize_plugin.core.reclaim import QueueHead
 from xce_resize_plugin.errors import ResizeError
@@ -681,7 +682,9 @@ class EmbeddedController:
     def commit_allocation(self, job_id: str, tasks: Sequence[Task], version: int) -> None:
         with self._lock:
             job = self._job(job_id)
-            new: Sequence[Task] = tuple(tasks)
+            # A list in id order does not change (its contract): kept as it is, so that
+            # the host's own list (a slice of it) is compared run by run below.
+            new: Sequence[Task] = tasks if isinstance(tasks, TasksInIdOrder) else tuple(tasks)
             if job.state is not JobState.RUN:
                 # A commit re-issued after the job ended changes nothing any more.
                 log.info("commit_allocation v%s for %s job %s ignored", version, job.state, job_id)
