@@ -19,6 +19,7 @@ from xce_resize_plugin.core.models import (
     Fact,
     GrowPlaced,
     GrowRequest,
+    JobTracked,
     NotifyDone,
     ReleaseAccepted,
     ResizeRecord,
@@ -198,3 +199,51 @@ def test_record_json_keeps_the_documented_key_order() -> None:
     data = record_json(record)
     assert list(data) == ["time", "type", "before", "delta", "after", "delta_tasks", "version"]
     assert data["delta"] == {"b": 2} and data["delta_tasks"] == [1, 2]
+
+
+def _tracked(tasks: object) -> bytes:
+    return json.dumps(
+        {
+            "type": "JobTracked",
+            "job_id": "9",
+            "at": 0.0,
+            "user": "u",
+            "min_tasks": 1,
+            "max_tasks": 999,
+            "tasks": tasks,
+            "started_at": 0.0,
+        }
+    ).encode()
+
+
+def test_a_long_allocation_of_consecutive_ids_is_written_as_its_first_id_and_hosts() -> None:
+    """Schema 4: 256 tasks or more with consecutive ids are ``{"first", "hosts"}``; fewer,
+    or with a gap, stay pairs; both forms (and pairs of any length, as schemas 2 and 3
+    wrote them) decode to the same tasks."""
+    hosts = [f"n{i % 7}" for i in range(converters.RUN_MIN)]
+    long = tuple(Task(5 + i, h) for i, h in enumerate(hosts))
+    fact = JobTracked("9", 0.0, "u", 1, 999, long, 0.0)
+    written = orjson.loads(converters.encode_fact(fact))
+    assert written["tasks"] == {"first": 5, "hosts": hosts}
+    assert converters.decode_fact(converters.encode_fact(fact)) == fact
+    assert converters.decode_fact(_tracked([[t.id, t.host] for t in long])) == fact
+    for tasks in (long[:-1], (*long[:-1], Task(999, "n0"))):
+        short = JobTracked("9", 0.0, "u", 1, 999, tasks, 0.0)
+        pairs = orjson.loads(converters.encode_fact(short))["tasks"]
+        assert pairs == [[t.id, t.host] for t in tasks]
+
+
+@pytest.mark.parametrize(
+    "tasks",
+    [
+        {"first": 0},
+        {"first": 0, "hosts": ["a"], "extra": 1},
+        {"first": "0", "hosts": ["a"]},
+        {"first": True, "hosts": ["a"]},
+        {"first": 0, "hosts": "ab"},
+        {"first": 0, "hosts": ["a", 7]},
+    ],
+)
+def test_a_malformed_run_of_tasks_is_refused(tasks: object) -> None:
+    with pytest.raises(errors.JournalError, match="undecodable fact"):
+        converters.decode_fact(_tracked(tasks))

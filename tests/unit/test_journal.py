@@ -946,29 +946,31 @@ def stored_schema(jdir: Path) -> int:
     return int.from_bytes(raw, "big")
 
 
-def test_a_schema_2_journal_is_read_and_upgraded_when_written(jdir: Path) -> None:
-    """A journal of schema 2 (before the facts of several tasks) is read as it is, and
-    marked as of this schema when opened for writing, before anything new is written:
-    a version that reads only schema 2 then refuses it as newer. Nothing is lost."""
+@pytest.mark.parametrize("old", [2, 3])
+def test_an_older_schema_journal_is_read_and_upgraded_when_written(jdir: Path, old: int) -> None:
+    """A journal of schema 2 (before the facts of several tasks) or 3 (before long
+    allocations written as their first id and hosts) is read as it is, and marked as
+    of this schema when opened for writing, before anything new is written: a version
+    that reads only the old schema then refuses it as newer. Nothing is lost."""
     make_journal(jdir, jobs=3)
     with Journal.open(jdir, readonly=True) as j:
         before = list(j.facts())
     env = raw_env(jdir)
     meta = env.open_db(b"meta", create=False)
     with env.begin(write=True) as txn:
-        txn.put(b"schema", (2).to_bytes(8, "big"), db=meta)
+        txn.put(b"schema", old.to_bytes(8, "big"), db=meta)
     env.close()
 
     with Journal.open(jdir, readonly=True) as j:  # read, not changed
         assert list(j.facts()) == before
-    assert stored_schema(jdir) == 2
+    assert stored_schema(jdir) == old
     with Journal.open(jdir) as j:
         assert list(j.facts()) == before
-    assert stored_schema(jdir) == SCHEMA == 3
+    assert stored_schema(jdir) == SCHEMA == 4
     assert verify(jdir).ok
 
 
-@pytest.mark.parametrize("schema", [0, 1, 4])
+@pytest.mark.parametrize("schema", [0, 1, 5])
 def test_a_schema_it_does_not_read_is_refused_by_name(jdir: Path, schema: int) -> None:
     make_journal(jdir, jobs=1)
     env = raw_env(jdir)

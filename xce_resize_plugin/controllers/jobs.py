@@ -156,10 +156,7 @@ class TaskStates(MutableMapping[int, TaskRecord]):
         if isinstance(tasks, TasksInIdOrder) and n and tasks[0].id == 0 and tasks[-1].id == n - 1:
             # Ascending ids from 0 to n-1: task i is at index i. A host's lazy list gives
             # its hosts without making its tasks (a release stops thousands at once).
-            task_hosts = getattr(tasks, "task_hosts", None)
-            if task_hosts is not None:
-                return list(task_hosts())
-            return [t.host for t in tasks]
+            return list(tasks.task_hosts())
         return {t.id: t.host for t in tasks}
 
     def _record(self, task_id: int) -> TaskRecord | None:

@@ -140,10 +140,10 @@ class TaskList(LazyTuple[Task], TasksInIdOrder):
     def __len__(self) -> int:
         return self.placement.total - self.start
 
-    def task_hosts(self) -> Iterator[str]:
+    def task_hosts(self) -> Iterable[str]:
         """The host of each task in order, without making the tasks."""
         if self._tasks is not None:
-            return (t.host for t in self._tasks)
+            return super().task_hosts()
         hosts = self.placement.task_hosts()
         return islice(hosts, self.start, None) if self.start else hosts
 

@@ -23,6 +23,7 @@ from cattrs.strategies import configure_tagged_union
 
 from xce_resize_plugin import errors
 from xce_resize_plugin.core.accounting import Usage
+from xce_resize_plugin.core.allocations import id_range
 from xce_resize_plugin.core.models import (
     FACT_TYPES,
     AutoresizeRequest,
@@ -43,6 +44,7 @@ from xce_resize_plugin.core.models import (
     TasksStopped,
     TaskStopped,
     host_counts,
+    make_tasks,
 )
 from xce_resize_plugin.core.status import ResizeStatus
 from xce_resize_plugin.journal import StoredState, Tail
@@ -51,15 +53,50 @@ T = TypeVar("T")
 
 
 _id_and_host = attrgetter("id", "host")
+_id_of = attrgetter("id")
+_host_of = attrgetter("host")
+
+#: An allocation of at least this many tasks whose ids follow one another is written as
+#: its first id and its hosts (schema 4, docs/journal-format.md), not as pairs: a job of
+#: many hosts has each new allocation encoded, and the pairs were most of the cost.
+#: Smaller ones keep the pairs (and the bytes they always had).
+RUN_MIN = 256
+
+EncodedTasks = list[tuple[int, str]] | dict[str, int | list[str]]
 
 
-def _unstructure_tasks(tasks: Sequence[Task]) -> list[tuple[int, str]]:
+def _unstructure_tasks(tasks: Sequence[Task]) -> EncodedTasks:
     """``[id, host]`` pairs (as tuples: JSON writes them as the same arrays), made in C
-    in one pass: a job of many hosts has each new allocation encoded. A host's list in
-    id order makes them itself (without making its tasks, if it can)."""
+    in one pass; or, for a long allocation of consecutive ids, ``{"first": id,
+    "hosts": [...]}``. Which form depends only on the tasks, not on the sequence that
+    holds them: a host's list in id order gives its ids' range and hosts itself."""
+    n = len(tasks)
     if isinstance(tasks, TasksInIdOrder):
+        span = id_range(tasks) if n >= RUN_MIN else None
+        if span is not None:
+            return {"first": span.start, "hosts": list(tasks.task_hosts())}
         return list(tasks.id_host_pairs())
+    if n >= RUN_MIN:
+        ids = list(map(_id_of, tasks))
+        first = ids[0]
+        if type(first) is int and ids == list(range(first, first + n)):
+            return {"first": first, "hosts": list(map(_host_of, tasks))}
     return list(map(_id_and_host, tasks))
+
+
+def _structure_tasks(value: Any, _: Any) -> tuple[Task, ...]:
+    """Either form :func:`_unstructure_tasks` writes (pairs: every schema)."""
+    if isinstance(value, dict):
+        first, hosts = value.get("first"), value.get("hosts")
+        if (
+            value.keys() != {"first", "hosts"}
+            or type(first) is not int
+            or not isinstance(hosts, list)
+            or not all(type(h) is str for h in hosts)
+        ):
+            raise ValueError(f"tasks: expected {{'first': id, 'hosts': [...]}}, got {value!r:.80}")
+        return make_tasks(range(first, first + len(hosts)), hosts)
+    return tuple([Task(int(i), str(h)) for i, h in value])
 
 
 class _EncodedTasks:
@@ -88,7 +125,7 @@ class _EncodedTasks:
         # Journals of several controllers may encode at once in one process.
         self._lock = threading.Lock()
 
-    def __call__(self, tasks: Sequence[Task]) -> list[tuple[int, str]] | orjson.Fragment:
+    def __call__(self, tasks: Sequence[Task]) -> EncodedTasks | orjson.Fragment:
         n = len(tasks)
         if n < self._small:
             return _unstructure_tasks(tasks)
@@ -116,14 +153,13 @@ def _is_tasks(t: object) -> bool:
 
 def _make_journal_converter() -> cattrs.Converter:
     conv = make_converter(forbid_extra_keys=True)
-    # Tasks are the bulk of every record: [id, host] instead of {"id":…, "host":…}.
+    # Tasks are the bulk of every record: [id, host] instead of {"id":…, "host":…}, and
+    # a long allocation of consecutive ids as its first id and hosts (RUN_MIN).
     conv.register_unstructure_hook(Task, lambda t: [t.id, t.host])
     conv.register_structure_hook(Task, lambda v, _: Task(int(v[0]), str(v[1])))
     # Recovery decodes every live job's state, and tasks are most of it: a direct hook
     # for task tuples is several times faster than cattrs' generic tuple path.
-    conv.register_structure_hook_func(
-        _is_tasks, lambda v, _: tuple([Task(int(i), str(h)) for i, h in v])
-    )
+    conv.register_structure_hook_func(_is_tasks, _structure_tasks)
     # And the other way round: a job's state, with its allocation, is encoded at every
     # transition; cattrs' generic path calls a hook per task through a generator.
     # Already encoded: the journal's converter is only ever read by orjson (_dumps).

@@ -96,8 +96,15 @@ class TasksInIdOrder(Sequence[Task]):
         A host's list may make them without making its tasks."""
         return map(_id_and_host, self)
 
+    def task_hosts(self) -> Iterable[str]:
+        """The host of each task in order (the journal writes a long allocation of
+        consecutive ids as its first id and these). A host's list may give them without
+        making its tasks."""
+        return map(_host_of, self)
+
 
 _id_and_host = attrgetter("id", "host")
+_host_of = attrgetter("host")
 _new_object = object.__new__
 # The slots' own descriptors: setting through them is what attrs' frozen __init__ does
 # (through object.__setattr__), without a Python call per field.

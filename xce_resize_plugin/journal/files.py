@@ -252,7 +252,7 @@ def _check_schema(env: lmdb.Environment, data_file: Path) -> int:
     if schema == 1:
         raise JournalError(
             f"{data_file}: journal schema 1, written by an earlier development version of "
-            f"xce_resize_plugin (this version reads schemas 2 and {SCHEMA}); export its facts "
+            f"xce_resize_plugin (this version reads schemas 2 to {SCHEMA}); export its facts "
             "with that version (`xce-resize journal export`) and start from a new state "
             "directory"
         )
