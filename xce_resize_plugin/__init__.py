@@ -6,7 +6,8 @@ modules behind these names may move; these names stay):
 - the hook marker :data:`hookimpl` and :func:`get_plugin_manager` (pluggy's eggsample
   layout; docs/architecture.md), :func:`load_policy_file` to load one policy file;
 - the models a hook sees (:class:`JobInfo`, :class:`Task`, the requests, the resize
-  record, :class:`GrowHostView`, :class:`Principal`, :class:`TaskEvent`, the reclaim
+  record, :class:`GrowHostView`, :class:`Principal`, :class:`TaskEvent` (and runs of
+  alike events, :class:`TaskEventRun` in :class:`TaskEvents`), the reclaim
   policy's :class:`ReclaimHead` and :class:`ReclaimCandidate`, ...);
 - the errors a host catches and a site raises (:class:`ResizeError`,
   :class:`PolicyRejected`, ...; every error class is in :mod:`xce_resize_plugin.errors`);
@@ -63,6 +64,7 @@ if TYPE_CHECKING:
     )
     from xce_resize_plugin.core.releasespec import release_size
     from xce_resize_plugin.core.status import ResizeStatus
+    from xce_resize_plugin.core.task_events import TaskEventRun, TaskEvents
     from xce_resize_plugin.errors import (
         ConfigError,
         FencedError,
@@ -113,6 +115,8 @@ _HOME = {
     "ReclaimHead": "core.reclaim",
     "reclaim_in_order": "core.reclaim",
     "ResizeStatus": "core.status",
+    "TaskEventRun": "core.task_events",
+    "TaskEvents": "core.task_events",
     "Usage": "core.accounting",
     "ConfigError": "errors",
     "FencedError": "errors",
@@ -177,6 +181,8 @@ __all__ = [
     "TargetRequest",
     "Task",
     "TaskEvent",
+    "TaskEventRun",
+    "TaskEvents",
     "Usage",
     "__version__",
     "default_grow_order",

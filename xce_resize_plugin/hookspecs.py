@@ -210,7 +210,9 @@ def xce_task_events(controller: Controller, events: Sequence[TaskEvent]) -> None
     since the last delivery) should call this one.
 
     :param controller: the host controller.
-    :param events: the events, oldest first; any number of jobs, possibly none.
+    :param events: the events, oldest first; any number of jobs, possibly none. A
+        :class:`~xce_resize_plugin.TaskEvents` may give many tasks' alike events as one
+        :class:`~xce_resize_plugin.TaskEventRun` (docs/host-integration.md).
 
     Implemented by: the resize plugin.
     """

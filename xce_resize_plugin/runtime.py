@@ -51,6 +51,7 @@ from xce_resize_plugin.core.reclaim import (
     short_after,
 )
 from xce_resize_plugin.core.status import ResizeStatus
+from xce_resize_plugin.core.task_events import TaskEventRun, TaskEvents
 from xce_resize_plugin.errors import InvalidRequest, JournalError, NoJob, ResizeError
 from xce_resize_plugin.host import (
     ClusterView,
@@ -499,13 +500,16 @@ class Runtime:
     # --- events ----------------------------------------------------------------------
 
     def task_events(self, events: Sequence[TaskEvent]) -> None:
-        """Each job's events of the batch in one transition (one journal write)."""
-        by_job: dict[str, list[TaskEvent]] = {}
-        for event in events:
-            by_job.setdefault(event.job_id, []).append(event)
+        """Each job's events of the batch in one transition (one journal write); runs of
+        alike events (core/task_events.py) stay runs."""
+        by_job: dict[str, list[TaskEvent | TaskEventRun]] = {}
+        parts = events.parts if isinstance(events, TaskEvents) else events
+        for part in parts:
+            by_job.setdefault(part.job_id, []).append(part)
         with self._lock:
             now = self.controller.now()
-            for job_id, batch in by_job.items():
+            for job_id, parts_of_job in by_job.items():
+                batch = TaskEvents(parts_of_job)
                 state = self.states.get(job_id)
                 if state is not None:
                     facts = engine.decide_task_events(state, batch, now, self.settings)
@@ -515,21 +519,21 @@ class Runtime:
                 self._release_exited(job_id, batch, now)
                 self._converge(job_id)
 
-    def _untracked_exits(self, job_id: str, batch: Sequence[TaskEvent], now: float) -> None:
+    def _untracked_exits(self, job_id: str, batch: TaskEvents, now: float) -> None:
         """A task of a resizable job that exits on its own is told to the job even
         before its first resize: the plugin starts tracking the job then (a crashed
         worker is news to an elastic framework; docs/in-job-api.md, "Job events")."""
-        if not any(e.kind == "exited" and not e.stopped and e.task_id != 0 for e in batch):
+        if not _exits_on_their_own(batch):
             return  # the common case: no job lookup
         job = self.controller.get_job(job_id)
         if job is None or job.release_exited or self._stored(job_id) is not None:
             return  # release_exited: _release_exited tracks it; an ended run: never twice
         self._transition(job_id, engine.decide_untracked_exits(job, batch, now))
 
-    def _release_exited(self, job_id: str, batch: Sequence[TaskEvent], now: float) -> None:
+    def _release_exited(self, job_id: str, batch: TaskEvents, now: float) -> None:
         """A ``release_exited`` job drops the tasks that exited on their own (an
         involuntary shrink, reason ``task_exit``; docs/in-job-api.md)."""
-        if not any(e.kind == "exited" and not e.stopped and e.task_id != 0 for e in batch):
+        if not _exits_on_their_own(batch):
             return  # the common case: no job lookup
         job = self.controller.get_job(job_id)
         if job is None or not job.release_exited:
@@ -876,3 +880,12 @@ def _placed_tasks(facts: Sequence[Fact]) -> tuple[Task, ...]:
         if tasks is not None:
             out += tasks
     return out
+
+
+def _exits_on_their_own(batch: TaskEvents) -> bool:
+    """Whether a task other than task 0 exited on its own (not stopped by the host),
+    read a run at a time."""
+    return any(
+        r.kind == "exited" and not r.stopped and any(i != 0 for i in r.task_ids)
+        for r in batch.runs()
+    )

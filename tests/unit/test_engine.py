@@ -43,6 +43,7 @@ from xce_resize_plugin.core.models import (
     TaskStopped,
 )
 from xce_resize_plugin.core.placement import FreeSlotIndex, GrowHostView
+from xce_resize_plugin.core.task_events import TaskEventRun, TaskEvents
 from xce_resize_plugin.host import Principal, TaskEvent
 
 SETTINGS = engine.Settings(notify_max_failures=2)
@@ -503,13 +504,17 @@ events = st.lists(
 )
 
 
+#: A change in flight (_in_flight's arguments) and a batch of events for it.
+IN_FLIGHT = {
+    "grow": st.booleans(),
+    "size": st.integers(min_value=1, max_value=8),
+    "failures": st.integers(min_value=0, max_value=2),
+    "batch": events,
+}
+
+
 @settings(max_examples=300, deadline=None)
-@given(
-    grow=st.booleans(),
-    size=st.integers(min_value=1, max_value=8),
-    failures=st.integers(min_value=0, max_value=2),
-    batch=events,
-)
+@given(**IN_FLIGHT)
 def test_a_batch_decides_what_single_events_decide(
     grow: bool, size: int, failures: int, batch: list[TaskEvent]
 ) -> None:
@@ -555,6 +560,55 @@ def test_a_batch_decides_what_single_events_decide(
     assert [e for e in effects if not isinstance(e, engine.Free)] == [
         e for e in single if not isinstance(e, engine.Free)
     ]
+
+
+def _as_runs(batch: list[TaskEvent], cuts: list[bool]) -> TaskEvents:
+    """``batch`` with consecutive alike events (one job, kind, status, reason, stopped)
+    joined into runs; an event ``cuts`` marks stays a single event of its own."""
+    parts: list[TaskEvent | TaskEventRun] = []
+    for event, cut in zip(batch, cuts + [False] * len(batch), strict=False):
+        key = (event.job_id, event.kind, event.status, event.reason, event.stopped)
+        last = parts[-1] if parts else None
+        if cut:
+            parts.append(event)
+        elif isinstance(last, TaskEventRun) and key == (
+            last.job_id,
+            last.kind,
+            last.status,
+            last.reason,
+            last.stopped,
+        ):
+            parts[-1] = last.of((*last.task_ids, event.task_id))
+        else:
+            parts.append(TaskEventRun(event.job_id, (event.task_id,), *key[1:]))
+    return TaskEvents(parts)
+
+
+@settings(max_examples=400, deadline=None)
+@given(**IN_FLIGHT, data=st.data())
+def test_runs_of_alike_events_decide_what_their_events_decide(
+    grow: bool, size: int, failures: int, batch: list[TaskEvent], data: st.DataObject
+) -> None:
+    """A batch given as runs of alike events (core/task_events.py) decides the facts
+    the same events one by one in a batch decide; the change's own tasks reported all
+    alike (a release's exits, a grow's starts), the run the engine takes at once, are
+    mixed in at random places."""
+    start = _in_flight(grow, size, failures)
+    assert start.change is not None
+    own = [t.id for t in start.change.tasks]
+    kind = "started" if grow else "exited"
+    for _ in range(data.draw(st.integers(0, 2))):
+        at = data.draw(st.integers(0, len(batch)))
+        ids = data.draw(st.permutations(own)) if data.draw(st.booleans()) else own
+        k = data.draw(st.integers(1, len(ids)))
+        stopped = not grow and data.draw(st.booleans())
+        batch[at:at] = [TaskEvent("101", i, kind, None, "", stopped) for i in ids[:k]]
+    cuts = data.draw(st.lists(st.booleans(), max_size=len(batch)))
+    runs = _as_runs(batch, cuts)
+    assert list(runs) == batch
+    assert engine.decide_task_events(start, runs, 5.0, SETTINGS) == engine.decide_task_events(
+        start, batch, 5.0, SETTINGS
+    )
 
 
 def _mergeable(a: Fact, b: Fact) -> bool:

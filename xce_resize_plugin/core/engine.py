@@ -80,6 +80,7 @@ from xce_resize_plugin.core.models import (
 )
 from xce_resize_plugin.core.placement import GrowHostView, place
 from xce_resize_plugin.core.releasespec import named_release_ids
+from xce_resize_plugin.core.task_events import TaskEventRun, TaskEvents
 
 #: LSF limits notification commands to "less than 4096" (bytes).
 NOTIFY_CMD_MAX = 4096
@@ -854,9 +855,11 @@ def decide_task_events(
     one fact per task (tested), and a release of thousands of tasks writes one record.
     """
     change = state.change
-    events = list(events)
+    # Runs of alike events (core/task_events.py) are decided a run at a time where that
+    # is what deciding their events one by one gives; any other part event by event.
+    flat = events if isinstance(events, TaskEvents) else TaskEvents(events)
     if change is None:
-        return _exits(state, events, set(), at)
+        return _exits(state, flat, set(), at)
     ids = {t.id for t in change.tasks}
     started, failed, stopped = set(change.started), set(change.failed), set(change.stopped)
     starting = state.phase is Phase.GROW_STARTING
@@ -866,57 +869,142 @@ def decide_task_events(
     facts: list[Fact] = []
     run = _Run(job_id, at, facts)
     done = started | failed | stopped  # grows with the three sets: not rebuilt per event
-    for i, event in enumerate(events):
-        task_id, kind = event.task_id, event.kind
-        if task_id not in ids or event.job_id != job_id:
-            exits = _exits(state, (event,), ids, at)
-            if exits:  # (mostly none: another job's event, a repeated report)
-                run.flush()
-                facts.extend(exits)
-            continue
-        if starting:
-            if task_id in failed:
-                continue
-            if task_id in started:
-                if kind != "exited" or not readiness.waits(change) or task_id in state.ready:
+    i = -1  # the index of the last event decided
+    for part in flat.parts:
+        if isinstance(part, TaskEventRun):
+            if _decided_at_once(part, job_id, ids, done, starting, stopping):
+                # Each event adds its task to ``done`` (the run's ids are distinct and
+                # none is there yet): the change completes, if at all, at the run's end.
+                new = part.task_ids
+                (started if starting else stopped).update(new)
+                done.update(new)
+                run.add_many(starting, part.status, new)
+                i += len(new)
+                if len(done) < len(ids) or not _can_complete(state, change, started, failed):
                     continue
-                # Gone before it was ready: it will never be; its slot is freed now.
-                failed.add(task_id)
-                reason = f"exited before it was ready: {event.reason}"
-                run.flush()
-                facts.append(TaskStartFailed(job_id, at, task_id, reason))
-            elif kind == "started":
-                started.add(task_id)
+                rest = flat[i + 1 :]
+                return _completed(state, change, facts, run, started, failed, rest, at, settings)
+            singles: Iterable[TaskEvent] = part
+        else:
+            singles = (part,)
+        for event in singles:
+            i += 1
+            task_id, kind = event.task_id, event.kind
+            if task_id not in ids or event.job_id != job_id:
+                exits = _exits(state, (event,), ids, at)
+                if exits:  # (mostly none: another job's event, a repeated report)
+                    run.flush()
+                    facts.extend(exits)
+                continue
+            if starting:
+                if task_id in failed:
+                    continue
+                if not _grow_task_event(state, change, event, started, failed, done, run, at):
+                    continue
+            elif stopping and kind == "exited" and task_id not in stopped:
+                stopped.add(task_id)
                 done.add(task_id)
-                run.add(True, None, task_id)
-            elif kind in ("start_failed", "exited"):
-                failed.add(task_id)
-                done.add(task_id)
-                run.flush()
-                facts.append(
-                    TaskStartFailed(job_id=job_id, at=at, task_id=task_id, reason=event.reason)
-                )
-        elif stopping and kind == "exited" and task_id not in stopped:
-            stopped.add(task_id)
-            done.add(task_id)
-            run.add(False, event.status, task_id)
-        if len(done) == len(ids) and not readiness.awaiting(change, started - failed, state.ready):
-            # The change is complete (a grow that waits for readiness only once its
-            # tasks are ready: decide_ready): later events find no change in flight.
-            run.flush()
-            facts.append(_completion(state, change, bool(started - failed), at, settings))
-            facts = with_demand(state, facts, at, settings)
-            rest = events[i + 1 :]
-            if not rest:
-                # Nothing left to decide on the state the facts lead to: the runtime
-                # folds them once, not here first (a grow's k tasks were k folds).
-                return facts
-            after = state
-            for fact in facts:
-                after = evolve(after, fact)
-            return facts + _exits(after, rest, set(), at)
+                run.add(False, event.status, task_id)
+            if len(done) == len(ids) and _can_complete(state, change, started, failed):
+                rest = flat[i + 1 :]
+                return _completed(state, change, facts, run, started, failed, rest, at, settings)
     run.flush()
     return facts
+
+
+def _grow_task_event(
+    state: ResizeState,
+    change: Change,
+    event: TaskEvent,
+    started: set[int],
+    failed: set[int],
+    done: set[int],
+    run: _Run,
+    at: float,
+) -> bool:
+    """:func:`decide_task_events` of an event of a starting grow's task not failed yet:
+    ``False`` when it changes nothing (a repeated start, an exit of a started task
+    that was ready or needs not be)."""
+    task_id, kind, job_id = event.task_id, event.kind, state.job_id
+    if task_id in started:
+        if kind != "exited" or not readiness.waits(change) or task_id in state.ready:
+            return False
+        # Gone before it was ready: it will never be; its slot is freed now.
+        failed.add(task_id)
+        reason = f"exited before it was ready: {event.reason}"
+        run.flush()
+        run.facts.append(TaskStartFailed(job_id, at, task_id, reason))
+    elif kind == "started":
+        started.add(task_id)
+        done.add(task_id)
+        run.add(True, None, task_id)
+    elif kind in ("start_failed", "exited"):
+        failed.add(task_id)
+        done.add(task_id)
+        run.flush()
+        run.facts.append(
+            TaskStartFailed(job_id=job_id, at=at, task_id=task_id, reason=event.reason)
+        )
+    return True
+
+
+def _decided_at_once(
+    part: TaskEventRun,
+    job_id: str,
+    ids: set[int],
+    done: set[int],
+    starting: bool,
+    stopping: bool,
+) -> bool:
+    """Whether deciding the run's events one by one would only add each task to the
+    change's started (a grow's starts) or stopped (a release's exits) tasks: events of
+    this job's change, none of their tasks resolved yet, each task once."""
+    if part.job_id != job_id:
+        return False
+    if starting:
+        if part.kind != "started":
+            return False
+    elif not (stopping and part.kind == "exited"):
+        return False
+    new = part.task_ids
+    return (
+        len(done) + len(new) <= len(ids)  # (so the change cannot complete before its end)
+        and ids.issuperset(new)
+        and done.isdisjoint(new)
+        and len(set(new)) == len(new)
+    )
+
+
+def _can_complete(state: ResizeState, change: Change, started: set[int], failed: set[int]) -> bool:
+    """Whether a change every task of which is resolved is complete now (a grow that
+    waits for readiness only once its tasks are ready: decide_ready)."""
+    return not readiness.awaiting(change, started - failed, state.ready)
+
+
+def _completed(
+    state: ResizeState,
+    change: Change,
+    facts: list[Fact],
+    run: _Run,
+    started: set[int],
+    failed: set[int],
+    rest: Sequence[TaskEvent],
+    at: float,
+    settings: Settings,
+) -> list[Fact]:
+    """The facts of a batch of task events whose change completed: later events find
+    no change in flight."""
+    run.flush()
+    facts.append(_completion(state, change, bool(started - failed), at, settings))
+    facts = with_demand(state, facts, at, settings)
+    if not rest:
+        # Nothing left to decide on the state the facts lead to: the runtime folds them
+        # once, not here first (a grow's k tasks were k folds).
+        return facts
+    after = state
+    for fact in facts:
+        after = evolve(after, fact)
+    return facts + _exits(after, rest, set(), at)
 
 
 class _Run:
@@ -932,12 +1020,25 @@ class _Run:
         self._started = False
         self._status: int | None = None
 
+    @property
+    def facts(self) -> list[Fact]:
+        """The facts written so far (the list given, appended to)."""
+        return self._facts
+
     def add(self, started: bool, status: int | None, task_id: int) -> None:
         """One more start (``started``) or stop (with ``status``)."""
         if self._ids and (started is not self._started or status != self._status):
             self.flush()
         self._started, self._status = started, status
         self._ids.append(task_id)
+
+    def add_many(self, started: bool, status: int | None, task_ids: Sequence[int]) -> None:
+        """:meth:`add` of each of ``task_ids`` (a start has no status)."""
+        status = None if started else status
+        if self._ids and (started is not self._started or status != self._status):
+            self.flush()
+        self._started, self._status = started, status
+        self._ids.extend(task_ids)
 
     def flush(self) -> None:
         ids = self._ids

@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator
 
 from attrs import frozen
 
+from xce_resize_plugin.core.task_events import TaskEventRun
 from xce_resize_plugin.host import TaskEvent
 
 
@@ -58,7 +59,8 @@ class NotifyDone:
     reason: str
 
 
-PluginEvent = TaskEvent | NotifyDone
+#: A run stands for the events of several tasks alike (core/task_events.py).
+PluginEvent = TaskEvent | TaskEventRun | NotifyDone
 
 
 class EventQueue:

@@ -115,6 +115,7 @@ from xce_resize_plugin.core.models import (
     TasksInIdOrder,
 )
 from xce_resize_plugin.core.reclaim import QueueHead
+from xce_resize_plugin.core.task_events import TaskEventRun, TaskEvents
 from xce_resize_plugin.errors import ResizeError
 from xce_resize_plugin.host import Controller, HostHooks, Principal, TaskEvent
 
@@ -773,8 +774,11 @@ class EmbeddedController:
             job = self._jobs.get(job_id)
             if job is None or job.finished:
                 return  # stale: the job's end took them down
-            get, now, reported = job.task_states.get, self.now(), self._reported
-            changed = False
+            get, now = job.task_states.get, self.now()
+            # The exits are reported as runs of tasks alike (core/task_events.py): the
+            # tasks a release stopped together are one run, not an event each.
+            alike: list[int] = []
+            was_stopped = False
             for tid in task_ids:
                 rec = get(tid)
                 if rec is None or rec.state not in _LIVE:
@@ -787,10 +791,19 @@ class EmbeddedController:
                 rec.status = status
                 rec.reason = reason
                 rec.stop_since = rec.grace = None
-                if not changed:
+                if alike and stopped is not was_stopped:
+                    self._reported(
+                        TaskEventRun(job_id, tuple(alike), "exited", status, reason, was_stopped)
+                    )
+                    alike = []
+                elif not alike:
                     self._changed(job_id)
-                    changed = True
-                reported(TaskEvent(job_id, tid, "exited", status, reason, stopped))
+                alike.append(tid)
+                was_stopped = stopped
+            if alike:
+                self._reported(
+                    TaskEventRun(job_id, tuple(alike), "exited", status, reason, was_stopped)
+                )
 
     def _live_task(self, job_id: str, task_id: int) -> TaskRecord | None:
         """The task's record if its process may still be alive (reports about tasks the
@@ -815,13 +828,15 @@ class EmbeddedController:
         with self._in_runner:
             self._runner.stop(job_id, task_id, grace, since)
 
-    def _reported(self, event: TaskEvent) -> None:
-        """Queue a runner's report for the plugin, and tell the observers."""
+    def _reported(self, event: TaskEvent | TaskEventRun) -> None:
+        """Queue a runner's report for the plugin, and tell the observers (each event
+        of a run in turn)."""
         self._events.put(event)
         if self._on_task:
             sync = bool(self._in_runner)
-            for fn in self._on_task:
-                fn(event, sync)
+            for one in event if isinstance(event, TaskEventRun) else (event,):
+                for fn in self._on_task:
+                    fn(one, sync)
 
     def _notification_answered(
         self, request: NotificationRequest, started: float, result: NotificationResult
@@ -2053,8 +2068,16 @@ class EmbeddedController:
 
     def _deliver(self) -> None:
         events = self._events
-        batch: list[TaskEvent] = []
+        batch: list[TaskEvent | TaskEventRun] = []
         for event in events.drain():
+            if isinstance(event, TaskEventRun):
+                self._changes += len(event)  # (as many as its events one by one)
+                batch.append(event)
+                if events:
+                    continue
+                self._deliver_tasks(batch)
+                batch = []
+                continue
             self._changes += 1
             if isinstance(event, TaskEvent):
                 batch.append(event)
@@ -2075,11 +2098,12 @@ class EmbeddedController:
                 event.reason,
             )
 
-    def _deliver_tasks(self, batch: list[TaskEvent]) -> None:
+    def _deliver_tasks(self, batch: list[TaskEvent | TaskEventRun]) -> None:
+        events = TaskEvents(batch)
         if self.task_event_batches:
-            self._hook(self._hooks.task_events, self._host, tuple(batch))
+            self._hook(self._hooks.task_events, self._host, events)
         else:
-            for event in batch:
+            for event in events:
                 self._hook(self._hooks.task_event, self._host, event)
 
     def _hook(self, call: Callable[_P, _R], /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
