@@ -860,7 +860,7 @@ def decide_task_events(
     flat = events if isinstance(events, TaskEvents) else TaskEvents(events)
     if change is None:
         return _exits(state, flat, set(), at)
-    ids = {t.id for t in change.tasks}
+    ids = set(task_ids(change.tasks))
     started, failed, stopped = set(change.started), set(change.failed), set(change.stopped)
     starting = state.phase is Phase.GROW_STARTING
     # A task being drained that exits on its own is stopped: its slot is freed now.
@@ -1121,7 +1121,7 @@ def survives_loss(state: ResizeState | None, job: JobInfo, lost_ids: Iterable[in
         and state.phase in (Phase.SHRINK_STOPPING, Phase.SHRINK_DRAINING)
         and state.change is not None
     ):
-        kept -= {t.id for t in state.change.tasks}
+        kept -= set(task_ids(state.change.tasks))
     return len(kept) >= job.min_tasks
 
 
@@ -1222,7 +1222,7 @@ def decide_task_exit(
     if not tasks:
         return []
     change = state.change if state is not None else None
-    ours = {t.id for t in change.tasks} if change is not None else set()
+    ours = set(task_ids(change.tasks)) if change is not None else set()
     gone = {
         e.task_id
         for e in events
@@ -1281,7 +1281,7 @@ def _settle(state: ResizeState, lost: set[int]) -> tuple[Change | None, PendingG
         return None, change.pending, Phase.GROW_PENDING if change.pending else Phase.IDLE
     if phase is Phase.SHRINK_NOTIFYING:
         return None, None, Phase.IDLE
-    mine = {t.id for t in change.tasks} & lost
+    mine = set(task_ids(change.tasks)) & lost
     if not mine:
         return change, state.pending, phase
     if change.kind is ChangeKind.GROW:
