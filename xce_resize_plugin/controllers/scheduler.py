@@ -51,14 +51,14 @@ Pure functions over plain values: the controller turns its records into
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from functools import partial
 
 import attrs
 from attrs import frozen
 
 from xce_resize_plugin.controllers.lazy import Unfolded
-from xce_resize_plugin.controllers.slots import FreeSlots, Placement
+from xce_resize_plugin.controllers.slots import FreeSlots, Placement, Run
 
 __all__ = [
     "PassResult",
@@ -426,6 +426,41 @@ def _excess(state: _Pass, at_shadow: FreeSlots, ptile: int | None) -> dict[str, 
     return {h: (n - p, avail.free(h)) for h, n in at_shadow.open_hosts() if n > p}
 
 
+def _fill_as_runs(state: _Pass, index: int, job: PendingJob, placed: Placement, want: int) -> bool:
+    """:func:`_fill_leftovers` of a job without ``ptile`` placed as runs: the slots
+    left are placed as runs too (the hosts with free slots in host order, each taken
+    whole up to ``want``: what the host-by-host walk takes) and joined to the start's
+    runs, when none of them is a host the start has already (else ``False``, for the
+    walk, which adds to that host's count). A start on many hosts is then not made
+    host by host."""
+    avail = state.avail
+    if placed.runs is None or placed.names is not avail.names:
+        return False
+    more = avail.place(1, want, None)
+    if more is None or more.runs is None or _overlap(placed.runs, more.runs):
+        return False
+    avail.take(more)
+    state.taken[job.user] = state.taken.get(job.user, 0) + more.total
+    placement = Placement.of_runs(placed.names, (*placed.runs, *more.runs))
+    state.starts[index] = attrs.evolve(state.starts[index], placement=placement)
+    return True
+
+
+def _overlap(a: Sequence[Run], b: Sequence[Run]) -> bool:
+    """Whether two placements' runs (each in host order) share a host."""
+    i = j = 0
+    while i < len(a) and j < len(b):
+        a0, a1 = a[i][0], a[i][0] + a[i][1]
+        b0, b1 = b[j][0], b[j][0] + b[j][1]
+        if a0 < b1 and b0 < a1:
+            return True
+        if a1 <= b1:
+            i += 1
+        else:
+            j += 1
+    return False
+
+
 def _fill_leftovers(state: _Pass) -> None:
     """Give the slots left to this pass's moldable starts, up to their ``fill_to``."""
     avail = state.avail
@@ -439,6 +474,8 @@ def _fill_leftovers(state: _Pass) -> None:
         if r is not None:
             want = min(want, r)
         if want <= 0:
+            continue
+        if job.ptile is None and _fill_as_runs(state, index, job, placed, want):
             continue
         per_host = dict(placed)
         more: list[tuple[str, int]] = []

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 from itertools import combinations, pairwise
 from typing import Any
+from unittest.mock import patch
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from xce_resize_plugin.controllers import scheduler
 from xce_resize_plugin.controllers.lazy import TaskList
 from xce_resize_plugin.controllers.scheduler import PendingJob, easy_pass
 from xce_resize_plugin.controllers.sim import Cluster
@@ -121,6 +123,60 @@ def test_free_slots_agree_with_a_plain_map(
 def _open(model: dict[str, int]) -> dict[str, int]:
     """The hosts with free slots, as a snapshot lists them."""
     return {h: n for h, n in model.items() if n}
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.integers(0, 3), min_size=1, max_size=80),
+    st.lists(
+        st.tuples(
+            st.integers(1, 40),
+            st.integers(0, 60),
+            st.one_of(st.none(), st.integers(1, 3)),
+            st.sampled_from(["u", "v"]),
+        ),
+        min_size=1,
+        max_size=5,
+    ),
+    st.one_of(st.none(), st.integers(0, 50)),
+)
+def test_leftovers_placed_as_runs_are_what_the_host_walk_places(
+    slots: list[int],
+    jobs: list[tuple[int, int, int | None, str]],
+    room: int | None,
+) -> None:
+    """A moldable start filled with the slots left, as runs joined to its own, is the
+    start the host-by-host walk makes (hosts in the same order with the same counts),
+    and the pass leaves the same free slots; with ``ptile``, or a host the start has
+    already, the walk decides."""
+    names = [f"h{i:03d}" for i in range(len(slots))]
+    pending = [
+        PendingJob(f"j{k}", user, size, size, ptile, 10.0, fill_to=size + extra)
+        for k, (size, extra, ptile, user) in enumerate(jobs)
+    ]
+
+    def one_pass() -> tuple[Any, dict[str, int]]:
+        free = FreeSlots(names, slots)
+        result = easy_pass(0.0, pending, [], free, lambda user: room)
+        left = free.draft()
+        for start in result.starts:
+            left.take(start.placement)
+        return result, left.as_dict()
+
+    fast = one_pass()
+    with patch.object(scheduler, "_fill_as_runs", lambda *a: False):
+        walked = one_pass()
+    assert fast == walked
+
+
+def test_leftovers_count_against_the_users_limit_in_the_pass() -> None:
+    """Two moldable starts of one user with room for 10 slots: the first is filled to
+    the limit, and the second, with nothing left of the user's room, is not."""
+    free = FreeSlots([f"h{i}" for i in range(30)], [1] * 30)
+    jobs = [PendingJob(f"m{k}", "u", 2, 2, None, 10.0, fill_to=8) for k in range(2)]
+    result = easy_pass(0.0, jobs, [], free, lambda user: 10)
+    assert [s.placement.total for s in result.starts] == [8, 2]
+    assert result.starts[0].placement.runs is not None  # filled as runs
 
 
 def test_fill_takes_leftovers_only_when_nobody_waits() -> None:
