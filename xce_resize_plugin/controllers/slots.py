@@ -11,7 +11,9 @@ every host:
 - :meth:`~FreeSlots.place`: the concrete hosts, chosen greedily in host order (the
   first hosts with free slots, at most ``ptile`` tasks each), reading only the hosts it
   uses: the hosts with free slots sit in a two-level bitmap (64 hosts per word, and one
-  bit per non-empty word), so finding the next one skips full hosts a word at a time.
+  bit per non-empty word, and one per word whose hosts all have free slots), so finding
+  the next one skips full hosts a word at a time, and a stretch of hosts that all have
+  free slots is read in one step, however many words it spans.
 
 A host may be taken out (:meth:`~FreeSlots.disable`: closed or failed): it then counts
 0 free slots whatever it holds, slots given back to it are not counted, and it leaves
@@ -209,6 +211,7 @@ class FreeSlots:
 
     __slots__ = (
         "_free",
+        "_fulls",
         "_hist",
         "_log",
         "_logged_n",
@@ -232,6 +235,8 @@ class FreeSlots:
         self._hist: dict[int, int] = {}
         self._words: list[int] = [0] * (len(self._names) // _WORD + 1)
         self._top = 0
+        #: One bit per word whose 64 hosts all have free slots (``_FULL``).
+        self._fulls = 0
         self.total = 0
         #: Positions of the hosts taken out (see the module docstring); few or none.
         self._off: frozenset[int] = frozenset()
@@ -261,7 +266,7 @@ class FreeSlots:
         child._free, child._words, child._own = self._free, self._words, False
         child._log, child._views = None, []
         child._hist = dict(self._hist)
-        child._top, child.total = self._top, self.total
+        child._top, child._fulls, child.total = self._top, self._fulls, self.total
         return child
 
     def _mine(self) -> list[int]:
@@ -358,6 +363,9 @@ class FreeSlots:
             out.append("free-slot total disagrees with the hosts' free slots")
         if list(self._open()) != [i for i, n in enumerate(free) if n]:
             out.append("the hosts with free slots disagree with the counters")
+        fulls = sum(1 << w for w, word in enumerate(self._words) if word == _FULL)
+        if fulls != self._fulls:
+            out.append("the words of hosts all with free slots disagree with the bitmap")
         if any(free[i] for i in self._off):
             out.append("a host taken out counts free slots")
         return out
@@ -531,7 +539,7 @@ class FreeSlots:
         loop for a job's hosts: this is what starting and ending jobs cost."""
         free = self._mine()
         hist, words = self._hist, self._words
-        top, total = self._top, self.total
+        top, fulls, total = self._top, self._fulls, self.total
         log = self._log
         for i, new in changes:
             old = free[i]
@@ -560,7 +568,11 @@ class FreeSlots:
                 top |= 1 << w  # the word's first host with free slots
             elif not word:
                 top &= ~(1 << w)
-        self._top, self.total = top, total
+            if word == _FULL:
+                fulls |= 1 << w  # its last host without
+            elif not new and word == _FULL ^ bit:
+                fulls &= ~(1 << w)
+        self._top, self._fulls, self.total = top, fulls, total
 
     def _apply_bulk(self, idx: Sequence[int], news: Sequence[int]) -> None:
         """:meth:`_apply` for many distinct positions at once (``idx``, each set to the
@@ -614,6 +626,7 @@ class FreeSlots:
             words[w : w + whole] = [_FULL if full else 0] * whole
             span = ((1 << whole) - 1) << w
             top = top | span if full else top & ~span
+            self._fulls = self._fulls | span if full else self._fulls & ~span
             start += whole * _WORD
             w += whole
         if start < stop:  # the last word, partly
@@ -624,15 +637,20 @@ class FreeSlots:
         """Flip ``mask`` in word ``w`` (the words are this object's own: see
         :meth:`_mine`); return ``top`` with the word's bit updated."""
         words = self._words
-        word = words[w] ^ mask
+        was = words[w]
+        word = was ^ mask
         words[w] = word
+        if word == _FULL:
+            self._fulls |= 1 << w
+        elif was == _FULL:
+            self._fulls &= ~(1 << w)
         return top | (1 << w) if word else top & ~(1 << w)
 
     def _open_runs(self) -> Iterator[tuple[int, int]]:
         """``(first position, hosts)`` maximal runs of consecutive hosts with free
         slots, in order: a word at a time (a run going on into the next word is joined
         to it), no per-host step."""
-        top, words = self._top, self._words
+        top, words, fulls = self._top, self._words, self._fulls
         first = end = -1  # the run not yet given: positions first..end-1
         while top:
             low = top & -top
@@ -640,6 +658,19 @@ class FreeSlots:
             w = low.bit_length() - 1
             word = words[w]
             base = w * _WORD
+            if word == _FULL:
+                # This word and the full ones after it: one stretch, read at once.
+                f = fulls >> w
+                k = (f ^ (f + 1)).bit_length() - 1  # how many full words from w on
+                top &= ~(((1 << k) - 1) << w)
+                stop = base + k * _WORD
+                if base == end:
+                    end = stop
+                    continue
+                if first >= 0:
+                    yield first, end - first
+                first, end = base, stop
+                continue
             while word:
                 low = word & -word
                 run = word & ~(word + low)  # the carry of + low runs through the ones
