@@ -226,7 +226,8 @@ def easy_pass(
     """One FCFS + EASY pass; ``pending`` must be in queue order, ``running`` ordered
     by end (unbounded jobs may be left out; it is read only as far as the head needs).
 
-    ``free`` is not changed (the pass works on a draft of it). ``headroom(user)`` is
+    ``free`` is not changed (the pass works on a scratch of it, restored before this
+    returns; nothing else may read it meanwhile). ``headroom(user)`` is
     the user's slot headroom before this pass; slots taken by jobs started in this
     pass are subtracted here. ``known``: the head's reservation from an earlier pass
     that the caller knows is still exact (nothing started, ended or changed since, and
@@ -235,6 +236,19 @@ def easy_pass(
     for a head with ``ptile``, whose reservation needs the hosts).
     """
     state = _Pass(now, free, headroom)
+    try:
+        return _easy_pass(state, pending, running, known)
+    finally:
+        state.avail.restore()
+
+
+def _easy_pass(
+    state: _Pass,
+    pending: Iterable[PendingJob],
+    running: Iterable[RunningJob],
+    known: Reservation | None,
+) -> PassResult:
+    now = state.now
     jobs = iter(pending)  # one queue for both phases: backfill goes on after the head
     head = _start_in_order(state, jobs)
     if head is None:
@@ -251,11 +265,9 @@ def easy_pass(
         if head.ptile is None:
             reservation, _ = reservation_for(now, head, state.avail, both)
         else:
-            # The draft must not depend on state.avail, which backfills change.
-            base = free.draft()
-            for s in state.starts:
-                base.take(s.placement)
-            reservation, at_shadow = reservation_for(now, head, base, both)
+            # A copy: it must not depend on state.avail, which backfills change (and
+            # the cluster's counts with these starts taken are avail's now).
+            reservation, at_shadow = reservation_for(now, head, state.avail.copy(), both)
     reservation = _backfill(state, jobs, reservation, at_shadow)
     return PassResult(tuple(state.starts), reservation)
 
@@ -289,7 +301,9 @@ class _Pass:
     def __init__(self, now: float, free: FreeSlots, headroom: Callable[[str], int | None]) -> None:
         self.now = now
         self.headroom = headroom
-        self.avail = free.draft()
+        # Written in place and restored at the pass's end (FreeSlots.scratch): no
+        # copy of every host's count per pass.
+        self.avail = free.scratch()
         self.taken: dict[str, int] = {}
         self.starts: list[Start] = []
         self.started: list[RunningJob] = []

@@ -220,6 +220,7 @@ class FreeSlots:
         "_own",
         "_pos",
         "_top",
+        "_undo",
         "_views",
         "_words",
         "total",
@@ -237,6 +238,10 @@ class FreeSlots:
         self._top = 0
         #: One bit per word whose 64 hosts all have free slots (``_FULL``).
         self._fulls = 0
+        #: A scratch's changes to the per-host list it shares with its parent, as
+        #: ``(first position or positions, old counts)``, for :meth:`restore`; ``None``
+        #: for anything but a scratch.
+        self._undo: list[tuple[int | Sequence[int], list[int]]] | None = None
         self.total = 0
         #: Positions of the hosts taken out (see the module docstring); few or none.
         self._off: frozenset[int] = frozenset()
@@ -267,12 +272,44 @@ class FreeSlots:
         child._log, child._views = None, []
         child._hist = dict(self._hist)
         child._top, child._fulls, child.total = self._top, self._fulls, self.total
+        child._undo = None
+        return child
+
+    def scratch(self) -> FreeSlots:
+        """A child for one scheduling pass that writes into its parent's per-host list
+        in place, logging what it overwrites, instead of copying the list (O(hosts)) at
+        its first change as a draft does: a pass that starts a job costs in proportion
+        to the hosts it changes. Until :meth:`restore` puts the parent's counts back
+        (call it, in a ``finally``), the parent and its other drafts and snapshots must
+        not be read or changed; drafts of the scratch itself are drafts as any."""
+        child = self.draft()
+        child._undo = []
+        return child
+
+    def restore(self) -> None:
+        """Undo a :meth:`scratch`'s changes to its parent's list (in reverse order);
+        the scratch is not to be used afterwards."""
+        undo, free = self._undo, self._free
+        assert undo is not None, "restore() is for a scratch"
+        for where, olds in reversed(undo):
+            if isinstance(where, int):
+                free[where : where + len(olds)] = olds
+            else:
+                deque(map(free.__setitem__, where, olds), maxlen=0)
+        self._undo = None
+
+    def copy(self) -> FreeSlots:
+        """An independent copy of the counts as they are now."""
+        child = self.draft()
+        child._mine()
         return child
 
     def _mine(self) -> list[int]:
-        """The per-host list, made this object's own first (a draft's first change)."""
+        """The per-host list, made this object's own first (a draft's first change; a
+        scratch keeps writing its parent's, logging, and copies only the bitmap)."""
         if not self._own:
-            self._free = list(self._free)
+            if self._undo is None:
+                self._free = list(self._free)
             self._words = list(self._words)
             self._own = True
         return self._free
@@ -474,6 +511,8 @@ class FreeSlots:
         free = self._mine()
         if self._log is not None:
             self._logged(first, free[first : first + n])
+        if self._undo is not None:
+            self._undo.append((first, free[first : first + n]))
         free[first : first + n] = [new] * n
         self.total += n * (new - old)
         hist = self._hist
@@ -540,7 +579,7 @@ class FreeSlots:
         free = self._mine()
         hist, words = self._hist, self._words
         top, fulls, total = self._top, self._fulls, self.total
-        log = self._log
+        log, undo = self._log, self._undo
         for i, new in changes:
             old = free[i]
             if new == old:
@@ -548,6 +587,8 @@ class FreeSlots:
             if log is not None:
                 self._logged(i, [old])
                 log = self._log
+            if undo is not None:
+                undo.append((i, [old]))
             free[i] = new
             total += new - old
             if old:
@@ -594,6 +635,8 @@ class FreeSlots:
                 hist[v] = hist.get(v, 0) + c
         if self._log is not None:
             self._logged(first if run else list(idx), olds)
+        if self._undo is not None:
+            self._undo.append((first if run else list(idx), olds))
         if run:
             free[first : first + n] = news
         else:

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from xce_resize_plugin.controllers import scheduler
 from xce_resize_plugin.controllers.lazy import TaskList
-from xce_resize_plugin.controllers.scheduler import PendingJob, easy_pass
+from xce_resize_plugin.controllers.scheduler import PendingJob, RunningJob, easy_pass
 from xce_resize_plugin.controllers.sim import Cluster
 from xce_resize_plugin.controllers.slots import FreeSlots
 from xce_resize_plugin.core import converters, engine
@@ -120,29 +120,106 @@ def test_free_slots_agree_with_a_plain_map(
         assert (a == b) == (a_model == b_model)
 
 
+#: Free slots per host in stretches of alike hosts, some longer than a bitmap word.
+host_blocks = st.lists(
+    st.tuples(st.integers(0, 3), st.integers(1, 150)), min_size=1, max_size=5
+).map(lambda bs: [v for v, n in bs for _ in range(n)])
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    host_blocks,
+    st.lists(
+        st.tuples(
+            st.sampled_from(["place", "set", "set_many", "give", "draft"]),
+            st.integers(0, 10**6),
+            st.integers(1, 300),
+            st.one_of(st.none(), st.integers(1, 3)),
+        ),
+        max_size=25,
+    ),
+)
+def test_a_scratch_agrees_with_a_plain_map_and_restores_its_parent(
+    initial: list[int], steps: list[tuple[str, int, int, int | None]]
+) -> None:
+    """A scratch (what a scheduling pass writes in place) reads as a plain map through
+    every kind of change, its drafts keep their own counts, and :meth:`restore` gives
+    the parent back exactly: counts, classes, bitmap, and a snapshot taken before."""
+    names = [f"h{i:03d}" for i in range(len(initial))]
+    parent = FreeSlots(names, initial)
+    before = parent.as_dict()
+    snap = parent.snapshot()
+    scratch = parent.scratch()
+    model = dict(before)
+    drafts: list[tuple[FreeSlots, dict[str, int]]] = []
+    for kind, at, n, ptile in steps:
+        host = names[at % len(names)]
+        if kind == "place":
+            placed = scratch.place(1, n, ptile)
+            if placed is not None:
+                scratch.take(placed)
+                for h, k in placed:
+                    model[h] -= k
+        elif kind == "set":
+            model[host] = n % 4
+            scratch.set(host, model[host])
+        elif kind == "set_many":
+            hosts = [names[(at + k) % len(names)] for k in range(min(n, len(names)))]
+            pairs = [(h, (at + k) % 3) for k, h in enumerate(dict.fromkeys(hosts))]
+            scratch.set_many(pairs)
+            model.update(pairs)
+        elif kind == "give":
+            scratch.give([(host, n % 3)])
+            model[host] += n % 3
+        else:
+            child = scratch.draft()
+            child.set(host, 0)
+            drafts.append((child, {**model, host: 0}))
+            continue  # (a draft in use: the scratch does not change meanwhile)
+        _agrees(scratch, model, ptile)
+        drafts = []
+    for child, child_model in drafts:
+        assert child.as_dict() == child_model and child.problems() == []
+    scratch.restore()
+    assert parent.as_dict() == before and parent.problems() == []
+    assert dict(snap) == _open(before)
+
+
 def _open(model: dict[str, int]) -> dict[str, int]:
     """The hosts with free slots, as a snapshot lists them."""
     return {h: n for h, n in model.items() if n}
 
 
+#: Moldable jobs of a queue: (size, more it may fill, ptile, user, duration).
+moldable_jobs = st.lists(
+    st.tuples(
+        st.integers(1, 60),
+        st.integers(0, 60),
+        st.one_of(st.none(), st.integers(1, 3)),
+        st.sampled_from(["u", "v"]),
+        st.one_of(st.none(), st.floats(1.0, 500.0)),
+    ),
+    min_size=1,
+    max_size=8,
+)
+
+
+def _queue(jobs: list[tuple[int, int, int | None, str, float | None]]) -> list[PendingJob]:
+    return [
+        PendingJob(f"j{k}", user, size, size, ptile, duration, fill_to=size + extra)
+        for k, (size, extra, ptile, user, duration) in enumerate(jobs)
+    ]
+
+
 @settings(max_examples=300, deadline=None)
 @given(
     st.lists(st.integers(0, 3), min_size=1, max_size=80),
-    st.lists(
-        st.tuples(
-            st.integers(1, 40),
-            st.integers(0, 60),
-            st.one_of(st.none(), st.integers(1, 3)),
-            st.sampled_from(["u", "v"]),
-        ),
-        min_size=1,
-        max_size=5,
-    ),
+    moldable_jobs,
     st.one_of(st.none(), st.integers(0, 50)),
 )
 def test_leftovers_placed_as_runs_are_what_the_host_walk_places(
     slots: list[int],
-    jobs: list[tuple[int, int, int | None, str]],
+    jobs: list[tuple[int, int, int | None, str, float | None]],
     room: int | None,
 ) -> None:
     """A moldable start filled with the slots left, as runs joined to its own, is the
@@ -150,10 +227,7 @@ def test_leftovers_placed_as_runs_are_what_the_host_walk_places(
     and the pass leaves the same free slots; with ``ptile``, or a host the start has
     already, the walk decides."""
     names = [f"h{i:03d}" for i in range(len(slots))]
-    pending = [
-        PendingJob(f"j{k}", user, size, size, ptile, 10.0, fill_to=size + extra)
-        for k, (size, extra, ptile, user) in enumerate(jobs)
-    ]
+    pending = _queue(jobs)
 
     def one_pass() -> tuple[Any, dict[str, int]]:
         free = FreeSlots(names, slots)
@@ -167,6 +241,40 @@ def test_leftovers_placed_as_runs_are_what_the_host_walk_places(
     with patch.object(scheduler, "_fill_as_runs", lambda *a: False):
         walked = one_pass()
     assert fast == walked
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.integers(0, 3), min_size=1, max_size=150),
+    moldable_jobs,
+    st.lists(st.tuples(st.integers(0, 149), st.integers(1, 4), st.floats(1.0, 400.0))),
+)
+def test_a_pass_on_a_scratch_decides_as_on_a_copy_and_leaves_the_counts(
+    slots: list[int],
+    jobs: list[tuple[int, int, int | None, str, float | None]],
+    held: list[tuple[int, int, float]],
+) -> None:
+    """The pass writes its trial starts into the cluster's counts and restores them
+    (FreeSlots.scratch): it decides what it decides on a copy, with or without a head
+    with ptile, and leaves the counts, classes and bitmap as they were."""
+    names = [f"h{i:03d}" for i in range(len(slots))]
+    pending = _queue(jobs)
+    running = sorted(
+        (
+            RunningJob(f"r{k}", end, {names[at % len(names)]: n})
+            for k, (at, n, end) in enumerate(held)
+        ),
+        key=lambda r: r.end or 0.0,
+    )
+    free = FreeSlots(names, slots)
+    before = free.as_dict()
+    result = easy_pass(0.0, pending, running, free, lambda user: None)
+    assert free.as_dict() == before and free.problems() == []
+    with (
+        patch.object(FreeSlots, "scratch", FreeSlots.draft),
+        patch.object(FreeSlots, "restore", lambda self: None),
+    ):
+        assert easy_pass(0.0, pending, running, free, lambda user: None) == result
 
 
 def test_leftovers_count_against_the_users_limit_in_the_pass() -> None:
