@@ -41,7 +41,7 @@ from xce_resize_plugin.core.models import (
     format_hosts,
     host_counts,
 )
-from xce_resize_plugin.core.placement import FreeSlotIndex, GrowHostView
+from xce_resize_plugin.core.placement import FreeSlotIndex, GrowHostView, has_free
 from xce_resize_plugin.core.reclaim import (
     QueueHead,
     ReclaimCandidate,
@@ -296,7 +296,7 @@ class Runtime:
             if not pending:
                 return
             free = cluster.free_slots()
-            if not any(free.values()):
+            if not has_free(free):
                 # Every grow needs a slot: with none offered, placing would only call
                 # the hosts-order policy per pending grow to place nothing. On a full
                 # cluster with grows pending this was a third of a durable REST

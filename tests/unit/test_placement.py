@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
 
+import attrs
 import pytest
 from attrs import frozen
 from hypothesis import given, settings
@@ -14,8 +15,10 @@ from xce_resize_plugin.core.placement import (
     FreeSlotIndex,
     GrowHostView,
     Placement,
+    SparseFree,
     apply,
     default_grow_order,
+    has_free,
     place,
 )
 
@@ -432,6 +435,49 @@ def test_placement_respects_constraints(s: Scenario) -> None:
     apply(index, result)
     for host in free:
         assert index.free(host) == free[host] - placed.get(host, 0)
+
+
+class _Sparse(SparseFree):
+    """A SparseFree over a dict (its own open_items and host_order: the base's
+    defaults are tested through the plain dict path)."""
+
+    def __init__(self, free: dict[str, int]) -> None:
+        self._d = free
+
+    def __getitem__(self, host: str) -> int:
+        return self._d[host]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._d)
+
+    def __len__(self) -> int:
+        return len(self._d)
+
+    def open_items(self) -> Iterable[tuple[str, int]]:
+        return [(h, n) for h, n in self._d.items() if n > 0]
+
+    def host_order(self) -> tuple[str, ...]:
+        return tuple(self._d)
+
+
+@settings(max_examples=300, deadline=None)
+@given(scenarios())
+def test_a_sparse_free_view_places_as_the_plain_one(s: Scenario) -> None:
+    """An index built from a host's SparseFree (its hosts with free slots only) answers,
+    orders and places as one built from the plain mapping, and knows the full hosts."""
+    sparse = _Sparse(dict(s.free))
+    plain_index, sparse_index = FreeSlotIndex(dict(s.free)), FreeSlotIndex(sparse)
+    assert state(sparse_index) == state(plain_index)
+    assert has_free(sparse) == has_free(s.free) == any(s.free.values())
+    for host in [*HOSTS, "ghost"]:
+        assert (host in GrowHostView(sparse_index, {})) == (host in s.free)
+    result, index = s.run()
+    with_sparse, index2 = Scenario(sparse, *attrs.astuple(s, recurse=False)[1:]).run()  # type: ignore[arg-type]
+    assert with_sparse == result
+    if result is not None:
+        apply(index, result)
+        apply(index2, result)
+    assert state(index2) == state(index)
 
 
 @settings(max_examples=100, deadline=None)

@@ -12,7 +12,8 @@ Everything here is pure: no I/O, no clock, no module state, and the same inputs 
 give the same placement. Host-name ties are broken by Python's string order (code
 points), never by hash or insertion accidents.
 
-Cost model: building the index is one pass over the hosts (no sort); the "most free
+Cost model: building the index is one pass over the hosts (no sort), or over the hosts
+with free slots only when the host's mapping is a :class:`SparseFree`; the "most free
 first, then name" order is walked lazily bucket by bucket (a bucket is sorted the first
 time a walk reaches it), so a grow that needs two hosts looks at two hosts, not at
 10,000; a :meth:`FreeSlotIndex.take` is a bisection plus a list insert/delete within one
@@ -33,10 +34,41 @@ __all__ = [
     "FreeSlotIndex",
     "GrowHostView",
     "Placement",
+    "SparseFree",
     "apply",
     "default_grow_order",
+    "has_free",
     "place",
 ]
+
+
+class SparseFree(Mapping[str, int]):
+    """A cycle's free slots per host (every host, in the cluster's host order) that can
+    also list only the hosts with free slots, and give its host order without a copy.
+
+    A host of many hosts may return one from ``ClusterView.free_slots``: the plugin then
+    builds its index from the hosts with free slots only, instead of every host at
+    every cycle with a grow pending (docs/host-integration.md). It must read as the
+    plain mapping it stands for: :meth:`open_items` is its items with a value above 0,
+    in order, and :meth:`host_order` its keys.
+    """
+
+    __slots__ = ()
+
+    def open_items(self) -> Iterable[tuple[str, int]]:
+        """``(host, free)`` of the hosts with free slots, in host order."""
+        return ((h, n) for h, n in self.items() if n > 0)
+
+    def host_order(self) -> Sequence[str]:
+        """Every host, in host order."""
+        return tuple(self)
+
+
+def has_free(free: Mapping[str, int]) -> bool:
+    """Whether any host has a free slot (``any(free.values())``)."""
+    if isinstance(free, SparseFree):
+        return next(iter(free.open_items()), None) is not None
+    return any(free.values())
 
 
 class FreeSlotIndex:
@@ -52,11 +84,29 @@ class FreeSlotIndex:
     and a cycle only pays for sorting the buckets it actually visits.
     """
 
-    __slots__ = ("_buckets", "_counts", "_free", "_hosts", "_log", "_n_free_hosts", "_unsorted")
+    __slots__ = (
+        "_buckets",
+        "_counts",
+        "_free",
+        "_hosts",
+        "_known",
+        "_log",
+        "_n_free_hosts",
+        "_unsorted",
+    )
 
     def __init__(self, free: Mapping[str, int]) -> None:
-        self._free: dict[str, int] = dict(free)
-        self._hosts: tuple[str, ...] = tuple(self._free)
+        if isinstance(free, SparseFree):
+            # Only the hosts with free slots are kept: the others answer 0 as a host of
+            # 0 free slots does, and are listed from the host's own order.
+            self._free: dict[str, int] = dict(free.open_items())
+            self._hosts: Sequence[str] = free.host_order()
+            #: Answers whether a host is one of the cycle's (the free ones are in _free).
+            self._known: Mapping[str, int] = free
+        else:
+            self._free = dict(free)
+            self._hosts = tuple(self._free)
+            self._known = self._free
         if self._free and min(self._free.values()) < 0:
             bad = next(h for h, n in self._free.items() if n < 0)
             raise ValueError(f"negative free slots for host {bad!r}: {self._free[bad]}")
@@ -79,6 +129,10 @@ class FreeSlotIndex:
     def free(self, host: str) -> int:
         """Free slots on ``host`` now; 0 for a host the cycle does not know."""
         return self._free.get(host, 0)
+
+    def __contains__(self, host: object) -> bool:
+        """Whether ``host`` is one of the cycle's hosts, free or not."""
+        return host in self._free or host in self._known
 
     def hosts(self) -> Sequence[str]:
         """Every host of the cycle, free or not, in the cluster's host order."""
@@ -222,7 +276,7 @@ class GrowHostView:
         return len(self._index.hosts())
 
     def __contains__(self, host: object) -> bool:
-        return host in self._index._free
+        return host in self._index
 
     def __repr__(self) -> str:
         return f"GrowHostView({self._index!r}, job_hosts={len(self._job_tasks)})"

@@ -18,8 +18,14 @@ from hypothesis import strategies as st
 
 from xce_resize_plugin.controllers import scheduler
 from xce_resize_plugin.controllers.lazy import TaskList
-from xce_resize_plugin.controllers.scheduler import PendingJob, RunningJob, easy_pass
+from xce_resize_plugin.controllers.scheduler import (
+    PendingJob,
+    Reservation,
+    RunningJob,
+    easy_pass,
+)
 from xce_resize_plugin.controllers.sim import Cluster
+from xce_resize_plugin.controllers.sim.sim_controller import SimClusterView, _budget, _offered
 from xce_resize_plugin.controllers.slots import FreeSlots
 from xce_resize_plugin.core import converters, engine
 from xce_resize_plugin.core.models import (
@@ -38,6 +44,7 @@ from xce_resize_plugin.core.models import (
     TaskStarted,
     TaskStopped,
 )
+from xce_resize_plugin.core.placement import SparseFree
 from xce_resize_plugin.host import Principal
 from xce_resize_plugin.journal import StoredState
 from xce_resize_plugin.manager import get_plugin_manager
@@ -275,6 +282,53 @@ def test_a_pass_on_a_scratch_decides_as_on_a_copy_and_leaves_the_counts(
         patch.object(FreeSlots, "restore", lambda self: None),
     ):
         assert easy_pass(0.0, pending, running, free, lambda user: None) == result
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.integers(1, 3), min_size=1, max_size=90),
+    st.lists(st.integers(0, 89), max_size=60),
+    st.one_of(
+        st.none(),
+        st.tuples(st.integers(0, 60), st.integers(0, 30)),
+        st.tuples(st.integers(1, 3), st.lists(st.tuples(st.integers(0, 3), st.integers(0, 3)))),
+    ),
+)
+def test_the_cycles_offered_slots_read_as_every_hosts_count(
+    slots: list[int], taken: list[int], head: Any
+) -> None:
+    """What ``xce_sched_cycle`` is offered (the cluster's free slots, within a blocked
+    head's reservation) reads as the dict of every host's count it stands for, its
+    open items are that dict's hosts with slots, and later changes do not reach it."""
+    names = [f"h{i:03d}" for i in range(len(slots))]
+    cluster = Cluster(list(zip(names, slots, strict=True)))
+    cluster.register_job("j", "u")
+    pos = sorted({i % len(names) for i in taken})
+    if pos:
+        cluster.reserve("j", [Task(k, names[i]) for k, i in enumerate(pos)])
+    res: Reservation | None = None
+    if isinstance(head, tuple) and isinstance(head[1], int):
+        res = Reservation("h", 10.0, head[0])
+    elif isinstance(head, tuple):
+        excess = {names[i % len(names)]: pair for i, pair in enumerate(head[1])}
+        res = Reservation("h", 10.0, 0, head[0], excess)
+    view = SimClusterView(cluster, res, taken_at_pass=0)
+    offered = view.free_slots()
+    # What it stood for before (every host, clamped the same way).
+    want = cluster.free_slots()
+    if res is not None and res.ptile is not None:
+        want = {h: _offered(h, n, res) for h, n in want.items()}
+    elif res is not None:
+        budget = _budget(cluster, res, 0)
+        for h, n in want.items():
+            want[h] = give = min(n, budget)
+            budget -= give
+    assert isinstance(offered, SparseFree)
+    assert list(offered.host_order()) == list(want) == list(offered)
+    assert list(offered.open_items()) == [(h, n) for h, n in want.items() if n > 0]
+    cluster.release_all("j")  # a later change is not seen
+    assert dict(offered) == want and len(offered) == len(want)
+    assert all(h in offered for h in names) and "ghost" not in offered
 
 
 def test_leftovers_count_against_the_users_limit_in_the_pass() -> None:

@@ -48,7 +48,7 @@ import logging
 import math
 import operator
 import threading
-from collections.abc import Callable, Iterable, Mapping, MutableMapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping, Sequence
 from contextlib import AbstractContextManager
 from functools import partial
 from pathlib import Path
@@ -94,6 +94,7 @@ from xce_resize_plugin.controllers.scheduler import (
 )
 from xce_resize_plugin.controllers.sim.events import EventQueue, NotifyDone, Timeline
 from xce_resize_plugin.controllers.sim.work import JobWork
+from xce_resize_plugin.controllers.slots import FreeSlots
 from xce_resize_plugin.controllers.store import LmdbStore, MemoryStore, NullStore, Store
 from xce_resize_plugin.controllers.violations import (
     ContractViolation,
@@ -114,6 +115,7 @@ from xce_resize_plugin.core.models import (
     Task,
     TasksInIdOrder,
 )
+from xce_resize_plugin.core.placement import SparseFree
 from xce_resize_plugin.core.reclaim import QueueHead
 from xce_resize_plugin.core.task_events import TaskEventRun, TaskEvents
 from xce_resize_plugin.errors import ResizeError
@@ -261,20 +263,64 @@ class SimClusterView:
         or not the reservation is protected; ``None`` for a view made without one."""
         return self._head() if self._head is not None else None
 
-    def free_slots(self) -> dict[str, int]:
+    def free_slots(self) -> Mapping[str, int]:
+        """Every host's free slots as offered now; read as its hosts with free slots
+        (:class:`~xce_resize_plugin.core.placement.SparseFree`), without a step per
+        host of the cluster."""
         cluster = self._cluster
-        free = cluster.free_slots()
         res = self._reservation
+        open_now = cluster.open_slots()
+        offered: list[tuple[str, int]]
         if res is None:
-            return free
-        if res.ptile is not None:
-            return {host: _offered(host, n, res) for host, n in free.items()}
-        budget = _budget(cluster, res, self._taken_at_pass)
-        for host, n in free.items():
-            give = n if n < budget else budget
-            free[host] = give
-            budget -= give
-        return free
+            offered = list(open_now)
+        elif res.ptile is not None:
+            offered = [(h, k) for h, n in open_now if (k := _offered(h, n, res)) > 0]
+        else:
+            budget = _budget(cluster, res, self._taken_at_pass)
+            offered = []
+            for host, n in open_now:
+                if budget <= 0:
+                    break
+                give = n if n < budget else budget
+                offered.append((host, give))
+                budget -= give
+        return _OfferedSlots(cluster.free_counts(), offered)
+
+
+class _OfferedSlots(SparseFree):
+    """:meth:`SimClusterView.free_slots`: the slots offered per host as of the call;
+    the hosts without any are 0 (a dict of every host is made only if read whole)."""
+
+    __slots__ = ("_all", "_counts", "_offered")
+
+    def __init__(self, counts: FreeSlots, offered: list[tuple[str, int]]) -> None:
+        self._counts = counts
+        self._offered = offered
+        self._all: dict[str, int] | None = None
+
+    def open_items(self) -> Iterable[tuple[str, int]]:
+        return self._offered
+
+    def host_order(self) -> Sequence[str]:
+        return self._counts.names
+
+    def _whole(self) -> dict[str, int]:
+        if self._all is None:
+            self._all = dict.fromkeys(self._counts.names, 0)
+            self._all.update(self._offered)
+        return self._all
+
+    def __getitem__(self, host: str) -> int:
+        return self._whole()[host]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._counts.names)
+
+    def __len__(self) -> int:
+        return len(self._counts.names)
+
+    def __contains__(self, host: object) -> bool:
+        return host in self._counts
 
 
 def _budget(cluster: Cluster, res: Reservation, taken_at_pass: int) -> int:
