@@ -80,6 +80,11 @@ class TaskReporter(Protocol):
 
     def task_started(self, job_id: str, task_id: int) -> None: ...
 
+    def tasks_started(self, job_id: str, task_ids: Sequence[int]) -> None:
+        """:meth:`task_started` for several tasks of one job that started at one
+        instant (a grow's tasks), in that order."""
+        ...
+
     def task_start_failed(self, job_id: str, task_id: int, reason: str) -> None: ...
 
     def task_exited(self, job_id: str, task_id: int, status: int | None, reason: str) -> None: ...
@@ -107,6 +112,24 @@ class TaskRunner(Protocol):
 
 
 StopMany = Callable[[str, Sequence[int], float, float], None]
+StartMany = Callable[[str, Sequence[Task], Mapping[str, str]], None]
+
+
+def start_many_of(runner: TaskRunner) -> StartMany:
+    """How to start several tasks of one job at once with ``runner``: its own
+    ``start_many(job_id, tasks, env)`` when it has one (a runner may report them as one
+    :meth:`TaskReporter.tasks_started`: a grow of a job of many hosts starts thousands
+    at one instant), else :meth:`TaskRunner.start` for each, in order, each with its
+    own copy of ``env``."""
+    many = getattr(runner, "start_many", None)
+    if many is not None:
+        return cast(StartMany, many)
+
+    def one_by_one(job_id: str, tasks: Sequence[Task], env: Mapping[str, str]) -> None:
+        for task in tasks:
+            runner.start(job_id, task, dict(env))
+
+    return one_by_one
 
 
 def stop_many_of(runner: TaskRunner) -> StopMany:
@@ -206,6 +229,20 @@ class SimTaskRunner:
         else:
             self.reporter.task_start_failed(job_id, task.id, reason)
 
+    def start_many(self, job_id: str, tasks: Sequence[Task], env: Mapping[str, str]) -> None:
+        """:meth:`start` for each task; without start faults, the starts are reported
+        together (:meth:`TaskReporter.tasks_started`), in the order given."""
+        faults = self.faults
+        if (
+            faults.fail_starts
+            or faults.fail_start_if is not None
+            or type(self).start is not SimTaskRunner.start  # a subclass's own starts
+        ):
+            for task in tasks:  # each its own report
+                self.start(job_id, task, env)
+            return
+        self.reporter.tasks_started(job_id, tuple(t.id for t in tasks))
+
     def stop(self, job_id: str, task_id: int, grace: float, since: float) -> None:
         reporter = self.reporter
         when, status, reason = _exit_of(self.faults.delay(job_id, task_id), grace, since)
@@ -217,8 +254,8 @@ class SimTaskRunner:
     def stop_many(self, job_id: str, task_ids: Sequence[int], grace: float, since: float) -> None:
         """:meth:`stop` for each task; tasks that end alike at one instant are reported
         together (:meth:`TaskReporter.tasks_exited`), in the order given."""
-        if self.faults.stop_delays:
-            for tid in task_ids:  # delays per task: each its own exit
+        if self.faults.stop_delays or type(self).stop is not SimTaskRunner.stop:
+            for tid in task_ids:  # delays per task, or a subclass's stops: each its own
                 self.stop(job_id, tid, grace, since)
             return
         reporter = self.reporter

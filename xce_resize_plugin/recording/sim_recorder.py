@@ -22,6 +22,7 @@ from xce_resize_plugin.controllers.runners import (
     NotificationRunner,
     TaskReporter,
     TaskRunner,
+    start_many_of,
     stop_many_of,
 )
 from xce_resize_plugin.controllers.sim.sim_controller import EmbeddedController
@@ -53,11 +54,19 @@ class _RecordingTaskRunner:
         self._reporter = reporter
         self._inner.bind(self)
         self._stop_many = stop_many_of(self._inner)
+        self._start_many = start_many_of(self._inner)
 
     def start(self, job_id: str, task: Task, env: Mapping[str, str]) -> None:
         self._inside += 1
         try:
             self._inner.start(job_id, task, env)
+        finally:
+            self._inside -= 1
+
+    def start_many(self, job_id: str, tasks: Sequence[Task], env: Mapping[str, str]) -> None:
+        self._inside += 1
+        try:
+            self._start_many(job_id, tasks, env)
         finally:
             self._inside -= 1
 
@@ -103,6 +112,12 @@ class _RecordingTaskRunner:
     def task_started(self, job_id: str, task_id: int) -> None:
         self._record(job_id, task_id, "started", None, "")
         self._to.task_started(job_id, task_id)
+
+    def tasks_started(self, job_id: str, task_ids: Sequence[int]) -> None:
+        # A recording has one line per task (the replay answers each start from it).
+        for tid in task_ids:
+            self._record(job_id, tid, "started", None, "")
+        self._to.tasks_started(job_id, task_ids)
 
     def task_start_failed(self, job_id: str, task_id: int, reason: str) -> None:
         self._record(job_id, task_id, "start_failed", None, reason)

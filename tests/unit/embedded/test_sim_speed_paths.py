@@ -715,48 +715,68 @@ class _OneByOne:
         self._inner.stop(job_id, task_id, grace, since)
 
 
-def _stops_seen(
-    tmp: Any, bulk: bool, stops: list[list[int]], delay: float, grace: float
+def _task_events_seen(
+    tmp: Any,
+    bulk: bool,
+    faults: Any,
+    alloc: dict[str, int],
+    times: tuple[float, ...],
+    act: Any,
 ) -> tuple[list[tuple[Any, ...]], dict[int, Any]]:
-    """Run a job of 6 tasks whose stops the plugin asks in ``stops`` (one call per list,
-    one cycle apart); return the task events the plugin saw and the task states."""
+    """Run a job on ``alloc`` (hosts h1 and h2 of 4 and 8 slots) with a plugin that
+    calls ``act(controller, job)`` at every dispatch cycle, with the simulated runner
+    (``bulk``) or the same runner task by task; return the task events the plugin saw
+    and the job's task states at the end."""
     from tests.conftest import make_pm
     from xce_resize_plugin import hookimpl
-    from xce_resize_plugin.controllers.sim import (
-        EmbeddedController,
-        MemoryStore,
-        SimTaskRunner,
-        TaskFaults,
-    )
+    from xce_resize_plugin.controllers.sim import EmbeddedController, MemoryStore, SimTaskRunner
     from xce_resize_plugin.host import Controller
 
     seen: list[tuple[Any, ...]] = []
-    todo = list(stops)
+    jobs: list[str] = []
 
-    class Stopper:
+    class Plugin:
         @hookimpl
         def xce_dispatch_cycle(self, controller: Controller) -> None:
-            if todo:
-                controller.stop_tasks(job, todo.pop(0), grace)
+            if jobs:
+                act(controller, jobs[0])
 
         @hookimpl
         def xce_task_events(self, controller: Controller, events: list[TaskEvent]) -> None:
             seen.extend((e.task_id, e.kind, e.status, e.reason, e.stopped) for e in events)
 
-    runner = SimTaskRunner(TaskFaults(stop_delay=delay))
+    runner = SimTaskRunner(faults)
     ctl = EmbeddedController(
-        make_pm(Stopper()),
+        make_pm(Plugin()),
         tmp,
-        {"h1": 4, "h2": 4},
+        {"h1": 4, "h2": 8},
         store=MemoryStore(),
         task_runner=runner if bulk else _OneByOne(runner),
     )
-    job = ctl.submit("u", 6, runtime=1000, alloc={"h1": 3, "h2": 3})
-    for t in (0.0, 1.0, 2.0, 3.0, 50.0):
+    jobs.append(ctl.submit("u", sum(alloc.values()), runtime=1000, alloc=alloc))
+    for t in times:
         ctl.run(until=t)
-    states = dict(ctl.job(job).task_states)
+    states = dict(ctl.job(jobs[0]).task_states)
     ctl.close()
     return seen, states
+
+
+def _stops_seen(
+    tmp: Any, bulk: bool, stops: list[list[int]], delay: float, grace: float
+) -> tuple[list[tuple[Any, ...]], dict[int, Any]]:
+    """A job of 6 tasks whose stops the plugin asks in ``stops`` (one call per list,
+    one cycle apart)."""
+    from xce_resize_plugin.controllers.sim import TaskFaults
+
+    todo = list(stops)
+
+    def stop(controller: Any, job: str) -> None:
+        if todo:
+            controller.stop_tasks(job, todo.pop(0), grace)
+
+    faults = TaskFaults(stop_delay=delay)
+    times = (0.0, 1.0, 2.0, 3.0, 50.0)
+    return _task_events_seen(tmp, bulk, faults, {"h1": 3, "h2": 3}, times, stop)
 
 
 @settings(max_examples=60, deadline=None)
@@ -775,6 +795,57 @@ def test_a_stop_of_many_tasks_reports_what_stops_one_by_one_report(
     bulk = _stops_seen(tmp_path_factory.mktemp("bulk"), True, stops, delay, grace)
     single = _stops_seen(tmp_path_factory.mktemp("single"), False, stops, delay, grace)
     assert bulk == single
+
+
+def _starts_seen(
+    tmp: Any, bulk: bool, launches: list[list[int]], fail: set[int]
+) -> tuple[list[tuple[Any, ...]], dict[int, Any]]:
+    """A job of 2 tasks to which the plugin adds tasks 2..9 (reserved at once) and
+    launches them as ``launches`` says (one call per list, one cycle apart; an id may
+    come again or twice); the tasks ``2 + i`` for ``i`` in ``fail`` fail to start."""
+    from xce_resize_plugin.controllers.sim import TaskFaults
+
+    todo = list(launches)
+    new = [Task(i, "h2") for i in range(2, 10)]
+    reserved: list[bool] = []
+
+    def launch(controller: Any, job: str) -> None:
+        if not reserved:
+            controller.reserve_slots(job, new)
+            reserved.append(True)
+        if todo:
+            controller.launch_tasks(job, [new[i % 8] for i in todo.pop(0)], {"X": "1"})
+
+    faults = TaskFaults(fail_starts={("101", 2 + i) for i in fail})
+    return _task_events_seen(tmp, bulk, faults, {"h1": 2}, (0.0, 1.0, 2.0, 3.0), launch)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.lists(st.integers(0, 7), max_size=8), min_size=1, max_size=3),
+    st.sets(st.integers(0, 7), max_size=2),
+)
+def test_a_start_of_many_tasks_reports_what_starts_one_by_one_report(
+    tmp_path_factory: Any, launches: list[list[int]], fail: set[int]
+) -> None:
+    """The simulated runner reports the tasks a launch starts together (one
+    ``tasks_started``, one run of events): the plugin sees the same task events in the
+    same order, and the tasks end in the same states, as when each is started on its
+    own; tasks launched again (answered from their record) and failing starts
+    included."""
+    bulk = _starts_seen(tmp_path_factory.mktemp("bulk"), True, launches, fail)
+    single = _starts_seen(tmp_path_factory.mktemp("single"), False, launches, fail)
+    assert bulk == single
+    # What each task launched says, in the order launched: its start (or its failure),
+    # and when launched again, what became of it.
+    want = []
+    for ids in launches:
+        for i in ids:
+            tid = 2 + i % 8
+            failed = i % 8 in fail
+            kind, reason = ("start_failed", "injected start failure") if failed else ("started", "")
+            want.append((tid, kind, None, reason, False))
+    assert bulk[0] == want
 
 
 @settings(max_examples=300, deadline=None)

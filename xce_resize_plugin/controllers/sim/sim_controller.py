@@ -83,6 +83,7 @@ from xce_resize_plugin.controllers.runners import (
     SubprocessNotificationRunner,
     TaskFaults,
     TaskRunner,
+    start_many_of,
     stop_many_of,
 )
 from xce_resize_plugin.controllers.scheduler import (
@@ -510,7 +511,7 @@ class EmbeddedController:
         self._next_id = int(saved.get("next_job_id", 101))
         self._runner: TaskRunner = task_runner if task_runner is not None else SimTaskRunner(faults)
         self._runner.bind(self)
-        self._stop_many = stop_many_of(self._runner)
+        self._start_many, self._stop_many = start_many_of(self._runner), stop_many_of(self._runner)
         self._notifier: NotificationRunner = (
             notification_runner
             if notification_runner is not None
@@ -632,9 +633,13 @@ class EmbeddedController:
         with self._lock:
             job = self._job(job_id)
             held = self._cluster.held_view(job_id)
+            # The tasks to start go to the runner together (it may report them as one
+            # start), sent before anything else is answered, in the order given.
+            batch: list[Task] = []
             for task in tasks:
                 rec = job.task_states.get(task.id)
                 if rec is not None:
+                    self._start_batch(job_id, batch, env)
                     if rec.host != task.host:
                         raise ContractViolation(
                             f"launch_tasks: job {job_id} task {task.id} is on {rec.host}, "
@@ -643,6 +648,7 @@ class EmbeddedController:
                     self._rereport(job_id, task.id, rec)
                     continue
                 if job.state is not JobState.RUN:
+                    self._start_batch(job_id, batch, env)
                     job.task_states[task.id] = TaskRecord(
                         task.host, TaskState.FAILED, self.now(), reason="job not running"
                     )
@@ -652,14 +658,22 @@ class EmbeddedController:
                     )
                     continue
                 if held.get(task.id) != task.host:
+                    self._start_batch(job_id, batch, env)
                     raise ContractViolation(
                         f"launch_tasks: job {job_id} task {task.id} on {task.host} is not reserved"
                     )
                 job.task_states[task.id] = TaskRecord(task.host, TaskState.STARTING, self.now())
                 self._changed(job_id)
-                with self._in_runner:
-                    self._runner.start(job_id, task, dict(env))
+                batch.append(task)
+            self._start_batch(job_id, batch, env)
             self._flush()
+
+    def _start_batch(self, job_id: str, batch: list[Task], env: Mapping[str, str]) -> None:
+        """Send the tasks gathered so far to the runner (and empty the list)."""
+        if batch:
+            with self._in_runner:
+                self._start_many(job_id, tuple(batch), env)
+            batch.clear()
 
     def stop_tasks(self, job_id: str, task_ids: Sequence[int], grace: float) -> None:
         with self._lock:
@@ -790,14 +804,26 @@ class EmbeddedController:
                 self._timeline.at(time, _nothing)
 
     def task_started(self, job_id: str, task_id: int) -> None:
+        self.tasks_started(job_id, (task_id,))
+
+    def tasks_started(self, job_id: str, task_ids: Sequence[int]) -> None:
         with self._lock:
-            rec = self._live_task(job_id, task_id)
-            if rec is None or rec.state is not TaskState.STARTING:
+            get = self._records_if_running(job_id)
+            if get is None:
                 return
-            rec.state = TaskState.RUNNING
-            rec.since = self.now()
-            self._changed(job_id)
-            self._reported(TaskEvent(job_id, task_id, "started"))
+            now = self.now()
+            started: list[int] = []
+            for tid in task_ids:
+                rec = get(tid)
+                if rec is None or rec.state is not TaskState.STARTING:
+                    continue  # (STARTING is live: anything else is a stale report)
+                rec.state = TaskState.RUNNING
+                rec.since = now
+                started.append(tid)
+            if started:
+                self._changed(job_id)
+                # One run of alike starts (core/task_events.py), not an event per task.
+                self._reported(TaskEventRun(job_id, tuple(started), "started"))
 
     def task_start_failed(self, job_id: str, task_id: int, reason: str) -> None:
         with self._lock:
@@ -817,10 +843,10 @@ class EmbeddedController:
         self, job_id: str, task_ids: Sequence[int], status: int | None, reason: str
     ) -> None:
         with self._lock:
-            job = self._jobs.get(job_id)
-            if job is None or job.finished:
-                return  # stale: the job's end took them down
-            get, now = job.task_states.get, self.now()
+            get = self._records_if_running(job_id)
+            if get is None:
+                return
+            now = self.now()
             # The exits are reported as runs of tasks alike (core/task_events.py): the
             # tasks a release stopped together are one run, not an event each.
             alike: list[int] = []
@@ -850,6 +876,14 @@ class EmbeddedController:
                 self._reported(
                     TaskEventRun(job_id, tuple(alike), "exited", status, reason, was_stopped)
                 )
+
+    def _records_if_running(self, job_id: str) -> Callable[[int], TaskRecord | None] | None:
+        """How to look up the job's task records, ``None`` once the job has ended (its
+        end took its tasks down: a report about them is stale)."""
+        job = self._jobs.get(job_id)
+        if job is None or job.finished:
+            return None
+        return job.task_states.get
 
     def _live_task(self, job_id: str, task_id: int) -> TaskRecord | None:
         """The task's record if its process may still be alive (reports about tasks the
