@@ -313,8 +313,7 @@ class Runtime:
                 headroom = self.controller.slot_headroom(state.user)
                 facts = engine.decide_placement(state, job, view, headroom, self.policy, now)
                 if facts:
-                    for host, n in host_counts(_placed_tasks(facts)).items():
-                        index.take(host, n)
+                    index.take_many(host_counts(_placed_tasks(facts)).items())
                     self._transition(state.job_id, facts)
 
     def dispatch_cycle(self) -> None:

@@ -480,6 +480,48 @@ def test_a_sparse_free_view_places_as_the_plain_one(s: Scenario) -> None:
     assert state(index2) == state(index)
 
 
+@settings(max_examples=400, deadline=None)
+@given(
+    frees,
+    st.lists(st.lists(st.tuples(st.sampled_from([*HOSTS, "ghost"]), st.integers(-1, 6)))),
+    st.integers(0, 4),
+    st.booleans(),
+)
+def test_takes_at_once_are_the_takes_one_by_one(
+    free: dict[str, int],
+    batches: list[list[tuple[str, int]]],
+    read: int,
+    sort_first: bool,
+) -> None:
+    """``take_many`` leaves the index as the same takes one by one do: the free slots,
+    the order, a walk begun before the takes (a snapshot, partly read), and the error
+    (and what was taken before it) of a take that cannot be made."""
+
+    def run(at_once: bool) -> list[object]:
+        index = FreeSlotIndex(free)
+        out: list[object] = []
+        if sort_first:
+            list(index.by_free_desc())  # some buckets sorted, others not
+        walk = index.by_free_desc()
+        out.append([next(walk, None) for _ in range(read)])
+        for batch in batches:
+            try:
+                if at_once:
+                    index.take_many(batch)
+                else:
+                    for host, n in batch:
+                        index.take(host, n)
+            except ValueError as exc:
+                out.append(str(exc))
+            out.append((state(index), repr(index)))  # (repr: the hosts with free slots)
+            # No empty bucket is kept, and the counts list the buckets.
+            assert all(index._buckets.values()) and index._counts == sorted(index._buckets)
+        out.append(list(walk))
+        return out
+
+    assert run(True) == run(False)
+
+
 @settings(max_examples=100, deadline=None)
 @given(scenarios())
 def test_placement_is_deterministic(s: Scenario) -> None:

@@ -160,6 +160,43 @@ class FreeSlotIndex:
         else:
             self._n_free_hosts -= 1
 
+    def take_many(self, takes: Iterable[tuple[str, int]]) -> None:
+        """:meth:`take` of each ``(host, n)`` in turn, each bucket a host leaves
+        rewritten once for all of them: a grow of many hosts took each out of a bucket
+        of every open host one by one (a list delete each, O(hosts) per host). The same
+        result as the takes one by one (the walks see the same; errors are theirs)."""
+        items = list(takes)
+        free = self._free
+        hosts = [h for h, _ in items]
+        if len(set(hosts)) != len(hosts) or any(n < 0 or n > free.get(h, 0) for h, n in items):
+            for host, n in items:  # repeats or an error: the takes one by one
+                self.take(host, n)
+            return
+        leaving: dict[int, set[str]] = {}
+        arriving: list[tuple[int, str]] = []
+        for host, n in items:
+            if n == 0:
+                continue
+            old = free[host]
+            new = old - n
+            free[host] = new
+            self._log.append((host, old))
+            leaving.setdefault(old, set()).add(host)
+            if new:
+                arriving.append((new, host))
+            else:
+                self._n_free_hosts -= 1
+        for count, gone in leaving.items():
+            bucket = self._buckets[count]
+            if len(gone) == len(bucket):
+                del self._buckets[count]
+                del self._counts[bisect_left(self._counts, count)]
+                self._unsorted.discard(count)
+            else:
+                bucket[:] = [h for h in bucket if h not in gone]  # (order kept)
+        for count, host in arriving:
+            self._bucket_add(count, host)
+
     def by_free_desc(self) -> Iterator[str]:
         """Hosts with free slots, most free first, ties by name ascending; lazy.
 
@@ -429,5 +466,4 @@ def apply(index: FreeSlotIndex, placement: Placement) -> None:
     for host, n in need.items():
         if n > index.free(host):
             raise ValueError(f"placement needs {n} slots on {host!r}: {index.free(host)} free")
-    for host, n in need.items():
-        index.take(host, n)
+    index.take_many(need.items())
