@@ -24,12 +24,8 @@ from xce_resize_plugin.core.allocations import (
     joined,
     next_task_id,
     task_ids,
-)
-from xce_resize_plugin.core.allocations import (
-    with_ids as _with_ids,
-)
-from xce_resize_plugin.core.allocations import (
-    without_ids as _without_ids,
+    with_ids,
+    without_ids,
 )
 from xce_resize_plugin.core.models import (
     AutoresizeRequest,
@@ -427,7 +423,7 @@ def _decide_release(
         ReleaseAccepted(
             job_id=job.id,
             at=at,
-            tasks=_with_ids(tasks, ids),
+            tasks=with_ids(tasks, ids),
             notify_cmd=_notify_cmd(job, request.notify_cmd, request.no_notify),
             principal=principal_name,
             cancelled_pending=cancelled,
@@ -1244,10 +1240,10 @@ def _lose(state: ResizeState, fact: TasksLost) -> ResizeState:
     """Fold a host failure into the state: the lost committed tasks leave the
     allocation (a resize record), and the change in flight is settled."""
     lost = {t.id for t in fact.tasks}
-    tasks = _without_ids(state.tasks, lost)
+    tasks = without_ids(state.tasks, lost)
     records = state.records
     if len(tasks) != len(state.tasks):
-        delta = _with_ids(state.tasks, lost)
+        delta = with_ids(state.tasks, lost)
         record = ResizeRecord(
             fact.at, ChangeKind.SHRINK, state.tasks, delta, tasks, fact.version, fact.reason
         )
@@ -1286,7 +1282,7 @@ def _settle(state: ResizeState, lost: set[int]) -> tuple[Change | None, PendingG
         return change, state.pending, phase
     if change.kind is ChangeKind.GROW:
         return _evolve(change, failed=change.failed | mine), state.pending, phase
-    rest = _without_ids(change.tasks, lost)
+    rest = without_ids(change.tasks, lost)
     if not rest:
         return None, None, Phase.IDLE
     stopped = change.stopped - lost
@@ -1489,7 +1485,7 @@ def _commit(state: ResizeState, change: Change, fact: Committed) -> ResizeState:
     before = state.tasks
     if change.kind is ChangeKind.GROW:
         # A task that started and then failed (not ready in time) is not added.
-        delta = _with_ids(change.tasks, change.started - change.failed)
+        delta = with_ids(change.tasks, change.started - change.failed)
         after: Sequence[Task] = joined(before, delta)
     else:
         delta = change.tasks
@@ -1631,12 +1627,12 @@ def _task_run(state: ResizeState, run: Sequence[Fact], out: list[Effect]) -> Res
 
 
 def _without(tasks: Sequence[Task], gone: Sequence[Task]) -> Sequence[Task]:
-    return _without_ids(tasks, set(task_ids(gone)))
+    return without_ids(tasks, set(task_ids(gone)))
 
 
 def _unresolved(change: Change) -> Sequence[Task]:
     done = change.started | change.failed | change.stopped
-    return _without_ids(change.tasks, done)
+    return without_ids(change.tasks, done)
 
 
 def resume_effects(state: ResizeState) -> list[Effect]:
