@@ -107,6 +107,7 @@ from xce_resize_plugin.controllers.violations import (
     UnknownHost,
     UnknownJob,
 )
+from xce_resize_plugin.core.allocations import as_kept
 from xce_resize_plugin.core.models import (
     GrowHosts,
     JobInfo,
@@ -114,7 +115,6 @@ from xce_resize_plugin.core.models import (
     LossOutcome,
     ReleaseRequest,
     Task,
-    TasksInIdOrder,
 )
 from xce_resize_plugin.core.placement import SparseFree
 from xce_resize_plugin.core.reclaim import QueueHead
@@ -745,7 +745,7 @@ class EmbeddedController:
             job = self._job(job_id)
             # A list in id order does not change (its contract): kept as it is, so that
             # the host's own list (a slice of it) is compared run by run below.
-            new: Sequence[Task] = tasks if isinstance(tasks, TasksInIdOrder) else tuple(tasks)
+            new = as_kept(tasks)
             if job.state is not JobState.RUN:
                 # A commit re-issued after the job ended changes nothing any more.
                 log.info("commit_allocation v%s for %s job %s ignored", version, job.state, job_id)
