@@ -691,10 +691,24 @@ class FreeSlots:
 
     def _open_runs(self) -> Iterator[tuple[int, int]]:
         """``(first position, hosts)`` maximal runs of consecutive hosts with free
-        slots, in order: a word at a time (a run going on into the next word is joined
-        to it), no per-host step."""
-        top, words, fulls = self._top, self._words, self._fulls
+        slots, in order: the stretches of :meth:`_open_stretches`, joined where one
+        goes on from the last."""
         first = end = -1  # the run not yet given: positions first..end-1
+        for start, stop in self._open_stretches():
+            if start == end:
+                end = stop
+                continue
+            if first >= 0:
+                yield first, end - first
+            first, end = start, stop
+        if first >= 0:
+            yield first, end - first
+
+    def _open_stretches(self) -> Iterator[tuple[int, int]]:
+        """``(start, stop)`` of stretches of consecutive hosts with free slots, in order,
+        a word at a time (the full words after a full one as one stretch), no per-host
+        step; a stretch may go on from the one before (across a word's end)."""
+        top, words, fulls = self._top, self._words, self._fulls
         while top:
             low = top & -top
             top ^= low
@@ -706,28 +720,13 @@ class FreeSlots:
                 f = fulls >> w
                 k = (f ^ (f + 1)).bit_length() - 1  # how many full words from w on
                 top &= ~(((1 << k) - 1) << w)
-                stop = base + k * _WORD
-                if base == end:
-                    end = stop
-                    continue
-                if first >= 0:
-                    yield first, end - first
-                first, end = base, stop
+                yield base, base + k * _WORD
                 continue
             while word:
                 low = word & -word
                 run = word & ~(word + low)  # the carry of + low runs through the ones
                 word ^= run
-                start = base + low.bit_length() - 1
-                stop = base + run.bit_length()
-                if start == end:
-                    end = stop
-                    continue
-                if first >= 0:
-                    yield first, end - first
-                first, end = start, stop
-        if first >= 0:
-            yield first, end - first
+                yield base + low.bit_length() - 1, base + run.bit_length()
 
     def _open(self) -> Iterator[int]:
         """Positions of the hosts with free slots, in order (a snapshot of the words)."""
