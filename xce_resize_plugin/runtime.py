@@ -380,6 +380,12 @@ class Runtime:
         short = head.short()
         if short == 0:
             return bool(coming)  # what is being freed starts it: nothing to ask
+        bound = queued.resizable_excess
+        if bound is not None and short > bound:
+            # The candidates are some of those jobs, each giving at most what it holds
+            # above its minimum: not one lookup when all of it would not be enough (on
+            # HPC2N, four decisions in five end here).
+            return False
         candidates = self._reclaim_candidates(queued)
         if short > sum(c.excess for c in candidates):
             return False  # even every job at its minimum would not start it

@@ -13,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 
 from xce_resize_plugin import plugin
@@ -139,3 +140,49 @@ def test_reclaim_candidates_follow_a_stored_state(tmp_path: Path) -> None:
     ctl.request_resize(Principal("ann"), "1", GrowRequest(1, 1))
     (after,) = runtime._reclaim_candidates(head)
     assert after.excess == 4 and after.pending_grow
+
+
+def test_the_hosts_excess_bound_changes_no_decision(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The host's ``resizable_excess`` lets the plugin refuse a head no reclaim starts
+    without listing candidates: the run is the one made without the bound."""
+    listed = {"n": 0}
+    candidates = Runtime._reclaim_candidates
+
+    def counted(self: Runtime, queued: QueueHead) -> Any:
+        listed["n"] += 1
+        return candidates(self, queued)
+
+    monkeypatch.setattr(Runtime, "_reclaim_candidates", counted)
+    bounded = _elastic()
+    listed_bounded, listed["n"] = listed["n"], 0
+
+    queue_head = EmbeddedController._queue_head
+
+    def unbounded(self: EmbeddedController) -> QueueHead | None:
+        head = queue_head(self)
+        return None if head is None else attrs.evolve(head, resizable_excess=None)
+
+    monkeypatch.setattr(EmbeddedController, "_queue_head", unbounded)
+    _same_run(_elastic(), bounded)
+    assert listed_bounded < listed["n"]  # the bound spared listings (else: shows nothing)
+
+
+def test_the_kept_queue_head_is_always_the_fresh_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    queue_head = EmbeddedController._queue_head
+    seen = {"same": 0, "asked": 0}
+
+    def checked(self: EmbeddedController) -> QueueHead | None:
+        before = self._queue_head_kept
+        answer = queue_head(self)
+        self._queue_head_kept = None
+        fresh = queue_head(self)
+        assert fresh == answer
+        seen["asked"] += 1
+        if answer is not None and before is not None and before[1] is answer:
+            seen["same"] += 1
+            self._queue_head_kept = before  # keep the kept one, as the run would
+        return answer
+
+    monkeypatch.setattr(EmbeddedController, "_queue_head", checked)
+    _elastic()
+    assert seen["same"] > 0 and seen["asked"] > seen["same"]

@@ -70,6 +70,10 @@ class QueueHead:
     :param free_total: the sum of ``free``, when the host knows it without adding it
         up (``None``: the plugin adds it up when it needs it); a head without
         ``ptile`` is then judged on this count alone, whatever the number of hosts.
+    :param resizable_excess: the slots the ``resizable`` jobs hold above their
+        ``min_tasks``, summed, when the host knows it (``None``: unknown). A head
+        short of more tasks than that is not started by any reclaim: the plugin then
+        decides so without looking the jobs up one by one.
     """
 
     job_id: str
@@ -80,6 +84,7 @@ class QueueHead:
     unusable: frozenset[str] = frozenset()
     resizable: tuple[str, ...] = ()
     free_total: int | None = None
+    resizable_excess: int | None = None
 
 
 @frozen

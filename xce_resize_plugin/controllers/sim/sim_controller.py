@@ -226,7 +226,10 @@ def _alloc_pairs(
 
 #: What a blocked head is told of the cluster: free slots per host, the hosts out of
 #: service, the resizable running jobs above their minimum (``QueueHead``'s fields).
-_HeadSlots = tuple[Mapping[str, int], frozenset[str], tuple[str, ...]]
+_HeadSlots = tuple[Mapping[str, int], frozenset[str], tuple[str, ...], int]
+#: What the blocked head's description is made of: the reservation's job and shadow
+#: time, the job's queue view, the ledger's part and the free total.
+_HeadKey = tuple[str, float, PendingJob, _HeadSlots, int]
 
 
 def _nothing() -> None:
@@ -526,6 +529,26 @@ class EmbeddedController:
         # (work-based run time) leaves a stale timeline entry that must do nothing.
         self._end_gen: dict[str, int] = {}
         self._capacity: dict[int | None, int] = {}
+        self._init_schedule()
+        self._future: dict[str, JobRecord] = {}
+        self._timeline = Timeline()
+        self._events = EventQueue()
+        self._changes = 0
+        self._instant = 0
+        self._round = 0
+        self._problems: list[str] = []
+        self._rejections: list[tuple[float, str, str]] = []
+        self._dirty: set[str] = set()
+        self._meta_dirty = True
+        self._saved_clock = self._clock.now()
+        self._closed = False  # _flush() below checks it
+        if snapshot is not None:
+            self._restore(snapshot.jobs)
+        self._flush()
+
+    def _init_schedule(self) -> None:
+        """The scheduler's views of the queue and the running jobs, and what the last
+        pass left (constructor, part three)."""
         self._queue: list[tuple[tuple[float, tuple[int, int, str]], str]] = []
         self._pending_views: dict[str, PendingJob] = {}
         # The pending views in queue order, kept beside _queue (same positions), so a
@@ -540,25 +563,11 @@ class EmbeddedController:
         self._views_epoch = 0
         self._res_known: tuple[Reservation, int, int, float] | None = None
         self._head_kept: tuple[int, _HeadSlots] | None = None
-        self._future: dict[str, JobRecord] = {}
-        self._timeline = Timeline()
-        self._events = EventQueue()
-        self._changes = 0
-        self._instant = 0
-        self._round = 0
+        self._queue_head_kept: tuple[_HeadKey, QueueHead] | None = None
         self._queue_epoch = 0
         self._last_pass: tuple[int, int, float] | None = None
         self._reservation: Reservation | None = None
         self._taken_at_pass = 0
-        self._problems: list[str] = []
-        self._rejections: list[tuple[float, str, str]] = []
-        self._dirty: set[str] = set()
-        self._meta_dirty = True
-        self._saved_clock = self._clock.now()
-        self._closed = False  # _flush() below checks it
-        if snapshot is not None:
-            self._restore(snapshot.jobs)
-        self._flush()
 
     # =================================================================================
     # the Controller protocol (what the plugin sees)
@@ -2062,28 +2071,53 @@ class EmbeddedController:
         view = self._pending_views.get(res.job_id) if res is not None else None
         if res is None or view is None:
             return None
-        free, unusable, resizable = self._head_slots()
+        parts = self._head_slots()
         total = self._cluster.free_total
-        return QueueHead(
-            res.job_id, view.min_tasks, view.ptile, res.shadow, free, unusable, resizable, total
+        key = (res.job_id, res.shadow, view, parts, total)
+        kept = self._queue_head_kept
+        if kept is not None and kept[0] == key:
+            # The same object as at the last cycle: the plugin, which keeps its answer
+            # while the head stays the same, compares it by identity first.
+            return kept[1]
+        free, unusable, resizable, excess = parts
+        head = QueueHead(
+            res.job_id,
+            view.min_tasks,
+            view.ptile,
+            res.shadow,
+            free,
+            unusable,
+            resizable,
+            total,
+            excess,
         )
+        self._queue_head_kept = (key, head)
+        return head
 
     def _head_slots(self) -> _HeadSlots:
-        """The free slots, the hosts out of service and the resizable running jobs above
-        their minimum, as a head sees them. Each changes only with the ledger (a job
-        starts, ends or is resized; a host closes, opens, fails or comes back: each
-        bumps ``change_epoch``), and the plugin asks at every cycle while the head is
-        blocked: they are kept until the ledger changes (the same objects, read-only)."""
+        """The free slots, the hosts out of service, the resizable running jobs above
+        their minimum and the slots they hold above it, as a head sees them. Each
+        changes only with the ledger (a job starts, ends or is resized; a host closes,
+        opens, fails or comes back: each bumps ``change_epoch``), and the plugin asks at
+        every cycle while the head is blocked: they are kept until the ledger changes
+        (the same objects, read-only)."""
         cluster = self._cluster
         kept = self._head_kept
         if kept is not None and kept[0] == cluster.change_epoch:
             return kept[1]
         held = cluster.held_count
-        resizable = tuple(
-            j for j, job in self._running.items() if job.resizable and held(j) > job.min_tasks
-        )
+        above = {
+            j: n
+            for j, job in self._running.items()
+            if job.resizable and (n := held(j) - job.min_tasks) > 0
+        }
         # Slots a reclaim frees on a closed or failed host do not count for the head.
-        parts = (cluster.free_counts().snapshot(), cluster.out_of_service(), resizable)
+        parts = (
+            cluster.free_counts().snapshot(),
+            cluster.out_of_service(),
+            tuple(above),
+            sum(above.values()),
+        )
         self._head_kept = (cluster.change_epoch, parts)
         return parts
 
