@@ -701,7 +701,7 @@ class Runtime:
                 # process crash loses what was not yet written (docs/failover.md).
                 self._defer_entry(job_id, before, facts, state)
             else:
-                self._commit([_entry(job_id, before, facts, state)])
+                self._commit_with_deferred(job_id, before, facts, state)
             self._store(state)
         else:
             entry = _entry(job_id, before, facts, state)
@@ -746,6 +746,18 @@ class Runtime:
             last.after = after
         else:
             self._deferred.append(_Deferred(job_id, before, list(facts), after))
+
+    def _commit_with_deferred(
+        self, job_id: str, before: ResizeState | None, facts: Sequence[Fact], after: ResizeState
+    ) -> None:
+        """Write a transition now, with what was deferred; when the last deferred one is
+        the same job's (a grow's launch, then its commit), as one entry, as
+        :meth:`_defer_entry` joins them: its state is written once."""
+        last = self._deferred[-1] if self._deferred else None
+        if last is not None and last.job_id == job_id:
+            self._deferred.pop()
+            before, facts = last.before, [*last.facts, *facts]
+        self._commit([_entry(job_id, before, facts, after)])
 
     def _commit(self, entries: list[Entry]) -> None:
         """Write the deferred entries, then ``entries``, in one transaction."""

@@ -4,7 +4,9 @@ one it acts on; the journal ends up with the same facts, in the same order."""
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -12,6 +14,7 @@ from xce_resize_plugin import errors
 from xce_resize_plugin.core import config
 from xce_resize_plugin.core.models import GrowRequest, ReleaseRequest
 from xce_resize_plugin.journal import Journal
+from xce_resize_plugin.journal.entries import Entry
 
 from .harness import Harness
 
@@ -62,6 +65,34 @@ def test_an_accepted_request_waits_for_the_next_write(tmp_path: Path) -> None:
         ("1", "TasksStarted"),  # the two starts, reported together
         ("1", "Committed"),
     ]
+
+
+def test_a_transition_written_after_its_deferred_one_is_one_entry(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A job's deferred transition and its next written one become one entry (one
+    state written): the facts stay the same, in the same order."""
+    batches: list[list[tuple[str, list[str]]]] = []
+    commit = Journal.commit
+
+    def recorded(self: Journal, entries: Sequence[Entry]) -> Any:
+        batches.append([(e.job_id, [json.loads(f)["type"] for f in e.facts]) for e in entries])
+        return commit(self, entries)
+
+    monkeypatch.setattr(Journal, "commit", recorded)
+    h = Harness(tmp_path, config=SIM)
+    h.ctl.submit("alice", "1,8", runtime=100, resizable=True, alloc={"hA": 2}, job_id="1")
+    h.ctl.submit("bob", 14, runtime=100, job_id="2")
+    h.ctl.settle()
+    h.request("alice", "1", GrowRequest(2, 2, no_notify=True))
+    h.ctl.kill("2")
+    h.ctl.settle()
+    assert batches == [
+        [("1", ["JobTracked", "GrowRequested", "GrowPlaced"])],
+        [("1", ["TasksLaunched", "TasksStarted", "Committed"])],
+    ]
+    state = h.ctl.resize_status("1")
+    assert state is not None and len(state.tasks) == 4
 
 
 def test_journal_defer_needs_journal_sync_off() -> None:
