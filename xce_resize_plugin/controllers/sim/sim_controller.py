@@ -225,7 +225,8 @@ def _alloc_pairs(
 
 
 #: What a blocked head is told of the cluster: free slots per host, the hosts out of
-#: service, the resizable running jobs above their minimum (``QueueHead``'s fields).
+#: service, the resizable running jobs above their minimum and the slots they hold
+#: above it (``QueueHead``'s fields).
 _HeadSlots = tuple[Mapping[str, int], frozenset[str], tuple[str, ...], int]
 #: What the blocked head's description is made of: the reservation's job and shadow
 #: time, the job's queue view, the ledger's part and the free total.
