@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.benchmarks.machine import reference_seconds
 from xce_resize_plugin.simulation.simulate import (
     SimOptions,
     load_workload,
@@ -96,6 +97,11 @@ def test_whole_hpc2n_trace_both_runs() -> None:
         f"{events / wall:,.0f} events/s; peak memory {mem.peak_kb / 1024:,.0f} MB "
         f"(target < 2048 MB: {'met' if mem.peak_kb < 2 << 20 else 'NOT met'}); "
         f"{e.metrics.resizes:,} resizes"
+    )
+    ref = reference_seconds()
+    print(
+        f"machine reference (tests/benchmarks/machine.py): {ref:.3f} CPU s, wall / reference "
+        f"{wall / ref:.0f} (compare days by this, not by the wall time alone)"
     )
     assert mem.peak_kb < 2 << 20
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import time
 
+from tests.benchmarks.machine import reference_seconds
 from tests.benchmarks.test_bench_simulate import PeakMemory
 from xce_resize_plugin.simulation.simulate import SimOptions, simulate, workload_of
 from xce_resize_plugin.simulation.workloads import synthetic_trace
@@ -36,4 +37,9 @@ def test_synthetic_machine_of_65536_hosts_both_runs() -> None:
         f"both runs side by side: {wall:.1f} s wall (target < 120 s for 200,000 jobs: "
         f"{verdict if JOBS == 200_000 else 'not this size'}); rigid run {r.seconds:.1f} s, "
         f"elastic run {e.seconds:.1f} s; peak memory {mem.peak_kb / 1024:,.0f} MB"
+    )
+    ref = reference_seconds()
+    print(
+        f"machine reference (tests/benchmarks/machine.py): {ref:.3f} CPU s, wall / reference "
+        f"{wall / ref:.0f}"
     )
