@@ -1,9 +1,11 @@
-"""Trace simulation speed (issue #4 §3), measured on the HPC2N trace (202,871 jobs,
-3.5 years) in ../shared/traces; skipped without it.
+"""Trace simulation speed (issue #4 §3, issue #10), measured on the HPC2N trace (202,871
+jobs, 3.5 years) in ../shared/traces; skipped without it.
 
 - the whole trace with 20 % malleable, both runs as ``xce-resize simulate`` runs them
   (side by side in two processes): wall time (target < 60 s) and the peak resident
   memory of the parent and both runs together (target < 2 GB), sampled from /proc;
+- the same trace scaled x5 to 1,200 one-slot hosts, both runs (issue #10's stand-in for
+  a real trace of 100,000 jobs on 1,000 hosts; target < 60 s, < 2 GB);
 - the elastic run against the rigid run of the same trace (target: at most 1.5x): the
   whole trace, rigid and elastic alternately, three times, in one process, best time
   of each;
@@ -25,6 +27,7 @@ from pathlib import Path
 import pytest
 
 from tests.benchmarks.machine import reference_seconds
+from tests.benchmarks.test_bench_scale import scaled
 from xce_resize_plugin.simulation.simulate import (
     SimOptions,
     load_workload,
@@ -102,6 +105,34 @@ def test_whole_hpc2n_trace_both_runs() -> None:
     print(
         f"machine reference (tests/benchmarks/machine.py): {ref:.3f} CPU s, wall / reference "
         f"{wall / ref:.0f} (compare days by this, not by the wall time alone)"
+    )
+    assert mem.peak_kb < 2 << 20
+
+
+def test_whole_hpc2n_trace_on_1200_hosts_both_runs() -> None:
+    """The stand-in for issue #10's "real trace of at least 100,000 jobs on at least
+    1,000 hosts" (none is in ../shared/traces): HPC2N's 202,871 jobs and its machine
+    scaled x5, the smallest factor past 1,000 hosts (1,200 one-slot hosts; every job's
+    sizes x5, so each resize moves five times the tasks). Target as for the real trace:
+    both runs under 60 s and 2 GB."""
+    options = SimOptions(malleable_fraction=0.2)
+    with PeakMemory() as mem:
+        t0 = time.perf_counter()
+        workload = scaled(load_workload(TRACE, options), 5)
+        result = simulate(TRACE, options, workload=workload)
+        wall = time.perf_counter() - t0
+    assert result.problems == []
+    assert workload.capacity == 1200 and len(workload.jobs) == 202_871
+    r, e = result.rigid, result.elastic
+    ref = reference_seconds()
+    print(
+        f"\nHPC2N x5 ({len(workload.jobs):,} jobs on {workload.capacity:,} one-slot hosts, 20% "
+        f"malleable), both runs side by side, trace read and scaled included: {wall:.1f} s "
+        f"wall (target < 60 s: {'met' if wall < 60 else 'NOT met'}); rigid run "
+        f"{r.seconds:.1f} s, elastic run {e.seconds:.1f} s; peak memory "
+        f"{mem.peak_kb / 1024:,.0f} MB (target < 2048 MB: "
+        f"{'met' if mem.peak_kb < 2 << 20 else 'NOT met'}); {e.metrics.resizes:,} resizes; "
+        f"machine reference {ref:.3f} CPU s, wall / reference {wall / ref:.0f}"
     )
     assert mem.peak_kb < 2 << 20
 
