@@ -25,7 +25,7 @@ from xce_resize_plugin.controllers.scheduler import (
     easy_pass,
 )
 from xce_resize_plugin.controllers.sim import Cluster
-from xce_resize_plugin.controllers.sim.sim_controller import SimClusterView, _budget, _offered
+from xce_resize_plugin.controllers.sim.cluster_view import SimClusterView, _budget, _offered
 from xce_resize_plugin.controllers.slots import FreeSlots
 from xce_resize_plugin.core import converters, engine
 from xce_resize_plugin.core.models import (

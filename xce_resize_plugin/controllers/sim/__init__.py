@@ -33,11 +33,8 @@ from xce_resize_plugin.controllers.runners import (
     TaskRunner,
 )
 from xce_resize_plugin.controllers.scheduler import Reservation
-from xce_resize_plugin.controllers.sim.sim_controller import (
-    EmbeddedController,
-    SimClusterView,
-    parse_tasks,
-)
+from xce_resize_plugin.controllers.sim.cluster_view import SimClusterView
+from xce_resize_plugin.controllers.sim.sim_controller import EmbeddedController, parse_tasks
 from xce_resize_plugin.controllers.store import LmdbStore, MemoryStore, NullStore, Store
 from xce_resize_plugin.controllers.violations import (
     ContractViolation,
