@@ -178,7 +178,7 @@ def test_the_kept_queue_head_is_always_the_fresh_one(monkeypatch: pytest.MonkeyP
         fresh = queue_head(self)
         assert fresh == answer
         seen["asked"] += 1
-        if answer is not None and before is not None and before[1] is answer:
+        if answer is not None and before is not None and before[3] is answer:
             seen["same"] += 1
             self._queue_head_kept = before  # keep the kept one, as the run would
         return answer

@@ -227,9 +227,9 @@ def _alloc_pairs(
 #: service, the resizable running jobs above their minimum and the slots they hold
 #: above it (``QueueHead``'s fields).
 _HeadSlots = tuple[Mapping[str, int], frozenset[str], tuple[str, ...], int]
-#: What the blocked head's description is made of: the reservation's job and shadow
-#: time, the job's queue view, the ledger's part and the free total.
-_HeadKey = tuple[str, float, PendingJob, _HeadSlots, int]
+#: The blocked head's description kept with what it was made of: the ledger's part, the
+#: job's queue view, the reservation's job and shadow time with the free total.
+_KeptHead = tuple[_HeadSlots, PendingJob, tuple[str, float, int], QueueHead]
 
 
 def _nothing() -> None:
@@ -450,7 +450,7 @@ class EmbeddedController:
         self._views_epoch = 0
         self._res_known: tuple[Reservation, int, int, float] | None = None
         self._head_kept: tuple[int, _HeadSlots] | None = None
-        self._queue_head_kept: tuple[_HeadKey, QueueHead] | None = None
+        self._queue_head_kept: _KeptHead | None = None
         self._queue_epoch = 0
         self._last_pass: tuple[int, int, float] | None = None
         self._reservation: Reservation | None = None
@@ -1960,12 +1960,18 @@ class EmbeddedController:
             return None
         parts = self._head_slots()
         total = self._cluster.free_total
-        key = (res.job_id, res.shadow, view, parts, total)
         kept = self._queue_head_kept
-        if kept is not None and kept[0] == key:
+        # The parts and the view are the same objects while unchanged: compared by
+        # identity, as equal free-slot views of every host would cost a step per host.
+        if (
+            kept is not None
+            and kept[0] is parts
+            and kept[1] is view
+            and kept[2] == (res.job_id, res.shadow, total)
+        ):
             # The same object as at the last cycle: the plugin, which keeps its answer
             # while the head stays the same, compares it by identity first.
-            return kept[1]
+            return kept[3]
         free, unusable, resizable, excess = parts
         head = QueueHead(
             res.job_id,
@@ -1978,7 +1984,7 @@ class EmbeddedController:
             total,
             excess,
         )
-        self._queue_head_kept = (key, head)
+        self._queue_head_kept = (parts, view, (res.job_id, res.shadow, total), head)
         return head
 
     def _head_slots(self) -> _HeadSlots:
