@@ -444,3 +444,81 @@ def test_the_plugins_first_tasks_of_a_job_commit_as_the_jobs_own_runs() -> None:
     assert isinstance(listed, TaskList) and listed == tuple(started)[:150]
     assert cluster.as_held("j", started[:149]) is None
     assert cluster.as_held("j", started[1:151]) is None
+
+
+_OPS = st.lists(
+    st.tuples(
+        st.sampled_from(["take", "give", "set", "set_many", "disable", "enable", "snapshot"]),
+        st.integers(0, 39),
+        st.integers(0, 3),
+        st.integers(0, 3),
+    ),
+    max_size=40,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(0, 3), min_size=40, max_size=40), _OPS)
+def test_snapshots_compare_equal_exactly_when_their_counts_are(
+    initial: list[int], ops: list[tuple[str, int, int, int]]
+) -> None:
+    """Two snapshots of one count (which share its list and log what changes after
+    them) are equal exactly when the counts at their two instants are, whatever
+    changed in between or after (takes, gives, sets, hosts taken out and put back, a
+    change back to what it was, a log grown past the hosts and started again)."""
+    names = [f"h{i:02d}" for i in range(40)]
+    free = FreeSlots(names, initial)
+    shots = [(free.snapshot(), _open_of(free))]
+    for op, i, length, n in ops:
+        hosts = names[i : i + length + 1]
+        if op == "take":
+            free.take([(h, k) for h in hosts if (k := min(n, free.free(h)))])
+        elif op == "give":
+            free.give([(h, n) for h in hosts])
+        elif op == "set":
+            free.set(names[i], n)
+        elif op == "set_many":
+            free.set_many([(h, n) for h in hosts])
+        elif op == "disable":
+            free.disable(names[i])
+        elif op == "enable":
+            free.enable(names[i], n)
+        else:
+            shots.append((free.snapshot(), _open_of(free)))
+        assert free.problems() == []
+    shots.append((free.snapshot(), _open_of(free)))
+    for a, (view_a, counts_a) in enumerate(shots):
+        for view_b, counts_b in shots[a:]:
+            assert (view_a == view_b) == (counts_a == counts_b)
+    for view, counts in shots:
+        assert dict(view) == counts
+
+
+def test_a_count_changed_and_changed_back_compares_equal() -> None:
+    """A host's count changed between two snapshots and changed back, then changed
+    twice after the second: the two are equal, and the one after the changes is not."""
+    names = [f"h{i:02d}" for i in range(40)]
+    free = FreeSlots(names, [2] * 40)
+    first = free.snapshot()
+    free.set("h03", 0)
+    free.set("h03", 2)
+    second = free.snapshot()
+    free.set("h03", 1)
+    free.set("h03", 0)
+    third = free.snapshot()
+    assert first == second and first != third and second != third
+    assert dict(first) == dict(second) == {h: 2 for h in names}
+
+
+@pytest.mark.parametrize("hosts", [2, 30])  # logged host by host, or as one bulk change
+def test_one_change_that_keeps_the_total_compares_unequal(hosts: int) -> None:
+    """One change that leaves the total as it was (hosts of 2 free slots become 3 and
+    1 in turn) is enough for two snapshots to differ; changed back, they are equal."""
+    names = [f"h{i:02d}" for i in range(40)]
+    free = FreeSlots(names, [2] * 40)
+    before = free.snapshot()
+    free.set_many([(h, 3 if k % 2 else 1) for k, h in enumerate(names[:hosts])])
+    after = free.snapshot()
+    assert before != after and after != before
+    free.set_many([(h, 2) for h in names[:hosts]])
+    assert before == free.snapshot() and after != free.snapshot()
