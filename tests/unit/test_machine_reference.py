@@ -3,6 +3,8 @@ work from one version to the next, or days could no longer be compared by it."""
 
 from __future__ import annotations
 
+import math
+
 from tests.benchmarks import machine
 
 
@@ -14,5 +16,7 @@ def test_the_reference_work_is_fixed() -> None:
     assert machine.JOBS == 700_000
 
 
-def test_the_reference_is_a_positive_time() -> None:
-    assert 0 < machine.reference_seconds(repeat=1) < 60
+def test_the_reference_is_a_time_measured() -> None:
+    # No bound on the time itself: the suite asserts no timing (docs/performance.md).
+    seconds = machine.reference_seconds(repeat=2, jobs=2_000)
+    assert math.isfinite(seconds) and seconds > 0
