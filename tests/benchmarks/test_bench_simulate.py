@@ -111,7 +111,8 @@ def test_whole_hpc2n_trace_both_runs() -> None:
 
 def test_whole_hpc2n_trace_on_1200_hosts_both_runs() -> None:
     """The stand-in for issue #10's "real trace of at least 100,000 jobs on at least
-    1,000 hosts" (none is in ../shared/traces): HPC2N's 202,871 jobs and its machine
+    1,000 hosts" (none is in ../shared/traces; real ones, where a site has them:
+    test_bench_large_traces.py): HPC2N's 202,871 jobs and its machine
     scaled x5, the smallest factor past 1,000 hosts (1,200 one-slot hosts; every job's
     sizes x5, so each resize moves five times the tasks). Target as for the real trace:
     both runs under 60 s and 2 GB."""
