@@ -379,12 +379,24 @@ def _backfill(
     ptile = reservation.ptile
     # What the head needs at the shadow time (its min_tasks; only used with ptile).
     need = 0 if at_shadow is None else at_shadow.capacity(ptile) - extra
+    now, shadow = state.now, reservation.shadow
     for job in jobs:
         total = avail.total
         if total <= 0:
             break  # nothing can start or backfill any more
         if total < job.min_tasks:
             continue  # cheap test first: long queues mostly fail here
+        if (
+            at_shadow is None
+            and extra < job.min_tasks
+            and job.duration_at is None
+            and (job.duration is None or now + job.duration > shadow)
+        ):
+            # Neither ends by the shadow time nor fits in the extra slots: the
+            # branches below would place nothing. Decided here without the user's
+            # headroom or a placement: in a queue thousands deep (docs/performance.md,
+            # RICC) nearly every job behind the head ends here.
+            continue
         h = headroom(job.user)  # state.room(), inline: this loop is the hot path
         r = None if h is None else h - taken.get(job.user, 0)
         if r is not None and r < job.min_tasks:
