@@ -219,18 +219,49 @@ def _tracked(tasks: object) -> bytes:
 def test_a_long_allocation_of_consecutive_ids_is_written_as_its_first_id_and_hosts() -> None:
     """Schema 4: 256 tasks or more with consecutive ids are ``{"first", "hosts"}``; fewer,
     or with a gap, stay pairs; both forms (and pairs of any length, as schemas 2 and 3
-    wrote them) decode to the same tasks."""
-    hosts = [f"n{i % 7}" for i in range(converters.RUN_MIN)]
+    wrote them, and names only, as schema 4 wrote them) decode to the same tasks."""
+    hosts = [f"h{i % 7}x" for i in range(converters.RUN_MIN)]  # no number at the end
     long = tuple(Task(5 + i, h) for i, h in enumerate(hosts))
     fact = JobTracked("9", 0.0, "u", 1, 999, long, 0.0)
     written = orjson.loads(converters.encode_fact(fact))
     assert written["tasks"] == {"first": 5, "hosts": hosts}
     assert converters.decode_fact(converters.encode_fact(fact)) == fact
     assert converters.decode_fact(_tracked([[t.id, t.host] for t in long])) == fact
-    for tasks in (long[:-1], (*long[:-1], Task(999, "n0"))):
-        short = JobTracked("9", 0.0, "u", 1, 999, tasks, 0.0)
-        pairs = orjson.loads(converters.encode_fact(short))["tasks"]
-        assert pairs == [[t.id, t.host] for t in tasks]
+    numbered = tuple(Task(5 + i, f"n{i % 7}") for i in range(converters.RUN_MIN))
+    schema4 = _tracked({"first": 5, "hosts": [t.host for t in numbered]})
+    assert converters.decode_fact(schema4) == attrs.evolve(fact, tasks=numbered)
+    short = JobTracked("9", 0.0, "u", 1, 999, long[:-1], 0.0)
+    pairs = orjson.loads(converters.encode_fact(short))["tasks"]
+    assert pairs == [[t.id, t.host] for t in long[:-1]]
+
+
+def test_a_long_allocation_of_a_few_stretches_of_ids_is_written_as_them() -> None:
+    """Schema 5: a long allocation whose ids are a few stretches of consecutive ids (a
+    job grown and shrunk) is ``{"ids": [[first, count], ...], "hosts"}``; one cut into
+    more than one stretch per 16 tasks stays pairs. Both decode to the same tasks, in
+    the same order (not sorted)."""
+    hosts = [f"h{i % 7}x" for i in range(converters.RUN_MIN)]
+    ids = [*range(100, 228), *range(5, 69), *range(300, 364)]
+    tasks = tuple(Task(i, h) for i, h in zip(ids, hosts, strict=True))
+    fact = JobTracked("9", 0.0, "u", 1, 999, tasks, 0.0)
+    written = orjson.loads(converters.encode_fact(fact))["tasks"]
+    assert written == {"ids": [[100, 128], [5, 64], [300, 64]], "hosts": hosts}
+    assert converters.decode_fact(converters.encode_fact(fact)) == fact
+    one_off = (*long_ids(hosts[:-1]), Task(999, "n0"))
+    assert orjson.loads(converters.encode_fact(attrs.evolve(fact, tasks=one_off)))["tasks"] == {
+        "ids": [[5, converters.RUN_MIN - 1], [999, 1]],
+        "hosts": [*hosts[:-1], "n0"],
+    }
+    cut = tuple(Task(2 * i, h) for i, h in enumerate(hosts))  # a gap after every task
+    pairs = orjson.loads(converters.encode_fact(attrs.evolve(fact, tasks=cut)))["tasks"]
+    assert pairs == [[t.id, t.host] for t in cut]
+    assert (
+        converters.decode_fact(converters.encode_fact(attrs.evolve(fact, tasks=cut))).tasks == cut
+    )
+
+
+def long_ids(hosts: list[str]) -> tuple[Task, ...]:
+    return tuple(Task(5 + i, h) for i, h in enumerate(hosts))
 
 
 @pytest.mark.parametrize(
@@ -245,5 +276,146 @@ def test_a_long_allocation_of_consecutive_ids_is_written_as_its_first_id_and_hos
     ],
 )
 def test_a_malformed_run_of_tasks_is_refused(tasks: object) -> None:
+    with pytest.raises(errors.JournalError, match="undecodable fact"):
+        converters.decode_fact(_tracked(tasks))
+
+
+def test_consecutively_numbered_hosts_are_written_as_runs() -> None:
+    """Schema 5: in the ``hosts`` of a long allocation, a stretch of 4 or more hosts
+    named by consecutive numbers of as many digits is one ``[prefix, number, count,
+    digits]``; shorter stretches and other names stay names.
+    A job of 40,000 one-slot hosts is written in a few bytes."""
+    hosts = [f"n{i:05d}" for i in range(2274, 42274)]
+    big = tuple(Task(i, h) for i, h in enumerate(hosts))
+    fact = JobTracked("9", 0.0, "u", 1, 99_999, big, 0.0)
+    data = converters.encode_fact(fact)
+    assert orjson.loads(data)["tasks"] == {"first": 0, "hosts": [["n", 2274, 40000, 5]]}
+    assert len(data) < 200
+    assert converters.decode_fact(data) == fact
+
+    mixed = [
+        *[f"a{i}" for i in range(8, 15)],  # a8, a9 | a10..a14: 1 digit, then 2
+        "b1",
+        "b2",
+        "b3",  # three: names
+        "n01",
+        "n01",  # a host twice (two slots)
+        *[f"rack7-n{i:03d}" for i in range(94, 99)],
+        "x",
+        *[f"m{i:03d}" for i in range(98, 104)],  # m099, m100: still 3 digits
+        *[f"n{i % 7}" for i in range(250)],
+    ]
+    tasks = tuple(Task(i, h) for i, h in enumerate(mixed))
+    written = orjson.loads(converters.encode_fact(JobTracked("9", 0.0, "u", 1, 999, tasks, 0.0)))
+    items = written["tasks"]["hosts"]
+    assert items[:9] == [
+        "a8",
+        "a9",
+        ["a", 10, 5, 2],
+        "b1",
+        "b2",
+        "b3",
+        "n01",
+        "n01",
+        ["rack7-n", 94, 5, 3],
+    ]
+    assert items[9:12] == ["x", ["m", 98, 6, 3], ["n", 0, 7, 1]]
+    assert (
+        converters.decode_fact(converters.encode_fact(attrs.evolve(fact, tasks=tasks))).tasks
+        == tasks
+    )
+
+
+_names = st.one_of(
+    st.builds(
+        lambda p, n, w: f"{p}{n:0{w}d}",
+        st.sampled_from(["n", "r1-n", ""]),
+        st.integers(0, 120),
+        st.integers(1, 4),
+    ),
+    st.sampled_from(["login", "n", "n-1", "٣", "n٣", "a\n1"]),
+)
+
+
+@given(
+    st.lists(
+        st.tuples(_names, st.integers(1, 12), st.booleans()),
+        min_size=1,
+        max_size=40,
+    )
+)
+def test_host_runs_give_back_every_name_in_order(pieces: list[tuple[str, int, bool]]) -> None:
+    """Whatever the names (numbered or not, padded or not, repeated, non-ASCII digits),
+    the runs stand for exactly the hosts, in order, and every run is at least 4 long."""
+    hosts: list[str] = []
+    for name, count, counting in pieces:
+        m = converters._NUMBERED.fullmatch(name)
+        if counting and m is not None:
+            hosts += [f"{m[1]}{int(m[2]) + k:0{len(m[2])}d}" for k in range(count)]
+        else:
+            hosts += [name] * count
+    items = converters._host_runs(hosts)
+    assert converters._hosts_of(items) == hosts
+    assert all(type(i) is str or i[2] >= converters.HOST_RUN_MIN for i in items)
+    if len(hosts) >= converters.RUN_MIN:
+        tasks = tuple(Task(i, h) for i, h in enumerate(hosts))
+        fact = JobTracked("9", 0.0, "u", 1, 10**6, tasks, 0.0)
+        assert converters.decode_fact(converters.encode_fact(fact)) == fact
+
+
+@pytest.mark.parametrize(
+    "item",
+    [
+        ["n", -1, 5, 2],
+        ["n", 0, 0, 2],
+        ["n", 0, 5, 0],
+        ["n", 0, 5, 19],
+        ["n", 0, 5],
+        ["n", 0, 5, 2, 1],
+        [1, 0, 5, 2],
+        ["n", True, 5, 2],
+        ["n", 0, 5.0, 2],
+        ["n", 0, (1 << 24) + 1, 2],
+        {"n": 1},
+        7,
+    ],
+)
+def test_a_malformed_run_of_hosts_is_refused(item: object) -> None:
+    """A run the writer never makes, or one standing for more hosts than a reader will
+    build, fails the fact's decoding (a damaged or hostile record changes nothing)."""
+    with pytest.raises(errors.JournalError, match="undecodable fact"):
+        converters.decode_fact(_tracked({"first": 0, "hosts": ["a", item]}))
+
+
+def test_runs_together_may_not_stand_for_more_hosts_than_a_reader_builds(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(converters, "HOSTS_MAX", 100)
+    for hosts in ([["n", 0, 60, 2], ["n", 0, 41, 2]], [["n", 0, 60, 2], ["n", 0, 40, 2], "x"]):
+        with pytest.raises(errors.JournalError, match="undecodable fact"):
+            converters.decode_fact(_tracked({"first": 0, "hosts": hosts}))
+    assert (
+        len(converters.decode_fact(_tracked({"first": 0, "hosts": [["n", 0, 100, 2]]})).tasks)
+        == 100
+    )
+
+
+@pytest.mark.parametrize(
+    "tasks",
+    [
+        {"ids": [[0, 2]], "hosts": ["a"]},  # more ids than hosts
+        {"ids": [[0, 1]], "hosts": ["a", "b"]},
+        {"ids": [[0, 0]], "hosts": []},
+        {"ids": [[0, 1, 2]], "hosts": ["a"]},
+        {"ids": [["0", 1]], "hosts": ["a"]},
+        {"ids": [[0, True]], "hosts": ["a"]},
+        {"ids": [0, 1], "hosts": ["a"]},
+        {"ids": {"0": 1}, "hosts": ["a"]},
+        {"ids": [[0, (1 << 24) + 1]], "hosts": ["a"]},
+        {"ids": [[0, 1]], "hosts": ["a"], "first": 0},
+        {"ids": [[0, 1]]},
+    ],
+)
+def test_malformed_stretches_of_ids_are_refused(tasks: object) -> None:
     with pytest.raises(errors.JournalError, match="undecodable fact"):
         converters.decode_fact(_tracked(tasks))

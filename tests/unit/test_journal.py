@@ -946,10 +946,11 @@ def stored_schema(jdir: Path) -> int:
     return int.from_bytes(raw, "big")
 
 
-@pytest.mark.parametrize("old", [2, 3])
+@pytest.mark.parametrize("old", [2, 3, 4])
 def test_an_older_schema_journal_is_read_and_upgraded_when_written(jdir: Path, old: int) -> None:
-    """A journal of schema 2 (before the facts of several tasks) or 3 (before long
-    allocations written as their first id and hosts) is read as it is, and marked as
+    """A journal of schema 2 (before the facts of several tasks), 3 (before long
+    allocations written as their first id and hosts) or 4 (before runs of numbered
+    hosts in those) is read as it is, and marked as
     of this schema when opened for writing, before anything new is written: a version
     that reads only the old schema then refuses it as newer. Nothing is lost."""
     make_journal(jdir, jobs=3)
@@ -966,11 +967,11 @@ def test_an_older_schema_journal_is_read_and_upgraded_when_written(jdir: Path, o
     assert stored_schema(jdir) == old
     with Journal.open(jdir) as j:
         assert list(j.facts()) == before
-    assert stored_schema(jdir) == SCHEMA == 4
+    assert stored_schema(jdir) == SCHEMA == 5
     assert verify(jdir).ok
 
 
-@pytest.mark.parametrize("schema", [0, 1, 5])
+@pytest.mark.parametrize("schema", [0, 1, 6])
 def test_a_schema_it_does_not_read_is_refused_by_name(jdir: Path, schema: int) -> None:
     make_journal(jdir, jobs=1)
     env = raw_env(jdir)

@@ -10,8 +10,10 @@ into one ``InvalidRequest`` whose message lists each problem as ``… @ $.path``
 from __future__ import annotations
 
 import math
+import re
 import threading
 from collections.abc import Mapping, Sequence
+from functools import partial
 from operator import attrgetter
 from typing import Any, TypeVar
 
@@ -62,40 +64,237 @@ _host_of = attrgetter("host")
 #: Smaller ones keep the pairs (and the bytes they always had).
 RUN_MIN = 256
 
-EncodedTasks = list[tuple[int, str]] | dict[str, int | list[str]]
+#: A stretch of at least this many hosts named by consecutive numbers (``n0041``,
+#: ``n0042``, …) is written as one run in the ``hosts`` of that form (schema 5): a job of
+#: tens of thousands of one-slot hosts has its records written in a few bytes, not as
+#: every host's name (docs/journal-format.md).
+HOST_RUN_MIN = 4
+#: The most hosts one run or one allocation may stand for when read: a damaged or
+#: hostile record cannot make the reader build a list without end.
+HOSTS_MAX = 1 << 24
+#: The widest zero-padded number in a run (wider ones are written as names).
+DIGITS_MAX = 18
+
+#: A host's name as a prefix and a number at its end (ASCII digits only, so that the
+#: number written back gives the same name).
+_NUMBERED = re.compile(r"(.*?)([0-9]+)", re.ASCII | re.DOTALL)
+
+HostItem = str | list[str | int]
+EncodedTasks = list[tuple[int, str]] | dict[str, int | list[HostItem] | list[list[int]]]
+
+
+class _HostNumbers(dict[str, int | None]):
+    """Each host name seen, as an int that counts up with the number at the name's end:
+    ``kind << 64 | number``, where ``kind`` stands for the name's prefix and how many
+    digits its number has (``n0099`` and ``n1000`` are of one kind, zero-padded to 4;
+    ``n9`` and ``n10`` are not). Names of one kind with consecutive numbers are
+    consecutive ints, so runs are found by comparing ints in C (:func:`_id_run`); a
+    name without a number is ``None``.
+
+    A cluster's names are few and come back in every allocation: each is parsed once.
+    Bounded: past ``names`` names new ones are parsed each time and not kept, and past
+    ``kinds`` kinds a new kind's names are written as names (``None``). Kinds are never
+    renumbered, so concurrent encoders agree.
+    """
+
+    def __init__(self, names: int = 1 << 20, kinds: int = 4096) -> None:
+        super().__init__()
+        self._names, self._kinds = names, kinds
+        self._kind_of: dict[tuple[str, int], int] = {}
+        self._spelling: list[tuple[str, int]] = []
+        self._lock = threading.Lock()
+
+    def __missing__(self, name: str) -> int | None:
+        m = _NUMBERED.fullmatch(name)
+        code: int | None = None
+        if m is not None and len(m[2]) <= DIGITS_MAX:
+            digits = m[2]
+            key = (m[1], len(digits))
+            with self._lock:
+                kind = self._kind_of.get(key)
+                if kind is None and len(self._spelling) < self._kinds:
+                    kind = self._kind_of[key] = len(self._spelling)
+                    self._spelling.append(key)
+            if kind is not None:
+                code = kind << 64 | int(digits)
+        if len(self) < self._names:
+            self[name] = code
+        return code
+
+    def spelling(self, code: int) -> tuple[str, int, int]:
+        """``(prefix, number, digits)`` of a name's int."""
+        prefix, width = self._spelling[code >> 64]
+        return prefix, code & _NUMBER_BITS, width
+
+
+_NUMBER_BITS = (1 << 64) - 1
+#: The journal converter's (the only user): names parsed once per process.
+_HOST_NUMBERS = _HostNumbers()
+
+
+def _host_runs(hosts: list[str], numbers: _HostNumbers = _HOST_NUMBERS) -> list[HostItem]:
+    """``hosts`` with each stretch of :data:`HOST_RUN_MIN` or more names numbered one
+    after another written as ``[prefix, first number, count, digits]``; the others as
+    they are. Exact by construction: a name's int stands for that name only, and a run
+    for the names its ints stand for."""
+    codes = list(map(numbers.__getitem__, hosts))
+    out: list[HostItem] = []
+    i, n = 0, len(hosts)
+    while i < n:
+        code = codes[i]
+        if code is None:
+            out.append(hosts[i])
+            i += 1
+            continue
+        k = _id_run(codes, i)  # type: ignore[arg-type]  # a None ends a run (never equal)
+        if k >= HOST_RUN_MIN:
+            prefix, number, digits = numbers.spelling(code)
+            out.append([prefix, number, k, digits])
+        else:
+            out.extend(hosts[i : i + k])
+        i += k
+    return out
+
+
+def _hosts_of(items: list[Any]) -> list[str]:
+    """The names that :func:`_host_runs`' items stand for; ``ValueError`` naming the
+    first item that is neither a name nor a well-formed run."""
+    hosts: list[str] = []
+    for item in items:
+        if type(item) is str:
+            hosts.append(item)
+            continue
+        if not (
+            type(item) is list
+            and len(item) == 4
+            and type(item[0]) is str
+            and all(type(x) is int for x in item[1:])
+            and item[1] >= 0
+            and 1 <= item[2] <= HOSTS_MAX - len(hosts)
+            and 1 <= item[3] <= DIGITS_MAX
+        ):
+            raise ValueError(
+                f"tasks: expected a host name or [prefix, number, count, digits] "
+                f"(at most {HOSTS_MAX} hosts), got {item!r:.80}"
+            )
+        prefix, first, count, digits = item
+        hosts.extend([f"{prefix}{v:0{digits}d}" for v in range(first, first + count)])
+    if len(hosts) > HOSTS_MAX:
+        raise ValueError(f"tasks: {len(hosts)} hosts, at most {HOSTS_MAX} are read")
+    return hosts
+
+
+#: At most one stretch of consecutive ids per this many tasks for the ``ids`` form: an
+#: allocation cut into more pieces than that is written as pairs.
+STRETCH_EVERY = 16
+
+
+def _id_run(ids: list[int], i: int) -> int:
+    """How many ids from ``ids[i]`` on count up by one (compared in chunks that double,
+    as :func:`_run_length` compares names)."""
+    n, first = len(ids), ids[i]
+    if i + 1 == n or ids[i + 1] != first + 1:
+        return 1
+    k, step = 2, 8
+    while i + k < n:
+        m = min(step, n - i - k)
+        chunk = ids[i + k : i + k + m]
+        if chunk == list(range(first + k, first + k + m)):
+            k += m
+            step *= 2
+            continue
+        for have in chunk:
+            if have != first + k:
+                break
+            k += 1
+        return k
+    return k
+
+
+def _id_stretches(ids: list[int]) -> list[list[int]] | None:
+    """``ids`` as ``[first, count]`` stretches of consecutive ids, in order; ``None``
+    when there are more than one per :data:`STRETCH_EVERY` ids."""
+    out: list[list[int]] = []
+    limit = len(ids) // STRETCH_EVERY
+    i, n = 0, len(ids)
+    while i < n:
+        k = _id_run(ids, i)
+        out.append([ids[i], k])
+        if len(out) > limit:
+            return None
+        i += k
+    return out
 
 
 def _unstructure_tasks(tasks: Sequence[Task]) -> EncodedTasks:
     """``[id, host]`` pairs (as tuples: JSON writes them as the same arrays), made in C
-    in one pass; or, for a long allocation of consecutive ids, ``{"first": id,
-    "hosts": [...]}``. Which form depends only on the tasks, not on the sequence that
-    holds them: a host's list in id order gives its ids' range and hosts itself."""
+    in one pass; or, for a long allocation, its hosts (with runs of numbered hosts,
+    :func:`_host_runs`) and its ids: ``{"first": id, "hosts": [...]}`` when they follow
+    one another (schema 4), ``{"ids": [[first, count], ...], "hosts": [...]}`` when
+    they are a few such stretches (schema 5: a job grown and shrunk keeps gaps in its
+    ids). Which form depends only on the tasks, not on the sequence that holds them: a
+    host's list in id order gives its ids' range and hosts itself."""
     n = len(tasks)
     if isinstance(tasks, TasksInIdOrder):
         span = id_range(tasks) if n >= RUN_MIN else None
         if span is not None:
-            return {"first": span.start, "hosts": list(tasks.task_hosts())}
-        return list(tasks.id_host_pairs())
-    if n >= RUN_MIN:
-        ids = list(map(_id_of, tasks))
-        first = ids[0]
-        if type(first) is int and ids == list(range(first, first + n)):
-            return {"first": first, "hosts": list(map(_host_of, tasks))}
-    return list(map(_id_and_host, tasks))
+            return {"first": span.start, "hosts": _host_runs(list(tasks.task_hosts()))}
+        pairs = tasks.id_host_pairs  # a host's list may make them without its tasks
+    else:
+        pairs = partial(map, _id_and_host, tasks)
+    if n < RUN_MIN:
+        return list(pairs())
+    ids = list(map(_id_of, tasks))
+    stretches = _id_stretches(ids) if type(ids[0]) is int else None
+    if stretches is None:
+        return list(pairs())
+    hosts = _host_runs(list(map(_host_of, tasks)))
+    if len(stretches) == 1:
+        return {"first": stretches[0][0], "hosts": hosts}
+    return {"ids": stretches, "hosts": hosts}
+
+
+def _ids_of(stretches: Any) -> list[int]:
+    """The ids that ``[first, count]`` stretches stand for; ``ValueError`` naming the
+    first malformed one."""
+    if type(stretches) is not list:
+        raise ValueError(f"tasks: expected ids as [[first, count], ...], got {stretches!r:.80}")
+    ids: list[int] = []
+    for item in stretches:
+        if not (
+            type(item) is list
+            and len(item) == 2
+            and type(item[0]) is int
+            and type(item[1]) is int
+            and 1 <= item[1] <= HOSTS_MAX - len(ids)
+        ):
+            raise ValueError(
+                f"tasks: expected [first, count] (at most {HOSTS_MAX} ids), got {item!r:.80}"
+            )
+        ids.extend(range(item[0], item[0] + item[1]))
+    return ids
 
 
 def _structure_tasks(value: Any, _: Any) -> tuple[Task, ...]:
-    """Either form :func:`_unstructure_tasks` writes (pairs: every schema)."""
+    """Any form :func:`_unstructure_tasks` writes (pairs: every schema; ``first`` with
+    names only: schema 4)."""
     if isinstance(value, dict):
-        first, hosts = value.get("first"), value.get("hosts")
-        if (
-            value.keys() != {"first", "hosts"}
-            or type(first) is not int
-            or not isinstance(hosts, list)
-            or not all(type(h) is str for h in hosts)
-        ):
-            raise ValueError(f"tasks: expected {{'first': id, 'hosts': [...]}}, got {value!r:.80}")
-        return make_tasks(range(first, first + len(hosts)), hosts)
+        items = value.get("hosts")
+        if type(items) is not list:
+            raise ValueError(f"tasks: expected hosts as a list, got {value!r:.80}")
+        keys = value.keys()
+        if keys == {"first", "hosts"} and type(value["first"]) is int:
+            hosts = _hosts_of(items)
+            return make_tasks(range(value["first"], value["first"] + len(hosts)), hosts)
+        if keys == {"ids", "hosts"}:
+            ids, hosts = _ids_of(value["ids"]), _hosts_of(items)
+            if len(ids) != len(hosts):
+                raise ValueError(f"tasks: {len(ids)} ids for {len(hosts)} hosts")
+            return make_tasks(ids, hosts)
+        raise ValueError(
+            f"tasks: expected {{'first': id, 'hosts': [...]}} or {{'ids': [...], 'hosts': "
+            f"[...]}}, got {value!r:.80}"
+        )
     return tuple([Task(int(i), str(h)) for i, h in value])
 
 

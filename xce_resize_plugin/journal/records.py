@@ -39,11 +39,12 @@ if TYPE_CHECKING:
 #: The storage schema this version writes (schema 1 kept a job's resize records and
 #: charge steps inside its state; schema 3 added the facts of several tasks at once,
 #: ``TasksStarted`` and ``TasksStopped``; schema 4 writes a long allocation of
-#: consecutive task ids as its first id and its hosts; see docs/journal-format.md).
-SCHEMA: Final = 4
+#: consecutive task ids as its first id and its hosts; schema 5 writes runs of
+#: consecutively numbered hosts in those; see docs/journal-format.md).
+SCHEMA: Final = 5
 #: Older schemas this version reads, and upgrades in place when it opens the journal
 #: for writing (what they hold is a subset of what this one may hold).
-UPGRADABLE: Final = (2, 3)
+UPGRADABLE: Final = (2, 3, 4)
 
 DATA_FILE: Final = "data.mdb"
 FACTS, INDEX, JOBS, DONE, META = "facts", "index", "jobs", "done", "meta"
