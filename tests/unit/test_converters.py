@@ -333,7 +333,7 @@ _names = st.one_of(
         st.integers(0, 120),
         st.integers(1, 4),
     ),
-    st.sampled_from(["login", "n", "n-1", "٣", "n٣", "a\n1"]),
+    st.sampled_from(["login", "n", "n-1", "٣", "n٣", "a\n1", "p" * 255 + "1", "p" * 256 + "1"]),
 )
 
 
@@ -370,6 +370,7 @@ def test_host_runs_give_back_every_name_in_order(pieces: list[tuple[str, int, bo
         ["n", 0, 0, 2],
         ["n", 0, 5, 0],
         ["n", 0, 5, 19],
+        ["n" * 256, 0, 5, 2],
         ["n", 0, 5],
         ["n", 0, 5, 2, 1],
         [1, 0, 5, 2],

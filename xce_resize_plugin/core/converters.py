@@ -74,6 +74,9 @@ HOST_RUN_MIN = 4
 HOSTS_MAX = 1 << 24
 #: The widest zero-padded number in a run (wider ones are written as names).
 DIGITS_MAX = 18
+#: The longest prefix of a run (a host name is at most 255 characters,
+#: core/releasespec.py): a run cannot stand for names longer than any host's.
+PREFIX_MAX = 255
 
 #: A host's name as a prefix and a number at its end (ASCII digits only, so that the
 #: number written back gives the same name).
@@ -107,7 +110,7 @@ class _HostNumbers(dict[str, int | None]):
     def __missing__(self, name: str) -> int | None:
         m = _NUMBERED.fullmatch(name)
         code: int | None = None
-        if m is not None and len(m[2]) <= DIGITS_MAX:
+        if m is not None and len(m[2]) <= DIGITS_MAX and len(m[1]) <= PREFIX_MAX:
             digits = m[2]
             key = (m[1], len(digits))
             with self._lock:
@@ -168,6 +171,7 @@ def _hosts_of(items: list[Any]) -> list[str]:
             type(item) is list
             and len(item) == 4
             and type(item[0]) is str
+            and len(item[0]) <= PREFIX_MAX
             and all(type(x) is int for x in item[1:])
             and item[1] >= 0
             and 1 <= item[2] <= HOSTS_MAX - len(hosts)
