@@ -420,3 +420,31 @@ def test_runs_together_may_not_stand_for_more_hosts_than_a_reader_builds(
 def test_malformed_stretches_of_ids_are_refused(tasks: object) -> None:
     with pytest.raises(errors.JournalError, match="undecodable fact"):
         converters.decode_fact(_tracked(tasks))
+
+
+def test_equal_long_allocations_decode_to_one_tuple() -> None:
+    """A long allocation decoded again from equal JSON is the tuple decoded before
+    (replaying a job decodes each allocation up to three times); different JSON is a
+    different, correct tuple; short allocations (pairs) are decoded each time."""
+    hosts = [f"n{i:04d}" for i in range(300)]
+    fact = JobTracked("9", 0.0, "u", 1, 999, tuple(Task(i, h) for i, h in enumerate(hosts)), 0.0)
+    data = converters.encode_fact(fact)
+    first, again = converters.decode_fact(data), converters.decode_fact(data)
+    assert first == fact and again.tasks is first.tasks
+    moved = attrs.evolve(fact, tasks=tuple(Task(i + 1, h) for i, h in enumerate(hosts)))
+    other = converters.decode_fact(converters.encode_fact(moved))
+    assert other == moved and other.tasks is not first.tasks
+    short = attrs.evolve(fact, tasks=fact.tasks[:3])
+    a, b = (converters.decode_fact(converters.encode_fact(short)) for _ in range(2))
+    assert a == b == short and a.tasks is not b.tasks
+
+
+def test_the_decoded_allocations_kept_stay_within_their_budget() -> None:
+    decode = converters._DecodedTasks(budget=600)
+    runs = [{"first": k, "hosts": [["n", 0, 256, 3]]} for k in range(4)]
+    made = [decode(r, None) for r in runs]
+    assert [t[0].id for t in made] == [0, 1, 2, 3] and all(len(t) == 256 for t in made)
+    assert decode._tasks <= 600 and len(decode._kept) == 2  # the two newest
+    assert decode(runs[3], None) is made[3] and decode(runs[0], None) == made[0]
+    assert decode({"first": 0, "hosts": [["n", 0, 700, 3]]}, None) is not None  # over: not kept
+    assert decode._tasks <= 600

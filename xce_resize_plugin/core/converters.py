@@ -302,6 +302,49 @@ def _structure_tasks(value: Any, _: Any) -> tuple[Task, ...]:
     return tuple([Task(int(i), str(h)) for i, h in value])
 
 
+class _DecodedTasks:
+    """The journal's decoding of long allocations (the forms with ``hosts``), kept for
+    the allocations decoded last, by their JSON.
+
+    A job's resize records hold each allocation up to three times (a record's ``after``
+    is the next one's ``before``), and replaying a job (``journal verify``, recovery)
+    decodes its facts and its state: a job of tens of thousands of hosts had the same
+    tasks made again for each. Equal JSON gives the same tuple, which is immutable;
+    equal tuples then compare item by item by identity, in C. The oldest are dropped
+    first once the kept tuples hold more than ``budget`` tasks (some 35 MB at most).
+    """
+
+    __slots__ = ("_budget", "_kept", "_lock", "_tasks")
+
+    def __init__(self, budget: int = 1 << 19) -> None:
+        self._budget = budget
+        self._kept: dict[bytes, tuple[Task, ...]] = {}
+        self._tasks = 0
+        self._lock = threading.Lock()
+
+    def __call__(self, value: Any, cl: Any) -> tuple[Task, ...]:
+        if not isinstance(value, dict):
+            return _structure_tasks(value, cl)
+        try:
+            key = orjson.dumps(value)
+        except TypeError:  # not JSON orjson writes (an int past 64 bits): decoded as is
+            return _structure_tasks(value, cl)
+        kept = self._kept.get(key)
+        if kept is not None:
+            return kept
+        tasks = _structure_tasks(value, cl)
+        n = len(tasks)
+        if n <= self._budget:
+            with self._lock:
+                kept_now = self._kept
+                while kept_now and self._tasks + n > self._budget:
+                    self._tasks -= len(kept_now.pop(next(iter(kept_now))))
+                if key not in kept_now:
+                    kept_now[key] = tasks
+                    self._tasks += n
+        return tasks
+
+
 class _EncodedTasks:
     """The journal's encoding of task tuples, kept for the tuples last encoded.
 
@@ -362,7 +405,7 @@ def _make_journal_converter() -> cattrs.Converter:
     conv.register_structure_hook(Task, lambda v, _: Task(int(v[0]), str(v[1])))
     # Recovery decodes every live job's state, and tasks are most of it: a direct hook
     # for task tuples is several times faster than cattrs' generic tuple path.
-    conv.register_structure_hook_func(_is_tasks, _structure_tasks)
+    conv.register_structure_hook_func(_is_tasks, _DecodedTasks())
     # And the other way round: a job's state, with its allocation, is encoded at every
     # transition; cattrs' generic path calls a hook per task through a generator.
     # Already encoded: the journal's converter is only ever read by orjson (_dumps).
