@@ -354,7 +354,7 @@ def test_host_runs_give_back_every_name_in_order(pieces: list[tuple[str, int, bo
             hosts += [f"{m[1]}{int(m[2]) + k:0{len(m[2])}d}" for k in range(count)]
         else:
             hosts += [name] * count
-    items = converters._host_runs(hosts)
+    items = converters._host_runs(hosts, converters._HostNumbers())
     assert converters._hosts_of(items) == hosts
     assert all(type(i) is str or i[2] >= converters.HOST_RUN_MIN for i in items)
     if len(hosts) >= converters.RUN_MIN:

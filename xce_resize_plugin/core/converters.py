@@ -131,11 +131,9 @@ class _HostNumbers(dict[str, int | None]):
 
 
 _NUMBER_BITS = (1 << 64) - 1
-#: The journal converter's (the only user): names parsed once per process.
-_HOST_NUMBERS = _HostNumbers()
 
 
-def _host_runs(hosts: list[str], numbers: _HostNumbers = _HOST_NUMBERS) -> list[HostItem]:
+def _host_runs(hosts: list[str], numbers: _HostNumbers) -> list[HostItem]:
     """``hosts`` with each stretch of :data:`HOST_RUN_MIN` or more names numbered one
     after another written as ``[prefix, first number, count, digits]``; the others as
     they are. Exact by construction: a name's int stands for that name only, and a run
@@ -230,7 +228,7 @@ def _id_stretches(ids: list[int]) -> list[list[int]] | None:
     return out
 
 
-def _unstructure_tasks(tasks: Sequence[Task]) -> EncodedTasks:
+def _unstructure_tasks(tasks: Sequence[Task], numbers: _HostNumbers) -> EncodedTasks:
     """``[id, host]`` pairs (as tuples: JSON writes them as the same arrays), made in C
     in one pass; or, for a long allocation, its hosts (with runs of numbered hosts,
     :func:`_host_runs`) and its ids: ``{"first": id, "hosts": [...]}`` when they follow
@@ -242,7 +240,7 @@ def _unstructure_tasks(tasks: Sequence[Task]) -> EncodedTasks:
     if isinstance(tasks, TasksInIdOrder):
         span = id_range(tasks) if n >= RUN_MIN else None
         if span is not None:
-            return {"first": span.start, "hosts": _host_runs(list(tasks.task_hosts()))}
+            return {"first": span.start, "hosts": _host_runs(list(tasks.task_hosts()), numbers)}
         pairs = tasks.id_host_pairs  # a host's list may make them without its tasks
     else:
         pairs = partial(map, _id_and_host, tasks)
@@ -252,7 +250,7 @@ def _unstructure_tasks(tasks: Sequence[Task]) -> EncodedTasks:
     stretches = _id_stretches(ids) if type(ids[0]) is int else None
     if stretches is None:
         return list(pairs())
-    hosts = _host_runs(list(map(_host_of, tasks)))
+    hosts = _host_runs(list(map(_host_of, tasks)), numbers)
     if len(stretches) == 1:
         return {"first": stretches[0][0], "hosts": hosts}
     return {"ids": stretches, "hosts": hosts}
@@ -357,9 +355,11 @@ class _EncodedTasks:
     are dropped first once the kept tuples hold more than ``budget`` tasks.
     """
 
-    __slots__ = ("_budget", "_kept", "_lock", "_small", "_tasks")
+    __slots__ = ("_budget", "_kept", "_lock", "_numbers", "_small", "_tasks")
 
     def __init__(self, budget: int = 1 << 18, small: int = 256) -> None:
+        #: The host names seen, parsed once (runs of numbered hosts, schema 5).
+        self._numbers = _HostNumbers()
         #: Tasks kept in all. A kept tuple stays alive with its tasks: by default some
         #: 30 MB at most with the bytes; a larger budget gained nothing measurable on a
         #: 65,536-host workload and cost 160 MB more (docs/performance.md).
@@ -374,11 +374,11 @@ class _EncodedTasks:
     def __call__(self, tasks: Sequence[Task]) -> EncodedTasks | orjson.Fragment:
         n = len(tasks)
         if n < self._small:
-            return _unstructure_tasks(tasks)
+            return _unstructure_tasks(tasks, self._numbers)
         kept = self._kept.get(id(tasks))
         if kept is not None and kept[0] is tasks:
             return kept[1]
-        encoded = orjson.Fragment(_dumps(_unstructure_tasks(tasks)))
+        encoded = orjson.Fragment(_dumps(_unstructure_tasks(tasks, self._numbers)))
         if n <= self._budget:
             with self._lock:
                 kept_now = self._kept
