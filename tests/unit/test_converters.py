@@ -371,6 +371,7 @@ def test_host_runs_give_back_every_name_in_order(pieces: list[tuple[str, int, bo
         ["n", 0, 5, 0],
         ["n", 0, 5, 19],
         ["n" * 256, 0, 5, 2],
+        ["n", 10**18, 5, 18],
         ["n", 0, 5],
         ["n", 0, 5, 2, 1],
         [1, 0, 5, 2],

@@ -171,7 +171,7 @@ def _hosts_of(items: list[Any]) -> list[str]:
             and type(item[0]) is str
             and len(item[0]) <= PREFIX_MAX
             and all(type(x) is int for x in item[1:])
-            and item[1] >= 0
+            and 0 <= item[1] < 10**DIGITS_MAX
             and 1 <= item[2] <= HOSTS_MAX - len(hosts)
             and 1 <= item[3] <= DIGITS_MAX
         ):
@@ -192,8 +192,8 @@ STRETCH_EVERY = 16
 
 
 def _id_run(ids: list[int], i: int) -> int:
-    """How many ids from ``ids[i]`` on count up by one (compared in chunks that double,
-    as :func:`_run_length` compares names)."""
+    """How many ids from ``ids[i]`` on count up by one: the next one first, then in
+    chunks that double, each compared with a range in C."""
     n, first = len(ids), ids[i]
     if i + 1 == n or ids[i + 1] != first + 1:
         return 1
