@@ -449,3 +449,16 @@ def test_the_decoded_allocations_kept_stay_within_their_budget() -> None:
     assert decode(runs[3], None) is made[3] and decode(runs[0], None) == made[0]
     assert decode({"first": 0, "hosts": [["n", 0, 700, 3]]}, None) is not None  # over: not kept
     assert decode._tasks <= 600
+
+
+def test_the_host_names_kept_stay_within_their_bounds() -> None:
+    """Past its bound on names, the encoder parses new names each time (same runs);
+    past its bound on kinds (prefix and digits), a new kind's names stay names."""
+    numbers = converters._HostNumbers(names=3, kinds=1)
+    hosts = [f"n{i:02d}" for i in range(10)]
+    assert converters._host_runs(hosts, numbers) == [["n", 0, 10, 2]]
+    assert len(numbers) == 3
+    assert converters._host_runs(hosts, numbers) == [["n", 0, 10, 2]]
+    other = [f"m{i}" for i in range(5)]
+    assert converters._host_runs(other, numbers) == other
+    assert converters._hosts_of(converters._host_runs(hosts + other, numbers)) == hosts + other
