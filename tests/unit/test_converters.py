@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from xce_resize_plugin import errors
-from xce_resize_plugin.core import converters
+from xce_resize_plugin.core import converters, task_codec
 from xce_resize_plugin.core.models import (
     FACT_TYPES,
     ChangeKind,
@@ -220,14 +220,14 @@ def test_a_long_allocation_of_consecutive_ids_is_written_as_its_first_id_and_hos
     """Schema 4: 256 tasks or more with consecutive ids are ``{"first", "hosts"}``; fewer,
     or with a gap, stay pairs; both forms (and pairs of any length, as schemas 2 and 3
     wrote them, and names only, as schema 4 wrote them) decode to the same tasks."""
-    hosts = [f"h{i % 7}x" for i in range(converters.RUN_MIN)]  # no number at the end
+    hosts = [f"h{i % 7}x" for i in range(task_codec.RUN_MIN)]  # no number at the end
     long = tuple(Task(5 + i, h) for i, h in enumerate(hosts))
     fact = JobTracked("9", 0.0, "u", 1, 999, long, 0.0)
     written = orjson.loads(converters.encode_fact(fact))
     assert written["tasks"] == {"first": 5, "hosts": hosts}
     assert converters.decode_fact(converters.encode_fact(fact)) == fact
     assert converters.decode_fact(_tracked([[t.id, t.host] for t in long])) == fact
-    numbered = tuple(Task(5 + i, f"n{i % 7}") for i in range(converters.RUN_MIN))
+    numbered = tuple(Task(5 + i, f"n{i % 7}") for i in range(task_codec.RUN_MIN))
     schema4 = _tracked({"first": 5, "hosts": [t.host for t in numbered]})
     assert converters.decode_fact(schema4) == attrs.evolve(fact, tasks=numbered)
     short = JobTracked("9", 0.0, "u", 1, 999, long[:-1], 0.0)
@@ -240,7 +240,7 @@ def test_a_long_allocation_of_a_few_stretches_of_ids_is_written_as_them() -> Non
     job grown and shrunk) is ``{"ids": [[first, count], ...], "hosts"}``; one cut into
     more than one stretch per 16 tasks stays pairs. Both decode to the same tasks, in
     the same order (not sorted)."""
-    hosts = [f"h{i % 7}x" for i in range(converters.RUN_MIN)]
+    hosts = [f"h{i % 7}x" for i in range(task_codec.RUN_MIN)]
     ids = [*range(100, 228), *range(5, 69), *range(300, 364)]
     tasks = tuple(Task(i, h) for i, h in zip(ids, hosts, strict=True))
     fact = JobTracked("9", 0.0, "u", 1, 999, tasks, 0.0)
@@ -249,7 +249,7 @@ def test_a_long_allocation_of_a_few_stretches_of_ids_is_written_as_them() -> Non
     assert converters.decode_fact(converters.encode_fact(fact)) == fact
     one_off = (*long_ids(hosts[:-1]), Task(999, "n0"))
     assert orjson.loads(converters.encode_fact(attrs.evolve(fact, tasks=one_off)))["tasks"] == {
-        "ids": [[5, converters.RUN_MIN - 1], [999, 1]],
+        "ids": [[5, task_codec.RUN_MIN - 1], [999, 1]],
         "hosts": [*hosts[:-1], "n0"],
     }
     cut = tuple(Task(2 * i, h) for i, h in enumerate(hosts))  # a gap after every task
@@ -349,15 +349,15 @@ def test_host_runs_give_back_every_name_in_order(pieces: list[tuple[str, int, bo
     the runs stand for exactly the hosts, in order, and every run is at least 4 long."""
     hosts: list[str] = []
     for name, count, counting in pieces:
-        m = converters._NUMBERED.fullmatch(name)
+        m = task_codec._NUMBERED.fullmatch(name)
         if counting and m is not None:
             hosts += [f"{m[1]}{int(m[2]) + k:0{len(m[2])}d}" for k in range(count)]
         else:
             hosts += [name] * count
-    items = converters._host_runs(hosts, converters._HostNumbers())
-    assert converters._hosts_of(items) == hosts
-    assert all(type(i) is str or i[2] >= converters.HOST_RUN_MIN for i in items)
-    if len(hosts) >= converters.RUN_MIN:
+    items = task_codec.host_runs(hosts, task_codec.HostNumbers())
+    assert task_codec.hosts_of(items) == hosts
+    assert all(type(i) is str or i[2] >= task_codec.HOST_RUN_MIN for i in items)
+    if len(hosts) >= task_codec.RUN_MIN:
         tasks = tuple(Task(i, h) for i, h in enumerate(hosts))
         fact = JobTracked("9", 0.0, "u", 1, 10**6, tasks, 0.0)
         assert converters.decode_fact(converters.encode_fact(fact)) == fact
@@ -392,7 +392,7 @@ def test_a_malformed_run_of_hosts_is_refused(item: object) -> None:
 def test_runs_together_may_not_stand_for_more_hosts_than_a_reader_builds(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(converters, "HOSTS_MAX", 100)
+    monkeypatch.setattr(task_codec, "HOSTS_MAX", 100)
     for hosts in ([["n", 0, 60, 2], ["n", 0, 41, 2]], [["n", 0, 60, 2], ["n", 0, 40, 2], "x"]):
         with pytest.raises(errors.JournalError, match="undecodable fact"):
             converters.decode_fact(_tracked({"first": 0, "hosts": hosts}))
@@ -441,7 +441,7 @@ def test_equal_long_allocations_decode_to_one_tuple() -> None:
 
 
 def test_the_decoded_allocations_kept_stay_within_their_budget() -> None:
-    decode = converters._DecodedTasks(budget=600)
+    decode = task_codec.DecodedTasks(budget=600)
     runs = [{"first": k, "hosts": [["n", 0, 256, 3]]} for k in range(4)]
     made = [decode(r, None) for r in runs]
     assert [t[0].id for t in made] == [0, 1, 2, 3] and all(len(t) == 256 for t in made)
@@ -454,11 +454,11 @@ def test_the_decoded_allocations_kept_stay_within_their_budget() -> None:
 def test_the_host_names_kept_stay_within_their_bounds() -> None:
     """Past its bound on names, the encoder parses new names each time (same runs);
     past its bound on kinds (prefix and digits), a new kind's names stay names."""
-    numbers = converters._HostNumbers(names=3, kinds=1)
+    numbers = task_codec.HostNumbers(names=3, kinds=1)
     hosts = [f"n{i:02d}" for i in range(10)]
-    assert converters._host_runs(hosts, numbers) == [["n", 0, 10, 2]]
+    assert task_codec.host_runs(hosts, numbers) == [["n", 0, 10, 2]]
     assert len(numbers) == 3
-    assert converters._host_runs(hosts, numbers) == [["n", 0, 10, 2]]
+    assert task_codec.host_runs(hosts, numbers) == [["n", 0, 10, 2]]
     other = [f"m{i}" for i in range(5)]
-    assert converters._host_runs(other, numbers) == other
-    assert converters._hosts_of(converters._host_runs(hosts + other, numbers)) == hosts + other
+    assert task_codec.host_runs(other, numbers) == other
+    assert task_codec.hosts_of(task_codec.host_runs(hosts + other, numbers)) == hosts + other

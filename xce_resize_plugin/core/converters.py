@@ -10,11 +10,8 @@ into one ``InvalidRequest`` whose message lists each problem as ``… @ $.path``
 from __future__ import annotations
 
 import math
-import re
 import threading
 from collections.abc import Mapping, Sequence
-from functools import partial
-from operator import attrgetter
 from typing import Any, TypeVar
 
 import cattrs
@@ -25,7 +22,6 @@ from cattrs.strategies import configure_tagged_union
 
 from xce_resize_plugin import errors
 from xce_resize_plugin.core.accounting import Usage
-from xce_resize_plugin.core.allocations import id_range
 from xce_resize_plugin.core.models import (
     FACT_TYPES,
     AutoresizeRequest,
@@ -41,307 +37,21 @@ from xce_resize_plugin.core.models import (
     Target,
     TargetRequest,
     Task,
-    TasksInIdOrder,
     TasksLost,
     TasksStopped,
     TaskStopped,
     host_counts,
-    make_tasks,
 )
 from xce_resize_plugin.core.status import ResizeStatus
+from xce_resize_plugin.core.task_codec import (
+    DecodedTasks,
+    EncodedTasks,
+    HostNumbers,
+    encode_tasks,
+)
 from xce_resize_plugin.journal import StoredState, Tail
 
 T = TypeVar("T")
-
-
-_id_and_host = attrgetter("id", "host")
-_id_of = attrgetter("id")
-_host_of = attrgetter("host")
-
-#: An allocation of at least this many tasks whose ids follow one another is written as
-#: its first id and its hosts (schema 4, docs/journal-format.md), not as pairs: a job of
-#: many hosts has each new allocation encoded, and the pairs were most of the cost.
-#: Smaller ones keep the pairs (and the bytes they always had).
-RUN_MIN = 256
-
-#: A stretch of at least this many hosts named by consecutive numbers (``n0041``,
-#: ``n0042``, …) is written as one run in the ``hosts`` of that form (schema 5): a job of
-#: tens of thousands of one-slot hosts has its records written in a few bytes, not as
-#: every host's name (docs/journal-format.md).
-HOST_RUN_MIN = 4
-#: The most hosts one run or one allocation may stand for when read: a damaged or
-#: hostile record cannot make the reader build a list without end.
-HOSTS_MAX = 1 << 24
-#: The widest zero-padded number in a run (wider ones are written as names).
-DIGITS_MAX = 18
-#: The longest prefix of a run (a host name is at most 255 characters,
-#: core/releasespec.py): a run cannot stand for names longer than any host's.
-PREFIX_MAX = 255
-
-#: A host's name as a prefix and a number at its end (ASCII digits only, so that the
-#: number written back gives the same name).
-_NUMBERED = re.compile(r"(.*?)([0-9]+)", re.ASCII | re.DOTALL)
-
-HostItem = str | list[str | int]
-EncodedTasks = list[tuple[int, str]] | dict[str, int | list[HostItem] | list[list[int]]]
-
-
-class _HostNumbers(dict[str, int | None]):
-    """Each host name seen, as an int that counts up with the number at the name's end:
-    ``kind << 64 | number``, where ``kind`` stands for the name's prefix and how many
-    digits its number has (``n0099`` and ``n1000`` are of one kind, zero-padded to 4;
-    ``n9`` and ``n10`` are not). Names of one kind with consecutive numbers are
-    consecutive ints, so runs are found by comparing ints in C (:func:`_id_run`); a
-    name without a number is ``None``.
-
-    A cluster's names are few and come back in every allocation: each is parsed once.
-    Bounded: past ``names`` names (262,144 by default, some 40 MB at most; CEA Curie's
-    93,312 hosts fit) new ones are parsed each time and not kept, and past
-    ``kinds`` kinds a new kind's names are written as names (``None``). Kinds are never
-    renumbered, so concurrent encoders agree.
-    """
-
-    def __init__(self, names: int = 1 << 18, kinds: int = 4096) -> None:
-        super().__init__()
-        self._names, self._kinds = names, kinds
-        self._kind_of: dict[tuple[str, int], int] = {}
-        self._spelling: list[tuple[str, int]] = []
-        self._lock = threading.Lock()
-
-    def __missing__(self, name: str) -> int | None:
-        m = _NUMBERED.fullmatch(name)
-        code: int | None = None
-        if m is not None and len(m[2]) <= DIGITS_MAX and len(m[1]) <= PREFIX_MAX:
-            digits = m[2]
-            key = (m[1], len(digits))
-            with self._lock:
-                kind = self._kind_of.get(key)
-                if kind is None and len(self._spelling) < self._kinds:
-                    kind = self._kind_of[key] = len(self._spelling)
-                    self._spelling.append(key)
-            if kind is not None:
-                code = kind << 64 | int(digits)
-        if len(self) < self._names:
-            self[name] = code
-        return code
-
-    def spelling(self, code: int) -> tuple[str, int, int]:
-        """``(prefix, number, digits)`` of a name's int."""
-        prefix, width = self._spelling[code >> 64]
-        return prefix, code & _NUMBER_BITS, width
-
-
-_NUMBER_BITS = (1 << 64) - 1
-
-
-def _host_runs(hosts: list[str], numbers: _HostNumbers) -> list[HostItem]:
-    """``hosts`` with each stretch of :data:`HOST_RUN_MIN` or more names numbered one
-    after another written as ``[prefix, first number, count, digits]``; the others as
-    they are. Exact by construction: a name's int stands for that name only, and a run
-    for the names its ints stand for."""
-    codes = list(map(numbers.__getitem__, hosts))
-    out: list[HostItem] = []
-    i, n = 0, len(hosts)
-    while i < n:
-        code = codes[i]
-        if code is None:
-            out.append(hosts[i])
-            i += 1
-            continue
-        k = _id_run(codes, i)  # type: ignore[arg-type]  # a None ends a run (never equal)
-        if k >= HOST_RUN_MIN:
-            prefix, number, digits = numbers.spelling(code)
-            out.append([prefix, number, k, digits])
-        else:
-            out.extend(hosts[i : i + k])
-        i += k
-    return out
-
-
-def _hosts_of(items: list[Any]) -> list[str]:
-    """The names that :func:`_host_runs`' items stand for; ``ValueError`` naming the
-    first item that is neither a name nor a well-formed run."""
-    hosts: list[str] = []
-    for item in items:
-        if type(item) is str:
-            hosts.append(item)
-            continue
-        if not (
-            type(item) is list
-            and len(item) == 4
-            and type(item[0]) is str
-            and len(item[0]) <= PREFIX_MAX
-            and all(type(x) is int for x in item[1:])
-            and 0 <= item[1] < 10**DIGITS_MAX
-            and 1 <= item[2] <= HOSTS_MAX - len(hosts)
-            and 1 <= item[3] <= DIGITS_MAX
-        ):
-            raise ValueError(
-                f"tasks: expected a host name or [prefix, number, count, digits] "
-                f"(at most {HOSTS_MAX} hosts), got {item!r:.80}"
-            )
-        prefix, first, count, digits = item
-        hosts.extend([f"{prefix}{v:0{digits}d}" for v in range(first, first + count)])
-    if len(hosts) > HOSTS_MAX:
-        raise ValueError(f"tasks: {len(hosts)} hosts, at most {HOSTS_MAX} are read")
-    return hosts
-
-
-#: At most one stretch of consecutive ids per this many tasks for the ``ids`` form: an
-#: allocation cut into more pieces than that is written as pairs.
-STRETCH_EVERY = 16
-
-
-def _id_run(ids: list[int], i: int) -> int:
-    """How many ids from ``ids[i]`` on count up by one: the next one first, then in
-    chunks that double, each compared with a range in C."""
-    n, first = len(ids), ids[i]
-    if i + 1 == n or ids[i + 1] != first + 1:
-        return 1
-    k, step = 2, 8
-    while i + k < n:
-        m = min(step, n - i - k)
-        chunk = ids[i + k : i + k + m]
-        if chunk == list(range(first + k, first + k + m)):
-            k += m
-            step *= 2
-            continue
-        for have in chunk:
-            if have != first + k:
-                break
-            k += 1
-        return k
-    return k
-
-
-def _id_stretches(ids: list[int]) -> list[list[int]] | None:
-    """``ids`` as ``[first, count]`` stretches of consecutive ids, in order; ``None``
-    when there are more than one per :data:`STRETCH_EVERY` ids."""
-    out: list[list[int]] = []
-    limit = len(ids) // STRETCH_EVERY
-    i, n = 0, len(ids)
-    while i < n:
-        k = _id_run(ids, i)
-        out.append([ids[i], k])
-        if len(out) > limit:
-            return None
-        i += k
-    return out
-
-
-def _unstructure_tasks(tasks: Sequence[Task], numbers: _HostNumbers) -> EncodedTasks:
-    """``[id, host]`` pairs (as tuples: JSON writes them as the same arrays), made in C
-    in one pass; or, for a long allocation, its hosts (with runs of numbered hosts,
-    :func:`_host_runs`) and its ids: ``{"first": id, "hosts": [...]}`` when they follow
-    one another (schema 4), ``{"ids": [[first, count], ...], "hosts": [...]}`` when
-    they are a few such stretches (schema 5: a job grown and shrunk keeps gaps in its
-    ids). Which form depends only on the tasks, not on the sequence that holds them: a
-    host's list in id order gives its ids' range and hosts itself."""
-    n = len(tasks)
-    if isinstance(tasks, TasksInIdOrder):
-        span = id_range(tasks) if n >= RUN_MIN else None
-        if span is not None:
-            return {"first": span.start, "hosts": _host_runs(list(tasks.task_hosts()), numbers)}
-        pairs = tasks.id_host_pairs  # a host's list may make them without its tasks
-    else:
-        pairs = partial(map, _id_and_host, tasks)
-    if n < RUN_MIN:
-        return list(pairs())
-    ids = list(map(_id_of, tasks))
-    stretches = _id_stretches(ids) if type(ids[0]) is int else None
-    if stretches is None:
-        return list(pairs())
-    hosts = _host_runs(list(map(_host_of, tasks)), numbers)
-    if len(stretches) == 1:
-        return {"first": stretches[0][0], "hosts": hosts}
-    return {"ids": stretches, "hosts": hosts}
-
-
-def _ids_of(stretches: Any) -> list[int]:
-    """The ids that ``[first, count]`` stretches stand for; ``ValueError`` naming the
-    first malformed one."""
-    if type(stretches) is not list:
-        raise ValueError(f"tasks: expected ids as [[first, count], ...], got {stretches!r:.80}")
-    ids: list[int] = []
-    for item in stretches:
-        if not (
-            type(item) is list
-            and len(item) == 2
-            and type(item[0]) is int
-            and type(item[1]) is int
-            and 1 <= item[1] <= HOSTS_MAX - len(ids)
-        ):
-            raise ValueError(
-                f"tasks: expected [first, count] (at most {HOSTS_MAX} ids), got {item!r:.80}"
-            )
-        ids.extend(range(item[0], item[0] + item[1]))
-    return ids
-
-
-def _structure_tasks(value: Any, _: Any) -> tuple[Task, ...]:
-    """Any form :func:`_unstructure_tasks` writes (pairs: every schema; ``first`` with
-    names only: schema 4)."""
-    if isinstance(value, dict):
-        items = value.get("hosts")
-        if type(items) is not list:
-            raise ValueError(f"tasks: expected hosts as a list, got {value!r:.80}")
-        keys = value.keys()
-        if keys == {"first", "hosts"} and type(value["first"]) is int:
-            hosts = _hosts_of(items)
-            return make_tasks(range(value["first"], value["first"] + len(hosts)), hosts)
-        if keys == {"ids", "hosts"}:
-            ids, hosts = _ids_of(value["ids"]), _hosts_of(items)
-            if len(ids) != len(hosts):
-                raise ValueError(f"tasks: {len(ids)} ids for {len(hosts)} hosts")
-            return make_tasks(ids, hosts)
-        raise ValueError(
-            f"tasks: expected {{'first': id, 'hosts': [...]}} or {{'ids': [...], 'hosts': "
-            f"[...]}}, got {value!r:.80}"
-        )
-    return tuple([Task(int(i), str(h)) for i, h in value])
-
-
-class _DecodedTasks:
-    """The journal's decoding of long allocations (the forms with ``hosts``), kept for
-    the allocations decoded last, by their JSON.
-
-    A job's resize records hold each allocation up to three times (a record's ``after``
-    is the next one's ``before``), and replaying a job (``journal verify``, recovery)
-    decodes its facts and its state: a job of tens of thousands of hosts had the same
-    tasks made again for each. Equal JSON gives the same tuple, which is immutable;
-    equal tuples then compare item by item by identity, in C. The oldest are dropped
-    first once the kept tuples hold more than ``budget`` tasks (some 35 MB at most).
-    """
-
-    __slots__ = ("_budget", "_kept", "_lock", "_tasks")
-
-    def __init__(self, budget: int = 1 << 19) -> None:
-        self._budget = budget
-        self._kept: dict[bytes, tuple[Task, ...]] = {}
-        self._tasks = 0
-        self._lock = threading.Lock()
-
-    def __call__(self, value: Any, cl: Any) -> tuple[Task, ...]:
-        if not isinstance(value, dict):
-            return _structure_tasks(value, cl)
-        try:
-            key = orjson.dumps(value)
-        except TypeError:  # not JSON orjson writes (an int past 64 bits): decoded as is
-            return _structure_tasks(value, cl)
-        kept = self._kept.get(key)
-        if kept is not None:
-            return kept
-        tasks = _structure_tasks(value, cl)
-        n = len(tasks)
-        if n <= self._budget:
-            with self._lock:
-                kept_now = self._kept
-                while kept_now and self._tasks + n > self._budget:
-                    self._tasks -= len(kept_now.pop(next(iter(kept_now))))
-                if key not in kept_now:
-                    kept_now[key] = tasks
-                    self._tasks += n
-        return tasks
 
 
 class _EncodedTasks:
@@ -360,7 +70,7 @@ class _EncodedTasks:
 
     def __init__(self, budget: int = 1 << 18, small: int = 256) -> None:
         #: The host names seen, parsed once (runs of numbered hosts, schema 5).
-        self._numbers = _HostNumbers()
+        self._numbers = HostNumbers()
         #: Tasks kept in all. A kept tuple stays alive with its tasks: by default some
         #: 30 MB at most with the bytes; a larger budget gained nothing measurable on a
         #: 65,536-host workload and cost 160 MB more (docs/performance.md).
@@ -375,11 +85,11 @@ class _EncodedTasks:
     def __call__(self, tasks: Sequence[Task]) -> EncodedTasks | orjson.Fragment:
         n = len(tasks)
         if n < self._small:
-            return _unstructure_tasks(tasks, self._numbers)
+            return encode_tasks(tasks, self._numbers)
         kept = self._kept.get(id(tasks))
         if kept is not None and kept[0] is tasks:
             return kept[1]
-        encoded = orjson.Fragment(_dumps(_unstructure_tasks(tasks, self._numbers)))
+        encoded = orjson.Fragment(_dumps(encode_tasks(tasks, self._numbers)))
         if n <= self._budget:
             with self._lock:
                 kept_now = self._kept
@@ -406,7 +116,7 @@ def _make_journal_converter() -> cattrs.Converter:
     conv.register_structure_hook(Task, lambda v, _: Task(int(v[0]), str(v[1])))
     # Recovery decodes every live job's state, and tasks are most of it: a direct hook
     # for task tuples is several times faster than cattrs' generic tuple path.
-    conv.register_structure_hook_func(_is_tasks, _DecodedTasks())
+    conv.register_structure_hook_func(_is_tasks, DecodedTasks())
     # And the other way round: a job's state, with its allocation, is encoded at every
     # transition; cattrs' generic path calls a hook per task through a generator.
     # Already encoded: the journal's converter is only ever read by orjson (_dumps).

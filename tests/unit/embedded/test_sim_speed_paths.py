@@ -27,7 +27,7 @@ from xce_resize_plugin.controllers.scheduler import (
 from xce_resize_plugin.controllers.sim import Cluster
 from xce_resize_plugin.controllers.sim.cluster_view import SimClusterView, _budget, _offered
 from xce_resize_plugin.controllers.slots import FreeSlots
-from xce_resize_plugin.core import converters, engine
+from xce_resize_plugin.core import converters, engine, task_codec
 from xce_resize_plugin.core.models import (
     Committed,
     GrowPlaced,
@@ -469,7 +469,7 @@ def test_allocations_encode_to_the_same_bytes_kept_or_not(sizes: list[int]) -> N
             else:
                 stretches.append([i, 1])
         hosts = [t.host for t in tasks]
-        if len(ids) < converters.RUN_MIN or len(stretches) > len(ids) // 16:
+        if len(ids) < task_codec.RUN_MIN or len(stretches) > len(ids) // 16:
             return orjson.dumps([[t.id, t.host] for t in tasks])
         if len(stretches) == 1:
             return orjson.dumps({"first": ids[0], "hosts": hosts})
