@@ -12,7 +12,6 @@ from __future__ import annotations
 import re
 import threading
 from collections.abc import Sequence
-from functools import partial
 from operator import attrgetter
 from typing import Any
 
@@ -22,8 +21,6 @@ from xce_resize_plugin.core.allocations import id_range
 from xce_resize_plugin.core.models import Task, TasksInIdOrder, make_tasks
 
 _id_and_host = attrgetter("id", "host")
-_id_of = attrgetter("id")
-_host_of = attrgetter("host")
 
 #: An allocation of at least this many tasks whose ids follow one another is written as
 #: its first id and its hosts (schema 4, docs/journal-format.md), not as pairs: a job of
@@ -48,6 +45,9 @@ PREFIX_MAX = 255
 #: A host's name as a prefix and a number at its end (ASCII digits only, so that the
 #: number written back gives the same name).
 _NUMBERED = re.compile(r"(.*?)([0-9]+)", re.ASCII | re.DOTALL)
+
+#: The number's bits in a host name's int (:class:`HostNumbers`).
+_NUMBER_BITS = (1 << 64) - 1
 
 HostItem = str | list[str | int]
 EncodedTasks = list[tuple[int, str]] | dict[str, int | list[HostItem] | list[list[int]]]
@@ -96,9 +96,6 @@ class HostNumbers(dict[str, int | None]):
         """``(prefix, number, digits)`` of a name's int."""
         prefix, width = self._spelling[code >> 64]
         return prefix, code & _NUMBER_BITS, width
-
-
-_NUMBER_BITS = (1 << 64) - 1
 
 
 def host_runs(hosts: list[str], numbers: HostNumbers) -> list[HostItem]:
@@ -209,19 +206,20 @@ def encode_tasks(tasks: Sequence[Task], numbers: HostNumbers) -> EncodedTasks:
         span = id_range(tasks) if n >= RUN_MIN else None
         if span is not None:
             return {"first": span.start, "hosts": host_runs(list(tasks.task_hosts()), numbers)}
-        pairs = tasks.id_host_pairs  # a host's list may make them without its tasks
+        # A host's list may make the pairs without making its tasks.
+        pairs: list[tuple[int, str]] = list(tasks.id_host_pairs())
     else:
-        pairs = partial(map, _id_and_host, tasks)
+        pairs = list(map(_id_and_host, tasks))
     if n < RUN_MIN:
-        return list(pairs())
-    ids = list(map(_id_of, tasks))
+        return pairs
+    ids, hosts = (list(column) for column in zip(*pairs, strict=True))
     stretches = _id_stretches(ids) if type(ids[0]) is int else None
     if stretches is None:
-        return list(pairs())
-    hosts = host_runs(list(map(_host_of, tasks)), numbers)
+        return pairs
+    runs = host_runs(hosts, numbers)
     if len(stretches) == 1:
-        return {"first": stretches[0][0], "hosts": hosts}
-    return {"ids": stretches, "hosts": hosts}
+        return {"first": stretches[0][0], "hosts": runs}
+    return {"ids": stretches, "hosts": runs}
 
 
 def _ids_of(stretches: Any) -> list[int]:
