@@ -445,10 +445,10 @@ def test_the_decoded_allocations_kept_stay_within_their_budget() -> None:
     runs = [{"first": k, "hosts": [["n", 0, 256, 3]]} for k in range(4)]
     made = [decode(r, None) for r in runs]
     assert [t[0].id for t in made] == [0, 1, 2, 3] and all(len(t) == 256 for t in made)
-    assert decode._tasks <= 600 and len(decode._kept) == 2  # the two newest
+    assert decode._keep.tasks <= 600 and len(decode._keep.items) == 2  # the two newest
     assert decode(runs[3], None) is made[3] and decode(runs[0], None) == made[0]
     assert decode({"first": 0, "hosts": [["n", 0, 700, 3]]}, None) is not None  # over: not kept
-    assert decode._tasks <= 600
+    assert decode._keep.tasks <= 600
 
 
 def test_the_host_names_kept_stay_within_their_bounds() -> None:

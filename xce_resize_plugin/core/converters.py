@@ -10,7 +10,6 @@ into one ``InvalidRequest`` whose message lists each problem as ``… @ $.path``
 from __future__ import annotations
 
 import math
-import threading
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -47,6 +46,7 @@ from xce_resize_plugin.core.task_codec import (
     DecodedTasks,
     EncodedTasks,
     HostNumbers,
+    TaskKeep,
     encode_tasks,
 )
 from xce_resize_plugin.journal import StoredState, Tail
@@ -62,43 +62,31 @@ class _EncodedTasks:
     a job of many hosts would have the same tens of thousands of pairs encoded again
     at every transition. The bytes depend only on the tuple's contents (tuples do not
     change), and a kept tuple stays referenced, so its ``id`` is not reused while
-    kept. Small tuples are encoded each time (cheaper than the look-up). The oldest
-    are dropped first once the kept tuples hold more than ``budget`` tasks.
+    kept. Small tuples are encoded each time (cheaper than the look-up). At most
+    ``budget`` tasks are kept, the oldest dropped first.
     """
 
-    __slots__ = ("_budget", "_kept", "_lock", "_numbers", "_small", "_tasks")
+    __slots__ = ("_keep", "_numbers", "_small")
 
     def __init__(self, budget: int = 1 << 18, small: int = 256) -> None:
         #: The host names seen, parsed once (runs of numbered hosts, schema 5).
         self._numbers = HostNumbers()
-        #: Tasks kept in all. A kept tuple stays alive with its tasks: by default some
-        #: 30 MB at most with the bytes; a larger budget gained nothing measurable on a
-        #: 65,536-host workload and cost 160 MB more (docs/performance.md).
-        self._budget = budget
+        #: A kept tuple stays alive with its tasks: by default some 30 MB at most with
+        #: the bytes; a larger budget gained nothing measurable on a 65,536-host
+        #: workload and cost 160 MB more (docs/performance.md).
+        self._keep: TaskKeep[int, tuple[Sequence[Task], orjson.Fragment]] = TaskKeep(budget)
         #: Tuples shorter than this are not kept: most jobs, with nothing to gain.
         self._small = small
-        self._kept: dict[int, tuple[Sequence[Task], orjson.Fragment]] = {}
-        self._tasks = 0
-        # Journals of several controllers may encode at once in one process.
-        self._lock = threading.Lock()
 
     def __call__(self, tasks: Sequence[Task]) -> EncodedTasks | orjson.Fragment:
         n = len(tasks)
         if n < self._small:
             return encode_tasks(tasks, self._numbers)
-        kept = self._kept.get(id(tasks))
+        kept = self._keep.get(id(tasks))
         if kept is not None and kept[0] is tasks:
             return kept[1]
         encoded = orjson.Fragment(_dumps(encode_tasks(tasks, self._numbers)))
-        if n <= self._budget:
-            with self._lock:
-                kept_now = self._kept
-                while kept_now and self._tasks + n > self._budget:
-                    old, _ = kept_now.pop(next(iter(kept_now)))
-                    self._tasks -= len(old)
-                if id(tasks) not in kept_now:
-                    kept_now[id(tasks)] = (tasks, encoded)
-                    self._tasks += n
+        self._keep.put(id(tasks), (tasks, encoded), n)
         return encoded
 
 

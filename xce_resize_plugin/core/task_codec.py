@@ -13,7 +13,7 @@ import re
 import threading
 from collections.abc import Sequence
 from operator import attrgetter
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import orjson
 
@@ -266,6 +266,41 @@ def decode_tasks(value: Any, _: Any) -> tuple[Task, ...]:
     return tuple([Task(int(i), str(h)) for i, h in value])
 
 
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+class TaskKeep(Generic[K, V]):
+    """Values kept by key, each standing for some number of tasks: the oldest are
+    dropped first once the kept values stand for more than ``budget`` tasks, and a
+    value for more than that is not kept. Journals of several controllers may encode
+    and decode at once in one process: writes hold a lock."""
+
+    __slots__ = ("_lock", "budget", "items", "tasks")
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+        #: key -> (tasks, value), oldest first.
+        self.items: dict[K, tuple[int, V]] = {}
+        self.tasks = 0
+        self._lock = threading.Lock()
+
+    def get(self, key: K) -> V | None:
+        kept = self.items.get(key)
+        return None if kept is None else kept[1]
+
+    def put(self, key: K, value: V, tasks: int) -> None:
+        if tasks > self.budget:
+            return
+        with self._lock:
+            items = self.items
+            while items and self.tasks + tasks > self.budget:
+                self.tasks -= items.pop(next(iter(items)))[0]
+            if key not in items:
+                items[key] = (tasks, value)
+                self.tasks += tasks
+
+
 class DecodedTasks:
     """The journal's decoding of long allocations (the forms with ``hosts``), kept for
     the allocations decoded last, by their JSON.
@@ -274,17 +309,14 @@ class DecodedTasks:
     is the next one's ``before``), and replaying a job (``journal verify``, recovery)
     decodes its facts and its state: a job of tens of thousands of hosts had the same
     tasks made again for each. Equal JSON gives the same tuple, which is immutable;
-    equal tuples then compare item by item by identity, in C. The oldest are dropped
-    first once the kept tuples hold more than ``budget`` tasks (some 35 MB at most).
+    equal tuples then compare item by item by identity, in C. At most ``budget``
+    tasks are kept (some 35 MB by default).
     """
 
-    __slots__ = ("_budget", "_kept", "_lock", "_tasks")
+    __slots__ = ("_keep",)
 
     def __init__(self, budget: int = 1 << 19) -> None:
-        self._budget = budget
-        self._kept: dict[bytes, tuple[Task, ...]] = {}
-        self._tasks = 0
-        self._lock = threading.Lock()
+        self._keep: TaskKeep[bytes, tuple[Task, ...]] = TaskKeep(budget)
 
     def __call__(self, value: Any, cl: Any) -> tuple[Task, ...]:
         if not isinstance(value, dict):
@@ -293,17 +325,9 @@ class DecodedTasks:
             key = orjson.dumps(value)
         except TypeError:  # not JSON orjson writes (an int past 64 bits): decoded as is
             return decode_tasks(value, cl)
-        kept = self._kept.get(key)
+        kept = self._keep.get(key)
         if kept is not None:
             return kept
         tasks = decode_tasks(value, cl)
-        n = len(tasks)
-        if n <= self._budget:
-            with self._lock:
-                kept_now = self._kept
-                while kept_now and self._tasks + n > self._budget:
-                    self._tasks -= len(kept_now.pop(next(iter(kept_now))))
-                if key not in kept_now:
-                    kept_now[key] = tasks
-                    self._tasks += n
+        self._keep.put(key, tasks, len(tasks))
         return tasks

@@ -508,7 +508,7 @@ def test_the_kept_encodings_stay_within_their_budget(uses: list[tuple[int, int]]
     for key, n in uses:
         tasks = made.setdefault(key, tuple(Task(k, f"h{(k + key) % 7}") for k in range(n)))
         assert orjson.dumps(memo(tasks)) == orjson.dumps([[t.id, t.host] for t in tasks])
-        assert memo._tasks == sum(len(t) for t, _ in memo._kept.values()) <= 300
+        assert memo._keep.tasks == sum(len(t) for _, (t, _) in memo._keep.items.values()) <= 300
 
 
 @settings(max_examples=150, deadline=None)
