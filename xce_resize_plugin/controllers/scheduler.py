@@ -58,6 +58,7 @@ import attrs
 from attrs import frozen
 
 from xce_resize_plugin.controllers.lazy import Unfolded
+from xce_resize_plugin.controllers.pending_queue import BLOCK, PendingQueue
 from xce_resize_plugin.controllers.slots import FreeSlots, Placement, Run
 
 __all__ = [
@@ -250,7 +251,7 @@ def _easy_pass(
 ) -> PassResult:
     now = state.now
     jobs = iter(pending)  # one queue for both phases: backfill goes on after the head
-    head = _start_in_order(state, jobs)
+    head, read = _start_in_order(state, jobs)
     if head is None:
         if state.avail.total > 0:
             _fill_leftovers(state)  # nobody waits
@@ -268,7 +269,11 @@ def _easy_pass(
             # A copy: it must not depend on state.avail, which backfills change (and
             # the cluster's counts with these starts taken are avail's now).
             reservation, at_shadow = reservation_for(now, head, state.avail.copy(), both)
-    reservation = _backfill(state, jobs, reservation, at_shadow)
+    behind: Iterator[PendingJob] | tuple[PendingQueue[PendingJob], int] = jobs
+    if isinstance(pending, PendingQueue) and len(pending) - read > BLOCK:
+        # Deep: read by blocks, skipping those where no job can start.
+        behind = (pending, pending.position_after(read))
+    reservation = _backfill(state, behind, reservation, at_shadow)
     return PassResult(tuple(state.starts), reservation)
 
 
@@ -330,19 +335,22 @@ class _Pass:
         return n
 
 
-def _start_in_order(state: _Pass, jobs: Iterator[PendingJob]) -> PendingJob | None:
+def _start_in_order(state: _Pass, jobs: Iterator[PendingJob]) -> tuple[PendingJob | None, int]:
     """Start jobs in queue order while they fit; the first that does not is the head
-    (returned, ``None`` when every job started or was skipped)."""
+    (returned, ``None`` when every job started or was skipped), with the number of
+    jobs read (the head's position + 1)."""
     avail = state.avail
+    read = 0
     for job in jobs:
+        read += 1
         r = state.room(job.user)
         if r is not None and r < job.min_tasks:
             continue  # blocked by its user's limit only: does not hold the queue
         placed = avail.place(job.min_tasks, job.max_tasks, job.ptile, r)
         if placed is None:
-            return job
+            return job, read
         state.start(job, placed, False)
-    return None
+    return None, read
 
 
 def _ends_by(state: _Pass, job: PendingJob, r: int | None, shadow: float) -> Placement | None:
@@ -367,12 +375,14 @@ def _ends_by(state: _Pass, job: PendingJob, r: int | None, shadow: float) -> Pla
 
 def _backfill(
     state: _Pass,
-    jobs: Iterator[PendingJob],
+    behind: Iterator[PendingJob] | tuple[PendingQueue[PendingJob], int],
     reservation: Reservation,
     at_shadow: FreeSlots | None,
 ) -> Reservation:
     """Backfill the jobs behind the head (see the module docstring); returns the
-    reservation with the extra slots that backfilled jobs left."""
+    reservation with the extra slots that backfilled jobs left. ``behind``: the jobs,
+    or a deep queue and the position after the head's (then read by blocks:
+    :meth:`.PendingQueue.behind`)."""
     avail = state.avail
     extra = reservation.extra
     headroom, taken = state.headroom, state.taken
@@ -380,6 +390,17 @@ def _backfill(
     # What the head needs at the shadow time (its min_tasks; only used with ptile).
     need = 0 if at_shadow is None else at_shadow.capacity(ptile) - extra
     now, shadow = state.now, reservation.shadow
+    if isinstance(behind, tuple):
+
+        def skippable(smallest: int, shortest: float) -> bool:
+            # The pre-test below for a whole block (its smallest size and shortest
+            # duration; ``extra`` as it is when the block is reached).
+            return at_shadow is None and extra < smallest and now + shortest > shadow
+
+        queue, start = behind
+        jobs = queue.behind(start, lambda: avail.total, skippable)
+    else:
+        jobs = behind
     for job in jobs:
         total = avail.total
         if total <= 0:

@@ -72,6 +72,7 @@ from xce_resize_plugin.controllers.jobs import (
     submit_keywords,
 )
 from xce_resize_plugin.controllers.observer import FinishedJob, Observer
+from xce_resize_plugin.controllers.pending_queue import PendingQueue
 from xce_resize_plugin.controllers.runners import (
     InRunner,
     NotificationRequest,
@@ -436,11 +437,10 @@ class EmbeddedController:
     def _init_schedule(self) -> None:
         """The scheduler's views of the queue and the running jobs, and what the last
         pass left (constructor, part three)."""
-        self._queue: list[tuple[tuple[float, tuple[int, int, str]], str]] = []
         self._pending_views: dict[str, PendingJob] = {}
-        # The pending views in queue order, kept beside _queue (same positions), so a
-        # pass reads the queue without building a list of it.
-        self._queue_views: list[PendingJob] = []
+        # The queue: the pending views by submit time, then job id, read by a pass as
+        # they are, and a deep queue by blocks (.pending_queue).
+        self._queue_views: PendingQueue[PendingJob] = PendingQueue()
         self._running: dict[str, JobRecord] = {}
         self._running_views: dict[str, RunningJob] = {}
         # The same views ordered by planned end, kept sorted as jobs start, change and
@@ -1425,7 +1425,7 @@ class EmbeddedController:
 
     def _pass_current(self) -> bool:
         """Whether the host's next pass would be skipped as unchanged."""
-        if not self._queue:
+        if not self._queue_views:
             return True
         return self._last_pass == (self._cluster.free_epoch, self._queue_epoch, self.now())
 
@@ -1500,7 +1500,7 @@ class EmbeddedController:
     @property
     def pending_count(self) -> int:
         """Jobs waiting in the queue, now."""
-        return len(self._queue)
+        return len(self._queue_views)
 
     @property
     def free_slot_count(self) -> int:
@@ -1766,19 +1766,12 @@ class EmbeddedController:
         return (job.submit_time, job_id_key(job.id))
 
     def _enqueue(self, job: JobRecord) -> None:
-        entry = (self._queue_key(job), job.id)
-        i = bisect.bisect_right(self._queue, entry)
         view = self._pending_views[job.id] = self._pending_view(job)
-        self._queue.insert(i, entry)
-        self._queue_views.insert(i, view)
+        self._queue_views.add(self._queue_key(job), view)
         self._queue_epoch += 1
 
     def _dequeue(self, job: JobRecord) -> None:
-        entry = (self._queue_key(job), job.id)
-        i = bisect.bisect_left(self._queue, entry)
-        if i < len(self._queue) and self._queue[i] == entry:
-            del self._queue[i]
-            del self._queue_views[i]
+        if self._queue_views.remove(self._queue_key(job), job.id):
             del self._pending_views[job.id]
             self._queue_epoch += 1
 
@@ -1910,7 +1903,7 @@ class EmbeddedController:
     def _host_pass(self) -> None:
         """The host's FCFS + EASY pass, skipped when neither the queue nor the free
         slots nor the clock changed since the last one (it would decide the same)."""
-        if not self._queue:
+        if not self._queue_views:
             self._reservation = None
             return
         sig = (self._cluster.free_epoch, self._queue_epoch, self.now())
