@@ -51,6 +51,9 @@ J = TypeVar("J", bound=Queued)
 #: little to read; large enough that skipping one saves many steps.
 BLOCK = 64
 
+#: Up to this many positions, a job that leaves is deleted in place, not left as a hole.
+IN_PLACE = 2 * BLOCK
+
 _NO_SIZE = sys.maxsize  # a hole's min_tasks: never fits
 
 
@@ -127,9 +130,10 @@ class PendingQueue(Generic[J]):
         while i < len(keys) and keys[i] == key:
             queued = jobs[i]
             if queued is not None and queued.id == job_id:
-                if len(jobs) <= 2 * BLOCK:
-                    # Short: no block is ever skipped, and holes would only lengthen
-                    # every pass's read of it.
+                if len(jobs) <= IN_PLACE:
+                    # Not deep: moving the later jobs down costs less than the holes
+                    # would (every pass reads past them), and measuring its few
+                    # blocks again is cheap.
                     del keys[i], jobs[i], self._sizes[i], self._durations[i]
                     self._measured = min(self._measured, i // BLOCK)
                     if self._holes * 2 > len(jobs):

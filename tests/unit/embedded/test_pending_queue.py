@@ -20,41 +20,35 @@ def _slower_when_smaller(runtime: float, ref: int, size: int) -> float:
     return runtime * ref / size
 
 
-_job = st.builds(
-    lambda i, size, extra, duration, malleable: PendingJob(
-        f"j{i}",
-        f"u{i % 3}",
-        size,
-        size + extra,
-        None,
-        duration,
-        partial(_slower_when_smaller, duration or 100.0, size) if malleable else None,
-    ),
-    st.integers(0, 10**6),
-    st.integers(1, 40),
-    st.integers(0, 8),
-    st.one_of(st.none(), st.floats(1.0, 5000.0)),
-    st.booleans(),
-)
+def _jobs(
+    sizes: st.SearchStrategy[int],
+    widths: st.SearchStrategy[int],
+    durations: st.SearchStrategy[float | None],
+) -> st.SearchStrategy[PendingJob]:
+    """Pending jobs, one in two malleable (a duration that depends on the start size)."""
+    return st.builds(
+        lambda i, size, extra, duration, malleable: PendingJob(
+            f"j{i}",
+            f"u{i % 3}",
+            size,
+            size + extra,
+            None,
+            duration,
+            partial(_slower_when_smaller, duration or 100.0, size) if malleable else None,
+        ),
+        st.integers(0, 10**6),
+        sizes,
+        widths,
+        durations,
+        st.booleans(),
+    )
 
 
+_job = _jobs(st.integers(1, 40), st.integers(0, 8), st.one_of(st.none(), st.floats(1.0, 5000.0)))
 #: Small sizes and few durations: extra slots equal to a job's size, and ends exactly
 #: at the shadow time, come often.
-_small_job = st.builds(
-    lambda i, size, extra, duration, malleable: PendingJob(
-        f"j{i}",
-        f"u{i % 3}",
-        size,
-        size + extra,
-        None,
-        duration,
-        partial(_slower_when_smaller, duration or 100.0, size) if malleable else None,
-    ),
-    st.integers(0, 10**6),
-    st.integers(1, 6),
-    st.integers(0, 2),
-    st.sampled_from([None, 10.0, 100.0, 1000.0]),
-    st.booleans(),
+_small_job = _jobs(
+    st.integers(1, 6), st.integers(0, 2), st.sampled_from([None, 10.0, 100.0, 1000.0])
 )
 
 
