@@ -866,16 +866,6 @@ def _short_wait(case: Any) -> None:
     if query is None:
         return
     value = query.get("timeout")
-    if isinstance(value, list):
-        # A repeated parameter: the server reads the last one. Each valid one becomes
-        # 0, so that the last decides validity as before but never holds the
-        # connection past the client's read timeout (10 s): a CI run failed once on
-        # such a case while a change was in flight, and not when it was run again.
-        query["timeout"] = [
-            0 if not isinstance(v, bool | list | dict) and _is_valid_timeout(str(v)) else v
-            for v in value
-        ]
-        return
     valid = not isinstance(value, bool | list | dict) and _is_valid_timeout(str(value))
     if value is None or valid:
         query["timeout"] = 0
