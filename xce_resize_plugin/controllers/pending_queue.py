@@ -4,17 +4,19 @@ deep queue without reading them.
 A pass reads the jobs behind the blocked head one by one (:mod:`.scheduler`), and in
 a queue thousands deep nearly all of them fail its first, cheapest tests: more tasks
 than the free slots, or neither ending by the shadow time nor fitting in the extra
-slots (docs/performance.md, "Deep queues"). :class:`PendingQueue` keeps, per block of
-:data:`BLOCK` consecutive positions, a lower bound of its jobs' ``min_tasks`` and of
-their shortest planned durations, so that :meth:`PendingQueue.behind` passes over a
-whole block of which no job could pass those tests and yields the other blocks' jobs
-in order. The pass tests each job it is given as before: skipping a block changes
-nothing but the steps, and the starts are the same (tested against a plain list).
+slots (docs/performance.md, "Deep queues read by blocks"). :class:`PendingQueue`
+keeps, per block of :data:`BLOCK` consecutive positions, a lower bound of its jobs'
+``min_tasks`` and of their shortest planned durations, so that
+:meth:`PendingQueue.behind` passes over a whole block of which no job could pass
+those tests and yields the other blocks' jobs in order. The pass tests each job it is
+given as before: skipping a block changes nothing but the steps, and the starts are
+the same (tested against a plain list).
 
 A job that leaves the queue leaves a hole (its block's bound stays a lower bound, made
 exact again when a pass needs it); the holes are swept out once they outnumber the
-jobs. Arrivals come at the end of the queue and touch only the last block; one that
-comes earlier (a requeued job) makes the blocks from there on be measured again.
+jobs, and a queue of at most :data:`IN_PLACE` positions deletes in place. Arrivals
+come at the end of the queue and touch only the last block; one that comes earlier (a
+requeued job) makes the blocks from there on be measured again.
 """
 
 from __future__ import annotations
