@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from schemathesis import GenerationMode
 
+from tests.long_polls import never_hold
 from xce_resize_plugin.testing.live import ROOT, LiveCluster, wait_until
 
 EXAMPLES = 150
@@ -76,14 +77,10 @@ def test_fuzz_every_live_endpoint(resize_live_factory: Any) -> None:
     )
     @given(case=st.one_of(strategies))
     def run(case: Any) -> None:
-        # Never hold the connection: a long poll (a change's wait, the job's events, a
-        # key-value wait) given a valid wait, or none (the events' default is 30 s, the
-        # client's timeout), waits 0 s; an invalid one is left to be refused.
-        name = "wait" if "/kv/" in case.path else "timeout"
+        # Never hold the connection (tests/long_polls.py): the events' default wait is
+        # 30 s, the client's timeout.
         if case.path.endswith(("/wait", "/events")) or "/kv/" in case.path:
-            query = case.query if isinstance(case.query, dict) else {}
-            if _valid_wait(query.get(name, 0)):
-                case.query = {**query, name: 0}
+            never_hold(case, "wait" if "/kv/" in case.path else "timeout", _valid_wait)
         if case.method.upper() == "DELETE" and case.path == "/v1/jobs/{id}":
             return  # killing the job is a valid change, tested by hand; keep it running
         quiet(live)
