@@ -7,7 +7,9 @@ is what the HTTP client sends, and ``requests`` (schemathesis's transport) flatt
 parameter's value: a list, a tuple or a dict's keys go as one parameter per item,
 ``None`` and empty collections not at all (so the default wait applies), so ``[25]``
 and ``{"25": 1}`` both wait 25 s. The parameters sent are therefore read from the
-request ``requests`` builds, not guessed. A case in which the parameter is not sent, or
+request ``requests`` builds, not guessed. (schemathesis itself sends an empty dict as
+an empty value, which the server refuses; read as not sent here, such a case only
+becomes a zero wait.) A case in which the parameter is not sent, or
 is sent once with a valid wait, waits 0 s instead; every other case is left as
 generated, for the server to refuse.
 """
