@@ -19,7 +19,7 @@ import pytest
 from xce_resize_plugin.controllers.jobs import VersionRecord
 from xce_resize_plugin.controllers.observer import FinishedJob
 from xce_resize_plugin.controllers.scheduler import PassResult
-from xce_resize_plugin.controllers.sim import sim_controller as controller_mod
+from xce_resize_plugin.controllers.sim import scheduling as scheduling_mod
 from xce_resize_plugin.controllers.sim import work as work_mod
 from xce_resize_plugin.core.models import JobState, Task
 from xce_resize_plugin.errors import ConfigError
@@ -131,13 +131,13 @@ def test_work_check_fires_on_a_broken_work_model(monkeypatch: pytest.MonkeyPatch
 def test_easy_check_fires_on_a_scheduler_that_ignores_fcfs(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    real = controller_mod.easy_pass
+    real = scheduling_mod.easy_pass
 
     def last_first(now: float, pending: Any, *args: Any, **kw: Any) -> PassResult:
         # Pass the queue backwards: later jobs overtake the head whenever they fit.
         return real(now, list(pending)[::-1], *args, **kw)
 
-    monkeypatch.setattr(controller_mod, "easy_pass", last_first)
+    monkeypatch.setattr(scheduling_mod, "easy_pass", last_first)
     run = run_mode(load_workload(KTH200, options()), options(), "rigid")
     assert any("started before job" in p or "backfilled past" in p for p in run.problems)
 

@@ -7,7 +7,9 @@ plugin is reached only through the hooks; nothing in the plugin depends on this
 package. The live controller (:mod:`..live.live_controller`) holds one of these, with
 its own clock, runners, store and lock injected.
 
-Modules: :mod:`.sim_controller` (:class:`EmbeddedController`), :mod:`.events`
+Modules: :mod:`.sim_controller` (:class:`EmbeddedController`, built in layers:
+:mod:`.state`, :mod:`.scheduling`, :mod:`.contract`, :mod:`.host_states`,
+:mod:`.views`), :mod:`.cluster_view` (the cluster as the plugin sees it), :mod:`.events`
 (timeline and plugin event queue), :mod:`.work` (work-based run times),
 :mod:`.speedup` (speedup models); shared with the live controller, in
 :mod:`xce_resize_plugin.controllers`: :mod:`~..cluster` (hosts, slots, limits),
