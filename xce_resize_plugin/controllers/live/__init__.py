@@ -10,7 +10,9 @@
 - :mod:`.submission`: a job submission (``POST /v1/jobs``), checked, and who the job
   runs as;
 - :mod:`.live_controller`: :class:`~.live_controller.LiveController`, which holds an
-  embedded controller on the wall clock;
+  embedded controller on the wall clock, built in layers (:mod:`.live_state`,
+  :mod:`.task_commands`, :mod:`.protocol`, :mod:`.job_ends`, :mod:`.generations`,
+  :mod:`.agents`, :mod:`.hook_monitor`, :mod:`.host_api`);
 - :mod:`.host_routes` and :mod:`.server`: the REST API and the ``xce-resize controller``
   process.
 

@@ -14,28 +14,14 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 
-from xce_resize_plugin.controllers.jobs import (
-    NotificationLog,
-    TaskRecord,
-    TaskState,
-    VersionRecord,
-)
-from xce_resize_plugin.controllers.runners import (
-    NotificationRequest,
-    NotificationResult,
-)
+from xce_resize_plugin.controllers.jobs import NotificationLog, TaskRecord, TaskState, VersionRecord
+from xce_resize_plugin.controllers.runners import NotificationRequest, NotificationResult
 from xce_resize_plugin.controllers.sim.events import NotifyDone
 from xce_resize_plugin.controllers.sim.scheduling import Scheduling
 from xce_resize_plugin.controllers.sim.state import LIVE, STOPPABLE
-from xce_resize_plugin.controllers.violations import (
-    ContractViolation,
-)
+from xce_resize_plugin.controllers.violations import ContractViolation
 from xce_resize_plugin.core.allocations import as_kept
-from xce_resize_plugin.core.models import (
-    JobInfo,
-    JobState,
-    Task,
-)
+from xce_resize_plugin.core.models import JobInfo, JobState, Task
 from xce_resize_plugin.core.task_events import TaskEventRun, TaskEvents
 from xce_resize_plugin.host import Principal, TaskEvent
 

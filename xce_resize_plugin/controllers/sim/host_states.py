@@ -13,21 +13,11 @@ from collections.abc import Mapping
 
 from xce_resize_plugin.controllers.cluster import HostState
 from xce_resize_plugin.controllers.hosts import HOST_FAILURE, HostDrain, HostFailure, HostView
-from xce_resize_plugin.controllers.jobs import (
-    JobRecord,
-    job_id_key,
-)
+from xce_resize_plugin.controllers.jobs import JobRecord, job_id_key
 from xce_resize_plugin.controllers.sim.contract import HostContract
 from xce_resize_plugin.controllers.sim.state import exit_all, exit_tasks
-from xce_resize_plugin.controllers.violations import (
-    HostStateError,
-    UnknownHost,
-)
-from xce_resize_plugin.core.models import (
-    JobState,
-    LossOutcome,
-    ReleaseRequest,
-)
+from xce_resize_plugin.controllers.violations import HostStateError, UnknownHost
+from xce_resize_plugin.core.models import JobState, LossOutcome, ReleaseRequest
 from xce_resize_plugin.errors import ResizeError
 from xce_resize_plugin.host import Principal
 

@@ -34,13 +34,8 @@ from xce_resize_plugin.controllers.scheduler import (
 )
 from xce_resize_plugin.controllers.sim.state import ControllerState, exit_all
 from xce_resize_plugin.controllers.sim.work import JobWork
-from xce_resize_plugin.controllers.violations import (
-    InvariantViolation,
-    SubmissionRejected,
-)
-from xce_resize_plugin.core.models import (
-    JobState,
-)
+from xce_resize_plugin.controllers.violations import InvariantViolation, SubmissionRejected
+from xce_resize_plugin.core.models import JobState
 from xce_resize_plugin.core.reclaim import QueueHead
 
 log = logging.getLogger(__name__)

@@ -84,15 +84,8 @@ from xce_resize_plugin.controllers.sim.state import LIVE
 from xce_resize_plugin.controllers.sim.views import Views
 from xce_resize_plugin.controllers.sim.work import JobWork
 from xce_resize_plugin.controllers.store import LmdbStore, MemoryStore, NullStore, Store
-from xce_resize_plugin.controllers.violations import (
-    SettleLoopError,
-    SubmissionRejected,
-)
-from xce_resize_plugin.core.models import (
-    GrowHosts,
-    JobState,
-    LossOutcome,
-)
+from xce_resize_plugin.controllers.violations import SettleLoopError, SubmissionRejected
+from xce_resize_plugin.core.models import GrowHosts, JobState, LossOutcome
 from xce_resize_plugin.host import Controller, HostHooks, Principal
 
 if TYPE_CHECKING:

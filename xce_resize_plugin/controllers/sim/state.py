@@ -52,16 +52,8 @@ from xce_resize_plugin.controllers.runners import (
 from xce_resize_plugin.controllers.sim.events import EventQueue, Timeline
 from xce_resize_plugin.controllers.sim.work import JobWork
 from xce_resize_plugin.controllers.store import Store
-from xce_resize_plugin.controllers.violations import (
-    ContractViolation,
-    EmbeddedError,
-    UnknownJob,
-)
-from xce_resize_plugin.core.models import (
-    JobState,
-    LossOutcome,
-    Task,
-)
+from xce_resize_plugin.controllers.violations import ContractViolation, EmbeddedError, UnknownJob
+from xce_resize_plugin.core.models import JobState, LossOutcome, Task
 from xce_resize_plugin.host import Controller, HostHooks, Principal, TaskEvent
 
 #: Task states whose process may still be alive.

@@ -9,20 +9,12 @@ this controller (the live controller) and recorders read.
 from __future__ import annotations
 
 from xce_resize_plugin.controllers.cluster import HostState
-from xce_resize_plugin.controllers.jobs import (
-    JobRecord,
-    JobView,
-    NotificationLog,
-)
-from xce_resize_plugin.controllers.scheduler import (
-    Reservation,
-)
+from xce_resize_plugin.controllers.jobs import JobRecord, JobView, NotificationLog
+from xce_resize_plugin.controllers.scheduler import Reservation
 from xce_resize_plugin.controllers.sim.cluster_view import offered_total
 from xce_resize_plugin.controllers.sim.host_states import HostStates
 from xce_resize_plugin.controllers.sim.state import LIVE, lost_with_host
-from xce_resize_plugin.core.models import (
-    JobState,
-)
+from xce_resize_plugin.core.models import JobState
 
 
 class Views(HostStates):

@@ -1,0 +1,107 @@
+"""The live controller's job ends: a job ends once its other tasks are gone.
+
+The fourth layer of :class:`~.live_controller.LiveController` (see :mod:`.live_state`):
+a job whose task 0 ended, that was killed, or that a host failure ends or requeues is
+first marked ending (saved), its other tasks are stopped (SIGTERM, ``kill_grace``,
+SIGKILL), and only then does the embedded controller end or requeue it and free its
+slots.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+from xce_resize_plugin.controllers.hosts import HOST_FAILURE
+from xce_resize_plugin.controllers.jobs import TaskState
+from xce_resize_plugin.controllers.live import job_kv
+from xce_resize_plugin.controllers.live.live_state import LIVE
+from xce_resize_plugin.controllers.live.protocol import ControllerProtocol
+from xce_resize_plugin.controllers.live.task_env import remove_scratch
+from xce_resize_plugin.core.models import JobState, LossOutcome
+
+log = logging.getLogger(__name__)
+
+
+class JobEnds(ControllerProtocol):
+    """Job ends, other tasks stopped first (see the module docstring)."""
+
+    def _loss_end(self, job_id: str, outcome: LossOutcome) -> None:
+        """The embedded controller's ``loss_ender``: a job that a host failure ends or
+        requeues has its processes on the other hosts stopped first (:meth:`_begin_end`;
+        ``PEND`` stands for the requeue); its slots there are freed once they are gone.
+        """
+        state = JobState.PEND if outcome is LossOutcome.REQUEUE else JobState.EXIT
+        self._begin_end(job_id, state, HOST_FAILURE)
+
+    def _begin_end(self, job_id: str, state: JobState, reason: str) -> None:
+        """The job is over: stop its other tasks; :meth:`_finish_endings` ends it once
+        none is left (slots are freed only after the processes are gone)."""
+        if job_id in self._ending:
+            return
+        job = self.embedded.record(job_id)
+        if job is None or job.state is not JobState.RUN:
+            return
+        self._ending[job_id] = (state, reason)
+        key = f"job:{job_id}"
+        spec = dict(self.live_store.get(key) or {})
+        spec["ending"] = [state.value, reason]
+        self.live_store.put(key, spec)
+        live = [
+            tid
+            for tid, rec in job.task_states.items()
+            if rec.state in (TaskState.STARTING, TaskState.RUNNING)
+        ]
+        for observer in self._observers:
+            observer.job_over(job_id, state, reason, live, self.cfg.kill_grace)
+        if live:
+            self.stop_tasks(job_id, live, self.cfg.kill_grace)
+        self._wake.set()
+
+    def _finish_endings(self) -> None:
+        for job_id in sorted(self._broken):
+            self._broken.discard(job_id)
+            self._begin_end(job_id, JobState.EXIT, "no command recorded for the job")
+        for job_id in list(self._ending):
+            job = self.embedded.record(job_id)
+            if job is None or job.finished:
+                self._ending.pop(job_id, None)
+                continue
+            if any(rec.state in LIVE for rec in job.task_states.values()):
+                continue
+            state, reason = self._ending.pop(job_id)
+            hosts = sorted({rec.host for rec in job.task_states.values()})
+            if state is JobState.PEND:
+                self._requeue(job_id, hosts)
+                continue
+            # Over since its tasks are gone: the embedded controller frees its slots,
+            # sets its state and calls xce_job_end.
+            end = self.embedded.finish if state is JobState.DONE else self.embedded.kill
+            end(job_id, reason)
+            key = f"job:{job_id}"
+            spec = dict(self.live_store.get(key) or {})
+            spec["ended"] = True
+            self.live_store.put(key, spec)
+            for host in hosts:
+                self.fleet.send(host, {"op": "forget", "job": job_id})
+            remove_scratch(self.job_dir(job_id))
+            for kv_key in spec.get("kv", []):
+                self.live_store.put(job_kv.record_key(job_id, kv_key), None)  # with the end
+            self.embedded.flush()
+
+    def _requeue(self, job_id: str, hosts: Sequence[str]) -> None:
+        """A job that a host failure requeued has no process left: back to the queue
+        (the embedded controller frees its slots); it starts again from scratch, with a
+        new launch of every task, and the key-value store of its first run dropped."""
+        key = f"job:{job_id}"
+        spec = dict(self.live_store.get(key) or {})
+        for kv_key in spec.pop("kv", []):
+            self.live_store.put(job_kv.record_key(job_id, kv_key), None)
+        spec.pop("ending", None)
+        spec["launched"] = False
+        self.live_store.put(key, spec)  # written with the requeue, in one transaction
+        self.embedded.requeue(job_id)
+        for host in hosts:
+            self.fleet.send(host, {"op": "forget", "job": job_id})
+        remove_scratch(self.job_dir(job_id))
+        self.embedded.flush()
