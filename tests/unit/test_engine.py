@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from xce_resize_plugin import default_policies, errors
-from xce_resize_plugin.core import engine
+from xce_resize_plugin.core import engine, fold
 from xce_resize_plugin.core import events as job_events
 from xce_resize_plugin.core.models import (
     CancelRequest,
@@ -483,10 +483,10 @@ def _in_flight(grow: bool, size: int, notify_failures: int) -> ResizeState:
         state, _ = request(None, j, ReleaseRequest(count=min(size, 3), no_notify=True))
     if state.change is not None and state.change.pending is not None and notify_failures:
         pending = state.change.pending
-        state = engine._evolve(
+        state = fold.rebuilt(
             state,
-            change=engine._evolve(
-                state.change, pending=engine._evolve(pending, failures=notify_failures)
+            change=fold.rebuilt(
+                state.change, pending=fold.rebuilt(pending, failures=notify_failures)
             ),
         )
     return run(state, engine.decide_dispatch(state, 3.0))

@@ -4,29 +4,49 @@ Pure: no I/O, no clock reads, no globals. Every ``decide_*`` function takes the 
 current :class:`ResizeState` (``None`` when the plugin does not track the job yet), the
 inputs of the event and the time, and returns the facts to append — or raises a
 :class:`~xce_resize_plugin.errors.ResizeError`, in which case nothing changes.
-:func:`evolve` folds one fact into the state; :func:`effects` says what the host must
-do once a fact is durable. Replaying a job's facts through :func:`evolve` gives its
-materialised state exactly (the journal stores both; ``journal verify`` compares them).
+:func:`~.fold.evolve` (:mod:`.fold`) folds one fact into the state;
+:func:`~.effects.effects` (:mod:`.effects`) says what the host must do once a fact is
+durable, and :func:`~.effects.transition` does both for a transition's facts. Replaying
+a job's facts through :func:`~.fold.evolve` gives its materialised state exactly (the
+journal stores both; ``journal verify`` compares them). The names callers use as
+``engine.evolve``, ``engine.transition``, ``engine.Reserve`` and so on are re-exported
+here, so that the engine stays the one entry point of the state machine.
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Sequence
-from typing import Any, Protocol, TypeVar
+from typing import Protocol
 
-from attrs import fields, frozen
+from attrs import frozen
 
 from xce_resize_plugin import errors
 from xce_resize_plugin.core import readiness
 from xce_resize_plugin.core.allocations import (
     as_kept,
     id_range,
-    joined,
-    next_task_id,
     task_ids,
     with_ids,
-    without_ids,
 )
+
+# Folding facts into states (fold.py) and the effects they call for (effects.py) have
+# homes of their own; the names callers know as engine.<name> are re-exported here.
+from xce_resize_plugin.core.effects import DEFERRABLE as DEFERRABLE
+from xce_resize_plugin.core.effects import CommitAllocation as CommitAllocation
+from xce_resize_plugin.core.effects import DrainUntil as DrainUntil
+from xce_resize_plugin.core.effects import Effect as Effect
+from xce_resize_plugin.core.effects import Free as Free
+from xce_resize_plugin.core.effects import Launch as Launch
+from xce_resize_plugin.core.effects import Notify as Notify
+from xce_resize_plugin.core.effects import Reserve as Reserve
+from xce_resize_plugin.core.effects import Stop as Stop
+from xce_resize_plugin.core.effects import effects as effects
+from xce_resize_plugin.core.effects import resume_effects as resume_effects
+from xce_resize_plugin.core.effects import transition as transition
+from xce_resize_plugin.core.fold import demand_size as demand_size
+from xce_resize_plugin.core.fold import evolve as evolve
+from xce_resize_plugin.core.fold import replay as replay
+from xce_resize_plugin.core.fold import unresolved
 from xce_resize_plugin.core.models import (
     AutoresizeRequest,
     AutoresizeSet,
@@ -48,14 +68,11 @@ from xce_resize_plugin.core.models import (
     JobTracked,
     NotifyDone,
     NotifyStarted,
-    PendingGrow,
     Phase,
     Principal,
     ReadyRequest,
-    ReadyTimedOut,
     ReleaseAccepted,
     ReleaseRequest,
-    ResizeRecord,
     ResizeRequest,
     ResizeState,
     TargetRequest,
@@ -63,7 +80,6 @@ from xce_resize_plugin.core.models import (
     Task,
     TaskEvent,
     TaskExited,
-    TaskReady,
     TasksDrained,
     TasksLaunched,
     TasksLost,
@@ -72,7 +88,6 @@ from xce_resize_plugin.core.models import (
     TaskStarted,
     TaskStartFailed,
     TaskStopped,
-    held_count,
 )
 from xce_resize_plugin.core.placement import GrowHostView, place
 from xce_resize_plugin.core.releasespec import named_release_ids
@@ -80,21 +95,6 @@ from xce_resize_plugin.core.task_events import TaskEventRun, TaskEvents
 
 #: LSF limits notification commands to "less than 4096" (bytes).
 NOTIFY_CMD_MAX = 4096
-
-_S = TypeVar("_S", ResizeState, Change, PendingGrow)
-# The attributes of the classes evolve() rebuilds, looked up once: attrs.evolve
-# introspects the class at every call, and a state is rebuilt at every fact.
-_FIELDS: dict[type, tuple[str, ...]] = {
-    cls: tuple(a.name for a in fields(cls)) for cls in (ResizeState, Change, PendingGrow)
-}
-
-
-def _evolve(inst: _S, **changes: Any) -> _S:
-    """``attrs.evolve`` for the engine's own state classes (public attributes only)."""
-    for name in _FIELDS[type(inst)]:
-        if name not in changes:
-            changes[name] = getattr(inst, name)
-    return type(inst)(**changes)
 
 
 @frozen
@@ -123,70 +123,6 @@ class Policy(Protocol):
     ) -> Sequence[int]: ...
 
     def order_grow_hosts(self, job: JobInfo, hosts: GrowHostView) -> Iterable[str]: ...
-
-
-# --- effects -------------------------------------------------------------------------
-# What the host must do after a fact is durable. Every effect is idempotent on the host
-# side (per task id, per version), so recovery may issue them again.
-
-
-@frozen
-class Reserve:
-    job_id: str
-    tasks: Sequence[Task]
-
-
-@frozen
-class Free:
-    job_id: str
-    task_ids: tuple[int, ...]
-
-
-@frozen
-class Launch:
-    job_id: str
-    tasks: Sequence[Task]
-
-
-@frozen
-class Stop:
-    job_id: str
-    task_ids: tuple[int, ...]
-
-
-@frozen
-class Notify:
-    """Run the notification command (attempt ``attempt``) for the change in flight."""
-
-    job_id: str
-    attempt: int
-    command: str
-    kind: ChangeKind
-    delta: Sequence[Task]
-    after: Sequence[Task]
-    #: The allocation version of ``after`` when it is already committed (a notification
-    #: for information after an involuntary shrink); ``None``: the next version.
-    version: int | None = None
-
-
-@frozen
-class DrainUntil:
-    """A release drains until ``deadline``: the host runs a dispatch cycle then (a
-    controller that cycles on a clock tick anyway may ignore it)."""
-
-    job_id: str
-    deadline: float
-
-
-@frozen
-class CommitAllocation:
-    job_id: str
-    tasks: Sequence[Task]
-    version: int
-    record: ResizeRecord | None
-
-
-Effect = Reserve | Free | Launch | Stop | Notify | CommitAllocation | DrainUntil
 
 
 # --- requests ------------------------------------------------------------------------
@@ -484,7 +420,7 @@ def decide_ready(
         after.phase is Phase.GROW_STARTING
         and change is not None
         and readiness.waits(change)
-        and not _unresolved(change)
+        and not unresolved(change)
         and not readiness.awaiting(change, change.started, after.ready)
     ):
         facts.append(_completion(after, change, bool(change.started - change.failed), at, settings))
@@ -565,13 +501,6 @@ def _drain_due(state: ResizeState, at: float) -> list[Fact]:
     return []
 
 
-def _release_phase(change: Change, at: float) -> tuple[Phase, Change]:
-    """Where a release goes once its notification succeeded (or at once without one)."""
-    if change.grace > 0:
-        return Phase.SHRINK_DRAINING, _evolve(change, deadline=at + change.grace)
-    return Phase.SHRINK_STOPPING, change
-
-
 # --- autoresize ------------------------------------------------------------------------
 # An autoresizable job (LSF's bsub -ar) has one grow pending of 1..max_tasks - current
 # whenever it is idle below max_tasks: the demand (PendingGrow.auto). It is decided here,
@@ -593,14 +522,6 @@ def _target_off(state: ResizeState | None, at: float, principal: str, reason: st
     if state is None or state.target is None:
         return []
     return [TargetSet(state.job_id, at, None, principal, reason)]
-
-
-def demand_size(state: ResizeState) -> int | None:
-    """The size the plugin's demand grows the job to: its target if it has one, else
-    ``max_tasks`` under autoresize; ``None``: the job has no demand."""
-    if state.target is not None:
-        return state.target.tasks
-    return state.max_tasks if state.autoresize else None
 
 
 def _demand_name(state: ResizeState) -> str:
@@ -1234,430 +1155,3 @@ def decide_task_exit(
             current = evolve(current, fact)
         facts.extend(more)
     return with_demand(state, facts, at, settings) if facts else []
-
-
-def _lose(state: ResizeState, fact: TasksLost) -> ResizeState:
-    """Fold a host failure into the state: the lost committed tasks leave the
-    allocation (a resize record), and the change in flight is settled."""
-    lost = {t.id for t in fact.tasks}
-    tasks = without_ids(state.tasks, lost)
-    records = state.records
-    if len(tasks) != len(state.tasks):
-        delta = with_ids(state.tasks, lost)
-        record = ResizeRecord(
-            fact.at, ChangeKind.SHRINK, state.tasks, delta, tasks, fact.version, fact.reason
-        )
-        records = (*records, record)
-    change, pending, phase = _settle(state, lost)
-    return _evolve(
-        state,
-        tasks=tasks,
-        records=records,
-        version=fact.version,
-        change=change,
-        pending=pending,
-        phase=phase,
-        notify_attempts=max(state.notify_attempts, fact.attempt),
-    )
-
-
-def _settle(state: ResizeState, lost: set[int]) -> tuple[Change | None, PendingGrow | None, Phase]:
-    """The change in flight after a host failure took the tasks ``lost`` of the job:
-
-    - GROW_NOTIFYING: the grow goes back to pending (no failure counted), its slots freed;
-    - GROW_STARTING: its lost tasks count as failed to start, the others go on;
-    - SHRINK_NOTIFYING: the release is abandoned (as if vetoed), the allocation stays;
-    - SHRINK_DRAINING, SHRINK_STOPPING: its lost tasks are gone with the host, the
-      others go on draining (to the same deadline) or stopping.
-    """
-    change, phase = state.change, state.phase
-    if change is None:
-        return None, state.pending, phase
-    if phase is Phase.GROW_NOTIFYING:
-        return None, change.pending, Phase.GROW_PENDING if change.pending else Phase.IDLE
-    if phase is Phase.SHRINK_NOTIFYING:
-        return None, None, Phase.IDLE
-    mine = set(task_ids(change.tasks)) & lost
-    if not mine:
-        return change, state.pending, phase
-    if change.kind is ChangeKind.GROW:
-        return _evolve(change, failed=change.failed | mine), state.pending, phase
-    rest = without_ids(change.tasks, lost)
-    if not rest:
-        return None, None, Phase.IDLE
-    stopped = change.stopped - lost
-    drained = change.drained - lost
-    return _evolve(change, tasks=rest, stopped=stopped, drained=drained), state.pending, phase
-
-
-def _loss_effects(before: ResizeState | None, fact: TasksLost, after: ResizeState) -> list[Effect]:
-    """Free every slot the job no longer holds (the lost tasks, a grow sent back to
-    pending), commit a shrunk allocation, and run the notification for information."""
-    job_id = after.job_id
-    still = {t.id for t in after.held}
-    gone = tuple(t.id for t in (before.held if before is not None else ()) if t.id not in still)
-    out: list[Effect] = [Free(job_id, gone or tuple(t.id for t in fact.tasks))]
-    if before is not None and after.tasks != before.tasks:
-        out.append(CommitAllocation(job_id, after.tasks, after.version, after.records[-1]))
-        if fact.notify_cmd is not None and fact.attempt:
-            delta = after.records[-1].delta
-            out.append(
-                Notify(
-                    job_id,
-                    fact.attempt,
-                    fact.notify_cmd,
-                    ChangeKind.SHRINK,
-                    delta,
-                    after.tasks,
-                    after.version,
-                )
-            )
-    return out
-
-
-# --- evolve --------------------------------------------------------------------------
-
-
-def _with_charge(state: ResizeState, at: float) -> ResizeState:
-    """Record a step of the charged-slots timeline when the held slot count changed."""
-    charges = _charges(state.charges, at, state.held_count)
-    return state if charges is state.charges else _evolve(state, charges=charges)
-
-
-def _charges(
-    charges: tuple[tuple[float, int], ...], at: float, slots: int
-) -> tuple[tuple[float, int], ...]:
-    """The timeline with ``slots`` held from ``at`` on: a step at the same instant as
-    the last one replaces it, and a step that changes nothing is not added."""
-    if charges and charges[-1][1] == slots:
-        return charges
-    if charges and charges[-1][0] == at:
-        charges = charges[:-1]
-        if charges and charges[-1][1] == slots:
-            return charges
-    return (*charges, (at, slots))
-
-
-def evolve(state: ResizeState | None, fact: Fact) -> ResizeState:
-    """Fold one fact into the job's state (the only way state changes)."""
-    if isinstance(fact, JobTracked):
-        if state is not None and state.live:
-            raise ValueError(f"job {fact.job_id} is tracked already")
-        return _tracked(state, fact)
-    if state is None:
-        raise ValueError(f"{type(fact).__name__} for untracked job {fact.job_id}")
-    return _with_charge(_apply(state, fact), fact.at)
-
-
-def _tracked(prior: ResizeState | None, fact: JobTracked) -> ResizeState:
-    """A job's state from its first tracked fact. A job tracked before and requeued
-    since (its state ended) keeps its history: resize records, charges, versions."""
-    records: tuple[ResizeRecord, ...] = ()
-    charges: tuple[tuple[float, int], ...] = ((fact.started_at, len(fact.tasks)),)
-    version = attempts = 0
-    if prior is not None:
-        records, version, attempts = prior.records, prior.version, prior.notify_attempts
-        charges = _charges(prior.charges, fact.started_at, len(fact.tasks))
-    return ResizeState(
-        job_id=fact.job_id,
-        user=fact.user,
-        min_tasks=fact.min_tasks,
-        max_tasks=fact.max_tasks,
-        tasks=fact.tasks,
-        started_at=fact.started_at,
-        next_task_id=next_task_id(fact.tasks),
-        version=version,
-        records=records,
-        charges=charges,
-        notify_attempts=attempts,
-    )
-
-
-def _apply(state: ResizeState, fact: Fact) -> ResizeState:
-    if isinstance(fact, TasksLost):
-        return _lose(state, fact)
-    if isinstance(fact, TaskReady):
-        return readiness.fold_ready(state, fact)
-    if isinstance(fact, ReadyTimedOut):
-        return readiness.fold_timed_out(state, fact)
-    if isinstance(fact, GrowRequested):
-        pending = PendingGrow(
-            fact.min_add,
-            fact.max_add,
-            fact.notify_cmd,
-            fact.at,
-            auto=fact.auto,
-            ready_timeout=fact.ready_timeout,
-        )
-        return _evolve(state, phase=Phase.GROW_PENDING, pending=pending)
-    if isinstance(fact, AutoresizeSet):
-        notify = fact.notify_cmd if fact.enabled else None
-        return _evolve(state, autoresize=fact.enabled, autoresize_notify=notify)
-    if isinstance(fact, TargetSet):
-        return _evolve(state, target=fact.target)
-    if isinstance(fact, GrowCancelled):
-        phase = Phase.IDLE if state.phase is Phase.GROW_PENDING else state.phase
-        return _evolve(state, pending=None, phase=phase)
-    if isinstance(fact, GrowPlaced):
-        placed = state.pending
-        assert placed is not None
-        new = Change(ChangeKind.GROW, fact.tasks, placed.notify_cmd, fact.at, pending=placed)
-        phase = Phase.GROW_NOTIFYING if new.notify_cmd is not None else Phase.GROW_STARTING
-        next_id = max(state.next_task_id, max(t.id for t in fact.tasks) + 1)
-        return _evolve(state, change=new, pending=None, phase=phase, next_task_id=next_id)
-    if isinstance(fact, ReleaseAccepted):
-        new = Change(ChangeKind.SHRINK, fact.tasks, fact.notify_cmd, fact.at, grace=fact.grace)
-        if new.notify_cmd is not None:
-            return _evolve(state, change=new, pending=None, phase=Phase.SHRINK_NOTIFYING)
-        release_phase, new = _release_phase(new, fact.at)
-        return _evolve(state, change=new, pending=None, phase=release_phase)
-    return _apply_to_change(state, fact)
-
-
-def _apply_to_change(state: ResizeState, fact: Fact) -> ResizeState:
-    """The facts about the change in flight (and the job's end)."""
-    change = state.change
-    assert change is not None or isinstance(fact, JobEnded | Committed | TaskExited), fact
-    if isinstance(fact, NotifyStarted):
-        assert change is not None
-        return _evolve(
-            state, change=_evolve(change, attempt=fact.attempt), notify_attempts=fact.attempt
-        )
-    if isinstance(fact, NotifyDone):
-        assert change is not None
-        if fact.ok:
-            if change.kind is ChangeKind.GROW:
-                return _evolve(state, phase=Phase.GROW_STARTING)
-            after_notify, change = _release_phase(change, fact.at)
-            return _evolve(state, phase=after_notify, change=change)
-        return _abandon(state, change, fact.gave_up)
-    if isinstance(fact, TasksLaunched):
-        assert change is not None
-        launched = readiness.launched_by(change, fact.at)
-        return _evolve(state, change=_evolve(launched, launched=True))
-    if isinstance(fact, TaskStarted | TasksStarted):
-        assert change is not None
-        started = change.started | set(_ids_of(fact))
-        return _evolve(state, change=_evolve(change, started=started))
-    if isinstance(fact, TaskStartFailed):
-        assert change is not None
-        return _evolve(state, change=_evolve(change, failed=change.failed | {fact.task_id}))
-    if isinstance(fact, TaskStopped | TasksStopped):
-        assert change is not None
-        stopped = change.stopped | set(_ids_of(fact))
-        return _evolve(state, change=_evolve(change, stopped=stopped))
-    if isinstance(fact, GrowReverted):
-        assert change is not None
-        return _abandon(state, change, fact.gave_up)
-    if isinstance(fact, Committed):
-        assert change is not None
-        return _commit(state, change, fact)
-    if isinstance(fact, JobEnded):
-        return _evolve(state, phase=Phase.ENDED, change=None, pending=None, ended_at=fact.at)
-    if isinstance(fact, TasksDrained):
-        assert change is not None
-        drained = change.drained | set(fact.task_ids)
-        return _evolve(state, change=_evolve(change, drained=drained))
-    if isinstance(fact, DrainEnded):
-        return _evolve(state, phase=Phase.SHRINK_STOPPING)
-    if isinstance(fact, TaskExited):
-        return state
-    raise TypeError(f"unknown fact {fact!r}")
-
-
-def _abandon(state: ResizeState, change: Change, gave_up: bool) -> ResizeState:
-    """A change that failed: a grow goes back to pending (or is given up), a shrink ends.
-    A demand's grow whose job has no room for it any more (autoresize turned off,
-    the target reached or cleared meanwhile) is dropped."""
-    back = change.pending
-    size = demand_size(state)
-    if back is not None and back.auto and (size is None or size <= len(state.tasks)):
-        back = None
-    if back is not None and not back.auto and state.target is not None:
-        back = None  # a target set since replaces the grow someone asked for
-    if change.kind is ChangeKind.GROW and back is not None and not gave_up:
-        pending = _evolve(back, failures=back.failures + 1)
-        return _evolve(state, change=None, pending=pending, phase=Phase.GROW_PENDING)
-    return _evolve(state, change=None, phase=Phase.IDLE)
-
-
-def _commit(state: ResizeState, change: Change, fact: Committed) -> ResizeState:
-    before = state.tasks
-    if change.kind is ChangeKind.GROW:
-        # A task that started and then failed (not ready in time) is not added.
-        delta = with_ids(change.tasks, change.started - change.failed)
-        after: Sequence[Task] = joined(before, delta)
-    else:
-        delta = change.tasks
-        after = _without(before, delta)
-    record = ResizeRecord(fact.at, change.kind, before, delta, after, fact.version)
-    return _evolve(
-        state,
-        tasks=after,
-        change=None,
-        phase=Phase.IDLE,
-        version=fact.version,
-        records=(*state.records, record),
-    )
-
-
-def replay(facts: Iterable[Fact]) -> ResizeState | None:
-    """The state a sequence of one job's facts leads to."""
-    state: ResizeState | None = None
-    for fact in facts:
-        state = evolve(state, fact)
-    return state
-
-
-# --- effects -------------------------------------------------------------------------
-
-
-def effects(before: ResizeState | None, fact: Fact, after: ResizeState) -> list[Effect]:
-    """What the host must do once ``fact`` (turning ``before`` into ``after``) is durable."""
-    job_id = after.job_id
-    if isinstance(fact, GrowPlaced):
-        return [Reserve(job_id, fact.tasks)]
-    if (
-        after.phase is Phase.SHRINK_DRAINING
-        and (before is None or before.phase is not Phase.SHRINK_DRAINING)
-        and after.change is not None
-        and after.change.deadline is not None
-    ):
-        return [DrainUntil(job_id, after.change.deadline)]
-    if isinstance(fact, NotifyStarted):
-        change = after.change
-        assert change is not None and change.notify_cmd is not None
-        after_tasks = (
-            joined(after.tasks, change.tasks)
-            if change.kind is ChangeKind.GROW
-            else _without(after.tasks, change.tasks)
-        )
-        return [
-            Notify(job_id, fact.attempt, change.notify_cmd, change.kind, change.tasks, after_tasks)
-        ]
-    if isinstance(fact, NotifyDone | GrowReverted | JobEnded):
-        old = before.change if before is not None else None
-        if old is not None and old.kind is ChangeKind.GROW and after.change is None:
-            return [Free(job_id, tuple(t.id for t in old.tasks if t.id not in old.failed))]
-        return []
-    if isinstance(fact, TasksLaunched):
-        change = after.change
-        assert change is not None
-        if change.kind is ChangeKind.GROW:
-            return [Launch(job_id, _unresolved(change))]
-        return [Stop(job_id, task_ids(_unresolved(change)))]
-    if isinstance(fact, TaskStartFailed | TaskStopped | TasksStopped):
-        return [Free(job_id, _ids_of(fact))]
-    if isinstance(fact, ReadyTimedOut):
-        # Stopped (SIGTERM, grace, SIGKILL) and freed now, as a task failing to start.
-        return [Stop(job_id, fact.task_ids), Free(job_id, fact.task_ids)]
-    if isinstance(fact, Committed):
-        return [CommitAllocation(job_id, after.tasks, after.version, after.records[-1])]
-    if isinstance(fact, TasksLost):
-        return _loss_effects(before, fact, after)
-    return []
-
-
-#: Facts that need not be durable before their effects: if a crash loses one, the
-#: recovered state is the one before it, from which the dispatch decides it again, and
-#: its effect (a launch or a stop of the change's tasks) is idempotent on the host
-#: (docs/failover.md). With ``journal_defer`` the runtime writes them with the next
-#: transaction rather than in one of their own.
-DEFERRABLE = (TasksLaunched,)
-_TASK_FACTS = (TaskStarted, TaskStartFailed, TaskStopped, TasksStarted, TasksStopped)
-_TaskFact = TaskStarted | TaskStartFailed | TaskStopped | TasksStarted | TasksStopped
-
-
-def _ids_of(fact: _TaskFact) -> tuple[int, ...]:
-    """The task ids a task fact is about: one, or several (schema 3)."""
-    return fact.task_ids if isinstance(fact, TasksStarted | TasksStopped) else (fact.task_id,)
-
-
-def transition(
-    state: ResizeState | None, facts: Sequence[Fact]
-) -> tuple[ResizeState | None, list[Effect]]:
-    """Fold ``facts`` into ``state`` and collect the effects they call for, in order:
-    exactly :func:`evolve` and :func:`effects` fact by fact (tested), except that a run
-    of one change's task facts at one instant (a batch of task events) is folded at
-    once and frees its slots in one :class:`Free`."""
-    out: list[Effect] = []
-    i, n = 0, len(facts)
-    while i < n:
-        fact = facts[i]
-        if state is not None and isinstance(fact, _TASK_FACTS):
-            j = i + 1
-            while j < n and isinstance(facts[j], _TASK_FACTS) and facts[j].at == fact.at:
-                j += 1
-            if j - i > 1:
-                state = _task_run(state, facts[i:j], out)
-                i = j
-                continue
-        after = evolve(state, fact)
-        out.extend(effects(state, fact, after))
-        state = after
-        i += 1
-    return state, out
-
-
-def _task_run(state: ResizeState, run: Sequence[Fact], out: list[Effect]) -> ResizeState:
-    change = state.change
-    assert change is not None
-    started, failed, stopped = set(change.started), set(change.failed), set(change.stopped)
-    freed: list[int] = []
-    for fact in run:
-        assert isinstance(fact, _TASK_FACTS)
-        ids = _ids_of(fact)
-        if isinstance(fact, TaskStarted | TasksStarted):
-            started.update(ids)
-        elif isinstance(fact, TaskStartFailed):
-            failed.update(ids)
-            freed.extend(ids)
-        else:
-            stopped.update(ids)
-            freed.extend(ids)
-    if freed:
-        out.append(Free(state.job_id, tuple(freed)))
-    new = _evolve(
-        change, started=frozenset(started), failed=frozenset(failed), stopped=frozenset(stopped)
-    )
-    # Steps of the charge timeline at one instant collapse into the last one, so one
-    # step for the whole run is the step the facts one by one would leave.
-    held = held_count(len(state.tasks), new)
-    return _evolve(state, change=new, charges=_charges(state.charges, run[0].at, held))
-
-
-def _without(tasks: Sequence[Task], gone: Sequence[Task]) -> Sequence[Task]:
-    return without_ids(tasks, set(task_ids(gone)))
-
-
-def _unresolved(change: Change) -> Sequence[Task]:
-    done = change.started | change.failed | change.stopped
-    return without_ids(change.tasks, done)
-
-
-def resume_effects(state: ResizeState) -> list[Effect]:
-    """Effects to re-issue after a failover; all idempotent on the host (docs/failover.md).
-
-    The committed allocation and every slot the job should hold are asserted again, and
-    every task id the job ever used but does not hold is freed, so a fact whose effect
-    was lost in the crash (a reservation, a free) is made good either way.
-    """
-    job_id = state.job_id
-    held = state.held
-    held_ids = {t.id for t in held}
-    out: list[Effect] = [
-        CommitAllocation(job_id, state.tasks, state.version, None),
-        Reserve(job_id, held),
-    ]
-    gone = tuple(i for i in range(state.next_task_id) if i not in held_ids)
-    if gone:
-        out.append(Free(job_id, gone))
-    change = state.change
-    if change is not None and change.deadline is not None and state.phase is Phase.SHRINK_DRAINING:
-        out.append(DrainUntil(job_id, change.deadline))
-    if change is not None and change.launched:
-        if change.kind is ChangeKind.GROW:
-            out.append(Launch(job_id, _unresolved(change)))
-        else:
-            out.append(Stop(job_id, tuple(t.id for t in _unresolved(change))))
-    return out
