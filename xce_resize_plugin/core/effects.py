@@ -12,10 +12,7 @@ from collections.abc import Sequence
 
 from attrs import frozen
 
-from xce_resize_plugin.core.allocations import (
-    joined,
-    task_ids,
-)
+from xce_resize_plugin.core.allocations import joined, task_ids
 from xce_resize_plugin.core.fold import (
     TASK_FACTS,
     charge_steps,

@@ -15,13 +15,7 @@ from typing import Any, TypeVar
 from attrs import fields
 
 from xce_resize_plugin.core import readiness
-from xce_resize_plugin.core.allocations import (
-    joined,
-    next_task_id,
-    task_ids,
-    with_ids,
-    without_ids,
-)
+from xce_resize_plugin.core.allocations import joined, next_task_id, task_ids, with_ids, without_ids
 from xce_resize_plugin.core.models import (
     AutoresizeSet,
     Change,

@@ -1,0 +1,408 @@
+"""The runtime as the hook phases see it: one per controller; the hooks delegate here.
+
+The top of the runtime's layers (:mod:`xce_resize_plugin.runtime`): the controller's
+start and stop (recovery of the live jobs), resize requests, status and events, the
+scheduler and dispatch cycles, task events, job starts and ends, host failures,
+accounting, and the release that converges on a job's target size. Each decides
+through the engine and changes state through the transition path (:mod:`.transitions`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+
+from xce_resize_plugin.core import converters, engine, target
+from xce_resize_plugin.core import events as events_mod
+from xce_resize_plugin.core.accounting import Usage, usage_of_job, usage_of_state
+from xce_resize_plugin.core.models import (
+    Fact,
+    JobInfo,
+    JobState,
+    LossOutcome,
+    Phase,
+    ResizeRequest,
+    ResizeState,
+    TargetRequest,
+    Task,
+    host_counts,
+)
+from xce_resize_plugin.core.placement import FreeSlotIndex, GrowHostView, has_free
+from xce_resize_plugin.core.status import ResizeStatus
+from xce_resize_plugin.core.task_events import TaskEventRun, TaskEvents
+from xce_resize_plugin.errors import InvalidRequest, NoJob, ResizeError
+from xce_resize_plugin.host import ClusterView, Controller, Principal, TaskEvent, durable_wait
+from xce_resize_plugin.journal import collector_paused
+from xce_resize_plugin.runtime.reclaiming import Reclaiming
+
+log = logging.getLogger(__name__)
+
+#: Jobs whose projected events are kept for the next poll (then the cache starts over).
+_EVENT_CACHE = 1024
+
+
+def _requested_at(state: ResizeState) -> float:
+    return state.pending.requested_at if state.pending is not None else 0.0
+
+
+def _placed_tasks(facts: Sequence[Fact]) -> tuple[Task, ...]:
+    out: tuple[Task, ...] = ()
+    for fact in facts:
+        tasks = getattr(fact, "tasks", None)
+        if tasks is not None:
+            out += tasks
+    return out
+
+
+def _exits_on_their_own(batch: TaskEvents) -> bool:
+    """Whether a task other than task 0 exited on its own (not stopped by the host),
+    read a run at a time."""
+    return any(
+        r.kind == "exited" and not r.stopped and any(i != 0 for i in r.task_ids)
+        for r in batch.runs()
+    )
+
+
+class Runtime(Reclaiming):
+    """Resize state of one controller. The hooks in :mod:`xce_resize_plugin.plugin`
+    delegate here."""
+
+    def __init__(self, controller: Controller) -> None:
+        super().__init__(controller)
+        # events(): each job's projected events and the journal's last fact then.
+        self._events: dict[str, tuple[int, list[events_mod.JobEvent]]] = {}
+
+    # --- lifecycle ------------------------------------------------------------
+
+    def start(self) -> None:
+        """Fence older controllers, load live jobs, resume their in-flight changes."""
+        self.journal.start()
+        with collector_paused():
+            self._resume_live_jobs()
+
+    def _resume_live_jobs(self) -> None:
+        for _job_id, data in self.journal.live_states():
+            loaded = converters.decode_state(data)
+            self._store(loaded)
+            if self._observer is not None:
+                self._observer.resize_transition(None, loaded, ())
+        now = self.controller.now()
+        for state in list(self.states.values()):
+            job = self.controller.get_job(state.job_id)
+            if job is None or job.state in (JobState.DONE, JobState.EXIT):
+                # The job ended while no controller ran the plugin (or its end was never
+                # written): end the resize state rather than re-reserve slots for a job
+                # that holds none, at the end the host knows (its accounting stops
+                # there, not at this restart). A later xce_job_end is then a no-op.
+                ended = job.end_time if job is not None and job.end_time is not None else now
+                self._transition(state.job_id, engine.decide_job_end(state, min(ended, now)))
+                continue
+            self._execute(engine.resume_effects(state))
+            self._transition(state.job_id, engine.decide_recover(state, now))
+            if engine.demand_size(state) is not None:
+                current = self.states.get(state.job_id, state)
+                self._transition(state.job_id, engine.decide_demand(current, now, self.settings))
+                self._converge(state.job_id)
+
+    def stop(self) -> None:
+        try:
+            if self._committer is not None:
+                self._committer.close()
+            elif self._deferred and self._failed is None:
+                self._commit([])  # journal_defer: the last transitions go now
+        finally:
+            self.journal.close()
+
+    # --- requests -------------------------------------------------------------
+
+    def request(self, principal: Principal, job_id: str, request: ResizeRequest) -> ResizeStatus:
+        with self._lock:
+            self._check_failed()
+            job = self._job(job_id)
+            state = self.states.get(job_id)
+            now, policy, settings = self.controller.now(), self.policy, self.settings
+            if isinstance(request, TargetRequest):
+                facts = target.decide_target(state, job, principal, request, now, policy, settings)
+            else:
+                facts = engine.decide_request(state, job, principal, request, now, policy, settings)
+            # A request's facts have no effects on the host (placement,
+            # notification and tasks come from the cycles), so the lock is released
+            # before the fsync and concurrent requests share one (group commit).
+            ticket = self._transition(job_id, facts, wait=False)
+            status = self.status(job_id)
+            assert status is not None
+        if ticket is not None:
+            # The host's lock too, if it offers to (host.durable_wait): the decision
+            # is made and queued in journal order; only the answer waits.
+            with durable_wait(self.controller):
+                self._wait(ticket)
+        return status
+
+    def status(self, job_id: str) -> ResizeStatus | None:
+        state = self.states.get(job_id)
+        if state is None:
+            job = self.controller.get_job(job_id)
+            if job is None:
+                return None
+            stored = self._stored(job_id)
+            if stored is None:
+                # Not tracked: its submission's autoresize flag (a job not yet started).
+                return ResizeStatus(
+                    job.id,
+                    Phase.IDLE,
+                    tuple(job.tasks),
+                    job.min_tasks,
+                    job.max_tasks,
+                    0,
+                    autoresize=job.autoresize and not job.tasks,
+                )
+            state = converters.decode_state(stored)
+        change = state.change
+        # Positional, in ResizeStatus's field order (mypy checks each type).
+        committed = (state.tasks, state.min_tasks, state.max_tasks, state.version)
+        auto = state.autoresize and state.live
+        aim = state.target if state.live else None
+        if change is None:
+            return ResizeStatus(
+                state.job_id, state.phase, *committed, state.pending, autoresize=auto, target=aim
+            )
+        return ResizeStatus(
+            state.job_id,
+            state.phase,
+            *committed,
+            state.pending,
+            change.kind,
+            change.tasks,
+            autoresize=auto,
+            target=aim,
+        )
+
+    def events(self, job_id: str, after: int | None) -> list[events_mod.JobEvent] | None:
+        """The job's events after ``after`` (docs/in-job-api.md, "Job events"): its
+        durable facts, read from the journal and projected; ``None`` for a job the host
+        does not know."""
+        if self.controller.get_job(job_id) is None:
+            return None
+        with self._lock:
+            if self._deferred and self._failed is None:
+                self._commit([])  # journal_defer: what happened so far is written first
+        # Long polls ask again and again while nothing happens: the projection is kept
+        # until the journal has a newer fact (of any job).
+        last = self.journal.last_seq
+        cached = self._events.get(job_id)
+        if cached is not None and cached[0] == last:
+            return events_mod.after_cursor(cached[1], after)
+        facts = [converters.decode_fact(data) for _, data in self.journal.job_facts(job_id)]
+        found = events_mod.project(facts)
+        if len(self._events) >= _EVENT_CACHE:
+            self._events.clear()
+        self._events[job_id] = (last, found)
+        return events_mod.after_cursor(found, after)
+
+    def _job(self, job_id: str) -> JobInfo:
+        if not job_id or len(job_id) > 64:
+            raise InvalidRequest(f"bad job id {job_id!r}")
+        job = self.controller.get_job(job_id)
+        if job is None:
+            raise NoJob(f"job {job_id}")
+        return job
+
+    # --- scheduler and dispatch -----------------------------------------------
+
+    def sched_cycle(self, cluster: ClusterView) -> None:
+        if self._reclaim_on and self._reclaim(cluster):
+            return  # slots are being reclaimed for the queue head: no grow takes them
+        if not self._busy:
+            return  # the common case, checked without the lock: no cost to the cycle
+        with self._lock:
+            pending = [s for j in self._busy if (s := self.states[j]).phase is Phase.GROW_PENDING]
+            if not pending:
+                return
+            free = cluster.free_slots()
+            if not has_free(free):
+                # Every grow needs a slot: with none offered, placing would only call
+                # the hosts-order policy per pending grow to place nothing. On a full
+                # cluster with grows pending this was a third of a durable REST
+                # request's cost (docs/performance.md).
+                return
+            index = FreeSlotIndex(free)
+            now = self.controller.now()
+            # Grows are placed first come, first served, like the host's own queue.
+            for state in sorted(pending, key=lambda s: (_requested_at(s), s.job_id)):
+                job = self.controller.get_job(state.job_id)
+                if job is None:
+                    continue
+                view = GrowHostView(index, host_counts(state.tasks))
+                headroom = self.controller.slot_headroom(state.user)
+                facts = engine.decide_placement(state, job, view, headroom, self.policy, now)
+                if facts:
+                    index.take_many(host_counts(_placed_tasks(facts)).items())
+                    self._transition(state.job_id, facts)
+
+    def dispatch_cycle(self) -> None:
+        if not self._busy:
+            return  # a stale read only delays work to the next cycle, never loses it
+        with self._lock:
+            now = self.controller.now()
+            for job_id in sorted(self._busy):
+                state = self.states.get(job_id)
+                if state is not None and state.change is not None:
+                    self._transition(job_id, engine.decide_dispatch(state, now))
+                    self._ready_deadline(job_id, now)
+
+    def _ready_deadline(self, job_id: str, now: float) -> None:
+        """A grow waiting for its tasks' readiness past its deadline is settled
+        (core/readiness.py): the host feeds the time in at every dispatch cycle."""
+        state = self.states.get(job_id)
+        if state is not None and state.change is not None and state.change.ready_by is not None:
+            self._transition(job_id, engine.decide_ready_deadline(state, now, self.settings))
+
+    # --- events ---------------------------------------------------------------
+
+    def task_events(self, events: Sequence[TaskEvent]) -> None:
+        """Each job's events of the batch in one transition (one journal write); runs of
+        alike events (core/task_events.py) stay runs."""
+        by_job: dict[str, list[TaskEvent | TaskEventRun]] = {}
+        parts = events.parts if isinstance(events, TaskEvents) else events
+        for part in parts:
+            by_job.setdefault(part.job_id, []).append(part)
+        with self._lock:
+            now = self.controller.now()
+            for job_id, parts_of_job in by_job.items():
+                batch = TaskEvents(parts_of_job)
+                state = self.states.get(job_id)
+                if state is not None:
+                    facts = engine.decide_task_events(state, batch, now, self.settings)
+                    self._transition(job_id, facts)
+                else:
+                    self._untracked_exits(job_id, batch, now)
+                self._release_exited(job_id, batch, now)
+                self._converge(job_id)
+
+    def _untracked_exits(self, job_id: str, batch: TaskEvents, now: float) -> None:
+        """A task of a resizable job that exits on its own is told to the job even
+        before its first resize: the plugin starts tracking the job then (a crashed
+        worker is news to an elastic framework; docs/in-job-api.md, "Job events")."""
+        if not _exits_on_their_own(batch):
+            return  # the common case: no job lookup
+        job = self.controller.get_job(job_id)
+        if job is None or job.release_exited or self._stored(job_id) is not None:
+            return  # release_exited: _release_exited tracks it; an ended run: never twice
+        self._transition(job_id, engine.decide_untracked_exits(job, batch, now))
+
+    def _release_exited(self, job_id: str, batch: TaskEvents, now: float) -> None:
+        """A ``release_exited`` job drops the tasks that exited on their own (an
+        involuntary shrink, reason ``task_exit``; docs/in-job-api.md)."""
+        if not _exits_on_their_own(batch):
+            return  # the common case: no job lookup
+        job = self.controller.get_job(job_id)
+        if job is None or not job.release_exited:
+            return
+        state = self.states.get(job_id)
+        if state is None and not job.requeued and self._stored(job_id) is not None:
+            return  # an ended run the journal holds: never tracked twice
+        facts = engine.decide_task_exit(state, job, batch, now, self.settings)
+        self._transition(job_id, facts)
+
+    def job_start(self, job: JobInfo) -> None:
+        """A job started: an autoresizable one is tracked with its demand (a job the
+        plugin knows already, reported again after a failover, changes nothing)."""
+        if not job.autoresize:
+            return  # the common case, without the lock
+        with self._lock:
+            self._check_failed()
+            facts = engine.decide_job_start(
+                self.states.get(job.id), job, self.controller.now(), self.settings
+            )
+            if facts and not job.requeued and self._stored(job.id) is not None:
+                # An ended job the journal still holds: never tracked twice. A requeued
+                # job's ended state is its earlier run's: this run is tracked on top.
+                return
+            self._transition(job.id, facts)
+
+    def notify_done(self, job_id: str, attempt: int, status: int | None, reason: str) -> None:
+        with self._lock:
+            state = self.states.get(job_id)
+            if state is None:
+                return
+            facts = engine.decide_notify_done(
+                state, attempt, status, reason, self.controller.now(), self.settings
+            )
+            self._transition(job_id, facts)
+            self._converge(job_id)
+
+    def job_end(self, job_id: str) -> None:
+        with self._lock:
+            state = self.states.get(job_id)
+            if state is None:
+                return
+            self._transition(job_id, engine.decide_job_end(state, self.controller.now()))
+
+    def host_failed(self, host: str, lost: Mapping[str, Sequence[int]]) -> dict[str, LossOutcome]:
+        """Settle every job that had tasks on the failed ``host`` (``xce_host_failed``)."""
+        out: dict[str, LossOutcome] = {}
+        with self._lock:
+            self._check_failed()
+            now = self.controller.now()
+            for job_id in sorted(lost):
+                job = self.controller.get_job(job_id)
+                if job is not None:
+                    out[job_id] = self._lose(job, host, tuple(lost[job_id]), now)
+        return out
+
+    def _lose(self, job: JobInfo, host: str, ids: tuple[int, ...], now: float) -> LossOutcome:
+        """One job's share of a host failure: an involuntary shrink, or the site's
+        choice between exit and requeue (docs/failover.md)."""
+        state = self.states.get(job.id)
+        if engine.survives_loss(state, job, ids):
+            tasks = state.tasks if state is not None else job.tasks
+            shrunk = any(t.id in ids for t in tasks)
+            prior = self._ended_state(job.id) if state is None and job.requeued else None
+            facts = engine.decide_host_loss(state, job, host, ids, now, self.settings, prior)
+            self._transition(job.id, facts)
+            self._converge(job.id)
+            return LossOutcome.SHRUNK if shrunk else LossOutcome.KEPT
+        try:
+            answer = self.policy.host_lost(job, ids)
+        except ResizeError as exc:
+            # The host must settle the failure whatever a site hook does: the job ends.
+            log.warning("job %s: %s; the job ends", job.id, exc.text)
+            answer = "exit"
+        if answer != "requeue":
+            return LossOutcome.EXIT
+        if state is not None:
+            # The host requeues without xce_job_end: the run's resize state ends here.
+            self._transition(job.id, engine.decide_job_end(state, now))
+        return LossOutcome.REQUEUE
+
+    def usage(self, job_id: str, now: float) -> Usage | None:
+        state = self.states.get(job_id)
+        if state is None:
+            stored = self._stored(job_id)
+            if stored is not None:
+                state = converters.decode_state(stored)
+        if state is not None:
+            return usage_of_state(state, now)
+        job = self.controller.get_job(job_id)
+        return usage_of_job(job, now) if job is not None else None
+
+    # --- a target size: the release that converges on it ----------------------
+
+    def _converge(self, job_id: str) -> None:
+        """After a transition that may leave a job above its target (a commit, a failed
+        change, a host failure, a restart): release down to it (core/target.py). The
+        demand below a target is the engine's, decided in the transition itself."""
+        state = self.states.get(job_id)
+        if state is None or state.target is None:
+            return  # the common case
+        job = self.controller.get_job(job_id)
+        if job is None:
+            return
+        try:
+            facts = target.decide_converge(state, job, self.controller.now(), self.policy)
+        except ResizeError as exc:
+            # A site's release policy refused: the job stays above its target until the
+            # next change settles (or the target is set again).
+            log.warning("job %s: target %d not reached: %s", job_id, state.target.tasks, exc.text)
+            return
+        self._transition(job_id, facts)
