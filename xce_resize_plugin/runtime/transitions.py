@@ -13,7 +13,6 @@ The first of the runtime's layers (:mod:`xce_resize_plugin.runtime`): reclaim
 
 from __future__ import annotations
 
-import logging
 import threading
 import weakref
 from collections.abc import Sequence
@@ -34,8 +33,6 @@ from xce_resize_plugin.errors import JournalError
 from xce_resize_plugin.host import Controller, resize_observer_of, wake_at
 from xce_resize_plugin.journal import Entry, GroupCommitter, Journal, StoredState, Ticket
 from xce_resize_plugin.policy import HookPolicy
-
-log = logging.getLogger(__name__)
 
 #: LSF's notification exit values (reference: not documented by LSF; we use 0 and 1).
 NOTIFY_OK, NOTIFY_FAIL = "0", "1"

@@ -10,7 +10,6 @@ that concurrent requests share fsyncs (docs/architecture.md, "Concurrency").
 from __future__ import annotations
 
 import contextlib
-import logging
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
@@ -22,8 +21,6 @@ from xce_resize_plugin.controllers.live.agents import Agents
 from xce_resize_plugin.controllers.live.live_state import LIFECYCLE_HOOKS
 from xce_resize_plugin.controllers.live.storage_faults import StateNotWritable, storage_failure
 from xce_resize_plugin.errors import FencedError
-
-log = logging.getLogger(__name__)
 
 
 class HookMonitor(Agents):

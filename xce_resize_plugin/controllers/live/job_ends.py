@@ -9,7 +9,6 @@ slots.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 
 from xce_resize_plugin.controllers.hosts import HOST_FAILURE
@@ -19,8 +18,6 @@ from xce_resize_plugin.controllers.live.live_state import LIVE
 from xce_resize_plugin.controllers.live.protocol import ControllerProtocol
 from xce_resize_plugin.controllers.live.task_env import remove_scratch
 from xce_resize_plugin.core.models import JobState, LossOutcome
-
-log = logging.getLogger(__name__)
 
 
 class JobEnds(ControllerProtocol):

@@ -9,7 +9,6 @@ each task's environment (identity, job token, allocation, hostfile) is made here
 
 from __future__ import annotations
 
-import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -35,8 +34,6 @@ from xce_resize_plugin.controllers.runners import (
     TaskReporter,
 )
 from xce_resize_plugin.core.models import JobState, Task, allocation_env
-
-log = logging.getLogger(__name__)
 
 StartTask = Callable[[str, Task, Mapping[str, str]], None]
 StopTask = Callable[[str, int, float, float], None]
