@@ -174,7 +174,8 @@ def check_if_version(state: ResizeState | None, job: JobInfo, if_version: int | 
         )
 
 
-def _check_job(job: JobInfo) -> None:
+def check_resizable(job: JobInfo) -> None:
+    """A resize needs the job running and resizable (LSF's codes otherwise)."""
     if job.state is JobState.PEND:
         raise errors.NotStarted(f"job {job.id}")
     if job.state in (JobState.DONE, JobState.EXIT):
@@ -183,7 +184,7 @@ def _check_job(job: JobInfo) -> None:
         raise errors.JobNotResizable(f"job {job.id}")
 
 
-def _track(
+def track_job(
     state: ResizeState | None, job: JobInfo, at: float, prior: ResizeState | None = None
 ) -> tuple[ResizeState, list[Fact]]:
     """The job's state, starting to track it (a JobTracked fact) on its first resize;
@@ -224,7 +225,7 @@ def decide_request(
     principal_name = principal.name
     if isinstance(request, ReadyRequest):
         return decide_ready(state, job, request.task_id, at, settings)
-    _check_job(job)
+    check_resizable(job)
     if state is not None and not state.live:
         raise errors.JobFinished(f"job {job.id}")
     if isinstance(request, TargetRequest):
@@ -240,8 +241,8 @@ def decide_request(
         policy.validate(job, request)
         return [
             GrowCancelled(job_id=job.id, at=at, reason="cancel"),
-            *_autoresize_off(state, at, principal_name, "cancel"),
-            *_target_off(state, at, principal_name, "cancel"),
+            *autoresize_off(state, at, principal_name, "cancel"),
+            *target_off(state, at, principal_name, "cancel"),
         ]
     if request.notify_cmd is not None and request.no_notify:
         raise errors.InvalidRequest("notify_cmd and no_notify are mutually exclusive")
@@ -287,11 +288,11 @@ def _decide_grow(
         )
     ready_timeout = _ready_timeout(request, settings)
     policy.validate(job, request)
-    state, facts = _track(state, job, at)
+    state, facts = track_job(state, job, at)
     # A manual request replaces the demand and ends autoresize (as in LSF), and the
     # target: whoever resizes by hand takes over from it (docs/in-job-api.md).
-    facts.extend(_autoresize_off(state, at, principal_name, "request"))
-    facts.extend(_target_off(state, at, principal_name, "request"))
+    facts.extend(autoresize_off(state, at, principal_name, "request"))
+    facts.extend(target_off(state, at, principal_name, "request"))
     if state.pending is not None:
         facts.append(GrowCancelled(job_id=job.id, at=at, reason="replaced"))
     facts.append(
@@ -308,7 +309,7 @@ def _decide_grow(
     return facts
 
 
-def _release_ids(
+def release_ids(
     tasks: Sequence[Task], job: JobInfo, request: ReleaseRequest, policy: Policy
 ) -> tuple[int, ...]:
     named = named_release_ids(request, tasks)
@@ -341,7 +342,7 @@ def _decide_release(
         request.grace if request.grace is not None else job.grace, settings, "grace"
     )
     tasks = state.tasks if state is not None else as_kept(job.tasks)
-    ids = set(_release_ids(tasks, job, request, policy))
+    ids = set(release_ids(tasks, job, request, policy))
     remaining = len(tasks) - len(ids)
     if remaining < job.min_tasks:
         raise errors.BadSlots(
@@ -349,8 +350,8 @@ def _decide_release(
             f"below min_tasks {job.min_tasks}"
         )
     policy.validate(job, request)
-    state, facts = _track(state, job, at)
-    facts.extend(_target_off(state, at, principal_name, "release"))
+    state, facts = track_job(state, job, at)
+    facts.extend(target_off(state, at, principal_name, "release"))
     cancelled = state.pending is not None
     if cancelled:
         auto = state.pending is not None and state.pending.auto
@@ -509,15 +510,14 @@ def _drain_due(state: ResizeState, at: float) -> list[Fact]:
 # job without it (docs/user-guide.md, "Autoresizable jobs").
 
 
-def _autoresize_off(
-    state: ResizeState | None, at: float, principal: str, reason: str
-) -> list[Fact]:
+def autoresize_off(state: ResizeState | None, at: float, principal: str, reason: str) -> list[Fact]:
+    """Autoresize turned off, if it was on (a manual change or a target takes over)."""
     if state is None or not state.autoresize:
         return []
     return [AutoresizeSet(state.job_id, at, False, None, principal, reason)]
 
 
-def _target_off(state: ResizeState | None, at: float, principal: str, reason: str) -> list[Fact]:
+def target_off(state: ResizeState | None, at: float, principal: str, reason: str) -> list[Fact]:
     """The job's target cleared, if it has one (a manual change takes over)."""
     if state is None or state.target is None:
         return []
@@ -580,13 +580,13 @@ def with_demand(
     ):
         # The job's notification command refused a release the target asked for: the
         # plugin does not insist (it would only be refused again).
-        return [*facts, *_target_off(after, at, "target", "vetoed")]
+        return [*facts, *target_off(after, at, "target", "vetoed")]
     if any(isinstance(f, NotifyDone | GrowReverted) and f.gave_up for f in facts):
         if after.target is None:
             return [*facts, AutoresizeSet(after.job_id, at, False, None, "autoresize", "given-up")]
         change = state.change if state is not None else None
         if change is not None and change.pending is not None and change.pending.auto:
-            return [*facts, *_target_off(after, at, "target", "given-up")]
+            return [*facts, *target_off(after, at, "target", "given-up")]
         # A grow someone asked for before the target was set gave up: not the target's.
     demand = _demand(after, at, settings)
     return facts if demand is None else [*facts, demand]
@@ -602,7 +602,7 @@ def decide_job_start(
         return []
     if not job.resizable or job.min_tasks >= job.max_tasks or not job.tasks:
         return []  # refused at submission by check_job_options; never tracked blind
-    _, facts = _track(None, job, at)
+    _, facts = track_job(None, job, at)
     facts.append(AutoresizeSet(job.id, at, True, job.notify_cmd, job.user, "submit"))
     return with_demand(None, facts, at, settings)
 
@@ -621,7 +621,7 @@ def _decide_autoresize(
         policy.validate(job, request)
         if state is None or not state.autoresize:
             return []
-        facts = _autoresize_off(state, at, principal_name, "modify")
+        facts = autoresize_off(state, at, principal_name, "modify")
         if state.pending is not None and state.pending.auto:
             facts.append(GrowCancelled(job_id=job.id, at=at, reason="autoresize-off"))
         return facts
@@ -630,8 +630,8 @@ def _decide_autoresize(
         policy.validate(job, request)
         return []
     # Turning autoresize on replaces a target (the last word wins) and its grow.
-    target_off = _target_off(state, at, principal_name, "autoresize")
-    if state is not None and state.pending is not None and not target_off:
+    cleared = target_off(state, at, principal_name, "autoresize")
+    if state is not None and state.pending is not None and not cleared:
         raise errors.PendingRequest(f"job {job.id}; cancel the pending grow first")
     change = state.change if state is not None else None
     if change is not None and change.kind is ChangeKind.GROW:
@@ -641,9 +641,9 @@ def _decide_autoresize(
     if not settings.allow_grow:
         raise errors.RequestNotEnabled("allow_grow is off in the [resize] configuration")
     policy.validate(job, request)
-    _, facts = _track(state, job, at)
-    facts.extend(target_off)
-    if target_off and state is not None and state.pending is not None:
+    _, facts = track_job(state, job, at)
+    facts.extend(cleared)
+    if cleared and state is not None and state.pending is not None:
         facts.append(GrowCancelled(job_id=job.id, at=at, reason="autoresize"))
     facts.append(AutoresizeSet(job.id, at, True, job.notify_cmd, principal_name, "modify"))
     return with_demand(state, facts, at, settings)
@@ -1079,7 +1079,7 @@ def _loss_facts(
     lost = tuple(t for t in held if t.id in wanted and t.host == host)
     if not lost:
         return []
-    state, facts = _track(state, job, at, prior)
+    state, facts = track_job(state, job, at, prior)
     committed_lost = any(t.id in wanted for t in state.tasks)
     version = state.version + 1 if committed_lost else state.version
     notify = job.notify_cmd if committed_lost else None
@@ -1113,7 +1113,7 @@ def decide_untracked_exits(job: JobInfo, events: Iterable[TaskEvent], at: float)
     that the job is told (``tasks_exited`` events); its allocation does not change."""
     if not (job.resizable and job.state is JobState.RUN and job.tasks):
         return []
-    state, facts = _track(None, job, at)
+    state, facts = track_job(None, job, at)
     head = job.tasks[0].id
     exits = _exits(state, [e for e in events if not e.stopped and e.task_id != head], set(), at)
     return facts + exits if exits else []

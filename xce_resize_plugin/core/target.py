@@ -20,12 +20,12 @@ from xce_resize_plugin import errors
 from xce_resize_plugin.core.engine import (
     Policy,
     Settings,
-    _autoresize_off,
-    _check_job,
-    _release_ids,
-    _target_off,
-    _track,
+    autoresize_off,
+    check_resizable,
     evolve,
+    release_ids,
+    target_off,
+    track_job,
     with_demand,
 )
 from xce_resize_plugin.core.models import (
@@ -86,7 +86,7 @@ def decide_target(
     demand for a target above the job's size, the release for one below)."""
     if not policy.authorize(principal, job, "target"):
         raise errors.PermissionDenied(f"{principal.name} may not set the target of job {job.id}")
-    _check_job(job)
+    check_resizable(job)
     if state is not None and not state.live:
         raise errors.JobFinished(f"job {job.id}")
     if request.tasks is None:
@@ -104,8 +104,8 @@ def decide_target(
     policy.validate(job, request)
     if state is not None and state.target == target:
         return []  # what already holds: nothing to write
-    tracked, facts = _track(state, job, at)
-    facts.extend(_autoresize_off(tracked, at, principal.name, "target"))
+    tracked, facts = track_job(state, job, at)
+    facts.extend(autoresize_off(tracked, at, principal.name, "target"))
     pending = tracked.pending
     if pending is not None and (not pending.auto or tasks <= current):
         # A grow someone asked for is replaced; the demand is kept (its place in the
@@ -121,7 +121,7 @@ def decide_target(
 def _clear(state: ResizeState | None, at: float, principal: str) -> list[Fact]:
     """The target cleared, and the grow it kept pending cancelled; the job keeps its
     size. Clearing no target changes nothing."""
-    facts = _target_off(state, at, principal, "clear")
+    facts = target_off(state, at, principal, "clear")
     if facts and state is not None and state.pending is not None and state.pending.auto:
         facts.append(GrowCancelled(job_id=state.job_id, at=at, reason="target-cleared"))
     return facts
@@ -139,7 +139,7 @@ def release_choice(
         return tuple(sorted(preferred))
     chosen = set(preferred)
     others = tuple(t for t in tasks if t.id not in chosen)
-    picked = _release_ids(others, job, ReleaseRequest(count=rest), policy)
+    picked = release_ids(others, job, ReleaseRequest(count=rest), policy)
     return tuple(sorted((*preferred, *picked)))
 
 
