@@ -51,9 +51,9 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
         host_failures=args.host_failures,
     )
     if args.plot is not None:
-        from xce_resize_plugin.simulation.plot import _pyplot
+        from xce_resize_plugin.simulation.plot import pyplot_or_hint
 
-        _pyplot()  # fail now, not after the runs, when matplotlib is missing
+        pyplot_or_hint()  # fail now, not after the runs, when matplotlib is missing
     if args.jobs_out is not None:
         _check_jobs_out(args.jobs_out)
     began = time.monotonic()

@@ -31,9 +31,9 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
     if args.no_cache and args.cache is not None:
         raise UsageError("give either --cache DIR or --no-cache")
     if args.plot is not None:
-        from xce_resize_plugin.simulation.plot import _pyplot
+        from xce_resize_plugin.simulation.plot import pyplot_or_hint
 
-        _pyplot()  # fail now, not after the runs, when matplotlib is missing
+        pyplot_or_hint()  # fail now, not after the runs, when matplotlib is missing
     config = load_sweep(args.config)
     cache = None if args.no_cache else CellCache(args.cache or default_cache_dir())
     began = time.monotonic()

@@ -33,7 +33,9 @@ class PlotUnavailable(ConfigError):
     message = "Cannot plot"
 
 
-def _pyplot() -> Any:
+def pyplot_or_hint() -> Any:
+    """matplotlib's pyplot on the file-only backend, or :class:`PlotUnavailable` with
+    how to install it (the commands call it before a long run, to fail at once)."""
     try:
         import matplotlib
     except ImportError:
@@ -46,7 +48,7 @@ def _pyplot() -> Any:
 
 def plot_comparison(comparison: Comparison, path: str | os.PathLike[str]) -> None:
     """Write the figure of ``comparison`` to ``path`` (PNG)."""
-    plt = _pyplot()
+    plt = pyplot_or_hint()
     w, o = comparison.workload, comparison.options
     runs = (comparison.rigid, comparison.elastic)
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(10, 8), constrained_layout=True)

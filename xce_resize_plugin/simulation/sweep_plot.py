@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 
-from xce_resize_plugin.simulation.plot import _pyplot
+from xce_resize_plugin.simulation.plot import pyplot_or_hint
 from xce_resize_plugin.simulation.sweep import SweepResult
 from xce_resize_plugin.simulation.sweep_report import METRICS, groups
 
@@ -23,7 +23,7 @@ PLOTTED = ("mean_wait", "mean_bounded_slowdown", "mean_turnaround", "utilization
 
 def plot_sweep(result: SweepResult, path: str | os.PathLike[str]) -> None:
     """Write the figure of a sweep to ``path`` (PNG)."""
-    plt = _pyplot()
+    plt = pyplot_or_hint()
     rows = groups(result)
     fig, axes = plt.subplots(2, 2, figsize=(12, 8), constrained_layout=True)
     fig.suptitle(f"{os.path.basename(result.config.path)}: mean and 95 % CI across seeds")
