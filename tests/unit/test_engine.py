@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from xce_resize_plugin import default_policies, errors
-from xce_resize_plugin.core import engine, fold
+from xce_resize_plugin.core import engine, fold, losses
 from xce_resize_plugin.core import events as job_events
 from xce_resize_plugin.core.models import (
     CancelRequest,
@@ -668,7 +668,7 @@ def test_a_host_loss_is_an_involuntary_shrink_with_a_record() -> None:
     from xce_resize_plugin.core.models import TasksLost
 
     job = _running(["a", "a", "b", "b"])
-    facts = engine.decide_host_loss(None, job, "b", [2, 3], 5.0, SETTINGS)
+    facts = losses.decide_host_loss(None, job, "b", [2, 3], 5.0, SETTINGS)
     assert [type(f).__name__ for f in facts] == ["JobTracked", "TasksLost"]
     state, effects = engine.transition(None, facts)
     assert state is not None and [t.host for t in state.tasks] == ["a", "a"]
@@ -709,9 +709,9 @@ def test_a_job_that_cannot_lose_the_tasks_does_not_survive(
     alloc: list[str], lost: list[int], min_tasks: int, resizable: bool
 ) -> None:
     job = _running(alloc, min_tasks, resizable)
-    assert not engine.survives_loss(None, job, lost)
+    assert not losses.survives_loss(None, job, lost)
     with pytest.raises(errors.InvalidRequest):
-        engine.decide_host_loss(None, job, "b", lost, 1.0, SETTINGS)
+        losses.decide_host_loss(None, job, "b", lost, 1.0, SETTINGS)
 
 
 def test_a_pending_grow_survives_a_host_loss() -> None:
@@ -721,7 +721,7 @@ def test_a_pending_grow_survives_a_host_loss() -> None:
     )
     state = engine.replay(facts)
     assert state is not None
-    lost = engine.decide_host_loss(state, job, "b", [1], 2.0, SETTINGS)
+    lost = losses.decide_host_loss(state, job, "b", [1], 2.0, SETTINGS)
     after = engine.replay([*facts, *lost])
     assert (
         after is not None and after.phase is Phase.GROW_PENDING and after.pending == state.pending

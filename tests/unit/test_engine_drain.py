@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from tests.unit.test_engine import OWNER, POLICY, SETTINGS, job, run
 from xce_resize_plugin import errors
-from xce_resize_plugin.core import engine, events
+from xce_resize_plugin.core import engine, events, losses
 from xce_resize_plugin.core.models import (
     DrainedRequest,
     DrainEnded,
@@ -171,7 +171,7 @@ def test_a_failover_during_the_drain_keeps_its_deadline() -> None:
 def test_a_host_loss_during_the_drain_keeps_draining_the_rest() -> None:
     j, state, _ = _draining()
     # Task 3 moves with hB's failure; the drain of the tasks left (none here) ends it.
-    facts = engine.decide_host_loss(state, j, "hB", [2, 3], 8.0, SETTINGS)
+    facts = losses.decide_host_loss(state, j, "hB", [2, 3], 8.0, SETTINGS)
     after = run(state, facts)
     assert after.change is None and [t.id for t in after.tasks] == [0, 1]
 

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from tests.unit.test_engine import OWNER, POLICY, SETTINGS, job, place, request, run
 from xce_resize_plugin import errors
-from xce_resize_plugin.core import audit, converters, engine
+from xce_resize_plugin.core import audit, converters, engine, losses
 from xce_resize_plugin.core.models import (
     ChangeKind,
     Committed,
@@ -200,7 +200,7 @@ def _exit(*ids: int, stopped: bool = False) -> list[TaskEvent]:
 
 def test_release_exited_drops_an_exited_task_as_a_shrink() -> None:
     j = job(release_exited=True)
-    facts = engine.decide_task_exit(None, j, _exit(3), 5.0, SETTINGS)
+    facts = losses.decide_task_exit(None, j, _exit(3), 5.0, SETTINGS)
     state = run(None, facts)
     assert [t.id for t in state.tasks] == [0, 1, 2] and state.version == 1
     record = state.records[-1]
@@ -210,15 +210,15 @@ def test_release_exited_drops_an_exited_task_as_a_shrink() -> None:
 
 
 def test_release_exited_spares_task_0_stops_and_jobs_without_the_option() -> None:
-    assert engine.decide_task_exit(None, job(release_exited=True), _exit(0), 5.0, SETTINGS) == []
+    assert losses.decide_task_exit(None, job(release_exited=True), _exit(0), 5.0, SETTINGS) == []
     stopped = _exit(2, stopped=True)
-    assert engine.decide_task_exit(None, job(release_exited=True), stopped, 5.0, SETTINGS) == []
-    assert engine.decide_task_exit(None, job(), _exit(2), 5.0, SETTINGS) == []
+    assert losses.decide_task_exit(None, job(release_exited=True), stopped, 5.0, SETTINGS) == []
+    assert losses.decide_task_exit(None, job(), _exit(2), 5.0, SETTINGS) == []
 
 
 def test_release_exited_goes_below_min_tasks_and_groups_hosts() -> None:
     j = job(release_exited=True, min_tasks=4)
-    facts = engine.decide_task_exit(None, j, _exit(1, 2, 3), 5.0, SETTINGS)
+    facts = losses.decide_task_exit(None, j, _exit(1, 2, 3), 5.0, SETTINGS)
     assert [f.host for f in facts if isinstance(f, TasksLost)] == ["hA", "hB"]
     state = run(None, facts)
     assert [t.id for t in state.tasks] == [0] and state.version == 2

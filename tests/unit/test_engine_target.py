@@ -9,7 +9,7 @@ import pytest
 
 from tests.unit.test_engine import OWNER, POLICY, SETTINGS, job, place, request, run
 from xce_resize_plugin import errors
-from xce_resize_plugin.core import converters, engine, target
+from xce_resize_plugin.core import converters, engine, losses, target
 from xce_resize_plugin.core.models import (
     AutoresizeRequest,
     AutoresizeSet,
@@ -122,7 +122,7 @@ def test_lowered_while_its_grow_is_in_flight_the_commit_is_followed_by_a_release
 def test_a_host_failure_restates_the_demand() -> None:
     j = job({"hA": 2, "hB": 2})
     state, _ = aim(None, j, 4)
-    facts = engine.decide_host_loss(state, j, "hB", [2, 3], 2.0, SETTINGS)
+    facts = losses.decide_host_loss(state, j, "hB", [2, 3], 2.0, SETTINGS)
     state = run(state, facts)
     assert len(state.tasks) == 2 and state.pending is not None
     assert (state.pending.min_add, state.pending.max_add) == (1, 2)

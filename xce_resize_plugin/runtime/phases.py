@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 
-from xce_resize_plugin.core import converters, engine, target
+from xce_resize_plugin.core import converters, engine, losses, target
 from xce_resize_plugin.core import events as events_mod
 from xce_resize_plugin.core.accounting import Usage, usage_of_job, usage_of_state
 from xce_resize_plugin.core.models import (
@@ -288,7 +288,7 @@ class Runtime(Reclaiming):
         job = self.controller.get_job(job_id)
         if job is None or job.release_exited or self._stored(job_id) is not None:
             return  # release_exited: _release_exited tracks it; an ended run: never twice
-        self._transition(job_id, engine.decide_untracked_exits(job, batch, now))
+        self._transition(job_id, losses.decide_untracked_exits(job, batch, now))
 
     def _release_exited(self, job_id: str, batch: TaskEvents, now: float) -> None:
         """A ``release_exited`` job drops the tasks that exited on their own (an
@@ -301,7 +301,7 @@ class Runtime(Reclaiming):
         state = self.states.get(job_id)
         if state is None and not job.requeued and self._stored(job_id) is not None:
             return  # an ended run the journal holds: never tracked twice
-        facts = engine.decide_task_exit(state, job, batch, now, self.settings)
+        facts = losses.decide_task_exit(state, job, batch, now, self.settings)
         self._transition(job_id, facts)
 
     def job_start(self, job: JobInfo) -> None:
@@ -354,11 +354,11 @@ class Runtime(Reclaiming):
         """One job's share of a host failure: an involuntary shrink, or the site's
         choice between exit and requeue (docs/failover.md)."""
         state = self.states.get(job.id)
-        if engine.survives_loss(state, job, ids):
+        if losses.survives_loss(state, job, ids):
             tasks = state.tasks if state is not None else job.tasks
             shrunk = any(t.id in ids for t in tasks)
             prior = self._ended_state(job.id) if state is None and job.requeued else None
-            facts = engine.decide_host_loss(state, job, host, ids, now, self.settings, prior)
+            facts = losses.decide_host_loss(state, job, host, ids, now, self.settings, prior)
             self._transition(job.id, facts)
             self._converge(job.id)
             return LossOutcome.SHRUNK if shrunk else LossOutcome.KEPT
