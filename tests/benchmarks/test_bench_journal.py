@@ -202,7 +202,7 @@ def recover(path: Path) -> float:
     t0 = time.perf_counter()
     with Journal.open(path) as j:  # the defaults a controller uses
         j.start()
-        # As the plugin's start reads them (runtime.py): with the cyclic collector
+        # As the plugin's start reads them (runtime/phases.py): with the cyclic collector
         # paused. Without it, a full collection of the benchmark process's objects
         # falls into some recoveries and not others (20-30 ms here, more than the read).
         with collector_paused():
