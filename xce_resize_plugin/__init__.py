@@ -26,7 +26,7 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-TYPE_CHECKING = False  # typing is not imported on bresize's path (see cli/lean.py)
+TYPE_CHECKING = False  # typing is not imported on bresize's path (see lsf/lean.py)
 if TYPE_CHECKING:
     from typing import Any
 

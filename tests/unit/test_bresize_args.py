@@ -12,16 +12,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from xce_resize_plugin.cli.bresize_args import (
-    MAX_NOTIFY_BYTES,
-    MAX_TASKS,
-    USAGE,
-    Command,
-    parse,
-    parse_job_id,
-    to_argv,
-    to_request,
-)
 from xce_resize_plugin.core.models import CancelRequest, GrowRequest, ReleaseRequest
 from xce_resize_plugin.errors import (
     BadHost,
@@ -31,6 +21,16 @@ from xce_resize_plugin.errors import (
     NotifyCmdTooLong,
     ResizeError,
     UsageError,
+)
+from xce_resize_plugin.lsf.bresize_args import (
+    MAX_NOTIFY_BYTES,
+    MAX_TASKS,
+    USAGE,
+    Command,
+    parse,
+    parse_job_id,
+    to_argv,
+    to_request,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -379,7 +379,7 @@ def test_junk_argv_raises_only_resize_errors(argv: list[str]) -> None:
 _PROBE = """
 import sys
 before = set(sys.modules)
-import xce_resize_plugin.cli.bresize_args, xce_resize_plugin.cli.bresize
+import xce_resize_plugin.lsf.bresize_args, xce_resize_plugin.cli.bresize
 new = set(sys.modules) - before
 import json
 print(json.dumps(sorted(m for m in new if m.split('.')[0] in
@@ -401,28 +401,28 @@ def test_import_is_light() -> None:
     assert _heavy_modules() == []
 
 
-# --- the command logic (bresize.run) -------------------------------------------------
+# --- the command logic (lsf/bresize_run.py) -------------------------------------------------
 
 
 def test_bad_release_spec_is_refused_before_contacting_the_controller() -> None:
-    from xce_resize_plugin.cli import bresize
+    from xce_resize_plugin.lsf import bresize_run
 
     sent: list[object] = []
-    out = bresize.run(["release", "hostB*2", "12"], sent.append)
+    out = bresize_run.run(["release", "hostB*2", "12"], sent.append)
     assert (out.exit, out.code) == (255, "LSBE_RESIZE_RELEASE_HOSTSPEC")
     assert sent == []
-    out = bresize.run(["release", "2*hostB", "12"], sent.append)
+    out = bresize_run.run(["release", "2*hostB", "12"], sent.append)
     assert out.exit == 0 and len(sent) == 1
 
 
 def test_usage_error_exit_2_and_help_version() -> None:
-    from xce_resize_plugin.cli import bresize
+    from xce_resize_plugin.lsf import bresize_run
 
     sent: list[object] = []
-    out = bresize.run(["request", "-rnc", "x", "-rncn", "1", "12"], sent.append)
+    out = bresize_run.run(["request", "-rnc", "x", "-rncn", "1", "12"], sent.append)
     assert out.exit == 2 and "mutually exclusive" in out.message and "Usage:" in out.message
-    assert bresize.run(["-V"], sent.append).stdout.startswith("xce_resize_plugin bresize")
-    assert "bresize request" in bresize.run(["-h"], sent.append).stdout
+    assert bresize_run.run(["-V"], sent.append).stdout.startswith("xce_resize_plugin bresize")
+    assert "bresize request" in bresize_run.run(["-h"], sent.append).stdout
     assert sent == []
 
 

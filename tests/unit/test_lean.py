@@ -1,4 +1,4 @@
-"""cli/lean.py: the run-time NamedTuple stand-in builds what typing.NamedTuple builds."""
+"""lsf/lean.py: the run-time NamedTuple stand-in builds what typing.NamedTuple builds."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import typing
 
 import pytest
 
-from xce_resize_plugin.cli.lean import NamedTuple
+from xce_resize_plugin.lsf.lean import NamedTuple
 
 
 class Lean(NamedTuple):

@@ -13,7 +13,7 @@ import os
 
 from xce_resize_plugin.errors import ResizeError, Unreachable
 
-TYPE_CHECKING = False  # typing is not imported on bresize's path (see cli/lean.py)
+TYPE_CHECKING = False  # typing is not imported on bresize's path (see lsf/lean.py)
 if TYPE_CHECKING:
     from typing import Any
 

@@ -4,7 +4,7 @@ Order within one instant: what the controller has scheduled for that instant (jo
 arrivals, job ends, task exits) happens first; then the scenario's commands in file
 order, each followed by scheduler and dispatch cycles until nothing changes. Commands
 reach the plugin exactly as in production: ``bresize`` lines through the same command
-logic as the real ``bresize`` (:func:`xce_resize_plugin.cli.bresize.run`), ``resize``
+logic as the real ``bresize`` (:func:`xce_resize_plugin.lsf.bresize_run.run`), ``resize``
 bodies through the same decoding as the REST API, both ending in the host's
 ``xce_resize_request`` hook.
 """
@@ -16,8 +16,6 @@ from typing import IO, Any
 
 from attrs import evolve
 
-from xce_resize_plugin.cli import bresize
-from xce_resize_plugin.cli.bresize_args import Command, to_request
 from xce_resize_plugin.controllers.hosts import HostDrain, HostFailure
 from xce_resize_plugin.controllers.runners import (
     NotificationRunner,
@@ -39,6 +37,8 @@ from xce_resize_plugin.core.status import ResizeStatus
 from xce_resize_plugin.errors import ConfigError, InvalidRequest, ResizeError
 from xce_resize_plugin.host import Principal
 from xce_resize_plugin.journal import Journal
+from xce_resize_plugin.lsf import bresize_run
+from xce_resize_plugin.lsf.bresize_args import Command, to_request
 from xce_resize_plugin.manager import get_plugin_manager
 from xce_resize_plugin.recording.format import RecordingWriter
 from xce_resize_plugin.recording.sim_recorder import ScenarioRecorder
@@ -115,7 +115,7 @@ class _Runner:
                 job_id, request = to_request(parsed)
                 self._request(principal, job_id, request)
 
-            out = bresize.run(cmd.argv, send)
+            out = bresize_run.run(cmd.argv, send)
             return CommandResult(
                 cmd.at, cmd.user, cmd.argv, None, out.exit, out.code, out.message, out.stdout
             )
@@ -124,15 +124,15 @@ class _Runner:
             job_id, request = _api_request(body)
         except ResizeError as exc:
             return CommandResult(
-                cmd.at, cmd.user, None, cmd.resize, bresize.EXIT_USAGE, exc.code, exc.text
+                cmd.at, cmd.user, None, cmd.resize, bresize_run.EXIT_USAGE, exc.code, exc.text
             )
         try:
             self._request(principal, job_id, request)
         except ResizeError as exc:
             return CommandResult(
-                cmd.at, cmd.user, None, cmd.resize, bresize.EXIT_REJECTED, exc.code, exc.text
+                cmd.at, cmd.user, None, cmd.resize, bresize_run.EXIT_REJECTED, exc.code, exc.text
             )
-        return CommandResult(cmd.at, cmd.user, None, cmd.resize, bresize.EXIT_OK, None, "")
+        return CommandResult(cmd.at, cmd.user, None, cmd.resize, bresize_run.EXIT_OK, None, "")
 
     def _host(self, cmd: CommandSpec, host: HostCommand, principal: Principal) -> CommandResult:
         """A host state change, as an administrator's ``xce-resize host`` would make it."""
@@ -154,13 +154,13 @@ class _Runner:
                 cmd.user,
                 None,
                 None,
-                bresize.EXIT_REJECTED,
+                bresize_run.EXIT_REJECTED,
                 "XCE_HOST_STATE",
                 str(exc),
                 host=host,
             )
         return CommandResult(
-            cmd.at, cmd.user, None, None, bresize.EXIT_OK, None, "", message, host=host
+            cmd.at, cmd.user, None, None, bresize_run.EXIT_OK, None, "", message, host=host
         )
 
     def _request(self, principal: Principal, job_id: str, request: ResizeRequest) -> None:

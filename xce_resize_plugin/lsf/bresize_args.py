@@ -35,10 +35,10 @@ calls so that ``bresize`` rejects a bad spec before contacting the controller.
 
 from __future__ import annotations
 
-from xce_resize_plugin.cli.lean import NamedTuple
 from xce_resize_plugin.errors import BadJobId, NotifyCmdTooLong, UsageError
+from xce_resize_plugin.lsf.lean import NamedTuple
 
-TYPE_CHECKING = False  # typing is not imported on this path (see cli/lean.py)
+TYPE_CHECKING = False  # typing is not imported on this path (see lsf/lean.py)
 if TYPE_CHECKING:
     from collections.abc import Sequence
     from typing import Literal, TypeAlias, TypedDict
