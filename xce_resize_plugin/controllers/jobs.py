@@ -93,6 +93,10 @@ class TaskState(enum.Enum):
     FAILED = "FAILED"
 
 
+#: Task states whose process may still be alive (both controllers read them).
+LIVE_STATES = (TaskState.STARTING, TaskState.RUNNING, TaskState.STOPPING)
+
+
 @define
 class TaskRecord:
     """One task's process: where, in which state, since when.

@@ -16,9 +16,9 @@ from typing import Any
 
 from xce_resize_plugin.controllers.cluster import HostState
 from xce_resize_plugin.controllers.hosts import HostFailure
-from xce_resize_plugin.controllers.jobs import JobRecord, TaskRecord, TaskState
+from xce_resize_plugin.controllers.jobs import LIVE_STATES, JobRecord, TaskRecord, TaskState
 from xce_resize_plugin.controllers.live.generations import Generations
-from xce_resize_plugin.controllers.live.live_state import LIVE, TICK
+from xce_resize_plugin.controllers.live.live_state import TICK
 from xce_resize_plugin.controllers.live.tasks import Queued
 from xce_resize_plugin.controllers.runners import NotificationResult
 from xce_resize_plugin.controllers.violations import HostStateError
@@ -101,7 +101,7 @@ class Agents(Generations):
             if job.finished or failing:
                 continue
             for tid, rec in list(job.task_states.items()):
-                if rec.host != host or rec.state not in LIVE:
+                if rec.host != host or rec.state not in LIVE_STATES:
                     continue
                 key = (job.id, tid)
                 entry = known.pop(key, None)
@@ -212,7 +212,7 @@ class Agents(Generations):
             reason = str(event.get("reason", ""))
             if rec.state is TaskState.STARTING:
                 self.embedded.task_start_failed(job_id, tid, reason)
-            elif rec.state in LIVE:
+            elif rec.state in LIVE_STATES:
                 # A task the job started with (the controller counts those as running
                 # from the start): it never ran.
                 self.embedded.task_exited(job_id, tid, None, f"start failed: {reason}")
@@ -250,7 +250,7 @@ class Agents(Generations):
             for job in self.embedded.records()
             if not job.finished
             for tid, rec in job.task_states.items()
-            if rec.host == host and rec.state in LIVE
+            if rec.host == host and rec.state in LIVE_STATES
         ]
         self.fleet.drop(host)
         for job_id, tid in live if kill else ():

@@ -12,9 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from xce_resize_plugin.controllers.hosts import HOST_FAILURE
-from xce_resize_plugin.controllers.jobs import TaskState
+from xce_resize_plugin.controllers.jobs import LIVE_STATES, TaskState
 from xce_resize_plugin.controllers.live import job_kv
-from xce_resize_plugin.controllers.live.live_state import LIVE
 from xce_resize_plugin.controllers.live.protocol import ControllerProtocol
 from xce_resize_plugin.controllers.live.task_env import remove_scratch
 from xce_resize_plugin.core.models import JobState, LossOutcome
@@ -64,7 +63,7 @@ class JobEnds(ControllerProtocol):
             if job is None or job.finished:
                 self._ending.pop(job_id, None)
                 continue
-            if any(rec.state in LIVE for rec in job.task_states.values()):
+            if any(rec.state in LIVE_STATES for rec in job.task_states.values()):
                 continue
             state, reason = self._ending.pop(job_id)
             hosts = sorted({rec.host for rec in job.task_states.values()})

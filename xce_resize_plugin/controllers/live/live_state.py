@@ -38,7 +38,7 @@ from typing import Any
 
 import pluggy
 
-from xce_resize_plugin.controllers.jobs import JobRecord, TaskState
+from xce_resize_plugin.controllers.jobs import JobRecord
 from xce_resize_plugin.controllers.live.controller_lock import ControllerLock
 from xce_resize_plugin.controllers.live.job_tokens import JobTokens
 from xce_resize_plugin.controllers.live.live_store import Lease, LiveStore
@@ -65,8 +65,6 @@ FENCE_CHECK = 0.5
 STORAGE_RETRY = 1.0
 #: Hooks the controller still calls while the state cannot be written.
 LIFECYCLE_HOOKS = frozenset({"xce_controller_start", "xce_controller_stop"})
-#: Task states whose process may still be alive.
-LIVE = (TaskState.STARTING, TaskState.RUNNING, TaskState.STOPPING)
 #: Fault injection for the failover tests: ``XCE_LIVE_CRASH=POINT`` makes the
 #: controller SIGKILL itself at that point (the first time it is reached). Points:
 #: ``after-request`` (a resize request is durable, its answer not sent yet),

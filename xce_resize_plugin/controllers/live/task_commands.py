@@ -14,9 +14,9 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from xce_resize_plugin.controllers.jobs import JobRecord, TaskState
+from xce_resize_plugin.controllers.jobs import LIVE_STATES, JobRecord, TaskState
 from xce_resize_plugin.controllers.live.job_tokens import SALT_FIELD, TOKEN_ENV
-from xce_resize_plugin.controllers.live.live_state import LIVE, LiveState
+from xce_resize_plugin.controllers.live.live_state import LiveState
 from xce_resize_plugin.controllers.live.proc import Account, account_json, atomic_write
 from xce_resize_plugin.controllers.live.submission import SubmitRejected
 from xce_resize_plugin.controllers.live.task_env import (
@@ -182,7 +182,7 @@ class TaskCommands(LiveState):
         others = [
             self.live_store.get(f"task:{job.id}:{tid}")
             for tid, rec in job.task_states.items()
-            if tid != task.id and rec.host == task.host and rec.state in LIVE
+            if tid != task.id and rec.host == task.host and rec.state in LIVE_STATES
         ]
         head = job.tasks[0].host if job.tasks else task.host
         return identity_env(

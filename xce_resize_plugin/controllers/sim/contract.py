@@ -14,11 +14,17 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 
-from xce_resize_plugin.controllers.jobs import NotificationLog, TaskRecord, TaskState, VersionRecord
+from xce_resize_plugin.controllers.jobs import (
+    LIVE_STATES,
+    NotificationLog,
+    TaskRecord,
+    TaskState,
+    VersionRecord,
+)
 from xce_resize_plugin.controllers.runners import NotificationRequest, NotificationResult
 from xce_resize_plugin.controllers.sim.events import NotifyDone
 from xce_resize_plugin.controllers.sim.scheduling import Scheduling
-from xce_resize_plugin.controllers.sim.state import LIVE, STOPPABLE
+from xce_resize_plugin.controllers.sim.state import STOPPABLE
 from xce_resize_plugin.controllers.violations import ContractViolation
 from xce_resize_plugin.core.allocations import as_kept
 from xce_resize_plugin.core.models import JobInfo, JobState, Task
@@ -309,7 +315,7 @@ class HostContract(Scheduling):
             was_stopped = False
             for tid in task_ids:
                 rec = get(tid)
-                if rec is None or rec.state not in LIVE:
+                if rec is None or rec.state not in LIVE_STATES:
                     continue  # no process that may still be alive: a stale report
                 # Whether the host had asked it to stop (a release, the job's end): a
                 # release_exited job drops only tasks that ended on their own.
@@ -348,7 +354,7 @@ class HostContract(Scheduling):
         if job is None or job.finished:
             return None
         rec = job.task_states.get(task_id)
-        return rec if rec is not None and rec.state in LIVE else None
+        return rec if rec is not None and rec.state in LIVE_STATES else None
 
     def _rereport(self, job_id: str, task_id: int, rec: TaskRecord) -> None:
         """Tell the plugin again what became of a task it launches a second time."""

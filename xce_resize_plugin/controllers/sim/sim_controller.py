@@ -59,6 +59,7 @@ import pluggy
 
 from xce_resize_plugin.controllers.cluster import Cluster
 from xce_resize_plugin.controllers.jobs import (
+    LIVE_STATES,
     JobOptions,
     JobRecord,
     TaskState,
@@ -80,7 +81,6 @@ from xce_resize_plugin.controllers.runners import (
 )
 from xce_resize_plugin.controllers.sim.cluster_view import SimClusterView
 from xce_resize_plugin.controllers.sim.events import EventQueue, Timeline
-from xce_resize_plugin.controllers.sim.state import LIVE
 from xce_resize_plugin.controllers.sim.views import Views
 from xce_resize_plugin.controllers.sim.work import JobWork
 from xce_resize_plugin.controllers.store import LmdbStore, MemoryStore, NullStore, Store
@@ -565,7 +565,7 @@ class EmbeddedController(Views):
             self._top_level("inject_task_exit")
             job = self._job(job_id)
             rec = job.task_states.get(task_id)
-            if rec is None or rec.state not in LIVE:
+            if rec is None or rec.state not in LIVE_STATES:
                 raise ValueError(f"job {job_id} task {task_id} is not running")
             self.task_exited(job_id, task_id, status, reason)
             self._flush()

@@ -32,6 +32,7 @@ import pluggy
 from xce_resize_plugin.controllers.cluster import Cluster, HostState
 from xce_resize_plugin.controllers.hosts import HOST_FAILURE
 from xce_resize_plugin.controllers.jobs import (
+    LIVE_STATES,
     JobRecord,
     TaskRecord,
     TaskState,
@@ -56,8 +57,6 @@ from xce_resize_plugin.controllers.violations import ContractViolation, Embedded
 from xce_resize_plugin.core.models import JobState, LossOutcome, Task
 from xce_resize_plugin.host import Controller, HostHooks, Principal, TaskEvent
 
-#: Task states whose process may still be alive.
-LIVE = (TaskState.STARTING, TaskState.RUNNING, TaskState.STOPPING)
 STOPPABLE = (TaskState.STARTING, TaskState.RUNNING)
 
 _P = ParamSpec("_P")
@@ -68,7 +67,7 @@ def exit_all(records: MutableMapping[int, TaskRecord], now: float, reason: str) 
     """:func:`exit_tasks` for all of a job's task records (those never made at once:
     see :class:`~xce_resize_plugin.controllers.jobs.TaskStates`)."""
     if isinstance(records, TaskStates):
-        exit_tasks(records.exit_live(now, reason, LIVE), now, reason)
+        exit_tasks(records.exit_live(now, reason, LIVE_STATES), now, reason)
     else:
         exit_tasks(records.values(), now, reason)
 
@@ -76,7 +75,7 @@ def exit_all(records: MutableMapping[int, TaskRecord], now: float, reason: str) 
 def exit_tasks(records: Iterable[TaskRecord], now: float, reason: str) -> None:
     """Mark the live ones of these task records exited now (their processes are gone)."""
     for rec in records:
-        if rec.state in LIVE:
+        if rec.state in LIVE_STATES:
             rec.state = TaskState.EXITED
             rec.since = now
             rec.reason = reason

@@ -9,11 +9,11 @@ this controller (the live controller) and recorders read.
 from __future__ import annotations
 
 from xce_resize_plugin.controllers.cluster import HostState
-from xce_resize_plugin.controllers.jobs import JobRecord, JobView, NotificationLog
+from xce_resize_plugin.controllers.jobs import LIVE_STATES, JobRecord, JobView, NotificationLog
 from xce_resize_plugin.controllers.scheduler import Reservation
 from xce_resize_plugin.controllers.sim.cluster_view import offered_total
 from xce_resize_plugin.controllers.sim.host_states import HostStates
-from xce_resize_plugin.controllers.sim.state import LIVE, lost_with_host
+from xce_resize_plugin.controllers.sim.state import lost_with_host
 from xce_resize_plugin.core.models import JobState
 
 
@@ -128,7 +128,7 @@ class Views(HostStates):
                         problems.append(
                             f"job {job.id} is {job.state.value} but holds {len(held)} slot(s)"
                         )
-                    live = [tid for tid, r in job.task_states.items() if r.state in LIVE]
+                    live = [tid for tid, r in job.task_states.items() if r.state in LIVE_STATES]
                     if live:
                         problems.append(f"job {job.id} is {job.state.value} with live tasks {live}")
                     continue
@@ -152,7 +152,7 @@ class Views(HostStates):
                                 f"job {job.id}: {n} slots on {host} > ptile {job.ptile}"
                             )
                 for tid, rec in job.task_states.items():
-                    if rec.state in LIVE and held.get(tid) != rec.host:
+                    if rec.state in LIVE_STATES and held.get(tid) != rec.host:
                         problems.append(
                             f"job {job.id}: task {tid} is {rec.state.value} without a held slot"
                         )
@@ -169,7 +169,7 @@ class Views(HostStates):
         ]
         for job in self._running.values():
             for tid, rec in job.task_states.items():
-                if rec.host in down and rec.state in LIVE:
+                if rec.host in down and rec.state in LIVE_STATES:
                     out.append(
                         f"job {job.id}: task {tid} is {rec.state.value} on unavail {rec.host}"
                     )
