@@ -8,9 +8,11 @@ inputs of the event and the time, and returns the facts to append — or raises 
 :func:`~.effects.effects` (:mod:`.effects`) says what the host must do once a fact is
 durable, and :func:`~.effects.transition` does both for a transition's facts. Replaying
 a job's facts through :func:`~.fold.evolve` gives its materialised state exactly (the
-journal stores both; ``journal verify`` compares them). The names callers use as
-``engine.evolve``, ``engine.transition``, ``engine.Reserve`` and so on are re-exported
-here, so that the engine stays the one entry point of the state machine.
+journal stores both; ``journal verify`` compares them). The names callers used as
+``engine.evolve``, ``engine.transition``, ``engine.Reserve`` and so on before fold and
+effects had modules of their own are re-exported here, so those callers did not change.
+Two kinds of decisions live above the engine and are called from their own modules:
+a job's target size (:mod:`.target`) and involuntary shrinks (:mod:`.losses`).
 """
 
 from __future__ import annotations
