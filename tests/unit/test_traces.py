@@ -17,13 +17,12 @@ from pathlib import Path
 import pytest
 
 from xce_resize_plugin.errors import ConfigError, ResizeError
+from xce_resize_plugin.simulation.app_model import ExprError, compile_expression
 from xce_resize_plugin.simulation.traces import (
     DEFAULT_NODE_FLOPS,
     Trace,
     TraceError,
     TraceJob,
-    _compile,
-    _ExprError,
     read_elastisim,
     read_swf,
     read_trace,
@@ -566,13 +565,13 @@ def test_elastisim_bad_files(tmp_path: Path) -> None:
 )
 def test_expressions(text: str, value: float) -> None:
     env = {"x": 2.0, "flops": 1e12, "num_nodes": 16.0, "alpha": 0.5}
-    assert _compile(text)(env) == pytest.approx(value)
+    assert compile_expression(text)(env) == pytest.approx(value)
 
 
 @pytest.mark.parametrize("text", ["", "1 +", "(1", "1 2", "a ? b : c", "1 )", "#"])
 def test_bad_expressions(text: str) -> None:
-    with pytest.raises(_ExprError):
-        _compile(text)({"a": 1.0, "b": 2.0, "c": 3.0})
+    with pytest.raises(ExprError):
+        compile_expression(text)({"a": 1.0, "b": 2.0, "c": 3.0})
 
 
 # ------------------------------------------------------------------------ real traces
