@@ -13,8 +13,21 @@ from typing import Any
 from attrs import frozen
 
 from xce_resize_plugin.core import reclaim
-from xce_resize_plugin.core.engine import Settings
 from xce_resize_plugin.errors import ConfigError
+
+
+@frozen
+class Settings:
+    """The engine's share of the ``[resize]`` configuration (docs/admin-guide.md)."""
+
+    notify_timeout: float = 60.0
+    notify_max_failures: int = 3
+    stop_grace: float = 10.0
+    allow_grow: bool = True
+    #: The longest a grow may wait for its tasks to be ready (``wait_ready``).
+    max_ready_timeout: float = 600.0
+    #: The longest drain time a release (or a job's default) may ask for, in seconds.
+    max_stop_grace: float = 300.0
 
 
 @frozen
