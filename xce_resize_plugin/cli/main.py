@@ -328,9 +328,9 @@ def _dispatch(args: argparse.Namespace, out: TextIO) -> int:
             access_log=args.access_log,
         )
     if args.command == "worker":
-        from xce_resize_plugin.controllers.live import worker
+        from xce_resize_plugin.controllers.live import worker_server
 
-        return worker.serve(args.state_dir.resolve(), args.host, args.header_timeout)
+        return worker_server.serve(args.state_dir.resolve(), args.host, args.header_timeout)
     if args.command in ("hosts", "host"):
         from xce_resize_plugin.cli.hosts import run as run_hosts
 

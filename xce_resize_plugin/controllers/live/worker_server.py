@@ -1,0 +1,187 @@
+"""The worker agent's server: its HTTP routes and the process that serves them.
+
+``xce-resize worker`` runs :func:`serve`: it takes the host's agent lock, kills what a
+dead predecessor left behind, and serves :class:`~.worker.WorkerAgent` (what the agent
+does and why, :mod:`.worker`) with uvicorn on an ephemeral loopback port, every call
+authenticated with the secret the controller created.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hmac
+import json
+import logging
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from xce_resize_plugin.controllers.live.proc import FileLock, atomic_write, become_subreaper
+from xce_resize_plugin.controllers.live.worker import Fenced, WorkerAgent, secret_path
+
+if TYPE_CHECKING:
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import Response
+
+# The agent's one logger, whichever of its two modules logs (operators filter on it).
+log = logging.getLogger("xce_resize_plugin.controllers.live.worker")
+
+
+def make_app(agent: WorkerAgent, secret: str) -> Starlette:
+    """The agent's routes. Sync handlers: Starlette runs them in its thread pool, which
+    is what the blocking long poll needs."""
+    from starlette.applications import Starlette
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    expected = f"Bearer {secret}".encode()
+
+    def authorised(request: Request) -> bool:
+        given = request.headers.get("authorization", "").encode()
+        return hmac.compare_digest(given, expected)
+
+    def refuse(code: str, detail: str, status: int) -> JSONResponse:
+        return JSONResponse({"code": code, "detail": detail}, status_code=status)
+
+    def guarded(fn: Any) -> Any:
+        async def handler(request: Request) -> Response:
+            from starlette.concurrency import run_in_threadpool
+
+            if not authorised(request):
+                return refuse("unauthorised", "bad or missing secret", 401)
+            body = await request.body()
+            try:
+                data = json.loads(body) if body else {}
+                result = await run_in_threadpool(fn, request, data)
+            except Fenced as exc:
+                return refuse("fenced", str(exc), 409)
+            except LookupError as exc:
+                return refuse("instance", str(exc), 409)
+            except (KeyError, ValueError, TypeError) as exc:
+                return refuse("bad_request", repr(exc), 400)
+            return JSONResponse(result)
+
+        return handler
+
+    def ping(request: Request, data: Any) -> dict[str, Any]:
+        return {"host": agent.host, "instance": agent.instance, "pid": os.getpid()}
+
+    def snapshot(request: Request, data: Any) -> dict[str, Any]:
+        return agent.snapshot(int(request.query_params.get("epoch", "0")))
+
+    def events(request: Request, data: Any) -> dict[str, Any]:
+        q = request.query_params
+        return agent.wait_events(
+            int(q.get("after", "0")), float(q.get("timeout", "5")), int(q.get("epoch", "0"))
+        )
+
+    def commands(request: Request, data: Any) -> dict[str, Any]:
+        agent.execute(int(data["epoch"]), str(data["instance"]), list(data["commands"]))
+        return {"ok": True, "seq": agent.seq}
+
+    return Starlette(
+        routes=[
+            Route("/v1/ping", guarded(ping), methods=["GET"]),
+            Route("/v1/snapshot", guarded(snapshot), methods=["GET"]),
+            Route("/v1/events", guarded(events), methods=["GET"]),
+            Route("/v1/commands", guarded(commands), methods=["POST"]),
+        ]
+    )
+
+
+def _only_agent(agent: WorkerAgent) -> FileLock | None:
+    """The host's agent lock, held; ``None`` when another agent for the host holds it."""
+    agent.dir.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(agent.dir / "lock")
+    # A controller probing the lock holds it shared for an instant: retry briefly.
+    deadline = time.monotonic() + 2.0
+    while not lock.acquire():
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(0.02)
+    return lock
+
+
+def serve(state_dir: Path, host: str, header_timeout: float = 10.0) -> int:
+    """Run the agent for ``host`` until SIGTERM/SIGINT; the process's exit status.
+
+    Its port is reachable by every process on the host, tasks included: a client gets
+    ``header_timeout`` seconds to send a request's headers, then is cut off
+    (:mod:`xce_resize_plugin.rest.header_deadline`), so that nobody can hold the
+    agent's connections open without a request. A body is read only after the secret
+    was checked, that is from the controller.
+    """
+    import uvicorn
+
+    from xce_resize_plugin.rest.header_deadline import header_deadline
+
+    logging.basicConfig(
+        level=logging.INFO, format=f"%(asctime)s worker[{host}] %(levelname)s %(message)s"
+    )
+    try:
+        secret = secret_path(state_dir).read_text().strip()
+    except OSError as exc:
+        print(f"xce-resize worker: cannot read the secret: {exc}", file=sys.stderr)
+        return 2
+    agent = WorkerAgent(host, state_dir)
+    lock = _only_agent(agent)
+    if lock is None:
+        print(f"xce-resize worker: an agent for {host} already runs", file=sys.stderr)
+        return 3
+    agent.subreaper = become_subreaper()
+    if not agent.subreaper:
+        log.warning("not a child subreaper: a task's process whose parent exits may escape")
+    agent.kill_orphans()
+    agent.start_tracker()
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(128)
+    port = sock.getsockname()[1]
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            # Wake the long polls so that the graceful shutdown does not wait for them.
+            with agent._cond:
+                agent.closing = True
+                agent._cond.notify_all()
+            super().handle_exit(sig, frame)
+
+    config = uvicorn.Config(
+        make_app(agent, secret),
+        http=header_deadline(header_timeout),
+        log_level="warning",
+        access_log=False,
+        lifespan="off",
+        timeout_graceful_shutdown=1,
+    )
+    server = Server(config)
+    # The registration is written once the socket listens: a controller that reads it
+    # can connect at once (the kernel queues the connection until uvicorn accepts).
+    atomic_write(
+        agent.dir / "worker.json",
+        json.dumps(
+            {
+                "host": host,
+                "pid": os.getpid(),
+                "port": port,
+                # Where this host's tasks are reached (XCE_HEAD_ADDR for task 0's host).
+                "addr": sock.getsockname()[0],
+                "instance": agent.instance,
+                "started": time.time(),
+            }
+        ),
+    )
+    log.info("agent %s for %s on 127.0.0.1:%d", agent.instance, host, port)
+    try:
+        server.run(sockets=[sock])
+    finally:
+        agent.shutdown()
+        with contextlib.suppress(OSError):
+            (agent.dir / "worker.json").unlink()
+        lock.release()
+    return 0
