@@ -147,7 +147,8 @@ class ResizeObserver(Protocol):
 
     def journal_committed(self, seconds: float, entries: int) -> None:
         """A durable journal write (one fsync) took ``seconds`` and held ``entries``
-        transitions (group commit). Called from the journal's writer thread."""
+        transitions (group commit). Called from the thread that wrote it: the journal's
+        writer thread, or a lone request's own thread; never for two writes at once."""
 
 
 def resize_observer_of(controller: Controller) -> ResizeObserver | None:

@@ -635,6 +635,98 @@ def test_group_commit_a_failed_batch_fails_every_entry_queued_after_it(jdir: Pat
         assert j.last_seq == 0
 
 
+def _writers(j: Journal, **kw: object) -> tuple[GroupCommitter, list[bool]]:
+    """A committer whose transactions record whether the main thread wrote them."""
+    written_here: list[bool] = []
+
+    def observe(seconds: float, entries: int) -> None:
+        written_here.append(threading.current_thread() is threading.main_thread())
+
+    return GroupCommitter(j, observe=observe, **kw), written_here  # type: ignore[arg-type]
+
+
+def test_group_commit_a_lone_submit_is_written_by_its_own_thread(jdir: Path) -> None:
+    """No concurrency: each submit writes its own transaction in the caller's thread
+    (no hand-off to the writer thread and back)."""
+    with Journal.open(jdir, sync=False) as j:
+        j.start()
+        gc, written_here = _writers(j)
+        seqs = [gc.submit(Entry(f"j{i}", (b"f%d" % i,), b"s")) for i in range(5)]
+        gc.close()
+        assert seqs == [[1], [2], [3], [4], [5]]
+        assert written_here == [True] * 5
+        assert [payload for _, _, payload in j.facts()] == [b"f%d" % i for i in range(5)]
+
+
+def test_group_commit_after_a_shared_batch_the_writer_thread_writes(jdir: Path) -> None:
+    """Once a batch was shared (concurrency seen), the next entry goes to the writer
+    thread, which batches; after a lone batch, callers write their own again."""
+    with Journal.open(jdir, sync=False) as j:
+        j.start()
+        gc, written_here = _writers(j)
+        # Hold the journal's turn: the writer thread stalls inside the first entry's
+        # write while two more queue up, so that they are written as one batch.
+        with j._shared.turn:
+            first = gc.enqueue(Entry("a", (b"1",), b"s"))
+            deadline = time.monotonic() + 10
+            while gc.transactions == 0 and time.monotonic() < deadline:
+                time.sleep(0.001)  # the writer thread took the first entry
+            queued = [gc.enqueue(Entry(f"b{i}", (b"2",), b"s")) for i in range(2)]
+        assert first.wait() == [1]
+        assert [t.wait() for t in queued] == [[2], [3]]
+        assert gc.submit(Entry("c", (b"3",), b"s")) == [4]  # after a batch of two
+        assert gc.submit(Entry("d", (b"4",), b"s")) == [5]  # after a batch of one
+        gc.close()
+        assert gc.transactions == 4
+        assert written_here == [False, False, False, True]
+
+
+def test_group_commit_an_entry_promised_a_wait_is_written_without_one(jdir: Path) -> None:
+    """``will_wait`` leaves a lone entry to its caller; an entry whose ticket is never
+    waited on still goes with the next batch, or at close."""
+    with Journal.open(jdir, sync=False) as j:
+        j.start()
+        gc = GroupCommitter(j)
+        unwaited = gc.enqueue(Entry("a", (b"1",), b"s"), will_wait=True)
+        assert gc.submit(Entry("b", (b"2",), b"s")) == [2]  # writes both, in order
+        assert unwaited.done and unwaited.wait() == [1]
+        last = gc.enqueue(Entry("c", (b"3",), b"s"), will_wait=True)
+        gc.close()  # drains the queue
+        assert last.done and last.wait() == [3]
+        assert [payload for _, _, payload in j.facts()] == [b"1", b"2", b"3"]
+
+
+def test_group_commit_a_caller_whose_own_write_fails(jdir: Path) -> None:
+    """A write the caller made itself fails as the writer thread's would: the caller
+    gets the error, so does every later submission, nothing more is written, and
+    closing does not hang."""
+    with Journal.open(jdir, sync=False) as j:
+        j.start()
+        failure = JournalError("mdb_txn_commit: No space left on device")
+
+        tried_here: list[bool] = []
+
+        class Fails:
+            path = j.path
+
+            def commit(self, entries: list[Entry]) -> list[int]:
+                tried_here.append(threading.current_thread() is threading.main_thread())
+                raise failure
+
+        gc, written_here = _writers(Fails())  # type: ignore[arg-type]
+        with pytest.raises(JournalError) as caught:
+            gc.submit(Entry("a", (b"1",), b"s"))
+        assert caught.value is failure
+        with pytest.raises(JournalError) as caught:
+            gc.submit(Entry("b", (b"2",), b"s"))
+        assert caught.value is failure
+        gc.close()
+        assert gc.transactions == 1 and gc.entries == 0
+        assert tried_here == [True]  # the caller's own write, tried once
+        assert written_here == []  # no transaction committed
+        assert j.last_seq == 0
+
+
 def test_group_commit_close(jdir: Path) -> None:
     with Journal.open(jdir, sync=False) as j:
         j.start()

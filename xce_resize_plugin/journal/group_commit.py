@@ -16,7 +16,8 @@ from xce_resize_plugin.journal.journal import Journal
 log = logging.getLogger(__name__)
 
 #: Told of every committed transaction: its duration in seconds (the write and its
-#: fsync) and how many entries shared it. Called in the writer thread; must be cheap.
+#: fsync) and how many entries shared it. Called by the thread that wrote it (the
+#: writer thread, or a caller writing its own entry); must be cheap.
 CommitObserver = Callable[[float, int], None]
 
 
@@ -28,13 +29,20 @@ class Ticket:
     each waiting a fraction of a millisecond.
     """
 
-    __slots__ = ("_lock", "error", "seqs")
+    __slots__ = ("_lead", "_lock", "error", "seqs")
 
-    def __init__(self) -> None:
+    def __init__(self, lead: Callable[[Ticket], None] | None = None) -> None:
         self._lock = threading.Lock()
         self._lock.acquire()
         self.seqs: list[int] = []
         self.error: BaseException | None = None
+        # The committer's offer to write this ticket's batch in the waiting thread.
+        self._lead = lead
+
+    @property
+    def done(self) -> bool:
+        """Whether the outcome is set (``wait`` would not block)."""
+        return not self._lock.locked()
 
     def finish(self, seqs: list[int] | None = None, error: BaseException | None = None) -> None:
         self.seqs = seqs or []
@@ -42,6 +50,9 @@ class Ticket:
         self._lock.release()
 
     def wait(self) -> list[int]:
+        lead = self._lead
+        if lead is not None and self._lock.locked():
+            lead(self)
         self._lock.acquire()
         if self.error is not None:
             # The same exception object for every caller of the batch, as
@@ -65,6 +76,14 @@ class GroupCommitter(Closing):
     So once a transaction fails, every entry still queued and every later submission
     fails with the same exception, and nothing is written again: the journal's owner
     must start again from what is on disk.
+    **A lone request is written by its own thread.** Handing an entry to the writer
+    thread and the outcome back costs two thread switches, about a fifth of an
+    uncontended durable commit (docs/performance.md, "Commit latency: a lone request
+    writes its own"). So a caller that waits on its ticket while nothing is being
+    written, and the last batch had one entry (no concurrency seen), writes the queued
+    entries itself. Under concurrency the writer thread batches as described above.
+    Either way one transaction is written at a time, in queue order.
+
     ``observe``, when given, is told of each committed transaction (for metrics); without
     it a transaction costs no clock read.
     """
@@ -81,6 +100,9 @@ class GroupCommitter(Closing):
         self._queue: deque[tuple[Entry, Ticket]] = deque()
         self._closed = False
         self._failed: BaseException | None = None
+        # A transaction is being written, by the writer thread or by a waiting caller
+        # (_lead): never two at once, so that batches are written in queue order.
+        self._writing = False
         self._transactions = 0
         self._entries = 0
         self._last_batch = 0
@@ -105,19 +127,26 @@ class GroupCommitter(Closing):
         Returns the sequence numbers of the entry's facts. If the batch's transaction
         fails (e.g. :class:`FencedError`), every caller of that batch gets the exception.
         """
-        return self.enqueue(entry).wait()
+        return self.enqueue(entry, will_wait=True).wait()
 
-    def enqueue(self, entry: Entry) -> Ticket:
+    def enqueue(self, entry: Entry, *, will_wait: bool = False) -> Ticket:
         """Queue ``entry`` and return at once; ``.wait()`` on the result blocks until it
         is durable (returning its sequence numbers) or raises the batch's error.
 
         Lets a caller fix its place in the commit order while holding its own lock and
         wait for the fsync after releasing it, so that concurrent callers share fsyncs.
+
+        ``will_wait``: the caller promises to wait on the ticket (as :meth:`submit`
+        does). A lone entry is then not handed to the writer thread, whose wake-up
+        would compete with the caller for the interpreter; the caller writes it when
+        it waits (the class docstring). If such a ticket is never waited on, its entry
+        goes with the next batch, or at :meth:`close`. Without ``will_wait`` the writer
+        thread writes the entry at once.
         """
         if not isinstance(entry, Entry):
             # Checked here so that a bad entry fails its own caller, not a whole batch.
             raise TypeError(f"submit() takes an Entry, not {type(entry).__name__}")
-        waiter = Ticket()
+        waiter = Ticket(self._lead)
         with self._cond:
             if self._failed is not None:
                 waiter.finish(error=self._failed)  # see the class docstring
@@ -125,7 +154,8 @@ class GroupCommitter(Closing):
             if self._closed:
                 raise JournalError(f"{self._journal.path}: the group committer is closed")
             self._queue.append((entry, waiter))
-            self._cond.notify()
+            if not (will_wait and self._may_lead()):
+                self._cond.notify()
         return waiter
 
     def close(self) -> None:
@@ -148,12 +178,11 @@ class GroupCommitter(Closing):
                     # moment), so that more of them share its fsync. Alone, no yield.
                     time.sleep(0)
                 with self._cond:
-                    while not self._queue and not self._closed:
+                    while self._writing or (not self._queue and not self._closed):
                         self._cond.wait()
                     if not self._queue:
                         return  # closed and drained
-                    take = min(len(self._queue), self._max_batch)
-                    batch = [self._queue.popleft() for _ in range(take)]
+                    batch = self._take()
                 self._write(batch)
         finally:
             # Only reached early if the thread itself dies: never leave a caller waiting.
@@ -166,7 +195,37 @@ class GroupCommitter(Closing):
                     error=JournalError(f"{self._journal.path}: the group commit writer stopped")
                 )
 
+    def _lead(self, ticket: Ticket) -> None:
+        """Write the queue's first batch in the calling thread, which waits on
+        ``ticket``, when nothing is being written and no concurrency was seen (see the
+        class docstring); else leave it to the writer thread."""
+        with self._cond:
+            if not self._may_lead() or not self._queue or ticket.done:
+                return
+            batch = self._take()
+        self._write(batch)
+
+    def _may_lead(self) -> bool:
+        """Whether a waiting caller would write the next batch itself: nothing is being
+        written and the last batch had one entry. Called holding ``_cond``."""
+        return not self._writing and self._last_batch <= 1 and not self._closed
+
+    def _take(self) -> list[tuple[Entry, Ticket]]:
+        """The next batch, marked as being written. Called holding ``_cond``."""
+        take = min(len(self._queue), self._max_batch)
+        self._writing = True
+        return [self._queue.popleft() for _ in range(take)]
+
     def _write(self, batch: list[tuple[Entry, Ticket]]) -> None:
+        try:
+            self._write_batch(batch)
+        finally:
+            with self._cond:
+                self._writing = False
+                if self._queue or self._closed:
+                    self._cond.notify()  # the writer thread: entries queued meanwhile
+
+    def _write_batch(self, batch: list[tuple[Entry, Ticket]]) -> None:
         self._transactions += 1
         observe = self._observe
         began = time.perf_counter() if observe is not None else 0.0

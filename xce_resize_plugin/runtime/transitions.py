@@ -170,7 +170,10 @@ class Transitions:
             # Stored before it is durable so that the next decision sees it; nothing
             # is acknowledged or done on the host until the ticket says durable.
             self._store(state)
-            ticket = self._committer.enqueue(entry)
+            # Every ticket is waited on, here or by the caller once it released its
+            # lock (Runtime.request): a lone request's entry is written by its own
+            # thread then (journal/group_commit.py).
+            ticket = self._committer.enqueue(entry, will_wait=True)
             if not wait and not effects:
                 return ticket
             self._wait(ticket)
