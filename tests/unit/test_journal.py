@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import random
 import subprocess
 import sys
 import tempfile
@@ -520,6 +521,16 @@ def test_flipped_byte_in_a_state_names_the_job(jdir: Path) -> None:
 # --------------------------------------------------------------------------- group commit
 
 
+def _run_threads(worker: Callable[[int], None], n: int) -> None:
+    """Run ``worker(0..n-1)`` in ``n`` threads and wait for them (30 s at most each)."""
+    threads = [threading.Thread(target=worker, args=(t,)) for t in range(n)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+        assert not thread.is_alive(), "a caller is stuck"
+
+
 def test_group_commit_many_threads(jdir: Path) -> None:
     threads_n, per_thread = 16, 20
     with Journal.open(jdir) as j:  # durable: the batching comes from waiting on fsync
@@ -541,11 +552,7 @@ def test_group_commit_many_threads(jdir: Path) -> None:
                 except BaseException as exc:  # pragma: no cover - reported below
                     errors.append(exc)
 
-            threads = [threading.Thread(target=worker, args=(t,)) for t in range(threads_n)]
-            for thread in threads:
-                thread.start()
-            for thread in threads:
-                thread.join()
+            _run_threads(worker, threads_n)
             assert not errors
             assert gc.entries == threads_n * per_thread
             assert gc.transactions < threads_n * per_thread
@@ -725,6 +732,79 @@ def test_group_commit_a_caller_whose_own_write_fails(jdir: Path) -> None:
         assert tried_here == [True]  # the caller's own write, tried once
         assert written_here == []  # no transaction committed
         assert j.last_seq == 0
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_group_commit_mixed_waiters_write_everything_once_in_queue_order(
+    jdir: Path, seed: int
+) -> None:
+    """Threads mixing ``submit``, a promised wait, a later wait and a promised wait that
+    never comes: whoever writes each batch (a caller or the writer thread), every entry
+    is written exactly once, each thread's entries in the order it queued them, and
+    every ticket is done after ``close``."""
+    threads_n, ops = 8, 30
+    with Journal.open(jdir, sync=False) as j:
+        j.start()
+        pause = random.Random(seed)
+        counting = threading.Lock()
+
+        class Slow:
+            """The journal, with a short pause (the GIL released) in every write, so
+            that a second writer would overlap: none may."""
+
+            path = j.path
+            writing = overlaps = 0
+
+            def commit(self, entries: list[Entry]) -> list[int]:
+                with counting:
+                    self.writing += 1
+                    self.overlaps += self.writing > 1
+                time.sleep(pause.random() * 0.002)
+                try:
+                    return j.commit(entries)
+                finally:
+                    with counting:
+                        self.writing -= 1
+
+        slow = Slow()
+        gc = GroupCommitter(slow, max_batch=4)  # type: ignore[arg-type]
+        tickets: list[object] = []
+        errors: list[BaseException] = []
+        barrier = threading.Barrier(threads_n)
+
+        def worker(t: int) -> None:
+            rng = random.Random(seed * 100 + t)
+            later = []
+            try:
+                barrier.wait()
+                for i in range(ops):
+                    entry = Entry(f"t{t}", (b"%d-%d" % (t, i),), b"%d" % i)
+                    mode = rng.randrange(4)
+                    if mode == 0:
+                        gc.submit(entry)
+                    elif mode == 1:
+                        gc.enqueue(entry, will_wait=True).wait()
+                    elif mode == 2:
+                        later.append(gc.enqueue(entry))
+                    else:
+                        tickets.append(gc.enqueue(entry, will_wait=True))  # never waited
+                for ticket in later:
+                    ticket.wait()
+            except BaseException as exc:  # pragma: no cover - reported below
+                errors.append(exc)
+
+        _run_threads(worker, threads_n)
+        gc.close()
+        assert not errors
+        assert slow.overlaps == 0
+        assert all(t.done for t in tickets)  # type: ignore[attr-defined]
+        assert gc.entries == threads_n * ops
+        rows = list(j.facts())
+        assert [seq for seq, _, _ in rows] == list(range(1, threads_n * ops + 1))
+        for t in range(threads_n):
+            mine = [payload for _, job, payload in rows if job == f"t{t}"]
+            assert mine == [b"%d-%d" % (t, i) for i in range(ops)]
+            assert _state(j, f"t{t}") == b"%d" % (ops - 1)
 
 
 def test_group_commit_close(jdir: Path) -> None:
