@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from starlette.responses import Response
 
 # The agent's one logger, whichever of its two modules logs (operators filter on it).
-log = logging.getLogger("xce_resize_plugin.controllers.live.worker")
+log = logging.getLogger(WorkerAgent.__module__)
 
 
 def make_app(agent: WorkerAgent, secret: str) -> Starlette:
