@@ -28,6 +28,7 @@ from xce_resize_plugin.journal import (
     Journal,
     StoredState,
     Tail,
+    Ticket,
     compact,
     export,
     verify,
@@ -642,14 +643,14 @@ def test_group_commit_a_failed_batch_fails_every_entry_queued_after_it(jdir: Pat
         assert j.last_seq == 0
 
 
-def _writers(j: Journal, **kw: object) -> tuple[GroupCommitter, list[bool]]:
+def _writers(j: Journal) -> tuple[GroupCommitter, list[bool]]:
     """A committer whose transactions record whether the main thread wrote them."""
     written_here: list[bool] = []
 
     def observe(seconds: float, entries: int) -> None:
         written_here.append(threading.current_thread() is threading.main_thread())
 
-    return GroupCommitter(j, observe=observe, **kw), written_here  # type: ignore[arg-type]
+    return GroupCommitter(j, observe=observe), written_here
 
 
 def test_group_commit_a_lone_submit_is_written_by_its_own_thread(jdir: Path) -> None:
@@ -768,7 +769,7 @@ def test_group_commit_mixed_waiters_write_everything_once_in_queue_order(
 
         slow = Slow()
         gc = GroupCommitter(slow, max_batch=4)  # type: ignore[arg-type]
-        tickets: list[object] = []
+        tickets: list[Ticket] = []
         errors: list[BaseException] = []
         barrier = threading.Barrier(threads_n)
 
@@ -797,7 +798,7 @@ def test_group_commit_mixed_waiters_write_everything_once_in_queue_order(
         gc.close()
         assert not errors
         assert slow.overlaps == 0
-        assert all(t.done for t in tickets)  # type: ignore[attr-defined]
+        assert all(t.done for t in tickets)
         assert gc.entries == threads_n * ops
         rows = list(j.facts())
         assert [seq for seq, _, _ in rows] == list(range(1, threads_n * ops + 1))
