@@ -31,8 +31,8 @@ import pluggy
 
 from xce_resize_plugin.core.accounting import Usage
 from xce_resize_plugin.core.events import JobEvent
+from xce_resize_plugin.core.facts import Fact
 from xce_resize_plugin.core.models import (
-    Fact,
     JobInfo,
     LossOutcome,
     Principal,

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from xce_resize_plugin.core import converters
-from xce_resize_plugin.core.models import AutoresizeSet, GrowRequested
+from xce_resize_plugin.core.facts import AutoresizeSet, GrowRequested
 from xce_resize_plugin.journal import Journal
 
 from . import test_api as _api

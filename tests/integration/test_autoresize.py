@@ -12,12 +12,11 @@ import pluggy
 import pytest
 
 from xce_resize_plugin import errors, hookspecs
+from xce_resize_plugin.core.facts import AutoresizeSet, GrowRequested
 from xce_resize_plugin.core.models import (
     AutoresizeRequest,
-    AutoresizeSet,
     CancelRequest,
     GrowRequest,
-    GrowRequested,
     JobState,
     ReleaseRequest,
 )

@@ -92,7 +92,7 @@ def test_a_reclaimed_autoresizable_job_stays_autoresizable(resize_scenario: Run)
 
 def test_a_pending_demand_follows_the_size_a_failure_left(resize_scenario: Run) -> None:
     """Its demand was 1..2 more while it ran 4 of 6 tasks; after losing 2 it is 1..4."""
-    from xce_resize_plugin.core.models import GrowRequested
+    from xce_resize_plugin.core.facts import GrowRequested
 
     table = {
         "cluster": {"hosts": {"h1": 2, "h2": 2}},

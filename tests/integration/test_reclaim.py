@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from xce_resize_plugin.core.models import ChangeKind, ReleaseAccepted
+from xce_resize_plugin.core.facts import ReleaseAccepted
+from xce_resize_plugin.core.models import ChangeKind
 from xce_resize_plugin.errors import ConfigError
 from xce_resize_plugin.scenarios import files, runner
 from xce_resize_plugin.scenarios.files import Scenario

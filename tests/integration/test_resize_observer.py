@@ -10,15 +10,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from xce_resize_plugin.core.models import (
-    Committed,
-    Fact,
-    GrowPlaced,
-    GrowRequest,
-    GrowRequested,
-    Phase,
-    ResizeState,
-)
+from xce_resize_plugin.core.facts import Committed, Fact, GrowPlaced, GrowRequested
+from xce_resize_plugin.core.models import GrowRequest, Phase, ResizeState
 from xce_resize_plugin.host import Principal
 from xce_resize_plugin.journal import Entry, GroupCommitter, Journal
 

@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from xce_resize_plugin.core import audit
-from xce_resize_plugin.core.models import GrowRequested, ReleaseAccepted, TargetRequest, TargetSet
+from xce_resize_plugin.core.facts import GrowRequested, ReleaseAccepted, TargetSet
+from xce_resize_plugin.core.models import TargetRequest
 from xce_resize_plugin.recording.replay import replay
 from xce_resize_plugin.scenarios import files, runner
 from xce_resize_plugin.scenarios.result import ScenarioResult

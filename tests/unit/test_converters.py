@@ -13,15 +13,17 @@ from hypothesis import strategies as st
 
 from xce_resize_plugin import errors
 from xce_resize_plugin.core import converters, task_codec
-from xce_resize_plugin.core.models import (
+from xce_resize_plugin.core.facts import (
     FACT_TYPES,
-    ChangeKind,
     Fact,
     GrowPlaced,
-    GrowRequest,
     JobTracked,
     NotifyDone,
     ReleaseAccepted,
+)
+from xce_resize_plugin.core.models import (
+    ChangeKind,
+    GrowRequest,
     ResizeRecord,
     ResizeState,
     Target,

@@ -14,33 +14,35 @@ from hypothesis import strategies as st
 from xce_resize_plugin import default_policies, errors
 from xce_resize_plugin.core import engine, fold, losses
 from xce_resize_plugin.core import events as job_events
-from xce_resize_plugin.core.models import (
-    CancelRequest,
-    ChangeKind,
+from xce_resize_plugin.core.facts import (
     Committed,
     Fact,
     GrowCancelled,
     GrowPlaced,
-    GrowRequest,
     GrowRequested,
     GrowReverted,
     JobEnded,
-    JobInfo,
-    JobState,
     NotifyDone,
     NotifyStarted,
-    Phase,
     ReleaseAccepted,
-    ReleaseRequest,
-    ResizeRequest,
-    ResizeState,
-    Task,
     TasksLaunched,
     TasksStarted,
     TasksStopped,
     TaskStarted,
     TaskStartFailed,
     TaskStopped,
+)
+from xce_resize_plugin.core.models import (
+    CancelRequest,
+    ChangeKind,
+    GrowRequest,
+    JobInfo,
+    JobState,
+    Phase,
+    ReleaseRequest,
+    ResizeRequest,
+    ResizeState,
+    Task,
 )
 from xce_resize_plugin.core.placement import FreeSlotIndex, GrowHostView
 from xce_resize_plugin.core.task_events import TaskEventRun, TaskEvents
@@ -665,7 +667,7 @@ def _running(alloc: Sequence[str], min_tasks: int = 1, resizable: bool = True) -
 
 def test_a_host_loss_is_an_involuntary_shrink_with_a_record() -> None:
     from xce_resize_plugin.core import converters
-    from xce_resize_plugin.core.models import TasksLost
+    from xce_resize_plugin.core.facts import TasksLost
 
     job = _running(["a", "a", "b", "b"])
     facts = losses.decide_host_loss(None, job, "b", [2, 3], 5.0, SETTINGS)

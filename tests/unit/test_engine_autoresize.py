@@ -8,11 +8,10 @@ import pytest
 from tests.unit.test_engine import POLICY, SETTINGS, job, place, request, run
 from xce_resize_plugin import errors
 from xce_resize_plugin.core import engine
+from xce_resize_plugin.core.facts import AutoresizeSet, GrowRequested
 from xce_resize_plugin.core.models import (
     AutoresizeRequest,
-    AutoresizeSet,
     GrowRequest,
-    GrowRequested,
     JobState,
     Phase,
     ResizeState,

@@ -12,19 +12,21 @@ from hypothesis import strategies as st
 from tests.unit.test_engine import OWNER, POLICY, SETTINGS, job, run
 from xce_resize_plugin import errors
 from xce_resize_plugin.core import engine, events, losses
-from xce_resize_plugin.core.models import (
-    DrainedRequest,
+from xce_resize_plugin.core.facts import (
     DrainEnded,
     Fact,
     JobEnded,
-    JobInfo,
-    Phase,
-    ReleaseRequest,
-    ResizeState,
     TaskExited,
     TasksDrained,
     TasksLaunched,
     TaskStopped,
+)
+from xce_resize_plugin.core.models import (
+    DrainedRequest,
+    JobInfo,
+    Phase,
+    ReleaseRequest,
+    ResizeState,
 )
 from xce_resize_plugin.host import Principal, TaskEvent
 

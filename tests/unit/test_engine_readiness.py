@@ -14,21 +14,23 @@ from hypothesis import strategies as st
 from tests.unit.test_engine import OWNER, POLICY, SETTINGS, job, place, request, run
 from xce_resize_plugin import errors
 from xce_resize_plugin.core import audit, converters, engine, losses
-from xce_resize_plugin.core.models import (
-    ChangeKind,
+from xce_resize_plugin.core.facts import (
     Committed,
     Fact,
-    GrowRequest,
     GrowReverted,
-    JobState,
-    Phase,
-    ReadyRequest,
     ReadyTimedOut,
-    ResizeState,
-    TaskEvent,
     TaskReady,
     TasksLost,
     TaskStartFailed,
+)
+from xce_resize_plugin.core.models import (
+    ChangeKind,
+    GrowRequest,
+    JobState,
+    Phase,
+    ReadyRequest,
+    ResizeState,
+    TaskEvent,
 )
 
 SLOW = engine.Settings(notify_max_failures=2, max_ready_timeout=100.0)

@@ -10,22 +10,24 @@ import pytest
 from tests.unit.test_engine import OWNER, POLICY, SETTINGS, job, place, request, run
 from xce_resize_plugin import errors
 from xce_resize_plugin.core import converters, engine, losses, target
+from xce_resize_plugin.core.facts import (
+    AutoresizeSet,
+    GrowCancelled,
+    GrowRequested,
+    ReleaseAccepted,
+    TargetSet,
+)
 from xce_resize_plugin.core.models import (
     AutoresizeRequest,
-    AutoresizeSet,
     CancelRequest,
-    GrowCancelled,
     GrowRequest,
-    GrowRequested,
     JobInfo,
     JobState,
     Phase,
-    ReleaseAccepted,
     ReleaseRequest,
     ResizeState,
     Target,
     TargetRequest,
-    TargetSet,
     TaskEvent,
 )
 from xce_resize_plugin.host import Principal

@@ -21,24 +21,26 @@ from cattrs.strategies import configure_tagged_union
 
 from xce_resize_plugin import errors
 from xce_resize_plugin.core.accounting import Usage
-from xce_resize_plugin.core.models import (
+from xce_resize_plugin.core.facts import (
     FACT_TYPES,
+    Fact,
+    GrowRequested,
+    ReleaseAccepted,
+    TasksLost,
+    TasksStopped,
+    TaskStopped,
+)
+from xce_resize_plugin.core.models import (
     AutoresizeRequest,
     Change,
-    Fact,
     GrowRequest,
-    GrowRequested,
     PendingGrow,
-    ReleaseAccepted,
     ReleaseRequest,
     ResizeRecord,
     ResizeState,
     Target,
     TargetRequest,
     Task,
-    TasksLost,
-    TasksStopped,
-    TaskStopped,
     host_counts,
 )
 from xce_resize_plugin.core.status import ResizeStatus

@@ -9,17 +9,16 @@ events (:mod:`.task_event_decisions`) call it too.
 from __future__ import annotations
 
 from xce_resize_plugin.core.config import Settings
-from xce_resize_plugin.core.fold import demand_size, evolve
-from xce_resize_plugin.core.models import (
+from xce_resize_plugin.core.facts import (
     AutoresizeSet,
     Fact,
     GrowRequested,
     GrowReverted,
     NotifyDone,
-    Phase,
-    ResizeState,
     TargetSet,
 )
+from xce_resize_plugin.core.fold import demand_size, evolve
+from xce_resize_plugin.core.models import Phase, ResizeState
 
 # An autoresizable job (LSF's bsub -ar) has one grow pending of 1..max_tasks - current
 # whenever it is idle below max_tasks: the demand (PendingGrow.auto). It is decided here,

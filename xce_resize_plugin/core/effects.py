@@ -13,6 +13,23 @@ from collections.abc import Sequence
 from attrs import frozen
 
 from xce_resize_plugin.core.allocations import joined, task_ids
+from xce_resize_plugin.core.facts import (
+    Committed,
+    Fact,
+    GrowPlaced,
+    GrowReverted,
+    JobEnded,
+    NotifyDone,
+    NotifyStarted,
+    ReadyTimedOut,
+    TasksLaunched,
+    TasksLost,
+    TasksStarted,
+    TasksStopped,
+    TaskStarted,
+    TaskStartFailed,
+    TaskStopped,
+)
 from xce_resize_plugin.core.fold import (
     TASK_FACTS,
     charge_steps,
@@ -24,25 +41,10 @@ from xce_resize_plugin.core.fold import (
 )
 from xce_resize_plugin.core.models import (
     ChangeKind,
-    Committed,
-    Fact,
-    GrowPlaced,
-    GrowReverted,
-    JobEnded,
-    NotifyDone,
-    NotifyStarted,
     Phase,
-    ReadyTimedOut,
     ResizeRecord,
     ResizeState,
     Task,
-    TasksLaunched,
-    TasksLost,
-    TasksStarted,
-    TasksStopped,
-    TaskStarted,
-    TaskStartFailed,
-    TaskStopped,
     held_count,
 )
 

@@ -52,39 +52,41 @@ from xce_resize_plugin.core.effects import Stop as Stop
 from xce_resize_plugin.core.effects import effects as effects
 from xce_resize_plugin.core.effects import resume_effects as resume_effects
 from xce_resize_plugin.core.effects import transition as transition
+from xce_resize_plugin.core.facts import (
+    AutoresizeSet,
+    DrainEnded,
+    Fact,
+    GrowCancelled,
+    GrowPlaced,
+    GrowRequested,
+    JobEnded,
+    JobTracked,
+    NotifyDone,
+    NotifyStarted,
+    ReleaseAccepted,
+    TasksDrained,
+    TasksLaunched,
+)
 from xce_resize_plugin.core.fold import demand_size as demand_size
 from xce_resize_plugin.core.fold import evolve as evolve
 from xce_resize_plugin.core.fold import replay as replay
 from xce_resize_plugin.core.fold import unresolved
 from xce_resize_plugin.core.models import (
     AutoresizeRequest,
-    AutoresizeSet,
     CancelRequest,
     ChangeKind,
     DrainedRequest,
-    DrainEnded,
-    Fact,
-    GrowCancelled,
-    GrowPlaced,
     GrowRequest,
-    GrowRequested,
-    JobEnded,
     JobInfo,
     JobState,
-    JobTracked,
-    NotifyDone,
-    NotifyStarted,
     Phase,
     Principal,
     ReadyRequest,
-    ReleaseAccepted,
     ReleaseRequest,
     ResizeRequest,
     ResizeState,
     TargetRequest,
     Task,
-    TasksDrained,
-    TasksLaunched,
 )
 from xce_resize_plugin.core.placement import GrowHostView, place
 from xce_resize_plugin.core.releasespec import named_release_ids

@@ -16,20 +16,17 @@ from typing import Any
 from attrs import frozen
 
 from xce_resize_plugin.core import engine
-from xce_resize_plugin.core.models import (
-    ChangeKind,
+from xce_resize_plugin.core.facts import (
     Committed,
     Fact,
     GrowPlaced,
     JobEnded,
-    Phase,
-    ResizeState,
-    Task,
     TaskExited,
     TasksLost,
     TasksStopped,
     TaskStopped,
 )
+from xce_resize_plugin.core.models import ChangeKind, Phase, ResizeState, Task
 from xce_resize_plugin.errors import UnknownEventCursor
 
 #: The event types, in the order docs/in-job-api.md describes them.

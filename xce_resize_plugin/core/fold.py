@@ -16,10 +16,8 @@ from attrs import fields
 
 from xce_resize_plugin.core import readiness
 from xce_resize_plugin.core.allocations import joined, next_task_id, task_ids, with_ids, without_ids
-from xce_resize_plugin.core.models import (
+from xce_resize_plugin.core.facts import (
     AutoresizeSet,
-    Change,
-    ChangeKind,
     Committed,
     DrainEnded,
     Fact,
@@ -31,14 +29,9 @@ from xce_resize_plugin.core.models import (
     JobTracked,
     NotifyDone,
     NotifyStarted,
-    PendingGrow,
-    Phase,
     ReadyTimedOut,
     ReleaseAccepted,
-    ResizeRecord,
-    ResizeState,
     TargetSet,
-    Task,
     TaskExited,
     TaskReady,
     TasksDrained,
@@ -49,6 +42,15 @@ from xce_resize_plugin.core.models import (
     TaskStarted,
     TaskStartFailed,
     TaskStopped,
+)
+from xce_resize_plugin.core.models import (
+    Change,
+    ChangeKind,
+    PendingGrow,
+    Phase,
+    ResizeRecord,
+    ResizeState,
+    Task,
 )
 
 _S = TypeVar("_S", ResizeState, Change, PendingGrow)

@@ -21,16 +21,9 @@ from xce_resize_plugin.core.engine import (
     track_job,
     with_demand,
 )
+from xce_resize_plugin.core.facts import Fact, TasksLost
 from xce_resize_plugin.core.fold import evolve
-from xce_resize_plugin.core.models import (
-    Fact,
-    JobInfo,
-    JobState,
-    Phase,
-    ResizeState,
-    TaskEvent,
-    TasksLost,
-)
+from xce_resize_plugin.core.models import JobInfo, JobState, Phase, ResizeState, TaskEvent
 
 
 def survives_loss(state: ResizeState | None, job: JobInfo, lost_ids: Iterable[int]) -> bool:

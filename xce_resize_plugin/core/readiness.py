@@ -20,16 +20,8 @@ from typing import Any, TypeVar
 import attrs
 
 from xce_resize_plugin import errors
-from xce_resize_plugin.core.models import (
-    Change,
-    ChangeKind,
-    JobInfo,
-    JobState,
-    Phase,
-    ReadyTimedOut,
-    ResizeState,
-    TaskReady,
-)
+from xce_resize_plugin.core.facts import ReadyTimedOut, TaskReady
+from xce_resize_plugin.core.models import Change, ChangeKind, JobInfo, JobState, Phase, ResizeState
 
 _T = TypeVar("_T", ResizeState, Change)
 

@@ -28,18 +28,15 @@ from xce_resize_plugin.core.engine import (
     track_job,
     with_demand,
 )
+from xce_resize_plugin.core.facts import Fact, GrowCancelled, ReleaseAccepted, TargetSet
 from xce_resize_plugin.core.models import (
-    Fact,
-    GrowCancelled,
     JobInfo,
     Phase,
     Principal,
-    ReleaseAccepted,
     ReleaseRequest,
     ResizeState,
     Target,
     TargetRequest,
-    TargetSet,
     Task,
 )
 

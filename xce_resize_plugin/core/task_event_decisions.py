@@ -14,16 +14,10 @@ from xce_resize_plugin.core import readiness
 from xce_resize_plugin.core.allocations import id_range, task_ids
 from xce_resize_plugin.core.config import Settings
 from xce_resize_plugin.core.demand import with_demand
-from xce_resize_plugin.core.fold import evolve
-from xce_resize_plugin.core.models import (
-    Change,
-    ChangeKind,
+from xce_resize_plugin.core.facts import (
     Committed,
     Fact,
     GrowReverted,
-    Phase,
-    ResizeState,
-    TaskEvent,
     TaskExited,
     TasksStarted,
     TasksStopped,
@@ -31,6 +25,8 @@ from xce_resize_plugin.core.models import (
     TaskStartFailed,
     TaskStopped,
 )
+from xce_resize_plugin.core.fold import evolve
+from xce_resize_plugin.core.models import Change, ChangeKind, Phase, ResizeState, TaskEvent
 from xce_resize_plugin.core.task_events import TaskEventRun, TaskEvents
 
 

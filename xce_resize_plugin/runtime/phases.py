@@ -15,8 +15,8 @@ from collections.abc import Mapping, Sequence
 from xce_resize_plugin.core import converters, engine, losses, target
 from xce_resize_plugin.core import events as events_mod
 from xce_resize_plugin.core.accounting import Usage, usage_of_job, usage_of_state
+from xce_resize_plugin.core.facts import Fact
 from xce_resize_plugin.core.models import (
-    Fact,
     JobInfo,
     JobState,
     LossOutcome,

@@ -13,14 +13,8 @@ from collections.abc import Mapping, Sequence
 from operator import attrgetter
 
 from xce_resize_plugin.core import engine
-from xce_resize_plugin.core.models import (
-    ChangeKind,
-    Fact,
-    JobState,
-    ReleaseRequest,
-    Task,
-    TasksInIdOrder,
-)
+from xce_resize_plugin.core.facts import Fact
+from xce_resize_plugin.core.models import ChangeKind, JobState, ReleaseRequest, Task, TasksInIdOrder
 from xce_resize_plugin.core.reclaim import (
     QueueHead,
     ReclaimCandidate,

@@ -22,13 +22,8 @@ import attrs
 from xce_resize_plugin.core import config as config_mod
 from xce_resize_plugin.core import converters, engine
 from xce_resize_plugin.core.allocations import joined
-from xce_resize_plugin.core.models import (
-    Fact,
-    JobTracked,
-    ResizeState,
-    allocation_env,
-    format_hosts,
-)
+from xce_resize_plugin.core.facts import Fact, JobTracked
+from xce_resize_plugin.core.models import ResizeState, allocation_env, format_hosts
 from xce_resize_plugin.errors import JournalError
 from xce_resize_plugin.host import Controller, resize_observer_of, wake_at
 from xce_resize_plugin.journal import Entry, GroupCommitter, Journal, StoredState, Ticket

@@ -11,7 +11,7 @@ from typing import Any
 
 from attrs import field, frozen
 
-from xce_resize_plugin.core.models import Fact
+from xce_resize_plugin.core.facts import Fact
 from xce_resize_plugin.scenarios.files import HostCommand, Scenario
 
 __all__ = ["CommandResult", "ScenarioResult"]

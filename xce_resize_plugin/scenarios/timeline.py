@@ -10,7 +10,7 @@ import shlex
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from xce_resize_plugin.core.models import (
+from xce_resize_plugin.core.facts import (
     AutoresizeSet,
     Committed,
     DrainEnded,
@@ -22,12 +22,11 @@ from xce_resize_plugin.core.models import (
     NotifyDone,
     ReleaseAccepted,
     TargetSet,
-    Task,
     TasksDrained,
     TasksLost,
     TaskStartFailed,
-    format_hosts,
 )
+from xce_resize_plugin.core.models import Task, format_hosts
 
 if TYPE_CHECKING:
     from xce_resize_plugin.scenarios.result import ScenarioResult

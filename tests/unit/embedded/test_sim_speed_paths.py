@@ -28,21 +28,23 @@ from xce_resize_plugin.controllers.sim import Cluster
 from xce_resize_plugin.controllers.sim.cluster_view import SimClusterView, _budget, _offered
 from xce_resize_plugin.controllers.slots import FreeSlots
 from xce_resize_plugin.core import converters, engine, task_codec
-from xce_resize_plugin.core.models import (
+from xce_resize_plugin.core.facts import (
     Committed,
     GrowPlaced,
-    GrowRequest,
     GrowRequested,
-    JobInfo,
     JobTracked,
     ReleaseAccepted,
+    TasksLaunched,
+    TaskStarted,
+    TaskStopped,
+)
+from xce_resize_plugin.core.models import (
+    GrowRequest,
+    JobInfo,
     ReleaseRequest,
     ResizeState,
     Task,
     TaskEvent,
-    TasksLaunched,
-    TaskStarted,
-    TaskStopped,
 )
 from xce_resize_plugin.core.placement import SparseFree
 from xce_resize_plugin.host import Principal

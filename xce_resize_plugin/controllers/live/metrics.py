@@ -41,10 +41,9 @@ from xce_resize_plugin.controllers.live.host_routes import HOST_SCHEMAS, fencing
 from xce_resize_plugin.controllers.live.live_controller import LiveController
 from xce_resize_plugin.controllers.observer import LiveObserver
 from xce_resize_plugin.controllers.runners import NotificationRequest, NotificationResult
+from xce_resize_plugin.core.facts import Committed, Fact
 from xce_resize_plugin.core.models import (
     CancelRequest,
-    Committed,
-    Fact,
     GrowRequest,
     Phase,
     ReleaseRequest,
