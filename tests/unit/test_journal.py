@@ -1074,7 +1074,9 @@ def test_damaged_history_is_found_by_recovery_and_verify(jdir: Path) -> None:
     history = env.open_db(b"history", create=False)
     with env.begin(write=True) as txn:
         txn.delete(b"a\0c" + (1).to_bytes(8, "big"), db=history)  # a gap
-        value = bytearray(txn.get(b"b\0r" + (0).to_bytes(8, "big"), db=history))
+        stored = txn.get(b"b\0r" + (0).to_bytes(8, "big"), db=history)
+        assert stored is not None, "the history row to damage was not written"
+        value = bytearray(stored)
         value[-1] ^= 0xFF
         txn.put(b"b\0r" + (0).to_bytes(8, "big"), bytes(value), db=history)  # bit rot
         txn.put(b"zz\0c" + (0).to_bytes(8, "big"), seal(b"x"), db=history)  # no state
