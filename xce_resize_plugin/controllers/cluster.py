@@ -21,7 +21,8 @@ from itertools import chain, repeat
 from operator import add, attrgetter, le, sub
 
 from xce_resize_plugin.controllers.lazy import TaskList, Unfolded
-from xce_resize_plugin.controllers.slots import FreeSlots, Placement, Run
+from xce_resize_plugin.controllers.placement_runs import Placement, Run
+from xce_resize_plugin.controllers.slots import FreeSlots
 from xce_resize_plugin.controllers.violations import ContractViolation
 from xce_resize_plugin.core.models import Task, make_tasks
 

@@ -25,7 +25,7 @@ from itertools import islice
 from typing import TypeVar, overload
 
 from xce_resize_plugin.controllers.lazy_tuple import LazyTuple
-from xce_resize_plugin.controllers.slots import Placement
+from xce_resize_plugin.controllers.placement_runs import Placement
 from xce_resize_plugin.core.models import Task, TasksInIdOrder, make_tasks
 
 __all__ = ["TaskList", "Unfolded"]

@@ -59,7 +59,8 @@ from attrs import frozen
 
 from xce_resize_plugin.controllers.lazy import Unfolded
 from xce_resize_plugin.controllers.pending_queue import BLOCK, PendingQueue
-from xce_resize_plugin.controllers.slots import FreeSlots, Placement, Run
+from xce_resize_plugin.controllers.placement_runs import Placement, Run
+from xce_resize_plugin.controllers.slots import FreeSlots
 
 __all__ = [
     "PassResult",

@@ -40,7 +40,7 @@ from xce_resize_plugin.controllers.hosts import HOST_FAILURE
 from xce_resize_plugin.controllers.jobs import job_id_key
 from xce_resize_plugin.controllers.lazy import TaskList
 from xce_resize_plugin.controllers.observer import FinishedJob, Observer
-from xce_resize_plugin.controllers.slots import Placement
+from xce_resize_plugin.controllers.placement_runs import Placement
 from xce_resize_plugin.core.models import JobState, Task
 from xce_resize_plugin.simulation.malleable import SpeedupModel
 

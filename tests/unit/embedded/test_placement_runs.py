@@ -17,8 +17,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from xce_resize_plugin.controllers.lazy import TaskList, Unfolded
+from xce_resize_plugin.controllers.placement_runs import Placement
 from xce_resize_plugin.controllers.sim import Cluster
-from xce_resize_plugin.controllers.slots import FreeSlots, Placement
+from xce_resize_plugin.controllers.slots import FreeSlots
 from xce_resize_plugin.core.models import JobInfo, JobState, Task, TasksInIdOrder
 from xce_resize_plugin.simulation.checks import LedgerCheck
 

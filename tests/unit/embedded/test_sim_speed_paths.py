@@ -592,7 +592,7 @@ def test_task_records_behave_as_the_dict_they_stand_for(
     leave the records a plain dict of records would hold."""
     from xce_resize_plugin.controllers.jobs import TaskRecord, TaskState, TaskStates
     from xce_resize_plugin.controllers.lazy import TaskList
-    from xce_resize_plugin.controllers.slots import Placement
+    from xce_resize_plugin.controllers.placement_runs import Placement
 
     hosts = [f"h{i % 3}" for i in range(n)]
     placement = Placement([(h, 1) for h in hosts])
