@@ -150,6 +150,28 @@ class TaskList(LazyTuple[Task], TasksInIdOrder):
     def id_host_pairs(self) -> Iterable[tuple[int, str]]:
         return zip(range(self.start, self.placement.total), self.task_hosts(), strict=True)
 
+    def host_positions(self) -> tuple[Sequence[str], list[tuple[int, int, int]]] | None:
+        p = self.placement
+        if self._tasks is not None or p.runs is None or p.names is None:
+            return None
+        runs: list[tuple[int, int, int]] = []
+        skip = self.start  # a tail slice: its first tasks may fall inside a run
+        for first, n, take in p.runs:
+            if skip >= n * take:
+                skip -= n * take
+                continue
+            if skip:
+                hosts_skipped, into = divmod(skip, take)
+                first, n, skip = first + hosts_skipped, n - hosts_skipped, 0
+                if into:
+                    # The rest of a host whose first tasks are before the slice.
+                    runs.append((first, 1, take - into))
+                    first, n = first + 1, n - 1
+                    if not n:
+                        continue
+            runs.append((first, n, take))
+        return p.names, runs
+
     @overload
     def __getitem__(self, i: int) -> Task: ...
 

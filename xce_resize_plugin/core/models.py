@@ -103,6 +103,14 @@ class TasksInIdOrder(Sequence[Task]):
         making its tasks."""
         return map(_host_of, self)
 
+    def host_positions(self) -> tuple[Sequence[str], list[tuple[int, int, int]]] | None:
+        """Its tasks' hosts as runs of a sequence of host names, if it holds them so:
+        ``(names, runs)``, each run ``(first, n, take)`` standing for the ``n`` names
+        from ``names[first]`` on, each ``take`` times, in task order. The journal then
+        reads each name's number once per ``names`` instead of once per task
+        (core/task_codec.py). ``None`` (the default): only :meth:`task_hosts`."""
+        return None
+
 
 _id_and_host = attrgetter("id", "host")
 _host_of = attrgetter("host")

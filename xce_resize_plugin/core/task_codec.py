@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 import threading
 from collections.abc import Sequence
+from itertools import chain, repeat
 from operator import attrgetter
 from typing import Any, Generic, TypeVar
 
@@ -46,6 +47,9 @@ PREFIX_MAX = 255
 #: number written back gives the same name).
 _NUMBERED = re.compile(r"(.*?)([0-9]+)", re.ASCII | re.DOTALL)
 
+#: How many sequences of names (clusters' hosts) :meth:`HostNumbers.codes_of` keeps.
+SEQUENCES_KEPT = 4
+
 #: The number's bits in a host name's int (:class:`HostNumbers`).
 _NUMBER_BITS = (1 << 64) - 1
 
@@ -74,6 +78,9 @@ class HostNumbers(dict[str, int | None]):
         self._kind_of: dict[tuple[str, int], int] = {}
         self._spelling: list[tuple[str, int]] = []
         self._lock = threading.Lock()
+        #: The ints of whole sequences of names (a cluster's hosts), by identity: the
+        #: last :data:`SEQUENCES_KEPT` read, each kept alive with its ints.
+        self._sequences: dict[int, tuple[Sequence[str], list[int | None]]] = {}
 
     def __missing__(self, name: str) -> int | None:
         m = _NUMBERED.fullmatch(name)
@@ -92,18 +99,42 @@ class HostNumbers(dict[str, int | None]):
             self[name] = code
         return code
 
+    def codes_of(self, names: Sequence[str]) -> list[int | None] | None:
+        """The int of each of ``names``, read once per sequence: a host's list gives
+        its tasks' hosts as runs of its cluster's names (``TasksInIdOrder``'s
+        ``host_positions``), and a job of thousands of hosts then costs no look-up
+        per host. ``None`` once the kinds ran out: which names then get a kind depends
+        on the order they are met, so they are met one by one, as before."""
+        key = id(names)
+        kept = self._sequences.get(key)
+        if kept is not None and kept[0] is names:
+            return kept[1]
+        codes = list(map(self.__getitem__, names))
+        if len(self._spelling) >= self._kinds:
+            return None
+        with self._lock:
+            sequences = self._sequences
+            while len(sequences) >= SEQUENCES_KEPT:
+                del sequences[next(iter(sequences))]
+            sequences[key] = (names, codes)
+        return codes
+
     def spelling(self, code: int) -> tuple[str, int, int]:
         """``(prefix, number, digits)`` of a name's int."""
         prefix, width = self._spelling[code >> 64]
         return prefix, code & _NUMBER_BITS, width
 
 
-def host_runs(hosts: list[str], numbers: HostNumbers) -> list[HostItem]:
+def host_runs(
+    hosts: list[str], numbers: HostNumbers, codes: list[int | None] | None = None
+) -> list[HostItem]:
     """``hosts`` with each stretch of :data:`HOST_RUN_MIN` or more names numbered one
     after another written as ``[prefix, first number, count, digits]``; the others as
     they are. Exact by construction: a name's int stands for that name only, and a run
-    for the names its ints stand for."""
-    codes = list(map(numbers.__getitem__, hosts))
+    for the names its ints stand for. ``codes``: the hosts' ints, if already known
+    (:meth:`HostNumbers.codes_of`)."""
+    if codes is None:
+        codes = list(map(numbers.__getitem__, hosts))
     out: list[HostItem] = []
     i, n = 0, len(hosts)
     while i < n:
@@ -149,6 +180,31 @@ def hosts_of(items: list[Any]) -> list[str]:
     if len(hosts) > HOSTS_MAX:
         raise ValueError(f"tasks: {len(hosts)} hosts, at most {HOSTS_MAX} are read")
     return hosts
+
+
+def _list_host_runs(tasks: TasksInIdOrder, numbers: HostNumbers) -> list[HostItem]:
+    """:func:`host_runs` of a host's list: from its runs of its cluster's names when it
+    has them (each name's int read once per cluster, not once per task), else from its
+    tasks' hosts. The same items either way (tested)."""
+    positions = tasks.host_positions()
+    if positions is not None:
+        names, runs = positions
+        all_codes = numbers.codes_of(names)
+        if all_codes is not None:
+            hosts: list[str] = []
+            codes: list[int | None] = []
+            for first, n, take in runs:
+                stop = first + n
+                if take == 1:
+                    hosts += names[first:stop]
+                    codes += all_codes[first:stop]
+                else:
+                    hosts += chain.from_iterable(map(repeat, names[first:stop], repeat(take, n)))
+                    codes += chain.from_iterable(
+                        map(repeat, all_codes[first:stop], repeat(take, n))
+                    )
+            return host_runs(hosts, numbers, codes)
+    return host_runs(list(tasks.task_hosts()), numbers)
 
 
 #: At most one stretch of consecutive ids per this many tasks for the ``ids`` form: an
@@ -205,7 +261,7 @@ def encode_tasks(tasks: Sequence[Task], numbers: HostNumbers) -> EncodedTasks:
     if isinstance(tasks, TasksInIdOrder):
         span = id_range(tasks) if n >= RUN_MIN else None
         if span is not None:
-            return {"first": span.start, "hosts": host_runs(list(tasks.task_hosts()), numbers)}
+            return {"first": span.start, "hosts": _list_host_runs(tasks, numbers)}
         # A host's list may make the pairs without making its tasks.
         pairs: list[tuple[int, str]] = list(tasks.id_host_pairs())
     else:

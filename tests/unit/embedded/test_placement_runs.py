@@ -523,3 +523,80 @@ def test_one_change_that_keeps_the_total_compares_unequal(hosts: int) -> None:
     assert before != after and after != before
     free.set_many([(h, 2) for h in names[:hosts]])
     assert before == free.snapshot() and after != free.snapshot()
+
+
+def _names(parts: list[tuple[str, int, int, int]]) -> tuple[str, ...]:
+    """Host names in stretches: ``(prefix, first number, count, digits)``; digits 0
+    gives names without a number. Some stretches follow one another in number."""
+    out: list[str] = []
+    for prefix, first, count, digits in parts:
+        for k in range(count):
+            out.append(f"{prefix}x{k}" if digits == 0 else f"{prefix}{first + k:0{digits}d}")
+    return tuple(dict.fromkeys(out))  # a cluster's names are distinct
+
+
+name_parts = st.lists(
+    st.tuples(
+        st.sampled_from(["n", "node", "n-", ""]),
+        st.integers(0, 120),
+        st.integers(1, 90),
+        st.sampled_from([0, 1, 3, 4]),
+    ),
+    min_size=1,
+    max_size=8,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    name_parts,
+    st.lists(st.tuples(st.integers(0, 10**6), st.integers(1, 60), st.integers(1, 3)), max_size=12),
+    st.integers(0, 400),
+)
+def test_a_task_list_is_written_to_the_journal_as_its_tuple(
+    parts: list[tuple[str, int, int, int]], raw_runs: list[tuple[int, int, int]], start: int
+) -> None:
+    """The journal reads a lazy task list's hosts from its runs of the cluster's names
+    (each name's number read once per cluster), and writes the same bytes as for the
+    plain tuple of its tasks, whose hosts it reads one by one; its runs stand for
+    exactly its hosts, a slice's first host cut inside a run included."""
+    from xce_resize_plugin.core.task_codec import HostNumbers, encode_tasks
+
+    names = _names(parts)
+    runs = [(f % len(names), n, take) for f, n, take in raw_runs]
+    runs = [(f, min(n, len(names) - f), take) for f, n, take in runs]
+    placement = Placement.of_runs(names, runs)
+    tasks = TaskList(placement, min(start, placement.total))
+    positions = tasks.host_positions()
+    assert positions is not None
+    names_of_runs, position_runs = positions
+    expanded = [
+        h for f, n, take in position_runs for h in names_of_runs[f : f + n] for _ in range(take)
+    ]
+    assert expanded == list(tasks.task_hosts())
+    plain = tuple(tasks)
+    shared = HostNumbers()
+    for numbers_lazy, numbers_plain in ((HostNumbers(), HostNumbers()), (shared, shared)):
+        assert encode_tasks(tasks, numbers_lazy) == encode_tasks(plain, numbers_plain)
+    # Once made, the list is read task by task, with the same result.
+    assert encode_tasks(TaskList(placement, tasks.start), HostNumbers()) == encode_tasks(
+        tasks, HostNumbers()
+    )
+
+
+def test_names_whose_kinds_ran_out_are_read_one_by_one() -> None:
+    """Past the kinds a name table holds, which names have a number depends on the
+    order they are met: the journal then reads a task list's hosts one by one."""
+    from xce_resize_plugin.core.task_codec import HostNumbers, encode_tasks
+
+    names = tuple(f"k{i}-{n:03d}" for i in range(3) for n in range(200))
+    placement = Placement.of_runs(names, [(0, 600, 1)])
+    tasks = TaskList(placement)
+    few = HostNumbers(kinds=2)
+    assert few.codes_of(names) is None
+    plain = encode_tasks(tuple(tasks), HostNumbers(kinds=2))
+    assert encode_tasks(tasks, HostNumbers(kinds=2)) == plain
+    # Two kinds: the first two stretches are runs, the third is written name by name.
+    hosts = plain["hosts"] if isinstance(plain, dict) else None
+    assert hosts is not None and hosts[:2] == [["k0-", 0, 200, 3], ["k1-", 0, 200, 3]]
+    assert hosts[2:] == list(names[400:])
