@@ -203,6 +203,17 @@ def _all_releasable(cand: ReclaimCandidate, ids: Sequence[int]) -> bool:
     return len(_hosts_of(cand, ids)) == len(ids)
 
 
+def _ids_newest_first(tasks: Sequence[Task]) -> list[int]:
+    """The tasks' ids, the newest (last) first. A list in id order whose ids have no
+    gap holds the ids from its first to its last: then only those two tasks are read,
+    not the thousands a job of many hosts gives."""
+    if isinstance(tasks, TasksInIdOrder) and len(tasks):
+        low, high = tasks[0].id, tasks[-1].id
+        if high - low + 1 == len(tasks):
+            return list(range(high, low - 1, -1))
+    return [task.id for task in reversed(tasks)]
+
+
 def default_order(candidates: Iterable[ReclaimCandidate]) -> list[ReclaimCandidate]:
     """The built-in order: the largest excess over ``min_tasks`` first (the job that
     loses least of what it was promised), the newest job first on ties, then by id."""
@@ -227,8 +238,7 @@ def reclaim_in_order(head: ReclaimHead, candidates: Iterable[ReclaimCandidate]) 
             releasable = cand.releasable
             take = min(need, cand.excess, len(releasable))
             if take > 0:
-                tail = releasable[len(releasable) - take :]
-                out[cand.job.id] = [task.id for task in reversed(tail)]
+                out[cand.job.id] = _ids_newest_first(releasable[len(releasable) - take :])
                 need -= take
             continue
         taken = 0
