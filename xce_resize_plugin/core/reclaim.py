@@ -28,6 +28,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from attrs import field, frozen
 
+from xce_resize_plugin.core.allocations import id_range
 from xce_resize_plugin.core.models import JobInfo, Task, TasksInIdOrder
 from xce_resize_plugin.errors import PolicyRejected
 
@@ -205,12 +206,11 @@ def _all_releasable(cand: ReclaimCandidate, ids: Sequence[int]) -> bool:
 
 def _ids_newest_first(tasks: Sequence[Task]) -> list[int]:
     """The tasks' ids, the newest (last) first. A list in id order whose ids have no
-    gap holds the ids from its first to its last: then only those two tasks are read,
-    not the thousands a job of many hosts gives."""
-    if isinstance(tasks, TasksInIdOrder) and len(tasks):
-        low, high = tasks[0].id, tasks[-1].id
-        if high - low + 1 == len(tasks):
-            return list(range(high, low - 1, -1))
+    gap is read as its range of ids (:func:`~.allocations.id_range`): only its first
+    and last tasks are read, not the thousands a job of many hosts gives."""
+    span = id_range(tasks)
+    if span is not None:
+        return list(reversed(span))
     return [task.id for task in reversed(tasks)]
 
 
