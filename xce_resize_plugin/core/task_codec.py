@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from itertools import chain, repeat
 from operator import attrgetter
 from typing import Any, Generic, TypeVar
@@ -53,6 +53,8 @@ SEQUENCES_KEPT = 4
 #: The number's bits in a host name's int (:class:`HostNumbers`).
 _NUMBER_BITS = (1 << 64) - 1
 
+T = TypeVar("T")
+
 HostItem = str | list[str | int]
 EncodedTasks = list[tuple[int, str]] | dict[str, int | list[HostItem] | list[list[int]]]
 
@@ -79,8 +81,9 @@ class HostNumbers(dict[str, int | None]):
         self._spelling: list[tuple[str, int]] = []
         self._lock = threading.Lock()
         #: The ints of whole sequences of names (a cluster's hosts), by identity: the
-        #: last :data:`SEQUENCES_KEPT` read, each kept alive with its ints.
-        self._sequences: dict[int, tuple[Sequence[str], list[int | None]]] = {}
+        #: last :data:`SEQUENCES_KEPT` read, each kept alive with its ints (``None``:
+        #: the kinds ran out, see :meth:`codes_of`).
+        self._sequences: dict[int, tuple[Sequence[str], list[int | None] | None]] = {}
 
     def __missing__(self, name: str) -> int | None:
         m = _NUMBERED.fullmatch(name)
@@ -109,9 +112,9 @@ class HostNumbers(dict[str, int | None]):
         kept = self._sequences.get(key)
         if kept is not None and kept[0] is names:
             return kept[1]
-        codes = list(map(self.__getitem__, names))
+        codes: list[int | None] | None = list(map(self.__getitem__, names))
         if len(self._spelling) >= self._kinds:
-            return None
+            codes = None  # kept too: kinds are never freed, so it stays so
         with self._lock:
             sequences = self._sequences
             while len(sequences) >= SEQUENCES_KEPT:
@@ -182,6 +185,13 @@ def hosts_of(items: list[Any]) -> list[str]:
     return hosts
 
 
+def _each_times(items: Sequence[T], take: int) -> Iterable[T]:
+    """Each of ``items``, ``take`` times in a row."""
+    if take == 1:
+        return items
+    return chain.from_iterable(map(repeat, items, repeat(take, len(items))))
+
+
 def _list_host_runs(tasks: TasksInIdOrder, numbers: HostNumbers) -> list[HostItem]:
     """:func:`host_runs` of a host's list: from its runs of its cluster's names when it
     has them (each name's int read once per cluster, not once per task), else from its
@@ -194,15 +204,8 @@ def _list_host_runs(tasks: TasksInIdOrder, numbers: HostNumbers) -> list[HostIte
             hosts: list[str] = []
             codes: list[int | None] = []
             for first, n, take in runs:
-                stop = first + n
-                if take == 1:
-                    hosts += names[first:stop]
-                    codes += all_codes[first:stop]
-                else:
-                    hosts += chain.from_iterable(map(repeat, names[first:stop], repeat(take, n)))
-                    codes += chain.from_iterable(
-                        map(repeat, all_codes[first:stop], repeat(take, n))
-                    )
+                hosts += _each_times(names[first : first + n], take)
+                codes += _each_times(all_codes[first : first + n], take)
             return host_runs(hosts, numbers, codes)
     return host_runs(list(tasks.task_hosts()), numbers)
 

@@ -593,7 +593,19 @@ def test_names_whose_kinds_ran_out_are_read_one_by_one() -> None:
     placement = Placement.of_runs(names, [(0, 600, 1)])
     tasks = TaskList(placement)
     few = HostNumbers(kinds=2)
-    assert few.codes_of(names) is None
+
+    class Names(tuple[str, ...]):
+        reads = 0
+
+        def __iter__(self):  # type: ignore[no-untyped-def]
+            Names.reads += 1
+            return super().__iter__()
+
+    counted = Names(names)
+    assert few.codes_of(counted) is None
+    # Kinds are never freed: that answer is kept, and the names are not read again.
+    assert few.codes_of(counted) is None
+    assert Names.reads == 1
     plain = encode_tasks(tuple(tasks), HostNumbers(kinds=2))
     assert encode_tasks(tasks, HostNumbers(kinds=2)) == plain
     # Two kinds: the first two stretches are runs, the third is written name by name.
