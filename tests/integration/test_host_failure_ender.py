@@ -9,7 +9,7 @@ from pathlib import Path
 
 from tests.integration.harness import Harness
 from xce_resize_plugin.controllers.hosts import HOST_FAILURE
-from xce_resize_plugin.controllers.jobs import TaskState
+from xce_resize_plugin.controllers.task_records import TaskState
 from xce_resize_plugin.core.audit import replay_problems
 from xce_resize_plugin.core.models import JobState, LossOutcome
 

@@ -9,18 +9,17 @@ cluster ledger owns them (one source of truth); the store saves both together.
 
 from __future__ import annotations
 
-import enum
-from collections.abc import Iterable, Iterator, Mapping, MutableMapping, Sequence
+from collections.abc import Mapping, MutableMapping, Sequence
 from typing import Any
 
 from attrs import define, field, fields_dict, frozen
 
+from xce_resize_plugin.controllers.task_records import TaskRecord, TaskState
 from xce_resize_plugin.core.models import (
     GrowHosts,
     JobInfo,
     JobState,
     Task,
-    TasksInIdOrder,
     project,
 )
 
@@ -78,164 +77,6 @@ def submit_keywords(options: JobOptions) -> dict[str, Any]:
     keywords = {name: getattr(options, name) for name in _OPTION_NAMES}
     keywords["initial_tasks"] = keywords.pop("initial")
     return keywords
-
-
-class TaskState(enum.Enum):
-    """A task's process as the host sees it."""
-
-    #: Launched, the runner has not reported yet (a live runner reports later).
-    STARTING = "STARTING"
-    RUNNING = "RUNNING"
-    #: SIGTERM sent, exit not seen yet.
-    STOPPING = "STOPPING"
-    EXITED = "EXITED"
-    #: The launch failed; the task never ran.
-    FAILED = "FAILED"
-
-
-#: Task states whose process may still be alive (both controllers read them).
-LIVE_STATES = (TaskState.STARTING, TaskState.RUNNING, TaskState.STOPPING)
-
-
-@define
-class TaskRecord:
-    """One task's process: where, in which state, since when.
-
-    ``stop_since`` and ``grace`` are kept while the task is STOPPING so that a restarted
-    controller can re-arm the SIGKILL deadline (the process would not wait for us).
-    """
-
-    host: str
-    state: TaskState
-    since: float
-    status: int | None = None
-    reason: str = ""
-    stop_since: float | None = None
-    grace: float | None = None
-
-
-class TaskStates(MutableMapping[int, TaskRecord]):
-    """A job's task records (task id -> :class:`TaskRecord`), each made on first use.
-
-    A job starts with every task RUNNING since its start, and most jobs of a trace
-    simulation end without anyone asking about one of their tasks: making a record per
-    task at every start and marking each exited at every end was a good part of what a
-    start and an end cost for jobs of thousands of tasks. This holds the start's tasks
-    and their common state, and a record only for each task read or changed one by one
-    (a shrink stops a few of a job's many tasks) or added later (a grow's); it behaves
-    as the dict of records it stands for, which it makes whole only when iterated.
-    """
-
-    __slots__ = ("_added", "_full", "_hosts", "_reason", "_records", "_since", "_state", "_tasks")
-
-    def __init__(self, tasks: Sequence[Task], state: TaskState, since: float) -> None:
-        #: Records made so far: of start tasks read or changed, and of tasks added.
-        self._records: dict[int, TaskRecord] = {}
-        #: The records are the whole dict (then the rest below is unused).
-        self._full = False
-        self._tasks = tasks
-        self._state = state
-        self._since = since
-        self._reason = ""
-        #: How many of the records are of tasks added after the start.
-        self._added = 0
-        #: The start tasks' hosts: by id, or (ids ``0..n-1`` in order) by index; made
-        #: at the first look-up.
-        self._hosts: dict[int, str] | list[str] | None = None
-
-    def _host_of(self, task_id: int) -> str | None:
-        """The host of a start task (``None``: not one)."""
-        hosts = self._hosts
-        if hosts is None:
-            hosts = self._hosts = self._host_index()
-        if isinstance(hosts, list):
-            if isinstance(task_id, int) and 0 <= task_id < len(hosts):
-                return hosts[task_id]
-            return None
-        return hosts.get(task_id)
-
-    def _host_index(self) -> dict[int, str] | list[str]:
-        tasks = self._tasks
-        n = len(tasks)
-        if isinstance(tasks, TasksInIdOrder) and n and tasks[0].id == 0 and tasks[-1].id == n - 1:
-            # Ascending ids from 0 to n-1: task i is at index i. A host's lazy list gives
-            # its hosts without making its tasks (a release stops thousands at once).
-            return list(tasks.task_hosts())
-        return {t.id: t.host for t in tasks}
-
-    def _record(self, task_id: int) -> TaskRecord | None:
-        """The task's record, made now for a start task never read before."""
-        rec = self._records.get(task_id)
-        if rec is not None or self._full:
-            return rec
-        host = self._host_of(task_id)
-        if host is None:
-            return None
-        rec = self._records[task_id] = TaskRecord(
-            host, self._state, self._since, reason=self._reason
-        )
-        return rec
-
-    def _all(self) -> dict[int, TaskRecord]:
-        if not self._full:
-            made: dict[int, TaskRecord | None] = dict(self._records)
-            state, since, reason = self._state, self._since, self._reason
-            records = {
-                t.id: made.pop(t.id, None) or TaskRecord(t.host, state, since, reason=reason)
-                for t in self._tasks
-            }
-            # The added tasks, in the order they came.
-            records.update((tid, rec) for tid, rec in made.items() if rec is not None)
-            self._records, self._full = records, True
-            self._tasks, self._hosts = (), None
-        return self._records
-
-    def exit_live(
-        self, now: float, reason: str, live: tuple[TaskState, ...]
-    ) -> Iterable[TaskRecord]:
-        """Mark the start tasks still in a ``live`` state without a record exited
-        ``now``, without making their records; return the records made, which the
-        caller marks itself."""
-        if not self._full and self._state in live:
-            self._state, self._since, self._reason = TaskState.EXITED, now, reason
-        return self._records.values()
-
-    def __getitem__(self, task_id: int) -> TaskRecord:
-        rec = self._record(task_id)
-        if rec is None:
-            raise KeyError(task_id)
-        return rec
-
-    def __setitem__(self, task_id: int, record: TaskRecord) -> None:
-        if not self._full and task_id not in self._records and self._host_of(task_id) is None:
-            self._added += 1
-        self._records[task_id] = record
-
-    def __delitem__(self, task_id: int) -> None:
-        del self._all()[task_id]
-
-    def __iter__(self) -> Iterator[int]:
-        return iter(self._all())
-
-    def __len__(self) -> int:
-        return len(self._records) if self._full else len(self._tasks) + self._added
-
-    def __contains__(self, task_id: object) -> bool:
-        if task_id in self._records:
-            return True
-        return not self._full and isinstance(task_id, int) and self._host_of(task_id) is not None
-
-    def get(self, task_id: int, default: TaskRecord | None = None) -> TaskRecord | None:  # type: ignore[override]
-        rec = self._record(task_id)
-        return default if rec is None else rec
-
-    def __eq__(self, other: object) -> bool:
-        return self._all() == (other._all() if isinstance(other, TaskStates) else other)
-
-    __hash__ = None  # type: ignore[assignment]
-
-    def __repr__(self) -> str:
-        return f"TaskStates({self._all()!r})"
 
 
 @frozen

@@ -29,13 +29,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from attrs import frozen
 
-from xce_resize_plugin.controllers.jobs import (
-    JobRecord,
-    NotificationLog,
-    TaskRecord,
-    TaskState,
-    VersionRecord,
-)
+from xce_resize_plugin.controllers.jobs import JobRecord, NotificationLog, VersionRecord
+from xce_resize_plugin.controllers.task_records import TaskRecord, TaskState
 from xce_resize_plugin.controllers.violations import StoreError
 from xce_resize_plugin.core.models import GrowHosts, JobState, Task
 from xce_resize_plugin.journal.lmdb_env import DEFAULT_MAP_SIZE, LmdbEnv

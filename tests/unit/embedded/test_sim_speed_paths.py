@@ -9,10 +9,12 @@
 
 from __future__ import annotations
 
+import copy
 from itertools import combinations, pairwise
 from typing import Any
 from unittest.mock import patch
 
+import attrs
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -553,7 +555,7 @@ def test_task_records_are_made_on_first_use() -> None:
     """A started job's task records stand for RUNNING records without being made; ended
     before any was made, they all read EXITED with the reason; made on first use, they
     are ordinary records, and the end hands them to the caller to mark."""
-    from xce_resize_plugin.controllers.jobs import TaskRecord, TaskState, TaskStates
+    from xce_resize_plugin.controllers.task_records import TaskRecord, TaskState, TaskStates
 
     tasks = (Task(0, "a"), Task(1, "b"))
     untouched = TaskStates(tasks, TaskState.RUNNING, 5.0)
@@ -590,9 +592,9 @@ def test_task_records_behave_as_the_dict_they_stand_for(
     """Reads, changes, added tasks, membership, length and the job's end, on the start
     tasks as a task list in id order (read by index) or as a plain tuple (read by id),
     leave the records a plain dict of records would hold."""
-    from xce_resize_plugin.controllers.jobs import TaskRecord, TaskState, TaskStates
     from xce_resize_plugin.controllers.lazy import TaskList
     from xce_resize_plugin.controllers.placement_runs import Placement
+    from xce_resize_plugin.controllers.task_records import TaskRecord, TaskState, TaskStates
 
     hosts = [f"h{i % 3}" for i in range(n)]
     placement = Placement([(h, 1) for h in hosts])
@@ -623,6 +625,118 @@ def test_task_records_behave_as_the_dict_they_stand_for(
         elif op == "all":
             assert list(lazy.items()) == list(model.items())
     assert len(lazy) == len(model)
+    assert dict(lazy) == model
+
+
+# Task ids: any (unknown, repeated), or distinct ids of the first tasks (what a
+# release gives), which a group takes when nothing else holds them.
+_some_ids = st.one_of(
+    st.lists(st.integers(-1, 9), max_size=6),
+    st.lists(st.integers(0, 3), min_size=1, max_size=4, unique=True),
+)
+_group_ops = st.lists(
+    st.one_of(
+        st.tuples(st.just("stop"), _some_ids),
+        st.tuples(st.just("exit_last"), st.just([])),
+        st.tuples(
+            st.sampled_from(["exit", "get", "set"]), st.lists(st.integers(-1, 9), max_size=3)
+        ),
+        # One of the last group's tasks read or replaced on its own; the job's end.
+        st.tuples(st.sampled_from(["get_last", "set_last", "end", "all"]), st.just([])),
+    ),
+    max_size=20,
+)
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.integers(1, 8) | st.integers(4, 8), st.booleans(), _group_ops)
+def test_tasks_stopped_and_exited_as_a_group_read_as_records_changed_one_by_one(
+    n: int, in_order: bool, ops: list[tuple[str, list[int]]]
+) -> None:
+    """Stops and exits of many start tasks at once, kept as one group
+    (``stop_group``, ``exit_group``), leave the records a plain dict holds when each
+    task's record is changed as the simulated host changes it; what a group does not
+    take (a task with a record of its own, in another group, unknown, given twice, in
+    a state that cannot stop, or not exactly a group's tasks) it refuses, changing
+    nothing, and the one-by-one change then applies. Single reads and writes of a
+    task in a group and the job's end come in between."""
+    from xce_resize_plugin.controllers.lazy import TaskList
+    from xce_resize_plugin.controllers.placement_runs import Placement
+    from xce_resize_plugin.controllers.sim.state import STOPPABLE
+    from xce_resize_plugin.controllers.task_records import (
+        LIVE_STATES,
+        TaskRecord,
+        TaskState,
+        TaskStates,
+    )
+
+    hosts = [f"h{i % 3}" for i in range(n)]
+    placement = Placement([(h, 1) for h in hosts])
+    start = TaskList(placement) if in_order else tuple(reversed(tuple(TaskList(placement))))
+    lazy = TaskStates(start, TaskState.RUNNING, 1.0)
+    model = {t.id: TaskRecord(t.host, TaskState.RUNNING, 1.0) for t in start}
+    last_stopped: list[int] = []
+
+    def stop_each(records: Any, ids: list[int], now: float) -> None:
+        for tid in ids:  # as HostContract.stop_tasks does
+            rec = records.get(tid)
+            if rec is not None and rec.state in STOPPABLE:
+                rec.state, rec.stop_since, rec.grace = TaskState.STOPPING, now, 3.0
+
+    def exit_each(records: Any, ids: list[int], now: float) -> list[bool]:
+        stopped = []
+        for tid in ids:  # as HostContract.tasks_exited does
+            rec = records.get(tid)
+            if rec is None or rec.state not in LIVE_STATES:
+                continue
+            stopped.append(rec.state is TaskState.STOPPING)
+            rec.state, rec.since, rec.status, rec.reason = TaskState.EXITED, now, 9, "gone"
+            rec.stop_since = rec.grace = None
+        return stopped
+
+    for step, (op, ids) in enumerate(ops):
+        now = 2.0 + step
+        if op.endswith("_last"):
+            op, ids = op[: -len("_last")], last_stopped if op == "exit_last" else last_stopped[:1]
+        if op == "stop":
+            before = copy.deepcopy(lazy)
+            if lazy.stop_group(ids, now, 3.0, STOPPABLE):
+                assert len(set(ids)) == len(ids)
+                assert all(model[t].state in STOPPABLE for t in ids)
+                last_stopped = list(ids)
+            else:
+                assert dict(copy.deepcopy(lazy)) == dict(before)  # lazy stays lazy
+                stop_each(lazy, ids, now)
+            stop_each(model, ids, now)
+        elif op == "exit":
+            before = copy.deepcopy(lazy)
+            stopped = lazy.exit_group(ids, now, 9, "gone")
+            if stopped is None:
+                assert dict(copy.deepcopy(lazy)) == dict(before)  # lazy stays lazy
+                exit_each(lazy, ids, now)
+                exit_each(model, ids, now)
+            else:
+                # One run of alike tasks: each of them was alive, all stopping or not.
+                assert exit_each(model, ids, now) == [stopped] * len(ids)
+        elif op == "get":
+            for tid in ids:
+                assert lazy.get(tid) == model.get(tid)
+        elif op == "set":
+            for tid in ids:
+                lazy[tid] = TaskRecord("new", TaskState.STARTING, now)
+                model[tid] = TaskRecord("new", TaskState.STARTING, now)
+        elif op == "end":
+            for rec in lazy.exit_live(now, "end", LIVE_STATES):
+                if rec.state in LIVE_STATES:
+                    rec.state, rec.since, rec.reason = TaskState.EXITED, now, "end"
+                    rec.stop_since = rec.grace = None
+            for rec in model.values():
+                if rec.state in LIVE_STATES:
+                    rec.state, rec.since, rec.reason = TaskState.EXITED, now, "end"
+                    rec.stop_since = rec.grace = None
+        elif op == "all":
+            assert list(lazy.items()) == list(model.items())
+        assert len(lazy) == len(model)
     assert dict(lazy) == model
 
 
@@ -734,7 +848,9 @@ def _task_events_seen(
     alloc: dict[str, int],
     times: tuple[float, ...],
     act: Any,
-) -> tuple[list[tuple[Any, ...]], dict[int, Any]]:
+    runtime: float = 1000.0,
+    store: str = "memory",
+) -> tuple[list[tuple[Any, ...]], dict[Any, Any]]:
     """Run a job on ``alloc`` (hosts h1 and h2 of 4 and 8 slots) with a plugin that
     calls ``act(controller, job)`` at every dispatch cycle, with the simulated runner
     (``bulk``) or the same runner task by task; return the task events the plugin saw
@@ -762,56 +878,94 @@ def _task_events_seen(
         make_pm(Plugin()),
         tmp,
         {"h1": 4, "h2": 8},
-        store=MemoryStore(),
+        store=MemoryStore() if store == "memory" else "none",
         task_runner=runner if bulk else _OneByOne(runner),
     )
-    jobs.append(ctl.submit("u", sum(alloc.values()), runtime=1000, alloc=alloc))
+    jobs.append(ctl.submit("u", sum(alloc.values()), runtime=runtime, alloc=alloc))
+    # The records whole (state, since, status, reason, stop_since, grace), as the
+    # controller keeps them, at every instant asked: reading them makes them whole, so
+    # a copy is read.
+    states: dict[Any, Any] = {}
     for t in times:
         ctl.run(until=t)
-    states = dict(ctl.job(jobs[0]).task_states)
+        records = copy.deepcopy(ctl._jobs[jobs[0]].task_states)
+        states[t] = {tid: attrs.asdict(rec) for tid, rec in records.items()}
     ctl.close()
     return seen, states
 
 
 def _stops_seen(
-    tmp: Any, bulk: bool, stops: list[list[int]], delay: float, grace: float
-) -> tuple[list[tuple[Any, ...]], dict[int, Any]]:
+    tmp: Any,
+    bulk: bool,
+    stops: list[list[int]],
+    delay: float,
+    grace: float,
+    grouped: bool = True,
+    runtime: float = 1000.0,
+    store: str = "memory",
+) -> tuple[list[tuple[Any, ...]], dict[Any, Any]]:
     """A job of 6 tasks whose stops the plugin asks in ``stops`` (one call per list,
-    one cycle apart)."""
+    at 1, 2 and 3 s); without ``grouped``, the job's task records never keep tasks
+    stopped together as one group (each task gets its record, as a plain dict)."""
     from xce_resize_plugin.controllers.sim import TaskFaults
+    from xce_resize_plugin.controllers.task_records import TaskStates
+
+    if not grouped:
+        with patch.object(TaskStates, "stop_group", return_value=False):
+            return _stops_seen(tmp, bulk, stops, delay, grace, True, runtime, store)
 
     todo = list(stops)
 
+    asked: list[float] = []
+
     def stop(controller: Any, job: str) -> None:
-        if todo:
+        # From 1 s on (the job started at 0: a record's "since" tells them apart), one
+        # stop per instant (an instant has several cycles).
+        now = controller.now()
+        if todo and now >= 1.0 and (not asked or asked[-1] != now):
+            asked.append(now)
             controller.stop_tasks(job, todo.pop(0), grace)
 
     faults = TaskFaults(stop_delay=delay)
     times = (0.0, 1.0, 2.0, 3.0, 50.0)
-    return _task_events_seen(tmp, bulk, faults, {"h1": 3, "h2": 3}, times, stop)
+    alloc = {"h1": 3, "h2": 3}
+    return _task_events_seen(tmp, bulk, faults, alloc, times, stop, runtime, store)
 
 
 @settings(max_examples=60, deadline=None)
 @given(
     st.lists(st.lists(st.integers(-1, 7), max_size=8), min_size=1, max_size=3),
     st.sampled_from([0.0, 2.0, 20.0]),
-    st.sampled_from([0.0, 5.0]),
+    st.sampled_from([0.0, 5.0, 30.0]),
+    st.sampled_from([1000.0, 10.0]),
+    st.sampled_from(["memory", "none"]),
 )
 def test_a_stop_of_many_tasks_reports_what_stops_one_by_one_report(
-    tmp_path_factory: Any, stops: list[list[int]], delay: float, grace: float
+    tmp_path_factory: Any,
+    stops: list[list[int]],
+    delay: float,
+    grace: float,
+    runtime: float,
+    store: str,
 ) -> None:
     """The simulated runner reports the tasks a release stops together (one
-    ``tasks_exited``): the plugin sees the same task events in the same order, and the
-    tasks end in the same states, as when each is stopped on its own; unknown ids,
-    ids given twice and tasks already stopping or exited included."""
-    bulk = _stops_seen(tmp_path_factory.mktemp("bulk"), True, stops, delay, grace)
-    single = _stops_seen(tmp_path_factory.mktemp("single"), False, stops, delay, grace)
+    ``tasks_exited``), and the job's records keep them as one group: the plugin sees
+    the same task events in the same order, and the tasks end in the same states, as
+    when each is stopped on its own and has a record of its own; unknown ids, ids
+    given twice, tasks already stopping or exited, and the job ending while they stop
+    (``runtime`` 10) included; with a store (which reads every record at each save)
+    and without one (as trace simulations run)."""
+    args = (stops, delay, grace)
+    bulk = _stops_seen(tmp_path_factory.mktemp("bulk"), True, *args, True, runtime, store)
+    single = _stops_seen(tmp_path_factory.mktemp("one"), False, *args, False, runtime, store)
     assert bulk == single
+    mixed = _stops_seen(tmp_path_factory.mktemp("mixed"), False, *args, True, runtime, store)
+    assert mixed == single
 
 
 def _starts_seen(
     tmp: Any, bulk: bool, launches: list[list[int]], fail: set[int]
-) -> tuple[list[tuple[Any, ...]], dict[int, Any]]:
+) -> tuple[list[tuple[Any, ...]], dict[Any, Any]]:
     """A job of 2 tasks to which the plugin adds tasks 2..9 (reserved at once) and
     launches them as ``launches`` says (one call per list, one cycle apart; an id may
     come again or twice); the tasks ``2 + i`` for ``i`` in ``fail`` fail to start."""

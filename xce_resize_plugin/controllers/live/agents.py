@@ -16,11 +16,12 @@ from typing import Any
 
 from xce_resize_plugin.controllers.cluster import HostState
 from xce_resize_plugin.controllers.hosts import HostFailure
-from xce_resize_plugin.controllers.jobs import LIVE_STATES, JobRecord, TaskRecord, TaskState
+from xce_resize_plugin.controllers.jobs import JobRecord
 from xce_resize_plugin.controllers.live.generations import Generations
 from xce_resize_plugin.controllers.live.live_state import TICK
 from xce_resize_plugin.controllers.live.tasks import Queued
 from xce_resize_plugin.controllers.runners import NotificationResult
+from xce_resize_plugin.controllers.task_records import LIVE_STATES, TaskRecord, TaskState
 from xce_resize_plugin.controllers.violations import HostStateError
 from xce_resize_plugin.core.models import JobState
 from xce_resize_plugin.host import Principal

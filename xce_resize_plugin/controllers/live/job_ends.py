@@ -12,10 +12,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from xce_resize_plugin.controllers.hosts import HOST_FAILURE
-from xce_resize_plugin.controllers.jobs import LIVE_STATES, TaskState
 from xce_resize_plugin.controllers.live import job_kv
 from xce_resize_plugin.controllers.live.protocol import ControllerProtocol
 from xce_resize_plugin.controllers.live.task_env import remove_scratch
+from xce_resize_plugin.controllers.task_records import LIVE_STATES, TaskState
 from xce_resize_plugin.core.models import JobState, LossOutcome
 
 

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from xce_resize_plugin.controllers.jobs import LIVE_STATES, JobRecord, TaskState
+from xce_resize_plugin.controllers.jobs import JobRecord
 from xce_resize_plugin.controllers.live.job_tokens import SALT_FIELD, TOKEN_ENV
 from xce_resize_plugin.controllers.live.live_state import LiveState
 from xce_resize_plugin.controllers.live.proc import Account, account_json, atomic_write
@@ -33,6 +33,7 @@ from xce_resize_plugin.controllers.runners import (
     NotificationResult,
     TaskReporter,
 )
+from xce_resize_plugin.controllers.task_records import LIVE_STATES, TaskState
 from xce_resize_plugin.core.models import JobState, Task, allocation_env
 
 StartTask = Callable[[str, Task, Mapping[str, str]], None]

@@ -19,7 +19,7 @@ memory), :mod:`~..observer` (what a driver may watch).
 """
 
 from xce_resize_plugin.controllers.cluster import Cluster
-from xce_resize_plugin.controllers.jobs import JobView, NotificationLog, TaskState, VersionRecord
+from xce_resize_plugin.controllers.jobs import JobView, NotificationLog, VersionRecord
 from xce_resize_plugin.controllers.runners import (
     Clock,
     NotificationRequest,
@@ -38,6 +38,7 @@ from xce_resize_plugin.controllers.scheduler import Reservation
 from xce_resize_plugin.controllers.sim.cluster_view import SimClusterView
 from xce_resize_plugin.controllers.sim.sim_controller import EmbeddedController, parse_tasks
 from xce_resize_plugin.controllers.store import LmdbStore, MemoryStore, NullStore, Store
+from xce_resize_plugin.controllers.task_records import TaskState
 from xce_resize_plugin.controllers.violations import (
     ContractViolation,
     EmbeddedError,

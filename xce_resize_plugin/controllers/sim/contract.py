@@ -14,17 +14,18 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 
-from xce_resize_plugin.controllers.jobs import (
-    LIVE_STATES,
-    NotificationLog,
-    TaskRecord,
-    TaskState,
-    VersionRecord,
-)
+from xce_resize_plugin.controllers.jobs import NotificationLog, VersionRecord
 from xce_resize_plugin.controllers.runners import NotificationRequest, NotificationResult
 from xce_resize_plugin.controllers.sim.events import NotifyDone
 from xce_resize_plugin.controllers.sim.scheduling import Scheduling
 from xce_resize_plugin.controllers.sim.state import STOPPABLE
+from xce_resize_plugin.controllers.task_records import (
+    LIVE_STATES,
+    TaskRecord,
+    TaskState,
+    TaskStates,
+    mark_exited,
+)
 from xce_resize_plugin.controllers.violations import ContractViolation
 from xce_resize_plugin.core.allocations import as_kept
 from xce_resize_plugin.core.models import JobInfo, JobState, Task
@@ -150,6 +151,17 @@ class HostContract(Scheduling):
                 self._stop_many,
                 self._events.put,
             )
+            states = job.task_states
+            if isinstance(states, TaskStates) and states.stop_group(
+                task_ids, now, grace, STOPPABLE
+            ):
+                # Start tasks of a large job, all running: stopped as one group, as the
+                # loop below would stop each (one batch to the runner, in the order given).
+                with self._in_runner:
+                    stop_many(job_id, list(task_ids), grace, now)
+                self._changed(job_id)
+                self._flush()
+                return
             stopping = False
             # The tasks to stop go to the runner together (it may report them as one
             # exit); a task already gone is answered in its place in the order given.
@@ -309,6 +321,16 @@ class HostContract(Scheduling):
             if get is None:
                 return
             now = self.now()
+            states = self._jobs[job_id].task_states
+            if isinstance(states, TaskStates):
+                stopped = states.exit_group(task_ids, now, status, reason)
+                if stopped is not None:
+                    # A group stopped together exits together: one run, as below.
+                    self._changed(job_id)
+                    self._reported(
+                        TaskEventRun(job_id, tuple(task_ids), "exited", status, reason, stopped)
+                    )
+                    return
             # The exits are reported as runs of tasks alike (core/task_events.py): the
             # tasks a release stopped together are one run, not an event each.
             alike: list[int] = []
@@ -317,14 +339,9 @@ class HostContract(Scheduling):
                 rec = get(tid)
                 if rec is None or rec.state not in LIVE_STATES:
                     continue  # no process that may still be alive: a stale report
-                # Whether the host had asked it to stop (a release, the job's end): a
-                # release_exited job drops only tasks that ended on their own.
-                stopped = rec.state is TaskState.STOPPING
-                rec.state = TaskState.EXITED
-                rec.since = now
-                rec.status = status
-                rec.reason = reason
-                rec.stop_since = rec.grace = None
+                # Whether the host had asked it to stop: a release_exited job drops
+                # only tasks that ended on their own.
+                stopped = mark_exited(rec, now, status, reason)
                 if alike and stopped is not was_stopped:
                     self._reported(
                         TaskEventRun(job_id, tuple(alike), "exited", status, reason, was_stopped)

@@ -16,13 +16,7 @@ import operator
 from collections.abc import Mapping, Sequence
 from functools import partial
 
-from xce_resize_plugin.controllers.jobs import (
-    JobRecord,
-    TaskState,
-    TaskStates,
-    VersionRecord,
-    job_id_key,
-)
+from xce_resize_plugin.controllers.jobs import JobRecord, VersionRecord, job_id_key
 from xce_resize_plugin.controllers.observer import FinishedJob
 from xce_resize_plugin.controllers.pending_queue import PendingQueue
 from xce_resize_plugin.controllers.scheduler import (
@@ -34,6 +28,7 @@ from xce_resize_plugin.controllers.scheduler import (
 )
 from xce_resize_plugin.controllers.sim.state import ControllerState, exit_all
 from xce_resize_plugin.controllers.sim.work import JobWork
+from xce_resize_plugin.controllers.task_records import TaskState, TaskStates
 from xce_resize_plugin.controllers.violations import InvariantViolation, SubmissionRejected
 from xce_resize_plugin.core.models import JobState
 from xce_resize_plugin.core.reclaim import QueueHead

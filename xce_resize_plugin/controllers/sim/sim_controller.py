@@ -58,14 +58,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import pluggy
 
 from xce_resize_plugin.controllers.cluster import Cluster
-from xce_resize_plugin.controllers.jobs import (
-    LIVE_STATES,
-    JobOptions,
-    JobRecord,
-    TaskState,
-    job_id_key,
-    submit_keywords,
-)
+from xce_resize_plugin.controllers.jobs import JobOptions, JobRecord, job_id_key, submit_keywords
 from xce_resize_plugin.controllers.observer import Observer
 from xce_resize_plugin.controllers.runners import (
     InRunner,
@@ -84,6 +77,7 @@ from xce_resize_plugin.controllers.sim.events import EventQueue, Timeline
 from xce_resize_plugin.controllers.sim.views import Views
 from xce_resize_plugin.controllers.sim.work import JobWork
 from xce_resize_plugin.controllers.store import LmdbStore, MemoryStore, NullStore, Store
+from xce_resize_plugin.controllers.task_records import LIVE_STATES, TaskState
 from xce_resize_plugin.controllers.violations import SettleLoopError, SubmissionRejected
 from xce_resize_plugin.core.models import GrowHosts, JobState, LossOutcome
 from xce_resize_plugin.host import Controller, HostHooks, Principal

@@ -31,14 +31,7 @@ import pluggy
 
 from xce_resize_plugin.controllers.cluster import Cluster, HostState
 from xce_resize_plugin.controllers.hosts import HOST_FAILURE
-from xce_resize_plugin.controllers.jobs import (
-    LIVE_STATES,
-    JobRecord,
-    TaskRecord,
-    TaskState,
-    TaskStates,
-    job_id_key,
-)
+from xce_resize_plugin.controllers.jobs import JobRecord, job_id_key
 from xce_resize_plugin.controllers.observer import FinishedJob, Observer
 from xce_resize_plugin.controllers.runners import (
     InRunner,
@@ -53,6 +46,12 @@ from xce_resize_plugin.controllers.runners import (
 from xce_resize_plugin.controllers.sim.events import EventQueue, Timeline
 from xce_resize_plugin.controllers.sim.work import JobWork
 from xce_resize_plugin.controllers.store import Store
+from xce_resize_plugin.controllers.task_records import (
+    LIVE_STATES,
+    TaskRecord,
+    TaskState,
+    TaskStates,
+)
 from xce_resize_plugin.controllers.violations import ContractViolation, EmbeddedError, UnknownJob
 from xce_resize_plugin.core.models import JobState, LossOutcome, Task
 from xce_resize_plugin.host import Controller, HostHooks, Principal, TaskEvent
@@ -65,7 +64,7 @@ _R = TypeVar("_R")
 
 def exit_all(records: MutableMapping[int, TaskRecord], now: float, reason: str) -> None:
     """:func:`exit_tasks` for all of a job's task records (those never made at once:
-    see :class:`~xce_resize_plugin.controllers.jobs.TaskStates`)."""
+    see :class:`~xce_resize_plugin.controllers.task_records.TaskStates`)."""
     if isinstance(records, TaskStates):
         exit_tasks(records.exit_live(now, reason, LIVE_STATES), now, reason)
     else:

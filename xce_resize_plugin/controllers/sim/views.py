@@ -9,11 +9,12 @@ this controller (the live controller) and recorders read.
 from __future__ import annotations
 
 from xce_resize_plugin.controllers.cluster import HostState
-from xce_resize_plugin.controllers.jobs import LIVE_STATES, JobRecord, JobView, NotificationLog
+from xce_resize_plugin.controllers.jobs import JobRecord, JobView, NotificationLog
 from xce_resize_plugin.controllers.scheduler import Reservation
 from xce_resize_plugin.controllers.sim.cluster_view import offered_total
 from xce_resize_plugin.controllers.sim.host_states import HostStates
 from xce_resize_plugin.controllers.sim.state import lost_with_host
+from xce_resize_plugin.controllers.task_records import LIVE_STATES
 from xce_resize_plugin.core.models import JobState
 
 
