@@ -88,6 +88,16 @@ def test_every_error_code_is_in_the_user_guides_table(error: type[errors.ResizeE
     assert f"| {error.message} |" in row
 
 
+def test_ci_runs_exactly_the_readmes_test_command() -> None:
+    """CI calls the command the README gives for the tests, so that what a newcomer
+    types is what CI proves works on a clean clone."""
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## Run the tests", 1)[1]
+    command = re.findall(r"```sh\n(.*?)\n```", section, re.S)[0]
+    ci = (ROOT / ".ci" / "run").read_text().strip().splitlines()
+    assert ci[-1] == command
+
+
 def test_readme_links_exist() -> None:
     readme = (ROOT / "README.md").read_text()
     for link in re.findall(r"\]\((docs/[^)#]+)\)", readme):

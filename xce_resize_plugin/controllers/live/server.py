@@ -186,7 +186,16 @@ def run(
         len(cfg.hosts),
     )
     _serve(server, sock, ctl)
-    return _exit_status(ctl)
+    status = _exit_status(ctl)
+    if status == EXIT_OK:
+        # Said, because a newcomer stopping an evaluation expects everything gone.
+        log.info(
+            "controller epoch %d stopped; the worker agents and their tasks keep running "
+            "(the next controller on %s takes them over)",
+            ctl.live_store.epoch,
+            cfg.state_dir,
+        )
+    return status
 
 
 def _exit_status(ctl: LiveController) -> int:

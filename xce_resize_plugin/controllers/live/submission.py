@@ -55,7 +55,8 @@ def job_account(owner: str, *, single_user: bool, euid: int) -> Account:
         except KeyError:
             raise SubmitRejected(
                 f"submit: user {owner} has no local account here, and this controller "
-                "runs every job as its owner"
+                "runs every job as its owner (create the account; or, where every token "
+                "holder may be root, set [controller] single_user = true)"
             ) from None
     own = Account.of_uid(euid)
     if owner != own.name:
