@@ -3,7 +3,8 @@
 
 Submit it as a resizable job whose every task runs this script::
 
-    xce-resize submit -n 1,8 --resizable -- python3 task_farm.py --items 40 --work 0.2
+    xce-resize submit -n 1,8 --initial 1 --resizable --cwd "$PWD" -- \
+        "$(command -v python3)" task_farm.py --items 40 --work 0.2
 
 Task 0 is the coordinator: it fills a spool directory with work items, asks the
 controller for more tasks while the backlog is long (``grow``) and gives tasks back when

@@ -78,6 +78,19 @@ def test_both_runs_complete_and_pass_every_check(trace: Path) -> None:
     assert len(doc["runs"]["rigid"]["utilization_over_time"]) == 200
 
 
+def test_the_table_says_where_the_malleable_jobs_come_from() -> None:
+    """An SWF trace's malleable jobs are chosen by the fraction; an ElastiSim trace's
+    kinds and ranges are its own, which the fraction does not touch."""
+    from xce_resize_plugin.simulation.report import format_table
+
+    swf = format_table(simulate(KTH200, options(malleable_fraction=0.5), parallel=False))
+    assert "(50% chosen, seed 0, range 0.5x..2x)" in swf.splitlines()[1]
+    elastisim = simulate(ELASTISIM, options(malleable_fraction=0.5), parallel=False)
+    line = format_table(elastisim).splitlines()[1]
+    assert line.startswith(f"Malleable: {elastisim.workload.malleable} jobs (kinds and ranges")
+    assert "chosen" not in line
+
+
 def test_json_is_byte_identical_across_runs_and_process_layouts() -> None:
     opts = options(malleable_fraction=0.5, seed=3)
     a = simulate(KTH200, opts, parallel=False).to_json()

@@ -44,10 +44,18 @@ def format_table(comparison: Comparison) -> str:
     name = w.source.rsplit("/", 1)[-1]
     sph = {n for _, n in w.hosts}
     per_host = f"{len(w.hosts)} hosts x {max(sph)}" if len(sph) == 1 else f"{len(w.hosts)} hosts"
+    # Jobs whose trace fixed their kind and range (ElastiSim) are not chosen by the
+    # fraction (simulation/malleable.py): saying "20% chosen" of them would mislead.
+    fixed = sum(1 for j in w.trace.jobs if j.min_procs is not None or j.max_procs is not None)
+    chosen = f"{o.malleable_fraction:.0%} chosen, seed {o.seed}, "
+    chosen += f"range {o.min_factor:g}x..{o.max_factor:g}x"
+    if fixed == len(w.trace.jobs):
+        chosen = "kinds and ranges from the trace"
+    elif fixed:
+        chosen = f"{fixed:,} jobs' kinds and ranges from the trace; of the rest {chosen}"
     lines = [
         f"Trace {name}: {len(w.jobs):,} jobs, {w.capacity:,} slots ({per_host})",
-        f"Malleable: {w.malleable:,} jobs ({o.malleable_fraction:.0%} chosen, seed {o.seed}, "
-        f"range {o.min_factor:g}x..{o.max_factor:g}x); speedup {o.speedup.spec()}; "
+        f"Malleable: {w.malleable:,} jobs ({chosen}); speedup {o.speedup.spec()}; "
         f"driver {o.driver}",
         "",
     ]
