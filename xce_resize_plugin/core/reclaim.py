@@ -29,7 +29,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from attrs import field, frozen
 
 from xce_resize_plugin.core.allocations import id_range
-from xce_resize_plugin.core.models import JobInfo, Task, TasksInIdOrder
+from xce_resize_plugin.core.models import JobInfo, Task
 from xce_resize_plugin.errors import PolicyRejected
 
 __all__ = [
@@ -194,13 +194,11 @@ def _hosts_of(cand: ReclaimCandidate, ids: Iterable[int]) -> dict[int, str]:
 
 def _all_releasable(cand: ReclaimCandidate, ids: Sequence[int]) -> bool:
     """Whether every one of ``ids`` (no id twice) is a releasable task of ``cand``. A
-    list in id order whose ids have no gap holds exactly the ids between its first
-    and its last: then no task is read but those two."""
-    releasable = cand.releasable
-    if isinstance(releasable, TasksInIdOrder) and len(releasable):
-        low, high = releasable[0].id, releasable[-1].id
-        if high - low + 1 == len(releasable):
-            return all(isinstance(i, int) and low <= i <= high for i in ids)
+    list in id order whose ids have no gap holds exactly its range of ids
+    (:func:`~.allocations.id_range`): then no task is read but its first and last."""
+    span = id_range(cand.releasable)
+    if span is not None:
+        return all(isinstance(i, int) and i in span for i in ids)
     return len(_hosts_of(cand, ids)) == len(ids)
 
 
