@@ -18,6 +18,9 @@ def stop_cleanly(live: LiveCluster) -> None:
     proc = live.procs[-1]
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(20) == 0, live.logs()
+    # The last controller's log says that what it started lives on.
+    last = (live.tmp / f"controller-{live.runs}.log").read_text(errors="replace")
+    assert "stopped; the worker agents and their tasks keep running" in last, last
 
 
 def refused_start(live: LiveCluster, env: dict[str, str] | None = None) -> str:

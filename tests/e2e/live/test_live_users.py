@@ -64,6 +64,9 @@ def test_root_runs_a_job_as_its_owner_and_refuses_an_unknown_owner() -> None:
     with pytest.raises(SubmitRejected, match=f"user {NOBODY_HERE} has no local account") as exc:
         job_account(NOBODY_HERE, single_user=False, euid=0)
     assert exc.value.code == "XCE_SUBMIT_REJECTED" and exc.value.http_status == 400
+    # What to do about it, in the same line.
+    assert "create the account; or" in str(exc.value)
+    assert "set [controller] single_user = true" in str(exc.value)
 
 
 def test_a_controller_that_is_not_root_runs_only_its_users_jobs() -> None:
