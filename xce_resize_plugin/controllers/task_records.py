@@ -15,7 +15,7 @@ from attrs import define
 
 from xce_resize_plugin.core.models import Task, TasksInIdOrder
 
-__all__ = ["LIVE_STATES", "TaskRecord", "TaskState", "TaskStates", "mark_exited"]
+__all__ = ["LIVE_STATES", "TaskRecord", "TaskState", "TaskStates", "mark_exited", "mark_gone"]
 
 
 class TaskState(enum.Enum):
@@ -62,6 +62,12 @@ def mark_exited(rec: TaskRecord, now: float, status: int | None, reason: str) ->
     rec.reason = reason
     rec.stop_since = rec.grace = None
     return stopped
+
+
+def mark_gone(rec: TaskRecord, now: float, reason: str) -> None:
+    """Mark a live task's record exited ``now`` because its job ended (the end took its
+    process down: no exit status of its own, the one it had is kept)."""
+    mark_exited(rec, now, rec.status, reason)
 
 
 class _Group:
@@ -249,13 +255,8 @@ class TaskStates(MutableMapping[int, TaskRecord]):
             if self._state in live:
                 self._state, self._since, self._reason = TaskState.EXITED, now, reason
             for group in self._groups:
-                template = group.template
-                if template.state in live:
-                    # As the caller marks a record (controllers/sim/state.exit_tasks).
-                    template.state = TaskState.EXITED
-                    template.since = now
-                    template.reason = reason
-                    template.stop_since = template.grace = None
+                if group.template.state in live:
+                    mark_gone(group.template, now, reason)  # as the caller marks a record
         return self._records.values()
 
     def __getitem__(self, task_id: int) -> TaskRecord:

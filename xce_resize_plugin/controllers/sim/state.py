@@ -51,6 +51,7 @@ from xce_resize_plugin.controllers.task_records import (
     TaskRecord,
     TaskState,
     TaskStates,
+    mark_gone,
 )
 from xce_resize_plugin.controllers.violations import ContractViolation, EmbeddedError, UnknownJob
 from xce_resize_plugin.core.models import JobState, LossOutcome, Task
@@ -75,10 +76,7 @@ def exit_tasks(records: Iterable[TaskRecord], now: float, reason: str) -> None:
     """Mark the live ones of these task records exited now (their processes are gone)."""
     for rec in records:
         if rec.state in LIVE_STATES:
-            rec.state = TaskState.EXITED
-            rec.since = now
-            rec.reason = reason
-            rec.stop_since = rec.grace = None
+            mark_gone(rec, now, reason)
 
 
 def lost_with_host(job: JobRecord, task_id: int) -> bool:
