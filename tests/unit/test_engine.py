@@ -167,6 +167,12 @@ def test_grow_bad_counts_and_notify_options() -> None:
         request(None, job(), GrowRequest(1, 1, notify_cmd="x", no_notify=True))
     with pytest.raises(errors.NotifyCmdTooLong):
         request(None, job(), GrowRequest(1, 1, notify_cmd="x" * 4096))
+    # What no shell can be given is refused when asked for, not when the change runs it.
+    for cmd, named in (("echo a\0b", "NUL"), ("echo \ud800", "lone surrogate")):
+        with pytest.raises(errors.InvalidRequest, match=named):
+            request(None, job(), GrowRequest(1, 1, notify_cmd=cmd))
+        with pytest.raises(errors.InvalidRequest, match=named):
+            engine.check_job_options(job(notify_cmd=cmd))
 
 
 def test_grow_not_enabled() -> None:

@@ -187,7 +187,8 @@ def test_a_body_within_the_limit_reaches_the_host() -> None:
     status, doc = call(host_app(), "POST", "/v1/jobs", stream, headers)
     assert status == 201 and doc["job"] == json.loads(body)
     status, doc = call(host_app(), "POST", "/v1/jobs", Stream(iter([b"{"])), headers)
-    assert status == 400 and doc["detail"].startswith("Invalid resize request: body is not JSON")
+    assert status == 400
+    assert doc["detail"].startswith("Invalid resize request: body is not valid JSON")
 
 
 @pytest.mark.parametrize("route", sorted(ROUTES))

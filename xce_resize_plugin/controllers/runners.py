@@ -343,8 +343,8 @@ class SubprocessNotificationRunner:
 
     def run(self, request: NotificationRequest, done: NotificationDone) -> None:
         begin = time.monotonic()
-        request.cwd.mkdir(parents=True, exist_ok=True)
         try:
+            request.cwd.mkdir(parents=True, exist_ok=True)
             proc = self.popen(
                 [self.shell, "-c", request.command],
                 cwd=request.cwd,
@@ -356,7 +356,10 @@ class SubprocessNotificationRunner:
                 # the shell that would otherwise keep the pipes (and us) waiting.
                 start_new_session=True,
             )
-        except OSError as exc:
+        except (OSError, ValueError, subprocess.SubprocessError) as exc:
+            # ValueError: a NUL byte in the command or the environment. Any of these is
+            # the notification's failure, reported: a runner that raised would leave
+            # the change waiting for a result that never comes.
             done(NotificationResult(None, f"cannot run: {exc}", elapsed=time.monotonic() - begin))
             return
         timeout = request.timeout if request.timeout > 0 else None

@@ -117,9 +117,21 @@ class Policy(Protocol):
 
 
 def check_notify_cmd(cmd: str | None) -> None:
-    """Reject a notification command LSF would reject (4096 bytes or more)."""
-    if cmd is not None and len(cmd.encode()) >= NOTIFY_CMD_MAX:
-        raise errors.NotifyCmdTooLong(f"{len(cmd.encode())} bytes")
+    """Reject a notification command LSF would reject (4096 bytes or more), and one no
+    shell can be given: a NUL byte, or a string that is not text (a lone surrogate).
+    Accepted, either would fail only when the change runs it, the job waiting."""
+    if cmd is None:
+        return
+    try:
+        size = len(cmd.encode())
+    except UnicodeEncodeError:
+        raise errors.InvalidRequest(
+            "notify_cmd is not valid text (it has a lone surrogate) @ $.notify_cmd"
+        ) from None
+    if size >= NOTIFY_CMD_MAX:
+        raise errors.NotifyCmdTooLong(f"{size} bytes")
+    if "\0" in cmd:
+        raise errors.InvalidRequest("notify_cmd must not contain a NUL byte @ $.notify_cmd")
 
 
 def check_job_options(job: JobInfo) -> None:

@@ -76,10 +76,27 @@ def _number(text: str) -> int | float:
     return float(text)
 
 
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    # A key given twice has no agreed meaning (RFC 8259: "unpredictable"): json keeps
+    # the last, another reader of the same bytes the first. Refuse rather than guess.
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise InvalidRequest(f"body gives the key {key[:40]!r} twice")
+        out[key] = value
+    return out
+
+
 def parse_json(raw: bytes) -> Any:
-    """Decode a UTF-8 JSON document strictly (no NaN/Infinity, no lone surrogates)."""
+    """Decode a UTF-8 JSON document strictly (no NaN/Infinity, no lone surrogates, no
+    key given twice in an object)."""
     try:
-        data = json.loads(raw.decode("utf-8"), parse_constant=_reject_constant, parse_float=_number)
+        data = json.loads(
+            raw.decode("utf-8"),
+            parse_constant=_reject_constant,
+            parse_float=_number,
+            object_pairs_hook=_unique_keys,
+        )
         # A lone surrogate (\\ud800) decodes into a str no encoder accepts: refuse it
         # here rather than fail later on a notification command or a log line.
         json.dumps(data, ensure_ascii=False).encode("utf-8")

@@ -4,13 +4,16 @@ from many threads while the controller loop runs (real agents and tasks)."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pluggy
 import pytest
 
 from xce_resize_plugin.controllers.live import settings as live_config
@@ -235,14 +238,25 @@ def test_openapi_matches_served_routes(tmp_path: Path) -> None:
         ctl.shutdown()
 
 
-def test_resize_hook_from_threads_while_the_loop_runs(tmp_path: Path) -> None:
-    """Hook calls from request threads and the loop thread share the controller lock
-    (no deadlock with the plugin's own lock); the invariants hold throughout."""
+@contextlib.contextmanager
+def _opened(tmp_path: Path) -> Iterator[tuple[pluggy.PluginManager, LiveController]]:
+    """A controller of GOOD (alice may hold 8 slots), opened; shut down and its tasks
+    killed after."""
     cfg = _config(tmp_path, GOOD.replace("alice = 3", "alice = 8"))
     pm = get_plugin_manager(cfg.resize)
     ctl = LiveController(pm, cfg)
     try:
         ctl.open()
+        yield pm, ctl
+    finally:
+        ctl.shutdown()
+        kill_marked(str(tmp_path))
+
+
+def test_resize_hook_from_threads_while_the_loop_runs(tmp_path: Path) -> None:
+    """Hook calls from request threads and the loop thread share the controller lock
+    (no deadlock with the plugin's own lock); the invariants hold throughout."""
+    with _opened(tmp_path) as (pm, ctl):
         alice = Principal("alice")
         job_id = ctl.submit_job(
             alice,
@@ -285,6 +299,40 @@ def test_resize_hook_from_threads_while_the_loop_runs(tmp_path: Path) -> None:
         assert ctl.check_invariants() == []
         running = [t for t in job["tasks"] if t["state"] == "RUNNING"]
         assert sorted(t["id"] for t in running) == sorted(t["id"] for t in job["allocation"])
-    finally:
-        ctl.shutdown()
-        kill_marked(str(tmp_path))
+
+
+def test_a_launch_or_notification_no_agent_can_be_sent_fails_where_it_is_made(
+    tmp_path: Path,
+) -> None:
+    """A string no encoder takes (a lone surrogate), given through the Python API where
+    no HTTP body is parsed, fails the job at its launch, with the reason, instead of
+    ending the thread that sends the host's agent its commands (after which nothing on
+    that host started or stopped again); a notification command the shell cannot be
+    given is refused when asked for. The host serves the next job as before."""
+    with _opened(tmp_path) as (pm, ctl):
+        alice = Principal("alice")
+        bad = ctl.submit_job(
+            alice, {"command": ["sleep", "600"], "alloc": {"h1": 1}, "env": {"A": "\ud800"}}
+        )["id"]
+        wait_until(lambda: ctl.job_json(bad)["state"] == "EXIT", 15, "the unlaunchable job's end")
+        job = ctl.job_json(bad)
+        assert job["exit_reason"].startswith("task 0 failed to start: cannot be sent to the host")
+        assert all(t["pid"] is None for t in job["tasks"])
+        assert job["held"] == []  # no slot outlives it
+        good = ctl.submit_job(
+            alice,
+            {"command": ["sleep", "600"], "tasks": "1,2", "alloc": {"h1": 1}, "resizable": True},
+        )["id"]
+        wait_until(lambda: ctl.job_json(good)["tasks"][0]["pid"], 10, "the next job on h1")
+        for cmd, named in (("echo \ud800", "lone surrogate"), ("echo a\0b", "NUL")):
+            with pytest.raises(InvalidRequest, match=named):
+                pm.hook.xce_resize_request(
+                    controller=ctl,
+                    principal=alice,
+                    job_id=good,
+                    request=GrowRequest(1, 1, notify_cmd=cmd),
+                )
+        assert ctl.job_json(good)["resize"]["phase"] == "IDLE"
+        ctl.kill_job(alice, good)
+        wait_until(lambda: ctl.job_json(good)["state"] == "EXIT", 15, "the next job's end")
+        assert ctl.check_invariants() == []

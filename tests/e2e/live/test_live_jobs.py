@@ -385,3 +385,80 @@ def test_a_job_token_reaches_its_own_job_only(resize_live_factory: Any) -> None:
     assert live.job(other)["state"] == "RUN"
     # The owner's own token still reaches both.
     assert live.call("GET", f"/v1/jobs/{other}", ALICE).status_code == 200
+
+
+def _post_raw(live: LiveCluster, path: str, body: bytes, token: str = ALICE) -> Any:
+    """POST ``body`` as sent (JSON no encoder would write: lone surrogates, a key
+    twice)."""
+    import httpx
+
+    headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+    return httpx.post(live.url(path), content=body, headers=headers, timeout=10)
+
+
+def test_hostile_submissions_are_refused_and_change_nothing(resize_live_factory: Any) -> None:
+    """Bodies a client crafts are refused with a 400 naming what is wrong, and submit
+    nothing: a lone surrogate in the command or the environment (once accepted, it
+    killed the thread that sends the host's agent its commands, so no task there ever
+    started or stopped again), digits that only look like ASCII ones or have no end in
+    "MIN,MAX" (once a 500), a key given twice (once the last one silently won) and a
+    NUL byte in the notification command (once accepted, it killed the agent's
+    notification thread and left every grow of the job in flight for ever)."""
+    live: LiveCluster = resize_live_factory({"h1": 2, "h2": 2})
+    live.start()
+    cases = [
+        (b'{"command": ["sleep", "\\ud800"]}', "surrogate"),
+        (b'{"command": ["sleep", "600"], "env": {"A": "\\udfff"}}', "surrogate"),
+        (b'{"command": ["sleep", "600"], "env": {"\\ud800": "x"}}', "surrogate"),
+        (b'{"command": ["sleep", "600"], "tasks": "\xc2\xb2,3"}', "$.tasks"),
+        (b'{"command": ["sleep", "600"], "tasks": "1,' + b"9" * 5000 + b'"}', "$.tasks"),
+        (b'{"command": ["sleep", "600"], "command": ["true"]}', "'command' twice"),
+        (b'{"command": ["sleep", "600"], "notify_cmd": "a\\u0000b"}', "$.notify_cmd"),
+    ]
+    for body, named in cases:
+        r = _post_raw(live, "/v1/jobs", body)
+        assert r.status_code == 400, (body[:60], r.status_code, r.text)
+        assert r.json()["code"] == "XCE_RESIZE_INVALID_REQUEST", r.text
+        assert named in r.json()["detail"], r.text
+    assert live.ok("GET", "/v1/jobs", ROOT) == {"jobs": []}
+    # An overlong job id is refused before any lookup, as on the resize routes, and is
+    # not echoed back (it was, whole, in a 404's detail).
+    long_id = "9" * 1000
+    for method, path in (
+        ("GET", f"/v1/jobs/{long_id}"),
+        ("DELETE", f"/v1/jobs/{long_id}"),
+        ("GET", f"/v1/jobs/{long_id}/kv/k"),
+    ):
+        r = live.call(method, path, ALICE)
+        assert r.status_code == 400 and r.json()["code"] == "LSBE_BAD_JOBID", (path[:20], r.text)
+        assert long_id not in r.text
+    # Every agent still gets its commands: a job on all four slots starts and is killed.
+    job_id = live.submit(tasks=4)
+    live.running(job_id, 4)
+    assert live.call("DELETE", f"/v1/jobs/{job_id}", ALICE).status_code == 202
+    wait_until(lambda: live.job(job_id)["state"] == "EXIT", 15, "the job's end")
+    assert "Traceback" not in live.logs()
+
+
+def test_hostile_resize_bodies_are_refused_and_change_nothing(resize_live_factory: Any) -> None:
+    """A grow or release body with a key given twice, or with a NUL byte in its
+    notification command (which no process can be started with), is refused (400,
+    naming it) and the job stays as it was."""
+    live: LiveCluster = resize_live_factory({"h1": 2, "h2": 2})
+    live.start()
+    job_id = live.submit(tasks="1,3", alloc={"h1": 2}, resizable=True)
+    live.running(job_id, 2)
+    before = live.job(job_id)["resize"]
+    path = f"/v1/jobs/{job_id}/resize"
+    cases = [
+        ("/grow", b'{"tasks": 1, "notify_cmd": "echo a\\u0000b"}', "$.notify_cmd"),
+        ("/release", b'{"task_ids": [1], "notify_cmd": "\\u0000"}', "$.notify_cmd"),
+        ("/grow", b'{"tasks": 1, "no_notify": true, "no_notify": false}', "'no_notify' twice"),
+    ]
+    for suffix, body, named in cases:
+        r = _post_raw(live, path + suffix, body)
+        assert r.status_code == 400, (suffix, r.status_code, r.text)
+        assert r.json()["code"] == "XCE_RESIZE_INVALID_REQUEST", r.text
+        assert named in r.json()["detail"], r.text
+        assert live.job(job_id)["resize"] == before
+    assert "Traceback" not in live.logs()

@@ -8,6 +8,8 @@ import sys
 import threading
 from typing import Any
 
+import httpx
+
 from xce_resize_plugin.controllers.live.job_kv import MAX_KEYS, MAX_VALUE
 from xce_resize_plugin.injob import ResizeClient
 from xce_resize_plugin.rest.client import Client
@@ -100,6 +102,14 @@ def test_bad_writes_are_refused_and_change_nothing(resize_live_factory: Any) -> 
     for token, key, body, status, code in cases:
         r = live.call("PUT", f"{kv}/{key}", token, body)
         assert (r.status_code, r.json()["code"]) == (status, code), (key, r.text)
+    # A key given twice: refused, not the last one silently kept.
+    r = httpx.put(
+        live.url(f"{kv}/k"),
+        content=b'{"value": "x", "value": "y"}',
+        headers={"Authorization": f"Bearer {ALICE}", "Content-Type": "application/json"},
+    )
+    assert (r.status_code, r.json()["code"]) == (400, "XCE_RESIZE_INVALID_REQUEST"), r.text
+    assert "'value' twice" in r.json()["detail"]
     r = live.call("GET", f"{kv}/k?wait=61", ALICE)
     assert r.status_code == 400 and "wait" in r.json()["detail"]
     r = live.call("GET", f"{kv}/k?after=1", ALICE)

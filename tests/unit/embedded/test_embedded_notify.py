@@ -102,6 +102,26 @@ def test_unrunnable_shell_reports_none(make_ctl: CtlFactory) -> None:
     assert done[2] is None and done[3].startswith("cannot run")
 
 
+@pytest.mark.parametrize(
+    ("command", "env"), [("echo a\0b", {}), ("exit 0", {"BAD": "a\0b"}), ("exit 0", {"B\0AD": "a"})]
+)
+def test_a_command_no_process_can_take_is_a_failed_notification(
+    make_ctl: CtlFactory, command: str, env: dict[str, str]
+) -> None:
+    """A NUL byte in the command or its environment fails the notification, reported
+    like any other failure: a runner that raised instead left the change waiting."""
+    from xce_resize_plugin.controllers.sim import SubprocessNotificationRunner
+
+    notifier = Notifier()
+    ctl = make_ctl(notifier, notification_runner=SubprocessNotificationRunner())
+    job_id = ctl.submit("u", 1, runtime=100)
+    ctl.settle()
+    notifier.todo = [(job_id, 1, command, env, 5.0)]
+    ctl.settle()
+    (done,) = notifier.done
+    assert done[2] is None and "null byte" in done[3] and done[3].startswith("cannot run")
+
+
 def test_scripted_runner_and_changes_counted(make_ctl: CtlFactory, recorder: Recorder) -> None:
     notifier = Notifier()
     runner = ScriptedNotificationRunner(

@@ -22,7 +22,6 @@ answered 503 after the controller went back to what is on disk.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -51,6 +50,8 @@ from xce_resize_plugin.rest.http import (
 )
 from xce_resize_plugin.rest.logcontext import note_job
 from xce_resize_plugin.rest.operation import Operation, Param
+from xce_resize_plugin.rest.parsing import parse_json
+from xce_resize_plugin.rest.resize_operations import check_job_id
 
 #: Largest submission body accepted (bytes).
 MAX_BODY = 256 * 1024
@@ -270,12 +271,11 @@ Call = Callable[[Principal, Request, Any], Any]
 
 
 async def _submission(request: Request) -> Any:
-    """The JSON body of a submission (``None`` when empty)."""
+    """The JSON body of a submission (``None`` when empty), decoded as strictly as the
+    resize routes' (:func:`parse_json`): a lone surrogate, which no encoder accepts,
+    would otherwise reach the commands sent to the agents and fail there."""
     raw = await read_body(request, _LIMIT)
-    try:
-        return json.loads(raw) if raw else None
-    except (ValueError, RecursionError) as exc:
-        raise InvalidRequest(f"body is not JSON: {exc}") from None
+    return parse_json(raw) if raw else None
 
 
 def fencing(ctl: LiveController) -> Translate:
@@ -335,10 +335,10 @@ class HostCalls:
         return result
 
     def show(self, principal: Principal, request: Request, data: Any) -> Any:
-        return self.ctl.job_view(principal, request.path_params["id"])
+        return self.ctl.job_view(principal, check_job_id(request.path_params["id"]))
 
     def kill(self, principal: Principal, request: Request, data: Any) -> Any:
-        return self.ctl.kill_job(principal, request.path_params["id"])
+        return self.ctl.kill_job(principal, check_job_id(request.path_params["id"]))
 
     def hosts(self, principal: Principal, request: Request, data: Any) -> Any:
         return {"hosts": self.ctl.hosts_view(principal)}

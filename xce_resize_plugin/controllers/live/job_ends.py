@@ -55,9 +55,9 @@ class JobEnds(ControllerProtocol):
         self._wake.set()
 
     def _finish_endings(self) -> None:
-        for job_id in sorted(self._broken):
-            self._broken.discard(job_id)
-            self._begin_end(job_id, JobState.EXIT, "no command recorded for the job")
+        for job_id, reason in sorted(self._broken.items()):
+            del self._broken[job_id]
+            self._begin_end(job_id, JobState.EXIT, reason)
         for job_id in list(self._ending):
             job = self.embedded.record(job_id)
             if job is None or job.finished:

@@ -22,6 +22,7 @@ from xce_resize_plugin.host import Principal
 from xce_resize_plugin.rest.http import ApiRoute, BodyLimit, Translate, endpoint, read_body, reply
 from xce_resize_plugin.rest.operation import Operation, Param
 from xce_resize_plugin.rest.parsing import check_query, parse_json
+from xce_resize_plugin.rest.resize_operations import check_job_id
 
 _PARAMS = (
     Param("id", {"type": "string"}, True, "The job id.", location="path"),
@@ -81,13 +82,13 @@ def kv_routes(ctl: LiveController, translate: Translate) -> list[ApiRoute]:
     async def put(request: Request, principal: Principal) -> Response:
         check_query(request.query_params.multi_items(), KV_PUT)
         body = parse_json(await read_body(request, _LIMIT))
-        job_id, key = request.path_params["id"], request.path_params["key"]
+        job_id, key = check_job_id(request.path_params["id"]), request.path_params["key"]
         return reply(await run_in_threadpool(ctl.kv_put, principal, job_id, key, body), 200)
 
     async def get(request: Request, principal: Principal) -> Response:
         query = check_query(request.query_params.multi_items(), KV_GET)
         wait = job_kv.parse_wait(query.get("wait"))
-        job_id, key = request.path_params["id"], request.path_params["key"]
+        job_id, key = check_job_id(request.path_params["id"]), request.path_params["key"]
         loop = asyncio.get_running_loop()
         deadline, delay = loop.time() + wait, _POLL_FIRST
         while True:

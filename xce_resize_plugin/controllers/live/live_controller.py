@@ -135,7 +135,7 @@ class LiveController(HostApi):
         self._loop_ident = None
         self._ending = {}
         self._notifying = {}
-        self._broken = set()
+        self._broken = {}
         self._down_pending = set()
         self._opened = False
         self._observers = []

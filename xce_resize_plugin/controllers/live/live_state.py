@@ -112,8 +112,9 @@ class LiveState:
     _ending: dict[str, tuple[JobState, str]]
     #: Notifications sent to an agent, by job and attempt: host, request, callback.
     _notifying: dict[tuple[str, int], tuple[str, dict[str, Any], NotificationDone]]
-    #: Hosts whose agent is lost.
-    _broken: set[str]
+    #: Jobs that cannot run, and why (no command recorded, a launch of a task they
+    #: started with that could not be made): ended, EXIT, by ``_finish_endings``.
+    _broken: dict[str, str]
     #: Hosts whose agent was lost before the plugin started: failed once it has
     #: (``_settle_hosts``).
     _down_pending: set[str]

@@ -12,6 +12,7 @@ client learns which one to fix and nothing is submitted.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -26,6 +27,8 @@ from xce_resize_plugin.errors import InvalidRequest, ResizeError
 MAX_ARGV, MAX_ENV = 256, 256
 #: The keys of a body: the job options every host takes, and the job's process.
 SUBMIT_KEYS = SUBMIT_OPTIONS | {"command", "env", "cwd"}
+#: A task count in ``"MIN,MAX"``: ASCII digits, as many as a 64-bit integer has.
+_COUNT = re.compile(r"[0-9]{1,19}")
 
 
 class SubmitRejected(ResizeError):
@@ -127,8 +130,10 @@ def _task_range(body: Mapping[str, Any]) -> tuple[int, int]:
             raise InvalidRequest("submit: give tasks or min_tasks/max_tasks, not both @ $.tasks")
         value = body["tasks"]
         if isinstance(value, str):
-            parts = value.split(",")
-            if len(parts) == 2 and all(p.strip().isdigit() for p in parts):
+            # ASCII digits, and few of them: str.isdigit() also takes "²", which int()
+            # refuses, and int() refuses thousands of digits.
+            parts = [p.strip() for p in value.split(",")]
+            if len(parts) == 2 and all(_COUNT.fullmatch(p) for p in parts):
                 lo, hi = (int(p) for p in parts)
             else:
                 raise InvalidRequest('submit: tasks must be N or "MIN,MAX" @ $.tasks')

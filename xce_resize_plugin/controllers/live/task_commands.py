@@ -26,6 +26,7 @@ from xce_resize_plugin.controllers.live.task_env import (
     recorded_local_ids,
     task_file,
 )
+from xce_resize_plugin.controllers.live.tasks import unsendable
 from xce_resize_plugin.controllers.runners import (
     ESSENTIAL_ENV,
     NotificationDone,
@@ -102,12 +103,12 @@ class TaskCommands(LiveState):
         job_id = job.id
         spec = self.live_store.get(f"job:{job_id}")
         if spec is None:
-            self.embedded.task_start_failed(job_id, task.id, "no command recorded for the job")
+            self._launch_failed(job, task.id, "no command recorded for the job")
             return
         try:
             account = self._account(job, spec)
         except (SubmitRejected, ValueError) as exc:
-            self.embedded.task_start_failed(job_id, task.id, str(exc))
+            self._launch_failed(job, task.id, str(exc))
             return
         jdir = self.job_dir(job_id)
         # The job's directory is not writable by a job that runs as another user than
@@ -124,6 +125,10 @@ class TaskCommands(LiveState):
             "stdout": str(jdir / f"task-{task.id}.out"),
             "stderr": str(jdir / f"task-{task.id}.err"),
         }
+        why = unsendable(command)
+        if why is not None:
+            self._launch_failed(job, task.id, why)
+            return
         host = self.live_store.get(f"host:{task.host}") or {}
         env = {k: v for k, v in command["env"].items() if k != TOKEN_ENV}
         self.live_store.put(
@@ -139,6 +144,18 @@ class TaskCommands(LiveState):
             },
         )
         self.fleet.send(task.host, command)
+
+    def _launch_failed(self, job: JobRecord, task_id: int, reason: str) -> None:
+        """A launch the controller could not make. A grow's new task fails to start, as
+        when its agent reports that; a task the job started with, which counts as
+        running from the start, ends the job (EXIT, by ``_finish_endings``) as task 0's
+        failed start does: the job cannot run as submitted, and it must not hold its
+        slots with a task that never ran."""
+        rec = job.task_states.get(task_id)
+        if rec is not None and rec.state is TaskState.STARTING:
+            self.embedded.task_start_failed(job.id, task_id, reason)
+        else:
+            self._broken.setdefault(job.id, f"task {task_id} failed to start: {reason}")
 
     def _task_env(
         self,
@@ -257,6 +274,10 @@ class TaskCommands(LiveState):
             "cwd": str(jdir),
             "log": str(jdir / f"notify-{request.attempt}.log"),
         }
+        why = unsendable(command)
+        if why is not None:
+            done(NotificationResult(None, f"cannot run: {why}"))
+            return
         self._notifying[(request.job_id, request.attempt)] = (request.host, command, done)
         self.fleet.send(request.host, command)
 
@@ -274,7 +295,7 @@ class TaskCommands(LiveState):
                 continue
             spec = self.live_store.get(f"job:{job.id}")
             if spec is None:
-                self._broken.add(job.id)
+                self._broken[job.id] = "no command recorded for the job"
                 continue
             if spec.get("launched"):
                 continue

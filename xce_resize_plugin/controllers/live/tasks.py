@@ -51,6 +51,24 @@ POLL_WAIT = 2.0
 RETRY = 0.05
 
 
+def wire_json(data: Any) -> bytes:
+    """Commands as the sender posts them to an agent: UTF-8 JSON, without NaN."""
+    return json.dumps(data, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+
+
+def unsendable(command: Mapping[str, Any]) -> str | None:
+    """Why ``command`` cannot be posted to an agent (:func:`wire_json`), or ``None``.
+
+    Checked where a launch or a notification is made, so that such a command fails
+    there, with a reason the job's history shows: in the sender's thread it would stop
+    every later command to the host (a lone surrogate, which no encoder takes, did)."""
+    try:
+        wire_json(command)
+    except (ValueError, TypeError) as exc:  # UnicodeEncodeError is a ValueError
+        return f"cannot be sent to the host's agent: {exc}"
+    return None
+
+
 #: The agents this process started, shared by every fleet of the process: an agent
 #: outlives the fleet that started it (own session), so its handle stays here, and
 #: :func:`reap_agents` (at every fleet's close, and at exit) collects it once it has
@@ -330,7 +348,26 @@ class WorkerChannel:
             return
         body = {"epoch": self.fleet.epoch, "instance": self.instance, "commands": batch}
         try:
-            response = client.post(self._url("/v1/commands"), json=body)
+            content = wire_json(body)
+        except (ValueError, TypeError):
+            # Each command was checked where it was made (unsendable): one that still
+            # cannot be encoded is dropped alone, loudly, rather than end this thread
+            # and with it every command to this host.
+            kept = []
+            for command in batch:
+                why = unsendable(command)
+                if why is None:
+                    kept.append(command)
+                else:
+                    log.error("agent %s: %s command dropped: %s", self.host, command.get("op"), why)
+            body["commands"] = kept
+            content = wire_json(body)
+        try:
+            response = client.post(
+                self._url("/v1/commands"),
+                content=content,
+                headers={"Content-Type": "application/json"},
+            )
         except httpx.ConnectError:
             # Never reached the agent: keep the commands for the next agent instance.
             self._requeue(batch)
