@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+from typing import Any
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from xce_resize_plugin.controllers.live.proc import Account
 from xce_resize_plugin.controllers.live.task_env import (
+    SCRATCH,
     identity_env,
     local_task_id,
+    make_scratch,
     recorded_local_ids,
     task_file,
 )
@@ -56,3 +62,30 @@ def test_identity_env_and_task_file(tmp_path: Path) -> None:
         "TMPDIR": str(tmp_path / "tmp"),
     }
     assert task_file([Task(0, "a"), Task(3, "b")]) == "0 a\n3 b\n"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="changing owners needs root")
+def test_scratch_given_to_the_owner_never_through_a_link_the_job_swapped_in(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Run as root, the controller makes the job's scratch and ``scratch/tmp`` and gives
+    them to the job's owner. ``scratch`` is the owner's by then: between the ``mkdir``
+    of ``tmp`` and the change of its owner, a job's process can put a link to any file
+    in its place. The owner change must not follow it, or the job owns that file."""
+    account = Account("nobody", 65534, 65534, (65534,), "/nonexistent")
+    victim = tmp_path / "victim"
+    victim.write_text("root's")
+    job_dir = tmp_path / "job"
+    job_dir.mkdir()
+    real_mkdir = Path.mkdir
+
+    def racing_mkdir(self: Path, mode: int = 0o777, *args: Any, **kw: Any) -> None:
+        real_mkdir(self, mode, *args, **kw)
+        if self.name == "tmp":  # the job's move, made as soon as the directory exists
+            self.rmdir()
+            self.symlink_to(victim)
+
+    monkeypatch.setattr(Path, "mkdir", racing_mkdir)
+    make_scratch(job_dir, account, as_root=True)
+    assert victim.stat().st_uid == 0 and victim.stat().st_gid == 0
+    assert (job_dir / SCRATCH).stat().st_uid == account.uid

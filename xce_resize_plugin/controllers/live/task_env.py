@@ -74,7 +74,10 @@ def make_scratch(job_dir: Path, account: Account, as_root: bool) -> Path:
         with contextlib.suppress(FileExistsError):
             path.mkdir(mode=0o700)
             if as_root:
-                os.chown(path, account.uid, account.gid)
+                # Not through a link: ``scratch`` is the owner's by the time ``tmp`` is
+                # made, and a job's process can put a link to any file in its place
+                # between the two calls; followed, the job would own that file.
+                os.chown(path, account.uid, account.gid, follow_symlinks=False)
     return scratch
 
 
