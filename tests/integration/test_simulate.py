@@ -351,6 +351,29 @@ def test_cli_table_json_record_and_replay(tmp_path: Path) -> None:
     assert proc.returncode == 2 and "TRACE" in proc.stderr
 
 
+@pytest.mark.parametrize(
+    ("option", "name"),
+    [
+        ("--json", "out.json"),
+        ("--record", "rec.jsonl"),
+        ("--plot", "p.png"),
+        ("--jobs-out", "j.csv"),
+    ],
+)
+def test_an_output_that_cannot_be_written_is_refused_before_the_runs(
+    tmp_path: Path, option: str, name: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from xce_resize_plugin.cli.main import main
+
+    (tmp_path / "taken.csv").mkdir()
+    for target in (tmp_path / "none" / name, tmp_path / "taken.csv"):
+        assert main(["simulate", str(KTH200), "--limit", "20", option, str(target)]) == 2
+        captured = capsys.readouterr()
+        assert captured.out == "" and captured.err.count("\n") == 1, captured.err
+        assert f"{option} {target}: " in captured.err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["taken.csv"]
+
+
 def test_cli_plot_says_how_to_install_matplotlib(tmp_path: Path) -> None:
     blocker = tmp_path / "sitecustomize.py"
     blocker.write_text(

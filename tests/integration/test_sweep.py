@@ -228,6 +228,7 @@ GRID = "[sweep]\nworkloads = ['{kth}']\nmalleable_fractions = [0.2]\n"
         (GRID.replace("[0.2]", "[]"), "[sweep] malleable_fractions must be a non-empty list"),
         (GRID + "seeds = [1, 1]\n", "[sweep] seeds lists an entry twice"),
         (GRID + "seeds = 0\n", "[sweep] seeds must be a count >= 1"),
+        (GRID + "seeds = 100000000000\n", "[sweep] seeds = 100000000000 is too many"),
         (GRID + "drivers = ['fast']\n", "[sweep] drivers[0]: unknown driver 'fast'"),
         (GRID + "[simulate]\nseed = 3\n", "[simulate] seed is set by the grid"),
         (GRID + "[simulate]\nlimt = 3\n", "[simulate] unknown key 'limt'"),
@@ -247,6 +248,18 @@ def test_bad_config_is_one_line_naming_file_and_key_exit_2(
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and str(config) in err and says in err, err
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("option", ["--json", "--plot"])
+def test_an_output_that_cannot_be_written_is_refused_before_any_cell_runs(
+    tmp_path: Path, option: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = _config(tmp_path, GRID.format(kth=KTH) + "[simulate]\nlimit = 20\n")
+    for target in (tmp_path / "none" / "out", tmp_path):
+        assert main(["sweep", str(config), "--no-cache", option, str(target)]) == 2
+        captured = capsys.readouterr()
+        assert captured.out == "" and captured.err.count("\n") == 1
+        assert f"{option} {target}: " in captured.err
 
 
 def test_bad_options_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

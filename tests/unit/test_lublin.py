@@ -6,6 +6,8 @@ import math
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from xce_resize_plugin.cli.main import main
 from xce_resize_plugin.errors import ConfigError
@@ -106,6 +108,7 @@ def test_swf_written_reads_back_as_the_same_jobs(tmp_path: Path, name: str) -> N
         ("lublin:jobs=10,procs=4,load=high", "load must be a number"),
         ("lublin:jobs=10,procs=4,seed=1,seed=2", "seed given twice"),
         ("feitelson:jobs=10,procs=4", "unknown synthetic model"),
+        ("lublin", "the lublin model needs its parameters"),
     ],
 )
 def test_a_bad_spec_is_one_line_naming_the_option_exit_2(
@@ -131,3 +134,38 @@ def test_cli_synthetic_runs_and_saves_the_workload(
     assert read_trace(out).jobs == generate(parse_spec(spec), seed=4).jobs
     assert main(["simulate", "--save-swf", str(out), "x.swf"]) == 2
     assert "--save-swf" in capsys.readouterr().err
+    # A name the trace readers would not take back, a missing directory: nothing runs.
+    bad_names = ("w.txt", "w.gz", "w.SWF.GZ", "none/w.swf")
+    for bad in (tmp_path / name for name in bad_names):
+        assert main(["simulate", "--synthetic", spec, "--save-swf", str(bad), "-q"]) == 2
+        captured = capsys.readouterr()
+        assert captured.out == "" and captured.err.count("\n") == 1
+        assert f"--save-swf {bad}: " in captured.err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["w.swf"]
+
+
+@given(load=st.floats(min_value=1e-3, max_value=1e6), seed=st.integers(0, 50))
+@settings(max_examples=60, deadline=None)
+def test_a_load_is_met_within_the_tolerance_or_refused(load: float, seed: int) -> None:
+    spec = parse_spec(f"lublin:jobs=20,procs=16,seed={seed},load={load!r}")
+    try:
+        trace = generate(spec)
+    except ConfigError as exc:
+        assert "load=" in str(exc)
+        return
+    assert _offered(trace) == pytest.approx(load, rel=0.005)
+
+
+@pytest.mark.parametrize(
+    ("load", "says"),
+    [("1e-300", "is too low: its arrivals would span"), ("1e300", "cannot be reached")],
+)
+def test_a_load_out_of_reach_is_one_line_exit_2(
+    load: str, says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spec = f"lublin:jobs=5,procs=4,load={load}"
+    with pytest.raises(ConfigError, match=says):
+        generate(parse_spec(spec))
+    assert main(["simulate", "--synthetic", spec, "-q"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"--synthetic {spec}: " in err and says in err

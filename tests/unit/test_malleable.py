@@ -350,3 +350,18 @@ def test_range_invariant(
         assert sim.min_procs == max(1, math.floor(min(procs, machine) * min_factor + 1e-9))
     else:
         assert sim.min_procs == sim.procs == sim.max_procs == min(procs, machine)
+
+
+@given(
+    procs=st.integers(min_value=2, max_value=10**6),
+    machine=st.integers(min_value=1, max_value=10**6),
+    max_factor=st.floats(min_value=1.0, max_value=1.7e308),
+)
+@settings(max_examples=200, deadline=None)
+def test_any_finite_max_factor_gives_a_range_within_the_machine(
+    procs: int, machine: int, max_factor: float
+) -> None:
+    sim = convert_job(job(1, procs), rule(fraction=1.0, machine=machine, max_factor=max_factor))
+    assert 1 <= sim.min_procs <= sim.procs <= sim.max_procs <= machine
+    if sim.procs * max_factor >= machine:  # an infinite product included
+        assert sim.max_procs == machine

@@ -9,6 +9,7 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import math
 import shutil
 import time
 from collections.abc import Mapping
@@ -17,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from xce_resize_plugin.errors import ConfigError, ResizeError
-from xce_resize_plugin.simulation.app_model import ExprError, compile_expression
+from xce_resize_plugin.simulation.app_model import ExprError, ModelEvaluator, compile_expression
 from xce_resize_plugin.simulation.traces import (
     DEFAULT_NODE_FLOPS,
     Trace,
@@ -730,3 +731,122 @@ def test_trace_repr_and_long_bad_line() -> None:
         read_swf(io.StringIO("x " * 200))
     with pytest.raises(TraceError, match="submit time is not finite"):
         read_swf(io.StringIO(swf_line(1, 0).replace(" 0 ", " nan ", 1)))
+
+
+# ------------------------------------------------------------- hostile or nonsense input
+
+
+@pytest.mark.parametrize(
+    ("line", "says"),
+    [
+        (swf_line(2, 5, run=math.inf), "run time 'inf'"),
+        (swf_line(2, 5, run=1e300), "run time '1e+300'"),
+        (swf_line(2, 5, run=2e10), "run time '20000000000.0'"),
+        (swf_line(2, 5).replace(" 600 ", " inf ", 1), "requested time 'inf'"),
+        (swf_line(2, 5).replace(" 600 ", " 1e300 ", 1), "requested time '1e300'"),
+        (swf_line(2, 5).replace(" 5 ", " 1e300 ", 1), "submit time '1e300'"),
+        (swf_line(2, 5).replace(" 5 ", " -1e300 ", 1), "submit time '-1e300'"),
+    ],
+)
+def test_times_that_are_infinite_or_beyond_any_machine_name_the_line(line: str, says: str) -> None:
+    data = swf(swf_line(1, 0), line)
+    data.name = "odd.swf"
+    with pytest.raises(TraceError) as info:
+        read_swf(data)
+    assert info.value.line == 4
+    assert "odd.swf:4" in str(info.value) and says in str(info.value)
+
+
+def test_large_but_possible_times_are_kept() -> None:
+    # 2^31 - 1 s, the "unlimited" request of some logs, and an absolute Unix submit time.
+    trace = read_swf(swf(swf_line(1, 1_700_000_000, req_time=2**31 - 1, run=9e9)))
+    assert (trace.jobs[0].requested_time, trace.jobs[0].runtime) == (2**31 - 1, 9e9)
+
+
+def test_a_repeated_job_id_names_both_lines() -> None:
+    data = swf(swf_line(1, 0), swf_line(2, 5), swf_line(1, 9))
+    data.name = "dup.swf"
+    with pytest.raises(TraceError) as info:
+        read_swf(data)
+    assert info.value.line == 5
+    assert "dup.swf:5: job id '1' is already on line 3" in str(info.value)
+    # A skipped line does not hold its id: the job that runs is the one kept.
+    trace = read_swf(swf(swf_line(1, 0, run=0), swf_line(1, 5)))
+    assert [j.id for j in trace] == ["1"]
+
+
+@pytest.mark.parametrize("value", ["-1", "0", "abc", "1e3", "2.5", ""])
+def test_a_max_procs_that_is_not_a_positive_integer_is_an_error(value: str) -> None:
+    data = swf(swf_line(1, 0), header=f"; Version: 2.2\n; MaxProcs: {value}\n")
+    data.name = "odd.swf"
+    with pytest.raises(TraceError, match=r"odd\.swf: header MaxProcs .* is not a positive integer"):
+        read_swf(data)
+
+
+def test_max_procs_may_carry_a_comment() -> None:
+    trace = read_swf(swf(swf_line(1, 0), header="; MaxProcs: 338 (batch partition)\n"))
+    assert trace.header.max_procs == 338
+
+
+BIG_INT = 10**400  # json reads it as an int that no float can hold
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"submit_time": math.nan}, "submit_time must be"),
+        ({"submit_time": math.inf}, "submit_time must be"),
+        ({"submit_time": 1e300}, "submit_time must be"),
+        ({"submit_time": BIG_INT}, "submit_time must be"),
+        ({"walltime": math.inf}, "walltime must be"),
+        ({"walltime": BIG_INT}, "walltime must be"),
+        ({"num_gpus_per_node": BIG_INT}, "num_gpus_per_node"),
+        ({"arguments": {"iterations": 2, "flops": BIG_INT, "alpha": 1}}, "argument 'flops'"),
+        ({"arguments": {"iterations": 2, "flops": 1e300, "alpha": 1}}, "run time above"),
+    ],
+)
+def test_elastisim_numbers_beyond_reason_name_the_job(
+    tmp_path: Path, change: dict[str, object], message: str
+) -> None:
+    path = write_project(tmp_path, [rigid(), rigid(**change)])
+    with pytest.raises(TraceError) as info:
+        read_elastisim(path)
+    assert info.value.job_index == 1 and message in str(info.value)
+
+
+def test_elastisim_nan_walltime_is_no_request(tmp_path: Path) -> None:
+    trace = read_elastisim(write_project(tmp_path, [rigid(walltime=math.nan)]))
+    assert trace.jobs[0].requested_time is None
+
+
+def test_elastisim_files_nested_too_deeply(tmp_path: Path) -> None:
+    path = tmp_path / "jobs.json"
+    path.write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(TraceError, match="not valid JSON"):
+        read_elastisim(path)
+    # Sequences in sequences: each is read, but walking them overflows the stack.
+    deep = '{"type": "cpu", "flops": 1e12}'
+    for _ in range(450):
+        deep = '{"type": "sequence", "tasks": [' + deep + "]}"
+    path = write_project(tmp_path, [rigid()])
+    (tmp_path / "model.json").write_text('{"phases": [{"tasks": [' + deep + "]}]}")
+    with pytest.raises(TraceError, match="cannot derive a run time"):
+        read_elastisim(path)
+    (tmp_path / "model.json").write_text('{"phases": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    with pytest.raises(TraceError, match="cannot read application model"):
+        read_elastisim(path)
+
+
+@pytest.mark.parametrize(
+    "text", ["(" * 5000 + "1" + ")" * 5000, "-" * 5000 + "1", "+".join(["1"] * 5000)]
+)
+def test_expressions_nested_too_deeply(text: str) -> None:
+    evaluator = ModelEvaluator(1.0)
+    with pytest.raises(ExprError):
+        evaluator.value(text, {}, "flops")
+
+
+@pytest.mark.parametrize("raw", [BIG_INT, math.inf, math.nan], ids=["big-int", "inf", "nan"])
+def test_model_numbers_must_be_finite(raw: float) -> None:
+    with pytest.raises(ExprError, match="flops"):
+        ModelEvaluator(1.0).value(raw, {}, "flops")

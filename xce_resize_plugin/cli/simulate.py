@@ -40,6 +40,16 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
         raise UsageError("give either a TRACE or --synthetic SPEC, not both")
     if args.save_swf is not None and args.synthetic is None:
         raise UsageError("--save-swf writes a --synthetic workload; give --synthetic SPEC")
+    if args.save_swf is not None:
+        # As written: a .GZ name would be written plain (swf_write) and read as gzip.
+        if not args.save_swf.name.endswith((".swf", ".swf.gz")):
+            raise UsageError(f"--save-swf {args.save_swf}: the name must end in .swf or .swf.gz")
+        check_output("--save-swf", args.save_swf)
+    if args.json not in (None, "-"):
+        check_output("--json", args.json)
+    for option, path in (("--plot", args.plot), ("--record", args.record)):
+        if path is not None:
+            check_output(option, path)
     options = load_options(
         args.config,
         malleable_fraction=args.malleable_fraction,
@@ -106,8 +116,21 @@ def write_results(
         return
     out.write(table())
     if json_to is not None:
-        with open(json_to, "w", encoding="utf-8") as fh:
-            fh.write(text)
+        try:
+            with open(json_to, "w", encoding="utf-8") as fh:
+                fh.write(text)
+        except OSError as exc:
+            raise UsageError(f"--json {json_to}: cannot write ({exc})") from None
+
+
+def check_output(option: str, path: str | Path) -> None:
+    """Refuse an output the results could not be written to (a directory, or a name in
+    a directory that does not exist), before anything runs."""
+    p = Path(path)
+    if p.is_dir():
+        raise UsageError(f"{option} {path}: is a directory")
+    if not p.parent.is_dir():
+        raise UsageError(f"{option} {path}: no directory {p.parent}")
 
 
 def _workload(args: argparse.Namespace, options: SimOptions) -> Workload:
@@ -148,9 +171,7 @@ def _check_jobs_out(path: Path) -> None:
     """Refuse a ``--jobs-out`` name the runs could not be written to, before running."""
     if not (path.name.endswith(".csv") or path.name.endswith(".csv.gz")):
         raise UsageError(f"--jobs-out {path}: the name must end in .csv or .csv.gz")
-    parent = path.parent
-    if not parent.is_dir():
-        raise UsageError(f"--jobs-out {path}: no directory {parent}")
+    check_output("--jobs-out", path)
 
 
 def _replay(args: argparse.Namespace, out: TextIO) -> int:

@@ -12,7 +12,7 @@ import sys
 import time
 from typing import TextIO
 
-from xce_resize_plugin.cli.simulate import write_results
+from xce_resize_plugin.cli.simulate import check_output, write_results
 from xce_resize_plugin.errors import UsageError
 from xce_resize_plugin.simulation.progress import CellBar
 from xce_resize_plugin.simulation.sweep import CellCache, default_cache_dir, run_sweep
@@ -30,7 +30,10 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
         raise UsageError("give either --workers N (local processes) or --dask ADDRESS")
     if args.no_cache and args.cache is not None:
         raise UsageError("give either --cache DIR or --no-cache")
+    if args.json not in (None, "-"):
+        check_output("--json", args.json)
     if args.plot is not None:
+        check_output("--plot", args.plot)
         from xce_resize_plugin.simulation.plot import pyplot_or_hint
 
         pyplot_or_hint()  # fail now, not after the runs, when matplotlib is missing

@@ -34,7 +34,10 @@ def compile_expression(text: str) -> Compiled:
     Names are looked up in the environment at call time, so one compiled expression
     serves every job.
     """
-    return _ExprParser(text).parse()
+    try:
+        return _ExprParser(text).parse()
+    except RecursionError:
+        raise ExprError(f"expression nested too deeply: {text[:40]!r}...") from None
 
 
 def _tokenize(text: str) -> list[tuple[str, str]]:
@@ -166,7 +169,12 @@ class ModelEvaluator:
         if isinstance(raw, bool):
             raise ExprError(f"{what} is a boolean")
         if isinstance(raw, int | float):
-            return float(raw)
+            if not (isinstance(raw, int) or math.isfinite(raw)):
+                raise ExprError(f"{what} {raw!r} is not a finite number")
+            try:
+                return float(raw)
+            except OverflowError:
+                raise ExprError(f"{what} is too large for a float") from None
         if isinstance(raw, str):
             fn = self._cache.get(raw)
             if fn is None:
@@ -177,6 +185,8 @@ class ModelEvaluator:
                 if isinstance(exc, ExprError):
                     raise
                 raise ExprError(f"{what} {raw!r}: {exc}") from None
+            except RecursionError:
+                raise ExprError(f"{what}: expression nested too deeply") from None
             if isinstance(result, complex) or not math.isfinite(result):
                 raise ExprError(f"{what} {raw!r} is not a finite number")
             return result

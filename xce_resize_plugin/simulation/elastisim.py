@@ -34,8 +34,10 @@ representative one the same way, at ``procs`` nodes, counting compute only:
   ``configuration.json`` beside ``jobs.json`` (the first ``<cluster>``'s ``speed``; its
   ``radical`` gives ``header.max_nodes``), else 1e11 flop/s (the example's 100 Gf).
 
-A missing or wrong required key, an unknown type, an expression that does not evaluate
-or a model that yields no compute time raises :class:`TraceError` naming the job index.
+A missing or wrong required key, an unknown type, an expression that does not evaluate,
+a model that yields no compute time, a number no float holds, or a submit time, walltime
+or run time that is infinite or beyond :data:`~.swf.MAX_SECONDS` raises
+:class:`TraceError` naming the job index; a file nested too deeply to read is not valid.
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ from typing import Any
 import attrs
 
 from xce_resize_plugin.simulation.app_model import ExprError, ModelEvaluator
+from xce_resize_plugin.simulation.swf import MAX_SECONDS
 from xce_resize_plugin.simulation.trace_types import (
     Trace,
     TraceError,
@@ -147,6 +150,12 @@ def _platform(directory: Path) -> tuple[float | None, int | None, str | None]:
     return None, None, None
 
 
+def _shown(value: object) -> str:
+    """``repr(value)``, shortened: a number of 400 digits is not a message."""
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:20]}...({len(text)} characters)"
+
+
 def _int_field(job: Mapping[str, Any], key: str, index: int, name: str) -> int:
     if key not in job:
         raise TraceError(f"missing required key {key!r}", source=name, job_index=index)
@@ -214,6 +223,8 @@ def _load_elastisim_jobs(path: Path, name: str) -> list[Any]:
         raise TraceError(f"cannot read: {exc}", source=name) from exc
     except ValueError as exc:
         raise TraceError(f"not valid JSON: {exc}", source=name) from exc
+    except RecursionError:
+        raise TraceError("not valid JSON: nested too deeply", source=name) from None
     raw_jobs = data.get("jobs") if isinstance(data, dict) else None
     if not isinstance(raw_jobs, list):
         raise TraceError("expected an object with a 'jobs' list", source=name)
@@ -257,15 +268,25 @@ class _ElastisimJobs:
             )
         self.stats[etype] += 1
         submit = job["submit_time"]
-        if isinstance(submit, bool) or not isinstance(submit, int | float) or submit < 0:
-            raise self.error(f"submit_time must be a non-negative number, not {submit!r}", index)
+        if (
+            isinstance(submit, bool)
+            or not isinstance(submit, int | float)
+            or not 0 <= submit <= MAX_SECONDS  # also NaN
+        ):
+            raise self.error(
+                f"submit_time must be a non-negative number up to {MAX_SECONDS:.0e} s, "
+                f"not {_shown(submit)}",
+                index,
+            )
         lo, hi, procs = self.sizes(job, index, kind)
         walltime = job.get("walltime", 0)
-        requested = (
-            float(walltime)
-            if isinstance(walltime, int | float) and not isinstance(walltime, bool) and walltime > 0
-            else None
-        )
+        requested = None
+        if isinstance(walltime, int | float) and not isinstance(walltime, bool) and walltime > 0:
+            if walltime > MAX_SECONDS:
+                raise self.error(
+                    f"walltime must be at most {MAX_SECONDS:.0e} s, not {_shown(walltime)}", index
+                )
+            requested = float(walltime)
         return float(submit), TraceJob(
             id=str(index),
             submit=float(submit),
@@ -301,23 +322,43 @@ class _ElastisimJobs:
             raise self.error("arguments must be an object", index)
         model = self.model(job["application_model"], index)
         gpus = job.get("num_gpus_per_node_max", job.get("num_gpus_per_node", 0))
-        env: dict[str, float] = {
-            k: float(v)
-            for k, v in arguments.items()
-            if isinstance(v, int | float) and not isinstance(v, bool)
-        }
+        env: dict[str, float] = {}
+        for k, v in arguments.items():
+            if isinstance(v, int | float) and not isinstance(v, bool):
+                env[k] = self.number(v, f"argument {k!r}", index)
         env.update(
             num_nodes=float(procs),
-            num_gpus_per_node=float(gpus) if isinstance(gpus, int | float) else 0.0,
+            num_gpus_per_node=(
+                self.number(gpus, "num_gpus_per_node", index)
+                if isinstance(gpus, int | float)
+                else 0.0
+            ),
         )
         env["num_gpus"] = env["num_nodes"] * env["num_gpus_per_node"]
         try:
             runtime = self.evaluator.seconds(model, env)
         except ExprError as exc:
             raise self.error(f"cannot derive a run time: {exc}", index) from None
+        except RecursionError:
+            raise self.error(
+                "cannot derive a run time: the model is nested too deeply", index
+            ) from None
         if not (runtime > 0 and math.isfinite(runtime)):
             raise self.error(f"the application model gives no compute time ({runtime!r} s)", index)
+        if runtime > MAX_SECONDS:
+            raise self.error(
+                f"the application model gives a run time above {MAX_SECONDS:.0e} s "
+                f"({runtime:.3g} s)",
+                index,
+            )
         return runtime
+
+    def number(self, value: float, what: str, index: int) -> float:
+        """``value`` as a float; an int too large for one is an error naming ``what``."""
+        try:
+            return float(value)
+        except OverflowError:
+            raise self.error(f"{what} is too large: {_shown(value)}", index) from None
 
     def model(self, model_ref: Any, index: int) -> Mapping[str, Any]:
         """The application model ``model_ref`` names (read once per file), else the
@@ -336,6 +377,10 @@ class _ElastisimJobs:
                 raise TraceError(
                     f"cannot read application model: {exc}", source=str(model_path)
                 ) from exc
+            except RecursionError:
+                raise TraceError(
+                    "cannot read application model: nested too deeply", source=str(model_path)
+                ) from None
             if not isinstance(cached, Mapping):
                 raise TraceError("application model is not an object", source=str(model_path))
             self.models[model_path] = cached

@@ -28,7 +28,9 @@ split into batch and interactive jobs, are used here); it describes each job by
 the offered load sum(run time x size) / (P x last arrival) is L within 0.5 %; the daily
 cycle keeps its 24 hours. Without it the model's own arrival rate is used (fitted on
 machines of 128 processors: on a larger one its jobs are larger and the offered load
-can exceed 1).
+can exceed 1). A load that needs the arrivals spread over more than
+:data:`MAX_LOAD_SPAN` seconds, or that the iteration cannot meet within 0.5 % (submit
+times are whole seconds, so a tiny span cannot be tuned), is a :class:`ConfigError`.
 
 The model has no users and no run-time estimates: ``user`` is ``"unknown"`` and
 ``requested_time`` ``None`` (the scheduler plans with the run time). Jobs are the
@@ -92,6 +94,10 @@ PARAMETERS: dict[str, float] = {
 }
 
 _LOAD_TOLERANCE = 0.005
+#: A ``load`` that would spread the arrivals over more than this many seconds (about 32
+#: years) is refused: no machine's log is that long, and generating it would take hours.
+MAX_LOAD_SPAN = 1e9
+_YEAR = 365.25 * 86400
 _LOAD_ITERATIONS = 60
 _KEYS = ("jobs", "procs", "seed", "load")
 
@@ -133,6 +139,10 @@ def _int(key: str, value: str) -> int:
 def parse_spec(text: str) -> LublinSpec:
     """Parse a spec; a :class:`ConfigError` says what is wrong (the caller names where)."""
     model, sep, rest = text.partition(":")
+    if not sep and model.strip() == "lublin":
+        raise ConfigError(
+            "the lublin model needs its parameters: lublin:jobs=N,procs=P[,seed=S][,load=L]"
+        )
     if not sep or model != "lublin":
         raise ConfigError(f"unknown synthetic model {model!r} (known: lublin)")
     values: dict[str, str] = {}
@@ -251,6 +261,12 @@ def _times_for_load(
     rho = _offered_load(work, spec.procs, times)
     if abs(rho / target - 1.0) <= _LOAD_TOLERANCE:
         return times
+    span = work / (spec.procs * target)  # what the offered load's definition asks for
+    if span > MAX_LOAD_SPAN:
+        raise ConfigError(
+            f"load={target:g} is too low: its arrivals would span {span / _YEAR:.3g} years "
+            f"(at most {MAX_LOAD_SPAN / _YEAR:.0f})"
+        )
     lo = hi = rho / target  # the factor if the span grew in proportion
     while _offered_load(work, spec.procs, arrival_times(intervals, weights, lo)) < target:
         lo /= 2.0
@@ -266,6 +282,11 @@ def _times_for_load(
             lo = mid
         else:
             hi = mid
+    else:
+        raise ConfigError(
+            f"load={target:g} cannot be reached: the closest offered load is {rho:.4g} "
+            f"({spec.jobs} jobs on {spec.procs} processors, submit times in whole seconds)"
+        )
     return times
 
 

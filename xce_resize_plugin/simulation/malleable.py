@@ -154,7 +154,9 @@ def convert_job(job: TraceJob, rule: MalleableRule) -> SimJob:
             # min_factor <= 1 <= max_factor keeps lo <= procs <= hi; the min/max make
             # that hold against any rounding too.
             lo = min(procs, max(1, math.floor(procs * rule.min_factor + _EPS)))
-            hi = max(procs, min(cap, math.ceil(procs * rule.max_factor - _EPS)))
+            # Compared before ceil: a large finite max_factor makes the product infinite.
+            want = procs * rule.max_factor - _EPS
+            hi = max(procs, cap if want >= cap else math.ceil(want))
             if lo < hi:
                 kind = "malleable"
         malleable = lo < hi

@@ -18,9 +18,10 @@ only the malleable choice varies. ``[simulate]`` may not set what the grid sets
 
 Every mistake is a :class:`~xce_resize_plugin.errors.ConfigError` naming the file and
 the key (and, for a list, the entry): unknown tables and keys, wrong types, empty or
-repeated lists, fractions outside 0..1, unknown drivers, missing trace files, traces
-that do not parse (every trace is read once here, before any cell runs, so that a bad
-one stops the sweep at once rather than hours later), bad synthetic specs.
+repeated lists, fractions outside 0..1, a seed count above :data:`MAX_SEEDS`, unknown
+drivers, missing trace files, traces that do not parse (every trace is read once here,
+before any cell runs, so that a bad one stops the sweep at once rather than hours
+later), bad synthetic specs.
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ from xce_resize_plugin.simulation.traces import read_trace
 __all__ = ["Cell", "SweepConfig", "WorkloadRef", "load_sweep"]
 
 _TABLES = ("sweep", "simulate", "resize")
+#: The largest ``seeds = N`` count (a grid of that many seeds is already days of runs).
+MAX_SEEDS = 10_000
 _SWEEP_KEYS = ("workloads", "malleable_fractions", "seeds", "drivers")
 _GRID_KEYS = {
     "malleable_fraction": "malleable_fractions",
@@ -122,6 +125,11 @@ def _seeds(path: Path, section: Mapping[str, Any]) -> tuple[int, ...]:
     if isinstance(value, int) and not isinstance(value, bool):
         if value < 1:
             raise ConfigError(f"{path}: [sweep] seeds must be a count >= 1 or a list, not {value}")
+        if value > MAX_SEEDS:
+            raise ConfigError(
+                f"{path}: [sweep] seeds = {value} is too many (at most {MAX_SEEDS}; "
+                "a list names any seeds)"
+            )
         return tuple(range(value))
     return tuple(_list(path, {"seeds": value}, "seeds", (int,)))
 

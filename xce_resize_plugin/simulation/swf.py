@@ -31,9 +31,12 @@ skipped_procs``):
    relative to the first kept job's submit, which the header keeps as
    ``submit_offset`` (add ``header.unix_start_time`` for wall-clock time).
 
-A malformed data line (not 18 fields, a field that is not a number) raises
-:class:`TraceError` naming the file and line number: a trace that does not parse is
-not silently shortened.
+A malformed data line (not 18 fields, a field that is not a number; a submit, run or
+requested time that is infinite or beyond :data:`MAX_SECONDS` in size) and a kept job
+whose id an earlier kept job has (the simulator runs jobs by id) raise
+:class:`TraceError` naming the file and line number: a trace that does not parse is not
+silently shortened. So does a header ``MaxProcs`` that is not a positive integer
+(``; MaxProcs: 338 (batch partition)`` is one), since it sizes the machine.
 """
 
 from __future__ import annotations
@@ -68,6 +71,12 @@ _GZIP_MAGIC = b"\x1f\x8b"
 # continued value from being read as a key.
 _HEADER_KEY = re.compile(r";[ \t]{0,2}([A-Za-z][A-Za-z0-9_]*):[ \t]*(.*)$")
 _LEADING_INT = re.compile(r"\s*([-+]?\d+)")
+# A count, optionally followed by a comment after a blank ("338 (batch partition)").
+_COUNT = re.compile(r"\s*\+?\d+(?:\s.*)?", re.DOTALL)
+#: Times (submit, run time, request) beyond this many seconds (317 years) are not a
+#: trace's: they are refused rather than simulated in a clock that cannot resolve a
+#: second any more. The "unlimited" request 2**31 - 1 of some logs is below it.
+MAX_SECONDS = 1e10
 
 
 def _source_name(source: Source) -> str:
@@ -200,6 +209,7 @@ def read_swf(source: Source, *, limit: int | None = None) -> Trace:
         try:
             f = _open_text(source, name, stack)
             header, first_line, lineno = _read_swf_header(f)
+            _check_max_procs(header, name)
             base = _read_swf_jobs(f, first_line, lineno, header, name, limit, stats, jobs)
         except (OSError, EOFError, zlib.error) as exc:  # BadGzipFile is an OSError
             raise TraceError(f"cannot read: {exc}", source=name) from exc
@@ -232,11 +242,31 @@ def _read_swf_header(f: IO[str]) -> tuple[TraceHeader, str | None, int]:
     return _parse_header(header_lines), None, lineno
 
 
+def _check_max_procs(header: TraceHeader, name: str) -> None:
+    """A ``MaxProcs`` header line sizes the machine: it must be a positive integer."""
+    raw = header.get("MaxProcs")
+    if raw is None:
+        return
+    if not _COUNT.fullmatch(raw) or not header.max_procs or header.max_procs < 1:
+        raise TraceError(f"header MaxProcs {raw!r} is not a positive integer", source=name)
+
+
 def _bad_line(name: str, lineno: int, line: str, why: str) -> TraceError:
     shown = line.strip()
     if len(shown) > 120:
         shown = shown[:117] + "..."
     return TraceError(f"malformed SWF data line ({why}): {shown!r}", source=name, line=lineno)
+
+
+def _beyond(name: str, lineno: int, line: str, parts: Sequence[str]) -> TraceError:
+    """The error for a line whose submit, run or requested time is beyond MAX_SECONDS."""
+    what, index = next(
+        (what, index)
+        for what, index in (("submit time", 1), ("run time", 3), ("requested time", 8))
+        if abs(float(parts[index])) > MAX_SECONDS
+    )
+    why = f"{what} {parts[index]!r} is beyond {MAX_SECONDS:.0e} s"
+    return _bad_line(name, lineno, line, why)
 
 
 def _read_swf_jobs(
@@ -263,6 +293,8 @@ def _read_swf_jobs(
     kept = 0
     # One str per user instead of one per job; -1 (unknown) reads "unknown".
     users: dict[str, str] = {"-1": "unknown"}
+    # The line of each kept job id: the simulator runs jobs by id, so one may not repeat.
+    seen: dict[str, int] = {}
     append = jobs.append
     # chain + enumerate stay in C: a generator here costs a frame switch a line.
     for lineno, line in enumerate(itertools.chain((first_line,), f), first_lineno):
@@ -294,6 +326,12 @@ def _read_swf_jobs(
             raise _bad_line(name, lineno, line, f"not a number: {exc}") from None
         if not math.isfinite(submit):
             raise _bad_line(name, lineno, line, "submit time is not finite")
+        if runtime > MAX_SECONDS or req_time > MAX_SECONDS or abs(submit) > MAX_SECONDS:
+            raise _beyond(name, lineno, line, parts)
+        if seen.setdefault(parts[0], lineno) != lineno:
+            raise TraceError(
+                f"job id {parts[0]!r} is already on line {seen[parts[0]]}", source=name, line=lineno
+            )
         if max_procs is not None and procs > max_procs:
             procs = max_procs
             stats["capped_procs"] += 1
