@@ -41,6 +41,7 @@ from xce_resize_plugin.simulation.metrics import (
     summarize,
 )
 from xce_resize_plugin.simulation.simulate import (
+    MAX_HOSTS,
     SimOptions,
     cluster_for,
     load_options,
@@ -254,10 +255,28 @@ def test_metrics_on_a_hand_made_example() -> None:
 def test_cluster_for_and_options() -> None:
     assert cluster_for(5, 2) == (("n001", 2), ("n002", 2), ("n003", 1))
     assert len(cluster_for(1000, 1)) == 1000 and cluster_for(1000, 1)[0][0] == "n0001"
+    # An absurd machine (a trace's MaxProcs of 10**11) is refused before it is built,
+    # saying what to change; at the limit it is built.
+    with pytest.raises(ConfigError, match=r"make 1,048,577 hosts.*--slots-per-host"):
+        cluster_for(MAX_HOSTS + 1, 1)
+    assert len(cluster_for(2 * MAX_HOSTS, 2)) == MAX_HOSTS
     with pytest.raises(ConfigError, match="unknown driver"):
         SimOptions(driver="nope")
     with pytest.raises(ConfigError, match="fraction"):
         SimOptions(malleable_fraction=1.5)
+
+
+def test_a_config_file_that_is_not_utf8_is_one_line_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from xce_resize_plugin.cli.main import main
+
+    config = tmp_path / "latin1.toml"
+    config.write_bytes(b"[simulate]\nmalleable_fraction = 0.2 # caf\xe9\n")
+    assert main(["simulate", str(KTH200), "--config", str(config)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.count("\n") == 1, captured.err
+    assert f"{config}: not UTF-8 text" in captured.err
 
 
 def test_config_file(tmp_path: Path) -> None:

@@ -250,6 +250,28 @@ def test_bad_config_is_one_line_naming_file_and_key_exit_2(
     assert "Traceback" not in err
 
 
+def test_a_sweep_file_that_is_not_utf8_is_one_line_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "latin1.toml"
+    config.write_bytes(GRID.format(kth=KTH).encode() + b"# caf\xe9\n")
+    assert main(["sweep", str(config), "--no-cache"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{config}: not UTF-8 text" in err, err
+
+
+def test_a_load_a_cell_cannot_have_stops_the_sweep_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found only when the cell generates its workload: the line names the cell and
+    says what is wrong once (not the error's class, then its kind, then the text)."""
+    config = _config(tmp_path, GRID.replace("{kth}", "lublin:jobs=50,procs=64,load=1e300"))
+    assert main(["sweep", str(config), "--no-cache", "--workers", "1", "-q"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "load=1e+300 cannot be reached" in err, err
+    assert "ConfigError" not in err and err.count("Configuration error") == 1, err
+
+
 @pytest.mark.parametrize("option", ["--json", "--plot"])
 def test_an_output_that_cannot_be_written_is_refused_before_any_cell_runs(
     tmp_path: Path, option: str, capsys: pytest.CaptureFixture[str]

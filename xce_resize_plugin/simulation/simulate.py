@@ -257,6 +257,8 @@ def read_toml(path: Path) -> dict[str, Any]:
         return tomllib.loads(path.read_text(encoding="utf-8"))
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read ({exc})") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text, as TOML must be ({exc})") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML ({exc})") from exc
 
@@ -319,12 +321,25 @@ class Workload:
         return sum(1 for j in self.jobs if j.malleable)
 
 
+#: The most hosts a simulated cluster has: 2**20, above today's largest machines in
+#: nodes; a million one-slot hosts already take about 1 GB before the first job.
+MAX_HOSTS = 1 << 20
+
+
 def cluster_for(procs: int, slots_per_host: int) -> tuple[tuple[str, int], ...]:
     """``procs`` slots on hosts of ``slots_per_host`` (the last host may have fewer),
-    named ``n001``... with a fixed width so that names sort in host order."""
+    named ``n001``... with a fixed width so that names sort in host order. More than
+    :data:`MAX_HOSTS` hosts is a :class:`ConfigError` (a trace's absurd ``MaxProcs`` or
+    job size would otherwise take the memory of the machine before anything runs)."""
     if procs < 1:
         raise ConfigError(f"a cluster needs at least one slot, not {procs}")
     count = math.ceil(procs / slots_per_host)
+    if count > MAX_HOSTS:
+        raise ConfigError(
+            f"{procs:,} slots on hosts of {slots_per_host} make {count:,} hosts, more than "
+            f"the simulator takes ({MAX_HOSTS:,}): give more slots per host "
+            "(--slots-per-host, or slots_per_host under [simulate])"
+        )
     width = max(3, len(str(count)))
     hosts = []
     left = procs

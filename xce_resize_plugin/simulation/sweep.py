@@ -46,7 +46,7 @@ import attrs
 from attrs import frozen
 
 from xce_resize_plugin import __version__
-from xce_resize_plugin.errors import UsageError
+from xce_resize_plugin.errors import ResizeError, UsageError
 from xce_resize_plugin.simulation.lublin import is_spec
 from xce_resize_plugin.simulation.simulate import (
     MODES,
@@ -223,8 +223,9 @@ class Run:
         return run_one(self.cell.workload.source, self.options, self.mode)
 
     def failed(self, exc: Exception) -> SimulationError:
-        text = f"cell {self.cell.label()} ({self.mode} run): {type(exc).__name__}: {exc}"
-        return SimulationError(text)
+        # The project's errors say what they are; anything else is named by its type.
+        what = str(exc) if isinstance(exc, ResizeError) else f"{type(exc).__name__}: {exc}"
+        return SimulationError(f"cell {self.cell.label()} ({self.mode} run): {what}")
 
 
 Runner = Callable[[Sequence[Run]], Iterator[tuple[str, RunResultDoc]]]
