@@ -269,6 +269,28 @@ def _beyond(name: str, lineno: int, line: str, parts: Sequence[str]) -> TraceErr
     return _bad_line(name, lineno, line, why)
 
 
+def _check_kept(
+    name: str,
+    lineno: int,
+    line: str,
+    parts: Sequence[str],
+    times: tuple[float, float, float],
+    seen: dict[str, int],
+) -> None:
+    """A kept line's submit, run and requested ``times`` are finite and within
+    :data:`MAX_SECONDS`, and its job id is on no earlier kept line (``seen``: each id's
+    line, this one's added)."""
+    submit, runtime, req_time = times
+    if not math.isfinite(submit):
+        raise _bad_line(name, lineno, line, "submit time is not finite")
+    if runtime > MAX_SECONDS or req_time > MAX_SECONDS or abs(submit) > MAX_SECONDS:
+        raise _beyond(name, lineno, line, parts)
+    if seen.setdefault(parts[0], lineno) != lineno:
+        raise TraceError(
+            f"job id {parts[0]!r} is already on line {seen[parts[0]]}", source=name, line=lineno
+        )
+
+
 def _read_swf_jobs(
     f: IO[str],
     first_line: str | None,
@@ -293,8 +315,7 @@ def _read_swf_jobs(
     kept = 0
     # One str per user instead of one per job; -1 (unknown) reads "unknown".
     users: dict[str, str] = {"-1": "unknown"}
-    # The line of each kept job id: the simulator runs jobs by id, so one may not repeat.
-    seen: dict[str, int] = {}
+    seen: dict[str, int] = {}  # each kept job id's line (_check_kept)
     append = jobs.append
     # chain + enumerate stay in C: a generator here costs a frame switch a line.
     for lineno, line in enumerate(itertools.chain((first_line,), f), first_lineno):
@@ -324,14 +345,7 @@ def _read_swf_jobs(
             status = int(parts[10])
         except ValueError as exc:
             raise _bad_line(name, lineno, line, f"not a number: {exc}") from None
-        if not math.isfinite(submit):
-            raise _bad_line(name, lineno, line, "submit time is not finite")
-        if runtime > MAX_SECONDS or req_time > MAX_SECONDS or abs(submit) > MAX_SECONDS:
-            raise _beyond(name, lineno, line, parts)
-        if seen.setdefault(parts[0], lineno) != lineno:
-            raise TraceError(
-                f"job id {parts[0]!r} is already on line {seen[parts[0]]}", source=name, line=lineno
-            )
+        _check_kept(name, lineno, line, parts, (submit, runtime, req_time), seen)
         if max_procs is not None and procs > max_procs:
             procs = max_procs
             stats["capped_procs"] += 1
