@@ -12,6 +12,7 @@ import json
 from collections.abc import Callable, Mapping
 from typing import Any, TextIO
 
+from xce_resize_plugin.core.decimal_text import read_decimal
 from xce_resize_plugin.errors import UsageError
 from xce_resize_plugin.rest.client import Client
 
@@ -105,10 +106,11 @@ def _add_submit(sub: Any) -> None:
 
 
 def parse_tasks(text: str) -> dict[str, int]:
-    parts = text.split(",")
-    if len(parts) > 2 or not all(p.strip().isdigit() and int(p) > 0 for p in parts):
+    counts = [read_decimal(p.strip()) for p in text.split(",")]
+    valid = [c for c in counts if c is not None and c > 0]
+    if len(counts) > 2 or len(valid) != len(counts):
         raise UsageError(f"-n takes N or MIN,MAX with positive integers, got {text!r}")
-    lo, hi = int(parts[0]), int(parts[-1])
+    lo, hi = valid[0], valid[-1]
     if lo > hi:
         raise UsageError(f"-n {text}: MIN is greater than MAX")
     return {"min_tasks": lo, "max_tasks": hi}
@@ -189,9 +191,10 @@ def _modify(args: argparse.Namespace, out: TextIO, client: Client) -> int:
 
 
 def _count(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
+    count = read_decimal(text)
+    if count is None or count < 1:
         raise ValueError(text)
-    return int(text)
+    return count
 
 
 def _pair(option: str, item: str, value: Callable[[str], Any]) -> tuple[str, Any]:

@@ -15,6 +15,7 @@ from typing import Any
 from attrs import define, field, fields_dict, frozen
 
 from xce_resize_plugin.controllers.task_records import TaskRecord, TaskState
+from xce_resize_plugin.core.decimal_text import read_decimal
 from xce_resize_plugin.core.models import (
     GrowHosts,
     JobInfo,
@@ -110,8 +111,9 @@ class NotificationLog:
 
 def job_id_key(job_id: str) -> tuple[int, int, str]:
     """Sort key of job ids: numeric ids numerically ("99" < "101"), then the others."""
-    if job_id.isdigit():
-        return (0, int(job_id), job_id)
+    number = read_decimal(job_id)
+    if number is not None:
+        return (0, number, job_id)
     return (1, 0, job_id)
 
 

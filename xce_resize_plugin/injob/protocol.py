@@ -18,6 +18,7 @@ from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypedDict, TypeVar
 
+from xce_resize_plugin.core.decimal_text import read_decimal
 from xce_resize_plugin.rest.client import RemoteError
 
 #: A long poll never asks the controller to hold a request longer than this.
@@ -175,12 +176,12 @@ class ReleaseOptions(ChangeOptions, total=False):
 def own_task_id(environ: Mapping[str, str] | None = None) -> int:
     """The calling task's id (``XCE_TASK_ID``); refuses outside a task."""
     env = os.environ if environ is None else environ
-    text = env.get("XCE_TASK_ID", "")
-    if not text.isdigit():
+    task_id = read_decimal(env.get("XCE_TASK_ID", ""))
+    if task_id is None:
         raise RuntimeError(
             "not inside an XCE task: XCE_TASK_ID is not set (give the task id explicitly)"
         )
-    return int(text)
+    return task_id
 
 
 class JobRequests:

@@ -17,6 +17,7 @@ from attrs import field, frozen
 from xce_resize_plugin.controllers.jobs import SUBMIT_OPTIONS, JobOptions
 from xce_resize_plugin.controllers.tomlfile import IntCheck, Where, read_toml
 from xce_resize_plugin.core import config
+from xce_resize_plugin.core.decimal_text import read_decimal
 from xce_resize_plugin.core.models import GrowHosts
 
 SECTIONS = {"cluster", "limits", "users", "resize", "scenario", "jobs", "commands"}
@@ -173,10 +174,11 @@ def _tasks(where: Where, key: str, raw: Mapping[str, Any]) -> tuple[int, int]:
             raise where.error(key, "give tasks or min_tasks/max_tasks, not both")
         value = raw["tasks"]
         if isinstance(value, str):
-            parts = value.split(",")
-            if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
+            counts = [read_decimal(p.strip()) for p in value.split(",")]
+            first, last = counts if len(counts) == 2 else (None, None)
+            if first is None or last is None:
                 raise where.error(f"{key}.tasks", f'must be N or "MIN,MAX", got {value!r}')
-            lo, hi = (int(p) for p in parts)
+            lo, hi = first, last
         else:
             lo = hi = _int(where, f"{key}.tasks", value)
     else:
@@ -223,8 +225,9 @@ def _jobs(where: Where, value: Any, host_names: set[str]) -> tuple[JobSpec, ...]
         if job_id in seen:
             raise where.error(f"{key}.id", f"job {job_id} is defined twice")
         seen.add(job_id)
-        if job_id.isdigit():
-            next_id = max(next_id, int(job_id) + 1)
+        number = read_decimal(job_id)
+        if number is not None:
+            next_id = max(next_id, number + 1)
         user = raw.get("user")
         if not isinstance(user, str) or not user:
             raise where.error(f"{key}.user", "missing or not a string")

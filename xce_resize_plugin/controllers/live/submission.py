@@ -12,7 +12,6 @@ client learns which one to fix and nothing is submitted.
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -20,6 +19,7 @@ from attrs import frozen
 
 from xce_resize_plugin.controllers.jobs import SUBMIT_OPTIONS, JobOptions
 from xce_resize_plugin.controllers.live.proc import Account
+from xce_resize_plugin.core.decimal_text import read_decimal
 from xce_resize_plugin.core.models import GrowHosts
 from xce_resize_plugin.errors import InvalidRequest, ResizeError
 
@@ -27,8 +27,6 @@ from xce_resize_plugin.errors import InvalidRequest, ResizeError
 MAX_ARGV, MAX_ENV = 256, 256
 #: The keys of a body: the job options every host takes, and the job's process.
 SUBMIT_KEYS = SUBMIT_OPTIONS | {"command", "env", "cwd"}
-#: A task count in ``"MIN,MAX"``: ASCII digits, as many as a 64-bit integer has.
-_COUNT = re.compile(r"[0-9]{1,19}")
 
 
 class SubmitRejected(ResizeError):
@@ -130,13 +128,11 @@ def _task_range(body: Mapping[str, Any]) -> tuple[int, int]:
             raise InvalidRequest("submit: give tasks or min_tasks/max_tasks, not both @ $.tasks")
         value = body["tasks"]
         if isinstance(value, str):
-            # ASCII digits, and few of them: str.isdigit() also takes "²", which int()
-            # refuses, and int() refuses thousands of digits.
-            parts = [p.strip() for p in value.split(",")]
-            if len(parts) == 2 and all(_COUNT.fullmatch(p) for p in parts):
-                lo, hi = (int(p) for p in parts)
-            else:
+            counts = [read_decimal(p.strip()) for p in value.split(",")]
+            first, last = counts if len(counts) == 2 else (None, None)
+            if first is None or last is None:
                 raise InvalidRequest('submit: tasks must be N or "MIN,MAX" @ $.tasks')
+            lo, hi = first, last
         else:
             lo = hi = count("tasks", value)
     else:

@@ -20,6 +20,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from xce_resize_plugin.controllers.live.proc import Account
+from xce_resize_plugin.core.decimal_text import read_decimal
 from xce_resize_plugin.core.models import Task
 
 #: The key of a task's place on its host in its recorded launch environment.
@@ -96,6 +97,7 @@ def recorded_local_ids(
         launch = record.get("launch") if record else None
         env = launch.get("env") if isinstance(launch, Mapping) else None
         value = env.get(LOCAL_ID) if isinstance(env, Mapping) else None
-        if isinstance(value, str) and value.isdigit():
-            out.append(int(value))
+        index = read_decimal(value) if isinstance(value, str) else None
+        if index is not None:
+            out.append(index)
     return out

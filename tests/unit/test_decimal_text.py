@@ -1,0 +1,54 @@
+"""Counts and ids as decimal text (core/decimal_text.py), and the readers that use it:
+text ``str.isdigit()`` takes but ``int()`` refuses is the caller's error, not a
+traceback."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from xce_resize_plugin.cli.jobs import parse_tasks
+from xce_resize_plugin.controllers.jobs import job_id_key
+from xce_resize_plugin.core.decimal_text import read_decimal
+from xce_resize_plugin.errors import ConfigError, UsageError
+from xce_resize_plugin.scenarios.files import load as load_scenario
+
+#: Digits ``isdigit()`` accepts: a superscript two, which ``int()`` refuses, and an
+#: Arabic-Indic one, which it reads.
+ODD_DIGITS = ["\u00b2", "\u0661", "1\u00b2", "9" * 5000]
+
+
+@given(st.text(max_size=25))
+def test_read_decimal_reads_ascii_digits_only_and_never_raises(text: str) -> None:
+    value = read_decimal(text)
+    ascii_digits = text.isascii() and text.isdigit() and 1 <= len(text) <= 19
+    assert (value is not None) == ascii_digits
+    if value is not None:
+        assert value == int(text) and 0 <= value < 10**19
+
+
+@given(st.integers(0, 10**19 - 1))
+def test_read_decimal_reads_every_64_bit_count(n: int) -> None:
+    assert read_decimal(str(n)) == n
+
+
+@pytest.mark.parametrize("text", ODD_DIGITS)
+def test_odd_digits_are_the_readers_own_errors(text: str, tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match="-n takes N or MIN,MAX"):
+        parse_tasks(f"1,{text}")
+    assert job_id_key(text) == (1, 0, text)  # sorted after the numeric ids
+    scenario = tmp_path / "s.toml"
+    scenario.write_text(
+        f'[cluster]\nhosts = {{ h1 = 2 }}\n[[jobs]]\nid = "a"\nuser = "u"\ntasks = "1,{text}"\n',
+        encoding="utf-8",
+    )
+    with pytest.raises(ConfigError, match=r'tasks: must be N or "MIN,MAX"'):
+        load_scenario(scenario)
+    scenario.write_text(
+        f'[cluster]\nhosts = {{ h1 = 2 }}\n[[jobs]]\nid = "{text}"\nuser = "u"\ntasks = 1\n',
+        encoding="utf-8",
+    )
+    load_scenario(scenario)  # an id like any other, not a number

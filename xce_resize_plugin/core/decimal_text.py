@@ -1,0 +1,23 @@
+"""Counts and ids written as decimal text, read one way everywhere.
+
+``str.isdigit()`` is not the test for "``int()`` reads this": it accepts digits that
+``int()`` refuses (a superscript two), and ``int()`` accepts digits of other scripts
+and refuses more than a few thousand of them. A count or an id that comes from a file,
+an option or a request is read here instead: ASCII digits only, at most 19 of them (a
+64-bit integer), so that what is refused is refused with the caller's message, never
+with a ``ValueError`` from ``int()``.
+"""
+
+from __future__ import annotations
+
+import re
+
+__all__ = ["read_decimal"]
+
+_DECIMAL = re.compile(r"[0-9]{1,19}")
+
+
+def read_decimal(text: str) -> int | None:
+    """``text`` as a non-negative integer when it is 1 to 19 ASCII digits, else ``None``
+    (the caller says what is wrong, in its own words)."""
+    return int(text) if _DECIMAL.fullmatch(text) else None
