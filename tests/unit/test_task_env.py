@@ -89,3 +89,31 @@ def test_scratch_given_to_the_owner_never_through_a_link_the_job_swapped_in(
     make_scratch(job_dir, account, as_root=True)
     assert victim.stat().st_uid == 0 and victim.stat().st_gid == 0
     assert (job_dir / SCRATCH).stat().st_uid == account.uid
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="changing owners needs root")
+def test_scratch_given_to_the_owner_never_through_a_hard_link_the_job_swapped_in(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As above, with a hard link: the owner change of ``tmp`` by its name, even one
+    that does not follow a symbolic link, changes the owner of whatever file the job
+    put there, a hard link to any file of the filesystem included (a file the job may
+    read and write, where ``fs.protected_hardlinks`` is on; any file, where it is
+    off). Only the directory the controller made may be given."""
+    account = Account("nobody", 65534, 65534, (65534,), "/nonexistent")
+    victim = tmp_path / "victim"
+    victim.write_text("root's")
+    job_dir = tmp_path / "job"
+    job_dir.mkdir()
+    real_mkdir = Path.mkdir
+
+    def racing_mkdir(self: Path, mode: int = 0o777, *args: Any, **kw: Any) -> None:
+        real_mkdir(self, mode, *args, **kw)
+        if self.name == "tmp":  # the job's move, made as soon as the directory exists
+            self.rmdir()
+            os.link(victim, self)
+
+    monkeypatch.setattr(Path, "mkdir", racing_mkdir)
+    make_scratch(job_dir, account, as_root=True)
+    assert victim.stat().st_uid == 0 and victim.stat().st_gid == 0
+    assert (job_dir / SCRATCH).stat().st_uid == account.uid

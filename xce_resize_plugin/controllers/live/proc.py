@@ -323,52 +323,6 @@ def signal_verified(pid: int, ticks: int, sig: int) -> bool:
             os.close(pidfd)
 
 
-def group_alive(pgid: int) -> bool:
-    """Whether any process of group ``pgid`` still runs (zombies do not count)."""
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return True
-    for name in entries:
-        if not name.isdigit():
-            continue
-        fields = _stat_fields(int(name))
-        # fields: state, ppid, pgrp, ...
-        if fields is not None and fields[0] not in ("Z", "X") and int(fields[2]) == pgid:
-            return True
-    return False
-
-
-def signal_group(pgid: int, sig: int) -> bool:
-    """Send ``sig`` to a process group; ``False`` when the group is gone."""
-    try:
-        os.killpg(pgid, sig)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def kill_group_verified(pid: int, ticks: int | None) -> None:
-    """SIGKILL the group led by ``pid`` if ``pid`` is still the process we started.
-
-    Used on orphans whose supervisor died: without the start-time check a recycled
-    pid could belong to an unrelated process group.
-    """
-    # The leader gone, its group may live on: a group keeps its id until its last
-    # member is gone, so a live group with this id is still the one we started.
-    if ticks is not None and not pid_alive(pid, ticks) and not group_alive(pid):
-        return
-    signal_group(pid, signal.SIGKILL)
-
-
 class FileLock:
     """An exclusive ``flock`` held for a process's lifetime (the worker's "I run" lock).
 

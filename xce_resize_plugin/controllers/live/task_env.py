@@ -14,6 +14,7 @@ controller (root, in a real install) creates or removes it.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
 from collections.abc import Iterable, Mapping, Sequence
@@ -75,11 +76,29 @@ def make_scratch(job_dir: Path, account: Account, as_root: bool) -> Path:
         with contextlib.suppress(FileExistsError):
             path.mkdir(mode=0o700)
             if as_root:
-                # Not through a link: ``scratch`` is the owner's by the time ``tmp`` is
-                # made, and a job's process can put a link to any file in its place
-                # between the two calls; followed, the job would own that file.
-                os.chown(path, account.uid, account.gid, follow_symlinks=False)
+                _give(path, account)
     return scratch
+
+
+def _give(path: Path, account: Account) -> None:
+    """Give the directory root has just made at ``path`` to the job's owner, through a
+    descriptor of it. ``scratch`` is the owner's by the time ``tmp`` is made, and a job's
+    process can put a symbolic or a hard link to any file in its place between the two
+    calls: a change of owner by name would give the job that file. What is not a
+    directory of root's there (never followed) is the job's doing, and left as it is."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:  # a symbolic link
+            return
+        raise
+    try:
+        if os.fstat(fd).st_uid == 0:
+            os.fchown(fd, account.uid, account.gid)
+    finally:
+        os.close(fd)
 
 
 def remove_scratch(job_dir: Path) -> None:

@@ -84,7 +84,6 @@ from xce_resize_plugin.controllers.live.proc import (
     ProcessTable,
     environ_marks,
     exit_status,
-    kill_group_verified,
     open_log,
     parse_account,
     run_as_options,
@@ -201,6 +200,7 @@ class WorkerAgent:
             return 0
         table = ProcessTable()
         leaders: list[int] = []
+        groups: list[int] = []
         roots: list[int] = []
         entries = [e for e in entries if isinstance(e, dict)] if isinstance(entries, list) else []
         intents = {(str(e.get("job")), str(e.get("task"))) for e in entries if e.get("pid") is None}
@@ -217,8 +217,19 @@ class WorkerAgent:
             if isinstance(pid, int) and pid > 1:
                 leaders.append(pid)
                 if ticks is not None and table.alive(pid, ticks):
-                    roots.append(pid)
-                kill_group_verified(pid, ticks)
+                    # Its live leader holds the group's id: the group is the task's.
+                    roots += [pid, *table.group(pid)]
+                    groups.append(pid)
+                else:
+                    # The leader is gone (its new parent reaped it): its pid, the
+                    # group's id, may be another process's now, leading a group of its
+                    # own. Only members that the task's marks name are the task's.
+                    task = (str(entry.get("job")), str(entry.get("task")))
+                    roots += [
+                        m
+                        for m in table.group(pid)
+                        if self._task_of(m, table.procs[m].ticks) == task
+                    ]
             for member in entry.get("members", []):
                 if isinstance(member, list) and len(member) == 2 and table.alive(*member):
                     roots.append(member[0])
@@ -229,7 +240,7 @@ class WorkerAgent:
         while time.monotonic() < deadline:
             table = ProcessTable()
             if not any(table.alive(pid, ticks) for pid, ticks in victims.items()) and not any(
-                table.group(pid) for pid in leaders
+                table.group(pid) for pid in groups
             ):
                 break
             time.sleep(0.01)
@@ -510,7 +521,12 @@ class WorkerAgent:
     def _supervise(self, t: TaskProc) -> None:
         """Wait for the task's main process, then for the rest of its processes."""
         assert t.popen is not None and t.pid is not None
-        returncode = t.popen.wait()
+        # The leader's exit, without reaping it: until it is reaped below, its zombie
+        # keeps its pid, the id of the task's process group. Reaped now, that pid could
+        # go to a new process (another job's task) whose group :meth:`_members` would
+        # take for this task's while the task's leftovers are being stopped.
+        with contextlib.suppress(ChildProcessError):
+            os.waitid(os.P_PID, t.pid, os.WEXITED | os.WNOWAIT)
         with self._lock:
             if t.state == "running":
                 # Exited on its own: give its leftovers a short grace.
@@ -526,6 +542,7 @@ class WorkerAgent:
             time.sleep(EXIT_POLL)
         if self.subreaper:
             self.track()  # orphans that belong to no live task go now, not at the next pass
+        returncode = t.popen.wait()
         with self._lock:
             if t.timer is not None:
                 t.timer.cancel()
