@@ -65,13 +65,17 @@ def test_identity_env_and_task_file(tmp_path: Path) -> None:
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="changing owners needs root")
+@pytest.mark.parametrize("link", ["symbolic", "hard"])
 def test_scratch_given_to_the_owner_never_through_a_link_the_job_swapped_in(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, link: str
 ) -> None:
     """Run as root, the controller makes the job's scratch and ``scratch/tmp`` and gives
     them to the job's owner. ``scratch`` is the owner's by then: between the ``mkdir``
     of ``tmp`` and the change of its owner, a job's process can put a link to any file
-    in its place. The owner change must not follow it, or the job owns that file."""
+    in its place. A change of owner by name, even one that does not follow a symbolic
+    link, changes the owner of what a hard link names (a file the job may read and
+    write where ``fs.protected_hardlinks`` is on; any file of the filesystem where it
+    is off). Only the directory the controller made may be given."""
     account = Account("nobody", 65534, 65534, (65534,), "/nonexistent")
     victim = tmp_path / "victim"
     victim.write_text("root's")
@@ -83,35 +87,10 @@ def test_scratch_given_to_the_owner_never_through_a_link_the_job_swapped_in(
         real_mkdir(self, mode, *args, **kw)
         if self.name == "tmp":  # the job's move, made as soon as the directory exists
             self.rmdir()
-            self.symlink_to(victim)
-
-    monkeypatch.setattr(Path, "mkdir", racing_mkdir)
-    make_scratch(job_dir, account, as_root=True)
-    assert victim.stat().st_uid == 0 and victim.stat().st_gid == 0
-    assert (job_dir / SCRATCH).stat().st_uid == account.uid
-
-
-@pytest.mark.skipif(os.geteuid() != 0, reason="changing owners needs root")
-def test_scratch_given_to_the_owner_never_through_a_hard_link_the_job_swapped_in(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """As above, with a hard link: the owner change of ``tmp`` by its name, even one
-    that does not follow a symbolic link, changes the owner of whatever file the job
-    put there, a hard link to any file of the filesystem included (a file the job may
-    read and write, where ``fs.protected_hardlinks`` is on; any file, where it is
-    off). Only the directory the controller made may be given."""
-    account = Account("nobody", 65534, 65534, (65534,), "/nonexistent")
-    victim = tmp_path / "victim"
-    victim.write_text("root's")
-    job_dir = tmp_path / "job"
-    job_dir.mkdir()
-    real_mkdir = Path.mkdir
-
-    def racing_mkdir(self: Path, mode: int = 0o777, *args: Any, **kw: Any) -> None:
-        real_mkdir(self, mode, *args, **kw)
-        if self.name == "tmp":  # the job's move, made as soon as the directory exists
-            self.rmdir()
-            os.link(victim, self)
+            if link == "symbolic":
+                self.symlink_to(victim)
+            else:
+                os.link(victim, self)
 
     monkeypatch.setattr(Path, "mkdir", racing_mkdir)
     make_scratch(job_dir, account, as_root=True)
