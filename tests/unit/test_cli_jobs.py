@@ -100,3 +100,31 @@ def test_ar_is_autoresize_not_resizable() -> None:
     assert args.autoresize is False
     with pytest.raises(SystemExit):
         parser.parse_args(["modify", "101"])  # on or off must be said
+
+
+def test_what_a_job_wrote_reaches_the_terminal_escaped() -> None:
+    """A job's command (and anything else of the job's shown) is its owner's to write:
+    escape sequences (here one that sets the clipboard), a carriage return, a newline
+    that forges a line, a bidirectional override reach the administrator's terminal as
+    escapes, and ordinary text, accents and all, as it is."""
+    hostile = ["sh", "-c", "x\x1b]52;c;aGk=\x07\r\nJob <1> is submitted.\u202e", "été"]
+
+    class Server:
+        def call(self, method: str, path: str, body: object = None) -> object:
+            job = {"id": "101", "user": "bob\x1b[8m", "state": "RUN", "command": hostile}
+            return job if path.endswith("/101") else {"jobs": [job]}
+
+    parser = argparse.ArgumentParser()
+    add_parsers(parser.add_subparsers(dest="command"))
+    shown: dict[str, list[str]] = {}
+    for argv in (["jobs", "101"], ["jobs"]):
+        out = io.StringIO()
+        assert run(parser.parse_args(argv), out, Server()) == 0  # type: ignore[arg-type]
+        shown[argv[-1]] = out.getvalue().split("\n")[:-1]
+        assert all(line.isprintable() for line in shown[argv[-1]]), shown
+    assert (
+        "   command: sh -c x\\x1b]52;c;aGk=\\x07\\r\\nJob <1> is submitted.\\u202e été"
+        in (shown["101"])
+    )
+    assert "      user: bob\\x1b[8m" in shown["101"]
+    assert shown["jobs"][1].startswith("101      bob\\x1b[8m RUN")

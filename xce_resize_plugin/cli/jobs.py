@@ -209,6 +209,16 @@ def _pair(option: str, item: str, value: Callable[[str], Any]) -> tuple[str, Any
         raise UsageError(f"{option} takes {what}, got {item!r}") from None
 
 
+def shown(text: str) -> str:
+    """``text`` as a terminal may show it: what it would act on instead (escape
+    sequences, carriage returns, newlines that forge lines, bidirectional overrides) is
+    written as Python escapes (``\\x1b``). A job's command is its owner's to write, and
+    an administrator's terminal shows it."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 def _hosts(doc: Mapping[str, Any]) -> str:
     hosts = doc.get("hosts")
     if isinstance(hosts, Mapping):
@@ -272,7 +282,7 @@ def _jobs(args: argparse.Namespace, out: TextIO, client: Client) -> int:
                     value = _hosts(doc)
                 elif key == "command":
                     value = " ".join(value)
-                out.write(f"{key:>10}: {value}\n")
+                out.write(f"{key:>10}: {shown(str(value))}\n")
         resize = doc.get("resize")
         if isinstance(resize, Mapping):
             out.write(f"{'resize':>10}: {resize_summary(resize)}\n")
@@ -286,8 +296,9 @@ def _jobs(args: argparse.Namespace, out: TextIO, client: Client) -> int:
     for job in items:
         ntasks = sum(job["hosts"].values()) if isinstance(job.get("hosts"), Mapping) else 0
         out.write(
-            f"{job['id']:<8} {job.get('user', ''):<10} {job.get('state', ''):<5} "
-            f"{ntasks:>5} {_auto(job.get('resize')):<6} {_hosts(job)}\n"
+            f"{shown(str(job['id'])):<8} {shown(str(job.get('user', ''))):<10} "
+            f"{job.get('state', ''):<5} {ntasks:>5} {_auto(job.get('resize')):<6} "
+            f"{shown(_hosts(job))}\n"
         )
     return 0
 
