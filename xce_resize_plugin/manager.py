@@ -95,7 +95,7 @@ def load_policy_file(path: Path) -> ModuleType:
         spec.loader.exec_module(module)
     except SyntaxError as exc:
         raise ConfigError(f"policy file {path}, line {exc.lineno}: {exc.msg}") from exc
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:  # sys.exit() at import is a failure too
         line = _line_in(path, exc)
         where = f", line {line}" if line else ""
         raise ConfigError(f"policy file {path}{where}: {type(exc).__name__}: {exc}") from exc

@@ -127,6 +127,21 @@ def test_scenario_until_stops_the_clock(tmp_path: Path) -> None:
         ),
         ("[clster]\n", "clster: unknown section"),
         ("not toml [", "not valid TOML"),
+        (
+            "[cluster]\nhosts = { a = 2 }\n[[jobs]]\nuser = 'u'\nsubmit = inf\n",
+            "jobs[0].submit: must be a finite number, got inf",
+        ),
+        (
+            "[cluster]\nhosts = { a = 2 }\n[[commands]]\nat = nan\nuser = 'u'\nbresize = 'x'\n",
+            "commands[0].at: must be a finite number, got nan",
+        ),
+        ("[cluster]\nhosts = { a = 2 }\n[scenario]\nuntil = nan\n", "scenario.until: must be"),
+        ("[cluster]\nhosts = { a = 2 }\n[resize]\nstop_grace = nan\n", "stop_grace must be"),
+        (
+            "[cluster]\nhosts = { a = 2 }\n[resize]\npolicy_files = [1]\n",
+            "policy_files entries must be paths, got 1",
+        ),
+        ("x = " + "[" * 5000 + "]" * 5000 + "\n", "not valid TOML: nested too deeply"),
     ],
 )
 def test_bad_scenarios_are_named(tmp_path: Path, text: str, message: str) -> None:
@@ -136,6 +151,14 @@ def test_bad_scenarios_are_named(tmp_path: Path, text: str, message: str) -> Non
     assert proc.returncode == 2
     assert message in proc.stderr and str(path) in proc.stderr
     assert proc.stdout == ""
+
+
+def test_a_scenario_that_is_not_text_is_named(tmp_path: Path) -> None:
+    path = tmp_path / "bin.toml"
+    path.write_bytes(b"\xff\xfe[cluster]\n")
+    proc = run("scenario", "run", str(path))
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr == f"xce-resize: Configuration error: {path}: not UTF-8 text\n"
 
 
 def test_scenario_with_a_policy_file(tmp_path: Path) -> None:
@@ -292,6 +315,35 @@ def test_journal_verify_reports_damage(tmp_path: Path) -> None:
     proc = run("journal", "verify", str(state / "resize"))
     assert proc.returncode == 1
     assert "fact 3: CRC mismatch" in proc.stdout and "1 problem" in proc.stdout
+
+
+def test_journal_commands_on_what_is_no_journal_write_nothing(tmp_path: Path) -> None:
+    """compact and export of a missing directory, an empty one, or another program's LMDB
+    environment: exit 2 naming the data file, and no archive, output or mode change."""
+    import lmdb
+
+    foreign = tmp_path / "foreign"
+    env = lmdb.open(str(foreign))
+    with env.begin(write=True) as txn:
+        txn.put(b"key", b"value")
+    env.close()
+    for path in (foreign, foreign / "data.mdb"):
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    (tmp_path / "empty").mkdir()
+    out = tmp_path / "out"
+    for name in ("missing", "empty", "foreign"):
+        journal = tmp_path / name
+        before = sorted(journal.iterdir()) if journal.exists() else None
+        modes = [p.stat().st_mode for p in before or ()]
+        proc = run("journal", "compact", str(journal), "--keep-days", "0", "--now", "1e9")
+        assert proc.returncode == 2, proc.stderr
+        assert proc.stderr.startswith(f"xce-resize: Journal error: {journal / 'data.mdb'}: ")
+        assert len(proc.stderr.splitlines()) == 1, proc.stderr
+        proc = run("journal", "export", str(journal), "-o", str(out))
+        assert proc.returncode == 2 and str(journal / "data.mdb") in proc.stderr
+        assert (sorted(journal.iterdir()) if journal.exists() else None) == before
+        assert [p.stat().st_mode for p in before or ()] == modes
+        assert not out.exists()
 
 
 def test_version() -> None:

@@ -26,6 +26,9 @@ def test_defaults() -> None:
         ({"allow_grow": 1}, "allow_grow must be bool"),
         ({"stop_grace": True}, "stop_grace must be int or float"),
         ({"policy_files": "x.py"}, "policy_files must be list"),
+        ({"policy_files": ["a.py", 1]}, "policy_files entries must be paths, got 1"),
+        ({"stop_grace": float("nan")}, "stop_grace must be a finite number, got nan"),
+        ({"notify_timeout": float("inf")}, "notify_timeout must be a finite number, got inf"),
     ],
 )
 def test_bad_values_are_named(section: dict[str, object], expect: str) -> None:

@@ -55,6 +55,7 @@ def test_site_policy_runs_before_defaults(tmp_path: Path) -> None:
         ("def f(:\n", r"line 1: "),
         ("x = 1\nraise RuntimeError('boom')\n", r"line 2: RuntimeError: boom"),
         ("import no_such_module_xyz\n", r"line 1: ModuleNotFoundError"),
+        ("import sys\nsys.exit(3)\n", r"line 2: SystemExit: 3"),
         (
             "from xce_resize_plugin import hookimpl\n"
             "@hookimpl\ndef xce_resize_autorize(principal, job, action):\n    return True\n",

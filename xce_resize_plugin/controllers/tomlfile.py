@@ -67,8 +67,12 @@ class Where:
 def read_toml(path: Path) -> dict[str, Any]:
     """A TOML file's contents, or ConfigError naming the file (scenarios, live config)."""
     try:
-        return tomllib.loads(path.read_text())
+        return tomllib.loads(path.read_text(encoding="utf-8"))
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not UTF-8 text") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from exc
+    except RecursionError:
+        raise ConfigError(f"{path}: not valid TOML: nested too deeply") from None

@@ -7,6 +7,7 @@ naming the key, so a typo never silently falls back to a default.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -134,9 +135,14 @@ def check(section: Mapping[str, Any], where: str = "[resize]") -> dict[str, Any]
         if (isinstance(value, bool) and bool not in kinds) or not isinstance(value, kinds):
             names = " or ".join(k.__name__ for k in kinds)
             raise ConfigError(f"{where} {key.name} must be {names}, got {value!r}")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"{where} {key.name} must be a finite number, got {value!r}")
         if key.minimum is not None and isinstance(value, int | float) and value < key.minimum:
             raise ConfigError(f"{where} {key.name} must be at least {key.minimum}, got {value!r}")
         out[key.name] = value
+    for item in out["policy_files"]:
+        if not isinstance(item, str):
+            raise ConfigError(f"{where} policy_files entries must be paths, got {item!r}")
     if out["reclaim"] not in reclaim.MODES:
         raise ConfigError(
             f"{where} reclaim must be one of {', '.join(map(repr, reclaim.MODES))}, "

@@ -108,6 +108,7 @@ missing a field replay needs, and kinds of the other controller's variant.
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -333,7 +334,7 @@ class RecordingWriter:
 
 
 def _number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _int(value: Any) -> bool:
@@ -366,6 +367,14 @@ def _hosts_map(value: Any) -> bool:
 
 def _fact(value: Any) -> bool:
     return isinstance(value, dict) and _str(value.get("type"))
+
+
+def _or_null(check: Callable[[Any], bool]) -> Callable[[Any], bool]:
+    return lambda value: value is None or check(value)
+
+
+def _env(value: Any) -> bool:
+    return isinstance(value, dict) and all(_str(v) for v in value.values())
 
 
 def _one_of(*allowed: str) -> Callable[[Any], bool]:
@@ -419,6 +428,20 @@ _FIELDS: dict[str, dict[str, tuple[Callable[[Any], bool], str]]] = {
 }
 
 
+#: Fields of a kind that replay reads when they are there: checked only if present.
+_OPTIONAL: dict[str, dict[str, tuple[Callable[[Any], bool], str]]] = {
+    "submit": {
+        "notify_cmd": (_or_null(_str), "a string or null"),
+        "ptile": (_or_null(_int), "an integer or null"),
+        "start_tasks": (_or_null(_int), "an integer or null"),
+        "initial_tasks": (_or_null(_int), "an integer or null"),
+        "estimate": (_or_null(_number), "a number or null"),
+        "grace": (_number, "a number"),
+        "env": (_env, "an object of strings"),
+    },
+}
+
+
 def check_line(rec: Mapping[str, Any], controller: str) -> str | None:
     """What is wrong with one (non-header) line of a ``controller`` recording, if
     anything: the message names the field and what it must be."""
@@ -439,6 +462,9 @@ def check_line(rec: Mapping[str, Any], controller: str) -> str | None:
             return f"{kind}: missing field {name!r}"
         if not ok(rec[name]):
             return f"{kind}: {name} must be {what}, got {rec[name]!r}"
+    for name, (ok, what) in _OPTIONAL.get(kind, {}).items():
+        if name in rec and not ok(rec[name]):
+            return f"{kind}: {name} must be {what}, got {rec[name]!r}"
     return None
 
 
@@ -456,6 +482,8 @@ def read_recording(path: str | os.PathLike[str]) -> tuple[dict[str, Any], list[d
                     continue
                 try:
                     rec = json.loads(raw)
+                except RecursionError:
+                    raise RecordingError(f"{name}:{n}: not JSON (nested too deeply)") from None
                 except ValueError as exc:
                     if not raw.endswith("\n"):
                         raise RecordingError(

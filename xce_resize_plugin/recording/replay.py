@@ -187,6 +187,8 @@ class _Inputs(Observer):
                     ctl.kill(rec["job"], rec.get("reason", "killed"))
         except (KeyError, TypeError, ValueError, EmbeddedError) as exc:
             self._bad(rec, f"cannot apply: {type(exc).__name__}: {exc}")
+        except ResizeError as exc:  # the plugin refused a job the recording says started
+            self._bad(rec, f"cannot apply: {exc.code}: {exc.text}")
 
     def _submit(self, ctl: EmbeddedController, rec: Mapping[str, Any]) -> None:
         lo, hi = rec["tasks"]

@@ -7,6 +7,7 @@ raises :class:`~xce_resize_plugin.errors.ConfigError` naming the file and the ke
 
 from __future__ import annotations
 
+import math
 import shlex
 from collections.abc import Mapping
 from pathlib import Path
@@ -141,6 +142,8 @@ def parse(data: Mapping[str, Any], path: Path) -> Scenario:
 def _number(where: Where, key: str, value: Any, minimum: float = 0.0) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise where.error(key, f"must be a number, got {value!r}")
+    if not math.isfinite(value):
+        raise where.error(key, f"must be a finite number, got {value!r}")
     if value < minimum:
         raise where.error(key, f"must be at least {minimum:g}, got {value!r}")
     return float(value)

@@ -94,6 +94,26 @@ def test_config_names_its_first_mistake(tmp_path: Path) -> None:
     assert cfg.record == (tmp_path / "r").resolve() and cfg.manage_workers
 
 
+def test_config_refuses_nonsense_naming_the_key(tmp_path: Path) -> None:
+    """Not text, nested too deeply, NaN or infinite seconds, NUL in a path, a token of no
+    user: each is one ConfigError naming the file and the key."""
+    path = tmp_path / "c.toml"
+    path.write_bytes(GOOD.encode() + b"# \xff\n")
+    with pytest.raises(ConfigError, match=r"c\.toml: not UTF-8 text"):
+        live_config.load(path)
+    for text, where in (
+        (GOOD + "x = " + "[" * 5000 + "]" * 5000 + "\n", "not valid TOML: nested too deeply"),
+        (GOOD.replace("stop_grace = 1", "stop_grace = nan"), "stop_grace must be a finite"),
+        (GOOD.replace('state_dir = "state"', 'state_dir = "s"\nkill_grace = nan'), "kill_grace"),
+        (GOOD.replace('state_dir = "state"', 'state_dir = "s"\nworker_timeout = inf'), "worker"),
+        (GOOD.replace('state_dir = "state"', 'state_dir = "st\\u0000"'), "controller.state_dir"),
+        (GOOD.replace('state_dir = "state"', 'state_dir = "s"\nrecord = "\\u0000"'), "record"),
+        (GOOD.replace("alice = ", '"" = '), "users.tokens."),
+    ):
+        with pytest.raises(ConfigError, match=where.replace(".", r"\.")):
+            _config(tmp_path, text)
+
+
 def test_config_request_deadlines(tmp_path: Path) -> None:
     """header_timeout, body_timeout and agent_timeout: 10 s, 30 s and 30 s unless given;
     a number of seconds above 0 and at most an hour, anything else named as the key's

@@ -80,6 +80,12 @@ def write(path: Path, *lines: dict[str, Any], header: dict[str, Any] | None = No
         ({"kind": "end", "t": 1, "job": "1", "state": "DONE", "phase": "later"}, "phase must"),
         ({"kind": "end", "t": 1, "job": "1", "state": "DONE", "phase": "sync"}, "only task"),
         ({"kind": "resize", "t": 1}, "unknown kind 'resize'"),
+        ({"kind": "cycle", "t": float("nan")}, "cycle: t must be the controller's clock"),
+        ({"kind": "cycle", "t": float("-inf")}, "cycle: t must be the controller's clock"),
+        ({**SUBMIT, "notify_cmd": 5}, "submit: notify_cmd must be a string or null, got 5"),
+        ({**SUBMIT, "ptile": "2"}, "submit: ptile must be an integer or null, got '2'"),
+        ({**SUBMIT, "env": ["A=1"]}, "submit: env must be an object of strings"),
+        ({**SUBMIT, "estimate": "1"}, "submit: estimate must be a number or null"),
     ],
 )
 def test_check_line_names_what_is_wrong(line: dict[str, Any], message: str) -> None:
@@ -120,6 +126,23 @@ def test_read_recording_refuses_a_cut_line_and_lines_after_closing(tmp_path: Pat
     path = write(tmp_path / "after.jsonl", SUBMIT, closed, {"kind": "cycle", "t": 6})
     with pytest.raises(RecordingError, match=r"after\.jsonl:4: a line after the closing line"):
         read_recording(path)
+
+
+def test_read_recording_refuses_a_line_nested_too_deeply(tmp_path: Path) -> None:
+    path = write(tmp_path / "deep.jsonl", SUBMIT)
+    path.write_text(
+        path.read_text() + '{"kind": "cycle", "x": ' + "[" * 100000 + "]" * 100000 + "}\n"
+    )
+    with pytest.raises(RecordingError, match=r"deep\.jsonl:3: not JSON \(nested too deeply\)"):
+        read_recording(path)
+
+
+def test_replay_reports_a_submit_line_the_plugin_refuses(tmp_path: Path) -> None:
+    closed = {"kind": "closed", "t": 1002.0, "clean": True}
+    bad = {**SUBMIT, "tasks": [-1, 3]}
+    result = replay(write(tmp_path / "r.jsonl", bad, closed))
+    assert result.problems[0].startswith("line 2: cannot apply: "), result.problems
+    assert "min_tasks -1" in result.problems[0]
 
 
 @pytest.mark.parametrize(

@@ -40,6 +40,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import ipaddress
+import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -213,7 +214,7 @@ def parse_listen(value: Any, where: Where | None = None) -> tuple[str, int]:
 
 
 def _state_dir(where: Where, value: Any, base: Path) -> Path:
-    if not isinstance(value, str) or not value:
+    if not isinstance(value, str) or not value or "\0" in value:
         raise where.error("controller.state_dir", "missing or not a path string")
     return (base / value).resolve()
 
@@ -233,7 +234,7 @@ def _flag(where: Where, key: str, value: Any) -> bool:
 def _record(where: Where, value: Any, base: Path) -> Path | None:
     if value is None:
         return None
-    if not isinstance(value, str) or not value:
+    if not isinstance(value, str) or not value or "\0" in value:
         raise where.error("controller.record", f"must be a file name, got {value!r}")
     return (base / value).resolve()
 
@@ -258,8 +259,8 @@ def _resize(where: Where, table: Mapping[str, Any], path: Path) -> dict[str, Any
 
 
 def _number(where: Where, key: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-        raise where.error(key, f"must be a number >= 0, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < math.inf:
+        raise where.error(key, f"must be a finite number >= 0, got {value!r}")
     return float(value)
 
 
@@ -322,6 +323,8 @@ def _tokens(where: Where, value: Any) -> tuple[UserToken, ...]:
     seen: dict[str, str] = {}
     for user, secret in value.items():
         key = f"users.tokens.{user}"
+        if not user:
+            raise where.error(key, "a token needs a user name")
         _secret(where, key, secret)
         if secret in seen:
             raise where.error(key, f"same token as user {seen[secret]}")
