@@ -101,6 +101,7 @@ def test_scenario_until_stops_the_clock(tmp_path: Path) -> None:
     [
         ("[cluster]\n", "cluster.hosts: missing"),
         ("[cluster]\nhosts = { a = 0 }\n", "cluster.hosts.a: must be at least 1"),
+        ("[cluster]\nhosts = { a = 1048577 }\n", "cluster.hosts.a: at most 1,048,576 slots"),
         (
             "[cluster]\nhosts = { a = 2 }\n[[jobs]]\nuser = 'u'\ntasks = '3,x'\n",
             'jobs[0].tasks: must be N or "MIN,MAX"',

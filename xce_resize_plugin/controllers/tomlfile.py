@@ -14,6 +14,10 @@ from typing import Any, TypeAlias
 
 from xce_resize_plugin.errors import ConfigError
 
+#: The most slots a host of a cluster file may have (2**20): more is no machine's node,
+#: and a job of that many tasks would take the memory before it starts.
+MAX_HOST_SLOTS = 1 << 20
+
 #: Checks one integer at a key path (``cluster.hosts.a``): returns it, or the error.
 #: Each kind of file words its own messages, so the check is the caller's.
 IntCheck: TypeAlias = Callable[[str, Any], int]
@@ -61,6 +65,9 @@ class Where:
         hosts = self.int_map("cluster.hosts", value, check)
         if not hosts:
             raise self.error("cluster.hosts", "needs at least one host")
+        for name, slots in hosts.items():
+            if slots > MAX_HOST_SLOTS:
+                raise self.error(f"cluster.hosts.{name}", f"at most {MAX_HOST_SLOTS:,} slots")
         return hosts
 
 
