@@ -344,8 +344,12 @@ def xce_resize_select_release(
     :param candidates: the tasks that may be released (task 0 is never among them).
     :param count: how many to release.
 
-    firstresult: return exactly ``count`` ids from ``candidates``, or ``None`` to let a
-    later implementation decide. Default: newest tasks first.
+    firstresult: return exactly ``count`` ids from ``candidates`` (ints, in any
+    iterable), or ``None`` to let a later implementation decide. Default: newest tasks
+    first. Any other answer — task 0, an id that is not a candidate's, one twice, too
+    many or too few, something that is not ids (``3``, ``"3"``, ``[True]``) — or an
+    exception refuses the request with
+    :class:`~xce_resize_plugin.errors.PolicyRejected` naming the hook; nothing changes.
 
     Implemented by: sites; built-in default in ``default_policies``.
     """
@@ -359,8 +363,13 @@ def xce_resize_order_grow_hosts(job: JobInfo, hosts: GrowHostView) -> Iterable[s
     :param hosts: the cycle's hosts with their free slots and the job's tasks there.
 
     firstresult: return host names (may be lazy; only as many are read as the grow
-    needs). Hosts not returned are not used. Default: hosts already in the allocation
-    first, then most free slots, then name.
+    needs). Hosts not returned are not used; unknown names, repeats and hosts without a
+    free slot are skipped, and ``ptile``, ``new-only``, free slots and the user's limit
+    hold whatever the order. Default: hosts already in the allocation first, then most
+    free slots, then name. An answer that is not names (a string, a number, an item
+    that is not a string) or an exception, even one raised while the answer is read,
+    leaves that grow pending for the cycle and is logged naming the hook and the job;
+    the cycle's other grows are placed as usual.
 
     Implemented by: sites; built-in default in ``default_policies``.
     """
@@ -377,7 +386,9 @@ def xce_resize_authorize(principal: Principal, job: JobInfo, action: str) -> boo
         drained may stop now), ``ready`` (a task is ready) or ``view``.
 
     firstresult: ``True`` allows, ``False`` denies, ``None`` defers. Default: the owner,
-    an administrator, or the job's own token.
+    an administrator, or the job's own token. Any other answer (``"no"``, ``1``) is not
+    taken as allowing: the request is refused with
+    :class:`~xce_resize_plugin.errors.PolicyRejected` naming the hook and the answer.
 
     Implemented by: sites; built-in default in ``default_policies``.
     """
@@ -407,7 +418,9 @@ def xce_resize_host_lost(job: JobInfo, lost_task_ids: Sequence[int]) -> str | No
     Called for a job that is not resizable, lost task 0, or would be left with fewer
     than ``min_tasks``. firstresult: ``"exit"`` ends the job (``EXIT``, reason host
     failure), ``"requeue"`` puts it back in the queue to start again from scratch;
-    ``None`` defers. Default: ``"exit"``.
+    ``None`` defers. Default: ``"exit"``. Any other answer, or an exception, is logged
+    naming the hook and the job ends ``EXIT``: a failure is settled whatever the hook
+    does.
 
     Implemented by: sites; built-in default in ``default_policies``.
     """
@@ -419,6 +432,10 @@ def xce_resize_committed(job: JobInfo, change: ResizeRecord) -> None:
 
     :param job: the job, with its new allocation.
     :param change: the resize record written for it.
+
+    Called once the change is committed: an implementation that raises is logged
+    (naming it, the job and the change) and changes nothing; the other
+    implementations are told all the same.
 
     Implemented by: sites (e.g. to inform an external accounting system).
     """
@@ -446,11 +463,13 @@ def xce_resize_select_reclaim(
     already asked stay as they were (the answer would be the same: it should depend on
     the arguments only). firstresult: return job id -> task ids to release, or
     ``None`` to let a later implementation decide. The plugin refuses an answer that
-    takes task 0, a task the job does not have, or more than a job's ``excess``
-    (:class:`~xce_resize_plugin.errors.PolicyRejected`), and asks nothing when the
-    chosen tasks would not start the head. Default: the largest excess over
-    ``min_tasks`` first, newest tasks first, only tasks whose slots count for the head,
-    no more than it needs.
+    takes task 0, a task the job does not have, or more than a job's ``excess``, that
+    is not a mapping of job ids to task ids (ints, in any iterable), or an exception
+    (:class:`~xce_resize_plugin.errors.PolicyRejected` naming the hook: the
+    scheduler cycle fails, nothing is asked), and asks nothing when the chosen tasks
+    would not start the head. Default: the largest excess over ``min_tasks`` first,
+    newest tasks first, only tasks whose slots count for the head, no more than it
+    needs.
 
     Implemented by: sites; built-in default in ``default_policies``.
     """

@@ -5,20 +5,31 @@ from __future__ import annotations
 
 import gc
 import json
+import logging
+import re
+import tempfile
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
+import pluggy
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from xce_resize_plugin import errors, plugin
+from xce_resize_plugin import errors, hookimpl, plugin
 from xce_resize_plugin.controllers.sim import EmbeddedController, SubmissionRejected
 from xce_resize_plugin.core.models import (
     CancelRequest,
     GrowRequest,
+    JobInfo,
     JobState,
+    LossOutcome,
     Phase,
     ReleaseRequest,
+    ResizeRecord,
+    Task,
 )
 from xce_resize_plugin.host import Principal, TaskEvent
 from xce_resize_plugin.journal import Entry, Journal
@@ -334,6 +345,230 @@ def test_hook_xce_resize_committed(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     lines = log.read_text().splitlines()
     assert lines[0].startswith("time,job,user,type") and len(lines) == 3
     assert lines[1].split(",")[3] == "grow" and lines[2].split(",")[3] == "shrink"
+
+
+# --- a site hook's mistakes (docs/admin-guide.md, "When a policy hook fails") -------------
+
+
+def with_policies(*policies: object) -> pluggy.PluginManager:
+    """The plugin and the built-in policies, then ``policies`` (asked first)."""
+    pm = get_plugin_manager({}, entry_points=False)
+    for policy in policies:
+        pm.register(policy)
+    return pm
+
+
+class Answer:
+    """A site policy answering each hook it is built for with ``answer(...)``."""
+
+    def __init__(self, answer: Callable[..., Any]) -> None:
+        self.answer = answer
+
+    @hookimpl
+    def xce_resize_select_release(
+        self, job: JobInfo, candidates: Sequence[Task], count: int
+    ) -> Any:
+        return self.answer(candidates, count)
+
+
+def _raise_key(*_: object) -> Any:
+    raise KeyError("no such rack")
+
+
+def _fails_midway() -> Iterator[str]:
+    yield "zz"
+    raise KeyError("no such rack")
+
+
+@pytest.mark.parametrize(
+    ("answer", "why"),
+    [
+        (lambda c, n: 3, "returned 3, not a list of task ids"),
+        (lambda c, n: "3", "returned '3', not a list of task ids"),
+        (lambda c, n: [True], r"returned \[True\]: task ids are integers"),
+        (lambda c, n: [3.0], r"returned \[3.0\]: task ids are integers"),
+        (_raise_key, "raised KeyError: 'no such rack'"),
+    ],
+)
+def test_a_select_release_answer_that_is_no_task_ids_is_refused_naming_the_hook(
+    tmp_path: Path, answer: Callable[..., Any], why: str
+) -> None:
+    h = Harness(tmp_path, pm=with_policies(Answer(answer)))
+    h.ctl.submit("alice", "1,8", runtime=1000, resizable=True, alloc={"hA": 2, "hB": 2}, job_id="1")
+    h.ctl.settle()
+    before = h.snapshot()
+    with pytest.raises(errors.PolicyRejected, match="xce_resize_select_release " + why):
+        h.request("alice", "1", ReleaseRequest(count=1, no_notify=True))
+    assert h.snapshot() == before
+
+
+_ids = st.one_of(st.integers(-1, 6), st.booleans(), st.floats(0, 6), st.text(max_size=2))
+_answers = st.one_of(
+    st.none(),
+    st.integers(-1, 6),
+    st.text(max_size=3),
+    st.lists(_ids, max_size=6),
+    st.lists(_ids, max_size=6).map(lambda ids: (i for i in ids)),
+    st.frozensets(st.integers(0, 6), max_size=5),
+)
+
+
+@given(answer=_answers, count=st.integers(1, 4))
+@settings(max_examples=60, deadline=None)
+def test_any_select_release_answer_is_refused_or_releases_count_of_the_candidates(
+    answer: Any, count: int
+) -> None:
+    """Whatever the site answers: refused (naming the hook, nothing changed), or a
+    release of ``count`` distinct candidates it named as ints, task 0 kept."""
+    named = list(answer) if isinstance(answer, Iterator) else answer
+    with tempfile.TemporaryDirectory() as d:
+        h = Harness(Path(d), pm=with_policies(Answer(lambda c, n: answer)))
+        try:
+            h.ctl.submit("alice", "1,8", runtime=99, resizable=True, alloc={"hA": 2, "hB": 3})
+            h.ctl.settle()
+            job_id = h.ctl.jobs()[0].id
+            before = h.snapshot()
+            try:
+                h.request("alice", job_id, ReleaseRequest(count=count, no_notify=True))
+            except errors.PolicyRejected as exc:
+                assert "xce_resize_select_release" in exc.text
+                assert h.snapshot() == before
+                return
+            kept = {t.id for t in h.ctl.job(job_id).tasks}
+            released = {0, 1, 2, 3, 4} - kept
+            assert 0 in kept and len(released) == count and len(kept) == 5 - count
+            if named is not None:
+                assert all(type(i) is int for i in named) and set(named) == released
+            assert h.ctl.check_invariants() == []
+        finally:
+            h.ctl.close()
+
+
+class OrderForJob1:
+    """An order hook broken for job 1 only."""
+
+    def __init__(self, answer: Callable[[], Any]) -> None:
+        self.answer = answer
+
+    @hookimpl
+    def xce_resize_order_grow_hosts(self, job: JobInfo, hosts: object) -> Any:
+        return self.answer() if job.id == "1" else None
+
+
+@pytest.mark.parametrize(
+    ("answer", "why"),
+    [
+        (_raise_key, "raised KeyError: 'no such rack'"),
+        (_fails_midway, "raised KeyError: 'no such rack'"),
+        (lambda: 5, "returned 5 for job 1, not a list of host names"),
+        (lambda: "hC", "returned 'hC' for job 1, not a list of host names"),
+        (lambda: [7, "hC"], "gave 7 for job 1, not a host name"),
+        (lambda: [["hC"]], r"gave \['hC'\] for job 1, not a host name"),
+    ],
+)
+def test_a_broken_grow_order_leaves_that_grow_pending_and_the_cycle_goes_on(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, answer: Callable[[], Any], why: str
+) -> None:
+    h = started(tmp_path, pm=with_policies(OrderForJob1(answer)))
+    h.ctl.submit("bob", "1,8", runtime=1000, resizable=True, alloc={"hB": 1}, job_id="2")
+    h.ctl.settle()
+    caplog.set_level(logging.WARNING)
+    h.request("alice", "1", GrowRequest(1, 1, no_notify=True))
+    h.request("bob", "2", GrowRequest(1, 1, no_notify=True))
+    assert h.ctl.resize_status("1").phase is Phase.GROW_PENDING  # on no host it did not choose
+    assert len(h.ctl.job("1").tasks) == 2
+    assert len(h.ctl.job("2").tasks) == 2  # grown in the same cycles
+    assert re.search(
+        "job 1: grow not placed this cycle: Rejected by site policy: "
+        "xce_resize_order_grow_hosts " + why,
+        caplog.text,
+    )
+    assert h.ctl.check_invariants() == []
+
+
+class AuthorizeMallory:
+    def __init__(self, answer: object) -> None:
+        self.answer = answer
+
+    @hookimpl
+    def xce_resize_authorize(self, principal: Principal, job: JobInfo, action: str) -> Any:
+        return self.answer if principal.name == "mallory" else None
+
+
+@pytest.mark.parametrize("answer", ["no", "False", 1, []])
+def test_an_authorize_answer_that_is_not_a_bool_is_refused_naming_the_hook(
+    tmp_path: Path, answer: object
+) -> None:
+    h = started(tmp_path, pm=with_policies(AuthorizeMallory(answer)))
+    before = h.snapshot()
+    with pytest.raises(
+        errors.PolicyRejected,
+        match=re.escape(f"xce_resize_authorize returned {answer!r} for grow on job 1, not True"),
+    ):
+        h.request("mallory", "1", GrowRequest(1, 1, no_notify=True))
+    assert h.snapshot() == before
+
+
+class RaisingHostLost:
+    @hookimpl
+    def xce_resize_host_lost(self, job: JobInfo, lost_task_ids: Sequence[int]) -> Any:
+        raise KeyError("no such rack")
+
+
+def test_a_host_lost_hook_that_raises_ends_the_job_and_the_failure_is_settled(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """docs/admin-guide.md: a failure is settled whatever a site hook does."""
+    h = Harness(tmp_path, pm=with_policies(RaisingHostLost()))
+    h.ctl.submit("alice", "2", runtime=1000, alloc={"hA": 2}, job_id="1")
+    h.ctl.submit("bob", "2", runtime=1000, alloc={"hA": 1, "hB": 1}, job_id="2")
+    h.ctl.settle()
+    caplog.set_level(logging.WARNING)
+    failure = h.ctl.host_down("hA")
+    assert failure.outcomes == {"1": LossOutcome.EXIT, "2": LossOutcome.EXIT}
+    assert [h.ctl.job(j).state for j in ("1", "2")] == [JobState.EXIT, JobState.EXIT]
+    assert all(v["used"] == 0 for v in h.ctl.hosts_view().values())
+    assert "xce_resize_host_lost raised KeyError: 'no such rack'; the job ends" in caplog.text
+
+
+class Told:
+    def __init__(self) -> None:
+        self.changes: list[tuple[str, int]] = []
+
+    @hookimpl
+    def xce_resize_committed(self, job: JobInfo, change: ResizeRecord) -> None:
+        self.changes.append((job.id, change.version))
+
+
+class RaisingCommitted:
+    @hookimpl
+    def xce_resize_committed(self, job: JobInfo, change: ResizeRecord) -> None:
+        raise KeyError("accounting is down")
+
+
+def test_a_committed_hook_that_raises_is_logged_and_changes_nothing(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The change is committed before the hook is told: a raising implementation is
+    logged, the others are told, and the rest of the batch goes on."""
+    told = Told()
+    h = started(tmp_path, pm=with_policies(told, RaisingCommitted()))  # the raising one first
+    h.ctl.submit("bob", "1,8", runtime=1000, resizable=True, alloc={"hC": 2}, job_id="2")
+    h.ctl.settle()
+    caplog.set_level(logging.ERROR)
+    h.request("alice", "1", GrowRequest(1, 1, no_notify=True))
+    # Two releases whose tasks stop in one batch of task events.
+    h.ctl.request_resize(Principal("alice"), "1", ReleaseRequest(count=1, no_notify=True))
+    h.ctl.request_resize(Principal("bob"), "2", ReleaseRequest(count=1, no_notify=True))
+    h.ctl.settle()
+    assert sorted(told.changes) == [("1", 1), ("1", 2), ("2", 1)]
+    assert [len(h.ctl.job(j).tasks) for j in ("1", "2")] == [2, 1]
+    assert [h.ctl.resize_status(j).phase for j in ("1", "2")] == [Phase.IDLE, Phase.IDLE]
+    used = {host: v["used"] for host, v in h.ctl.hosts_view().items()}
+    assert used == {"hA": 2, "hB": 0, "hC": 1, "hD": 0}
+    assert h.ctl.check_invariants() == []
+    assert "xce_resize_committed (RaisingCommitted.xce_resize_committed" in caplog.text
+    assert "raised on job 2's shrink to version 1; the change stands" in caplog.text
 
 
 def test_principal_of_a_job_token_is_limited_to_its_job(tmp_path: Path) -> None:

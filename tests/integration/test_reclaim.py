@@ -4,16 +4,22 @@
 from __future__ import annotations
 
 import tomllib
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from xce_resize_plugin import hookimpl
+from xce_resize_plugin.controllers.sim import EmbeddedController
 from xce_resize_plugin.core.facts import ReleaseAccepted
-from xce_resize_plugin.core.models import ChangeKind
-from xce_resize_plugin.errors import ConfigError
+from xce_resize_plugin.core.models import ChangeKind, JobState
+from xce_resize_plugin.core.reclaim import ReclaimCandidate, ReclaimHead
+from xce_resize_plugin.errors import ConfigError, PolicyRejected
+from xce_resize_plugin.manager import get_plugin_manager
 from xce_resize_plugin.scenarios import files, runner
 from xce_resize_plugin.scenarios.files import Scenario
+from xce_resize_plugin.testing.sim import SimControllers
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -456,3 +462,62 @@ def test_a_recorded_reclaim_replays_to_the_same_facts(tmp_path: Path) -> None:
     replayed = replay(out, tmp_path / "replay")
     assert replayed.ok, replayed.problems
     assert replayed.facts == len(result.facts)
+
+
+# --- a site's xce_resize_select_reclaim that answers wrong (docs/admin-guide.md) ------------
+
+
+class Reclaim:
+    def __init__(self, answer: Callable[[], Any]) -> None:
+        self.answer = answer
+
+    @hookimpl
+    def xce_resize_select_reclaim(
+        self, head: ReclaimHead, candidates: Sequence[ReclaimCandidate]
+    ) -> Any:
+        return self.answer()
+
+
+def blocked_head(tmp_path: Path, answer: Callable[[], Any]) -> EmbeddedController:
+    """As BASE: job 101 holds 6 of the 8 slots, job 102 (4 tasks) is submitted and
+    blocked; the scheduler cycle that would reclaim has not run yet."""
+    config = {"reclaim": "shrink"}
+    pm = get_plugin_manager(config, entry_points=False)
+    pm.register(Reclaim(answer))
+    ctl = SimControllers(tmp_path / "state")(pm=pm, config=config, hosts={"a": 4, "b": 4})
+    ctl.submit("ann", "2,8", runtime=1000, resizable=True, alloc={"a": 4, "b": 2}, job_id="101")
+    ctl.settle()
+    ctl.submit("bob", "4", runtime=100, job_id="102")
+    return ctl
+
+
+def _raise_key() -> Any:
+    raise KeyError("no such rack")
+
+
+@pytest.mark.parametrize(
+    ("answer", "why"),
+    [
+        (_raise_key, "raised KeyError: 'no such rack'"),
+        (lambda: [4, 5], r"returned \[4, 5\], not a mapping job id -> task ids"),
+        (lambda: {"101": 5}, "returned 5 for job 101, not a list of task ids"),
+        (lambda: {"101": "45"}, "returned '45' for job 101, not a list of task ids"),
+        (lambda: {"101": [True, 5]}, r"returned \[True, 5\] for job 101: task ids are integers"),
+    ],
+)
+def test_a_select_reclaim_answer_that_is_no_selection_is_refused_naming_the_hook(
+    tmp_path: Path, answer: Callable[[], Any], why: str
+) -> None:
+    ctl = blocked_head(tmp_path, answer)
+    with pytest.raises(PolicyRejected, match="xce_resize_select_reclaim " + why):
+        ctl.settle()
+    assert [t.id for t in ctl.job("101").tasks] == [0, 1, 2, 3, 4, 5]  # nothing asked
+    assert ctl.job("102").state is JobState.PEND
+
+
+def test_a_select_reclaim_answer_may_give_each_job_s_ids_lazily(tmp_path: Path) -> None:
+    ctl = blocked_head(tmp_path, lambda: {"101": (i for i in (4, 5))})
+    ctl.settle()
+    assert [t.id for t in ctl.job("101").tasks] == [0, 1, 2, 3]
+    assert ctl.job("102").state is JobState.RUN
+    assert ctl.check_invariants() == []

@@ -234,7 +234,13 @@ class Runtime(Reclaiming):
                     continue
                 view = GrowHostView(index, host_counts(state.tasks))
                 headroom = self.controller.slot_headroom(state.user)
-                facts = engine.decide_placement(state, job, view, headroom, self.policy, now)
+                try:
+                    facts = engine.decide_placement(state, job, view, headroom, self.policy, now)
+                except ResizeError as exc:
+                    # A site's order hook failed (policy.py): this grow stays pending,
+                    # placed on no host the hook did not choose; the others go on.
+                    log.warning("job %s: grow not placed this cycle: %s", state.job_id, exc.text)
+                    continue
                 if facts:
                     index.take_many(host_counts(_placed_tasks(facts)).items())
                     self._transition(state.job_id, facts)
