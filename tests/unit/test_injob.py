@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from typing import Any
 
 import pytest
 
-from xce_resize_plugin.injob import Allocation, ResizeClient
+from xce_resize_plugin.injob import Allocation, ResizeClient, protocol
 
 PROBE = """
 import json, sys
@@ -208,3 +209,47 @@ def test_a_target_and_if_version_send_what_the_routes_take() -> None:
     ]
     # The answer has no target: set_target(wait=True) has nothing to wait for.
     assert client.set_target(4, wait=True).target is None
+
+
+class _Waits:
+    """A controller's wait route, simulated: a long poll answers at once when the poll
+    ends with a change (``changes``: the answers still to give), else after its whole
+    ``timeout`` with the job as it is (settled at version 1)."""
+
+    def __init__(self, changes: list[dict[str, Any]]) -> None:
+        self.changes = changes
+        self.polls = 0
+
+    def call(self, method: str, path: str, body: Any = None, timeout: float = 0.0) -> Any:
+        doc = {"job_id": "7", "phase": "IDLE", "version": 1, "min_tasks": 1, "max_tasks": 8,
+               "tasks": [{"id": 0, "host": "a"}], "done": False, "job_state": "RUN"}  # fmt: skip
+        if "/resize/wait?" in path:
+            self.polls += 1
+            if self.changes:
+                return {**doc, **self.changes.pop(0)}
+            time.sleep(float(path.rsplit("timeout=", 1)[1]))
+        return doc
+
+
+def test_wait_polls_again_until_its_timeout_when_nothing_changed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A long poll that ends with nothing changed (its own timeout, shorter than the
+    caller's) is not the end of the wait: the caller's timeout is."""
+    monkeypatch.setattr(protocol, "MAX_POLL", 0.2)
+    waits = _Waits([])
+    start = time.monotonic()
+    alloc = ResizeClient("7", waits).wait(after_version=1, timeout=1.0)  # type: ignore[arg-type]
+    assert alloc.version == 1 and time.monotonic() - start >= 1.0 and waits.polls >= 5
+    # A change that ends in a poll (committed, or failed and nothing pending) ends it.
+    for change in ({"version": 2, "done": True}, {"phase": "IDLE"}):
+        waits = _Waits([{"pending": {"min": 1, "max": 1}}, change])
+        start = time.monotonic()
+        ResizeClient("7", waits).wait(after_version=1, timeout=5.0)  # type: ignore[arg-type]
+        assert waits.polls == 2 and time.monotonic() - start < 0.5
+    # A grow that was given up before the first poll: its wait ends at that poll.
+    waits = _Waits([])
+    monkeypatch.setattr(protocol, "MAX_POLL", 0.5)
+    start = time.monotonic()
+    ResizeClient("7", waits).grow(1, wait=True, timeout=5.0)  # type: ignore[arg-type]
+    assert waits.polls == 1 and time.monotonic() - start < 1.5

@@ -199,21 +199,30 @@ class JobRequests:
         result: Mapping[str, Any] = yield Request("GET", f"{self.base}/history")
         return result
 
-    def wait(self, after_version: int | None, timeout: float) -> Steps[Allocation]:
+    def wait(
+        self, after_version: int | None, timeout: float, changing: bool = False
+    ) -> Steps[Allocation]:
+        """``changing``: the caller just made a change, so the job settled without a
+        new version means that change was given up (a grow's wait)."""
         deadline = time.monotonic() + timeout
         if after_version is None:
             after_version = (yield from self.allocation()).version - 1
         while True:
-            left = deadline - time.monotonic()
+            sent = time.monotonic()
+            left = deadline - sent
             poll = max(0.0, min(MAX_POLL, left))
             path = f"{self.base}/wait?version={after_version}&timeout={poll:.3f}"
             doc = yield Request("GET", path, timeout=poll + 10.0)
             alloc = Allocation.from_json(doc)
-            # Done, or nothing more will happen without a new request (the change failed
-            # or was cancelled, or the job ended), or out of time: answer now.
+            # Done, or nothing more will happen without a new request (a change seen in
+            # this wait failed or was cancelled: the poll ended early, or the job was
+            # changing at the previous one), or the job ended, or out of time: answer
+            # now. A poll that merely ran out (the job settled throughout) is not the end.
+            ended = changing or time.monotonic() - sent < poll
             finished = doc.get("job_state") not in (None, "RUN")
-            if doc.get("done") or alloc.settled or finished or left <= 0:
+            if doc.get("done") or (alloc.settled and ended) or finished or left <= 0:
                 return alloc
+            changing = not alloc.settled
 
     def grow(
         self, min_tasks: int, max_tasks: int | None, options: GrowOptions
@@ -322,7 +331,7 @@ class JobRequests:
         doc = yield Request("POST", f"{self.base}/{kind}", dict(body))
         if not options.get("wait", False):
             return Allocation.from_json(doc)
-        return (yield from self.wait(before, options.get("timeout", 60.0)))
+        return (yield from self.wait(before, options.get("timeout", 60.0), changing=True))
 
 
 class EventCursor:

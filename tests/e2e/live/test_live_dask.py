@@ -34,6 +34,7 @@ from tests.e2e.live.test_live_clients import cli  # noqa: E402
 from xce_resize_plugin.injob import ResizeClient  # noqa: E402
 from xce_resize_plugin.integrations.dask import RETIRE_STIMULUS, SCHEDULER_KEY, XCECluster  # noqa: E402
 from xce_resize_plugin.integrations.dask.retire import NOTIFY_STIMULUS  # noqa: E402
+from xce_resize_plugin.integrations.dask.sizing import RETRY  # noqa: E402
 from xce_resize_plugin.rest.client import RemoteError  # noqa: E402
 from xce_resize_plugin.testing.live import ALICE, LiveCluster, wait_until  # noqa: E402
 
@@ -109,6 +110,25 @@ def events(live: LiveCluster, job_id: str) -> list[dict[str, Any]]:
         "GET", f"/v1/jobs/{job_id}/events?after=0&timeout=0", ALICE
     )
     return found
+
+
+def release_one_drained(
+    live: LiveCluster, cluster: XCECluster, client: Any, job_id: str
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Hold data on the workers, release the last worker's task from outside with a
+    drain time, and see the data survive and the task leave the allocation: the
+    ``release_coming`` event and the task's ``tasks_exited``."""
+    data = client.scatter([[j] * 100 for j in range(30)])
+    name = sorted(worker_names(cluster))[-1]
+    body = {"task_ids": [int(name)], "grace": DRAIN}
+    live.ok("POST", f"/v1/jobs/{job_id}/resize/release", ALICE, body)
+    wait_until(lambda: name not in allocation_workers(live, job_id), 60, "stopped")
+    assert client.gather(data) == [[j] * 100 for j in range(30)]
+    seen = events(live, job_id)
+    coming = [e for e in seen if e["type"] == "release_coming"]
+    exited = [e for e in seen if e["type"] == "tasks_exited" and int(name) in e["task_ids"]]
+    assert [e["task_ids"] for e in coming] == [[int(name)]] and exited, seen
+    return coming[0], exited[0]
 
 
 def hold_data(client: Any, log: Path, size: int) -> tuple[Any, list[Any], list[Any]]:
@@ -275,18 +295,9 @@ def test_the_worker_drains_itself_on_its_release_coming(
         deaf.scale(3)
         deaf.wait_for_workers(3, timeout=60)
         deaf.wait_for_allocation(60)
-        data = client.scatter([[j] * 100 for j in range(30)])
-        name = sorted(worker_names(deaf))[-1]
-        body = {"task_ids": [int(name)], "grace": DRAIN}
-        live.ok("POST", f"/v1/jobs/{job_id}/resize/release", ALICE, body)
-        wait_until(lambda: name not in allocation_workers(live, job_id), 60, "stopped")
-        assert client.gather(data) == [[j] * 100 for j in range(30)]
-        seen = events(live, job_id)
-        coming = [e for e in seen if e["type"] == "release_coming"]
-        exited = [e for e in seen if e["type"] == "tasks_exited" and int(name) in e["task_ids"]]
-        assert [e["task_ids"] for e in coming] == [[int(name)]] and exited, seen
+        coming, exited = release_one_drained(live, deaf, client, job_id)
         # The worker closed gracefully and acknowledged: gone before the deadline.
-        assert exited[0]["time"] < coming[0]["deadline"]
+        assert exited["time"] < coming["deadline"]
         retired = [
             msg["stimulus_id"]
             for _, msg in client.get_events("all")
@@ -353,3 +364,27 @@ def test_a_job_not_resizable_says_so(resize_live_factory: Any) -> None:
             cluster.scale(0)
         assert refused.value.code == "LSBE_JOB_RESIZABLE"
     assert live.job(answer["id"])["version"] == 0
+
+
+def test_a_controller_restart_does_not_stop_the_drains(
+    dask_job: tuple[LiveCluster, XCECluster, str],
+) -> None:
+    """The controller is stopped (SIGTERM: its long polls are cut, answered 5xx) and
+    started again while the cluster and the workers follow the job's events: both go on
+    following them, so an outside release afterwards is still drained and acknowledged
+    (its tasks stop before the deadline), and ``scale()`` still works."""
+    live, cluster, job_id = dask_job
+    cluster.scale(3)
+    cluster.wait_for_workers(3, timeout=60)
+    cluster.wait_for_allocation(60)
+    time.sleep(1.0)  # every worker is past its ready(), long-polling the events
+    proc = live.procs[-1]
+    proc.terminate()
+    assert proc.wait(20) == 0, live.logs()
+    time.sleep(2 * RETRY)
+    live.start()
+    with distributed.Client(cluster) as client:
+        coming, exited = release_one_drained(live, cluster, client, job_id)
+    assert exited["time"] < coming["deadline"] - DRAIN / 2  # acknowledged
+    cluster.scale(3)  # the manual release cleared the target: the cluster sets it again
+    assert cluster.wait_for_allocation(60).size == 4

@@ -43,7 +43,7 @@ from distributed.scheduler import Scheduler
 from xce_resize_plugin.errors import Unreachable
 from xce_resize_plugin.injob.aio import AsyncResizeClient
 from xce_resize_plugin.injob.protocol import Allocation
-from xce_resize_plugin.integrations.dask.sizing import RETRY, JobSizer
+from xce_resize_plugin.integrations.dask.sizing import RETRY, JobSizer, transient
 from xce_resize_plugin.rest.client import RemoteError
 
 log = logging.getLogger(__name__)
@@ -294,13 +294,13 @@ class XCECluster(Cluster):
                         self._draining.add(drain)
                         drain.add_done_callback(self._draining.discard)
                 return  # the job ended
-            except Unreachable as exc:
-                # The controller is failing over: go on where we were.
+            except (Unreachable, RemoteError) as exc:
+                if not transient(exc):
+                    log.warning("job events refused (%s): outside releases not drained", exc)
+                    return
+                # The controller is failing over, or cannot write: go on where we were.
                 log.info("job events not read (%s); again", exc)
                 await asyncio.sleep(RETRY)
-            except RemoteError as exc:
-                log.warning("job events refused (%s): outside releases not drained", exc)
-                return
 
     async def _drain(self, client: AsyncResizeClient, task_ids: list[int]) -> None:
         """Retire the workers of a coming release, then tell the controller their tasks

@@ -44,6 +44,15 @@ POLL = 10.0
 RACED = "XCE_RESIZE_INVALID_REQUEST"
 
 
+def transient(exc: Unreachable | RemoteError) -> bool:
+    """Whether asking again later may succeed: the controller was not reached, or it
+    answered a 5xx — it is stopping (a failover: ``XCE_CONTROLLER_STOPPING``, or a long
+    poll cut short by its shutdown), or its state cannot be written for now
+    (``XCE_STATE_NOT_WRITABLE``, ``XCE_RESIZE_JOURNAL``: nothing was applied). A 4xx is
+    the controller's answer to the request itself (the job ended, the token refused)."""
+    return isinstance(exc, Unreachable) or exc.http_status >= 500
+
+
 class JobSizer:
     """Declares the job's size to the controller, as its target; :attr:`allocation` is
     the last allocation read (the cluster refreshes it at every job event)."""
@@ -123,7 +132,7 @@ class JobSizer:
                 self.allocation = await self.client.set_target(tasks, prefer)
                 return self.allocation
             except (Unreachable, RemoteError) as exc:
-                retry = isinstance(exc, Unreachable) or exc.code == RACED
+                retry = transient(exc) or exc.code == RACED
                 if not retry or attempt == ATTEMPTS - 1:
                     raise
                 log.info("target not set (%s); again", exc)

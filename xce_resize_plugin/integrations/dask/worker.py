@@ -31,7 +31,7 @@ from distributed import Worker
 from xce_resize_plugin.errors import Unreachable
 from xce_resize_plugin.injob.aio import AsyncResizeClient
 from xce_resize_plugin.integrations.dask.cluster import SCHEDULER_KEY
-from xce_resize_plugin.integrations.dask.sizing import ATTEMPTS, RETRY
+from xce_resize_plugin.integrations.dask.sizing import ATTEMPTS, RETRY, transient
 from xce_resize_plugin.rest.client import RemoteError
 
 log = logging.getLogger("xce-dask-worker")
@@ -124,11 +124,11 @@ async def _ready(client: AsyncResizeClient, task_id: int) -> None:
         try:
             await client.ready(task_id)
             return
-        except Unreachable:
+        except (Unreachable, RemoteError) as exc:
+            if not transient(exc):
+                log.warning("ready not recorded: %s", exc)
+                return
             await asyncio.sleep(RETRY)  # the controller is failing over
-        except RemoteError as exc:
-            log.warning("ready not recorded: %s", exc)
-            return
 
 
 async def _watch(
@@ -148,11 +148,11 @@ async def _watch(
                         leave("release coming", True)
                         return
                 return  # the job ended
-            except Unreachable:
+            except (Unreachable, RemoteError) as exc:
+                if not transient(exc):
+                    log.warning("job events refused (%s): closing on SIGTERM only", exc)
+                    return
                 await asyncio.sleep(RETRY)  # the controller is failing over
-            except RemoteError as exc:
-                log.warning("job events refused (%s): closing on SIGTERM only", exc)
-                return
 
 
 def main(argv: Sequence[str] | None = None) -> int:
