@@ -230,6 +230,15 @@ class NoResizeHook(ResizeError):
     http_status = 503
 
 
+class ControllerStopping(ResizeError):
+    """The host is stopping (or, in the live controller, was fenced); nothing more is
+    accepted, and a long poll in progress is answered with this rather than cut off."""
+
+    code = "XCE_CONTROLLER_STOPPING"
+    message = "The controller is stopping"
+    http_status = 503
+
+
 class Unreachable(ResizeError):
     """The controller did not answer (refused, timed out, no such host)."""
 

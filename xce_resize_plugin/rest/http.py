@@ -49,7 +49,13 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 if TYPE_CHECKING:
     from starlette.applications import Starlette
 
-from xce_resize_plugin.errors import BodyTimeout, InvalidRequest, NotAuthenticated, ResizeError
+from xce_resize_plugin.errors import (
+    BodyTimeout,
+    ControllerStopping,
+    InvalidRequest,
+    NotAuthenticated,
+    ResizeError,
+)
 from xce_resize_plugin.host import Principal
 from xce_resize_plugin.rest import openapi
 from xce_resize_plugin.rest.logcontext import CURRENT, RequestLog, note_job, request_id
@@ -94,6 +100,7 @@ _MAX_LOGGED_PATH = 256
 #: (:func:`set_body_timeout`).
 DEFAULT_BODY_TIMEOUT = 30.0
 _BODY_TIMEOUT = "xce_body_timeout"
+_STOPPING = "xce_stopping"
 
 
 # --- answers -----------------------------------------------------------------------------
@@ -156,6 +163,21 @@ def set_body_timeout(app: Starlette, seconds: float) -> None:
     """Make ``seconds`` the body deadline of every route ``app`` serves that reads its
     body with :func:`read_body` (the host's own routes and the plugin's alike)."""
     setattr(app.state, _BODY_TIMEOUT, float(seconds))
+
+
+def set_stopping(app: Starlette, stopping: Callable[[], bool]) -> None:
+    """Tell ``app``'s long polls how to know that the host has begun to stop: each then
+    answers 503 ``XCE_CONTROLLER_STOPPING`` at its next look, instead of being cut off
+    by the server's shutdown (a plain 500 for the client)."""
+    setattr(app.state, _STOPPING, stopping)
+
+
+def check_serving(request: Request) -> None:
+    """Raise :class:`ControllerStopping` once the host said it stops (:func:`set_stopping`)."""
+    app = request.scope.get("app")
+    stopping = getattr(getattr(app, "state", None), _STOPPING, None)
+    if stopping is not None and stopping():
+        raise ControllerStopping("shutting down")
 
 
 def body_timeout(request: Request) -> float:

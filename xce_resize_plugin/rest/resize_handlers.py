@@ -44,7 +44,15 @@ from xce_resize_plugin.core.status import ResizeStatus
 from xce_resize_plugin.errors import InvalidRequest, NoJob, NoResizeHook
 from xce_resize_plugin.host import Controller, HostHooks, Principal
 from xce_resize_plugin.policy import HookPolicy
-from xce_resize_plugin.rest.http import ApiRoute, BodyLimit, Handler, endpoint, read_body, reply
+from xce_resize_plugin.rest.http import (
+    ApiRoute,
+    BodyLimit,
+    Handler,
+    check_serving,
+    endpoint,
+    read_body,
+    reply,
+)
 from xce_resize_plugin.rest.parsing import check_fields, check_json_type, check_query, parse_json
 from xce_resize_plugin.rest.resize_operations import (
     BY_NAME,
@@ -219,6 +227,7 @@ class Handlers:
         await run_in_threadpool(self.hooks.view, principal, job_id)
         delay = _POLL_FIRST
         while True:
+            check_serving(request)
             found, job_state = await run_in_threadpool(self.hooks.events, job_id, after)
             left = deadline - loop.time()
             ended = job_state in (JobState.DONE, JobState.EXIT)
@@ -276,6 +285,7 @@ class Handlers:
         delay = _POLL_FIRST
         saw_change = False
         while True:
+            check_serving(request)
             status, job_state = await run_in_threadpool(self.hooks.poll, job_id)
             idle = status.pending is None and status.in_flight is None
             done = idle and status.version > version

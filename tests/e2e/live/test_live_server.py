@@ -12,6 +12,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 from xce_resize_plugin.testing.live import ALICE, BOB, LiveCluster, controller_command, wait_until
 
 
@@ -202,3 +204,42 @@ def test_a_half_sent_request_is_cut_off(resize_live_factory: Any) -> None:
     live.idle(job, 1)
     wait = live.ok("GET", f"/v1/jobs/{job}/resize/wait?version=1&timeout=1.5")
     assert wait["done"] is False and wait["job_state"] == "RUN"
+
+
+def test_a_stop_answers_the_long_polls_it_ends(resize_live_factory: Any) -> None:
+    """A clean stop (SIGTERM) while clients wait on a job (its resize, its events, a key
+    of its store) answers each 503 XCE_CONTROLLER_STOPPING within the server's graceful
+    shutdown, as a stopping controller answers anything else: cut off at its end they
+    got a plain 500, which the in-job API and Dask took for a refusal."""
+    import concurrent.futures
+
+    from tests.e2e.live.startup import stop_cleanly
+
+    live: LiveCluster = resize_live_factory({"h1": 2})
+    live.start()
+    job_id = live.submit(tasks="1,2", alloc={"h1": 1}, resizable=True)
+    version = live.running(job_id, 1)["version"]
+    seen = live.ok("GET", f"/v1/jobs/{job_id}/events?after=0&timeout=0")
+    after = seen[-1]["seq"] if seen else 0
+    paths = [
+        f"/v1/jobs/{job_id}/resize/wait?version={version}&timeout=30",
+        f"/v1/jobs/{job_id}/events?after={after}&timeout=30",
+        f"/v1/jobs/{job_id}/kv/nothing?wait=30",
+    ]
+
+    def wait(path: str) -> tuple[int, str]:
+        r = httpx.get(live.url(path), headers={"Authorization": f"Bearer {ALICE}"}, timeout=40)
+        try:
+            return r.status_code, r.json().get("code", "")
+        except ValueError:  # not a problem document: what a cut-off request gets
+            return r.status_code, r.text[:60]
+
+    with concurrent.futures.ThreadPoolExecutor(len(paths)) as pool:
+        waits = [pool.submit(wait, p) for p in paths]
+        time.sleep(1.0)  # each is waiting on the controller now
+        assert not any(w.done() for w in waits), [w.result() for w in waits if w.done()]
+        t0 = time.monotonic()
+        stop_cleanly(live)
+        answers = [w.result(timeout=30) for w in waits]
+    assert answers == [(503, "XCE_CONTROLLER_STOPPING")] * len(paths), answers
+    assert time.monotonic() - t0 < 15

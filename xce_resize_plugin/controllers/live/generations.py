@@ -13,7 +13,6 @@ import logging
 import time
 
 from xce_resize_plugin.controllers.live.job_ends import JobEnds
-from xce_resize_plugin.controllers.live.live_state import ControllerStopping
 from xce_resize_plugin.controllers.live.live_store import Lease
 from xce_resize_plugin.controllers.live.storage_faults import (
     StateNotWritable,
@@ -23,6 +22,7 @@ from xce_resize_plugin.controllers.live.storage_faults import (
 from xce_resize_plugin.controllers.live.task_commands import LiveNotificationRunner, LiveTaskRunner
 from xce_resize_plugin.controllers.sim.sim_controller import EmbeddedController
 from xce_resize_plugin.core.models import JobState
+from xce_resize_plugin.errors import ControllerStopping
 
 log = logging.getLogger(__name__)
 

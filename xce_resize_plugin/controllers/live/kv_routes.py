@@ -19,7 +19,15 @@ from starlette.responses import Response
 from xce_resize_plugin.controllers.live import job_kv
 from xce_resize_plugin.controllers.live.live_controller import LiveController
 from xce_resize_plugin.host import Principal
-from xce_resize_plugin.rest.http import ApiRoute, BodyLimit, Translate, endpoint, read_body, reply
+from xce_resize_plugin.rest.http import (
+    ApiRoute,
+    BodyLimit,
+    Translate,
+    check_serving,
+    endpoint,
+    read_body,
+    reply,
+)
 from xce_resize_plugin.rest.operation import Operation, Param
 from xce_resize_plugin.rest.parsing import check_query, parse_json
 from xce_resize_plugin.rest.resize_operations import check_job_id
@@ -92,6 +100,7 @@ def kv_routes(ctl: LiveController, translate: Translate) -> list[ApiRoute]:
         loop = asyncio.get_running_loop()
         deadline, delay = loop.time() + wait, _POLL_FIRST
         while True:
+            check_serving(request)
             found = await run_in_threadpool(ctl.kv_get, principal, job_id, key)
             left = deadline - loop.time()
             if found is not None:

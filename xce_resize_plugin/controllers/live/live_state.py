@@ -52,7 +52,7 @@ from xce_resize_plugin.controllers.runners import NotificationDone
 from xce_resize_plugin.controllers.sim.sim_controller import EmbeddedController
 from xce_resize_plugin.controllers.violations import UnknownJob
 from xce_resize_plugin.core.models import JobState
-from xce_resize_plugin.errors import NoJob, ResizeError
+from xce_resize_plugin.errors import ControllerStopping, NoJob
 from xce_resize_plugin.host import HostHooks, Principal, ResizeObserver
 
 log = logging.getLogger(__name__)
@@ -79,14 +79,6 @@ CRASH_POINTS = (
     "after-notify",
     "after-commit",
 )
-
-
-class ControllerStopping(ResizeError):
-    """The controller is stopping or was fenced; nothing more is accepted."""
-
-    code = "XCE_CONTROLLER_STOPPING"
-    message = "The controller is stopping"
-    http_status = 503
 
 
 class LiveState:

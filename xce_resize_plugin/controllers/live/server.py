@@ -295,9 +295,10 @@ def _server(app: Starlette, cfg: LiveConfig, own_log_config: bool = True) -> uvi
     import uvicorn
 
     from xce_resize_plugin.rest.header_deadline import header_deadline
+    from xce_resize_plugin.rest.http import set_stopping
 
     options: dict[str, Any] = {} if own_log_config else {"log_config": None}
-    return uvicorn.Server(
+    server = uvicorn.Server(
         uvicorn.Config(
             app,
             http=header_deadline(cfg.header_timeout),
@@ -308,6 +309,11 @@ def _server(app: Starlette, cfg: LiveConfig, own_log_config: bool = True) -> uvi
             **options,
         )
     )
+    # Once the server is asked to stop (a signal, or fenced), the long polls answer 503
+    # (XCE_CONTROLLER_STOPPING) at their next look, within the graceful shutdown, rather
+    # than being cut off at its end: a plain 500, which a framework takes for a refusal.
+    set_stopping(app, lambda: bool(server.should_exit))
+    return server
 
 
 def _stop_fenced(server: uvicorn.Server) -> None:
