@@ -30,7 +30,7 @@ from xce_resize_plugin.core.models import (
 from xce_resize_plugin.core.placement import FreeSlotIndex, GrowHostView, has_free
 from xce_resize_plugin.core.status import ResizeStatus
 from xce_resize_plugin.core.task_events import TaskEventRun, TaskEvents
-from xce_resize_plugin.errors import InvalidRequest, NoJob, ResizeError
+from xce_resize_plugin.errors import InvalidRequest, NoJob, PolicyRejected, ResizeError
 from xce_resize_plugin.host import ClusterView, Controller, Principal, TaskEvent, durable_wait
 from xce_resize_plugin.journal import collector_paused
 from xce_resize_plugin.runtime.reclaiming import Reclaiming
@@ -236,7 +236,7 @@ class Runtime(Reclaiming):
                 headroom = self.controller.slot_headroom(state.user)
                 try:
                     facts = engine.decide_placement(state, job, view, headroom, self.policy, now)
-                except ResizeError as exc:
+                except PolicyRejected as exc:
                     # A site's order hook failed (policy.py): this grow stays pending,
                     # placed on no host the hook did not choose; the others go on.
                     log.warning("job %s: grow not placed this cycle: %s", state.job_id, exc.text)
