@@ -243,3 +243,20 @@ def test_a_stop_answers_the_long_polls_it_ends(resize_live_factory: Any) -> None
         answers = [w.result(timeout=30) for w in waits]
     assert answers == [(503, "XCE_CONTROLLER_STOPPING")] * len(paths), answers
     assert time.monotonic() - t0 < 15
+
+
+def test_an_agent_imports_nothing_from_the_state_directory(resize_live_factory: Any) -> None:
+    """The agents run ``python -m xce_resize_plugin worker`` in the state directory:
+    without ``-P`` that directory comes first on the import path, and a package planted
+    there (by whoever can write it) would run as root in every agent instead of ours."""
+    live: LiveCluster = resize_live_factory({"h1": 1})
+    planted = live.state / "xce_resize_plugin"
+    planted.mkdir(parents=True)
+    marker = live.tmp / "planted-ran"
+    code = f"open({str(marker)!r}, 'w').close()\n"
+    (planted / "__init__.py").write_text(code)
+    (planted / "__main__.py").write_text(code)
+    live.start()
+    job_id = live.submit(tasks=1)
+    live.running(job_id, 1)  # an agent of the package's own started the task
+    assert not marker.exists()

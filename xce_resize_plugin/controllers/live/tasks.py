@@ -206,6 +206,9 @@ class WorkerFleet:
             child = subprocess.Popen(
                 [
                     sys.executable,
+                    # -P: the working directory (the state directory) is not put first
+                    # on the import path, where a planted package would run as root.
+                    "-P",
                     "-m",
                     "xce_resize_plugin",
                     "worker",
