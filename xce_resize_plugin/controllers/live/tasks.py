@@ -363,7 +363,7 @@ class WorkerChannel:
                     kept.append(command)
                 else:
                     log.error("agent %s: %s command dropped: %s", self.host, command.get("op"), why)
-            body["commands"] = kept
+            batch = body["commands"] = kept  # nor is it queued again below
             content = wire_json(body)
         try:
             response = client.post(
