@@ -11,11 +11,11 @@ from collections.abc import Iterable, Mapping
 from decimal import Decimal
 from typing import Any
 
+from xce_resize_plugin.core.decimal_text import read_decimal
 from xce_resize_plugin.errors import InvalidRequest, UnsupportedMediaType
 from xce_resize_plugin.rest.operation import Operation
 
 _BEARER_RE = re.compile(r"\A[Bb][Ee][Aa][Rr][Ee][Rr] +(\S+) *\Z")
-INT_RE = re.compile(r"\A[0-9]{1,19}\Z")
 _JSON_TYPES = re.compile(r"\Aapplication/([a-z0-9.+-]+\+)?json\Z")
 
 
@@ -31,9 +31,10 @@ def declared_length(header: str | None) -> int | None:
     """The body length a ``Content-Length`` header declares (``None``: not declared)."""
     if header is None:
         return None
-    if not INT_RE.match(header.strip()):
+    length = read_decimal(header.strip())
+    if length is None:
         raise InvalidRequest(f"bad Content-Length {header!r}")
-    return int(header)
+    return length
 
 
 def check_json_type(header: str | None) -> None:

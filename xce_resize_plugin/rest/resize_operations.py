@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import re
 
+from xce_resize_plugin.core.decimal_text import read_decimal
 from xce_resize_plugin.errors import (
     BadJobId,
     BodyTooLarge,
@@ -14,7 +15,6 @@ from xce_resize_plugin.errors import (
     UnknownEventCursor,
 )
 from xce_resize_plugin.rest.operation import Operation, Param
-from xce_resize_plugin.rest.parsing import INT_RE
 
 #: Largest request body accepted (bytes). A resize body is a few hundred bytes; a
 #: notification command is under 4096 bytes.
@@ -47,9 +47,10 @@ def check_job_id(job_id: str) -> str:
 
 def parse_version(text: str) -> int:
     """``version``: a decimal integer in 0..MAX_VERSION."""
-    if not INT_RE.match(text) or int(text) > MAX_VERSION:
+    version = read_decimal(text)
+    if version is None or version > MAX_VERSION:
         raise InvalidRequest(f"version must be an integer from 0 to {MAX_VERSION}, got {text!r}")
-    return int(text)
+    return version
 
 
 def parse_cursor(text: str | None) -> int:
@@ -188,9 +189,10 @@ _READY = Operation(
 
 def parse_task_id(text: str) -> int:
     """``task_id``: a decimal integer in 0..MAX_TASK_ID."""
-    if not INT_RE.match(text) or int(text) > MAX_TASK_ID:
+    task_id = read_decimal(text)
+    if task_id is None or task_id > MAX_TASK_ID:
         raise InvalidRequest(f"task id must be an integer from 0 to {MAX_TASK_ID}, got {text!r}")
-    return int(text)
+    return task_id
 
 
 # Drain before stop and job events (docs/in-job-api.md): the job's token reaches them
