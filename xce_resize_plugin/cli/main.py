@@ -414,7 +414,7 @@ def _journal(args: argparse.Namespace, out: TextIO) -> int:
         if args.output is None:
             n = journal.export(args.dir, out)
         else:
-            _require_journal(args.dir)  # no output file for what is no journal
+            journal.Journal.require(args.dir)  # no output file for what is no journal
             with args.output.open("w") as fh:
                 n = journal.export(args.dir, fh)
         print(f"exported {n} facts", file=sys.stderr)
@@ -423,7 +423,7 @@ def _journal(args: argparse.Namespace, out: TextIO) -> int:
     if args.archive is None:
         stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(time.time()))
         args.archive = args.dir / f"compacted-{stamp}.jsonl"
-    _require_journal(args.dir)  # no archive file for what is no journal
+    journal.Journal.require(args.dir)  # no archive file for what is no journal
     with args.archive.open("a") as archive:
         removed = journal.compact(args.dir, args.keep_days, now, archive)
     out.write(
@@ -431,14 +431,6 @@ def _journal(args: argparse.Namespace, out: TextIO) -> int:
         f"(archived to {args.archive})\n"
     )
     return EXIT_OK
-
-
-def _require_journal(path: Path) -> None:
-    """Raise JournalError, naming the data file, unless ``path`` holds a journal."""
-    from xce_resize_plugin.journal import Journal
-
-    with Journal.open(path, readonly=True):
-        pass
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -52,8 +52,7 @@ def compact(path: Path | str, keep_days: float, now: float, archive: TextIO | No
     path = Path(path).absolute()
     if not (path / DATA_FILE).is_file():
         raise JournalError(f"{path / DATA_FILE}: no journal here (the file does not exist)")
-    with Journal.open(path, readonly=True):
-        pass  # what is no journal is refused before a writable open touches its files
+    Journal.require(path)  # before a writable open touches its files
     cutoff = now - keep_days * 86400.0
     with Journal.open(path) as journal:
 

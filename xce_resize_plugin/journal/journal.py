@@ -149,6 +149,14 @@ class Journal(Closing):
         shared = acquire(directory, map_size=map_size, sync=sync, readonly=readonly)
         return cls(shared, readonly=readonly, sync=sync)
 
+    @classmethod
+    def require(cls, path: Path | str) -> None:
+        """Raise :class:`JournalError`, as :meth:`open` does, unless ``path`` holds a
+        journal; opened read-only, so that what is no journal (another program's LMDB
+        environment) is refused before anything, its files' modes included, changes."""
+        with cls.open(path, readonly=True):
+            pass
+
     # -- lifecycle
 
     def __repr__(self) -> str:
