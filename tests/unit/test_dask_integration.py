@@ -3,6 +3,8 @@ why, before it touches the controller (its live behaviour: tests/e2e/live/test_l
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+
 import pytest
 
 pytest.importorskip("distributed")
@@ -51,3 +53,78 @@ def test_the_worker_refuses_bad_options(capsys: pytest.CaptureFixture[str]) -> N
             parse_args(argv)
         assert exit_.value.code == 2
         assert "--nthreads must be at least 1" in capsys.readouterr().err
+
+
+class _EventsClient:
+    """The in-job client's ``events(after)``: the job's events after ``after``."""
+
+    def __init__(self, events: list[dict[str, object]]) -> None:
+        self._events = events
+        self.reads: list[int | None] = []
+
+    async def events(self, after: int | None = None) -> AsyncIterator[dict[str, object]]:
+        self.reads.append(after)
+        for event in self._events:
+            if after is None or int(str(event["seq"])) > after:
+                yield event
+
+
+@pytest.mark.parametrize("failing", [1, 2, 3])
+def test_a_refresh_that_fails_reads_its_event_again_and_announces_a_release_once(
+    monkeypatch: pytest.MonkeyPatch, failing: int
+) -> None:
+    """The controller failing over while the cluster refreshes after an event: that
+    event is read again (a ``release_coming`` among them is not skipped, so its workers
+    are drained rather than stopped at the deadline), and no release is announced
+    twice."""
+    import asyncio
+
+    from xce_resize_plugin.errors import Unreachable
+    from xce_resize_plugin.integrations.dask import cluster as cluster_module
+
+    monkeypatch.setattr(cluster_module, "RETRY", 0)
+    stream = _EventsClient(
+        [
+            {"seq": 1, "type": "grow_placed"},
+            {"seq": 2, "type": "release_coming", "task_ids": [0, 3, 4]},
+            {"seq": 3, "type": "job_ended"},
+        ]
+    )
+    refreshed: list[int] = []
+    fail = [True]
+
+    async def refresh() -> None:
+        refreshed.append(len(refreshed))
+        if len(refreshed) == failing and fail:
+            fail.clear()
+            raise Unreachable()
+
+    announced: list[list[int]] = []
+
+    asyncio.run(cluster_module.follow_job_events(stream, refresh, announced.append))  # type: ignore[arg-type]
+    assert announced == [[3, 4]]
+    # Read from the start, then again from the last event whose refresh succeeded.
+    assert stream.reads == [None, None if failing == 1 else failing - 1]
+    assert len(refreshed) == 4
+
+
+def test_a_refusal_of_the_events_stops_following_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    import asyncio
+
+    from xce_resize_plugin.integrations.dask import cluster as cluster_module
+    from xce_resize_plugin.rest.client import RemoteError
+
+    calls: list[int | None] = []
+
+    class Client:
+        @staticmethod
+        async def events(after: int | None = None) -> AsyncIterator[dict[str, object]]:
+            calls.append(after)
+            raise RemoteError("LSBE_NO_JOB", "job ended", 404)
+            yield {}  # pragma: no cover (makes this an async generator)
+
+    async def refresh() -> None:
+        raise AssertionError("no event was read")
+
+    asyncio.run(cluster_module.follow_job_events(Client(), refresh, lambda ids: None))  # type: ignore[arg-type]
+    assert calls == [None]

@@ -32,7 +32,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Generator, Mapping
+from collections.abc import Awaitable, Callable, Generator, Mapping
 from typing import Any
 
 from distributed.core import Status, rpc
@@ -55,6 +55,38 @@ RETIRE_STIMULUS = "xce-scale-down"
 #: How it names a retirement on a ``release_coming`` event (a release the cluster did
 #: not choose: the owner's, an administrator's, a reclaim, a host drain).
 DRAIN_STIMULUS = "xce-release-coming"
+
+
+async def follow_job_events(
+    client: AsyncResizeClient,
+    refresh: Callable[[], Awaitable[object]],
+    release_coming: Callable[[list[int]], None],
+) -> None:
+    """Read the job's events until it ends: ``refresh`` at each, and
+    ``release_coming(task_ids)`` (task 0 left out) once for each release announced.
+
+    A transient failure (the controller failing over) reads again from the last event
+    fully handled: an event whose refresh failed is read again, so that no
+    ``release_coming`` is skipped, and its release is not announced twice."""
+    after: int | None = None  # the last event handled
+    announced = -1  # the last release_coming passed on
+    while True:
+        try:
+            async for event in client.events(after=after):
+                seq = int(event["seq"])
+                if event.get("type") == "release_coming" and seq > announced:
+                    announced = seq
+                    release_coming([int(t) for t in event.get("task_ids", ()) if int(t) != 0])
+                await refresh()
+                after = seq
+            return  # the job ended
+        except (Unreachable, RemoteError) as exc:
+            if not transient(exc):
+                log.warning("job events refused (%s): outside releases not drained", exc)
+                return
+            # The controller is failing over, or cannot write: go on where we were.
+            log.info("job events not read (%s); again", exc)
+            await asyncio.sleep(RETRY)
 
 
 class XCEAdaptive(Adaptive):
@@ -282,25 +314,14 @@ class XCECluster(Cluster):
         """Follow the job's events until it ends: refresh the allocation at each, and
         drain the workers a ``release_coming`` names."""
         assert self._sizer is not None
-        after: int | None = None
-        while True:
-            try:
-                async for event in client.events(after=after):
-                    after = int(event["seq"])
-                    await self._sizer.refresh()
-                    if event.get("type") == "release_coming":
-                        ids = [int(t) for t in event.get("task_ids", ()) if int(t) != 0]
-                        drain = asyncio.ensure_future(self._drain(client, ids))
-                        self._draining.add(drain)
-                        drain.add_done_callback(self._draining.discard)
-                return  # the job ended
-            except (Unreachable, RemoteError) as exc:
-                if not transient(exc):
-                    log.warning("job events refused (%s): outside releases not drained", exc)
-                    return
-                # The controller is failing over, or cannot write: go on where we were.
-                log.info("job events not read (%s); again", exc)
-                await asyncio.sleep(RETRY)
+        await follow_job_events(
+            client, self._sizer.refresh, lambda ids: self._drain_later(client, ids)
+        )
+
+    def _drain_later(self, client: AsyncResizeClient, task_ids: list[int]) -> None:
+        drain = asyncio.ensure_future(self._drain(client, task_ids))
+        self._draining.add(drain)
+        drain.add_done_callback(self._draining.discard)
 
     async def _drain(self, client: AsyncResizeClient, task_ids: list[int]) -> None:
         """Retire the workers of a coming release, then tell the controller their tasks
