@@ -136,6 +136,15 @@ def test_scenario_until_stops_the_clock(tmp_path: Path) -> None:
             "[cluster]\nhosts = { a = 2 }\n[[commands]]\nat = nan\nuser = 'u'\nbresize = 'x'\n",
             "commands[0].at: must be a finite number, got nan",
         ),
+        (
+            # Beyond the simulated clock's range: the job would end as it starts.
+            "[cluster]\nhosts = { a = 2 }\n[[jobs]]\nuser = 'u'\nsubmit = 1e300\n",
+            "jobs[0].submit: must be at most 1e+10 s, got 1e+300",
+        ),
+        (
+            "[cluster]\nhosts = { a = 2 }\n[[jobs]]\nuser = 'u'\nruntime = 1.0000001e10\n",
+            "jobs[0].runtime: must be at most 1e+10 s",
+        ),
         ("[cluster]\nhosts = { a = 2 }\n[scenario]\nuntil = nan\n", "scenario.until: must be"),
         ("[cluster]\nhosts = { a = 2 }\n[resize]\nstop_grace = nan\n", "stop_grace must be"),
         (

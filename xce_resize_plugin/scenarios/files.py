@@ -16,6 +16,7 @@ from typing import Any
 from attrs import field, frozen
 
 from xce_resize_plugin.controllers.jobs import SUBMIT_OPTIONS, JobOptions
+from xce_resize_plugin.controllers.sim.events import MAX_SECONDS
 from xce_resize_plugin.controllers.tomlfile import IntCheck, Where, read_toml
 from xce_resize_plugin.core import config
 from xce_resize_plugin.core.decimal_text import read_decimal
@@ -140,12 +141,16 @@ def parse(data: Mapping[str, Any], path: Path) -> Scenario:
 
 
 def _number(where: Where, key: str, value: Any, minimum: float = 0.0) -> float:
+    """A time in seconds: a number from ``minimum`` to the simulated clock's
+    :data:`~xce_resize_plugin.controllers.sim.events.MAX_SECONDS`."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise where.error(key, f"must be a number, got {value!r}")
     if not math.isfinite(value):
         raise where.error(key, f"must be a finite number, got {value!r}")
     if value < minimum:
         raise where.error(key, f"must be at least {minimum:g}, got {value!r}")
+    if value > MAX_SECONDS:
+        raise where.error(key, f"must be at most {MAX_SECONDS:.0e} s, got {value!r}")
     return float(value)
 
 

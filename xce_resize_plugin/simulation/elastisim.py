@@ -36,7 +36,8 @@ representative one the same way, at ``procs`` nodes, counting compute only:
 
 A missing or wrong required key, an unknown type, an expression that does not evaluate,
 a model that yields no compute time, a number no float holds, or a submit time, walltime
-or run time that is infinite or beyond :data:`~.swf.MAX_SECONDS` raises
+or run time that is infinite or beyond the simulated clock's range
+(:data:`~xce_resize_plugin.controllers.sim.events.MAX_SECONDS`) raises
 :class:`TraceError` naming the job index; a file nested too deeply to read is not valid.
 """
 
@@ -54,8 +55,8 @@ from typing import Any
 
 import attrs
 
+from xce_resize_plugin.controllers.sim.events import MAX_SECONDS
 from xce_resize_plugin.simulation.app_model import ExprError, ModelEvaluator
-from xce_resize_plugin.simulation.swf import MAX_SECONDS
 from xce_resize_plugin.simulation.trace_types import (
     Trace,
     TraceError,

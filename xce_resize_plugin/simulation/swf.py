@@ -32,10 +32,11 @@ skipped_procs``):
    ``submit_offset`` (add ``header.unix_start_time`` for wall-clock time).
 
 A malformed data line (not 18 fields, a field that is not a number; a submit, run or
-requested time that is infinite or beyond :data:`MAX_SECONDS` in size) and a kept job
-whose id an earlier kept job has (the simulator runs jobs by id) raise
-:class:`TraceError` naming the file and line number: a trace that does not parse is not
-silently shortened. So does a header ``MaxProcs`` that is not a positive integer
+requested time that is infinite or beyond the simulated clock's range,
+:data:`~xce_resize_plugin.controllers.sim.events.MAX_SECONDS`) and a kept job whose id
+an earlier kept job has (the simulator runs jobs by id) raise :class:`TraceError`
+naming the file and line number: a trace that does not parse is not silently
+shortened. So does a header ``MaxProcs`` that is not a positive integer
 (``; MaxProcs: 338 (batch partition)`` is one), since it sizes the machine.
 """
 
@@ -54,6 +55,7 @@ from typing import IO
 
 import attrs
 
+from xce_resize_plugin.controllers.sim.events import MAX_SECONDS
 from xce_resize_plugin.simulation.trace_types import (
     Source,
     Trace,
@@ -73,10 +75,6 @@ _HEADER_KEY = re.compile(r";[ \t]{0,2}([A-Za-z][A-Za-z0-9_]*):[ \t]*(.*)$")
 _LEADING_INT = re.compile(r"\s*([-+]?\d+)")
 # A count, optionally followed by a comment after a blank ("338 (batch partition)").
 _COUNT = re.compile(r"\s*\+?\d+(?:\s.*)?", re.DOTALL)
-#: Times (submit, run time, request) beyond this many seconds (317 years) are not a
-#: trace's: they are refused rather than simulated in a clock that cannot resolve a
-#: second any more. The "unlimited" request 2**31 - 1 of some logs is below it.
-MAX_SECONDS = 1e10
 
 
 def _source_name(source: Source) -> str:

@@ -23,6 +23,13 @@ from attrs import frozen
 from xce_resize_plugin.core.task_events import TaskEventRun
 from xce_resize_plugin.host import TaskEvent
 
+#: The simulated clock's range, in seconds (317 years). Times (arrivals, run times,
+#: requests, scenario instants) beyond it are refused where they are read (traces,
+#: scenario files) rather than simulated: near 1e300 adding an hour changes nothing,
+#: and a job would end as it starts. At 1e10 a double still resolves 2 µs. The
+#: "unlimited" request 2**31 - 1 of some SWF logs is below it.
+MAX_SECONDS = 1e10
+
 
 class Timeline:
     """Callbacks at simulated times; ties run in insertion order."""
