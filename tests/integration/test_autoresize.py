@@ -20,6 +20,8 @@ from xce_resize_plugin.core.models import (
     JobState,
     ReleaseRequest,
 )
+from xce_resize_plugin.recording.replay import replay
+from xce_resize_plugin.scenarios import files, runner
 from xce_resize_plugin.scenarios.result import ScenarioResult
 from xce_resize_plugin.scenarios.timeline import render
 from xce_resize_plugin.testing.sim import SimControllers
@@ -222,6 +224,23 @@ def test_modify_turns_autoresize_off_and_on(resize_scenario: Run) -> None:
     assert "job 101 (alice) (autoresizable) starts on" in text
     assert "job 101: autoresize off (modify)" in text
     assert "job 101: autoresize demand of 1..4 tasks pending" in text
+
+
+def test_a_recording_with_modify_requests_replays_to_the_same_facts(tmp_path: Path) -> None:
+    """A modify's request line reads back (a recording with one was refused as
+    malformed: "request must be an object whose type is grow, release, ...")."""
+    off = {"at": 5, "user": "alice", "modify": {"job": "101", "autoresize": False}}
+    on = {"at": 7, "user": "root", "modify": {"job": "101", "autoresize": True}}
+    table = {**_busy_cluster(off, on), "resize": {"journal_sync": False}}
+    scenario = files.parse(table, tmp_path / "<scenario>")
+    out = tmp_path / "run.jsonl"
+    with open(out, "w", encoding="utf-8") as record:
+        result = runner.run(scenario, tmp_path / "s", record)
+    assert _switches(result, "101") == [(True, "submit"), (False, "modify"), (True, "modify")]
+    assert '"type":"modify"' in out.read_text()
+    replayed = replay(out, tmp_path / "replay")
+    assert replayed.ok, replayed.problems
+    assert replayed.facts == len(result.facts)
 
 
 def test_modify_turns_autoresize_on_for_a_resizable_job(resize_scenario: Run) -> None:

@@ -69,8 +69,9 @@ Input kinds (fields besides ``kind``, ``t``, ``phase``, ``i``, ``r``):
   evacuation ``evacuate`` (``true``) and ``principal`` (who asks the releases);
 - ``request``: ``job``, ``principal`` ({``name``, ``admin``, ``job_id``}),
   ``request`` ({``type``: ``grow`` | ``release`` | ``cancel`` | ``modify`` |
-  ``target``, and the request's fields; ``modify`` has ``autoresize``, ``target``
-  ``tasks`` (``null``: cleared) and ``release_prefer``}), ``result`` (``"ok"`` or the
+  ``target`` | ``drained`` | ``ready``, and the request's fields; ``modify`` has
+  ``autoresize``, ``target`` ``tasks`` (``null``: cleared) and ``release_prefer``,
+  ``drained`` ``task_ids``, ``ready`` ``task_id``}), ``result`` (``"ok"`` or the
   error code);
 - ``task``: ``job``, ``task`` (the task id), ``event`` (``started`` | ``start_failed`` |
   ``exited``), ``status``, ``reason``;
@@ -117,10 +118,12 @@ from typing import IO, Any
 import attrs
 
 from xce_resize_plugin.controllers.jobs import JobRecord
+from xce_resize_plugin.controllers.sim.speedup import parse_speedup
 from xce_resize_plugin.core.models import (
     AutoresizeRequest,
     CancelRequest,
     DrainedRequest,
+    GrowHosts,
     GrowRequest,
     ReadyRequest,
     ReleaseRequest,
@@ -332,6 +335,8 @@ class RecordingWriter:
 
 # --------------------------------------------------------------------------- reading
 
+GROW_HOSTS = tuple(g.value for g in GrowHosts)
+
 
 def _number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
@@ -353,8 +358,12 @@ def _principal(value: Any) -> bool:
     return isinstance(value, dict) and _str(value.get("name"))
 
 
+#: The ``type`` of a request line's request, one per kind :func:`request_json` writes.
+REQUEST_TYPES = ("grow", "release", "cancel", "target", "modify", "drained", "ready")
+
+
 def _request(value: Any) -> bool:
-    return isinstance(value, dict) and value.get("type") in ("grow", "release", "cancel", "target")
+    return isinstance(value, dict) and value.get("type") in REQUEST_TYPES
 
 
 def _ids(value: Any) -> bool:
@@ -377,6 +386,29 @@ def _env(value: Any) -> bool:
     return isinstance(value, dict) and all(_str(v) for v in value.values())
 
 
+def _bool(value: Any) -> bool:
+    return isinstance(value, bool)
+
+
+def _alloc(value: Any) -> bool:
+    return isinstance(value, list) and all(
+        isinstance(pair, list) and len(pair) == 2 and _str(pair[0]) and _int(pair[1])
+        for pair in value
+    )
+
+
+def _work(value: Any) -> bool:
+    if not (isinstance(value, dict) and _int(value.get("ref_procs")) and _str(value.get("model"))):
+        return False
+    if not _number(value.get("estimate")):
+        return False
+    try:
+        parse_speedup(value["model"])
+    except ConfigError:
+        return False
+    return True
+
+
 def _one_of(*allowed: str) -> Callable[[Any], bool]:
     def check(value: Any) -> bool:
         return value in allowed
@@ -395,7 +427,7 @@ _FIELDS: dict[str, dict[str, tuple[Callable[[Any], bool], str]]] = {
     "request": {
         "job": (_str, "a job id (string)"),
         "principal": (_principal, "an object with a name"),
-        "request": (_request, "an object whose type is grow, release, cancel or target"),
+        "request": (_request, f"an object whose type is {' | '.join(REQUEST_TYPES)}"),
     },
     "task": {
         "job": (_str, "a job id (string)"),
@@ -438,6 +470,12 @@ _OPTIONAL: dict[str, dict[str, tuple[Callable[[Any], bool], str]]] = {
         "estimate": (_or_null(_number), "a number or null"),
         "grace": (_number, "a number"),
         "env": (_env, "an object of strings"),
+        "resizable": (_bool, "true or false"),
+        "autoresize": (_bool, "true or false"),
+        "release_exited": (_bool, "true or false"),
+        "grow_hosts": (_one_of(*GROW_HOSTS), " | ".join(GROW_HOSTS)),
+        "alloc": (_or_null(_alloc), "null or a list of [host, tasks] pairs"),
+        "work": (_or_null(_work), "null or {model: a speedup model, ref_procs, estimate}"),
     },
 }
 

@@ -11,8 +11,24 @@ from typing import Any
 import pytest
 
 from xce_resize_plugin.controllers.live import settings as live_config
+from xce_resize_plugin.core.models import (
+    AutoresizeRequest,
+    CancelRequest,
+    DrainedRequest,
+    GrowRequest,
+    ReadyRequest,
+    ReleaseRequest,
+    ResizeRequest,
+    TargetRequest,
+)
 from xce_resize_plugin.errors import ConfigError
-from xce_resize_plugin.recording.format import RecordingError, check_line, read_recording
+from xce_resize_plugin.recording.format import (
+    RecordingError,
+    check_line,
+    read_recording,
+    request_from_json,
+    request_json,
+)
 from xce_resize_plugin.recording.replay import (
     MAX_PROBLEMS,
     compare_live,
@@ -70,7 +86,7 @@ def write(path: Path, *lines: dict[str, Any], header: dict[str, Any] | None = No
         ({"kind": "submit", "t": 1, "job": "1", "user": "a", "tasks": [1]}, "tasks must be"),
         (
             {"kind": "request", "t": 1, "job": "1", "principal": {"name": "a"}, "request": {}},
-            "request must be an object whose type is grow, release, cancel or target",
+            "request must be an object whose type is grow | release | cancel | target | modify",
         ),
         ({"kind": "ending", "t": 1, "job": "1", "tasks": ["1"], "grace": 1}, "tasks must be"),
         ({"kind": "end", "t": 1, "job": "1", "state": "KILLED"}, "state must be DONE | EXIT"),
@@ -86,6 +102,26 @@ def write(path: Path, *lines: dict[str, Any], header: dict[str, Any] | None = No
         ({**SUBMIT, "ptile": "2"}, "submit: ptile must be an integer or null, got '2'"),
         ({**SUBMIT, "env": ["A=1"]}, "submit: env must be an object of strings"),
         ({**SUBMIT, "estimate": "1"}, "submit: estimate must be a number or null"),
+        (
+            {**SUBMIT, "grow_hosts": "bogus"},
+            "submit: grow_hosts must be prefer-existing | new-only | any, got 'bogus'",
+        ),
+        # bool("false") is True: a string here would have made the job resizable.
+        ({**SUBMIT, "resizable": "false"}, "submit: resizable must be true or false"),
+        ({**SUBMIT, "autoresize": 1}, "submit: autoresize must be true or false"),
+        ({**SUBMIT, "release_exited": None}, "submit: release_exited must be true or false"),
+        ({**SUBMIT, "alloc": {"h1": 2}}, "submit: alloc must be null or a list of [host, tasks]"),
+        ({**SUBMIT, "alloc": [["h1", "2"]]}, "submit: alloc must be null or a list"),
+        ({**SUBMIT, "alloc": [["h1", 2, 3]]}, "submit: alloc must be null or a list"),
+        ({**SUBMIT, "work": {"model": "amdahl"}}, "submit: work must be null or {model"),
+        (
+            {**SUBMIT, "work": {"model": "quadratic", "ref_procs": 2, "estimate": 60}},
+            "submit: work must be null or {model: a speedup model, ref_procs, estimate}",
+        ),
+        (
+            {**SUBMIT, "work": {"model": "linear", "ref_procs": 2, "estimate": float("nan")}},
+            "submit: work must be",
+        ),
     ],
 )
 def test_check_line_names_what_is_wrong(line: dict[str, Any], message: str) -> None:
@@ -96,6 +132,16 @@ def test_check_line_names_what_is_wrong(line: dict[str, Any], message: str) -> N
 def test_check_line_accepts_what_the_recorders_write() -> None:
     for line in (
         SUBMIT,
+        {
+            **SUBMIT,
+            "resizable": True,
+            "autoresize": True,
+            "release_exited": False,
+            "grow_hosts": "new-only",
+            "alloc": [["h1", 2], ["h2", 1]],
+            "work": {"model": "amdahl:0.1:cost=5", "ref_procs": 4, "estimate": 60.5},
+        },
+        {**SUBMIT, "alloc": None, "work": None},
         {"kind": "cycle", "t": 2.5},
         {"kind": "ending", "t": 1, "job": "1", "tasks": [0, 2], "grace": 0.5, "state": "EXIT"},
         {"kind": "task", "t": 1, "phase": "sync", "job": "1", "task": 3, "event": "start_failed"},
@@ -107,6 +153,40 @@ def test_check_line_accepts_what_the_recorders_write() -> None:
     assert check_line({"kind": "tick", "t": 1, "phase": "timeline", "i": 3}, "simulated") is None
     problem = check_line({"kind": "cycle", "t": 1}, "simulated")
     assert problem == "kind 'cycle' is not part of a simulated recording"
+
+
+@pytest.mark.parametrize(
+    "request_",
+    [
+        GrowRequest(min_add=1, max_add=2),
+        GrowRequest(min_add=1, max_add=4, wait_ready=True, ready_timeout=30.0, if_version=3),
+        ReleaseRequest(task_ids=(2, 3), grace=5.0),
+        ReleaseRequest(count=1),
+        CancelRequest(),
+        TargetRequest(3, (2,)),
+        TargetRequest(None, ()),
+        AutoresizeRequest(True),
+        DrainedRequest((2, 3)),
+        ReadyRequest(4),
+    ],
+    ids=repr,
+)
+def test_every_request_a_recorder_writes_reads_back(
+    tmp_path: Path, request_: ResizeRequest
+) -> None:
+    """A request line of each kind passes the reader's checks and gives back the same
+    request (a recording of a Dask job, with ``drained`` and ``ready`` lines, or of an
+    autoresize change, was refused as malformed)."""
+    line = {
+        "kind": "request",
+        "t": 1001.0,
+        "job": "101",
+        "principal": {"name": "alice", "admin": False, "job_id": None},
+        "request": request_json(request_),
+        "result": "ok",
+    }
+    _, lines = read_recording(write(tmp_path / "r.jsonl", SUBMIT, line))
+    assert request_from_json(lines[1]["request"]) == request_
 
 
 def test_read_recording_names_file_and_line(tmp_path: Path) -> None:
