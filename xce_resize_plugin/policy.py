@@ -59,10 +59,18 @@ def _task_id(value: object) -> int:
     return operator.index(value)
 
 
-def _host_names(job: JobInfo, answer: Iterable[object]) -> Iterator[str]:
-    """The order hook's answer read lazily, each name checked as it is read."""
+#: The most names of an order hook's answer read per host of the cycle. A useful order
+#: names each host once; repeats and unknown names are skipped, but an answer longer
+#: than this is taken for an endless one (``itertools.cycle`` over full hosts), which
+#: would otherwise hold the scheduler for ever.
+ORDER_NAMES_PER_HOST = 4
+
+
+def _host_names(job: JobInfo, answer: Iterable[object], limit: int) -> Iterator[str]:
+    """The order hook's answer read lazily, each name checked as it is read; a name
+    beyond the first ``limit`` raises :class:`PolicyRejected`."""
     names: Iterator[object] | None = None
-    while True:
+    for read in range(limit + 1):
         try:
             if names is None:
                 names = iter(answer)
@@ -73,6 +81,11 @@ def _host_names(job: JobInfo, answer: Iterable[object]) -> Iterator[str]:
             raise
         except Exception as exc:
             raise _raised(_ORDER, exc) from exc
+        if read == limit:
+            raise PolicyRejected(
+                f"{_ORDER} gave more than {limit} names for job {job.id} "
+                f"({ORDER_NAMES_PER_HOST} per host of the cycle): an endless order?"
+            )
         if not isinstance(host, str):
             raise PolicyRejected(f"{_ORDER} gave {host!r} for job {job.id}, not a host name")
         yield host
@@ -130,7 +143,7 @@ class HookPolicy:
             raise PolicyRejected(
                 f"{_ORDER} returned {result!r} for job {job.id}, not a list of host names"
             )
-        return _host_names(job, result)
+        return _host_names(job, result, ORDER_NAMES_PER_HOST * max(len(hosts), 1))
 
     def host_lost(self, job: JobInfo, lost_task_ids: Sequence[int]) -> str:
         """``"exit"`` or ``"requeue"`` for a job a failed host took tasks from; a site

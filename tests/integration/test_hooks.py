@@ -4,6 +4,7 @@ with the real plugin and a real LMDB journal."""
 from __future__ import annotations
 
 import gc
+import itertools
 import json
 import logging
 import re
@@ -464,6 +465,11 @@ class OrderForJob1:
         (lambda: "hC", "returned 'hC' for job 1, not a list of host names"),
         (lambda: [7, "hC"], "gave 7 for job 1, not a host name"),
         (lambda: [["hC"]], r"gave \['hC'\] for job 1, not a host name"),
+        # Endless, of names no host has: it held the scheduler for ever.
+        (
+            lambda: itertools.cycle(["nowhere", "elsewhere"]),
+            r"gave more than \d+ names for job 1 \(4 per host of the cycle\)",
+        ),
     ],
 )
 def test_a_broken_grow_order_leaves_that_grow_pending_and_the_cycle_goes_on(
@@ -484,6 +490,24 @@ def test_a_broken_grow_order_leaves_that_grow_pending_and_the_cycle_goes_on(
         caplog.text,
     )
     assert h.ctl.check_invariants() == []
+
+
+def test_a_grow_order_is_read_up_to_four_names_per_host() -> None:
+    """Four names per host of the cycle are read, repeats and unknown names included;
+    the next one is taken for an endless order."""
+    from xce_resize_plugin.policy import HookPolicy
+    from xce_resize_plugin.testing import grow_host_view, make_job
+
+    view = grow_host_view({"hA": 1, "hB": 0}, {"hA": 1})  # 2 hosts: 8 names
+    for names, read in ((["hB"] * 7 + ["hA"], 8), (["hB"] * 8 + ["hA"], 8)):
+        order = HookPolicy(with_policies(OrderForJob1(lambda n=names: iter(n))))
+        got = order.order_grow_hosts(make_job({"hA": 1}, id="1"), view)
+        assert list(itertools.islice(got, read)) == names[:read]
+        if len(names) == read:
+            assert list(got) == []
+        else:
+            with pytest.raises(errors.PolicyRejected, match="gave more than 8 names for job 1"):
+                next(iter(got))
 
 
 class AuthorizeMallory:
