@@ -463,3 +463,17 @@ def test_grace_is_a_release_option_that_leaves_lsf_lines_alone() -> None:
 def test_grace_usage_errors(argv: list[str], detail: str) -> None:
     with pytest.raises(UsageError, match=detail):
         parse(argv)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.integers(0, 999_999_998),
+    st.none() | st.from_regex(r"[0-9]{1,9}", fullmatch=True),
+)
+def test_every_grace_the_grammar_reads_prints_back(whole: int, decimals: str | None) -> None:
+    """``to_argv`` gives back what ``parse`` reads back, for every ``--grace`` the
+    grammar accepts (up to 9 digits, up to 9 decimals): ``1234567`` and ``2.123456789``
+    too, which a 6-digit ``%g`` printed as ``1.23457e+06`` (refused) or ``2.12346``."""
+    text = f"{whole}" if decimals is None else f"{whole}.{decimals}"
+    cmd = parse(["release", "--grace", text, "all", "12"])
+    assert parse(to_argv(cmd)) == cmd

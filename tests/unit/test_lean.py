@@ -45,3 +45,33 @@ def test_a_field_without_default_after_one_with_default_is_refused() -> None:
         class Bad(NamedTuple):
             first: int = 0
             second: int
+
+
+def test_methods_and_properties_are_kept_as_typing_keeps_them() -> None:
+    """mypy sees them (lean.py *is* typing's NamedTuple to it), so a record that uses
+    one must not fail at run time."""
+
+    class Sized(NamedTuple):
+        size: int
+
+        def doubled(self) -> int:
+            return self.size * 2
+
+        @property
+        def big(self) -> bool:
+            return self.size > 3
+
+    record = Sized(4)
+    assert (record.doubled(), record.big) == (8, True)
+    assert Sized._fields == ("size",)
+    assert Sized.__qualname__.endswith("<locals>.Sized")
+
+
+def test_overwriting_a_namedtuple_attribute_is_refused_as_typing_refuses_it() -> None:
+    with pytest.raises(AttributeError, match="Cannot overwrite NamedTuple attribute _replace"):
+
+        class Bad(NamedTuple):
+            first: int
+
+            def _replace(self, **changes: int) -> Bad:  # type: ignore[misc]
+                return self

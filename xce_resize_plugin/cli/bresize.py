@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import sys
 
+from xce_resize_plugin.errors import Unreachable
 from xce_resize_plugin.lsf.bresize_args import Command
 from xce_resize_plugin.lsf.bresize_run import run
 from xce_resize_plugin.rest.client import Client
@@ -21,7 +22,7 @@ from xce_resize_plugin.rest.client import Client
 TYPE_CHECKING = False  # typing is not imported on this path (see lsf/lean.py)
 if TYPE_CHECKING:
     from collections.abc import Sequence
-    from typing import Any
+    from typing import Any, TextIO
 
     from xce_resize_plugin.lsf.bresize_run import Sender
 
@@ -52,7 +53,19 @@ def http_sender(client: Client) -> Sender:
 
     def send(cmd: Command) -> None:
         method, path, body = request_body(cmd)
-        client.call(method, path, body)
+        try:
+            client.call(method, path, body)
+        except ValueError as exc:
+            # Not a ResizeError: urllib refuses a malformed XCE_CONTROLLER_URL (empty,
+            # "http://[::1") or a token no header can carry before connecting, and an
+            # answer that is not JSON comes from something other than the controller.
+            # Either way no controller answered: exit 255 with a message, as when none
+            # is reachable (docs/user-guide.md, "What bresize prints"), not a traceback.
+            import json
+
+            if isinstance(exc, json.JSONDecodeError | UnicodeDecodeError):
+                raise Unreachable(f"{client.url}: the answer is not JSON: {exc}") from None
+            raise Unreachable(f"{client.url!r}: {exc}") from None
 
     return send
 
@@ -61,19 +74,34 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Console entry point of ``bresize``."""
     args = list(sys.argv[1:] if argv is None else argv)
     outcome = run(args, http_sender(Client.from_env()))
+    for text, stream in ((outcome.stdout, sys.stdout), (outcome.message, sys.stderr)):
+        if text and not _write(text, stream):
+            return 128 + 13
+    return outcome.exit
+
+
+def _write(text: str, stream: TextIO | None) -> bool:
+    """Print ``text`` on ``stream``; False when its reader went away (a closed pipe).
+
+    Either stream: ``bresize ... 2>&1 | head -0`` loses a rejection's message as
+    ``bresize -h | head -0`` loses the usage, and both end with the status of a C
+    command killed by SIGPIPE (docs/user-guide.md, "What bresize prints"), never
+    with a status a script does not expect.
+    """
+    if stream is None:
+        # Started with the descriptor closed (2>&-): nothing to write to, as for a C
+        # command. print() would write to stdout instead, where scripts read answers.
+        return True
     try:
-        if outcome.stdout:
-            print(outcome.stdout)
-            sys.stdout.flush()  # a closed pipe shows here, not at exit
+        print(text, file=stream)
+        stream.flush()  # a closed pipe shows here, not at exit
     except BrokenPipeError:
         import os
 
-        # As a C command killed by SIGPIPE: quiet. Python flushes stdout again at exit.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 128 + 13
-    if outcome.message:
-        print(outcome.message, file=sys.stderr)
-    return outcome.exit
+        # Quiet, as such a C command. Python flushes the stream again at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), stream.fileno())
+        return False
+    return True
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -344,7 +344,9 @@ def to_argv(cmd: Command) -> list[str]:
     if cmd.no_notify:
         argv.append("-rncn")
     if cmd.grace is not None:
-        argv += ["--grace", f"{cmd.grace:g}"]
+        # Fixed point, not :g (1.23457e+06, 6 digits): the grammar reads up to 9 digits
+        # and 9 decimals, which give back every float it reads below 10**9 seconds.
+        argv += ["--grace", f"{cmd.grace:.9f}".rstrip("0").rstrip(".")]
     if cmd.op == "request":
         counts = f"{cmd.max_add}" if cmd.min_add == cmd.max_add else f"{cmd.min_add},{cmd.max_add}"
         argv.append(counts)

@@ -17,6 +17,13 @@ if TYPE_CHECKING:
 else:
     from collections import namedtuple
 
+    # typing.NamedTuple's own lists: what it never copies, and what it refuses.
+    _SPECIAL = frozenset({"__module__", "__name__", "__annotations__"})
+    _PROHIBITED = frozenset(
+        {"__new__", "__init__", "__slots__", "__getnewargs__", "_fields", "_field_defaults",
+         "_make", "_replace", "_asdict", "_source"}
+    )  # fmt: skip
+
     class _RecordMeta(type):
         """Turns ``class C(NamedTuple): field: type = default`` into a namedtuple."""
 
@@ -30,6 +37,13 @@ else:
             record = namedtuple(name, fields, defaults=defaults, module=namespace["__module__"])
             record.__doc__ = namespace.get("__doc__", record.__doc__)
             record.__annotations__ = namespace.get("__annotations__", {})
+            # The rest of the class body (methods, properties, constants), as
+            # typing.NamedTuple keeps it: mypy sees them, so run time must have them.
+            for key, value in namespace.items():
+                if key not in fields and key not in _SPECIAL:
+                    if key in _PROHIBITED:
+                        raise AttributeError(f"Cannot overwrite NamedTuple attribute {key}")
+                    setattr(record, key, value)
             return record
 
     class NamedTuple(metaclass=_RecordMeta):

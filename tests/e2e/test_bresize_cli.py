@@ -1,0 +1,133 @@
+"""The real ``bresize`` process where its transport or its output fails: a script sees
+only the exit codes docs/user-guide.md lists (0, 2, 141, 255), never a traceback."""
+
+from __future__ import annotations
+
+import http.server
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+BRESIZE = str(Path(sys.executable).parent / "bresize")
+
+
+def bresize(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    environ = {**os.environ, **env}
+    environ.pop("XCE_JOB_TOKEN", None)
+    if "XCE_TOKEN" not in env:
+        environ.pop("XCE_TOKEN", None)
+    return subprocess.run(
+        [BRESIZE, *args], capture_output=True, text=True, env=environ, cwd=ROOT, timeout=60
+    )
+
+
+class _NotAController(http.server.BaseHTTPRequestHandler):
+    """Answers every request 200 with a web page, as a proxy or another service might."""
+
+    def _page(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        body = b"<html><body>Welcome</body></html>"
+        self.send_response(200)
+        self.send_header("Content-Type", "text/html")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_POST = do_DELETE = do_GET = _page
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def not_a_controller() -> Iterator[str]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _NotAController)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(10)
+
+
+@pytest.mark.parametrize(
+    ("env", "explanation"),
+    [
+        ({"XCE_CONTROLLER_URL": ""}, "'': unknown url type"),
+        ({"XCE_CONTROLLER_URL": "http://[::1"}, "Invalid IPv6 URL"),
+        # A token no HTTP header can carry is refused before connecting.
+        ({"XCE_CONTROLLER_URL": "http://127.0.0.1:9", "XCE_TOKEN": "tok\u20ac"}, "latin-1"),
+    ],
+)
+def test_a_request_urllib_refuses_is_unreachable_not_a_traceback(
+    env: dict[str, str], explanation: str
+) -> None:
+    for argv in (["request", "4", "12"], ["release", "all", "12"], ["cancel", "12"]):
+        proc = bresize(*argv, **env)
+        assert (proc.returncode, proc.stdout) == (255, ""), proc.stderr
+        assert proc.stderr.startswith("Cannot reach the controller: "), proc.stderr
+        assert explanation in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_an_answer_that_is_not_json_is_unreachable_not_a_traceback(
+    not_a_controller: str,
+) -> None:
+    proc = bresize("request", "4", "12", XCE_CONTROLLER_URL=not_a_controller)
+    assert (proc.returncode, proc.stdout) == (255, ""), proc.stderr
+    assert proc.stderr == (
+        f"Cannot reach the controller: {not_a_controller}: the answer is not JSON: "
+        "Expecting value: line 1 column 1 (char 0)\n"
+    )
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["request", "4,2", "12"],  # a usage error
+        ["cancel", "abc"],  # a bad job ID
+        ["request", "1", "12"],  # no controller
+    ],
+)
+def test_a_closed_stderr_pipe_ends_the_command_quietly(argv: list[str]) -> None:
+    """``bresize ... 2>&1 | head -0``: the status of a C command killed by SIGPIPE, as
+    for a closed stdout (tests/e2e/test_cli.py), not 1 from a swallowed traceback."""
+    env = {**os.environ, "XCE_CONTROLLER_URL": "http://127.0.0.1:9"}
+    proc = subprocess.Popen(
+        [BRESIZE, *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=ROOT
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stderr.close()  # the reader is gone before the command writes a byte
+    try:
+        out = proc.stdout.read().decode()
+        status = proc.wait(timeout=60)
+    finally:
+        proc.stdout.close()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert (status, out) == (141, "")
+
+
+@pytest.mark.parametrize(
+    ("line", "status"),
+    [
+        ('"$0" cancel abc 2>&-', 255),  # a bad job ID
+        ('"$0" request 4,2 12 2>&-', 2),  # a usage error
+        ('"$0" -V >&-', 0),
+    ],
+)
+def test_a_closed_descriptor_loses_the_text_not_the_status(line: str, status: int) -> None:
+    """Started with stderr (or stdout) closed: the text is lost, as a C command's, and
+    the status is the command's. An error never lands on stdout, where scripts read."""
+    proc = subprocess.run(
+        ["/bin/sh", "-c", line, BRESIZE], capture_output=True, text=True, cwd=ROOT, timeout=60
+    )
+    assert (proc.returncode, proc.stdout, proc.stderr) == (status, "", "")
