@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.e2e.test_cli import closed_pipe_run
+
 ROOT = Path(__file__).resolve().parents[2]
 BRESIZE = str(Path(sys.executable).parent / "bresize")
 
@@ -100,20 +102,7 @@ def test_a_closed_stderr_pipe_ends_the_command_quietly(argv: list[str]) -> None:
     """``bresize ... 2>&1 | head -0``: the status of a C command killed by SIGPIPE, as
     for a closed stdout (tests/e2e/test_cli.py), not 1 from a swallowed traceback."""
     env = {**os.environ, "XCE_CONTROLLER_URL": "http://127.0.0.1:9"}
-    proc = subprocess.Popen(
-        [BRESIZE, *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=ROOT
-    )
-    assert proc.stdout is not None and proc.stderr is not None
-    proc.stderr.close()  # the reader is gone before the command writes a byte
-    try:
-        out = proc.stdout.read().decode()
-        status = proc.wait(timeout=60)
-    finally:
-        proc.stdout.close()
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert (status, out) == (141, "")
+    assert closed_pipe_run(["bresize", *argv], "stderr", env) == (141, "")
 
 
 @pytest.mark.parametrize(

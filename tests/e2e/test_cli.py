@@ -438,25 +438,33 @@ def test_a_tampered_scenario_recording_is_reported(tmp_path: Path) -> None:
     assert "DIFFERENT" in proc.stdout
 
 
-@pytest.mark.parametrize("argv", [["xce-resize", "demo"], ["bresize", "-h"]])
-def test_a_closed_pipe_ends_the_command_quietly(argv: list[str]) -> None:
-    """``xce-resize demo | head -0``: no BrokenPipeError traceback, SIGPIPE's status."""
+def closed_pipe_run(
+    argv: list[str], closed: str = "stdout", env: dict[str, str] | None = None
+) -> tuple[int, str]:
+    """Run ``argv`` (a command of this venv) with the reader of ``closed`` (stdout or
+    stderr) gone before it writes a byte; its status and what the other stream got."""
     exe = str(Path(sys.executable).parent / argv[0])
     proc = subprocess.Popen(
-        [exe, *argv[1:]], stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT
+        [exe, *argv[1:]], stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT, env=env
     )
-    assert proc.stdout is not None and proc.stderr is not None
-    proc.stdout.close()  # the reader is gone before the command writes a byte
+    gone, kept = (proc.stdout, proc.stderr) if closed == "stdout" else (proc.stderr, proc.stdout)
+    assert gone is not None and kept is not None
+    gone.close()
     try:
-        err = proc.stderr.read().decode()
+        text = kept.read().decode()
         status = proc.wait(timeout=120)
     finally:
-        proc.stderr.close()
+        kept.close()
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert err == ""
-    assert status == 141
+    return status, text
+
+
+@pytest.mark.parametrize("argv", [["xce-resize", "demo"], ["bresize", "-h"]])
+def test_a_closed_pipe_ends_the_command_quietly(argv: list[str]) -> None:
+    """``xce-resize demo | head -0``: no BrokenPipeError traceback, SIGPIPE's status."""
+    assert closed_pipe_run(argv) == (141, "")
 
 
 def test_host_failures_and_drains_replay_to_the_same_facts(tmp_path: Path) -> None:
