@@ -41,7 +41,7 @@ class _NotAController(http.server.BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
-    do_POST = do_DELETE = do_GET = _page
+    do_POST = do_DELETE = do_GET = do_PUT = _page
 
     def log_message(self, format: str, *args: object) -> None:
         pass
@@ -63,7 +63,7 @@ def not_a_controller() -> Iterator[str]:
 @pytest.mark.parametrize(
     ("env", "explanation"),
     [
-        ({"XCE_CONTROLLER_URL": ""}, "'': unknown url type"),
+        ({"XCE_CONTROLLER_URL": "controller"}, "'controller': unknown url type"),
         ({"XCE_CONTROLLER_URL": "http://[::1"}, "Invalid IPv6 URL"),
         # A token no HTTP header can carry is refused before connecting.
         ({"XCE_CONTROLLER_URL": "http://127.0.0.1:9", "XCE_TOKEN": "tok\u20ac"}, "latin-1"),
@@ -88,6 +88,31 @@ def test_an_answer_that_is_not_json_is_unreachable_not_a_traceback(
         f"Cannot reach the controller: {not_a_controller}: the answer is not JSON: "
         "Expecting value: line 1 column 1 (char 0)\n"
     )
+    # The client commands share the client: the same message, their exit 255.
+    environ = {**os.environ, "XCE_CONTROLLER_URL": not_a_controller}
+    exe = str(Path(sys.executable).parent / "xce-resize")
+    for argv in (["jobs"], ["target", "12", "3"], ["host", "down", "h1"]):
+        proc = subprocess.run(
+            [exe, *argv], capture_output=True, text=True, env=environ, cwd=ROOT, timeout=60
+        )
+        assert proc.returncode == 255, (argv, proc.stderr)
+        assert "the answer is not JSON" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_an_empty_controller_url_is_the_default_as_an_empty_token_is_none() -> None:
+    from xce_resize_plugin.rest.client import DEFAULT_URL, Client
+
+    saved = {k: os.environ.get(k) for k in ("XCE_CONTROLLER_URL", "XCE_TOKEN", "XCE_JOB_TOKEN")}
+    try:
+        os.environ.update(XCE_CONTROLLER_URL="", XCE_TOKEN="", XCE_JOB_TOKEN="")
+        client = Client.from_env()
+        assert (client.url, client.token) == (DEFAULT_URL, None)
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 @pytest.mark.parametrize(

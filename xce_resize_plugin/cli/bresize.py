@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import sys
 
-from xce_resize_plugin.errors import Unreachable
 from xce_resize_plugin.lsf.bresize_args import Command
 from xce_resize_plugin.lsf.bresize_run import run
 from xce_resize_plugin.rest.client import Client
@@ -53,19 +52,7 @@ def http_sender(client: Client) -> Sender:
 
     def send(cmd: Command) -> None:
         method, path, body = request_body(cmd)
-        try:
-            client.call(method, path, body)
-        except ValueError as exc:
-            # Not a ResizeError: urllib refuses a malformed XCE_CONTROLLER_URL (empty,
-            # "http://[::1") or a token no header can carry before connecting, and an
-            # answer that is not JSON comes from something other than the controller.
-            # Either way no controller answered: exit 255 with a message, as when none
-            # is reachable (docs/user-guide.md, "What bresize prints"), not a traceback.
-            import json
-
-            if isinstance(exc, json.JSONDecodeError | UnicodeDecodeError):
-                raise Unreachable(f"{client.url}: the answer is not JSON: {exc}") from None
-            raise Unreachable(f"{client.url!r}: {exc}") from None
+        client.call(method, path, body)
 
     return send
 

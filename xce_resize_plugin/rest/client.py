@@ -45,10 +45,11 @@ class Client:
 
     @classmethod
     def from_env(cls, timeout: float = 30.0) -> Client:
-        """``XCE_CONTROLLER_URL`` and ``XCE_TOKEN`` (or, inside a job, ``XCE_JOB_TOKEN``)."""
+        """``XCE_CONTROLLER_URL`` and ``XCE_TOKEN`` (or, inside a job, ``XCE_JOB_TOKEN``);
+        each one set empty counts as unset (``XCE_CONTROLLER_URL= bresize ...``)."""
         return cls(
-            os.environ.get("XCE_CONTROLLER_URL", DEFAULT_URL),
-            os.environ.get("XCE_TOKEN") or os.environ.get("XCE_JOB_TOKEN"),
+            os.environ.get("XCE_CONTROLLER_URL") or DEFAULT_URL,
+            os.environ.get("XCE_TOKEN") or os.environ.get("XCE_JOB_TOKEN") or None,
             timeout,
         )
 
@@ -60,7 +61,23 @@ class Client:
         *,
         timeout: float | None = None,
     ) -> Any:
-        """Send one request; return the decoded JSON answer (``None`` when empty)."""
+        """Send one request; return the decoded JSON answer (``None`` when empty).
+
+        :class:`Unreachable` also when no request can be made (a malformed URL, a token
+        no HTTP header can carry) or what answered is not JSON: in each case no
+        controller answered, and a command says so rather than show a traceback."""
+        import json
+
+        try:
+            raw = self._send(method, path, body, timeout)
+        except ValueError as exc:  # urllib's refusals of the URL or the token
+            raise Unreachable(f"{self.url!r}: {exc}") from None
+        try:
+            return json.loads(raw) if raw else None
+        except ValueError as exc:  # (also not UTF-8)
+            raise Unreachable(f"{self.url}: the answer is not JSON: {exc}") from None
+
+    def _send(self, method: str, path: str, body: Any, timeout: float | None) -> bytes:
         import http.client
         import json
         import urllib.error
@@ -75,7 +92,7 @@ class Client:
             req.add_header("Authorization", f"Bearer {self.token}")
         try:
             with urllib.request.urlopen(req, timeout=timeout or self.timeout) as resp:
-                raw = resp.read()
+                raw: bytes = resp.read()
         except urllib.error.HTTPError as exc:
             try:
                 raw = exc.read()
@@ -87,7 +104,7 @@ class Client:
             # it wrote it), so the request's outcome is unknown, as when unreachable.
             reason = getattr(exc, "reason", None) or repr(exc)
             raise Unreachable(f"{self.url}: {reason}") from None
-        return json.loads(raw) if raw else None
+        return raw
 
 
 def remote_error(status: int, raw: bytes, reason: str) -> RemoteError:
