@@ -467,6 +467,24 @@ def test_a_closed_pipe_ends_the_command_quietly(argv: list[str]) -> None:
     assert closed_pipe_run(argv) == (141, "")
 
 
+@pytest.mark.parametrize("argv", [["jobs"], ["simulate", "no-such-trace.swf"]])
+def test_a_closed_stderr_pipe_ends_an_error_quietly(argv: list[str]) -> None:
+    """``xce-resize ... 2>&1 | head -0`` on an error: SIGPIPE's status, as bresize's,
+    not 1 from a traceback swallowed at exit."""
+    env = {**os.environ, "XCE_CONTROLLER_URL": "http://127.0.0.1:9"}
+    assert closed_pipe_run(["xce-resize", *argv], "stderr", env) == (141, "")
+
+
+def test_a_closed_stderr_loses_the_message_not_the_status() -> None:
+    """``2>&-``: print() would have written the error to stdout, where scripts read."""
+    exe = str(Path(sys.executable).parent / "xce-resize")
+    env = {**os.environ, "XCE_CONTROLLER_URL": "http://127.0.0.1:9"}
+    proc = subprocess.run(
+        ["/bin/sh", "-c", '"$0" jobs 2>&-', exe], capture_output=True, text=True, env=env
+    )
+    assert (proc.returncode, proc.stdout, proc.stderr) == (255, "", "")
+
+
 def test_host_failures_and_drains_replay_to_the_same_facts(tmp_path: Path) -> None:
     """Host commands are inputs of a recording ("host" lines, before their effects):
     a scenario with a failure and an evacuating drain, and a simulation with injected

@@ -269,28 +269,43 @@ def _sweep_parser(sub: Any) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
+        return _run(args)
+    except BrokenPipeError:
+        # The reader of our output or of our messages went away (``xce-resize ... |
+        # head``, ``2>&1 | head -0``), also while a message was printed below.
+        return closed_pipe()
+
+
+def _run(args: argparse.Namespace) -> int:
+    try:
         status = _dispatch(args, sys.stdout)
         sys.stdout.flush()  # a closed pipe shows here, inside the try, not at exit
         return status
-    except BrokenPipeError:
-        return closed_stdout()
     except ResizeError as exc:
-        print(f"xce-resize: {exc.text}", file=sys.stderr)
+        _complain(exc.text)
         from xce_resize_plugin.rest.client import RemoteError
 
         # As bresize: the controller refused, or could not be reached.
         return EXIT_REJECTED if isinstance(exc, RemoteError | Unreachable) else EXIT_USAGE
     except KeyboardInterrupt:
-        print("xce-resize: interrupted", file=sys.stderr)
+        _complain("interrupted")
         return 130
 
 
-def closed_stdout() -> int:
-    """The reader of our output went away (``xce-resize ... | head``): exit quietly, with
-    the status a shell shows for a C program killed by SIGPIPE."""
-    # Python flushes stdout again at exit; pointed at /dev/null, that flush cannot fail.
+def _complain(text: str) -> None:
+    """``xce-resize: text`` on stderr; nothing when it was closed (``2>&-``), where
+    print() would write to stdout instead, which scripts read for answers."""
+    if sys.stderr is not None:
+        print(f"xce-resize: {text}", file=sys.stderr)
+
+
+def closed_pipe() -> int:
+    """Exit quietly, with the status a shell shows for a C program killed by SIGPIPE."""
+    # Python flushes the streams again at exit; pointed at /dev/null, that cannot fail.
     devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, sys.stdout.fileno())
+    for stream in (sys.stdout, sys.stderr):
+        if stream is not None:
+            os.dup2(devnull, stream.fileno())
     return EXIT_PIPE
 
 
