@@ -54,12 +54,16 @@ def compact(path: Path | str, keep_days: float, now: float, archive: TextIO | No
         raise JournalError(f"{path / DATA_FILE}: no journal here (the file does not exist)")
     Journal.require(path)  # before a writable open touches its files
     cutoff = now - keep_days * 86400.0
+    # The transaction runs again from the start when the map grows; the archive is
+    # outside it, so a fact archived by an attempt that was rolled back is not written
+    # to it twice.
+    archived: set[bytes] = set()
     with Journal.open(path) as journal:
 
         def apply(txn: _Txn) -> int:
             removed = 0
             for job in _finished_before(journal, txn, cutoff):
-                removed += _drop_facts(journal, txn, job, archive)
+                removed += _drop_facts(journal, txn, job, archive, archived)
             total = journal._removed(txn)
             txn.put(REMOVED_KEY, U64.pack(total + removed), db=journal._db(META))
             if archive is not None:
@@ -85,30 +89,44 @@ def _finished_before(journal: Journal, txn: _Txn, cutoff: float) -> list[bytes]:
     return old
 
 
-def _drop_facts(journal: Journal, txn: _Txn, job: bytes, archive: TextIO | None) -> int:
-    """Delete one job's facts and index rows (archiving the facts); how many facts went."""
+def _drop_facts(
+    journal: Journal, txn: _Txn, job: bytes, archive: TextIO | None, archived: set[bytes]
+) -> int:
+    """Delete one job's facts and index rows (archiving the facts not in ``archived``
+    yet); how many facts went."""
     facts_db, index_db = journal._db(FACTS), journal._db(INDEX)
     prefix = index_prefix(job)
     rows = [key for key, _ in numbered_rows(txn.cursor(index_db), prefix)]
     removed = 0
     for key in rows:
         seq = key[len(prefix) :]
-        if archive is not None:
-            stored = txn.get(seq, db=facts_db)
-            if stored is not None:
-                _archive_line(archive, seq, stored)
+        stored = txn.get(seq, db=facts_db)
+        if stored is not None:
+            # Checked with or without an archive: a damaged index row naming another
+            # job's fact would otherwise delete that fact (maybe a live job's).
+            job_id, payload = _owned_fact(journal, job, seq, stored)
+            if archive is not None and seq not in archived:
+                export_line(archive, key_seq(seq), job_id, payload)
+                archived.add(seq)
         if txn.delete(seq, db=facts_db):
             removed += 1
         txn.delete(key, db=index_db)
     return removed
 
 
-def _archive_line(out: TextIO, seq: bytes, value: bytes) -> None:
+def _owned_fact(journal: Journal, job: bytes, seq: bytes, value: bytes) -> tuple[str, bytes]:
+    """The fact ``value`` at ``seq`` as (job id, payload), if it is ``job``'s."""
+    where = f"{journal.path}: fact {key_seq(seq)}"
     try:
         job_id, payload = decode_fact(value)
     except BadRecord as exc:
-        raise JournalError(f"fact {key_seq(seq)}: {exc}; run verify") from None
-    export_line(out, key_seq(seq), job_id, payload)
+        raise JournalError(f"{where}: {exc}; run verify, nothing was compacted") from None
+    if job_id.encode("utf-8") != job:
+        raise JournalError(
+            f"{where}: damaged: the index lists it for job {job.decode(errors='replace')!r}, "
+            f"but it belongs to {job_id!r}; run verify, nothing was compacted"
+        )
+    return job_id, payload
 
 
 def _sync(out: TextIO) -> None:

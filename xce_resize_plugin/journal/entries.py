@@ -18,6 +18,8 @@ from xce_resize_plugin.journal.records import TAILS
 #: Longest job id (utf-8 bytes): the ``index`` key adds 9 bytes and LMDB's keys are at
 #: most 511 bytes long.
 MAX_JOB_ID_BYTES: Final = 500
+#: History row indexes are 8-byte unsigned integers in their keys: all below this.
+_INDEX_LIMIT: Final = 2**64
 
 _T = TypeVar("_T")
 
@@ -44,14 +46,21 @@ def _to_facts(value: Iterable[bytes]) -> tuple[bytes, ...]:
 
 
 def _is_time(value: object) -> bool:
-    """A real number of seconds: a bool is not one, nor is NaN."""
-    return isinstance(value, int | float) and not isinstance(value, bool) and not math.isnan(value)
+    """A finite real number of seconds: a bool is not one, nor are NaN and infinities
+    (nor an int too big for the 8-byte float it is stored as)."""
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
 
 
 def _check_ended_at(_instance: object, _attribute: object, value: float | None) -> None:
-    # NaN is refused: it compares false with everything, so compaction would never drop it.
+    # NaN and +inf compare false with every cutoff, so compaction would never drop the
+    # job; -inf would always drop it (docs/journal-format.md: times are finite).
     if value is not None and not _is_time(value):
-        raise ValueError(f"ended_at must be a number of seconds or None, not {value!r}")
+        raise ValueError(f"ended_at must be a finite number of seconds or None, not {value!r:.60}")
 
 
 def _check_tail_name(_instance: object, _attribute: object, value: str) -> None:
@@ -60,8 +69,17 @@ def _check_tail_name(_instance: object, _attribute: object, value: str) -> None:
 
 
 def _check_tail(instance: Tail, _attribute: object, value: int) -> None:
-    if not 0 <= instance.start <= instance.stop:
-        raise ValueError(f"a tail needs 0 <= start <= stop, got {instance.start}, {value}")
+    # Checked here, not when written: a tail that fails in the commit fails every entry
+    # of its group-commit batch, and every one queued after it (group_commit.py).
+    for bound in (instance.start, value):
+        if not isinstance(bound, int) or isinstance(bound, bool):
+            raise TypeError(f"a tail's start and stop must be int, not {type(bound).__name__}")
+    end = max(instance.start + len(instance.rows), value)
+    if not 0 <= instance.start <= value or end > _INDEX_LIMIT:
+        raise ValueError(
+            f"a tail needs 0 <= start <= stop and rows numbered below 2**64, got start "
+            f"{instance.start}, stop {value}, {len(instance.rows)} rows"
+        )
 
 
 @attrs.frozen

@@ -17,7 +17,9 @@ def _fact_json(payload: bytes) -> object:
 
     try:
         value: object = json.loads(payload.decode("utf-8"), parse_constant=reject)
-    except (UnicodeDecodeError, ValueError):
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        # RecursionError: a record nested deeper than the parser goes is not a fact
+        # either; it must not stop the export of the rest.
         return {"hex": payload.hex()}
     return value
 
@@ -38,5 +40,25 @@ def export(path: Path | str, out: TextIO) -> int:
 
 def export_line(out: TextIO, seq: int, job_id: str, payload: bytes) -> None:
     """Write one fact as an :func:`export` line."""
-    line = {"seq": seq, "job": job_id, "fact": _fact_json(payload)}
-    out.write(json.dumps(line, ensure_ascii=False, separators=(",", ":")) + "\n")
+    fact = _fact_json(payload)
+    try:
+        line = _line(seq, job_id, fact)
+    except (ValueError, RecursionError):
+        # Parsed, but not writable as strict utf-8 JSON: a number too big for a float
+        # (1e999 would come out as Infinity), a lone surrogate escape (\ud800, which
+        # no utf-8 file can hold), or nested just too deep to write back. The record
+        # is kept whole, as hex.
+        line = _line(seq, job_id, {"hex": payload.hex()})
+    out.write(line + "\n")
+
+
+def _line(seq: int, job_id: str, fact: object) -> str:
+    """One export line; ``ValueError`` unless it is strict JSON encodable as utf-8."""
+    line = json.dumps(
+        {"seq": seq, "job": job_id, "fact": fact},
+        ensure_ascii=False,
+        separators=(",", ":"),
+        allow_nan=False,
+    )
+    line.encode("utf-8")  # UnicodeEncodeError (a ValueError) on a lone surrogate
+    return line

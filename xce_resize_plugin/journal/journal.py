@@ -135,8 +135,9 @@ class Journal(Closing):
 
         ``sync=False`` gives up durability (a system crash may lose the last commits,
         and on a filesystem that reorders writes, damage the file); it is meant for bulk
-        loading and tests. A map bigger than
-        ``map_size`` recorded in the file is kept; the map doubles when full.
+        loading and tests. The map is ``map_size``, or what the data in use needs if
+        that is more (LMDB does not keep a bigger map recorded in the file); it doubles
+        when full.
 
         Raises :class:`JournalError`, naming ``path/data.mdb``, when the file is not an
         LMDB environment, is truncated or damaged, holds something other than a journal,
@@ -218,6 +219,10 @@ class Journal(Closing):
         """The body of :meth:`commit`'s transaction (run again whole if the map grows)."""
         facts, index, jobs, done, meta, history = [dbs[name] for name in DB_NAMES]
         seq = self._get_meta(txn, LAST_SEQ_KEY)
+        # Stored first, through the LMDB helper: it refuses a last_seq past 2**64 - 1
+        # (a damaged one, not a long history) before any sequence key is made.
+        last = seq + sum(len(item.records) for item in prepared)
+        self._shared.env.put_u64(txn, meta, LAST_SEQ_KEY, last)
         seqs: list[int] = []
         put, delete = txn.put, txn.delete
         for item in prepared:
@@ -239,7 +244,6 @@ class Journal(Closing):
                     put(tail_prefix + U64.pack(i), row, db=history)
                 for i in range(start + len(rows), stop):
                     delete(tail_prefix + U64.pack(i), db=history)
-        put(LAST_SEQ_KEY, U64.pack(seq), db=meta)
         return seqs
 
     # -- reading

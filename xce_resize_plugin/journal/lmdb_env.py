@@ -346,6 +346,9 @@ class LmdbEnv:
             except lmdb.MapResizedError:
                 # Another process grew the map: adopt its size, then try again.
                 self.set_map_size(0)
+            except lmdb.ReadersFullError as exc:
+                if not self._clear_stale_readers():
+                    raise self.fail(f"read {self.noun}", exc) from exc
             except lmdb.Error as exc:
                 raise self.fail(f"read {self.noun}", exc) from exc
         raise self.error(f"{self.name}: the map keeps changing size under this reader")
@@ -398,6 +401,8 @@ class LmdbEnv:
             raise self.fail(f"set the map size to {size or 'the current size'}", exc) from exc
 
     def _grow(self) -> None:
+        if self._clear_stale_readers():
+            return  # the pages they held are free again: try before growing
         old = self.map_size
         if old >= self.max_map_size:
             raise self.error(
@@ -407,6 +412,26 @@ class LmdbEnv:
         new = min(old * 2, self.max_map_size)
         self.set_map_size(new)
         log.info("%s: map full, grown from %d to %d bytes", self.name, old, new)
+
+    def _clear_stale_readers(self) -> int:
+        """Free the reader slots of processes that died inside a read transaction
+        (``kill -9`` of a ``journal verify``); how many were freed.
+
+        LMDB keeps such a slot, and every page its snapshot could see, until a reader
+        check: the map would keep doubling, and once every slot is taken no one could
+        read. LMDB makes the check only when the first process opens the files.
+        """
+        try:
+            cleared = self.env.reader_check()
+        except lmdb.Error as exc:
+            raise self.fail("check the reader table", exc) from exc
+        if cleared:
+            log.warning(
+                "%s: cleared %d reader slot(s) left by processes that died reading it",
+                self.name,
+                cleared,
+            )
+        return cleared
 
     # -- counters and fencing
 
@@ -422,7 +447,13 @@ class LmdbEnv:
         return value
 
     def put_u64(self, txn: _Txn, db: _Db, key: bytes, value: int) -> None:
-        """Store the 8-byte counter ``key`` of ``db``."""
+        """Store the 8-byte counter ``key`` of ``db``; a value it cannot hold is the
+        store's error (a counter one short of 2**64 is damage, not history)."""
+        if not 0 <= value < 1 << 64:
+            raise self.error(
+                f"{self.name}: damaged: {key.decode()} cannot go to {value}, past the "
+                "largest 8-byte counter (is its stored value damaged?); nothing was written"
+            )
         txn.put(key, _U64.pack(value), db=db)
 
     def stored_epoch(self, txn: _Txn, fence: Fence) -> int:

@@ -110,6 +110,10 @@ def verify(path: Path | str, *, structure: bool = True, references: bool = True)
     cannot be opened at all (missing, not LMDB, truncated, newer schema).
     """
     path = Path(path).absolute()
+    if not (path / DATA_FILE).is_file():
+        # As Journal.open says it; and the page walk would block forever reading a
+        # FIFO named data.mdb.
+        raise JournalError(f"{path / DATA_FILE}: no journal here (missing, or not a regular file)")
     problems = _Problems()
     if structure:
         found = _structure_problems(path)

@@ -1,0 +1,295 @@
+"""The journal under faults and garbled input: real LMDB files, real processes, no mocks.
+
+Each test here reproduces a defect that was found and fixed: what it shows failed
+before the fix.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import lmdb
+import pytest
+
+from xce_resize_plugin.errors import JournalError
+from xce_resize_plugin.journal import (
+    Entry,
+    GroupCommitter,
+    Journal,
+    Tail,
+    compact,
+    export,
+    verify,
+)
+
+DAY = 86400.0
+U64_MAX = 2**64 - 1
+
+
+@pytest.fixture
+def jdir(tmp_path: Path) -> Path:
+    return tmp_path / "journal"
+
+
+def _put_raw(jdir: Path, db: bytes, key: bytes, value: bytes) -> None:
+    """Write one value straight into the journal's files, as damage would."""
+    env = lmdb.open(str(jdir), max_dbs=8)
+    try:
+        with env.begin(write=True) as txn:
+            txn.put(key, value, db=env.open_db(db, txn=txn))
+    finally:
+        env.close()
+
+
+def _strict_json(line: str) -> object:
+    def reject(constant: str) -> object:
+        raise ValueError(f"not strict JSON: {constant}")
+
+    return json.loads(line, parse_constant=reject)
+
+
+def _kill_a_reader_in_a_transaction(jdir: Path) -> None:
+    """Run, then ``kill -9``, a process inside a read transaction of the journal (a
+    ``journal verify`` stopped by a timeout): its reader slot stays in the lock table."""
+    script = (
+        "import sys, time, lmdb\n"
+        "env = lmdb.open(sys.argv[1], max_dbs=8, readonly=True)\n"
+        "txn = env.begin()\n"
+        "print('reading', flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-c", script, str(jdir)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert child.stdout is not None
+        assert child.stdout.readline().strip() == "reading"
+    finally:
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait()
+        if child.stdout is not None:
+            child.stdout.close()
+
+
+# --------------------------------------------------------------------------- export
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        b'{"at":1e999}',  # parses to inf: written back it was the non-JSON Infinity
+        b'{"user":"\\ud800"}',  # a lone surrogate: no utf-8 file can hold it
+        b"[" * 100_000 + b"]" * 100_000,  # deeper than the parser: RecursionError
+    ],
+    ids=["float-overflow", "lone-surrogate", "deep-nesting"],
+)
+def test_export_writes_strict_utf8_json_whatever_the_payload(
+    jdir: Path, tmp_path: Path, payload: bytes
+) -> None:
+    with Journal.open(jdir, sync=False) as j:
+        j.start()
+        j.commit([Entry("a", (payload, b'{"ok":1}'), b"s")])
+    out = tmp_path / "export.jsonl"
+    with out.open("w", encoding="utf-8") as fh:
+        assert export(jdir, fh) == 2
+    first, second = (_strict_json(line) for line in out.read_text("utf-8").splitlines())
+    assert first == {"seq": 1, "job": "a", "fact": {"hex": payload.hex()}}
+    assert second == {"seq": 2, "job": "a", "fact": {"ok": 1}}
+
+
+# --------------------------------------------------------------------------- compact
+
+
+def test_compact_archives_each_fact_once_when_the_map_grows(
+    jdir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # More than the 64 MiB map compact opens with: LMDB maps just what is in use, so
+    # the compaction's transaction fills the map and runs again after it grows.
+    with Journal.open(jdir, sync=False) as j:
+        j.start()
+        j.commit([Entry("big", (b"x" * (70 << 20),), b"s")])
+        for i in range(20):
+            facts = tuple(b'{"n":%d,"pad":"%s"}' % (k, b"p" * 200) for k in range(500))
+            j.commit([Entry(f"old{i}", facts, b"s", ended_at=0.0)])
+    archive = tmp_path / "archive.jsonl"
+    logger = "xce_resize_plugin.journal.lmdb_env"
+    with caplog.at_level(logging.INFO, logger), archive.open("a", encoding="utf-8") as fh:
+        removed = compact(jdir, 1, 10 * DAY, fh)
+    assert "map full" in caplog.text  # the transaction did run twice
+    seqs = [_strict_json(line)["seq"] for line in archive.read_text("utf-8").splitlines()]  # type: ignore[index]
+    assert removed == 10_000
+    assert sorted(seqs) == list(range(2, 10_002))  # each once
+
+
+@pytest.mark.parametrize("archive", [True, False])
+def test_compact_refuses_an_index_row_naming_another_jobs_fact(
+    jdir: Path, tmp_path: Path, archive: bool
+) -> None:
+    with Journal.open(jdir, sync=False) as j:
+        j.start()
+        j.commit([Entry("old", (b'{"o":1}',), b"s", ended_at=0.0)])
+        j.commit([Entry("live", (b'{"l":1}', b'{"l":2}'), b"s")])
+    # A damaged index row: the finished job "lists" fact 3, the live job's.
+    _put_raw(jdir, b"index", b"old\0" + (3).to_bytes(8, "big"), b"")
+    out = (tmp_path / "archive.jsonl").open("a", encoding="utf-8") if archive else None
+    try:
+        with pytest.raises(JournalError, match=r"fact 3: damaged: .* belongs to 'live'") as err:
+            compact(jdir, 1, 10 * DAY, out)
+    finally:
+        if out is not None:
+            out.close()
+    assert str(jdir / "data.mdb") in str(err.value)
+    with Journal.open(jdir, readonly=True) as j:
+        assert [seq for seq, _ in j.job_facts("live")] == [2, 3]  # nothing deleted
+        assert j.stats()["removed"] == 0
+
+
+# --------------------------------------------------------------------------- entries
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: Tail("records", 0.5, (b"r",), 1),  # type: ignore[arg-type]
+        lambda: Tail("records", True, (b"r",), True),
+        lambda: Tail("charges", 2**64, (b"c",), 2**64 + 1),
+        lambda: Tail("charges", U64_MAX, (b"c", b"d"), U64_MAX),
+        lambda: Entry("a", (b"x",), b"s", ended_at=float("inf")),
+        lambda: Entry("a", (b"x",), b"s", ended_at=10**400),
+    ],
+    ids=["float-start", "bool-bounds", "start-past-u64", "rows-past-u64", "inf-end", "huge-end"],
+)
+def test_an_entry_that_cannot_be_written_fails_when_built(make: Callable[[], object]) -> None:
+    """Not in the commit: there it failed its whole group-commit batch and, fail-stop,
+    every entry queued after it."""
+    with pytest.raises((TypeError, ValueError)):
+        make()
+
+
+def test_a_bad_tail_no_longer_reaches_the_group_committer(jdir: Path) -> None:
+    with Journal.open(jdir, sync=False) as j, GroupCommitter(j) as committer:
+        j.start()
+        with pytest.raises(TypeError):
+            committer.submit(Entry("a", (b"x",), b"s", history=(Tail("records", 0.5, (), 1),)))  # type: ignore[arg-type]
+        assert committer.submit(Entry("b", (b"y",), b"s")) == [1]
+
+
+def test_the_largest_tail_index_is_accepted() -> None:
+    assert Tail("records", U64_MAX, (b"r",), U64_MAX).start == U64_MAX
+
+
+# --------------------------------------------------------------------------- counters
+
+
+@pytest.mark.parametrize("key", [b"epoch", b"last_seq"])
+def test_a_counter_at_its_limit_is_refused_by_name(jdir: Path, key: bytes) -> None:
+    with Journal.open(jdir, sync=False) as j:
+        j.start()
+        j.commit([Entry("a", (b"x",), b"s")])
+    _put_raw(jdir, b"meta", key, U64_MAX.to_bytes(8, "big"))
+    with Journal.open(jdir, sync=False) as j, pytest.raises(JournalError) as err:
+        j.start()
+        j.commit([Entry("a", (b"y",), b"s")])
+    message = str(err.value)
+    assert str(jdir / "data.mdb") in message
+    assert f"{key.decode()} cannot go to {U64_MAX + 1}" in message
+    with Journal.open(jdir, readonly=True) as j:
+        assert sum(1 for _ in j.facts()) == 1  # nothing written
+
+
+# --------------------------------------------------------------------------- readers
+
+
+def test_a_reader_killed_in_its_transaction_does_not_make_the_map_grow(jdir: Path) -> None:
+    """LMDB keeps every page a dead reader's snapshot could see: the map doubled again
+    and again (to 32 MiB for these 3 MiB of rewrites) instead of reusing them."""
+    with Journal.open(jdir, map_size=1 << 20) as j:
+        j.start()
+        j.commit([Entry("job", (), b"s")])
+        _kill_a_reader_in_a_transaction(jdir)
+        for i in range(1500):
+            j.commit([Entry("job", (), bytes([i % 256]) * 2000)])
+        assert j.stats()["map_size"] == 1 << 20
+
+
+@pytest.fixture
+def two_reader_slots(jdir: Path) -> Iterator[None]:
+    """The journal's lock table made with two reader slots: LMDB sizes it when the
+    first process opens the files, and a process opening them while another has them
+    open takes its size. The process that made it stays until stdin closes."""
+    with Journal.open(jdir, sync=False) as j:
+        j.start()
+        j.commit([Entry("a", (b"x",), b"s")])
+    os.remove(jdir / "lock.mdb")
+    script = (
+        "import sys, lmdb\n"
+        "env = lmdb.open(sys.argv[1], max_dbs=8, max_readers=2, mode=0o600)\n"
+        "print('open', flush=True)\n"
+        "sys.stdin.read()\n"
+    )
+    holder = subprocess.Popen(
+        [sys.executable, "-c", script, str(jdir)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert holder.stdin is not None and holder.stdout is not None
+    try:
+        assert holder.stdout.readline().strip() == "open"
+        yield
+    finally:
+        holder.stdin.close()
+        holder.stdout.close()
+        try:
+            holder.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.kill(holder.pid, signal.SIGKILL)
+            holder.wait()
+
+
+@pytest.mark.usefixtures("two_reader_slots")
+def test_slots_of_dead_readers_do_not_stop_reading(jdir: Path) -> None:
+    with Journal.open(jdir) as j:
+        # This process keeps the files open, so the killed readers' slots are not
+        # cleared by an opening: they filled the table and every read failed.
+        assert j._shared.env.env.max_readers() == 2
+        for _ in range(2):
+            _kill_a_reader_in_a_transaction(jdir)
+        assert [seq for seq, _, _ in j.facts()] == [1]
+
+
+# --------------------------------------------------------------------------- verify
+
+
+def test_verify_of_a_fifo_named_data_mdb_is_refused_not_hung(jdir: Path) -> None:
+    jdir.mkdir()
+    os.mkfifo(jdir / "data.mdb")
+    script = (
+        "import sys\n"
+        "from xce_resize_plugin.errors import JournalError\n"
+        "from xce_resize_plugin.journal import verify\n"
+        "try:\n"
+        "    verify(sys.argv[1])\n"
+        "except JournalError as exc:\n"
+        "    print(exc)\n"
+    )
+    # In another process: the hang this shows was a blocking open() of the FIFO.
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(jdir)], capture_output=True, text=True, timeout=20
+    )
+    assert f"{jdir / 'data.mdb'}: no journal here" in done.stdout
+
+
+def test_verify_still_checks_a_good_journal(jdir: Path) -> None:
+    with Journal.open(jdir, sync=False) as j:
+        j.start()
+        j.commit([Entry("a", (b"x",), b"s")])
+    report = verify(jdir)
+    assert report.ok and report.facts == 1
