@@ -128,6 +128,46 @@ def test_compact_archives_each_fact_once_when_the_map_grows(
     assert sorted(seqs) == list(range(2, 10_002))  # each once
 
 
+def _old_jobs(jdir: Path, jobs: int = 3) -> None:
+    with Journal.open(jdir, sync=False) as j:
+        j.start()
+        for i in range(jobs):
+            j.commit([Entry(f"old{i}", (b'{"n":1}', b'{"n":2}'), b"s", ended_at=0.0)])
+
+
+def test_an_archive_that_cannot_be_made_durable_compacts_nothing(
+    jdir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An fsync of the archive failing with EIO was ignored and the facts deleted, while
+    their only copy might not be on disk. (No real disk fails on demand: fsync is made
+    to fail as a failing disk's does.)"""
+    import errno
+
+    from xce_resize_plugin.journal import compaction
+
+    _old_jobs(jdir)
+
+    def failing(fd: int) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(compaction.os, "fsync", failing)
+    with (tmp_path / "a.jsonl").open("a") as fh, pytest.raises(JournalError, match="durable"):
+        compact(jdir, 1, 10 * DAY, fh)
+    monkeypatch.undo()
+    with Journal.open(jdir) as j:
+        assert sum(1 for _ in j.facts()) == 6  # nothing was removed
+
+
+def test_an_archive_on_a_pipe_compacts(jdir: Path) -> None:
+    """A pipe has nothing to make durable (fsync: EINVAL): the archive's reader has it."""
+    _old_jobs(jdir)
+    read_end, write_end = os.pipe()
+    with os.fdopen(read_end, "rb") as reader:
+        with os.fdopen(write_end, "w", encoding="utf-8") as fh:
+            assert compact(jdir, 1, 10 * DAY, fh) == 6
+        assert len(reader.read().splitlines()) == 6
+
+
 @pytest.mark.parametrize("archive", [True, False])
 def test_compact_refuses_an_index_row_naming_another_jobs_fact(
     jdir: Path, tmp_path: Path, archive: bool

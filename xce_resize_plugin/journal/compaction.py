@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
+import errno
+import io
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
@@ -130,7 +131,26 @@ def _owned_fact(journal: Journal, job: bytes, seq: bytes, value: bytes) -> tuple
 
 
 def _sync(out: TextIO) -> None:
-    """Make the archive durable before the facts it holds are deleted."""
-    out.flush()
-    with contextlib.suppress(AttributeError, OSError, ValueError):
-        os.fsync(out.fileno())
+    """Make the archive durable before the facts it holds are deleted: its data, and
+    its name in its directory (the file may be new). A stream with no file behind it
+    (a pipe, a terminal: fsync gives EINVAL) has nothing to make durable; any other
+    failure (EIO, ENOSPC) raises :class:`JournalError`, so nothing is compacted."""
+    try:
+        out.flush()
+        fd = out.fileno()
+    except (AttributeError, ValueError, OSError) as exc:
+        if isinstance(exc, OSError) and not isinstance(exc, io.UnsupportedOperation):
+            raise JournalError(f"the archive could not be written: {exc}") from exc
+        return  # an in-memory stream
+    try:
+        os.fsync(fd)
+        name = getattr(out, "name", None)
+        if isinstance(name, str) and os.path.isfile(name):
+            directory = os.open(os.path.dirname(os.path.abspath(name)), os.O_RDONLY)
+            try:
+                os.fsync(directory)
+            finally:
+                os.close(directory)
+    except OSError as exc:
+        if exc.errno != errno.EINVAL:
+            raise JournalError(f"the archive could not be made durable: {exc}") from exc
