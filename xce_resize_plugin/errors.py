@@ -239,6 +239,15 @@ class ControllerStopping(ResizeError):
     http_status = 503
 
 
+class TooManyRequests(ResizeError):
+    """A user has as many REST requests in progress as the server allows one user
+    (their jobs' tokens included): refused at once, nothing changed (429)."""
+
+    code = "XCE_TOO_MANY_REQUESTS"
+    message = "Too many requests in progress"
+    http_status = 429
+
+
 class Unreachable(ResizeError):
     """The controller did not answer (refused, timed out, no such host)."""
 

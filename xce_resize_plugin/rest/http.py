@@ -14,6 +14,11 @@ An authenticated route is an :func:`endpoint` around a handler; what it does, in
 3. answer every :class:`~xce_resize_plugin.errors.ResizeError` as a problem document
    (:mod:`.problems`), and anything unexpected as a 500 problem document, logged.
 
+Between 1 and 2, a user's requests in progress are counted (a job's token counts for
+the job's owner): beyond :func:`request_limit` the request is refused 429 at once and
+its connection closed, so that one user or one job — however many long polls or slow
+bodies it opens — cannot take every connection the server can hold from other users.
+
 Around the whole application, :class:`RequestContext` gives every request an id
 (the client's ``X-Request-ID`` when sane, else a new one; echoed in the answer), opens
 its log context (:mod:`.logcontext`: request id, then user and job as they are
@@ -32,9 +37,10 @@ routes are built.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from anyio.to_thread import current_default_thread_limiter
@@ -55,6 +61,7 @@ from xce_resize_plugin.errors import (
     InvalidRequest,
     NotAuthenticated,
     ResizeError,
+    TooManyRequests,
 )
 from xce_resize_plugin.host import Principal
 from xce_resize_plugin.rest import openapi
@@ -102,6 +109,18 @@ DEFAULT_BODY_TIMEOUT = 30.0
 _BODY_TIMEOUT = "xce_body_timeout"
 _STOPPING = "xce_stopping"
 
+#: Requests one user may have in progress at once (their jobs' tokens included) unless
+#: the host sets its own limit (:func:`set_request_limit`). Each holds a connection and
+#: a file descriptor of the server — a long poll up to a minute, a slow body up to the
+#: body deadline — and a server that runs out of descriptors accepts nobody's request
+#: (a controller under the usual soft limit of 1024 did so with one job's 1100 waits).
+#: Well above what the tasks of a job ask at once (one call each, a long poll or two).
+DEFAULT_REQUEST_LIMIT = 256
+#: Seconds a client refused by the request limit waits before it asks again.
+REQUEST_LIMIT_RETRY = 1
+_REQUEST_LIMIT = "xce_request_limit"
+_IN_PROGRESS = "xce_requests_in_progress"
+
 
 # --- answers -----------------------------------------------------------------------------
 
@@ -120,6 +139,11 @@ def problem(error: ResizeError) -> Response:
         response.headers["WWW-Authenticate"] = 'Bearer realm="xce"'
     elif error.http_status == 408:
         response.headers["Connection"] = "close"
+    elif isinstance(error, TooManyRequests):
+        # Closed, so that a refused client holds no connection: it opens a new one
+        # when it asks again.
+        response.headers["Connection"] = "close"
+        response.headers["Retry-After"] = str(REQUEST_LIMIT_RETRY)
     seconds = retry_after(error)
     if seconds is not None:
         response.headers["Retry-After"] = str(seconds)
@@ -170,6 +194,52 @@ def set_stopping(app: Starlette, stopping: Callable[[], bool]) -> None:
     answers 503 ``XCE_CONTROLLER_STOPPING`` at its next look, instead of being cut off
     by the server's shutdown (a plain 500 for the client)."""
     setattr(app.state, _STOPPING, stopping)
+
+
+def set_request_limit(app: Starlette, requests: int) -> None:
+    """Make ``requests`` the most requests one user may have in progress at once on
+    ``app``'s routes built with :func:`endpoint` (:data:`DEFAULT_REQUEST_LIMIT` when
+    the host sets none)."""
+    if requests < 1:
+        raise ValueError(f"a request limit is at least 1, got {requests}")
+    setattr(app.state, _REQUEST_LIMIT, int(requests))
+
+
+def request_limit(request: Request) -> int:
+    """The request limit of ``request``'s application (:func:`set_request_limit`)."""
+    app = request.scope.get("app")
+    limit = getattr(getattr(app, "state", None), _REQUEST_LIMIT, None)
+    return DEFAULT_REQUEST_LIMIT if limit is None else int(limit)
+
+
+@contextlib.contextmanager
+def in_progress(request: Request, principal: Principal) -> Iterator[None]:
+    """Count ``request`` among its user's requests in progress while it is served;
+    :class:`TooManyRequests` when that user has :func:`request_limit` in progress
+    already. Counted per user, a job's token for its owner: a user cannot escape the
+    limit by submitting jobs."""
+    state = getattr(request.scope.get("app"), "state", None)
+    if state is None:  # not served by an application: nothing to share a count with
+        yield
+        return
+    counts: dict[str, int] | None = getattr(state, _IN_PROGRESS, None)
+    if counts is None:
+        counts = {}
+        setattr(state, _IN_PROGRESS, counts)
+    # Only the event loop's thread runs this: no lock is needed around the count.
+    user, limit = principal.name, request_limit(request)
+    held = counts.get(user, 0)
+    if held >= limit:
+        raise TooManyRequests(f"user {user} has {held} requests in progress, at most {limit}")
+    counts[user] = held + 1
+    try:
+        yield
+    finally:
+        left = counts[user] - 1
+        if left:
+            counts[user] = left
+        else:
+            del counts[user]  # users come and go: keep no entry for one with none
 
 
 def check_serving(request: Request) -> None:
@@ -238,7 +308,8 @@ def endpoint(
         try:
             note_job(request.path_params.get("id"))
             principal = await authenticated(request, authenticate)
-            return await handler(request, principal)
+            with in_progress(request, principal):
+                return await handler(request, principal)
         except Exception as exc:
             error = translate(exc)
             if error is None:  # a bug: answer a problem document, never a bare 500
@@ -396,7 +467,9 @@ def exception_handlers() -> dict[Any, Callable[[Request, Exception], Awaitable[R
 
 __all__ = [
     "DEFAULT_BODY_TIMEOUT",
+    "DEFAULT_REQUEST_LIMIT",
     "REQUEST_ID",
+    "REQUEST_LIMIT_RETRY",
     "REQUEST_THREADS",
     "UNMATCHED",
     "ApiRoute",
@@ -413,10 +486,13 @@ __all__ = [
     "body_timeout",
     "endpoint",
     "exception_handlers",
+    "in_progress",
     "internal",
     "openapi_route",
     "problem",
     "read_body",
     "reply",
+    "request_limit",
     "set_body_timeout",
+    "set_request_limit",
 ]
