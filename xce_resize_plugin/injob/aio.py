@@ -12,6 +12,7 @@ Ray): the same calls as :class:`~.client.ResizeClient`, awaitable, on httpx (the
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Self, TypeVar, Unpack
@@ -121,7 +122,8 @@ class AsyncResizeClient:
             try:
                 exchange.answered(await self._send(request))
             except RemoteError as exc:
-                exchange.refused(exc)
+                if wait := exchange.refused(exc):
+                    await asyncio.sleep(wait)
         return exchange.result
 
     async def _send(self, request: Request) -> Any:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Protocol, TypeVar, Unpack
 
@@ -159,5 +160,6 @@ class ResizeClient:
                     )
                 )
             except RemoteError as exc:
-                exchange.refused(exc)
+                if wait := exchange.refused(exc):
+                    time.sleep(wait)
         return exchange.result

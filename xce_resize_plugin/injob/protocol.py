@@ -23,6 +23,12 @@ from xce_resize_plugin.rest.client import RemoteError
 
 #: A long poll never asks the controller to hold a request longer than this.
 MAX_POLL = 30.0
+#: A request refused because the job's owner has too many in progress (429
+#: ``XCE_TOO_MANY_REQUESTS``: the tasks of a large job all waiting at once) is sent
+#: again after this many seconds (the controller's ``Retry-After``), at most
+#: :data:`BUSY_RETRIES` times before the refusal is the call's answer.
+BUSY_WAIT = 1.0
+BUSY_RETRIES = 60
 
 _T = TypeVar("_T")
 
@@ -50,22 +56,36 @@ class Exchange(Generic[_T]):
         self._steps = steps
         self._answer: Any = None
         self._error: RemoteError | None = None
+        self._sent: Request | None = None
+        self._again = False
+        self._busy = 0
         self.result: _T
 
     def next_request(self) -> Request | None:
         """The next request to send, or ``None`` when the call is done."""
+        if self._again:  # the last one, refused as busy
+            self._again = False
+            return self._sent
         steps, error = self._steps, self._error
         try:
-            return steps.send(self._answer) if error is None else steps.throw(error)
+            self._sent = steps.send(self._answer) if error is None else steps.throw(error)
         except StopIteration as done:
             self.result = done.value
             return None
+        return self._sent
 
     def answered(self, answer: Any) -> None:
         self._answer, self._error = answer, None
 
-    def refused(self, error: RemoteError) -> None:
+    def refused(self, error: RemoteError) -> float:
+        """Hand back the controller's refusal; the seconds to wait before the same
+        request is sent again (0: it is not, the call sees the refusal)."""
+        if error.http_status == 429 and self._busy < BUSY_RETRIES:
+            self._busy += 1
+            self._again = True
+            return BUSY_WAIT
         self._answer, self._error = None, error
+        return 0.0
 
 
 @dataclass(frozen=True)
