@@ -34,11 +34,21 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
         check_output("--json", args.json)
     if args.plot is not None:
         check_output("--plot", args.plot)
-        from xce_resize_plugin.simulation.plot import pyplot_or_hint
+        from xce_resize_plugin.simulation.sweep_plot import check_plot_path
 
-        pyplot_or_hint()  # fail now, not after the runs, when matplotlib is missing
+        # Fail now, not after the runs, when matplotlib is missing or the format unknown.
+        check_plot_path(args.plot)
     config = load_sweep(args.config)
     cache = None if args.no_cache else CellCache(args.cache or default_cache_dir())
+    if cache is not None:
+        try:
+            cache.prepare()
+        except OSError as exc:
+            what = "--cache" if args.cache is not None else "the cache directory"
+            raise UsageError(
+                f"{what} {cache.directory}: cannot write there ({exc.strerror or exc}); "
+                "give --cache DIR or --no-cache"
+            ) from None
     began = time.monotonic()
     bars: list[CellBar] = []
 

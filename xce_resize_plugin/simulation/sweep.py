@@ -20,10 +20,12 @@ the jobs or the failures). Runs are made
 Finished runs are cached (:class:`CellCache`): a file per run named by the SHA-256 of
 its inputs — the workload's identity (a trace file's SHA-256, a synthetic spec), the
 run (rigid or elastic), every option it reads (fraction, seed, driver, speedup,
-[resize] ...), the content of the site policy files it loads, and the package version
-— holding the run's results. A run found there is not made again, so an interrupted
-sweep resumes where it stopped, and a grid that grows by a seed or a fraction makes
-only the new runs. Results are written by this process as each run finishes.
+[resize] ...), the content of the site policy files it loads, the package version and
+the hash of its code (:func:`code_hash`) — holding the run's results. A run found
+there is not made again, so an interrupted sweep resumes where it stopped, and a grid
+that grows by a seed or a fraction makes only the new runs. Results are written by
+this process as each run finishes. Local workers end with this process, however it
+ends (:func:`_exit_with_parent`).
 
 A cell's result is a JSON object: both runs' metrics (:meth:`~.metrics.RunMetrics.to_json`
 plus ``events`` and ``resize_requests``), the workload's job and malleable-job counts,
@@ -33,18 +35,24 @@ and the problems their checks found.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
+import functools
 import hashlib
 import importlib
 import json
 import multiprocessing
 import os
+import tempfile
+import threading
 from collections.abc import Callable, Iterator, Sequence
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
 import attrs
 from attrs import frozen
 
+import xce_resize_plugin
 from xce_resize_plugin import __version__
 from xce_resize_plugin.errors import ResizeError, UsageError
 from xce_resize_plugin.simulation.lublin import is_spec
@@ -65,11 +73,13 @@ __all__ = [
     "Run",
     "SweepResult",
     "cell_result",
+    "code_hash",
     "default_cache_dir",
     "run_key",
     "run_one",
     "run_options",
     "run_sweep",
+    "tree_hash",
 ]
 
 #: Part of every cache key: a change of what a cached result holds changes it.
@@ -159,15 +169,38 @@ def _policy_hashes(options: SimOptions) -> list[str]:
     return out
 
 
+@functools.cache
+def code_hash() -> str:
+    """The SHA-256 of the package's Python code: the version stays 0.1.0 while the
+    simulator changes under it, and a cached run of older code is not this code's run."""
+    return tree_hash(Path(xce_resize_plugin.__file__).parent)
+
+
+def tree_hash(root: Path) -> str:
+    """The SHA-256 of the ``*.py`` files under ``root``, with their names."""
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        data = path.read_bytes()
+        # Name and length delimit each file: no two trees hash the same bytes.
+        name = path.relative_to(root).as_posix().encode()
+        digest.update(b"%d:%s %d:" % (len(name), name, len(data)))
+        digest.update(data)
+    return digest.hexdigest()
+
+
 def run_key(cell: Cell, options: SimOptions, mode: Mode) -> str:
     """The SHA-256 of everything one run's results depend on (``options`` as
     :func:`run_options` gives them for the run)."""
+    failures = options.host_failures
     doc = {
         "format": CACHE_FORMAT,
         "package": __version__,
+        "code": code_hash(),
         "workload": cell.workload.identity,
         "run": mode,
         "options": options.to_json(),
+        # to_json() shows the failures' spec rounded to 6 digits (%g): the exact values.
+        "host_failures": None if failures is None else attrs.asdict(failures),
         "policies": _policy_hashes(options),
     }
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
@@ -189,6 +222,13 @@ class CellCache:
         except (OSError, ValueError):
             return None
         return doc if isinstance(doc, dict) and "run" in doc else None
+
+    def prepare(self) -> None:
+        """Create the directory and write a file there, or raise :class:`OSError`:
+        checked before any run, not found when the first finished run is kept."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=self.directory):
+            pass
 
     def put(self, key: str, result: RunResultDoc) -> None:
         """Write atomically: a reader sees the whole file or none."""
@@ -242,22 +282,51 @@ def _serial(runs: Sequence[Run]) -> Iterator[tuple[str, RunResultDoc]]:
         yield run.key, result
 
 
+def _exit_with_parent(lifeline: Connection) -> None:
+    """A worker's initializer: end the worker when ``lifeline``'s other end closes."""
+
+    def watch() -> None:
+        with contextlib.suppress(EOFError, OSError):
+            lifeline.recv()  # nothing is ever sent: this returns at EOF
+        os._exit(1)
+
+    threading.Thread(target=watch, name="xce-sweep-lifeline", daemon=True).start()
+
+
 def _local(workers: int) -> Runner:
     def make(runs: Sequence[Run]) -> Iterator[tuple[str, RunResultDoc]]:
         methods = multiprocessing.get_all_start_methods()
         ctx = multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
-        with cf.ProcessPoolExecutor(max_workers=min(workers, len(runs)), mp_context=ctx) as pool:
-            futures = {
-                pool.submit(run_one, run.cell.workload.source, run.options, run.mode): run
-                for run in runs
-            }
-            try:
-                for fut in cf.as_completed(futures):
-                    run = futures[fut]
-                    yield run.key, _result_of(run, fut.result)
-            finally:
-                for fut in futures:
-                    fut.cancel()
+        # Only this process holds the pipe's write end, so the workers see it close
+        # when this process ends, however it ends (SIGTERM, SIGHUP, SIGKILL: no
+        # cleanup runs), or gives up (Ctrl-C, a failed run). Else each worker finishes
+        # a run nobody reads, and then waits for work forever.
+        lifeline, keep_alive = ctx.Pipe(duplex=False)
+        done = False
+        try:
+            with cf.ProcessPoolExecutor(
+                max_workers=min(workers, len(runs)),
+                mp_context=ctx,
+                initializer=_exit_with_parent,
+                initargs=(lifeline,),
+            ) as pool:
+                futures = {
+                    pool.submit(run_one, run.cell.workload.source, run.options, run.mode): run
+                    for run in runs
+                }
+                try:
+                    for fut in cf.as_completed(futures):
+                        run = futures[fut]
+                        yield run.key, _result_of(run, fut.result)
+                    done = True
+                finally:
+                    for fut in futures:
+                        fut.cancel()
+                    if not done:  # stop the running runs now, not when they end
+                        keep_alive.close()
+        finally:
+            keep_alive.close()
+            lifeline.close()
 
     return make
 
@@ -280,7 +349,12 @@ def _dask(address: str) -> Runner:
 
     def make(runs: Sequence[Run]) -> Iterator[tuple[str, RunResultDoc]]:
         try:
+            # A malformed address fails here, not in Client(), whose half-made object
+            # then hangs for 20 s at exit and prints a traceback.
+            distributed.comm.resolve_address(address)
             client = distributed.Client(address, timeout=10, set_as_default=False)
+        except ValueError as exc:
+            raise UsageError(f"--dask {address}: not a scheduler address ({exc})") from None
         except (OSError, TimeoutError) as exc:
             raise UsageError(f"--dask {address}: cannot connect ({exc})") from None
         with client:

@@ -168,6 +168,23 @@ def _workload(path: Path, i: int, text: str, options: SimOptions) -> WorkloadRef
     return WorkloadRef(text, os.fspath(trace_path), f"trace {_file_hash(trace_path)}", len(trace))
 
 
+def _refuse_repeats(path: Path, workloads: Sequence[WorkloadRef]) -> None:
+    """Two entries that are one workload under two names (a trace's path through
+    ``..`` or a link, a spec's keys in another order) would make the same runs and
+    show them as two workloads: a repeated entry, as in the other lists. (Copies of
+    one trace under two names are allowed: the docs' tests stand one sample in for
+    several traces.)"""
+    first: dict[str, int] = {}
+    for i, w in enumerate(workloads):
+        # A spec's identity is its canonical text; a trace is its file, wherever named.
+        j = first.setdefault(w.identity if is_spec(w.source) else os.path.realpath(w.source), i)
+        if j != i:
+            raise ConfigError(
+                f"{path}: [sweep] workloads[{i}] {w.name!r} is the same workload as "
+                f"workloads[{j}] {workloads[j].name!r}"
+            )
+
+
 def _options(path: Path, data: Mapping[str, Any]) -> SimOptions:
     section = data.get("simulate", {})
     if isinstance(section, dict):
@@ -214,6 +231,7 @@ def load_sweep(config: str | os.PathLike[str]) -> SweepConfig:
             )
     texts: Sequence[str] = _list(path, section, "workloads", (str,))
     workloads = tuple(_workload(path, i, t, options) for i, t in enumerate(texts))
+    _refuse_repeats(path, workloads)
     return SweepConfig(
         path=path,
         workloads=workloads,

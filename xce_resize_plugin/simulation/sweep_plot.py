@@ -10,15 +10,32 @@ colour. Needs matplotlib (the ``plot`` extra), as ``simulate --plot``.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
+from xce_resize_plugin.errors import UsageError
 from xce_resize_plugin.simulation.plot import pyplot_or_hint
 from xce_resize_plugin.simulation.sweep import SweepResult
 from xce_resize_plugin.simulation.sweep_report import METRICS, groups
 
-__all__ = ["PLOTTED", "plot_sweep"]
+__all__ = ["PLOTTED", "check_plot_path", "plot_sweep"]
 
 #: The metrics drawn, one panel each.
 PLOTTED = ("mean_wait", "mean_bounded_slowdown", "mean_turnaround", "utilization")
+
+
+def check_plot_path(path: str | os.PathLike[str]) -> None:
+    """Refuse a name whose suffix matplotlib writes no image for, before the runs:
+    ``savefig`` would raise only after them. No suffix is a PNG."""
+    pyplot_or_hint()
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    suffix = Path(path).suffix.lstrip(".").lower()
+    known = FigureCanvasBase.get_supported_filetypes()
+    if suffix and suffix not in known:
+        raise UsageError(
+            f"--plot {path}: matplotlib writes no {suffix!r} image "
+            f"(known: {', '.join(sorted(known))})"
+        )
 
 
 def plot_sweep(result: SweepResult, path: str | os.PathLike[str]) -> None:

@@ -57,6 +57,10 @@ def mean_ci(values: Sequence[float], confidence: float = 0.95) -> Stat:
     n = len(values)
     if n == 0:
         raise ValueError("no values")
+    if all(x == values[0] for x in values):
+        # The same run for every seed (a trace's rigid run): fsum / n may round to
+        # another float than the value, and leave a tiny s > 0 as an "interval".
+        return Stat(values[0], 0.0 if n > 1 else None, tuple(values))
     mean = math.fsum(values) / n
     if n < 2:
         return Stat(mean, None, tuple(values))
