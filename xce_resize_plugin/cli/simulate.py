@@ -20,6 +20,7 @@ from xce_resize_plugin.simulation.progress import RunBars
 from xce_resize_plugin.simulation.report import format_table
 from xce_resize_plugin.simulation.simulate import (
     MODES,
+    Comparison,
     SimOptions,
     Workload,
     load_options,
@@ -34,6 +35,48 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
     """Run ``simulate`` for parsed arguments; ``out`` is stdout."""
     if args.replay is not None:
         return _replay(args, out)
+    options = _checked_options(args)
+    began = time.monotonic()
+    workload = _workload(args, options)
+    progress = RunBars(MODES, quiet=args.quiet)
+    try:
+        if args.record is not None:
+            comparison = _recorded(args, options, workload, progress)
+        else:
+            comparison = simulate(
+                workload.source,
+                options,
+                workload=workload,
+                progress=progress.update,
+                parallel=False if args.sequential else None,
+                job_rows=args.jobs_out is not None,
+            )
+    finally:
+        progress.close()
+    write_results(out, args.json, comparison.to_json(), lambda: format_table(comparison))
+    if args.plot is not None:
+        from xce_resize_plugin.simulation.plot import plot_comparison
+
+        plot_comparison(comparison, args.plot)
+    if args.jobs_out is not None:
+        _write_jobs_out(args.jobs_out, comparison)
+    r, e = comparison.rigid, comparison.elastic
+    if not args.quiet:
+        print(
+            f"simulate: {time.monotonic() - began:.1f} s (rigid run {r.seconds:.1f} s, "
+            f"{r.events / r.seconds if r.seconds else 0:,.0f} events/s; elastic run "
+            f"{e.seconds:.1f} s, {e.events / e.seconds if e.seconds else 0:,.0f} events/s)",
+            file=sys.stderr,
+        )
+    for problem in comparison.problems:
+        print(f"xce-resize: check failed: {problem}", file=sys.stderr)
+    return EXIT_PROBLEMS if comparison.problems else EXIT_OK
+
+
+def _checked_options(args: argparse.Namespace) -> SimOptions:
+    """Every check of the command line and the ``--config`` file that can be made
+    before the runs, so that a mistake stops the command now, not after them; the
+    options."""
     if args.trace is None and args.synthetic is None:
         raise UsageError("simulate needs a TRACE, --synthetic SPEC or --replay RECORDING")
     if args.trace is not None and args.synthetic is not None:
@@ -61,48 +104,13 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
         host_failures=args.host_failures,
     )
     if args.plot is not None:
-        from xce_resize_plugin.simulation.plot import pyplot_or_hint
+        from xce_resize_plugin.simulation.plot import check_plot_path
 
-        pyplot_or_hint()  # fail now, not after the runs, when matplotlib is missing
+        # matplotlib missing, or a format it cannot write: now, not after the runs.
+        check_plot_path(args.plot)
     if args.jobs_out is not None:
         _check_jobs_out(args.jobs_out)
-    began = time.monotonic()
-    workload = _workload(args, options)
-    progress = RunBars(MODES, quiet=args.quiet)
-    try:
-        if args.record is not None:
-            comparison = _recorded(args, options, workload, progress)
-        else:
-            comparison = simulate(
-                workload.source,
-                options,
-                workload=workload,
-                progress=progress.update,
-                parallel=False if args.sequential else None,
-                job_rows=args.jobs_out is not None,
-            )
-    finally:
-        progress.close()
-    write_results(out, args.json, comparison.to_json(), lambda: format_table(comparison))
-    if args.plot is not None:
-        from xce_resize_plugin.simulation.plot import plot_comparison
-
-        plot_comparison(comparison, args.plot)
-    if args.jobs_out is not None:
-        from xce_resize_plugin.simulation.jobs_csv import write_jobs_csv
-
-        write_jobs_csv(args.jobs_out, (comparison.rigid.jobs, comparison.elastic.jobs))
-    r, e = comparison.rigid, comparison.elastic
-    if not args.quiet:
-        print(
-            f"simulate: {time.monotonic() - began:.1f} s (rigid run {r.seconds:.1f} s, "
-            f"{r.events / r.seconds if r.seconds else 0:,.0f} events/s; elastic run "
-            f"{e.seconds:.1f} s, {e.events / e.seconds if e.seconds else 0:,.0f} events/s)",
-            file=sys.stderr,
-        )
-    for problem in comparison.problems:
-        print(f"xce-resize: check failed: {problem}", file=sys.stderr)
-    return EXIT_PROBLEMS if comparison.problems else EXIT_OK
+    return options
 
 
 def write_results(
@@ -124,13 +132,27 @@ def write_results(
 
 
 def check_output(option: str, path: str | Path) -> None:
-    """Refuse an output the results could not be written to (a directory, or a name in
-    a directory that does not exist), before anything runs."""
+    """Refuse an output the results could not be written to (a directory, a name in a
+    directory that does not exist, or one where the file cannot be created or
+    written: no permission, a read-only file system), before anything runs."""
     p = Path(path)
     if p.is_dir():
         raise UsageError(f"{option} {path}: is a directory")
     if not p.parent.is_dir():
         raise UsageError(f"{option} {path}: no directory {p.parent}")
+    if p.exists() and not p.is_file():
+        # A pipe or a device (/dev/stdout, a FIFO): opening it to try would hand its
+        # reader an end of file before the results come.
+        return
+    existed = p.exists()
+    try:
+        # Appending nothing leaves a file as it was; a file made only to try is removed.
+        with open(p, "ab"):
+            pass
+    except OSError as exc:
+        raise UsageError(f"{option} {path}: cannot write ({exc.strerror or exc})") from None
+    if not existed:
+        p.unlink(missing_ok=True)
 
 
 def _workload(args: argparse.Namespace, options: SimOptions) -> Workload:
@@ -156,7 +178,7 @@ def _workload(args: argparse.Namespace, options: SimOptions) -> Workload:
 
 def _recorded(args: argparse.Namespace, options: Any, workload: Any, progress: RunBars) -> Any:
     """Both runs one after the other, the elastic one recorded."""
-    from xce_resize_plugin.simulation.simulate import Comparison, run_mode
+    from xce_resize_plugin.simulation.simulate import run_mode
 
     update = progress.update
     rows = args.jobs_out is not None
@@ -174,11 +196,49 @@ def _check_jobs_out(path: Path) -> None:
     check_output("--jobs-out", path)
 
 
+def _write_jobs_out(path: Path, comparison: Comparison) -> None:
+    from xce_resize_plugin.simulation.jobs_csv import write_jobs_csv
+
+    try:
+        write_jobs_csv(path, (comparison.rigid.jobs, comparison.elastic.jobs))
+    except OSError as exc:
+        raise UsageError(f"--jobs-out {path}: cannot write ({exc.strerror or exc})") from None
+
+
+#: What ``--replay`` does not take: the recording holds the jobs, the cluster and the
+#: plugin's section, and the replay writes only its comparison (-q is accepted).
+_NOT_WITH_REPLAY = (
+    ("trace", "a TRACE"),
+    ("synthetic", "--synthetic"),
+    ("save_swf", "--save-swf"),
+    ("malleable_fraction", "--malleable-fraction"),
+    ("seed", "--seed"),
+    ("speedup", "--speedup"),
+    ("driver", "--driver"),
+    ("config", "--config"),
+    ("limit", "--limit"),
+    ("host_failures", "--host-failures"),
+    ("slots_per_host", "--slots-per-host"),
+    ("json", "--json"),
+    ("plot", "--plot"),
+    ("record", "--record"),
+    ("jobs_out", "--jobs-out"),
+)
+
+
 def _replay(args: argparse.Namespace, out: TextIO) -> int:
     from xce_resize_plugin.recording.replay import replay
 
     if args.trace is not None:
         raise UsageError("--replay takes no TRACE: the recording holds the jobs")
+    for dest, option in _NOT_WITH_REPLAY:
+        if getattr(args, dest) is not None:
+            raise UsageError(
+                f"--replay takes no {option}: the recording holds the run, "
+                "and the replay only compares"
+            )
+    if args.sequential:
+        raise UsageError("--replay takes no --sequential: a replay is one run")
     result = replay(args.replay)
     state = "identical" if result.ok else "DIFFERENT"
     out.write(

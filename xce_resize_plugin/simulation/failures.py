@@ -11,12 +11,17 @@ What a failure does is the controller's rule (``host_down``, docs/failover.md): 
 resizable job that can lose the host's tasks shrinks, any other ends ``EXIT``. The
 injector counts, per run, the jobs killed, the jobs shrunk and the slot-hours the killed
 jobs had run (work thrown away).
+
+The spec is written back (:meth:`HostFailures.spec`, ``options.host_failures`` of the
+JSON output) with every digit it was simulated with, so that :func:`parse` reads it
+back to the same values.
 """
 
 from __future__ import annotations
 
 import math
 import random
+import re
 from collections.abc import Callable, Sequence
 from functools import partial
 
@@ -30,7 +35,16 @@ __all__ = ["DEFAULT_REPAIR_HOURS", "FailureInjector", "FailureStats", "HostFailu
 
 #: Hours a failed host stays down when ``--host-failures`` gives no repair time.
 DEFAULT_REPAIR_HOURS = 1.0
-_OPTION = "--host-failures"
+#: The shortest time a spec may give, in hours: one second, the resolution of a
+#: trace's clock. Far below it a host's failure and repair add nothing to the clock
+#: (``t + gap == t``), and the run never leaves that instant.
+MIN_HOURS = 1 / 3600
+#: The longest, in hours: 10**10 s, the longest time a trace may hold
+#: (docs/simulation.md, "Traces"); far above it ``hours x 3600`` is no float.
+MAX_HOURS = 1e10 / 3600
+# A plain decimal number: float() also takes "nan", "1_000", " 5 " and other scripts'
+# digits, none of which a spec means. (A sign is let through for the message.)
+_NUMBER = re.compile(r"[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]+)?")
 
 
 @frozen
@@ -41,23 +55,35 @@ class HostFailures:
     repair_hours: float = DEFAULT_REPAIR_HOURS
 
     def spec(self) -> str:
-        return f"{self.mtbf_hours:g}:{self.repair_hours:g}"
+        """``MTBF:REPAIR`` as :func:`parse` reads it back to these exact values."""
+        return f"{_exact(self.mtbf_hours)}:{_exact(self.repair_hours)}"
+
+
+def _exact(hours: float) -> str:
+    """The shortest text that reads back as ``hours`` (``repr``), without the ``.0``
+    of a whole number: 200 stays ``200``, 2.0000004 is no longer shown as ``2``."""
+    text = repr(float(hours))
+    return text[:-2] if text.endswith(".0") else text
 
 
 def parse(text: str) -> HostFailures:
-    """``MTBF_HOURS[:REPAIR_HOURS]``; a bad spec is a :class:`ConfigError` naming the
-    option."""
+    """``MTBF_HOURS[:REPAIR_HOURS]``; a bad spec is a :class:`ConfigError` saying what
+    is wrong (the caller names where it came from: the option, or a file's key)."""
     parts = text.split(":")
     if len(parts) > 2:
-        raise ConfigError(f"{_OPTION}: expected MTBF_HOURS[:REPAIR_HOURS], got {text!r}")
+        raise ConfigError(f"expected MTBF_HOURS[:REPAIR_HOURS], got {text!r}")
     values: list[float] = []
     for name, part in zip(("MTBF_HOURS", "REPAIR_HOURS"), parts, strict=False):
-        try:
-            value = float(part)
-        except ValueError:
-            raise ConfigError(f"{_OPTION}: {name} must be a number, got {part!r}") from None
+        if not _NUMBER.fullmatch(part):
+            raise ConfigError(f"{name} must be a number, got {part!r}")
+        value = float(part)
         if not (0 < value < math.inf):
-            raise ConfigError(f"{_OPTION}: {name} must be a positive finite number, got {part!r}")
+            raise ConfigError(f"{name} must be a positive finite number, got {part!r}")
+        if not MIN_HOURS <= value <= MAX_HOURS:
+            raise ConfigError(
+                f"{name} must be between 1/3600 (one second) and {math.floor(MAX_HOURS):,} hours "
+                f"(10^10 s), got {part!r}"
+            )
         values.append(value)
     return HostFailures(*values)
 

@@ -9,19 +9,26 @@ in the legend).
 matplotlib is an optional dependency (the ``plot`` extra): without it,
 :func:`plot_comparison` raises :class:`PlotUnavailable` saying how to install it. The
 Agg backend is used, so no display is needed.
+
+The figure is written to exactly the name given, in the format its suffix names (PNG
+without one): :func:`check_plot_path` refuses, before any run, a name matplotlib
+could not write, and :func:`save_figure` writes it (``simulate --plot`` and
+``sweep --plot`` alike; docs/simulation.md).
 """
 
 from __future__ import annotations
 
+import io
 import os
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from xce_resize_plugin.errors import ConfigError
+from xce_resize_plugin.errors import ConfigError, UsageError
 
 if TYPE_CHECKING:
     from xce_resize_plugin.simulation.simulate import Comparison
 
-__all__ = ["PlotUnavailable", "plot_comparison"]
+__all__ = ["PlotUnavailable", "check_plot_path", "plot_comparison", "plot_format", "save_figure"]
 
 INSTALL_HINT = "pip install 'xce_resize_plugin[plot]' (or: pip install matplotlib)"
 COLORS = {"rigid": "#4c72b0", "elastic": "#dd8452"}
@@ -46,8 +53,51 @@ def pyplot_or_hint() -> Any:
     return plt
 
 
+def plot_format(path: str | os.PathLike[str]) -> str:
+    """The image format a name asks for: its suffix, lower case; PNG when it has none."""
+    return Path(path).suffix.lstrip(".").lower() or "png"
+
+
+def check_plot_path(path: str | os.PathLike[str]) -> None:
+    """Refuse, before the runs, a ``--plot`` name matplotlib writes no image for:
+    ``savefig`` would raise only after them. A format matplotlib knows may still need
+    what is missing here (``pgf`` runs a TeX system; ``avif`` and ``webp`` need
+    Pillow's codecs), so a tiny figure is drawn in that format first."""
+    plt = pyplot_or_hint()
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    fmt = plot_format(path)
+    known = FigureCanvasBase.get_supported_filetypes()
+    if fmt not in known:
+        raise UsageError(
+            f"--plot {path}: matplotlib writes no {fmt!r} image (known: {', '.join(sorted(known))})"
+        )
+    fig = plt.figure(figsize=(1, 1))
+    try:
+        fig.text(0.5, 0.5, "x")
+        fig.savefig(io.BytesIO(), format=fmt)
+    # Whatever a backend raises for what it lacks (RuntimeError for a missing TeX,
+    # KeyError or OSError from Pillow), the runs' figure would raise it too.
+    except Exception as exc:
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise UsageError(
+            f"--plot {path}: matplotlib cannot write a {fmt!r} image ({reason})"
+        ) from None
+    finally:
+        plt.close(fig)
+
+
+def save_figure(fig: Any, path: str | os.PathLike[str], dpi: int) -> None:
+    """Write ``fig`` to exactly ``path``: without a suffix matplotlib would add
+    ``.png`` to the name, so the format is always given."""
+    try:
+        fig.savefig(path, dpi=dpi, format=plot_format(path))
+    except OSError as exc:
+        raise UsageError(f"--plot {path}: cannot write ({exc.strerror or exc})") from None
+
+
 def plot_comparison(comparison: Comparison, path: str | os.PathLike[str]) -> None:
-    """Write the figure of ``comparison`` to ``path`` (PNG)."""
+    """Write the figure of ``comparison`` to ``path`` (:func:`save_figure`)."""
     plt = pyplot_or_hint()
     w, o = comparison.workload, comparison.options
     runs = (comparison.rigid, comparison.elastic)
@@ -116,5 +166,7 @@ def plot_comparison(comparison: Comparison, path: str | os.PathLike[str]) -> Non
     bottom.legend(loc="lower right")
     bottom.set_title("Wait-time distribution")
 
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    try:
+        save_figure(fig, path, dpi=110)
+    finally:
+        plt.close(fig)

@@ -265,42 +265,74 @@ def read_toml(path: Path) -> dict[str, Any]:
 
 def options_from_tables(path: Path | None, data: Mapping[str, Any], **overrides: Any) -> SimOptions:
     """Options from the ``[simulate]`` and ``[resize]`` tables of the file ``path``
-    (``None``: no file), then ``overrides``, as :func:`load_options`."""
+    (``None``: no file), then ``overrides``, as :func:`load_options`. A bad value is a
+    :class:`ConfigError` naming where it came from: ``FILE: [simulate] KEY`` or the
+    command-line option (``--KEY``)."""
     values: dict[str, Any] = {}
     resize: dict[str, Any] = {}
     base_dir: Path | None = None
     if path is not None:
-        section = data.get("simulate", {})
-        if not isinstance(section, dict):
-            raise ConfigError(f"{path}: [simulate] must be a table")
-        for key, value in section.items():
-            kinds = CONFIG_KEYS.get(key)
-            if kinds is None:
-                raise ConfigError(
-                    f"{path}: [simulate] unknown key {key!r} (known: {', '.join(CONFIG_KEYS)})"
-                )
-            if (isinstance(value, bool) and bool not in kinds) or not isinstance(value, kinds):
-                names = " or ".join(k.__name__ for k in kinds)
-                raise ConfigError(f"{path}: [simulate] {key} must be {names}, not {value!r}")
-            values[key] = value
+        # The file's values are checked even where an option overrides them: a
+        # mistake in the file would otherwise wait for the run that does not override.
+        table = _simulate_table(path, data)
+        values = {k: _checked(f"{path}: [simulate] {k}", k, v) for k, v in table.items()}
         resize = data.get("resize", {})
         if not isinstance(resize, dict):
             raise ConfigError(f"{path}: [resize] must be a table")
         base_dir = path.resolve().parent
-    values.update({k: v for k, v in overrides.items() if v is not None})
-    speedup = values.pop("speedup", None)
-    if isinstance(speedup, str):
-        values["speedup"] = parse_speedup(speedup)
-    elif speedup is not None:
-        values["speedup"] = speedup
-    if "malleable_fraction" in values:
-        values["malleable_fraction"] = float(values["malleable_fraction"])
-    if isinstance(values.get("host_failures"), str):
-        values["host_failures"] = failures_mod.parse(values["host_failures"])
+    for key, value in overrides.items():
+        if value is not None:
+            values[key] = _checked("--" + key.replace("_", "-"), key, value)
     if path is not None:
-        # The [resize] section goes through the plugin's own checks when it starts.
-        config_mod.check(_sim_resize(resize))
+        _check_resize(path, resize, base_dir)
     return SimOptions(resize=resize, base_dir=base_dir, **values)
+
+
+def _simulate_table(path: Path, data: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``[simulate]`` table of ``path``: known keys, of the right types."""
+    section = data.get("simulate", {})
+    if not isinstance(section, dict):
+        raise ConfigError(f"{path}: [simulate] must be a table")
+    for key, value in section.items():
+        kinds = CONFIG_KEYS.get(key)
+        if kinds is None:
+            raise ConfigError(
+                f"{path}: [simulate] unknown key {key!r} (known: {', '.join(CONFIG_KEYS)})"
+            )
+        if (isinstance(value, bool) and bool not in kinds) or not isinstance(value, kinds):
+            names = " or ".join(k.__name__ for k in kinds)
+            raise ConfigError(f"{path}: [simulate] {key} must be {names}, not {value!r}")
+    return dict(section)
+
+
+def _checked(where: str, key: str, value: Any) -> Any:
+    """``value`` of option ``key`` as :class:`SimOptions` takes it (a spec parsed from
+    its text), checked on its own so that an error names ``where`` it came from: the
+    file and key, or the option (the options' checks have no rule across keys)."""
+    try:
+        if key == "speedup" and isinstance(value, str):
+            value = parse_speedup(value)
+        elif key == "host_failures" and isinstance(value, str):
+            value = failures_mod.parse(value)
+        elif key == "malleable_fraction" and not isinstance(value, bool):
+            value = float(value)
+        SimOptions(**{key: value})
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc.detail or exc.message}") from None
+    return value
+
+
+def _check_resize(path: Path, resize: Mapping[str, Any], base_dir: Path | None) -> None:
+    """The ``[resize]`` section through the plugin's own checks, and its site policy
+    files loaded once, now: each run loads them again as it starts (in a worker process
+    for parallel runs and sweeps), where a missing or broken file would only show as
+    a failed run."""
+    config = _sim_resize(resize)
+    try:
+        config_mod.check(config)
+        get_plugin_manager(config, base_dir=base_dir, entry_points=False)
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc.detail or exc.message}") from None
 
 
 @frozen

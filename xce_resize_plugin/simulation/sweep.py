@@ -199,7 +199,7 @@ def run_key(cell: Cell, options: SimOptions, mode: Mode) -> str:
         "workload": cell.workload.identity,
         "run": mode,
         "options": options.to_json(),
-        # to_json() shows the failures' spec rounded to 6 digits (%g): the exact values.
+        # The exact values, whatever the text of the spec in to_json() shows.
         "host_failures": None if failures is None else attrs.asdict(failures),
         "policies": _policy_hashes(options),
     }

@@ -10,10 +10,9 @@ colour. Needs matplotlib (the ``plot`` extra), as ``simulate --plot``.
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
-from xce_resize_plugin.errors import UsageError
-from xce_resize_plugin.simulation.plot import pyplot_or_hint
+# check_plot_path is simulate's as well (its home is .plot); cli/sweep.py imports it here.
+from xce_resize_plugin.simulation.plot import check_plot_path, pyplot_or_hint, save_figure
 from xce_resize_plugin.simulation.sweep import SweepResult
 from xce_resize_plugin.simulation.sweep_report import METRICS, groups
 
@@ -23,23 +22,8 @@ __all__ = ["PLOTTED", "check_plot_path", "plot_sweep"]
 PLOTTED = ("mean_wait", "mean_bounded_slowdown", "mean_turnaround", "utilization")
 
 
-def check_plot_path(path: str | os.PathLike[str]) -> None:
-    """Refuse a name whose suffix matplotlib writes no image for, before the runs:
-    ``savefig`` would raise only after them. No suffix is a PNG."""
-    pyplot_or_hint()
-    from matplotlib.backend_bases import FigureCanvasBase
-
-    suffix = Path(path).suffix.lstrip(".").lower()
-    known = FigureCanvasBase.get_supported_filetypes()
-    if suffix and suffix not in known:
-        raise UsageError(
-            f"--plot {path}: matplotlib writes no {suffix!r} image "
-            f"(known: {', '.join(sorted(known))})"
-        )
-
-
 def plot_sweep(result: SweepResult, path: str | os.PathLike[str]) -> None:
-    """Write the figure of a sweep to ``path`` (PNG)."""
+    """Write the figure of a sweep to ``path`` (:func:`~.plot.save_figure`)."""
     plt = pyplot_or_hint()
     rows = groups(result)
     fig, axes = plt.subplots(2, 2, figsize=(12, 8), constrained_layout=True)
@@ -67,5 +51,7 @@ def plot_sweep(result: SweepResult, path: str | os.PathLike[str]) -> None:
         ax.set_xlabel("malleable fraction")
         ax.grid(True, alpha=0.3)
     axes.flat[0].legend(fontsize=8)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    try:
+        save_figure(fig, path, dpi=100)
+    finally:
+        plt.close(fig)

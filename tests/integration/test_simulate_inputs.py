@@ -1,0 +1,256 @@
+"""``xce-resize simulate`` (and ``sweep``) input errors: each is one line naming the
+option, or the file and the key, exit 2, and found before any run (docs/simulation.md).
+
+A fixture replaces the runs with a function that fails the test, so an error that
+shows only after them (or a run that should not have started) is a failure here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from xce_resize_plugin.cli import simulate as cli_simulate
+from xce_resize_plugin.cli.main import main
+from xce_resize_plugin.simulation import simulate as simulate_mod
+from xce_resize_plugin.simulation import sweep as sweep_mod
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+KTH = DATA / "KTH-SP2-1996-2.1-cln-first200.swf.gz"
+PNG = b"\x89PNG\r\n\x1a\n"
+linux_proc = pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="writes under /proc")
+
+
+@pytest.fixture
+def no_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(*args: object, **kwargs: object) -> object:
+        raise AssertionError("a run was made")
+
+    monkeypatch.setattr(cli_simulate, "simulate", refuse)
+    monkeypatch.setattr(simulate_mod, "run_mode", refuse)
+    monkeypatch.setattr(sweep_mod, "run_one", refuse)
+
+
+def refused(capsys: pytest.CaptureFixture[str], *argv: str | Path) -> str:
+    """Run the command, which must stop with exit 2 and one line on stderr: the line."""
+    assert main([str(a) for a in argv]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    lines = captured.err.splitlines()
+    assert len(lines) == 1, captured.err
+    return lines[0]
+
+
+def _sim(*args: str | Path) -> list[str | Path]:
+    return ["simulate", KTH, "--limit", "20", "--sequential", "-q", *args]
+
+
+def _sweep_file(tmp_path: Path, simulate_table: str) -> Path:
+    path = tmp_path / "sweep.toml"
+    path.write_text(
+        f"[sweep]\nworkloads = ['{KTH}']\nmalleable_fractions = [0.5]\n"
+        f"[simulate]\nlimit = 20\n{simulate_table}\n",
+        encoding="utf-8",
+    )
+    return path
+
+
+# -- --plot ------------------------------------------------------------------------------
+
+
+@pytest.mark.usefixtures("no_runs")
+def test_a_plot_format_matplotlib_lacks_is_refused_before_the_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "out.xyz"
+    line = refused(capsys, *_sim("--plot", out, "--json", tmp_path / "r.json"))
+    assert line.startswith(f"xce-resize: Usage error: --plot {out}: matplotlib writes no 'xyz'")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.usefixtures("no_runs")
+@pytest.mark.skipif(shutil.which("xelatex") is not None, reason="xelatex can write .pgf")
+def test_a_plot_format_matplotlib_cannot_write_here_is_refused_before_the_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "out.pgf"
+    line = refused(capsys, *_sim("--plot", out))
+    assert f"--plot {out}: matplotlib cannot write a 'pgf' image (" in line
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_plot_name_without_a_suffix_is_written_as_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """matplotlib adds ``.png`` to a name without a suffix: the user's ``out`` would not
+    exist afterwards. Both commands write exactly the name given, as a PNG."""
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "out"
+    assert main([str(a) for a in _sim("--plot", out)]) == 0
+    config = _sweep_file(tmp_path, "")
+    swept = tmp_path / "swept"
+    argv = ["sweep", str(config), "--workers", "1", "--no-cache", "-q", "--plot", str(swept)]
+    assert main(argv) == 0
+    capsys.readouterr()
+    assert out.read_bytes()[:8] == PNG and swept.read_bytes()[:8] == PNG
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "sweep.toml", "swept"]
+
+
+# -- every other option --------------------------------------------------------------------
+
+
+@pytest.mark.usefixtures("no_runs")
+@pytest.mark.parametrize(
+    ("option", "value", "message"),
+    [
+        ("--slots-per-host", "0", "slots per host must be a positive integer, not 0"),
+        ("--limit", "-1", "limit must be a non-negative integer, not -1"),
+        ("--malleable-fraction", "nan", "malleable fraction must be between 0 and 1"),
+        ("--malleable-fraction", "1e309", "malleable fraction must be between 0 and 1"),
+        ("--driver", "ñ", "unknown driver 'ñ'"),
+        ("--speedup", "amdahl:2", "serial fraction must be between 0 and 1"),
+        ("--speedup", "gust", "unknown speedup model 'gust'"),
+        ("--speedup", "amdahl:cost=inf", "speedup option 'cost' must be finite"),
+        # A ZeroDivisionError in the runs: hours x 3600 is no float.
+        ("--host-failures", "1e305", "MTBF_HOURS must be between 1/3600"),
+        # Failures and repairs that do not advance the clock: the run never ended.
+        ("--host-failures", "1:1e-300", "REPAIR_HOURS must be between 1/3600"),
+        ("--host-failures", "\uff11", "MTBF_HOURS must be a number, got '\uff11'"),  # fullwidth 1
+        ("--host-failures", "nan", "MTBF_HOURS must be a number, got 'nan'"),
+        ("--host-failures", "0", "MTBF_HOURS must be a positive finite number"),
+    ],
+)
+def test_a_bad_option_value_names_the_option(
+    option: str, value: str, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    line = refused(capsys, *_sim(option, value))
+    assert line.startswith(f"xce-resize: Configuration error: {option}: {message}"), line
+
+
+@linux_proc
+@pytest.mark.usefixtures("no_runs")
+@pytest.mark.parametrize(
+    ("option", "name"),
+    [
+        ("--json", "out.json"),
+        ("--plot", "out.png"),
+        ("--record", "rec.jsonl"),
+        ("--jobs-out", "jobs.csv"),
+        ("--save-swf", "jobs.swf"),
+    ],
+)
+def test_an_output_that_cannot_be_created_is_refused_before_the_runs(
+    option: str, name: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """/proc is a directory in which no file can be made, even by root (for whom a
+    read-only directory's mode is no obstacle): the write failed after the runs."""
+    if option == "--plot":
+        pytest.importorskip("matplotlib")
+    target = f"/proc/xce-resize-test-{name}"
+    argv: list[str | Path] = _sim(option, target)
+    if option == "--save-swf":
+        argv = ["simulate", "--synthetic", "lublin:jobs=10,procs=8", option, target]
+    line = refused(capsys, *argv)
+    assert line.startswith(f"xce-resize: Usage error: {option} {target}: cannot write ("), line
+
+
+def test_a_fifo_output_is_not_tried_before_the_runs(tmp_path: Path) -> None:
+    """Trying a FIFO by opening it would give its reader an end of file before the
+    results, and the real write would then wait for a reader forever."""
+    fifo = tmp_path / "results"
+    os.mkfifo(fifo)
+    got: list[bytes] = []
+
+    def read() -> None:
+        with open(fifo, "rb") as fh:
+            got.append(fh.read())
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    argv = [sys.executable, "-m", "xce_resize_plugin", *map(str, _sim("--json", fifo))]
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    finally:
+        if reader.is_alive():  # unblock a reader that still waits for a writer
+            with open(fifo, "wb"):
+                pass
+    reader.join(5)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(got[0])["options"]["limit"] == 20
+
+
+@pytest.mark.usefixtures("no_runs")
+@pytest.mark.parametrize(
+    "extra",
+    [["--json", "out.json"], ["--limit", "5"], ["--host-failures", "5"], ["--sequential"]],
+)
+def test_replay_refuses_the_options_it_would_ignore(
+    extra: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    line = refused(capsys, "simulate", "--replay", "run.jsonl", *extra)
+    assert line.startswith(f"xce-resize: Usage error: --replay takes no {extra[0]}"), line
+
+
+# -- the configuration file and the sweep file ----------------------------------------------
+
+
+@pytest.mark.usefixtures("no_runs")
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ('host_failures = "soon"', "[simulate] host_failures: MTBF_HOURS must be a number"),
+        ('host_failures = "1e305"', "[simulate] host_failures: MTBF_HOURS must be between"),
+        ('speedup = "gust"', "[simulate] speedup: unknown speedup model 'gust'"),
+        ('speedup = "amdahl:x"', "[simulate] speedup: speedup option 's' is not a number"),
+        ("slots_per_host = 0", "[simulate] slots_per_host: slots per host must be"),
+        ("malleable_fraction = 2", "[simulate] malleable_fraction: malleable fraction must"),
+        ('driver = "fast"', "[simulate] driver: unknown driver 'fast'"),
+        ("grow_cooldown = -1", "[simulate] grow_cooldown: grow_cooldown must be"),
+        ("max_factor = inf", "[simulate] max_factor: max factor must be"),
+        # Checked although --limit 20 overrides it.
+        ("limit = -1", "[simulate] limit: limit must be a non-negative integer"),
+        ("[resize]\nbogus = 1", "[resize]: unknown key 'bogus'"),
+        ('[resize]\npolicy_files = ["nope.py"]', "policy file "),
+    ],
+)
+def test_a_bad_config_value_names_the_file_and_the_key(
+    tmp_path: Path, line: str, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "sim.toml"
+    table = "" if line.startswith("[") else "[simulate]\n"
+    config.write_text(f"{table}{line}\n", encoding="utf-8")
+    got = refused(capsys, *_sim("--config", config))
+    assert got.startswith(f"xce-resize: Configuration error: {config}: {message}"), got
+
+
+@pytest.mark.usefixtures("no_runs")
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ('host_failures = "soon"', "[simulate] host_failures: MTBF_HOURS must be a number"),
+        ('speedup = "gust"', "[simulate] speedup: unknown speedup model 'gust'"),
+        ("slots_per_host = 0", "[simulate] slots_per_host: slots per host must be"),
+    ],
+)
+def test_a_bad_sweep_simulate_value_names_the_file_and_the_key(
+    tmp_path: Path, line: str, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = _sweep_file(tmp_path, line)
+    got = refused(capsys, "sweep", config, "--no-cache", "--workers", "1")
+    assert got.startswith(f"xce-resize: Configuration error: {config}: {message}"), got
+    assert "--host-failures" not in got
+
+
+def test_the_json_shows_the_host_failures_simulated(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([str(a) for a in _sim("--host-failures", "2.0000004", "--json", "-")]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["options"]["host_failures"] == "2.0000004:1"
