@@ -112,10 +112,10 @@ def test_a_plot_name_without_a_suffix_is_written_as_named(
 @pytest.mark.parametrize(
     ("option", "value", "message"),
     [
+        # (A number that is no plain decimal, -1, nan, 1e309, is argparse's usage error:
+        # tests/unit/test_decimal_text.py.)
         ("--slots-per-host", "0", "slots per host must be a positive integer, not 0"),
-        ("--limit", "-1", "limit must be a non-negative integer, not -1"),
-        ("--malleable-fraction", "nan", "malleable fraction must be between 0 and 1"),
-        ("--malleable-fraction", "1e309", "malleable fraction must be between 0 and 1"),
+        ("--malleable-fraction", "1.5", "malleable fraction must be between 0 and 1"),
         ("--driver", "ñ", "unknown driver 'ñ'"),
         ("--speedup", "amdahl:2", "serial fraction must be between 0 and 1"),
         ("--speedup", "gust", "unknown speedup model 'gust'"),

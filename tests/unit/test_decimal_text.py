@@ -4,6 +4,7 @@ traceback."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ from hypothesis import strategies as st
 
 from xce_resize_plugin.cli.jobs import parse_tasks
 from xce_resize_plugin.controllers.jobs import job_id_key
-from xce_resize_plugin.core.decimal_text import read_decimal
+from xce_resize_plugin.core.decimal_text import read_decimal, read_number
 from xce_resize_plugin.errors import ConfigError, UsageError
 from xce_resize_plugin.scenarios.files import load as load_scenario
 
@@ -52,3 +53,46 @@ def test_odd_digits_are_the_readers_own_errors(text: str, tmp_path: Path) -> Non
         encoding="utf-8",
     )
     load_scenario(scenario)  # an id like any other, not a number
+
+
+@given(st.text(max_size=30))
+def test_read_number_reads_plain_finite_decimals_only_and_never_raises(text: str) -> None:
+    value = read_number(text)
+    if value is not None:
+        assert text.isascii() and value == float(text) and math.isfinite(value)
+        assert "_" not in text and text.strip() == text
+
+
+@given(st.floats(allow_nan=False, allow_infinity=False))
+def test_read_number_reads_every_finite_float_as_python_writes_it(x: float) -> None:
+    assert read_number(repr(x)) == x
+
+
+@pytest.mark.parametrize("text", ["nan", "inf", "-inf", "1e999", "1_0", " 5", "\uff13", "0x10"])
+def test_read_number_refuses_what_float_takes_but_no_one_means(text: str) -> None:
+    assert read_number(text) is None
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["simulate", "t.swf", "--limit", "\uff13"], "argument --limit: not a whole number"),
+        (["simulate", "t.swf", "--seed", "1_0"], "argument --seed: not a whole number"),
+        (["simulate", "t.swf", "--malleable-fraction", "nan"], "not a finite decimal number"),
+        (["simulate", "t.swf", "--malleable-fraction", "1e309"], "not a finite decimal number"),
+        (["simulate", "t.swf", "--limit", "-1"], "argument --limit: not a whole number"),
+        (["journal", "compact", "d", "--keep-days", "inf"], "--keep-days: not a finite decimal"),
+        (["submit", "--grace", "\u0661", "--", "true"], "--grace: not a finite decimal number"),
+        (["target", "7", "\u00b2"], "argument N: not a whole number"),
+    ],
+)
+def test_command_line_numbers_are_ascii_decimals(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """argparse's int and float took other scripts' digits, underscores and nan."""
+    from xce_resize_plugin.cli.main import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2
+    assert message in capsys.readouterr().err

@@ -12,6 +12,7 @@ import json
 from collections.abc import Callable, Mapping
 from typing import Any, TextIO
 
+from xce_resize_plugin.cli.argtypes import count, number
 from xce_resize_plugin.core.decimal_text import read_decimal
 from xce_resize_plugin.errors import UsageError
 from xce_resize_plugin.rest.client import Client
@@ -54,7 +55,7 @@ def _add_submit(sub: Any) -> None:
     )
     # -ar is LSF's bsub -ar (autoresizable), never a short form of --resizable.
     submit.add_argument("-n", dest="tasks", default="1", help="tasks: N or MIN,MAX")
-    submit.add_argument("--ptile", type=int, help="at most this many tasks per host")
+    submit.add_argument("--ptile", type=count, help="at most this many tasks per host")
     submit.add_argument("--resizable", action="store_true", help="the job may be grown and shrunk")
     submit.add_argument(
         "--autoresize",
@@ -68,7 +69,7 @@ def _add_submit(sub: Any) -> None:
         "--grow-hosts", choices=["prefer-existing", "new-only", "any"], help="where grows go"
     )
     submit.add_argument(
-        "--estimate", type=float, metavar="S", help="runtime estimate in seconds (backfilling)"
+        "--estimate", type=number, metavar="S", help="runtime estimate in seconds (backfilling)"
     )
     submit.add_argument(
         "--env",
@@ -88,7 +89,7 @@ def _add_submit(sub: Any) -> None:
     )
     submit.add_argument(
         "--initial",
-        type=int,
+        type=count,
         metavar="N",
         help="start with at most N tasks even when more are free (a resizable job that "
         "starts small and grows itself)",
@@ -100,7 +101,7 @@ def _add_submit(sub: Any) -> None:
         "stops being charged (needs --resizable)",
     )
     grace_help = "drain time: released tasks run S s more before they stop (max_stop_grace)"
-    submit.add_argument("--grace", type=float, metavar="S", help=grace_help)
+    submit.add_argument("--grace", type=number, metavar="S", help=grace_help)
     submit.add_argument("--json", action="store_true")
     submit.add_argument("argv", nargs=argparse.REMAINDER, help="-- COMMAND ARGS...")
 

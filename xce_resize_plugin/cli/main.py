@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from xce_resize_plugin import __version__
+from xce_resize_plugin.cli.argtypes import count, number
 from xce_resize_plugin.errors import ResizeError, Unreachable
 
 EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE, EXIT_REJECTED = 0, 1, 2, 255
@@ -88,14 +89,14 @@ def _parser() -> argparse.ArgumentParser:
         "compact", help="archive and drop finished jobs' history (controller stopped)"
     )
     compact.add_argument("dir", type=Path)
-    compact.add_argument("--keep-days", type=float, required=True)
+    compact.add_argument("--keep-days", type=number, required=True)
     compact.add_argument(
         "--archive",
         type=Path,
         help="JSON-lines file the dropped facts are appended to before they are deleted "
         "(default: DIR/compacted-<time>.jsonl)",
     )
-    compact.add_argument("--now", type=float, help="the current time (default: the clock)")
+    compact.add_argument("--now", type=number, help="the current time (default: the clock)")
 
     _controller_parser(sub)
     _worker_parser(sub)
@@ -179,11 +180,11 @@ def _simulate_parser(sub: Any) -> None:
     )
     sim.add_argument(
         "--malleable-fraction",
-        type=float,
+        type=number,
         metavar="F",
         help="share of jobs made malleable (0..1, default 0.2)",
     )
-    sim.add_argument("--seed", type=int, metavar="N", help="seed of the malleable choice (0)")
+    sim.add_argument("--seed", type=count, metavar="N", help="seed of the malleable choice (0)")
     sim.add_argument(
         "--speedup",
         metavar="MODEL",
@@ -196,14 +197,14 @@ def _simulate_parser(sub: Any) -> None:
         help="who asks for resizes: grow-shrink (default), grow-when-idle, shrink-for-queue, none",
     )
     sim.add_argument("--config", type=Path, metavar="FILE", help="TOML: [simulate], [resize]")
-    sim.add_argument("--limit", type=int, metavar="N", help="only the first N jobs")
+    sim.add_argument("--limit", type=count, metavar="N", help="only the first N jobs")
     sim.add_argument(
         "--host-failures",
         metavar="MTBF_HOURS[:REPAIR_HOURS]",
         help="inject seeded host failures in both runs: each host fails after an exponential "
         "time of mean MTBF_HOURS and is back REPAIR_HOURS later (default 1)",
     )
-    sim.add_argument("--slots-per-host", type=int, metavar="N", help="slots per host (1)")
+    sim.add_argument("--slots-per-host", type=count, metavar="N", help="slots per host (1)")
     sim.add_argument("--json", metavar="OUT", help="write the results as JSON to OUT (- stdout)")
     sim.add_argument("--plot", type=Path, metavar="OUT.png", help="write a PNG (needs matplotlib)")
     sim.add_argument("--record", type=Path, metavar="OUT", help="record the elastic run's inputs")
@@ -242,7 +243,7 @@ def _sweep_parser(sub: Any) -> None:
     )
     sw.add_argument("config", type=Path, help="the sweep file ([sweep], [simulate], [resize])")
     sw.add_argument(
-        "--workers", type=int, metavar="N", help="local worker processes (default: all cores)"
+        "--workers", type=count, metavar="N", help="local worker processes (default: all cores)"
     )
     sw.add_argument(
         "--dask",

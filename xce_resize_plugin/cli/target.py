@@ -13,6 +13,7 @@ import json
 import urllib.parse
 from typing import Any, TextIO
 
+from xce_resize_plugin.cli.argtypes import count
 from xce_resize_plugin.cli.jobs import resize_summary
 from xce_resize_plugin.errors import UsageError
 from xce_resize_plugin.rest.client import Client
@@ -29,7 +30,7 @@ def add_parsers(sub: Any) -> None:
         description="xce-resize target JOB N [--prefer IDS] | xce-resize target JOB --clear",
     )
     target.add_argument("job")
-    target.add_argument("tasks", nargs="?", type=int, metavar="N")
+    target.add_argument("tasks", nargs="?", type=count, metavar="N")
     target.add_argument(
         "--prefer",
         metavar="IDS",
@@ -57,7 +58,7 @@ def add_parsers(sub: Any) -> None:
     release.add_argument("job")
     form = release.add_mutually_exclusive_group(required=True)
     form.add_argument("--task-ids", metavar="IDS", help="comma-separated task ids")
-    form.add_argument("--count", type=int, metavar="N", help="N tasks the site policy picks")
+    form.add_argument("--count", type=count, metavar="N", help="N tasks the site policy picks")
     form.add_argument("--spec", help="an LSF release specification, e.g. 'all ~hostA'")
     _common(release)
 
@@ -65,7 +66,7 @@ def add_parsers(sub: Any) -> None:
 def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--if-version",
-        type=int,
+        type=count,
         metavar="V",
         help="refuse (XCE_RESIZE_VERSION_CHANGED) unless the allocation is at version V",
     )

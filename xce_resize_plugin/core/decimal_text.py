@@ -10,14 +10,29 @@ with a ``ValueError`` from ``int()``.
 
 from __future__ import annotations
 
+import math
 import re
 
-__all__ = ["read_decimal"]
+__all__ = ["read_decimal", "read_number"]
 
 _DECIMAL = re.compile(r"[0-9]{1,19}")
+# A plain decimal number: float() also takes "nan", "inf", "1_000", " 5 " and other
+# scripts' digits, none of which a user writing a number means.
+_NUMBER = re.compile(r"[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]{1,4})?")
+#: Longer text is no number a user writes (and float() of it would cost for nothing).
+_NUMBER_CHARS = 64
 
 
 def read_decimal(text: str) -> int | None:
     """``text`` as a non-negative integer when it is 1 to 19 ASCII digits, else ``None``
     (the caller says what is wrong, in its own words)."""
     return int(text) if _DECIMAL.fullmatch(text) else None
+
+
+def read_number(text: str) -> float | None:
+    """``text`` as a finite float when it is a plain ASCII decimal number (optional
+    sign, fraction and exponent), else ``None``: ``1e999`` too, which is no float."""
+    if len(text) > _NUMBER_CHARS or not _NUMBER.fullmatch(text):
+        return None
+    value = float(text)
+    return value if math.isfinite(value) else None
