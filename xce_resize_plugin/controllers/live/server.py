@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 from attrs import evolve
 
 from xce_resize_plugin import __version__
+from xce_resize_plugin.controllers.live import fd_limits
 from xce_resize_plugin.controllers.live.live_controller import LiveController
 from xce_resize_plugin.controllers.live.settings import LiveConfig, parse_listen
 from xce_resize_plugin.controllers.violations import EmbeddedError
@@ -87,6 +88,7 @@ def build_app(ctl: LiveController, metrics: ControllerMetrics | None = None) -> 
         exception_handlers,
         openapi_route,
         set_body_timeout,
+        set_request_limit,
     )
 
     served = [*host_routes(ctl), *plugin_routes(ctl)]
@@ -102,6 +104,7 @@ def build_app(ctl: LiveController, metrics: ControllerMetrics | None = None) -> 
         middleware=[Middleware(RequestContext, observe=observe), Middleware(RequestThreads)],
     )
     set_body_timeout(app, ctl.cfg.body_timeout)
+    set_request_limit(app, ctl.cfg.request_limit)
     return app
 
 
@@ -145,9 +148,10 @@ def run(
     cfg = _settings(config_path, listen=listen, state_dir=state_dir, record=record)
     # Bind first: a controller started twice by mistake on one address must fail
     # before it opens the state directory (opening it would fence the running one).
-    sock = _bind(cfg)
-    if sock is None:
+    listening = _listen(cfg)
+    if listening is None:
         return EXIT_USAGE
+    sock, limits = listening
     # With port 0 the system chose the port: tasks (XCE_CONTROLLER_URL), the start-up
     # line and the ready file must name the one that serves.
     cfg = evolve(cfg, listen_port=sock.getsockname()[1])
@@ -160,7 +164,7 @@ def run(
         app = _open(ctl, sock, attach)
     except (EmbeddedError, JournalError) as exc:
         return _refuse_state(exc)  # _open closed the controller and the socket
-    server = None if app is None else _server(app, cfg, own_log_config=log_format == "text")
+    server = None if app is None else _server(app, cfg, limits, own_log_config=log_format == "text")
     if server is not None:
         ctl.on_fenced = functools.partial(_stop_fenced, server)
     # Fenced at any moment until now (an agent refused this controller's epoch while it
@@ -270,9 +274,31 @@ def _settings(
     return cfg
 
 
+def _listen(cfg: LiveConfig) -> tuple[socket.socket, fd_limits.ConnectionLimits] | None:
+    """The listening socket and what its connections may take of the descriptors;
+    ``None`` (after saying why) when the address is taken.
+
+    The descriptor limit is raised first, so that the agents this controller starts
+    (and their tasks) inherit it and the state is opened under it."""
+    limits = fd_limits.connection_limits(fd_limits.raise_nofile(), len(cfg.hosts))
+    sock = _bind(cfg)
+    if sock is None:
+        return None
+    fd_limits.guard(sock, limits)
+    log.info(
+        "at most %d connections in progress (open files: %d, of which %d kept for the "
+        "controller); each user at most %d requests",
+        limits.concurrency,
+        limits.nofile,
+        limits.reserve,
+        cfg.request_limit,
+    )
+    return sock, limits
+
+
 def _bind(cfg: LiveConfig) -> socket.socket | None:
     """The listening socket; ``None`` (after saying why) when the address is taken."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock: socket.socket = fd_limits.listener()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((cfg.listen_host, cfg.listen_port))
@@ -288,10 +314,15 @@ def _bind(cfg: LiveConfig) -> socket.socket | None:
     return sock
 
 
-def _server(app: Starlette, cfg: LiveConfig, own_log_config: bool = True) -> uvicorn.Server:
-    """The HTTP server, with the request deadlines of ``cfg``. Without
-    ``own_log_config`` uvicorn's loggers go to the controller's handler (JSON lines stay
-    JSON) rather than to uvicorn's own."""
+def _server(
+    app: Starlette,
+    cfg: LiveConfig,
+    limits: fd_limits.ConnectionLimits,
+    own_log_config: bool = True,
+) -> uvicorn.Server:
+    """The HTTP server, with the request deadlines of ``cfg`` and the connection limit
+    of ``limits``. Without ``own_log_config`` uvicorn's loggers go to the controller's
+    handler (JSON lines stay JSON) rather than to uvicorn's own."""
     import uvicorn
 
     from xce_resize_plugin.rest.header_deadline import header_deadline
@@ -306,9 +337,11 @@ def _server(app: Starlette, cfg: LiveConfig, own_log_config: bool = True) -> uvi
             access_log=False,
             lifespan="off",
             timeout_graceful_shutdown=2,
+            **fd_limits.uvicorn_options(limits),
             **options,
         )
     )
+    fd_limits.quiet_refusals()
     # Once the server is asked to stop (a signal, or fenced), the long polls answer 503
     # (XCE_CONTROLLER_STOPPING) at their next look, within the graceful shutdown, rather
     # than being cut off at its end: a plain 500, which a framework takes for a refusal.

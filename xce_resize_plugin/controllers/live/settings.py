@@ -16,6 +16,7 @@
     # verify_journal = true     check every record's CRC of the plugin's journal at start
     # single_user = false       true: a personal controller, every job runs as its user
     # metrics_token = "sha256:<hex digest>"   may read GET /metrics (and nothing else)
+    # request_limit = 256       requests one user may have in progress at once
 
     [cluster]
     hosts = { hostA = 4, hostB = 4 }
@@ -66,6 +67,7 @@ CONTROLLER_KEYS = {
     "verify_journal",
     "single_user",
     "metrics_token",
+    "request_limit",
 }
 DEFAULT_LISTEN = "127.0.0.1:6820"
 #: Longest request deadline accepted (seconds): a longer one protects nothing.
@@ -74,6 +76,13 @@ MAX_REQUEST_TIMEOUT = 3600.0
 SHA256 = "sha256:"
 #: Who the ``metrics_token`` stands for (in log lines): it may read ``/metrics`` only.
 SCRAPER = "metrics-token"
+#: Requests one user may have in progress at once, unless ``request_limit`` says
+#: otherwise: the REST layer's own default (``rest.http.DEFAULT_REQUEST_LIMIT``, not
+#: imported: this module does not load Starlette; a unit test keeps the two equal).
+DEFAULT_REQUEST_LIMIT = 256
+#: The largest ``request_limit``: more requests than a server raises its descriptor
+#: limit to (``fd_limits.MAX_NOFILE``) could never be in progress at once.
+MAX_REQUEST_LIMIT = 65536
 
 
 @frozen
@@ -126,6 +135,9 @@ class LiveConfig:
     #: The scrape token: it may read ``GET /metrics`` and nothing else (``None``: only
     #: administrators may).
     metrics_token: UserToken | None = None
+    #: Requests one user (their jobs' tokens included) may have in progress at once
+    #: (:func:`xce_resize_plugin.rest.http.set_request_limit`).
+    request_limit: int = DEFAULT_REQUEST_LIMIT
 
     @property
     def controller_url(self) -> str:
@@ -167,6 +179,7 @@ def parse(data: Mapping[str, Any], path: Path) -> LiveConfig:
         verify_journal=_flag(where, "controller.verify_journal", ctl.get("verify_journal", True)),
         single_user=_flag(where, "controller.single_user", ctl.get("single_user", False)),
         metrics_token=_metrics_token(where, ctl.get("metrics_token")),
+        request_limit=_request_limit(where, ctl.get("request_limit", DEFAULT_REQUEST_LIMIT)),
         hosts=_hosts(where, where.section(data, "cluster", {"hosts"}).get("hosts")),
         admins=_admins(where, where.section(data, "users", {"admins", "tokens"}).get("admins", [])),
         tokens=_tokens(where, where.table(data, "users").get("tokens", {})),
@@ -276,6 +289,17 @@ def _deadline(where: Where, key: str, value: Any) -> float:
             key, f"must be a number of seconds > 0 and <= {MAX_REQUEST_TIMEOUT:g}, got {value!r}"
         )
     return float(value)
+
+
+def _request_limit(where: Where, value: Any) -> int:
+    """A user's requests in progress: an integer from 1 (every request would be
+    refused with 0) to :data:`MAX_REQUEST_LIMIT`."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_REQUEST_LIMIT:
+        raise where.error(
+            "controller.request_limit",
+            f"must be an integer from 1 to {MAX_REQUEST_LIMIT}, got {value!r}",
+        )
+    return value
 
 
 def _at_least(where: Where, minimum: int) -> IntCheck:

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from xce_resize_plugin.controllers.live import fd_limits
 from xce_resize_plugin.controllers.live.proc import FileLock, atomic_write, become_subreaper
 from xce_resize_plugin.controllers.live.worker import Fenced, WorkerAgent, secret_path
 
@@ -106,6 +107,20 @@ def _only_agent(agent: WorkerAgent) -> FileLock | None:
     return lock
 
 
+def _listen() -> tuple[socket.socket, fd_limits.ConnectionLimits]:
+    """The agent's listening socket, on an ephemeral loopback port, and what its
+    connections may take of the descriptors (the limit raised first). Its port is open
+    to every process on the host: a crowd of connections must not take the descriptors
+    its tasks' launches and the controller's calls need."""
+    limits = fd_limits.connection_limits(fd_limits.raise_nofile())
+    sock = fd_limits.listener()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(128)
+    fd_limits.guard(sock, limits)
+    return sock, limits
+
+
 def serve(state_dir: Path, host: str, header_timeout: float = 10.0) -> int:
     """Run the agent for ``host`` until SIGTERM/SIGINT; the process's exit status.
 
@@ -137,10 +152,7 @@ def serve(state_dir: Path, host: str, header_timeout: float = 10.0) -> int:
         log.warning("not a child subreaper: a task's process whose parent exits may escape")
     agent.kill_orphans()
     agent.start_tracker()
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(128)
+    sock, limits = _listen()
     port = sock.getsockname()[1]
 
     class Server(uvicorn.Server):
@@ -158,8 +170,10 @@ def serve(state_dir: Path, host: str, header_timeout: float = 10.0) -> int:
         access_log=False,
         lifespan="off",
         timeout_graceful_shutdown=1,
+        **fd_limits.uvicorn_options(limits),
     )
     server = Server(config)
+    fd_limits.quiet_refusals()
     # The registration is written once the socket listens: a controller that reads it
     # can connect at once (the kernel queues the connection until uvicorn accepts).
     atomic_write(
