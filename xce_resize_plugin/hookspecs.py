@@ -138,8 +138,10 @@ def xce_resize_events(
     events (``grow_placed``, ``grow_committed``, ``release_coming``, ``tasks_exited``,
     ``tasks_lost``, ``size_changed``, ``job_ended``; docs/in-job-api.md), each with a
     ``seq`` that stays the same across restarts. A cursor below 0 or beyond the last
-    event raises :class:`~xce_resize_plugin.errors.UnknownEventCursor`. The events
-    route (``GET /v1/jobs/{id}/events``) long-polls this hook.
+    event raises :class:`~xce_resize_plugin.errors.UnknownEventCursor`. The resize
+    plugin answers at most 1,000 events a call: a caller further behind calls again
+    from the last ``seq`` it got. The events route (``GET /v1/jobs/{id}/events``)
+    long-polls this hook.
 
     Implemented by: the resize plugin.
     """

@@ -136,17 +136,50 @@ def _of_fact(
     return []
 
 
+@frozen
+class Projection:
+    """Where a job's projection stands after some of its facts: the state they leave
+    (``None``: before the job's first fact) and how many events they made (the ``seq``
+    of the last one). Projecting the next facts from here numbers their events on."""
+
+    state: ResizeState | None = None
+    count: int = 0
+
+
+def step(at: Projection, fact: Fact) -> tuple[Projection, list[JobEvent]]:
+    """The events the job's next ``fact`` makes after ``at``, and where the projection
+    stands then. Projecting facts one by one from any point gives the events a
+    projection from the first fact gives (an event depends only on the state before
+    its fact and the fact), so a reader may keep a :class:`Projection` and go on."""
+    after = engine.evolve(at.state, fact)
+    found = [
+        JobEvent(at.count + i, kind, fact.at, data)
+        for i, (kind, data) in enumerate(_of_fact(at.state, fact, after), 1)
+    ]
+    return Projection(after, at.count + len(found)), found
+
+
+def project_from(at: Projection, facts: Iterable[Fact]) -> tuple[Projection, list[JobEvent]]:
+    """The events of the job's ``facts`` that follow ``at``, and where the projection
+    stands after them."""
+    out: list[JobEvent] = []
+    for fact in facts:
+        at, found = step(at, fact)
+        out += found
+    return at, out
+
+
 def project(facts: Iterable[Fact], prior: ResizeState | None = None) -> list[JobEvent]:
     """The events of one job's facts, in order, numbered from 1. ``prior``: the state
     the facts start from (``None``: the job's first fact)."""
-    out: list[JobEvent] = []
-    state = prior
-    for fact in facts:
-        after = engine.evolve(state, fact)
-        for kind, data in _of_fact(state, fact, after):
-            out.append(JobEvent(len(out) + 1, kind, fact.at, data))
-        state = after
-    return out
+    return project_from(Projection(prior), facts)[1]
+
+
+def check_cursor(after: int, last: int) -> None:
+    """Raise :class:`~xce_resize_plugin.errors.UnknownEventCursor` for a cursor below 0
+    or beyond ``last``, the job's last event."""
+    if after < 0 or after > last:
+        raise UnknownEventCursor(f"after={after}; this job's events run from 1 to {last}")
 
 
 def after_cursor(events: list[JobEvent], after: int | None) -> list[JobEvent]:
@@ -154,7 +187,5 @@ def after_cursor(events: list[JobEvent], after: int | None) -> list[JobEvent]:
     beyond the last event raises :class:`~xce_resize_plugin.errors.UnknownEventCursor`."""
     if after is None:
         return events
-    last = events[-1].seq if events else 0
-    if after < 0 or after > last:
-        raise UnknownEventCursor(f"after={after}; this job's events run from 1 to {last}")
+    check_cursor(after, events[-1].seq if events else 0)
     return events[after:]

@@ -341,10 +341,12 @@ class Journal(Closing):
                 raise JournalError(f"{self._file}: fact {seq}: {exc}") from None
             yield seq, job_id, payload
 
-    def job_facts(self, job_id: str) -> Iterator[tuple[int, bytes]]:
-        """``(seq, payload)`` of one job's facts in order, through the index."""
+    def job_facts(self, job_id: str, after_seq: int = 0) -> Iterator[tuple[int, bytes]]:
+        """``(seq, payload)`` of one job's facts in order, through the index; only those
+        after sequence number ``after_seq`` (the index is in seq order per job, so a
+        reader that has the earlier ones reads only what is new)."""
         prefix = index_prefix(job_key(job_id))
-        after = prefix
+        after = prefix + seq_key(after_seq) + SEP if after_seq > 0 else prefix
         while True:
             chunk = self._read(functools.partial(self._job_chunk, prefix=prefix, after=after))
             for seq, value in chunk:

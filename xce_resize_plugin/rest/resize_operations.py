@@ -216,8 +216,10 @@ _EVENTS = Operation(
     "The job's events (long poll, for the in-job API)",
     "Answers the job's events with `seq` greater than `after` (oldest first) as soon as "
     "there is one, or an empty list after `timeout` seconds (capped at 60) or once the "
-    "job ended. The sequence numbers are the same after a controller restart. An "
-    "`after` below 0 or beyond the last event is refused (400 XCE_RESIZE_EVENT_CURSOR).",
+    "job ended; at most 1,000 events an answer (a caller further behind asks again from "
+    "the last `seq` it got). The sequence numbers are the same after a controller "
+    "restart. An `after` below 0 or beyond the last event is refused (400 "
+    "XCE_RESIZE_EVENT_CURSOR).",
     response="JobEvents",
     params=(
         _JOB_ID,

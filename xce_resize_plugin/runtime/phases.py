@@ -9,7 +9,10 @@ through the engine and changes state through the transition path (:mod:`.transit
 
 from __future__ import annotations
 
+import itertools
 import logging
+import threading
+from collections import deque
 from collections.abc import Mapping, Sequence
 
 from xce_resize_plugin.core import converters, engine, losses, target
@@ -37,8 +40,49 @@ from xce_resize_plugin.runtime.reclaiming import Reclaiming
 
 log = logging.getLogger(__name__)
 
-#: Jobs whose projected events are kept for the next poll (then the cache starts over).
+#: Jobs whose projection is kept for the next poll (the least recently polled goes).
 _EVENT_CACHE = 1024
+#: Events in one answer at most: a reader far behind gets pages, each from the last
+#: ``seq`` it has (docs/in-job-api.md, "Job events").
+EVENT_PAGE = 1000
+#: The newest events kept per job (a reader less than this behind is answered from
+#: memory), and the events kept across the cache at most (beyond, the least recently
+#: polled jobs keep their projection but no events).
+_EVENT_TAIL = 1000
+_EVENT_BUDGET = 100_000
+#: Where pages answered from older facts ended, kept per job (the next page goes on
+#: from there rather than from the job's first fact).
+_EVENT_MARKS = 8
+
+
+class _Projected:
+    """One job's events as projected so far (docs/in-job-api.md, "Job events"): the
+    journal sequence number of its last fact projected, where the projection stands
+    then, its newest events, and marks ``{count: (fact seq, projection)}`` where pages
+    of older events ended."""
+
+    __slots__ = ("at", "marks", "seq", "tail")
+
+    def __init__(self) -> None:
+        self.seq = 0
+        self.at = events_mod.Projection()
+        self.tail: deque[events_mod.JobEvent] = deque(maxlen=_EVENT_TAIL)
+        self.marks: dict[int, tuple[int, events_mod.Projection]] = {}
+
+    def resume(self, after: int) -> tuple[int, events_mod.Projection]:
+        """The nearest place at or before event ``after`` to project from (a mark, else
+        the job's first fact)."""
+        best: tuple[int, events_mod.Projection] = (0, events_mod.Projection())
+        for count, place in self.marks.items():
+            if best[1].count < count <= after:
+                best = place
+        return best
+
+    def mark(self, seq: int, at: events_mod.Projection) -> None:
+        self.marks.pop(at.count, None)
+        self.marks[at.count] = (seq, at)
+        while len(self.marks) > _EVENT_MARKS:
+            del self.marks[next(iter(self.marks))]
 
 
 def _requested_at(state: ResizeState) -> float:
@@ -69,8 +113,12 @@ class Runtime(Reclaiming):
 
     def __init__(self, controller: Controller) -> None:
         super().__init__(controller)
-        # events(): each job's projected events and the journal's last fact then.
-        self._events: dict[str, tuple[int, list[events_mod.JobEvent]]] = {}
+        # events(): each job's projection, least recently polled first, and the
+        # events their tails hold. Its own lock, taken with no other of the runtime's
+        # held (the journal's is taken inside it): a poll never waits for a decision.
+        self._events: dict[str, _Projected] = {}
+        self._events_held = 0
+        self._events_lock = threading.Lock()
 
     # --- lifecycle ------------------------------------------------------------
 
@@ -178,26 +226,78 @@ class Runtime(Reclaiming):
         )
 
     def events(self, job_id: str, after: int | None) -> list[events_mod.JobEvent] | None:
-        """The job's events after ``after`` (docs/in-job-api.md, "Job events"): its
-        durable facts, read from the journal and projected; ``None`` for a job the host
-        does not know."""
+        """The job's events after ``after``, at most :data:`EVENT_PAGE` of them
+        (docs/in-job-api.md, "Job events"): its durable facts, read from the journal and
+        projected; ``None`` for a job the host does not know."""
         if self.controller.get_job(job_id) is None:
             return None
         with self._lock:
             if self._deferred and self._failed is None:
                 self._commit([])  # journal_defer: what happened so far is written first
-        # Long polls ask again and again while nothing happens: the projection is kept
-        # until the journal has a newer fact (of any job).
-        last = self.journal.last_seq
-        cached = self._events.get(job_id)
-        if cached is not None and cached[0] == last:
-            return events_mod.after_cursor(cached[1], after)
-        facts = [converters.decode_fact(data) for _, data in self.journal.job_facts(job_id)]
-        found = events_mod.project(facts)
-        if len(self._events) >= _EVENT_CACHE:
-            self._events.clear()
-        self._events[job_id] = (last, found)
-        return events_mod.after_cursor(found, after)
+        with self._events_lock:
+            entry = self._projected(job_id)
+            cursor = 0 if after is None else after
+            events_mod.check_cursor(cursor, entry.at.count)
+            first = entry.at.count - len(entry.tail)  # the seq before the tail's first
+            if cursor >= first:
+                skip = cursor - first
+                return list(itertools.islice(entry.tail, skip, skip + EVENT_PAGE))
+            return self._older_events(job_id, entry, cursor)
+
+    def _projected(self, job_id: str) -> _Projected:
+        """The job's projection brought up to its last durable fact. Long polls ask again
+        and again: each reads only the job's facts after the last one projected (one
+        index lookup when there is none), so a poll costs what is new for this job, and
+        another job's facts cost it nothing. After a restart the cache starts empty and
+        the first poll of a job projects its whole history once."""
+        entry = self._events.pop(job_id, None) or _Projected()
+        self._events_held -= len(entry.tail)
+        try:
+            for seq, data in self.journal.job_facts(job_id, entry.seq):
+                entry.at, found = events_mod.step(entry.at, converters.decode_fact(data))
+                entry.tail.extend(found)
+                entry.seq = seq
+        finally:
+            # Kept even if a read failed part way: what was projected is consistent.
+            self._events[job_id] = entry
+            self._events_held += len(entry.tail)
+        self._bound_events()
+        return entry
+
+    def _bound_events(self) -> None:
+        """Keep the cache within its bounds: the least recently polled jobs go first,
+        and over the budget of events their tails go before their projections (what a
+        poll from the last event needs, and what a job's history would cost again)."""
+        while len(self._events) > _EVENT_CACHE:
+            evicted = self._events.pop(next(iter(self._events)))
+            self._events_held -= len(evicted.tail)
+        for entry in self._events.values():
+            if self._events_held <= _EVENT_BUDGET:
+                return
+            self._events_held -= len(entry.tail)
+            entry.tail.clear()
+
+    def _older_events(
+        self, job_id: str, entry: _Projected, after: int
+    ) -> list[events_mod.JobEvent]:
+        """A page of events older than the job's tail: projected again from the nearest
+        mark at or before ``after`` up to the projection's last fact, and a mark kept
+        after the page's last fact projected whole, for the reader's next page."""
+        seq, at = entry.resume(after)
+        out: list[events_mod.JobEvent] = []
+        for fact_seq, data in self.journal.job_facts(job_id, seq):
+            if fact_seq > entry.seq:
+                break
+            nxt, found = events_mod.step(at, converters.decode_fact(data))
+            out += [e for e in found if e.seq > after][: EVENT_PAGE - len(out)]
+            if out and out[-1].seq < nxt.count:
+                break  # the page ends inside this fact's events: the mark stays before it
+            seq, at = fact_seq, nxt
+            if len(out) == EVENT_PAGE:
+                break
+        if at.count:
+            entry.mark(seq, at)
+        return out
 
     def _job(self, job_id: str) -> JobInfo:
         if not job_id or len(job_id) > 64:
