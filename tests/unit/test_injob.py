@@ -253,3 +253,50 @@ def test_wait_polls_again_until_its_timeout_when_nothing_changed(
     start = time.monotonic()
     ResizeClient("7", waits).grow(1, wait=True, timeout=5.0)  # type: ignore[arg-type]
     assert waits.polls == 1 and time.monotonic() - start < 1.5
+
+
+class _Busy:
+    """A transport refused ``busy`` times as a full server refuses, then answering."""
+
+    def __init__(self, refusal: tuple[str, int], busy: int) -> None:
+        self.refusal, self.busy, self.calls = refusal, busy, 0
+
+    def call(self, method: str, path: str, body: Any = None, timeout: float = 0.0) -> Any:
+        from xce_resize_plugin.rest.client import RemoteError
+
+        self.calls += 1
+        if self.calls <= self.busy:
+            code, status = self.refusal
+            raise RemoteError(code, "busy", status)
+        return {"key": "k", "value": "v", "version": 1}
+
+
+@pytest.mark.parametrize(
+    "refusal", [("XCE_TOO_MANY_REQUESTS", 429), ("HTTP_503", 503)], ids=["429", "plain-503"]
+)
+def test_a_busy_server_is_asked_again(
+    refusal: tuple[str, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The user's requests at their limit (429), or the server out of connections (its
+    plain 503): nothing was done, so the call asks again after a pause."""
+    monkeypatch.setattr(protocol, "BUSY_WAIT", 0.001)
+    transport = _Busy(refusal, 3)
+    assert ResizeClient("7", transport).get("k") == "v"
+    assert transport.calls == 4
+
+
+def test_a_stopping_controller_or_a_refusal_is_not_asked_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from xce_resize_plugin.rest.client import RemoteError
+
+    monkeypatch.setattr(protocol, "BUSY_WAIT", 0.001)
+    for refusal in (("XCE_CONTROLLER_STOPPING", 503), ("LSBE_NO_JOB", 404)):
+        transport = _Busy(refusal, 1)
+        with pytest.raises(RemoteError):
+            ResizeClient("7", transport).get("k")
+        assert transport.calls == 1
+    transport = _Busy(("HTTP_503", 503), protocol.BUSY_RETRIES + 1)
+    with pytest.raises(RemoteError):
+        ResizeClient("7", transport).get("k")
+    assert transport.calls == protocol.BUSY_RETRIES + 1

@@ -24,9 +24,11 @@ from xce_resize_plugin.rest.client import RemoteError
 #: A long poll never asks the controller to hold a request longer than this.
 MAX_POLL = 30.0
 #: A request refused because the job's owner has too many in progress (429
-#: ``XCE_TOO_MANY_REQUESTS``: the tasks of a large job all waiting at once) is sent
-#: again after this many seconds (the controller's ``Retry-After``), at most
-#: :data:`BUSY_RETRIES` times before the refusal is the call's answer.
+#: ``XCE_TOO_MANY_REQUESTS``: the tasks of a large job all waiting at once), or because
+#: the server has no connection to spare (its plain 503, ``HTTP_503``:
+#: docs/live-controller.md, "Connections and descriptors"), is sent again after this
+#: many seconds (the controller's ``Retry-After``), at most :data:`BUSY_RETRIES` times
+#: before the refusal is the call's answer. Neither changed anything.
 BUSY_WAIT = 1.0
 BUSY_RETRIES = 60
 
@@ -80,7 +82,8 @@ class Exchange(Generic[_T]):
     def refused(self, error: RemoteError) -> float:
         """Hand back the controller's refusal; the seconds to wait before the same
         request is sent again (0: it is not, the call sees the refusal)."""
-        if error.http_status == 429 and self._busy < BUSY_RETRIES:
+        busy = error.http_status == 429 or error.code == "HTTP_503"
+        if busy and self._busy < BUSY_RETRIES:
             self._busy += 1
             self._again = True
             return BUSY_WAIT
