@@ -179,6 +179,18 @@ def test_release_body() -> None:
         converters.release_from_json({"count": 2, "bogus": 1})
 
 
+@pytest.mark.parametrize("ids", ["", {}, "34", {"3": 1}, (3,), None])
+def test_task_id_lists_must_be_json_arrays(ids: object) -> None:
+    """cattrs takes any iterable for a tuple of ids: ``"release_prefer": ""`` set a
+    target preferring no task, and ``"task_ids": {}`` released nothing, both accepted."""
+    with pytest.raises(errors.InvalidRequest, match=r"release_prefer"):
+        converters.target_from_json({"tasks": 2, "release_prefer": ids})
+    if ids is not None:  # (no task ids: another form of release, or none)
+        with pytest.raises(errors.InvalidRequest, match=r"task_ids"):
+            converters.release_from_json({"task_ids": ids})
+    assert converters.target_from_json({"tasks": 2, "release_prefer": [5]}).release_prefer == (5,)
+
+
 def test_release_accepted_round_trip() -> None:
     fact = ReleaseAccepted("1", 2.0, (Task(3, "hB"),), None, "alice", cancelled_pending=True)
     assert converters.decode_fact(converters.encode_fact(fact)) == fact

@@ -180,11 +180,20 @@ def _strict_number(value: Any, _: Any) -> float:
     return float(value)
 
 
+def _strict_ids(value: Any, _: Any) -> tuple[int, ...]:
+    # A JSON array: cattrs would take any iterable, so "" (or {}) became no ids at all.
+    if type(value) is not list:
+        raise TypeError(f"expected a list of task ids, got {type(value).__name__} {value!r}")
+    check = _strict(int)
+    return tuple(check(v, int) for v in value)
+
+
 def _make_api_converter() -> cattrs.Converter:
     conv = make_converter(forbid_extra_keys=True)
     for kind in (int, str, bool):
         conv.register_structure_hook(kind, _strict(kind))
     conv.register_structure_hook(float, _strict_number)
+    conv.register_structure_hook_func(lambda t: t == tuple[int, ...], _strict_ids)
     conv.register_unstructure_hook(Task, lambda t: {"id": t.id, "host": t.host})
     _register_answers(conv)
     return conv
