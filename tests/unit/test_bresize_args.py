@@ -477,3 +477,12 @@ def test_every_grace_the_grammar_reads_prints_back(whole: int, decimals: str | N
     text = f"{whole}" if decimals is None else f"{whole}.{decimals}"
     cmd = parse(["release", "--grace", text, "all", "12"])
     assert parse(to_argv(cmd)) == cmd
+
+
+def test_a_notification_command_that_is_not_utf8_is_a_usage_error() -> None:
+    """argv bytes that are not UTF-8 reach Python as lone surrogates, which no JSON
+    body carries: refused here (exit 2), not by the controller as a "lone surrogate"."""
+    latin1 = b"echo caf\xe9".decode("utf-8", "surrogateescape")
+    with pytest.raises(UsageError, match="-rnc: the command is not UTF-8 text"):
+        parse(["request", "-rnc", latin1, "2", "12"])
+    assert parse(["request", "-rnc", "echo café", "2", "12"]).notify_cmd == "echo café"

@@ -168,7 +168,19 @@ def _parse_resize(op: Literal["request", "release"], args: list[str]) -> Command
         size = _utf8_len(cmd.notify_cmd)
         if size >= MAX_NOTIFY_BYTES:
             raise NotifyCmdTooLong(f"-rnc command is {size} bytes")
+        if not cmd.notify_cmd.isascii() and not _is_text(cmd.notify_cmd):
+            # Bytes that are not UTF-8 (argv keeps them as lone surrogates): JSON cannot
+            # carry them to the controller, which would refuse a "lone surrogate".
+            raise UsageError("-rnc: the command is not UTF-8 text (check the terminal's locale)")
     return cmd._replace(job_id=parse_job_id(job_text))
+
+
+def _is_text(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _parse_options(cmd: Command, args: list[str]) -> tuple[Command, list[str]]:
