@@ -255,7 +255,7 @@ def test_wait_returns_when_the_change_completes(cluster: Cluster, http: httpx.Cl
         r, elapsed = waiting.result(timeout=15)
     assert r.status_code == 200 and elapsed < 10
     body = r.json()
-    assert body["done"] is True and body["job_state"] == "RUN"
+    assert body["done"] is True and body["job_state"] == "RUN" and body["gave_up"] is False
     assert body["version"] == 1 and body["hosts"] == {"hA": 3}
     # Asked again with the old version it answers at once.
     r, elapsed = _wait(http, cluster.job1, version, 20, "tok-job1")
@@ -267,6 +267,7 @@ def test_wait_times_out(cluster: Cluster, http: httpx.Client) -> None:
     assert r.status_code == 200 and elapsed >= 0.4
     body = r.json()
     assert body["done"] is False and body["phase"] == "IDLE" and body["version"] == 0
+    assert body["gave_up"] is False  # ran out: nothing was changing
     assert operations.parse_timeout("600") == operations.MAX_WAIT  # capped, not refused
     assert operations.parse_timeout(None) == operations.DEFAULT_WAIT
 
@@ -279,6 +280,7 @@ def test_wait_returns_when_the_grow_is_cancelled(cluster: Cluster, http: httpx.C
         assert call(http, "DELETE", path(cluster.job1, "/pending")).status_code == 200
         r, elapsed = waiting.result(timeout=15)
     assert r.json()["done"] is False and r.json()["pending"] is None and elapsed < 10
+    assert r.json()["gave_up"] is True
 
 
 def test_wait_returns_when_the_job_ends(cluster: Cluster, http: httpx.Client) -> None:

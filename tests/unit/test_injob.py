@@ -300,3 +300,40 @@ def test_a_stopping_controller_or_a_refusal_is_not_asked_again(
     with pytest.raises(RemoteError):
         ResizeClient("7", transport).get("k")
     assert transport.calls == protocol.BUSY_RETRIES + 1
+
+
+class _SlowGiveUp:
+    """A controller whose wait gives up a change right at the poll's end (a grow
+    cancelled as the poll ran out), with or without saying so (``gave_up``)."""
+
+    def __init__(self, says: bool) -> None:
+        self.says, self.waits = says, 0
+
+    def call(self, method: str, path: str, body: Any = None, timeout: float = 0.0) -> Any:
+        doc: dict[str, Any] = {
+            "job_id": "7",
+            "phase": "IDLE",
+            "version": 3,
+            "tasks": [{"id": 0, "host": "h1"}],
+            "min_tasks": 1,
+            "max_tasks": 4,
+            "pending": None,
+            "in_flight": None,
+        }
+        if "/wait?" in path:
+            self.waits += 1
+            time.sleep(0.3)  # the whole poll
+            doc.update(done=False, job_state="RUN")
+            if self.says:
+                doc["gave_up"] = True
+        return doc
+
+
+@pytest.mark.parametrize("says", [True, False], ids=["gave_up", "older controller"])
+def test_wait_answers_a_change_given_up_at_the_polls_end(says: bool) -> None:
+    """The elapsed time cannot tell a given-up change from a poll that ran out when the
+    two coincide: with ``gave_up`` the wait answers at once, without it (a controller
+    that does not send it) at its timeout, one poll later."""
+    transport = _SlowGiveUp(says)
+    ResizeClient("7", transport).wait(after_version=3, timeout=0.3)
+    assert transport.waits == (1 if says else 2)

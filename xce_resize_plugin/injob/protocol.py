@@ -241,7 +241,11 @@ class JobRequests:
             # this wait failed or was cancelled: the poll ended early, or the job was
             # changing at the previous one), or the job ended, or out of time: answer
             # now. A poll that merely ran out (the job settled throughout) is not the end.
-            ended = changing or time.monotonic() - sent < poll
+            # ``gave_up`` says it exactly; a controller without it is judged by the
+            # time the poll took (one that gives up right at its end reads as run out).
+            gave_up = doc.get("gave_up")
+            early = gave_up if isinstance(gave_up, bool) else time.monotonic() - sent < poll
+            ended = changing or early
             finished = doc.get("job_state") not in (None, "RUN")
             if doc.get("done") or (alloc.settled and ended) or finished or left <= 0:
                 return alloc

@@ -299,7 +299,10 @@ class Handlers:
             await asyncio.sleep(min(delay, left))
             delay = min(delay * 2, _POLL_MAX)
         result = converters.status_json(status)
-        result.update(done=done, job_state=job_state.value)
+        # gave_up: the answer came early because a change seen during this wait ended
+        # without a new version, which a client cannot tell from a poll that ran out.
+        gave_up = idle and saw_change and not done
+        result.update(done=done, job_state=job_state.value, gave_up=gave_up)
         return reply(result, 200)
 
 

@@ -225,8 +225,13 @@ SCHEMAS: dict[str, Any] = {
                 "description": "Nothing pending or in flight, and a newer version.",
             },
             "job_state": {"type": "string", "enum": [s.value for s in JobState]},
+            "gave_up": {
+                "type": "boolean",
+                "description": "A change pending or in flight during the wait ended "
+                "without a new version (it failed or was cancelled).",
+            },
         },
-        "required": [*sorted(_STATUS_PROPERTIES), "done", "job_state"],
+        "required": [*sorted(_STATUS_PROPERTIES), "done", "job_state", "gave_up"],
         "additionalProperties": False,
     },
     "ResizeHistory": {
