@@ -366,12 +366,15 @@ def xce_resize_order_grow_hosts(job: JobInfo, hosts: GrowHostView) -> Iterable[s
 
     firstresult: return host names (may be lazy; only as many are read as the grow
     needs). Hosts not returned are not used; unknown names, repeats and hosts without a
-    free slot are skipped, and ``ptile``, ``new-only``, free slots and the user's limit
-    hold whatever the order. Default: hosts already in the allocation first, then most
-    free slots, then name. An answer that is not names (a string, a number, an item
-    that is not a string) or an exception, even one raised while the answer is read,
-    leaves that grow pending for the cycle and is logged naming the hook and the job;
-    the cycle's other grows are placed as usual.
+    free slot are skipped, up to four names per host of the cycle (``len(hosts)``),
+    and ``ptile``, ``new-only``, free slots and the user's limit hold whatever the
+    order. Default: hosts already in the allocation first, then most free slots, then
+    name. An answer that is not names (a string, a number, an item that is not a
+    string), an exception, even one raised while the answer is read, or a name read
+    beyond those four per host (an endless order) leaves that grow pending for the
+    cycle and is logged naming the hook and the job; the cycle's other grows are
+    placed as usual. An order kept for a larger machine (a rack file's) is filtered
+    to the cycle's hosts first (``name in hosts``).
 
     Implemented by: sites; built-in default in ``default_policies``.
     """

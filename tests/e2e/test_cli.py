@@ -309,6 +309,58 @@ def test_compact_archives_by_default_into_the_journal_dir(tmp_path: Path) -> Non
     assert archived == [json.loads(line) for line in exported]  # every fact, as it was
 
 
+def test_an_archive_on_a_full_disk_is_one_line_and_compacts_nothing(tmp_path: Path) -> None:
+    """/dev/full: writing the archive fails with ENOSPC. Closing the file failed again
+    and hid compaction's own error behind a traceback (exit 1)."""
+    state = tmp_path / "state"
+    run("scenario", "run", str(DATA / "scenarios" / "grow_limits.toml"), "--state-dir", str(state))
+    before = run("journal", "export", str(state / "resize")).stdout
+    proc = run(
+        "journal", "compact", str(state / "resize"), "--keep-days", "0", "--now", "1e9",
+        "--archive", "/dev/full",
+    )  # fmt: skip
+    assert (proc.returncode, proc.stdout) == (2, ""), proc.stderr
+    assert proc.stderr == (
+        "xce-resize: Journal error: /dev/full: cannot write the archive (No space left on "
+        "device); "
+        "nothing was compacted\n"
+    )
+    assert run("journal", "export", str(state / "resize")).stdout == before
+    proc = run("journal", "compact", str(state / "resize"), "--keep-days", "-1")
+    assert proc.returncode == 2 and "--keep-days must be zero or more, got -1" in proc.stderr
+
+
+def test_with_stderr_closed_no_message_lands_among_the_answers(tmp_path: Path) -> None:
+    """``journal export DIR 2>&-``: "exported N facts" was appended to the JSON lines
+    (print(file=None) writes to stdout)."""
+    state = tmp_path / "state"
+    run("scenario", "run", str(DATA / "scenarios" / "grow_limits.toml"), "--state-dir", str(state))
+    proc = subprocess.run(
+        ["/bin/sh", "-c", '"$0" -m xce_resize_plugin journal export "$1" 2>&-', sys.executable,
+         str(state / "resize")],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0
+    lines = proc.stdout.splitlines()
+    assert lines and all(json.loads(line)["seq"] for line in lines)
+
+
+def test_an_output_named_by_a_link_keeps_the_link(tmp_path: Path) -> None:
+    """The check that --json can be written made the link's target, then removed the
+    link (it removed what it thought it had made), even when another option was
+    refused."""
+    link = tmp_path / "out.json"
+    link.symlink_to(tmp_path / "target.json")
+    proc = run(
+        "simulate", "--synthetic", "lublin:jobs=5,procs=8", "--json", str(link),
+        "--plot", str(tmp_path / "nodir" / "x.png"), "-q",
+    )  # fmt: skip
+    assert proc.returncode == 2 and "--plot" in proc.stderr
+    assert link.is_symlink() and not (tmp_path / "target.json").exists()
+    proc = run("simulate", "--synthetic", "lublin:jobs=5,procs=8", "--seed", "-1", "-q")
+    assert proc.returncode in (0, 1), proc.stderr  # a negative seed is a seed
+
+
 def test_journal_verify_reports_damage(tmp_path: Path) -> None:
     import lmdb
 

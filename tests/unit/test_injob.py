@@ -337,3 +337,26 @@ def test_wait_answers_a_change_given_up_at_the_polls_end(says: bool) -> None:
     transport = _SlowGiveUp(says)
     ResizeClient("7", transport).wait(after_version=3, timeout=0.3)
     assert transport.waits == (1 if says else 2)
+
+
+def test_busy_retries_are_counted_per_request() -> None:
+    """A call of many requests, each refused once as busy: the call goes on (the
+    retries were counted across the whole call, and it failed at the 60th)."""
+    exchange = protocol.Exchange(_many_requests(protocol.BUSY_RETRIES + 5))
+    from xce_resize_plugin.rest.client import RemoteError
+
+    sent = 0
+    while (request := exchange.next_request()) is not None:
+        sent += 1
+        if sent % 2:
+            assert exchange.refused(RemoteError("XCE_TOO_MANY_REQUESTS", "busy", 429)) > 0
+        else:
+            exchange.answered(request.path)
+    assert exchange.result == protocol.BUSY_RETRIES + 5
+    assert sent == 2 * (protocol.BUSY_RETRIES + 5)
+
+
+def _many_requests(n: int) -> protocol.Steps[int]:
+    for i in range(n):
+        yield protocol.Request("GET", f"/{i}")
+    return n

@@ -146,3 +146,61 @@ def test_the_default_limit_and_a_bad_one() -> None:
     asyncio.run(scenario())
     with pytest.raises(ValueError, match="at least 1, got 0"):
         http.set_request_limit(Starlette(), 0)
+
+
+def test_a_client_that_does_not_read_its_answer_is_cut_off_at_the_deadline() -> None:
+    """Clients that read nothing of a large answer: the connections go at the header
+    deadline after the answer (close() waited for the client to read the rest, for
+    ever, and so one user could hold any number of descriptors past the request limit),
+    and none stays counted."""
+    import socket
+    import threading
+    import time
+
+    import uvicorn
+
+    from xce_resize_plugin.rest.header_deadline import header_deadline
+
+    big = Operation("big", "GET", "/big", "Big", "A large answer.")
+
+    async def answer(request: Request, principal: Principal) -> Response:
+        return Response(b"x" * 3_000_000)
+
+    app = Starlette(
+        routes=[http.ApiRoute(big, http.endpoint(big, answer, lambda t: TOKENS.get(t or "")))],
+        exception_handlers=http.exception_handlers(),
+    )
+    http.set_request_limit(app, 2)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(64)
+    server = uvicorn.Server(
+        uvicorn.Config(app, http=header_deadline(0.5), loop="asyncio", log_level="warning",
+                       lifespan="off")
+    )  # fmt: skip
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    clients: list[socket.socket] = []
+    try:
+        while not server.started:
+            time.sleep(0.01)
+        for _ in range(6):
+            c = socket.socket()
+            c.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1024)
+            c.connect(sock.getsockname())
+            c.sendall(b"GET /big HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer bob-token\r\n\r\n")
+            clients.append(c)
+            time.sleep(0.05)
+        time.sleep(0.3)
+        assert server.server_state.connections  # answered, not read: still open
+        deadline = time.monotonic() + 10
+        while server.server_state.connections and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not server.server_state.connections  # cut off: no descriptor held for ever
+        assert getattr(app.state, "xce_requests_in_progress", {}) == {}
+    finally:
+        for c in clients:
+            c.close()
+        server.should_exit = True
+        thread.join(10)
+        sock.close()

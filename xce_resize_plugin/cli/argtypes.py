@@ -13,7 +13,7 @@ import argparse
 
 from xce_resize_plugin.core.decimal_text import read_decimal, read_number
 
-__all__ = ["count", "number"]
+__all__ = ["count", "integer", "number"]
 
 
 def count(text: str) -> int:
@@ -22,6 +22,15 @@ def count(text: str) -> int:
     if value is None:
         raise argparse.ArgumentTypeError(f"not a whole number of decimal digits: {text!r}")
     return value
+
+
+def integer(text: str) -> int:
+    """A whole number, with an optional sign (a seed may be negative)."""
+    sign, digits = (text[0], text[1:]) if text[:1] in ("-", "+") else ("", text)
+    value = read_decimal(digits)
+    if value is None:
+        raise argparse.ArgumentTypeError(f"not a whole number of decimal digits: {text!r}")
+    return -value if sign == "-" else value
 
 
 def number(text: str) -> float:

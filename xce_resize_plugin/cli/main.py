@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from xce_resize_plugin import __version__
-from xce_resize_plugin.cli.argtypes import count, number
-from xce_resize_plugin.errors import ResizeError, Unreachable
+from xce_resize_plugin.cli.argtypes import count, integer, number
+from xce_resize_plugin.errors import JournalError, ResizeError, Unreachable, UsageError
 
 EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE, EXIT_REJECTED = 0, 1, 2, 255
 EXIT_PIPE = 128 + 13  # SIGPIPE
@@ -184,7 +184,7 @@ def _simulate_parser(sub: Any) -> None:
         metavar="F",
         help="share of jobs made malleable (0..1, default 0.2)",
     )
-    sim.add_argument("--seed", type=count, metavar="N", help="seed of the malleable choice (0)")
+    sim.add_argument("--seed", type=integer, metavar="N", help="seed of the malleable choice (0)")
     sim.add_argument(
         "--speedup",
         metavar="MODEL",
@@ -268,6 +268,10 @@ def _sweep_parser(sub: Any) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    if sys.stderr is None:
+        # Started with stderr closed (2>&-): print(file=sys.stderr) would write to
+        # stdout, into the answers and JSON a script reads there. Messages are lost.
+        sys.stderr = open(os.devnull, "w")  # noqa: SIM115 (for the process's life)
     args = _parser().parse_args(argv)
     try:
         return _run(args)
@@ -294,10 +298,8 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _complain(text: str) -> None:
-    """``xce-resize: text`` on stderr; nothing when it was closed (``2>&-``), where
-    print() would write to stdout instead, which scripts read for answers."""
-    if sys.stderr is not None:
-        print(f"xce-resize: {text}", file=sys.stderr)
+    """``xce-resize: text`` on stderr."""
+    print(f"xce-resize: {text}", file=sys.stderr)
 
 
 def closed_pipe() -> int:
@@ -431,17 +433,29 @@ def _journal(args: argparse.Namespace, out: TextIO) -> int:
             n = journal.export(args.dir, out)
         else:
             journal.Journal.require(args.dir)  # no output file for what is no journal
-            with args.output.open("w") as fh:
+            # UTF-8 whatever the locale: the export's lines are UTF-8 JSON.
+            with args.output.open("w", encoding="utf-8") as fh:
                 n = journal.export(args.dir, fh)
         print(f"exported {n} facts", file=sys.stderr)
         return EXIT_OK
+    if not args.keep_days >= 0:
+        raise UsageError(f"--keep-days must be zero or more, got {args.keep_days:g}")
     now = args.now if args.now is not None else time.time()
     if args.archive is None:
         stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(time.time()))
         args.archive = args.dir / f"compacted-{stamp}.jsonl"
     journal.Journal.require(args.dir)  # no archive file for what is no journal
-    with args.archive.open("a") as archive:
-        removed = journal.compact(args.dir, args.keep_days, now, archive)
+    try:
+        with args.archive.open("a", encoding="utf-8") as archive:
+            removed = journal.compact(args.dir, args.keep_days, now, archive)
+    except OSError as exc:
+        # A full or failing disk under the archive: compaction syncs the archive
+        # before it deletes anything, so a write that fails fails before the deletion
+        # (closing the file then fails again, and would hide compaction's own error).
+        raise JournalError(
+            f"{args.archive}: cannot write the archive ({exc.strerror or exc}); "
+            "nothing was compacted"
+        ) from None
     out.write(
         f"removed {removed} facts of jobs finished more than {args.keep_days:g} days ago "
         f"(archived to {args.archive})\n"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -144,15 +145,25 @@ def check_output(option: str, path: str | Path) -> None:
         # A pipe or a device (/dev/stdout, a FIFO): opening it to try would hand its
         # reader an end of file before the results come.
         return
-    existed = p.exists()
     try:
-        # Appending nothing leaves a file as it was; a file made only to try is removed.
-        with open(p, "ab"):
-            pass
+        if os.path.lexists(p):
+            if p.exists():
+                # Appending nothing leaves a file (or the file a link names) as it was.
+                with open(p, "ab"):
+                    pass
+            elif not os.access(os.path.dirname(os.path.realpath(p)), os.W_OK):
+                # A link to a file not made yet: its target's directory decides.
+                raise PermissionError(13, "Permission denied")
+            return
+        # Made only to try, and removed: O_EXCL, so that what is removed is what this
+        # call made, never a file another process made meanwhile.
+        fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        return  # made meanwhile by someone else: not ours to try or remove
     except OSError as exc:
         raise UsageError(f"{option} {path}: cannot write ({exc.strerror or exc})") from None
-    if not existed:
-        p.unlink(missing_ok=True)
+    os.close(fd)
+    os.unlink(p)
 
 
 def _workload(args: argparse.Namespace, options: SimOptions) -> Workload:

@@ -78,6 +78,7 @@ class Exchange(Generic[_T]):
 
     def answered(self, answer: Any) -> None:
         self._answer, self._error = answer, None
+        self._busy = 0  # the retries are counted per request, not per call
 
     def refused(self, error: RemoteError) -> float:
         """Hand back the controller's refusal; the seconds to wait before the same

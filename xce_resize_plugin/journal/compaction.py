@@ -146,7 +146,10 @@ def _sync(out: TextIO) -> None:
         os.fsync(fd)
         name = getattr(out, "name", None)
         if isinstance(name, str) and os.path.isfile(name):
-            directory = os.open(os.path.dirname(os.path.abspath(name)), os.O_RDONLY)
+            try:
+                directory = os.open(os.path.dirname(os.path.abspath(name)), os.O_RDONLY)
+            except PermissionError:
+                return  # a directory one may write but not read: it cannot be synced
             try:
                 os.fsync(directory)
             finally:

@@ -68,22 +68,28 @@ class Client:
         controller answered, and a command says so rather than show a traceback."""
         import json
 
+        data = json.dumps(body).encode() if body is not None else None
         try:
-            raw = self._send(method, path, body, timeout)
+            raw = self._send(method, path, data, timeout)
         except ValueError as exc:  # urllib's refusals of the URL or the token
-            raise Unreachable(f"{self.url!r}: {exc}") from None
+            text = str(exc)
+            token = self.token or "\0"
+            if "Bearer" in text or (
+                isinstance(exc, UnicodeEncodeError) and token in str(exc.object)
+            ):
+                # urllib quotes the header in its error: never show or log the token.
+                text = "the token holds a character no HTTP header can carry (a line end?)"
+            raise Unreachable(f"{self.url!r}: {text}") from None
         try:
             return json.loads(raw) if raw else None
         except ValueError as exc:  # (also not UTF-8)
             raise Unreachable(f"{self.url}: the answer is not JSON: {exc}") from None
 
-    def _send(self, method: str, path: str, body: Any, timeout: float | None) -> bytes:
+    def _send(self, method: str, path: str, data: bytes | None, timeout: float | None) -> bytes:
         import http.client
-        import json
         import urllib.error
         import urllib.request
 
-        data = json.dumps(body).encode() if body is not None else None
         req = urllib.request.Request(self.url + path, data=data, method=method)
         req.add_header("Accept", "application/json, application/problem+json")
         if data is not None:

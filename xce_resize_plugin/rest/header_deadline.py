@@ -77,7 +77,12 @@ class HeaderDeadlineProtocol(H11Protocol):
         if not self.transport.is_closing():
             # Nothing can be answered: no request was received to answer.
             log.debug("closing %s: no complete request in %g s", self.client, self.header_timeout)
-            self.transport.close()
+            if self.transport.get_write_buffer_size():
+                # The last answer is still unsent: the client stopped reading it, and
+                # close() would wait for it to read, for ever (the descriptor held).
+                self.transport.abort()
+            else:
+                self.transport.close()
 
 
 def header_deadline(seconds: float) -> type[HeaderDeadlineProtocol]:

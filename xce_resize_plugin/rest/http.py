@@ -305,12 +305,16 @@ def endpoint(
     refusal a problem document (see the module docstring)."""
 
     async def handle(request: Request) -> Response:
+        held = contextlib.ExitStack()  # the request's place among its user's in progress
         try:
             note_job(request.path_params.get("id"))
             principal = await authenticated(request, authenticate)
-            with in_progress(request, principal):
-                return await handler(request, principal)
-        except Exception as exc:
+            held.enter_context(in_progress(request, principal))
+            return _SentWhileHeld(await handler(request, principal), held)
+        except BaseException as exc:
+            held.close()  # (also when the handler is cancelled: its client went away)
+            if not isinstance(exc, Exception):
+                raise
             error = translate(exc)
             if error is None:  # a bug: answer a problem document, never a bare 500
                 log.exception("%s %s failed", request.method, request.url.path)
@@ -319,6 +323,27 @@ def endpoint(
 
     handle.__name__ = op.name
     return handle
+
+
+class _SentWhileHeld(Response):
+    """A handler's answer that keeps its request counted among its user's requests in
+    progress (:func:`in_progress`) until it is sent: a client that does not read a
+    large answer holds its connection as long as the write waits for it, and must
+    count as long."""
+
+    def __init__(self, answer: Response, held: contextlib.ExitStack) -> None:
+        # Not Response.__init__: the answer is already made; this only wraps it.
+        self.answer = answer
+        self.held = held
+        self.status_code = answer.status_code
+        self.background = answer.background
+        self.raw_headers = answer.raw_headers
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await self.answer(scope, receive, send)
+        finally:
+            self.held.close()
 
 
 class ApiRoute(Route):

@@ -115,7 +115,7 @@ class Runtime(Reclaiming):
         super().__init__(controller)
         # events(): each job's projection, least recently polled first, and the
         # events their tails hold. Its own lock, taken with no other of the runtime's
-        # held (the journal's is taken inside it): a poll never waits for a decision.
+        # held (the journal's is taken inside it): projecting does not hold up decisions.
         self._events: dict[str, _Projected] = {}
         self._events_held = 0
         self._events_lock = threading.Lock()
