@@ -208,9 +208,11 @@ tokens = {{ {tokens_toml} }}
         listen_port: int | None = None,
         user: int | None = None,
         args: Sequence[str] = (),
+        preexec_fn: Callable[[], None] | None = None,
     ) -> subprocess.Popen[bytes]:
         """Start the controller (as user id ``user``, when given: the test runs as root)
-        and wait until it serves."""
+        and wait until it serves. ``preexec_fn`` runs in the child before the
+        controller does (e.g. to lower its resource limits)."""
         self.runs += 1
         log = open(self.tmp / f"controller-{self.runs}.log", "wb")  # noqa: SIM115
         proc = subprocess.Popen(
@@ -221,6 +223,7 @@ tokens = {{ {tokens_toml} }}
             start_new_session=True,
             env={**os.environ, **(env or {})},
             user=user,
+            preexec_fn=preexec_fn,
         )
         log.close()
         self.procs.append(proc)

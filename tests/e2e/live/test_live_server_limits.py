@@ -29,7 +29,7 @@ from xce_resize_plugin.controllers.live.tasks import ensure_secret
 from xce_resize_plugin.controllers.live.worker import worker_dir
 from xce_resize_plugin.journal.lmdb_env import private_dir
 from xce_resize_plugin.rest.client import Client, RemoteError
-from xce_resize_plugin.testing.live import ALICE, LiveCluster, controller_command, wait_until
+from xce_resize_plugin.testing.live import ALICE, LiveCluster, wait_until
 
 #: A soft limit as low as a site's could be; the crowd is well beyond it.
 LOW = 256
@@ -61,21 +61,9 @@ def limited(soft: int, hard: int | None = None) -> Any:
 
 
 def start_limited(live: LiveCluster, soft: int, hard: int | None = None) -> subprocess.Popen[bytes]:
-    """Start ``live``'s controller (as :meth:`LiveCluster.start` does) under these
-    descriptor limits; the fixture kills it, and its agents, by their pids."""
-    live.runs += 1
-    with open(live.tmp / f"controller-{live.runs}.log", "wb") as log:
-        proc = subprocess.Popen(
-            controller_command(live.config),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-            preexec_fn=limited(soft, hard),
-        )
-    live.procs.append(proc)
-    wait_until(lambda: live._healthy(live.port, proc), 20, "the controller serves")
-    return proc
+    """Start ``live``'s controller under these descriptor limits; the fixture kills
+    it, and its agents, by their pids."""
+    return live.start(preexec_fn=limited(soft, hard))
 
 
 def crowd(port: int, count: int) -> ExitStack:
