@@ -13,12 +13,12 @@ from __future__ import annotations
 import math
 import re
 
-__all__ = ["read_decimal", "read_number"]
+__all__ = ["is_decimal_number", "read_decimal", "read_number"]
 
 _DECIMAL = re.compile(r"[0-9]{1,19}")
 # A plain decimal number: float() also takes "nan", "inf", "1_000", " 5 " and other
 # scripts' digits, none of which a user writing a number means.
-_NUMBER = re.compile(r"[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]{1,4})?")
+_NUMBER = re.compile(r"[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]+)?")
 #: Longer text is no number a user writes (and float() of it would cost for nothing).
 _NUMBER_CHARS = 64
 
@@ -29,10 +29,16 @@ def read_decimal(text: str) -> int | None:
     return int(text) if _DECIMAL.fullmatch(text) else None
 
 
+def is_decimal_number(text: str) -> bool:
+    """Whether ``text`` is a plain ASCII decimal number (optional sign, fraction and
+    exponent), which ``float()`` reads; infinite when too large for a float."""
+    return _NUMBER.fullmatch(text) is not None
+
+
 def read_number(text: str) -> float | None:
     """``text`` as a finite float when it is a plain ASCII decimal number (optional
     sign, fraction and exponent), else ``None``: ``1e999`` too, which is no float."""
-    if len(text) > _NUMBER_CHARS or not _NUMBER.fullmatch(text):
+    if len(text) > _NUMBER_CHARS or not is_decimal_number(text):
         return None
     value = float(text)
     return value if math.isfinite(value) else None

@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import math
 import random
-import re
 from collections.abc import Callable, Sequence
 from functools import partial
 
 from attrs import asdict, frozen
 
 from xce_resize_plugin.controllers.sim.sim_controller import EmbeddedController
+from xce_resize_plugin.core.decimal_text import is_decimal_number
 from xce_resize_plugin.core.models import LossOutcome
 from xce_resize_plugin.errors import ConfigError
 
@@ -42,9 +42,6 @@ MIN_HOURS = 1 / 3600
 #: The longest, in hours: 10**10 s, the longest time a trace may hold
 #: (docs/simulation.md, "Traces"); far above it ``hours x 3600`` is no float.
 MAX_HOURS = 1e10 / 3600
-# A plain decimal number: float() also takes "nan", "1_000", " 5 " and other scripts'
-# digits, none of which a spec means. (A sign is let through for the message.)
-_NUMBER = re.compile(r"[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]+)?")
 
 
 @frozen
@@ -74,7 +71,8 @@ def parse(text: str) -> HostFailures:
         raise ConfigError(f"expected MTBF_HOURS[:REPAIR_HOURS], got {text!r}")
     values: list[float] = []
     for name, part in zip(("MTBF_HOURS", "REPAIR_HOURS"), parts, strict=False):
-        if not _NUMBER.fullmatch(part):
+        # Plain decimals: float() also takes "nan", "1_000" and other scripts' digits.
+        if not is_decimal_number(part):
             raise ConfigError(f"{name} must be a number, got {part!r}")
         value = float(part)
         if not (0 < value < math.inf):
