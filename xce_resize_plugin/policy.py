@@ -54,6 +54,8 @@ def _task_ids(hook: str, answer: object, whose: str = "") -> tuple[int, ...]:
 
 def _task_id(value: object) -> int:
     """An int, or an integer of another kind (numpy's); ``TypeError`` for anything else."""
+    if type(value) is int:  # the usual answer; SupportsIndex's isinstance is slow (Protocol)
+        return value
     if isinstance(value, bool) or not isinstance(value, SupportsIndex):
         raise TypeError(f"{value!r} is not a task id")
     return operator.index(value)
