@@ -302,6 +302,58 @@ def test_a_stopping_controller_or_a_refusal_is_not_asked_again(
     assert transport.calls == protocol.BUSY_RETRIES + 1
 
 
+class _AfterBusy:
+    """A transport refused once as busy with the given ``Retry-After``, then answering."""
+
+    def __init__(self, retry_after: int | None) -> None:
+        self.retry_after, self.calls = retry_after, 0
+
+    def call(self, method: str, path: str, body: Any = None, timeout: float = 0.0) -> Any:
+        from xce_resize_plugin.rest.client import RemoteError
+
+        self.calls += 1
+        if self.calls == 1:
+            raise RemoteError("XCE_TOO_MANY_REQUESTS", "busy", 429, retry_after=self.retry_after)
+        return {"key": "k", "value": "v", "version": 1}
+
+
+@pytest.mark.parametrize(
+    ("retry_after", "waited"),
+    [(None, 1.0), (0, 1.0), (1, 1.0), (7, 7.0), (30, 30.0), (3600, 30.0)],
+)
+def test_a_busy_refusal_waits_its_retry_after_within_bounds(
+    retry_after: int | None, waited: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The wait is the answer's Retry-After, kept between BUSY_WAIT and BUSY_WAIT_MAX (a
+    proxy's 0 would have a large job's tasks hammer it, an hour would hold the call)."""
+    slept: list[float] = []
+    monkeypatch.setattr(time, "sleep", slept.append)
+    transport = _AfterBusy(retry_after)
+    assert ResizeClient("7", transport).get("k") == "v"
+    assert slept == [waited] and transport.calls == 2
+
+
+@pytest.mark.parametrize(
+    ("header", "read"),
+    [
+        ("5", 5),
+        (" 12 ", 12),
+        ("Wed, 21 Oct 2026 07:28:00 GMT", None),
+        ("-1", None),
+        ("1.5", None),
+        ("\uff15", None),
+        (None, None),
+    ],
+)
+def test_retry_after_is_read_from_a_refusal_as_whole_seconds(
+    header: str | None, read: int | None
+) -> None:
+    from xce_resize_plugin.rest.client import remote_error
+
+    error = remote_error(429, b'{"code": "XCE_TOO_MANY_REQUESTS"}', "Too Many", header)
+    assert error.retry_after == read and error.code == "XCE_TOO_MANY_REQUESTS"
+
+
 class _SlowGiveUp:
     """A controller whose wait gives up a change right at the poll's end (a grow
     cancelled as the poll ran out), with or without saying so (``gave_up``)."""

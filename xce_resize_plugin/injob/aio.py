@@ -139,7 +139,12 @@ class AsyncResizeClient:
         except httpx.TransportError as exc:
             raise Unreachable(f"{self.url}: {exc}") from None
         if response.status_code >= 400:
-            raise remote_error(response.status_code, response.content, response.reason_phrase)
+            raise remote_error(
+                response.status_code,
+                response.content,
+                response.reason_phrase,
+                response.headers.get("Retry-After"),
+            )
         return response.json() if response.content else None
 
 

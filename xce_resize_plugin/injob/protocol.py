@@ -27,9 +27,13 @@ MAX_POLL = 30.0
 #: ``XCE_TOO_MANY_REQUESTS``: the tasks of a large job all waiting at once), or because
 #: the server has no connection to spare (its plain 503, ``HTTP_503``:
 #: docs/live-controller.md, "Connections and descriptors"), is sent again after this
-#: many seconds (the controller's ``Retry-After``), at most :data:`BUSY_RETRIES` times
-#: before the refusal is the call's answer. Neither changed anything.
+#: many seconds, at most :data:`BUSY_RETRIES` times before the refusal is the call's
+#: answer. Neither changed anything. The wait is the answer's ``Retry-After`` when it
+#: gives one in seconds, kept between :data:`BUSY_WAIT` and :data:`BUSY_WAIT_MAX` (a
+#: proxy's ``0`` would have the tasks of a large job hammer it; an hour would hold the
+#: call for ever), else :data:`BUSY_WAIT`.
 BUSY_WAIT = 1.0
+BUSY_WAIT_MAX = 30.0
 BUSY_RETRIES = 60
 
 _T = TypeVar("_T")
@@ -87,7 +91,8 @@ class Exchange(Generic[_T]):
         if busy and self._busy < BUSY_RETRIES:
             self._busy += 1
             self._again = True
-            return BUSY_WAIT
+            asked = error.retry_after
+            return BUSY_WAIT if asked is None else min(max(asked, BUSY_WAIT), BUSY_WAIT_MAX)
         self._answer, self._error = None, error
         return 0.0
 

@@ -23,11 +23,21 @@ DEFAULT_URL = "http://127.0.0.1:6820"
 class RemoteError(ResizeError):
     """The controller refused a request: its code, message and HTTP status as sent."""
 
-    def __init__(self, code: str, text: str, status: int, lsf_number: int | None = None) -> None:
+    def __init__(
+        self,
+        code: str,
+        text: str,
+        status: int,
+        lsf_number: int | None = None,
+        retry_after: int | None = None,
+    ) -> None:
         self.code = code
         self.remote_text = text
         self.http_status = status
         self.lsf_number = lsf_number
+        #: The answer's ``Retry-After`` in seconds, when it gave one as a number (the
+        #: HTTP-date form and anything else read as ``None``).
+        self.retry_after = retry_after
         super().__init__()
 
     @property
@@ -104,7 +114,9 @@ class Client:
                 raw = exc.read()
             except (OSError, http.client.HTTPException):
                 raw = b""  # cut off mid-answer: the status still says what happened
-            raise remote_error(exc.code, raw, str(exc.reason)) from None
+            raise remote_error(
+                exc.code, raw, str(exc.reason), exc.headers.get("Retry-After")
+            ) from None
         except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
             # HTTPException: the connection closed mid-answer (a controller killed while
             # it wrote it), so the request's outcome is unknown, as when unreachable.
@@ -113,8 +125,14 @@ class Client:
         return raw
 
 
-def remote_error(status: int, raw: bytes, reason: str) -> RemoteError:
+def remote_error(
+    status: int, raw: bytes, reason: str, retry_after: str | None = None
+) -> RemoteError:
+    """The refusal an error answer stands for: its problem document's code, text and
+    LSF number (the status and ``reason`` when it has none), and its ``Retry-After``."""
     import json
+
+    from xce_resize_plugin.core.decimal_text import read_decimal
 
     try:
         doc = json.loads(raw or b"{}")
@@ -128,4 +146,5 @@ def remote_error(status: int, raw: bytes, reason: str) -> RemoteError:
         str(doc.get("detail") or doc.get("title") or reason),
         status,
         number if isinstance(number, int) else None,
+        read_decimal(retry_after.strip()) if retry_after is not None else None,
     )

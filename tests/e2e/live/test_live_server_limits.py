@@ -27,6 +27,8 @@ import pytest
 from xce_resize_plugin.controllers.live.fd_limits import MAX_NOFILE, connection_limits
 from xce_resize_plugin.controllers.live.tasks import ensure_secret
 from xce_resize_plugin.controllers.live.worker import worker_dir
+from xce_resize_plugin.injob.aio import AsyncResizeClient
+from xce_resize_plugin.injob.protocol import Request
 from xce_resize_plugin.journal.lmdb_env import private_dir
 from xce_resize_plugin.rest.client import Client, RemoteError
 from xce_resize_plugin.testing.live import ALICE, LiveCluster, wait_until
@@ -280,6 +282,17 @@ def test_the_sites_request_limit_is_each_users(resize_live_factory: Any) -> None
                         assert w.result().status_code == 429, w.result().text
                         waits[i] = send()
             assert "user alice has 2 requests in progress, at most 2" in r.json()["detail"]
+            # Both in-job transports read the refusal's Retry-After (the pause before
+            # they ask again: xce_resize_plugin/injob/protocol.py).
+            with pytest.raises(RemoteError) as refused:
+                await asyncio.to_thread(
+                    Client(live.url(), job["token"]).call, "GET", f"/v1/jobs/{job['id']}"
+                )
+            assert refused.value.http_status == 429 and refused.value.retry_after == 1
+            async with AsyncResizeClient(job["id"], live.url(), job["token"]) as aio:
+                with pytest.raises(RemoteError) as refused:
+                    await aio._send(Request("GET", f"/v1/jobs/{job['id']}"))
+            assert refused.value.http_status == 429 and refused.value.retry_after == 1
             for w in waits:
                 w.cancel()
 
