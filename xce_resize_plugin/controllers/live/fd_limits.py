@@ -88,12 +88,15 @@ class ConnectionLimits:
 
 def raise_nofile(maximum: int = MAX_NOFILE) -> int:
     """Raise the soft ``RLIMIT_NOFILE`` to the hard limit, at most ``maximum`` (said
-    once in the log); never lower it. The soft limit in force afterwards: the one there
-    was, when it could not be raised (said in the log; the server goes on with it)."""
+    once in the log); never lower it. The descriptors the server may count on: the soft
+    limit in force afterwards (the one there was, when it could not be raised: said in
+    the log, the server goes on with it), at most ``maximum`` even where the soft limit
+    is higher (a container's 1,048,576): the connections' memory, which ``maximum``
+    bounds, runs out whatever the descriptors."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     target = maximum if hard == resource.RLIM_INFINITY else min(hard, maximum)
     if soft == resource.RLIM_INFINITY or soft >= target:
-        return maximum if soft == resource.RLIM_INFINITY else soft
+        return maximum if soft == resource.RLIM_INFINITY else min(soft, maximum)
     try:
         resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
     except (OSError, ValueError) as exc:
