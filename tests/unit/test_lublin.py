@@ -169,3 +169,17 @@ def test_a_load_out_of_reach_is_one_line_exit_2(
     assert main(["simulate", "--synthetic", spec, "-q"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"--synthetic {spec}: " in err and says in err
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.floats(min_value=1e-6, max_value=1e6, allow_nan=False, allow_infinity=False))
+def test_the_canonical_text_names_the_load_exactly(load: float) -> None:
+    """The spec's text is the sweep cache's key: read back, it is the same spec, and two
+    loads that differ in the seventh digit are two keys (``:g`` made them one)."""
+    spec = LublinSpec(jobs=100, procs=64, seed=1, load=load)
+    assert parse_spec(spec.text()) == spec
+    assert LublinSpec(jobs=100, procs=64, load=0.85).text() == "lublin:jobs=100,procs=64,load=0.85"
+    assert (
+        LublinSpec(jobs=100, procs=64, load=0.8500001).text()
+        != LublinSpec(jobs=100, procs=64, load=0.85).text()
+    )

@@ -120,8 +120,17 @@ class LublinSpec:
         if s is not None:
             parts.append(f"seed={s}")
         if self.load is not None:
-            parts.append(f"load={self.load:g}")
+            parts.append(f"load={_exact(self.load)}")
         return "lublin:" + ",".join(parts)
+
+
+def _exact(value: float) -> str:
+    """``value`` written short (``0.85``, ``1``) but exactly: the canonical text is the
+    sweep cache's key, and ``:g``'s six digits made ``load=0.85`` and ``load=0.8500001``
+    (two workloads: the load search scales the arrivals by a factor found for each)
+    one key."""
+    short = f"{value:g}"
+    return short if float(short) == value else repr(value)
 
 
 def is_spec(text: str) -> bool:
