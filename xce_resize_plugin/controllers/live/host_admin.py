@@ -47,12 +47,18 @@ def hosts_json(
     views: list[HostView], principal: Principal, owners: Mapping[str, str]
 ) -> list[dict[str, Any]]:
     """The hosts as ``principal`` may see them: an administrator sees every job on each
-    host; anyone else only their own jobs (``owners``: job id -> user)."""
+    host; a user only their own jobs (``owners``: job id -> user); a job's token only
+    its job, as everywhere else (docs/rest-api.md, "Authentication and who may do
+    what"): its owner's other jobs are not its to see."""
     out = []
     for view in views:
         doc = view.as_json()
         if not principal.admin:
-            doc["jobs"] = {j: n for j, n in view.jobs.items() if owners.get(j) == principal.name}
+            doc["jobs"] = {
+                j: n
+                for j, n in view.jobs.items()
+                if j in owners and principal.may_act_on(j, owners[j])
+            }
         out.append(doc)
     return out
 
@@ -112,7 +118,8 @@ LIST_HOSTS = Operation(
     "GET",
     "/v1/hosts",
     "Every host: state (ok, closed, unavail), slots, used, jobs on it",
-    "An administrator sees every job on each host; anyone else only their own.",
+    "An administrator sees every job on each host; a user only their own; a job's "
+    "token only its job.",
     response="HostList",
     errors=(401, 503),
 )
