@@ -17,6 +17,7 @@ from xce_resize_plugin.controllers.live.task_env import (
     local_task_id,
     make_scratch,
     recorded_local_ids,
+    remove_scratch,
     task_file,
 )
 from xce_resize_plugin.core.models import Task
@@ -96,3 +97,37 @@ def test_scratch_given_to_the_owner_never_through_a_link_the_job_swapped_in(
     make_scratch(job_dir, account, as_root=True)
     assert victim.stat().st_uid == 0 and victim.stat().st_gid == 0
     assert (job_dir / SCRATCH).stat().st_uid == account.uid
+
+
+def test_scratch_removed_however_deep_and_never_through_a_link(tmp_path: Path) -> None:
+    """What the job leaves in its scratch directory goes at its end: directories nested
+    deeper than Python's recursion limit (``shutil.rmtree`` raised ``RecursionError``
+    through ``ignore_errors``, in the controller's cycle that ends the job), a FIFO, a
+    directory nobody may read; links go, not what they name."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep").write_text("not the job's")
+    job_dir = tmp_path / "job"
+    scratch = job_dir / SCRATCH
+    scratch.mkdir(parents=True)
+    (scratch / "to-dir").symlink_to(outside)
+    (scratch / "to-file").symlink_to(outside / "keep")
+    os.link(outside / "keep", scratch / "hard")
+    os.mkfifo(scratch / "fifo")
+    fd = os.open(scratch, os.O_RDONLY | os.O_DIRECTORY)
+    for _ in range(3000):  # relative to a descriptor: no path gets too long
+        os.mkdir("d", dir_fd=fd)
+        os.symlink(str(outside), "up", dir_fd=fd)
+        deeper = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+        os.close(fd)
+        fd = deeper
+    os.close(fd)
+    (scratch / "closed").mkdir()
+    (scratch / "closed" / "f").write_text("x")
+    if os.geteuid() == 0:  # root removes it all the same (a user could not)
+        (scratch / "closed").chmod(0)
+    remove_scratch(job_dir)
+    assert not scratch.exists() and list(job_dir.iterdir()) == []
+    assert sorted(p.name for p in outside.iterdir()) == ["keep"]
+    assert (outside / "keep").read_text() == "not the job's"
+    remove_scratch(job_dir)  # none: nothing to do

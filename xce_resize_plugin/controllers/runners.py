@@ -23,6 +23,7 @@ events); runners only do the work and report.
 from __future__ import annotations
 
 import os
+import selectors
 import signal
 import subprocess
 import time
@@ -321,7 +322,8 @@ ESSENTIAL_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TMPDIR", "TZ", "
 class SubprocessNotificationRunner:
     """Runs the command for real: ``/bin/sh -c command`` in its own session, with the
     essential environment plus the request's, output captured (truncated to
-    ``max_output`` characters per stream), killed with its whole process group on
+    ``max_output`` characters per stream, bounded while it is read:
+    :class:`_CappedOutput`), killed with its whole process group on
     timeout. ``popen`` starts the process (the live worker agent's keeps track of its
     children with it)."""
 
@@ -363,27 +365,27 @@ class SubprocessNotificationRunner:
             done(NotificationResult(None, f"cannot run: {exc}", elapsed=time.monotonic() - begin))
             return
         timeout = request.timeout if request.timeout > 0 else None
+        deadline = None if timeout is None else time.monotonic() + timeout
+        output = _CappedOutput(proc, self.max_output * _UTF8_MAX)
         try:
-            out, err = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self._kill_group(proc)
-            out, err = self._drain(proc)
-            done(
-                NotificationResult(
-                    None, "timeout", self._text(out), self._text(err), time.monotonic() - begin
-                )
-            )
-            return
-        code = proc.returncode
-        if code < 0:
+            ended = output.read_until(deadline) and self._wait(proc, deadline)
+            if not ended:
+                self._kill_group(proc)
+                if not output.read_until(time.monotonic() + 5):
+                    # A grandchild left the group and holds the pipes: give up on the
+                    # rest of the output rather than block the controller.
+                    proc.kill()
+        finally:
+            output.close()
+        code = proc.wait()
+        if not ended:
+            status, reason = None, "timeout"
+        elif code < 0:
             status, reason = 128 - code, f"signal {-code}"
         else:
             status, reason = code, f"exit {code}"
-        done(
-            NotificationResult(
-                status, reason, self._text(out), self._text(err), time.monotonic() - begin
-            )
-        )
+        out, err = (self._text(*output.kept(i)) for i in (0, 1))
+        done(NotificationResult(status, reason, out, err, time.monotonic() - begin))
 
     @staticmethod
     def _kill_group(proc: subprocess.Popen[bytes]) -> None:
@@ -393,24 +395,73 @@ class SubprocessNotificationRunner:
             proc.kill()
 
     @staticmethod
-    def _drain(proc: subprocess.Popen[bytes]) -> tuple[bytes, bytes]:
+    def _wait(proc: subprocess.Popen[bytes], deadline: float | None) -> bool:
+        """Whether the process ended by ``deadline`` (its pipes are closed already)."""
         try:
-            return proc.communicate(timeout=5)
+            proc.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            # A grandchild left the group and holds the pipes: give up on the output
-            # rather than block the controller.
-            proc.kill()
-            for stream in (proc.stdout, proc.stderr):
-                if stream is not None:
-                    stream.close()
-            proc.wait()
-            return b"", b""
+            return False
+        return True
 
-    def _text(self, data: bytes | None) -> str:
-        text = (data or b"").decode("utf-8", errors="replace")
-        if len(text) > self.max_output:
+    def _text(self, data: bytes, dropped: bool = False) -> str:
+        text = data.decode("utf-8", errors="replace")
+        if len(text) > self.max_output or dropped:
             return text[: self.max_output] + "\n[output truncated]\n"
         return text
+
+
+#: Bytes of a stream kept per character of output shown: a UTF-8 character is at most
+#: 4 bytes, so what is kept always decodes to at least ``max_output`` characters when
+#: bytes were dropped beyond it.
+_UTF8_MAX = 4
+_READ_CHUNK = 65536
+
+
+class _CappedOutput:
+    """A child's stdout and stderr, read together until both end; of each, the first
+    ``cap`` bytes are kept and the rest is read and dropped. A notification command is
+    the job's: what it writes, and for how long, is not bounded (``yes``, ``cat
+    /dev/zero`` until the timeout), so reading it all before truncating
+    (``communicate``) would take the memory of the process that runs it, a root worker
+    agent serving every job of its host (docs/live-controller.md, "Notification
+    commands"). Reading on keeps a verbose command from blocking on a full pipe."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], cap: int) -> None:
+        self.cap = cap
+        self._streams = [s for s in (proc.stdout, proc.stderr) if s is not None]
+        self._data = [bytearray(), bytearray()]
+        self._dropped = [False, False]
+        self._selector = selectors.DefaultSelector()
+        for index, stream in enumerate((proc.stdout, proc.stderr)):
+            if stream is not None:  # each stream keeps its own index (0 or 1)
+                self._selector.register(stream.fileno(), selectors.EVENT_READ, index)
+
+    def read_until(self, deadline: float | None) -> bool:
+        """Read until both streams end (``True``) or ``deadline`` passes (``False``)."""
+        while self._selector.get_map():
+            wait = None if deadline is None else deadline - time.monotonic()
+            if wait is not None and wait <= 0:
+                return False
+            for key, _ in self._selector.select(wait):
+                chunk = os.read(key.fd, _READ_CHUNK)
+                if not chunk:
+                    self._selector.unregister(key.fd)
+                    continue
+                data = self._data[key.data]
+                room = max(0, self.cap - len(data))
+                data += chunk[:room]
+                self._dropped[key.data] = self._dropped[key.data] or len(chunk) > room
+        return True
+
+    def kept(self, index: int) -> tuple[bytes, bool]:
+        """Stream ``index`` (0: stdout, 1: stderr): the bytes kept, whether any were
+        dropped."""
+        return bytes(self._data[index]), self._dropped[index]
+
+    def close(self) -> None:
+        self._selector.close()
+        for stream in self._streams:
+            stream.close()
 
 
 NotificationScript = Callable[[NotificationRequest], NotificationResult]

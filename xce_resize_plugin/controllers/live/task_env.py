@@ -8,7 +8,8 @@ have gaps after a shrink), so a rank is derived from the task file, never assume
 The scratch directory (``XCE_JOB_DIR``, with ``TMPDIR`` inside) belongs to the job's
 owner and goes away when the job ends; it lives in the job's directory, which the
 controller owns and the job cannot write, so no job can plant a link where the
-controller (root, in a real install) creates or removes it.
+controller (root, in a real install) creates or removes it; what the job puts inside
+it is removed without following a link and without recursion (:func:`remove_scratch`).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import shutil
+import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
@@ -101,10 +102,66 @@ def _give(path: Path, account: Account) -> None:
         os.close(fd)
 
 
+#: How the removal opens a directory of the job's: never through a symbolic link, never
+#: anything but a directory (a FIFO is not opened, so nothing blocks).
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
 def remove_scratch(job_dir: Path) -> None:
-    """Remove what the job left in its scratch directory. ``rmtree`` does not follow
-    links the job made inside it (it works on directory descriptors on Linux)."""
-    shutil.rmtree(job_dir / SCRATCH, ignore_errors=True)
+    """Remove the job's scratch directory and what the job left in it; what cannot be
+    removed is left.
+
+    Every step is relative to a descriptor of a directory opened without following
+    links, so no link the job made is followed. And no step recurses: the job decides
+    how deep its directories nest, and ``shutil.rmtree`` recurses once per level (past
+    Python's recursion limit, about 1000 levels, its ``RecursionError`` escapes
+    ``ignore_errors`` and the controller's cycle that ends the job), as a walk that
+    holds a descriptor per level would run out of descriptors. Instead, the
+    subdirectories of each directory emptied are moved up into the scratch directory
+    itself, and emptied from there in turn: two directories are open at most."""
+    try:
+        top = os.open(job_dir / SCRATCH, _DIR_FLAGS)
+    except OSError:
+        return  # none (the job's directory is the controller's: nobody else made one)
+    try:
+        with os.scandir(top) as entries:
+            todo = [entry.name for entry in entries]
+        while todo:
+            _remove_entry(top, todo.pop(), todo)
+    except OSError:
+        pass
+    finally:
+        os.close(top)
+    with contextlib.suppress(OSError):
+        os.rmdir(job_dir / SCRATCH)
+
+
+def _remove_entry(top: int, name: str, todo: list[str]) -> None:
+    """Remove ``name`` of the directory ``top``: anything but a directory at once (a
+    symbolic link itself, not what it names); a directory once its entries are gone,
+    its subdirectories moved up into ``top`` under new names added to ``todo``."""
+    try:
+        fd = os.open(name, _DIR_FLAGS, dir_fd=top)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(name, dir_fd=top)
+        return
+    try:
+        with os.scandir(fd) as entries:
+            for entry in entries:
+                with contextlib.suppress(OSError):
+                    if entry.is_dir(follow_symlinks=False):
+                        up = f".removing-{uuid.uuid4().hex}"
+                        os.rename(entry.name, up, src_dir_fd=fd, dst_dir_fd=top)
+                        todo.append(up)
+                    else:
+                        os.unlink(entry.name, dir_fd=fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+    with contextlib.suppress(OSError):
+        os.rmdir(name, dir_fd=top)
 
 
 def recorded_local_ids(

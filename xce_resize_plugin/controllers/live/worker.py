@@ -627,7 +627,8 @@ class WorkerAgent:
     def _save(self, intents: list[tuple[str, int]] | None = None) -> None:
         """Live tasks with pid and start time, and the launches about to be made
         (``intents``: no pid yet), for a successor's orphan cleanup. Not fsynced: it
-        only matters when this process dies and the machine does not."""
+        only matters when this process dies and the machine does not. A write that
+        fails is logged, never raised (see below)."""
         live = [
             {
                 "job": t.job,
@@ -642,5 +643,14 @@ class WorkerAgent:
         live += [{"job": job, "task": task, "pid": None} for job, task in intents or ()]
         path = self.dir / "tasks.json"
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(live))
-        os.replace(tmp, path)
+        try:
+            tmp.write_text(json.dumps(live))
+            os.replace(tmp, path)
+        except OSError as exc:
+            # A full filesystem: the state directory's, where every job's scratch and
+            # output are too, so any job can fill it. The record is only for a
+            # successor; raised, it would end the thread that reports a task's end (of
+            # any job), and that task would hold its slots for good.
+            log.warning("cannot record the live tasks in %s: %s", path, exc)
+            with contextlib.suppress(OSError):
+                tmp.unlink()
