@@ -2,11 +2,15 @@
 have descriptors for (docs/live-controller.md, "Connections and descriptors"): the
 controller and the agents raise their soft descriptor limit at start, and a crowd of
 connections beyond what they keep for their own work is answered 503 at once, never
-an ``accept()`` out of descriptors, while a request after the crowd is served."""
+an ``accept()`` out of descriptors, while a request after the crowd is served. And
+what their listening socket gives each connection: TCP_NODELAY."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import ctypes
+import errno
 import json
 import os
 import resource
@@ -297,3 +301,52 @@ def test_the_sites_request_limit_is_each_users(resize_live_factory: Any) -> None
                 w.cancel()
 
     asyncio.run(scenario())
+
+
+#: pidfd_getfd(2)'s number, the same on every Linux architecture (Python has no call).
+SYS_PIDFD_GETFD = 438
+
+
+def server_end(pid: int, conn: socket.socket) -> socket.socket:
+    """Process ``pid``'s end of the connection ``conn``, duplicated into this one
+    (pidfd_getfd(2): the tests run as root), to read the server's socket options."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    pidfd = os.pidfd_open(pid)
+    try:
+        for fd in map(int, os.listdir(f"/proc/{pid}/fd")):
+            dup = libc.syscall(SYS_PIDFD_GETFD, pidfd, fd, 0)
+            if dup < 0:  # closed meanwhile; anything else (EPERM) fails the test
+                assert ctypes.get_errno() == errno.EBADF, os.strerror(ctypes.get_errno())
+                continue
+            try:
+                sock = socket.socket(fileno=dup)
+            except OSError:  # not a socket
+                os.close(dup)
+                continue
+            with contextlib.suppress(OSError):  # (a listening or unix socket: no peer)
+                if sock.family == socket.AF_INET and sock.getpeername() == conn.getsockname():
+                    return sock
+            sock.close()
+    finally:
+        os.close(pidfd)
+    raise AssertionError(f"process {pid} holds no end of {conn}")
+
+
+def test_the_servers_answer_without_waiting_for_the_clients_ack(
+    resize_live_factory: Any,
+) -> None:
+    """The controller's and an agent's connections have TCP_NODELAY (asyncio sets it
+    only when the listening socket says IPPROTO_TCP: fd_limits.listener). uvicorn writes
+    an answer's headers and body apart; without it the body waited for the client's
+    delayed ACK, about 44 ms a request on a kept-alive connection (docs/performance.md).
+    Read on the servers' own sockets, not timed."""
+    live: LiveCluster = resize_live_factory({"h1": 1})
+    proc = live.start()
+    agent = json.loads((live.state / "workers" / "h1" / "worker.json").read_text())
+    servers = {"controller": (proc.pid, live.port), "agent": (agent["pid"], agent["port"])}
+    for name, (pid, port) in servers.items():
+        with socket.create_connection(("127.0.0.1", port)) as conn:
+            conn.sendall(b"GET /v1/health HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n")
+            assert conn.recv(65536).startswith(b"HTTP/1.1 "), name  # accepted, answered
+            with server_end(pid, conn) as served:
+                assert served.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY), name

@@ -212,7 +212,13 @@ def quiet_refusals() -> None:
 
 def listener() -> GuardedListener:
     """A TCP listening socket (IPv4) to be bound, with no guard until :func:`guard` sets one."""
-    return GuardedListener(socket.AF_INET, socket.SOCK_STREAM)
+    # IPPROTO_TCP named, not left 0: ``accept()`` gives each connection the listener's
+    # ``proto``, and asyncio disables Nagle's algorithm (TCP_NODELAY) on an accepted
+    # connection only when that is IPPROTO_TCP. Without it uvicorn's answers, written
+    # headers then body, waited for the client's delayed ACK: about 44 ms per request
+    # on a kept-alive connection, against 1 ms on a new one (docs/performance.md, "The
+    # live controller", 2026-12-06).
+    return GuardedListener(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
 
 
 def guard(sock: socket.socket, limits: ConnectionLimits) -> None:
