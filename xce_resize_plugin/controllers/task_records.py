@@ -15,7 +15,15 @@ from attrs import define
 
 from xce_resize_plugin.core.models import Task, TasksInIdOrder
 
-__all__ = ["LIVE_STATES", "TaskRecord", "TaskState", "TaskStates", "mark_exited", "mark_gone"]
+__all__ = [
+    "LIVE_STATES",
+    "TaskRecord",
+    "TaskState",
+    "TaskStates",
+    "mark_exited",
+    "mark_gone",
+    "prune_ended",
+]
 
 
 class TaskState(enum.Enum):
@@ -68,6 +76,25 @@ def mark_gone(rec: TaskRecord, now: float, reason: str) -> None:
     """Mark a live task's record exited ``now`` because its job ended (the end took its
     process down: no exit status of its own, the one it had is kept)."""
     mark_exited(rec, now, rec.status, reason)
+
+
+def prune_ended(records: MutableMapping[int, TaskRecord], held: Iterable[int], keep: int) -> bool:
+    """Drop the records of ended tasks (exited, or failed to start) that the job no
+    longer holds, but the ``keep`` newest (task ids only grow); whether any went.
+
+    Such a task is done with for good: its slot is freed, the plugin has seen its end
+    (it frees a task only after that), and task ids are never used again, so no launch
+    or stop of it can come back. A live record, or one of a task still held (it may
+    be re-launched or stopped again after a failover, and must then be re-reported,
+    not started twice), is never dropped."""
+    kept = set(held)
+    ended = sorted(
+        tid for tid, rec in records.items() if rec.state not in LIVE_STATES and tid not in kept
+    )
+    gone = ended[: max(0, len(ended) - keep)]
+    for tid in gone:
+        del records[tid]
+    return bool(gone)
 
 
 class _Group:

@@ -25,6 +25,7 @@ from xce_resize_plugin.controllers.task_records import (
     TaskState,
     TaskStates,
     mark_exited,
+    prune_ended,
 )
 from xce_resize_plugin.controllers.violations import ContractViolation
 from xce_resize_plugin.core.allocations import as_kept
@@ -89,9 +90,12 @@ class HostContract(Scheduling):
 
     def free_slots(self, job_id: str, task_ids: Sequence[int]) -> None:
         with self._lock:
-            self._job(job_id)
+            job = self._job(job_id)
             if self._cluster.free(job_id, list(task_ids)):
                 self._changed(job_id)
+                if self.history_kept is not None:
+                    held = self._cluster.held_view(job_id)
+                    prune_ended(job.task_states, held, self.history_kept)
             self._flush()
 
     def launch_tasks(self, job_id: str, tasks: Sequence[Task], env: Mapping[str, str]) -> None:
@@ -246,6 +250,10 @@ class HostContract(Scheduling):
             job.tasks = new
             job.version = version
             job.versions.append(VersionRecord(version, self.now(), new))
+            kept = self.history_kept
+            if kept is not None and len(job.versions) > kept + 1:
+                # The first stays: the job's start (the live controller launches it).
+                del job.versions[1 : len(job.versions) - kept]
             self._changed(job_id)
             work = self._work.get(job_id)
             if work is not None and resized:
@@ -423,6 +431,9 @@ class HostContract(Scheduling):
                 result.elapsed,
             )
         )
+        kept = self.history_kept
+        if kept is not None and len(job.notifications) > kept:
+            del job.notifications[: len(job.notifications) - kept]
         self._changed(request.job_id)
         self._events.put(NotifyDone(request.job_id, request.attempt, result.status, result.reason))
 

@@ -181,6 +181,12 @@ class EmbeddedController(Views):
         record once its end was reported (and observers told), so that a trace of
         hundreds of thousands of jobs does not keep them all: :meth:`job`,
         :meth:`get_job` and :meth:`jobs` then no longer know it. Their ids stay taken.
+    :param history_kept: the most ended tasks' records, allocation versions (besides
+        the first) and notification runs each job's record keeps, the newest (default
+        ``None``: all of them, which simulations, scenarios and their checks read). A
+        long-lived elastic job resized all day would otherwise have a record, and a
+        store write per change, that grows with every resize (the live controller:
+        docs/live-controller.md, "What a job's record keeps").
     :param task_event_batches: deliver the task events queued together in one
         ``xce_task_events`` call (default), or each in its own ``xce_task_event`` call
         (``False``), as a host that gets them one at a time would.
@@ -223,6 +229,7 @@ class EmbeddedController(Views):
         tokens: Mapping[str, Principal] | None = None,
         keep_finished: bool = True,
         lean_cycles: bool = False,
+        history_kept: int | None = None,
         task_event_batches: bool = True,
         lock: AbstractContextManager[Any] | None = None,
         hook_controller: Controller | None = None,
@@ -246,6 +253,9 @@ class EmbeddedController(Views):
         self._persist = not isinstance(self._store, NullStore)
         self.keep_finished = keep_finished
         self.lean_cycles = lean_cycles
+        if history_kept is not None and history_kept < 1:
+            raise ValueError(f"history_kept must be at least 1, not {history_kept}")
+        self.history_kept = history_kept
         self._observers = []
         self._on_submit = []
         self._on_start = []
