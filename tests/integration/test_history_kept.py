@@ -66,6 +66,10 @@ def test_a_job_resized_many_times_keeps_a_bounded_record(tmp_path: Path) -> None
     versions = [v.version for v in job.versions]
     assert versions[0] == 0 and len(versions) == 5 and versions[-1] == job.version == 60
     assert versions[1:] == list(range(57, 61))  # the newest, in order
+    # Versions list every task: whatever history_kept, at most VERSIONS_KEPT besides
+    # the first.
+    big, big_id, _ = _run(tmp_path / "big", 10, 8)
+    assert [v.version for v in big.ctl.job(big_id).versions] == [0, 13, 14, 15, 16]
     assert len(h.ctl.notifications(job_id)) == 4
     ended = [t for t, s in job.task_states.items() if s not in LIVE_STATES]
     assert len(ended) == 4 and ended == sorted(ended)[-4:]
@@ -94,7 +98,7 @@ def test_a_restart_on_a_pruned_record_resumes_and_goes_on(tmp_path: Path) -> Non
     )
     _cycle(h, job_id)
     again = h.ctl.job(job_id)
-    assert again.version == before.version + 2 and len(again.versions) == 4
+    assert again.version == before.version + 2 and len(again.versions) == 4  # 1 + 3
     grown = {t.id for t in again.versions[-2].tasks} - {t.id for t in before.tasks}
     assert grown and min(grown) > max(t.id for t in before.versions[-2].tasks)
     assert h.ctl.check_invariants() == []

@@ -35,6 +35,11 @@ from xce_resize_plugin.host import Principal, TaskEvent
 
 log = logging.getLogger(__name__)
 
+#: With ``history_kept``, the most allocation versions a job's record keeps besides
+#: its first: each holds every task of the job, and nothing reads old ones but the
+#: first (its start) and the current one; a few more are kept for who looks.
+VERSIONS_KEPT = 4
+
 
 def _nothing() -> None:
     """A timeline entry that only makes the controller cycle at its instant."""
@@ -250,10 +255,11 @@ class HostContract(Scheduling):
             job.tasks = new
             job.version = version
             job.versions.append(VersionRecord(version, self.now(), new))
-            kept = self.history_kept
-            if kept is not None and len(job.versions) > kept + 1:
-                # The first stays: the job's start (the live controller launches it).
-                del job.versions[1 : len(job.versions) - kept]
+            if self.history_kept is not None:
+                kept = min(self.history_kept, VERSIONS_KEPT)
+                if len(job.versions) > kept + 1:
+                    # The first stays: the job's start (the live controller launches it).
+                    del job.versions[1 : len(job.versions) - kept]
             self._changed(job_id)
             work = self._work.get(job_id)
             if work is not None and resized:

@@ -181,8 +181,9 @@ class EmbeddedController(Views):
         record once its end was reported (and observers told), so that a trace of
         hundreds of thousands of jobs does not keep them all: :meth:`job`,
         :meth:`get_job` and :meth:`jobs` then no longer know it. Their ids stay taken.
-    :param history_kept: the most ended tasks' records, allocation versions (besides
-        the first) and notification runs each job's record keeps, the newest (default
+    :param history_kept: the most ended tasks' records and notification runs each
+        job's record keeps, the newest, and of its allocation versions the first and
+        the newest (at most 4: ``contract.VERSIONS_KEPT``; default
         ``None``: all of them, which simulations, scenarios and their checks read). A
         long-lived elastic job resized all day would otherwise have a record, and a
         store write per change, that grows with every resize (the live controller:

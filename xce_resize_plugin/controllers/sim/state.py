@@ -108,8 +108,8 @@ class ControllerState:
     #: Whether anything is saved (not with a store that drops it).
     _persist: bool
     keep_finished: bool
-    #: The most ended tasks, allocation versions (besides the first) and notification
-    #: runs a job's record keeps, the newest; ``None``: all (see EmbeddedController).
+    #: The most ended tasks and notification runs a job's record keeps, the newest (and
+    #: fewer allocation versions); ``None``: all (see EmbeddedController).
     history_kept: int | None
     lean_cycles: bool
     strict: bool
