@@ -28,9 +28,10 @@ log = logging.getLogger(__name__)
 
 #: What each job's record keeps of its past: its 32 newest ended tasks and
 #: notification runs, and its first and 4 newest allocation versions
-#: (docs/live-controller.md, "What a job's record keeps"). The record is written whole at every change of the job: kept
-#: whole, an elastic job resized all day made each write cost more than the last (a
-#: 100-task job resized 400 times: a 3.7 MB record, 0.5 s a resize).
+#: (docs/live-controller.md, "What a job's record keeps"). The record is written
+#: whole at every change of the job: kept whole, an elastic job resized all day made
+#: each write cost more than the last (a 100-task job resized 400 times: a 3.7 MB
+#: record, 0.5 s a resize).
 HISTORY_KEPT = 32
 
 
