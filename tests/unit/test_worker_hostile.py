@@ -19,7 +19,12 @@ from typing import Any
 import pytest
 
 from xce_resize_plugin.controllers.live.proc import Account, account_json
-from xce_resize_plugin.controllers.live.worker import WorkerAgent, worker_dir
+from xce_resize_plugin.controllers.live.worker import (
+    NOTIFY_OUTPUT_REPORTED,
+    NOTIFY_RESULTS_KEPT,
+    WorkerAgent,
+    worker_dir,
+)
 from xce_resize_plugin.testing.live import wait_until
 
 MIB = 1 << 20
@@ -38,18 +43,43 @@ def _agent(tmp_path: Path) -> WorkerAgent:
     return WorkerAgent("h1", state)
 
 
-def _notify(agent: WorkerAgent, tmp_path: Path, command: str, timeout: float) -> dict[str, Any]:
+def _notify(
+    agent: WorkerAgent, tmp_path: Path, command: str, timeout: float, attempt: int = 1
+) -> dict[str, Any]:
     """Run ``command`` as the job's notification command; its ``notify_done`` event."""
     jdir = tmp_path / "job"
     jdir.mkdir(exist_ok=True)
-    notify = {"op": "notify", "job": "7", "attempt": 1, "command": command, "timeout": timeout}
-    notify |= {"env": {"PATH": os.defpath}, "cwd": str(jdir), "log": str(jdir / "notify-1.log")}
-    notify["user"] = account_json(_owner())
+    notify = {"op": "notify", "job": "7", "attempt": attempt, "command": command}
+    notify |= {"timeout": timeout, "env": {"PATH": os.defpath}, "cwd": str(jdir)}
+    notify |= {"log": str(jdir / f"notify-{attempt}.log"), "user": account_json(_owner())}
     agent.execute(0, agent.instance, [notify])
-    event = wait_until(
-        lambda: next((e for e in agent.events if e["kind"] == "notify_done"), None), 60, "done"
-    )
-    return dict(event)
+
+    def done() -> dict[str, Any] | None:
+        found = [e for e in agent.events if e["kind"] == "notify_done"]
+        return next((e for e in found if e["attempt"] == attempt), None)
+
+    return dict(wait_until(done, 60, "done"))
+
+
+def test_a_jobs_notification_results_kept_to_answer_again_are_bounded(
+    tmp_path: Path,
+) -> None:
+    """The agent keeps a job's newest results, to report again a command sent again
+    (a failover re-sends its latest change's), not every result of a job resized for
+    days; the one sent again is reported again, not run again."""
+    agent = _agent(tmp_path)
+    try:
+        for attempt in range(1, NOTIFY_RESULTS_KEPT + 5):
+            _notify(agent, tmp_path, f"echo run {attempt}", 30.0, attempt)
+        kept = sorted(a for (job, a), v in agent.notifications.items() if v is not None)
+        assert kept == list(range(5, NOTIFY_RESULTS_KEPT + 5))
+        latest = NOTIFY_RESULTS_KEPT + 4
+        before = len(agent.events)
+        _notify(agent, tmp_path, "echo again", 30.0, latest)
+        again = agent.events[before:]
+        assert [(e["attempt"], e["stdout"]) for e in again] == [(latest, f"run {latest}\n")]
+    finally:
+        agent.closing = True
 
 
 @pytest.mark.parametrize(
@@ -77,7 +107,10 @@ def test_a_notification_commands_output_takes_bounded_memory(
         agent.closing = True
     assert done["status"] == status, done
     assert peak < 16 * MIB, f"the agent held {peak / MIB:.0f} MiB of output"
-    limit = agent.max_output
-    assert done["stdout"] == "\0" * limit + "\n[output truncated]\n"
+    # Reported: the first NOTIFY_OUTPUT_REPORTED characters; the log has max_output.
+    shown = "\0" * NOTIFY_OUTPUT_REPORTED + "\n[output truncated: notify-N.log has more]\n"
+    assert done["stdout"] == shown
     if status is not None:
-        assert done["stderr"] == "\0" * limit + "\n[output truncated]\n"
+        assert done["stderr"] == shown
+    logged = (tmp_path / "job" / "notify-1.log").read_text()
+    assert "# stdout\n" + "\0" * agent.max_output + "\n[output truncated]\n# stderr" in logged

@@ -102,6 +102,16 @@ log = logging.getLogger(__name__)
 CLEANUP_GRACE = 2.0
 #: Events kept for a controller that reads late; older ones force it to resynchronise.
 MAX_EVENTS = 10000
+#: Characters of each stream of a notification's output that the agent reports (and
+#: keeps, to report again): the log file, ``notify-N.log``, has up to ``max_output``.
+#: A report travels in the agent's events (up to MAX_EVENTS kept) and into the job's
+#: record, which the controller writes whole at each change: at 64 KiB a stream, a
+#: job whose notification command writes much, resized often, made both hundreds of
+#: megabytes (docs/live-controller.md, "Notification commands").
+NOTIFY_OUTPUT_REPORTED = 4096
+#: A job's most recent notification results the agent keeps to answer a command sent
+#: again (a controller's failover re-sends only its latest change's).
+NOTIFY_RESULTS_KEPT = 8
 #: Longest a long poll may wait (seconds).
 MAX_POLL = 10.0
 #: Seconds between two passes of the process tracker (:meth:`WorkerAgent.track`).
@@ -157,6 +167,13 @@ class TaskProc:
             "status": self.status,
             "reason": self.reason,
         }
+
+
+def _reported(text: str) -> str:
+    """A notification's output stream as reported (:data:`NOTIFY_OUTPUT_REPORTED`)."""
+    if len(text) <= NOTIFY_OUTPUT_REPORTED:
+        return text
+    return text[:NOTIFY_OUTPUT_REPORTED] + "\n[output truncated: notify-N.log has more]\n"
 
 
 class WorkerAgent:
@@ -609,12 +626,17 @@ class WorkerAgent:
             "attempt": key[1],
             "status": result.status,
             "reason": result.reason,
-            "stdout": result.stdout,
-            "stderr": result.stderr,
+            "stdout": _reported(result.stdout),
+            "stderr": _reported(result.stderr),
             "elapsed": result.elapsed,
         }
         with self._lock:
             self.notifications[key] = done
+            done_before = sorted(
+                k for k, v in self.notifications.items() if k[0] == key[0] and v is not None
+            )
+            for old in done_before[:-NOTIFY_RESULTS_KEPT]:
+                del self.notifications[old]
             self._emit("notify_done", **done)
 
     def _forget(self, job: str) -> None:
