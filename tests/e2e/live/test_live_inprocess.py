@@ -154,9 +154,19 @@ def test_config_metrics_token(tmp_path: Path) -> None:
         ("42", "must be a non-empty string"),
         ('"sha256:abc"', "64 hex digits"),
         ('"alice-secret-1"', "same token as user alice"),
+        # The same token hashed, or in clear when a user's is hashed: still that user's.
+        (f'"sha256:{hashlib.sha256(b"alice-secret-1").hexdigest().upper()}"', "user alice"),
+        ('"root-secret"', "same token as user root"),
     ):
         with pytest.raises(ConfigError, match=rf"controller\.metrics_token.*{message}"):
             _config(tmp_path, with_token(value))
+    # Two users given one token, once in clear and once hashed: refused as well.
+    twice = GOOD.replace(
+        'tokens = { alice = "alice-secret-1",',
+        'tokens = { bob = "root-secret", alice = "alice-secret-1",',
+    )
+    with pytest.raises(ConfigError, match=r"users\.tokens\.root.*same token as user bob"):
+        _config(tmp_path, twice)
 
 
 def test_store_fencing(tmp_path: Path) -> None:

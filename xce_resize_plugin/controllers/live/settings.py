@@ -92,6 +92,14 @@ class UserToken:
     user: str
     secret: str
 
+    @property
+    def digest(self) -> str:
+        """The token's SHA-256 in lower-case hex, however the configuration gives it:
+        two entries of one token, one in clear and one hashed, have the same."""
+        if self.secret.startswith(SHA256):
+            return self.secret[len(SHA256) :].lower()
+        return hashlib.sha256(self.secret.encode()).hexdigest()
+
     def matches(self, token: str) -> bool:
         if self.secret.startswith(SHA256):
             digest = hashlib.sha256(token.encode()).hexdigest()
@@ -189,7 +197,7 @@ def parse(data: Mapping[str, Any], path: Path) -> LiveConfig:
     )
     scrape = cfg.metrics_token
     for user in cfg.tokens:
-        if scrape is not None and scrape.secret == user.secret:
+        if scrape is not None and scrape.digest == user.digest:
             raise where.error("controller.metrics_token", f"same token as user {user.user}")
     return cfg
 
@@ -349,9 +357,11 @@ def _tokens(where: Where, value: Any) -> tuple[UserToken, ...]:
         key = f"users.tokens.{user}"
         if not user:
             raise where.error(key, "a token needs a user name")
-        _secret(where, key, secret)
-        if secret in seen:
-            raise where.error(key, f"same token as user {seen[secret]}")
-        seen[secret] = str(user)
-        out.append(UserToken(str(user), secret))
+        token = UserToken(str(user), _secret(where, key, secret))
+        # Compared by digest: the same token given in clear and hashed is one token,
+        # and whoever holds it would be taken for the first user it matches.
+        if token.digest in seen:
+            raise where.error(key, f"same token as user {seen[token.digest]}")
+        seen[token.digest] = str(user)
+        out.append(token)
     return tuple(out)
