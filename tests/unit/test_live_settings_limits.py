@@ -1,10 +1,13 @@
 """The live controller's limits on connections and requests: ``[controller]
 request_limit`` (docs/live-controller.md) and what :mod:`.fd_limits` derives from the
-descriptor limit."""
+descriptor limit; and on what it keeps: ``[controller] finished_job_keep``, the seconds
+a finished job is kept after its end (docs/live-controller.md, "Configuration" and
+"Jobs and tasks")."""
 
 from __future__ import annotations
 
 import logging
+import math
 import resource
 import subprocess
 import sys
@@ -145,3 +148,30 @@ def test_refusals_are_said_once_in_a_while() -> None:
     assert refusals.filter(later) and later.getMessage().endswith("(5 more since the last line)")
     other = logging.LogRecord("uvicorn.error", logging.WARNING, "", 0, "other", None, None)
     assert refusals.filter(other)
+
+
+# -- finished_job_keep ------------------------------------------------------------
+
+
+def test_finished_jobs_are_kept_an_hour_by_default_as_lsf_clean_period() -> None:
+    assert parse().finished_job_keep == 3600.0 == settings.DEFAULT_FINISHED_JOB_KEEP
+
+
+@pytest.mark.parametrize(
+    ("value", "seconds"), [(0, 0.0), (0.5, 0.5), (300, 300.0), (365 * 86400, 365 * 86400.0)]
+)
+def test_a_finished_job_keep_is_taken_in_seconds(value: Any, seconds: float) -> None:
+    keep = parse(finished_job_keep=value).finished_job_keep
+    assert keep == seconds and isinstance(keep, float)
+
+
+@pytest.mark.parametrize(
+    "value", [-1, -0.5, math.nan, math.inf, 365 * 86400 + 1, 1e12, "3600", True, [60], None]
+)
+def test_a_bad_finished_job_keep_is_named_in_one_line(value: Any) -> None:
+    with pytest.raises(ConfigError) as refused:
+        parse(finished_job_keep=value)
+    assert str(refused.value) == (
+        "Configuration error: /site/controller.toml: controller.finished_job_keep: must be "
+        f"a number of seconds from 0 to 31536000, got {value!r}"
+    )

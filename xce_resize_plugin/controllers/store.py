@@ -6,7 +6,9 @@ again: every job record with its held slots and task states, and a ``meta`` reco
 (schema version, simulated clock, next job id, hosts, limits, the ``[resize]``
 section). The controller writes the records it changed after every state-changing call,
 so dropping the controller object at any point (a crash) loses nothing but the events
-it had not delivered yet.
+it had not delivered yet. A finished job that its holder drops
+(:meth:`~.sim.sim_controller.EmbeddedController.forget_finished`) has its record
+deleted in such a write.
 
 Layout: one LMDB environment in ``state_dir/embedded`` with two named databases,
 ``meta`` (key ``state``) and ``jobs`` (job id -> record). Values are JSON (small,
@@ -66,8 +68,14 @@ class Store(Protocol):
     def load(self) -> Snapshot | None:
         """The saved state, or ``None`` for a new state directory."""
 
-    def write(self, meta: Mapping[str, Any] | None, jobs: Iterable[tuple[JobRecord, Held]]) -> None:
-        """Save ``meta`` (if given) and these jobs in one transaction."""
+    def write(
+        self,
+        meta: Mapping[str, Any] | None,
+        jobs: Iterable[tuple[JobRecord, Held]],
+        deleted: Iterable[str] = (),
+    ) -> None:
+        """Save ``meta`` (if given) and these jobs, and delete the records of the
+        ``deleted`` job ids (finished jobs dropped), in one transaction."""
 
     def close(self) -> None: ...
 
@@ -275,11 +283,18 @@ class MemoryStore:
         jobs = tuple(_decode(raw, "memory store", key) for key, raw in self._jobs.items())
         return Snapshot(meta, jobs)
 
-    def write(self, meta: Mapping[str, Any] | None, jobs: Iterable[tuple[JobRecord, Held]]) -> None:
+    def write(
+        self,
+        meta: Mapping[str, Any] | None,
+        jobs: Iterable[tuple[JobRecord, Held]],
+        deleted: Iterable[str] = (),
+    ) -> None:
         if meta is not None:
             self._meta = encode_meta(meta)
         for key, value in encode_jobs(jobs):
             self._jobs[key.decode()] = value
+        for job_id in deleted:
+            self._jobs.pop(job_id, None)
 
     def close(self) -> None:
         """Nothing to release."""
@@ -291,7 +306,12 @@ class NullStore:
     def load(self) -> Snapshot | None:
         return None
 
-    def write(self, meta: Mapping[str, Any] | None, jobs: Iterable[tuple[JobRecord, Held]]) -> None:
+    def write(
+        self,
+        meta: Mapping[str, Any] | None,
+        jobs: Iterable[tuple[JobRecord, Held]],
+        deleted: Iterable[str] = (),
+    ) -> None:
         """Nothing is kept."""
 
     def close(self) -> None:
@@ -350,18 +370,33 @@ class LmdbStore:
         )
         return Snapshot(meta, jobs)
 
-    def write(self, meta: Mapping[str, Any] | None, jobs: Iterable[tuple[JobRecord, Held]]) -> None:
-        # Encode first: a retry after MapFullError must not re-run the iterator.
+    def write(
+        self,
+        meta: Mapping[str, Any] | None,
+        jobs: Iterable[tuple[JobRecord, Held]],
+        deleted: Iterable[str] = (),
+    ) -> None:
+        # Encode first: a retry after MapFullError must not re-run the iterators.
         items = encode_jobs(jobs)
         meta_raw = None if meta is None else encode_meta(meta)
-        self._env.write(functools.partial(self._put, meta_raw, items))
+        gone = [job_id.encode() for job_id in deleted]
+        self._env.write(functools.partial(self._put, meta_raw, items, gone))
 
-    def _put(self, meta_raw: bytes | None, items: list[tuple[bytes, bytes]], txn: _Txn) -> None:
-        """Write the meta record (if given) and these encoded job records in ``txn``."""
+    def _put(
+        self,
+        meta_raw: bytes | None,
+        items: list[tuple[bytes, bytes]],
+        gone: list[bytes],
+        txn: _Txn,
+    ) -> None:
+        """Write the meta record (if given) and these encoded job records, and delete
+        the records of the ``gone`` job ids, in ``txn``."""
         if meta_raw is not None:
             txn.put(_STATE, meta_raw, db=self._meta_db)
         for key, value in items:
             txn.put(key, value, db=self._jobs_db)
+        for key in gone:
+            txn.delete(key, db=self._jobs_db)
 
     def close(self) -> None:
         self._env.close()

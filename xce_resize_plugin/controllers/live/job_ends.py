@@ -4,19 +4,29 @@ The fourth layer of :class:`~.live_controller.LiveController` (see :mod:`.live_s
 a job whose task 0 ended, that was killed, or that a host failure ends or requeues is
 first marked ending (saved), its other tasks are stopped (SIGTERM, ``kill_grace``,
 SIGKILL), and only then does the embedded controller end or requeue it and free its
-slots.
+slots. ``finished_job_keep`` seconds after its end, a finished job is dropped
+(:meth:`JobEnds._drop_finished`).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 
 from xce_resize_plugin.controllers.hosts import HOST_FAILURE
+from xce_resize_plugin.controllers.jobs import JobRecord
 from xce_resize_plugin.controllers.live import job_kv
 from xce_resize_plugin.controllers.live.protocol import ControllerProtocol
 from xce_resize_plugin.controllers.live.task_env import remove_scratch
 from xce_resize_plugin.controllers.task_records import LIVE_STATES, TaskState
 from xce_resize_plugin.core.models import JobState, LossOutcome
+
+log = logging.getLogger(__name__)
+
+#: The most finished jobs one loop tick drops: a backlog (a first start with this
+#: setting, a long ``finished_job_keep`` shortened) is dropped over a few ticks rather
+#: than holding the lock for one long write.
+DROP_BATCH = 1000
 
 
 class JobEnds(ControllerProtocol):
@@ -101,3 +111,40 @@ class JobEnds(ControllerProtocol):
             self.fleet.send(host, {"op": "forget", "job": job_id})
         remove_scratch(self.job_dir(job_id))
         self.embedded.flush()
+
+    # -- finished jobs dropped after finished_job_keep ------------------------------------
+
+    def _drop_finished(self) -> None:
+        """Drop the finished jobs whose end is ``finished_job_keep`` seconds old or
+        older (docs/live-controller.md, "Jobs and tasks"): from memory, the store and
+        the side records keyed by the job, in one durable write. Only jobs whose end
+        is recorded and reported are taken (the embedded controller queues them then),
+        never one still ending. The job's directory (its logs) stays; the plugin's
+        journal keeps its resize history until ``xce-resize journal compact``."""
+        before = self.embedded.now() - self.cfg.finished_job_keep
+        dropped = self.embedded.forget_finished(before, DROP_BATCH, self._ending.__contains__)
+        if not dropped:
+            return
+        for job in dropped:
+            self._drop_side_records(job)
+        self.embedded.flush()
+        log.debug("dropped finished job(s) %s", " ".join(job.id for job in dropped))
+
+    def _drop_side_records(self, job: JobRecord) -> None:
+        """Delete every side record of a dropped job: its command spec (with its token's
+        salt), its key-value entries, its tasks' launches; and what this controller
+        still holds of it in memory (a notification never answered)."""
+        key = f"job:{job.id}"
+        spec = self.live_store.get(key) or {}
+        for kv_key in spec.get("kv", []):
+            self.live_store.put(job_kv.record_key(job.id, kv_key), None)
+        self.live_store.put(key, None)
+        # Task ids are issued in order and the record keeps its newest tasks: every
+        # task launched has an id up to the largest the record knows.
+        ids = [*job.task_states, *(t.id for t in job.tasks)]
+        for tid in range(max(ids, default=-1) + 1):
+            task_key = f"task:{job.id}:{tid}"
+            if self.live_store.get(task_key) is not None:
+                self.live_store.put(task_key, None)
+        for pending in [k for k in self._notifying if k[0] == job.id]:
+            del self._notifying[pending]

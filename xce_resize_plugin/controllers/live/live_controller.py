@@ -7,7 +7,7 @@ and gives it what differs:
 
 - a wall clock, and a loop thread that runs scheduler and dispatch cycles (``settle``)
   whenever something happened (a request, a worker event) and at least every
-  :data:`TICK` seconds;
+  :data:`TICK` seconds, and drops the finished jobs kept ``finished_job_keep`` seconds;
 - tasks as real processes of per-host worker agents (:mod:`.worker`), reached through
   :mod:`.tasks`: the embedded controller's task and notification runners are this
   controller's commands to the agents, and the agents' events come back as its task
@@ -336,6 +336,7 @@ class LiveController(HostApi):
                         self._finish_endings()
                         self.embedded.settle()
                         self._finish_endings()
+                        self._drop_finished()
                     if now - last_check >= FENCE_CHECK:
                         last_check = now
                         self.live_store.check_epoch()

@@ -121,8 +121,14 @@ class LiveStore(LmdbStore):
             self._last_meta = _without_clock(snapshot.meta)
         return snapshot
 
-    def write(self, meta: Mapping[str, Any] | None, jobs: Iterable[tuple[JobRecord, Held]]) -> None:
-        """Write what changed, fenced, in one transaction; then ``after_commit``.
+    def write(
+        self,
+        meta: Mapping[str, Any] | None,
+        jobs: Iterable[tuple[JobRecord, Held]],
+        deleted: Iterable[str] = (),
+    ) -> None:
+        """Write what changed (and delete the ``deleted`` jobs' records), fenced, in one
+        transaction; then ``after_commit``.
 
         A wall-clock controller's meta record changes at every call only because of
         the clock, which a live restart does not need: such a write is skipped, so an
@@ -137,9 +143,11 @@ class LiveStore(LmdbStore):
         if meta is not None and _without_clock(meta) != self._last_meta:
             meta_raw = encode_meta(meta)
         items = encode_jobs(pairs)
+        gone = [job_id.encode() for job_id in deleted]
         side = [(k, self.side.get(k)) for k in sorted(self._dirty)]
-        if meta_raw is not None or items or side:
-            self._env.write(functools.partial(self._put_all, meta_raw, items, side), self._fence)
+        if meta_raw is not None or items or gone or side:
+            write = functools.partial(self._put_all, meta_raw, items, gone, side)
+            self._env.write(write, self._fence)
             self._dirty.clear()
             if meta_raw is not None and meta is not None:
                 self._last_meta = _without_clock(meta)
@@ -150,10 +158,11 @@ class LiveStore(LmdbStore):
         self,
         meta_raw: bytes | None,
         items: list[tuple[bytes, bytes]],
+        gone: list[bytes],
         side: list[tuple[str, Any]],
         txn: _Txn,
     ) -> None:
-        self._put(meta_raw, items, txn)
+        self._put(meta_raw, items, gone, txn)
         for skey, svalue in side:
             key = skey.encode()
             if svalue is None:
@@ -227,10 +236,15 @@ class Lease:
     def load(self) -> Snapshot | None:
         return self._store.load()
 
-    def write(self, meta: Mapping[str, Any] | None, jobs: Iterable[tuple[JobRecord, Held]]) -> None:
+    def write(
+        self,
+        meta: Mapping[str, Any] | None,
+        jobs: Iterable[tuple[JobRecord, Held]],
+        deleted: Iterable[str] = (),
+    ) -> None:
         """:meth:`LiveStore.write`, unless the lease was revoked (then nothing)."""
         if not self.revoked:
-            self._store.write(meta, jobs)
+            self._store.write(meta, jobs, deleted)
 
     def close(self) -> None:
         """Nothing: the live controller closes the store itself."""

@@ -17,6 +17,7 @@
     # single_user = false       true: a personal controller, every job runs as its user
     # metrics_token = "sha256:<hex digest>"   may read GET /metrics (and nothing else)
     # request_limit = 256       requests one user may have in progress at once
+    # finished_job_keep = 3600  seconds a finished job is kept after its end (0: dropped at once)
 
     [cluster]
     hosts = { hostA = 4, hostB = 4 }
@@ -68,6 +69,7 @@ CONTROLLER_KEYS = {
     "single_user",
     "metrics_token",
     "request_limit",
+    "finished_job_keep",
 }
 DEFAULT_LISTEN = "127.0.0.1:6820"
 #: Longest request deadline accepted (seconds): a longer one protects nothing.
@@ -83,6 +85,12 @@ DEFAULT_REQUEST_LIMIT = 256
 #: The largest ``request_limit``: more requests than a server raises its descriptor
 #: limit to (``fd_limits.MAX_NOFILE``) could never be in progress at once.
 MAX_REQUEST_LIMIT = 65536
+#: Seconds a finished job is kept after its end unless ``finished_job_keep`` says
+#: otherwise: LSF's ``CLEAN_PERIOD`` default (docs/live-controller.md, "Jobs and tasks").
+DEFAULT_FINISHED_JOB_KEEP = 3600.0
+#: The longest ``finished_job_keep``: a year. Longer is a mistake (a value in ms?), and
+#: would keep every job's record for ever, which the setting is there to prevent.
+MAX_FINISHED_JOB_KEEP = 365 * 86400.0
 
 
 @frozen
@@ -146,6 +154,9 @@ class LiveConfig:
     #: Requests one user (their jobs' tokens included) may have in progress at once
     #: (:func:`xce_resize_plugin.rest.http.set_request_limit`).
     request_limit: int = DEFAULT_REQUEST_LIMIT
+    #: Seconds a finished job (DONE or EXIT) is kept after its end, then dropped from
+    #: memory, the store and the views (0: as soon as its end is recorded).
+    finished_job_keep: float = DEFAULT_FINISHED_JOB_KEEP
 
     @property
     def controller_url(self) -> str:
@@ -188,6 +199,9 @@ def parse(data: Mapping[str, Any], path: Path) -> LiveConfig:
         single_user=_flag(where, "controller.single_user", ctl.get("single_user", False)),
         metrics_token=_metrics_token(where, ctl.get("metrics_token")),
         request_limit=_request_limit(where, ctl.get("request_limit", DEFAULT_REQUEST_LIMIT)),
+        finished_job_keep=_finished_job_keep(
+            where, ctl.get("finished_job_keep", DEFAULT_FINISHED_JOB_KEEP)
+        ),
         hosts=_hosts(where, where.section(data, "cluster", {"hosts"}).get("hosts")),
         admins=_admins(where, where.section(data, "users", {"admins", "tokens"}).get("admins", [])),
         tokens=_tokens(where, where.table(data, "users").get("tokens", {})),
@@ -308,6 +322,20 @@ def _request_limit(where: Where, value: Any) -> int:
             f"must be an integer from 1 to {MAX_REQUEST_LIMIT}, got {value!r}",
         )
     return value
+
+
+def _finished_job_keep(where: Where, value: Any) -> float:
+    """Seconds from 0 (dropped once the end is recorded) to :data:`MAX_FINISHED_JOB_KEEP`."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not 0 <= value <= MAX_FINISHED_JOB_KEEP  # nan fails both comparisons
+    ):
+        raise where.error(
+            "controller.finished_job_keep",
+            f"must be a number of seconds from 0 to {MAX_FINISHED_JOB_KEEP:.0f}, got {value!r}",
+        )
+    return float(value)
 
 
 def _at_least(where: Where, minimum: int) -> IntCheck:

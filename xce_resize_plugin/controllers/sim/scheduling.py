@@ -13,7 +13,7 @@ import bisect
 import logging
 import math
 import operator
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 
 from xce_resize_plugin.controllers.jobs import JobRecord, VersionRecord, job_id_key
@@ -357,6 +357,51 @@ class Scheduling(ControllerState):
             del self._jobs[job.id]
             self._cluster.forget_job(job.id)
             self._forgotten.add(job.id)
+        elif job.end_time is not None:
+            self._finished.add(job.end_time, job.id)
+
+    # -- finished jobs dropped after a while -------------------------------------------
+
+    def _drop_due(
+        self, before: float, limit: int | None, keep: Callable[[str], bool] | None
+    ) -> list[JobRecord]:
+        """Drop (at most ``limit``) finished jobs whose end, reported, is at ``before``
+        or earlier, earliest first, except those ``keep`` names (left for a later
+        call); their records are deleted from the store at the next flush."""
+        dropped: list[JobRecord] = []
+        kept: list[tuple[float, str]] = []
+        while limit is None or len(dropped) < limit:
+            entry = self._finished.pop_due(before)
+            if entry is None:
+                break
+            job = self._jobs.get(entry[1])
+            if job is None or not job.finished or not job.end_reported:
+                continue  # gone already; a job is queued only once its end is reported
+            if keep is not None and keep(job.id):
+                kept.append(entry)
+                continue
+            del self._jobs[job.id]
+            self._cluster.forget_job(job.id)
+            self._dirty.discard(job.id)
+            if self._persist:
+                self._deleted.add(job.id)
+            self._retire_id(job.id)
+            dropped.append(job)
+        for end, job_id in kept:
+            self._finished.add(end, job_id)
+        return dropped
+
+    def _retire_id(self, job_id: str) -> None:
+        """A dropped job's id is never given again, also after a restart: the next id
+        (saved in the meta record) moves past a number. Any other id (only a driver's
+        explicit ``job_id`` is not a number; the live controller's never are) is
+        remembered in memory only, for the life of this controller object."""
+        if job_id.isascii() and job_id.isdigit():
+            if int(job_id) >= self._next_id:
+                self._next_id = int(job_id) + 1
+                self._meta_dirty = True
+        else:
+            self._forgotten.add(job_id)
 
     # -- the pass ----------------------------------------------------------------------
 

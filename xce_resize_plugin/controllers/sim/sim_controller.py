@@ -22,7 +22,8 @@ nothing changes. Every call that changes state bumps a change counter, which is 
 controller on the same ``state_dir`` finds jobs, slots, task states and the clock.
 
 What the driver (a test, the demo, the scenario runner) uses: :meth:`submit`,
-:meth:`kill`, :meth:`at`, :meth:`run`, :meth:`advance`, :meth:`settle`, the resize
+:meth:`kill`, :meth:`at`, :meth:`run`, :meth:`advance`, :meth:`settle`,
+:meth:`forget_finished` (finished jobs dropped after a while), the resize
 forwarding methods (:meth:`request_resize`, :meth:`resize_status`,
 :meth:`acct_usage`), the views (:meth:`jobs`, :meth:`job`, :meth:`hosts_view`,
 :meth:`users_view`, :meth:`notifications`, :meth:`check_invariants`) and fault
@@ -58,6 +59,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import pluggy
 
 from xce_resize_plugin.controllers.cluster import Cluster
+from xce_resize_plugin.controllers.finished_jobs import FinishedJobs
 from xce_resize_plugin.controllers.jobs import JobOptions, JobRecord, job_id_key, submit_keywords
 from xce_resize_plugin.controllers.observer import Observer
 from xce_resize_plugin.controllers.runners import (
@@ -329,6 +331,8 @@ class EmbeddedController(Views):
 
         self._jobs = {}
         self._forgotten = set()
+        self._finished = FinishedJobs()
+        self._deleted = set()
         self._work = {}
         self._end_gen = {}
         self._init_schedule()
@@ -360,6 +364,8 @@ class EmbeddedController(Views):
                 self._running[job.id] = job
                 self._schedule_end(job)
                 self._update_running_view(job)
+            elif job.end_reported and job.end_time is not None:
+                self._finished.add(job.end_time, job.id)  # to be dropped in its time
         # Task processes do not wait for the controller: re-arm the exits of tasks that
         # were being stopped, and report launches the crash interrupted as failed.
         if not self._resume_tasks:
@@ -536,6 +542,28 @@ class EmbeddedController(Views):
                 return False
             self._end_job(job, JobState.DONE, reason)
             return True
+
+    def forget_finished(
+        self,
+        before: float,
+        limit: int | None = None,
+        keep: Callable[[str], bool] | None = None,
+    ) -> list[JobRecord]:
+        """Drop finished jobs whose end was at ``before`` or earlier, and reported
+        (``xce_job_end`` returned), earliest first; return their records.
+
+        A holder that purges finished jobs after a while calls it (the live controller:
+        ``[controller] finished_job_keep``); it costs in proportion to what it drops.
+        At most ``limit`` jobs are dropped, and none that ``keep`` names (a later call
+        drops them). A dropped job is gone from every view (:meth:`job`, :meth:`jobs`,
+        :meth:`get_job`), its record is deleted from the store with the next write
+        (:meth:`flush`: the caller's, so that what it drops with the jobs goes in the
+        same transaction), and its id is never given again, also after a restart (a
+        number: the saved next id moves past it).
+        """
+        with self._lock:
+            self._top_level("forget_finished")
+            return self._drop_due(before, limit, keep)
 
     def add_observer(self, observer: Observer) -> None:
         """Watch job starts, commits and ends, and act at each settled instant.

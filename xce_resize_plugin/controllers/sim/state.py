@@ -30,6 +30,7 @@ from typing import Any, ParamSpec, TypeVar
 import pluggy
 
 from xce_resize_plugin.controllers.cluster import Cluster, HostState
+from xce_resize_plugin.controllers.finished_jobs import FinishedJobs
 from xce_resize_plugin.controllers.hosts import HOST_FAILURE
 from xce_resize_plugin.controllers.jobs import JobRecord, job_id_key
 from xce_resize_plugin.controllers.observer import FinishedJob, Observer
@@ -139,8 +140,12 @@ class ControllerState:
 
     # -- jobs, time and events -------------------------------------------------------
     _jobs: dict[str, JobRecord]
-    #: Ids of finished jobs whose records were dropped (``keep_finished=False``).
+    #: Ids of finished jobs whose records were dropped (``keep_finished=False``; and
+    #: non-numeric ids that :meth:`forget_finished` dropped): never given again.
     _forgotten: set[str]
+    #: The finished jobs kept, their ends reported, by end time (what
+    #: :meth:`forget_finished` takes from).
+    _finished: FinishedJobs
     #: Jobs submitted with an arrival still to come.
     _future: dict[str, JobRecord]
     _next_id: int
@@ -164,6 +169,8 @@ class ControllerState:
 
     # -- what is still to be saved ---------------------------------------------------
     _dirty: set[str]
+    #: Jobs dropped whose records are still to be deleted from the store.
+    _deleted: set[str]
     _meta_dirty: bool
     _saved_clock: float
 
@@ -257,12 +264,13 @@ class ControllerState:
             return
         if self.now() != self._saved_clock:
             self._meta_dirty = True
-        if not self._dirty and not self._meta_dirty:
+        if not self._dirty and not self._meta_dirty and not self._deleted:
             return
         jobs = [
             (self._jobs[j], self._cluster.held(j)) for j in sorted(self._dirty) if j in self._jobs
         ]
-        self._store.write(self._meta() if self._meta_dirty else None, jobs)
+        self._store.write(self._meta() if self._meta_dirty else None, jobs, sorted(self._deleted))
         self._dirty.clear()
+        self._deleted.clear()
         self._meta_dirty = False
         self._saved_clock = self.now()
