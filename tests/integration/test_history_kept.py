@@ -117,7 +117,7 @@ def test_only_ended_unheld_tasks_beyond_the_newest_are_dropped(
     states: dict[int, TaskState], held: set[int], keep: int
 ) -> None:
     records = {tid: TaskRecord("h1", state, 0.0) for tid, state in states.items()}
-    prune_ended(records, held, keep)
+    said = prune_ended(records, held, keep)
     droppable = sorted(t for t, s in states.items() if s not in LIVE_STATES and t not in held)
     gone = set(states) - set(records)
-    assert gone == set(droppable[: max(0, len(droppable) - keep)])
+    assert gone == set(droppable[: max(0, len(droppable) - keep)]) == set(said)

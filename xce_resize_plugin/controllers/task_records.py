@@ -78,9 +78,11 @@ def mark_gone(rec: TaskRecord, now: float, reason: str) -> None:
     mark_exited(rec, now, rec.status, reason)
 
 
-def prune_ended(records: MutableMapping[int, TaskRecord], held: Iterable[int], keep: int) -> bool:
+def prune_ended(
+    records: MutableMapping[int, TaskRecord], held: Iterable[int], keep: int
+) -> list[int]:
     """Drop the records of ended tasks (exited, or failed to start) that the job no
-    longer holds, but the ``keep`` newest (task ids only grow); whether any went.
+    longer holds, but the ``keep`` newest (task ids only grow); the ids dropped.
 
     Such a task is done with for good: its slot is freed, the plugin has seen its end
     (it frees a task only after that), and task ids are never used again, so no launch
@@ -94,7 +96,7 @@ def prune_ended(records: MutableMapping[int, TaskRecord], held: Iterable[int], k
     gone = ended[: max(0, len(ended) - keep)]
     for tid in gone:
         del records[tid]
-    return bool(gone)
+    return gone
 
 
 class _Group:

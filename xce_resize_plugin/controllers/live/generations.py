@@ -141,6 +141,7 @@ class Generations(JobEnds):
             notification_runner=LiveNotificationRunner(self._runner_notify),
             protect_reservation=True,
             history_kept=HISTORY_KEPT,
+            tasks_forgotten=self._tasks_forgotten,
             autostart=False,
             lock=self.lock,
             hook_controller=self,

@@ -93,6 +93,23 @@ class TaskCommands(LiveState):
                     self._runner_stop(job.id, tid, rec.grace or 0.0, rec.stop_since)
         self.embedded.flush()
 
+    def _tasks_forgotten(self, job_id: str, task_ids: list[int]) -> None:
+        """Ended tasks of a running job whose records the embedded controller dropped
+        (docs/live-controller.md, "What a job's record keeps"): their launch records go
+        with them, written with the same flush, and their agents forget them. Kept, an
+        elastic job resized for days held one launch record (with the job's whole
+        environment) per task it ever started, here and in its agents."""
+        hosts: dict[str, list[int]] = {}
+        for tid in task_ids:
+            key = f"task:{job_id}:{tid}"
+            side = self.live_store.get(key)
+            if side is None:
+                continue
+            hosts.setdefault(str(side["host"]), []).append(tid)
+            self.live_store.put(key, None)
+        for host, tids in hosts.items():
+            self.fleet.send(host, {"op": "forget", "job": job_id, "tasks": tids})
+
     def _runner_start(self, job_id: str, task: Task, env: Mapping[str, str]) -> None:
         if job_id in self._ending:
             self.embedded.task_start_failed(job_id, task.id, "the job is ending")

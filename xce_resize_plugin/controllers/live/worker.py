@@ -431,6 +431,8 @@ class WorkerAgent:
                     self._stop(cmd)
                 elif op == "notify":
                     self._notify(cmd)
+                elif op == "forget" and cmd.get("tasks") is not None:
+                    self._forget_tasks(str(cmd["job"]), cmd["tasks"])
                 elif op == "forget":
                     self._forget(str(cmd["job"]))
                 else:
@@ -638,6 +640,16 @@ class WorkerAgent:
             for old in done_before[:-NOTIFY_RESULTS_KEPT]:
                 del self.notifications[old]
             self._emit("notify_done", **done)
+
+    def _forget_tasks(self, job: str, task_ids: list[Any]) -> None:
+        """Forget these ended tasks of a running job (the controller dropped their
+        records): an elastic job resized for days would otherwise keep an entry here
+        for every task it ever started. A task still live is kept."""
+        for tid in task_ids:
+            key = (job, int(tid))
+            task = self.tasks.get(key)
+            if task is not None and task.state in ("exited", "failed"):
+                del self.tasks[key]
 
     def _forget(self, job: str) -> None:
         for key in [k for k, t in self.tasks.items() if k[0] == job]:

@@ -100,7 +100,9 @@ class HostContract(Scheduling):
                 self._changed(job_id)
                 if self.history_kept is not None:
                     held = self._cluster.held_view(job_id)
-                    prune_ended(job.task_states, held, self.history_kept)
+                    gone = prune_ended(job.task_states, held, self.history_kept)
+                    if gone and self._tasks_forgotten is not None:
+                        self._tasks_forgotten(job_id, gone)
             self._flush()
 
     def launch_tasks(self, job_id: str, tasks: Sequence[Task], env: Mapping[str, str]) -> None:

@@ -190,6 +190,9 @@ class EmbeddedController(Views):
         long-lived elastic job resized all day would otherwise have a record, and a
         store write per change, that grows with every resize (the live controller:
         docs/live-controller.md, "What a job's record keeps").
+    :param tasks_forgotten: called with a job id and the task ids whose records
+        ``history_kept`` dropped, so that a holder drops what it keeps of them too (the
+        live controller: their launch records, the agents' entries).
     :param task_event_batches: deliver the task events queued together in one
         ``xce_task_events`` call (default), or each in its own ``xce_task_event`` call
         (``False``), as a host that gets them one at a time would.
@@ -233,6 +236,7 @@ class EmbeddedController(Views):
         keep_finished: bool = True,
         lean_cycles: bool = False,
         history_kept: int | None = None,
+        tasks_forgotten: Callable[[str, list[int]], None] | None = None,
         task_event_batches: bool = True,
         lock: AbstractContextManager[Any] | None = None,
         hook_controller: Controller | None = None,
@@ -259,6 +263,7 @@ class EmbeddedController(Views):
         if history_kept is not None and history_kept < 1:
             raise ValueError(f"history_kept must be at least 1, not {history_kept}")
         self.history_kept = history_kept
+        self._tasks_forgotten = tasks_forgotten
         self._observers = []
         self._on_submit = []
         self._on_start = []

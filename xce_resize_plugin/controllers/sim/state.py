@@ -112,6 +112,7 @@ class ControllerState:
     #: The most ended tasks and notification runs a job's record keeps, the newest (and
     #: fewer allocation versions); ``None``: all (see EmbeddedController).
     history_kept: int | None
+    _tasks_forgotten: Callable[[str, list[int]], None] | None
     lean_cycles: bool
     strict: bool
     protect_reservation: bool
