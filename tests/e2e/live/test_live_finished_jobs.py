@@ -5,6 +5,7 @@ gives their ids again; running jobs are untouched."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from xce_resize_plugin.controllers.live.live_store import LiveStore
@@ -71,3 +72,36 @@ def test_a_finished_job_is_dropped_for_good_and_a_running_one_stays(
     assert int(new) > int(done)
     live.running(new, 1)
     assert _listed(live) == {running, new}
+
+
+def test_a_requeued_job_leaves_no_launch_of_its_first_run_once_dropped(
+    resize_live_factory: Any,
+) -> None:
+    """A job requeued after a host failure starts again from task 0: the launches of
+    its first run's other tasks are deleted with the requeue, not left in the store
+    once the job is dropped (its record knows only its last run's task ids)."""
+    policy = Path(__file__).parents[3] / "hooks" / "requeue_on_host_failure.py"
+    live: LiveCluster = resize_live_factory(
+        {"h1": 3, "h2": 1}, controller="finished_job_keep = 1", policy_files=[str(policy)]
+    )
+    live.start()
+    job_id = live.submit(tasks="1,3", initial=1, resizable=True, alloc={"h2": 1})
+    live.running(job_id, 1)
+    assert live.grow(job_id, 2).status_code == 202
+    assert live.idle(job_id, 1)["hosts"] == {"h1": 2, "h2": 1}
+    down = live.ok("POST", "/v1/hosts/h2/down", ROOT)
+    assert down["jobs"] == {job_id: "requeue"}  # task 0 was there
+    again = wait_until(
+        lambda: (j := live.job(job_id))["state"] == "RUN" and j["version"] == 0 and j,
+        20,
+        "the requeued job runs again",
+    )
+    assert again["hosts"] == {"h1": 1}
+    live.running(job_id, 1)
+    assert live.call("DELETE", f"/v1/jobs/{job_id}", ALICE).status_code == 202
+    wait_until(lambda: _gone(live, job_id), what=f"job {job_id} dropped")
+
+    live.crash()
+    jobs, side = _stored(live)
+    assert job_id not in jobs
+    assert [k for k in side if job_id in k.split(":")] == []

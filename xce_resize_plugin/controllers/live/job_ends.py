@@ -106,6 +106,11 @@ class JobEnds(ControllerProtocol):
         spec.pop("ending", None)
         spec["launched"] = False
         self.live_store.put(key, spec)  # written with the requeue, in one transaction
+        job = self.embedded.record(job_id)
+        if job is not None:
+            # Its run is over: the next starts from task 0, and only its own launches
+            # are known by the job's record when it is dropped (_drop_side_records).
+            self._drop_launches(job)
         self.embedded.requeue(job_id)
         for host in hosts:
             self.fleet.send(host, {"op": "forget", "job": job_id})
@@ -139,12 +144,17 @@ class JobEnds(ControllerProtocol):
         for kv_key in spec.get("kv", []):
             self.live_store.put(job_kv.record_key(job.id, kv_key), None)
         self.live_store.put(key, None)
-        # Task ids are issued in order and the record keeps its newest tasks: every
-        # task launched has an id up to the largest the record knows.
+        self._drop_launches(job)
+        for pending in [k for k in self._notifying if k[0] == job.id]:
+            del self._notifying[pending]
+
+    def _drop_launches(self, job: JobRecord) -> None:
+        """Delete the launch records of the job's run: task ids are issued in order
+        and the record keeps its newest tasks, so every task launched has an id up to
+        the largest the record knows. A requeue deletes its run's (:meth:`_requeue`):
+        the next run's record knows only its own ids."""
         ids = [*job.task_states, *(t.id for t in job.tasks)]
         for tid in range(max(ids, default=-1) + 1):
             task_key = f"task:{job.id}:{tid}"
             if self.live_store.get(task_key) is not None:
                 self.live_store.put(task_key, None)
-        for pending in [k for k in self._notifying if k[0] == job.id]:
-            del self._notifying[pending]

@@ -58,7 +58,9 @@ any command: those tasks were already reported lost, and must not run alongside
 their replacements. A batch's launches are written there as *intents* (job and task,
 no pid yet) before any of them starts, so an agent killed between starting a process
 and recording its pid leaves a trace: its successor finds such a task's processes by
-the marks in their environment and kills them too.
+the marks in their environment and kills them too. On a full filesystem the file
+cannot be written: that is logged and the agent goes on (``_save``), so a successor
+may then miss what the failed writes would have recorded.
 """
 
 from __future__ import annotations
