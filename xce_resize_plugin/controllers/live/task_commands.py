@@ -135,6 +135,9 @@ class TaskCommands(LiveState):
             "op": "launch",
             "job": job_id,
             "task": task.id,
+            # Which run of the job (a requeued job runs again from task 0): the agent
+            # tells a resent launch of this run from a new run's task of the same id.
+            "run": repr(job.start_time),
             "argv": spec["argv"],
             "user": account_json(account),
             "env": self._task_env(job, spec, task, alloc_env, account),

@@ -159,6 +159,8 @@ class TaskProc:
     members: dict[int, int] = field(factory=dict)
     #: The user its processes run as (an adopted orphan of another user is not its).
     uid: int | None = None
+    #: The run of the job it belongs to, as its launch named it (``None``: not named).
+    run: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -462,10 +464,25 @@ class WorkerAgent:
     def _launch(self, cmd: Mapping[str, Any]) -> None:
         key = (str(cmd["job"]), int(cmd["task"]))
         known = self.tasks.get(key)
-        if known is not None:
-            self._report(known)
+        run = None if cmd.get("run") is None else str(cmd["run"])
+        if known is not None and (run is None or known.run is None or known.run == run):
+            self._report(known)  # the same launch sent again
             return
-        t = TaskProc(key[0], key[1], "running")
+        if known is not None and known.state not in ("exited", "failed"):
+            # The job ran here before it was requeued, and that run's task still runs:
+            # the new one must not run beside it (the controller stops the old run's
+            # tasks before the requeue, so this is a process that outlived its stop).
+            self._emit(
+                "start_failed",
+                job=key[0],
+                task=key[1],
+                reason="a task of the job's earlier run still runs here",
+            )
+            return
+        # Unknown, or ended in an earlier run of the job: a new task (a requeued job
+        # starts again from task 0; the forget that followed the requeue may have been
+        # lost with the host, and the old task would be reported instead of started).
+        t = TaskProc(key[0], key[1], "running", run=run)
         try:
             account = parse_account(cmd.get("user"))
             run_as = run_as_options(account)
