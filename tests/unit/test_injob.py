@@ -302,6 +302,96 @@ def test_a_stopping_controller_or_a_refusal_is_not_asked_again(
     assert transport.calls == protocol.BUSY_RETRIES + 1
 
 
+class _Refused:
+    """A transport that refuses the first request with the given plain 503."""
+
+    def __init__(self, unprocessed: bool) -> None:
+        self.unprocessed, self.calls = unprocessed, 0
+
+    def call(self, method: str, path: str, body: Any = None, timeout: float = 0.0) -> Any:
+        from xce_resize_plugin.rest.client import RemoteError
+
+        self.calls += 1
+        if self.calls == 1:
+            raise RemoteError("HTTP_503", "busy", 503, unprocessed=self.unprocessed)
+        return _allocation_doc()
+
+
+def _allocation_doc() -> dict[str, Any]:
+    return {
+        "job_id": "7",
+        "phase": "IDLE",
+        "version": 1,
+        "tasks": [{"id": 0, "host": "h1"}],
+        "min_tasks": 1,
+        "max_tasks": 4,
+    }
+
+
+def test_a_plain_503_is_asked_again_only_when_nothing_can_have_been_done(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Our servers' plain 503 comes before the application sees the request: asked
+    again. Another plain 503 (a proxy's, perhaps after it forwarded the request) is
+    asked again for a GET, and is the answer of a grow, which must not be sent twice."""
+    from xce_resize_plugin.rest.client import RemoteError
+
+    monkeypatch.setattr(protocol, "BUSY_WAIT", 0.001)
+    transport = _Refused(unprocessed=True)
+    ResizeClient("7", transport).grow(1)
+    assert transport.calls == 3  # the allocation (refused, asked again), then the grow
+    transport = _Refused(unprocessed=False)
+    assert ResizeClient("7", transport).allocation().version == 1 and transport.calls == 2
+    # The grow's own POST refused by something else than our servers: the answer.
+    transport = _Refused(unprocessed=False)
+    client = ResizeClient("7", transport)
+    transport.calls = -1  # the allocation passes; the grow's POST is the first refused
+    with pytest.raises(RemoteError) as refused:
+        client.grow(1)
+    assert refused.value.http_status == 503 and transport.calls == 1
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "unprocessed"),
+    [
+        (503, b"Service Unavailable", True),
+        (503, b"Service Unavailable\n", True),
+        (503, b"<html><body><h1>503 Service Temporarily Unavailable</h1></body></html>", False),
+        (503, b"", False),
+        (502, b"Service Unavailable", False),
+    ],
+)
+def test_our_servers_plain_503_is_told_from_others(
+    status: int, body: bytes, unprocessed: bool
+) -> None:
+    from xce_resize_plugin.rest.client import remote_error
+
+    assert remote_error(status, body, "x").unprocessed is unprocessed
+
+
+def test_the_plain_503s_our_servers_send_are_the_ones_told_unprocessed() -> None:
+    """uvicorn's answer at limit_concurrency and the live servers' at accept() have the
+    body the clients look for (an upgrade of uvicorn that changed it fails here)."""
+    import asyncio
+
+    from uvicorn.protocols.http.flow_control import service_unavailable
+
+    from xce_resize_plugin.controllers.live.fd_limits import REFUSAL
+    from xce_resize_plugin.rest.client import UNPROCESSED_503
+
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> Any:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: Any) -> None:
+        sent.append(message)
+
+    asyncio.run(service_unavailable({"type": "http"}, receive, send))
+    assert sent[0]["status"] == 503 and sent[1]["body"] == UNPROCESSED_503
+    assert REFUSAL.startswith(b"HTTP/1.1 503 ") and REFUSAL.endswith(b"\r\n\r\n" + UNPROCESSED_503)
+
+
 class _AfterBusy:
     """A transport refused once as busy with the given ``Retry-After``, then answering."""
 

@@ -87,7 +87,13 @@ class Exchange(Generic[_T]):
     def refused(self, error: RemoteError) -> float:
         """Hand back the controller's refusal; the seconds to wait before the same
         request is sent again (0: it is not, the call sees the refusal)."""
-        busy = error.http_status == 429 or error.code == "HTTP_503"
+        # A plain 503 is asked again when nothing of the request can have been done: a
+        # refusal our servers send before the application sees it, or a GET. A proxy's
+        # 503 may come after it forwarded a grow, which must not be sent twice.
+        plain_503 = error.code == "HTTP_503" and (
+            error.unprocessed or (self._sent is not None and self._sent.method == "GET")
+        )
+        busy = error.http_status == 429 or plain_503
         if busy and self._busy < BUSY_RETRIES:
             self._busy += 1
             self._again = True

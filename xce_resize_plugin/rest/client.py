@@ -20,6 +20,13 @@ if TYPE_CHECKING:
 DEFAULT_URL = "http://127.0.0.1:6820"
 
 
+#: The body of the plain 503 that uvicorn sends at its ``limit_concurrency`` and the live
+#: servers send for a connection beyond their descriptors
+#: (controllers/live/fd_limits.py ``REFUSAL``): before the request reaches the
+#: application, so nothing of it was done.
+UNPROCESSED_503 = b"Service Unavailable"
+
+
 class RemoteError(ResizeError):
     """The controller refused a request: its code, message and HTTP status as sent."""
 
@@ -30,6 +37,7 @@ class RemoteError(ResizeError):
         status: int,
         lsf_number: int | None = None,
         retry_after: int | None = None,
+        unprocessed: bool = False,
     ) -> None:
         self.code = code
         self.remote_text = text
@@ -38,6 +46,11 @@ class RemoteError(ResizeError):
         #: The answer's ``Retry-After`` in seconds, when it gave one as a number (the
         #: HTTP-date form and anything else read as ``None``).
         self.retry_after = retry_after
+        #: Refused before any of the request was handled: the plain 503 our servers
+        #: (uvicorn's, and the live servers' own at ``accept()``) send before a request
+        #: reaches the application, so sending it again cannot do anything twice. A
+        #: proxy's 503 may come after it forwarded the request: not this.
+        self.unprocessed = unprocessed
         super().__init__()
 
     @property
@@ -147,4 +160,5 @@ def remote_error(
         status,
         number if isinstance(number, int) else None,
         read_decimal(retry_after.strip()) if retry_after is not None else None,
+        status == 503 and raw.strip() == UNPROCESSED_503,
     )
