@@ -462,3 +462,22 @@ def test_hostile_resize_bodies_are_refused_and_change_nothing(resize_live_factor
         assert named in r.json()["detail"], r.text
         assert live.job(job_id)["resize"] == before
     assert "Traceback" not in live.logs()
+
+
+def test_a_scratch_left_moved_aside_is_removed_at_the_next_start(
+    resize_live_factory: Any,
+) -> None:
+    """A controller that stopped while it removed an ended job's scratch directory
+    (moved aside first: controllers/live/scratch_trash.py) leaves it; the next one
+    removes it, and nothing else of the job's directory."""
+    from xce_resize_plugin.controllers.live.scratch_trash import TRASH_PREFIX
+
+    live: LiveCluster = resize_live_factory({"h1": 1})
+    left = live.state / "jobs" / "999" / f"{TRASH_PREFIX}abc" / "d" / "d"
+    left.mkdir(parents=True)
+    (left / "f").write_text("x")
+    (live.state / "jobs" / "999" / "task-0.out").write_text("log")
+    live.start()
+    jdir = live.state / "jobs" / "999"
+    wait_until(lambda: not any(jdir.glob(f"{TRASH_PREFIX}*")), 15, "the sweep")
+    assert (jdir / "task-0.out").read_text() == "log"

@@ -17,7 +17,7 @@ from xce_resize_plugin.controllers.hosts import HOST_FAILURE
 from xce_resize_plugin.controllers.jobs import JobRecord
 from xce_resize_plugin.controllers.live import job_kv
 from xce_resize_plugin.controllers.live.protocol import ControllerProtocol
-from xce_resize_plugin.controllers.live.task_env import remove_scratch
+from xce_resize_plugin.controllers.live.scratch_trash import discard_scratch
 from xce_resize_plugin.controllers.task_records import LIVE_STATES, TaskState
 from xce_resize_plugin.core.models import JobState, LossOutcome
 
@@ -90,10 +90,17 @@ class JobEnds(ControllerProtocol):
             self.live_store.put(key, spec)
             for host in hosts:
                 self.fleet.send(host, {"op": "forget", "job": job_id})
-            remove_scratch(self.job_dir(job_id))
+            self._discard_scratch(job_id)
             for kv_key in spec.get("kv", []):
                 self.live_store.put(job_kv.record_key(job_id, kv_key), None)  # with the end
             self.embedded.flush()
+
+    def _discard_scratch(self, job_id: str) -> None:
+        """The job's scratch directory, moved aside now and removed outside the lock
+        (:mod:`.scratch_trash`): what the job left there may take minutes to remove."""
+        trash = discard_scratch(self.job_dir(job_id))
+        if trash is not None:
+            self._trash.put(trash)
 
     def _requeue(self, job_id: str, hosts: Sequence[str]) -> None:
         """A job that a host failure requeued has no process left: back to the queue
@@ -114,7 +121,7 @@ class JobEnds(ControllerProtocol):
         self.embedded.requeue(job_id)
         for host in hosts:
             self.fleet.send(host, {"op": "forget", "job": job_id})
-        remove_scratch(self.job_dir(job_id))
+        self._discard_scratch(job_id)
         self.embedded.flush()
 
     # -- finished jobs dropped after finished_job_keep ------------------------------------

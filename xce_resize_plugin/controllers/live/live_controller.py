@@ -100,6 +100,7 @@ from xce_resize_plugin.controllers.live.live_state import (
     TICK,
 )
 from xce_resize_plugin.controllers.live.live_store import Lease, LiveStore
+from xce_resize_plugin.controllers.live.scratch_trash import TrashRemover
 from xce_resize_plugin.controllers.live.settings import LiveConfig
 from xce_resize_plugin.controllers.live.state_check import JOURNAL_DIR, check_journal, cross_check
 from xce_resize_plugin.controllers.live.storage_faults import storage_failure
@@ -149,6 +150,7 @@ class LiveController(HostApi):
         if self._crash_at is not None and self._crash_at not in CRASH_POINTS:
             raise ValueError(f"{CRASH_ENV}={self._crash_at}: not one of {', '.join(CRASH_POINTS)}")
         self.euid = os.geteuid()
+        self._trash = TrashRemover()
         self._prepare_state_dir()
         self.live_store, self._tokens = _open_state(cfg)
         try:
@@ -171,6 +173,8 @@ class LiveController(HostApi):
             self.live_store.close()
             raise
         self._read_side()
+        # What an earlier controller moved aside and did not remove (it stopped first).
+        self._trash.sweep(cfg.state_dir / "jobs")
         self._undo_monitor = plugin_manager.add_hookcall_monitoring(
             self._before_hook, self._after_hook
         )

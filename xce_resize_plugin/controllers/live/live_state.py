@@ -43,6 +43,7 @@ from xce_resize_plugin.controllers.live.controller_lock import ControllerLock
 from xce_resize_plugin.controllers.live.job_tokens import JobTokens
 from xce_resize_plugin.controllers.live.live_store import Lease, LiveStore
 from xce_resize_plugin.controllers.live.proc import Account, parse_account
+from xce_resize_plugin.controllers.live.scratch_trash import TrashRemover
 from xce_resize_plugin.controllers.live.settings import LiveConfig
 from xce_resize_plugin.controllers.live.storage_faults import StateNotWritable
 from xce_resize_plugin.controllers.live.submission import job_account
@@ -133,6 +134,8 @@ class LiveState:
     #: store after a failed write (``_reload``).
     embedded: EmbeddedController
     _undo_monitor: Callable[[], None]
+    #: Removes ended jobs' scratch directories outside the lock (:mod:`.scratch_trash`).
+    _trash: TrashRemover
 
     def _crash(self, point: str) -> None:
         """Fault injection (see :data:`CRASH_ENV`): die here as a crash would."""

@@ -108,8 +108,14 @@ _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O
 
 
 def remove_scratch(job_dir: Path) -> None:
-    """Remove the job's scratch directory and what the job left in it; what cannot be
-    removed is left.
+    """Remove the job's scratch directory and what the job left in it
+    (:func:`remove_tree`)."""
+    remove_tree(job_dir / SCRATCH)
+
+
+def remove_tree(path: Path) -> None:
+    """Remove the directory ``path`` (a job's scratch directory, or one moved aside:
+    :mod:`.scratch_trash`) and what the job left in it; what cannot be removed is left.
 
     Every step is relative to a descriptor of a directory opened without following
     links, so no link the job made is followed. And no step recurses: the job decides
@@ -120,7 +126,7 @@ def remove_scratch(job_dir: Path) -> None:
     subdirectories of each directory emptied are moved up into the scratch directory
     itself, and emptied from there in turn: two directories are open at most."""
     try:
-        top = os.open(job_dir / SCRATCH, _DIR_FLAGS)
+        top = os.open(path, _DIR_FLAGS)
     except OSError:
         return  # none (the job's directory is the controller's: nobody else made one)
     try:
@@ -133,7 +139,7 @@ def remove_scratch(job_dir: Path) -> None:
     finally:
         os.close(top)
     with contextlib.suppress(OSError):
-        os.rmdir(job_dir / SCRATCH)
+        os.rmdir(path)
 
 
 def _remove_entry(top: int, name: str, todo: list[str]) -> None:
