@@ -107,6 +107,10 @@ class Agents(Generations):
                 key = (job.id, tid)
                 entry = known.pop(key, None)
                 side = self.live_store.get(f"task:{job.id}:{tid}") or {}
+                if entry is not None and _other_run(entry, side):
+                    # The agent's task of this id is an earlier run's (a requeue whose
+                    # forget it missed), not this run's: its launch never got there.
+                    entry = None
                 if entry is not None:
                     self._sync(host, job.id, tid, entry)
                     stop = side.get("stop")
@@ -314,3 +318,13 @@ class Agents(Generations):
         self.live_store.put(key, record)
         if self.fleet.ready(name):
             self._host_back(name)
+
+
+def _other_run(entry: Mapping[str, Any], side: Mapping[str, Any]) -> bool:
+    """Whether the agent's task (``entry``) belongs to another run of the job than the
+    recorded launch (``side``) names (docs/live-controller.md, "Worker agents"); not
+    when either names none (an older agent or controller), as the agent judges."""
+    launch = side.get("launch")
+    ours = launch.get("run") if isinstance(launch, Mapping) else None
+    theirs = entry.get("run")
+    return ours is not None and theirs is not None and str(ours) != str(theirs)

@@ -170,6 +170,8 @@ class TaskProc:
             "pid": self.pid,
             "status": self.status,
             "reason": self.reason,
+            # The controller tells an earlier run's task from its own (agents.py).
+            "run": self.run,
         }
 
 
