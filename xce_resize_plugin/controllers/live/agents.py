@@ -20,6 +20,7 @@ from xce_resize_plugin.controllers.jobs import JobRecord
 from xce_resize_plugin.controllers.live.generations import Generations
 from xce_resize_plugin.controllers.live.live_state import TICK
 from xce_resize_plugin.controllers.live.tasks import Queued
+from xce_resize_plugin.controllers.live.worker import same_run
 from xce_resize_plugin.controllers.runners import NotificationResult
 from xce_resize_plugin.controllers.task_records import LIVE_STATES, TaskRecord, TaskState
 from xce_resize_plugin.controllers.violations import HostStateError
@@ -322,9 +323,8 @@ class Agents(Generations):
 
 def _other_run(entry: Mapping[str, Any], side: Mapping[str, Any]) -> bool:
     """Whether the agent's task (``entry``) belongs to another run of the job than the
-    recorded launch (``side``) names (docs/live-controller.md, "Worker agents"); not
-    when either names none (an older agent or controller), as the agent judges."""
+    recorded launch (``side``) names (docs/live-controller.md, "Worker agents"), by the
+    agent's own rule (:func:`.worker.same_run`)."""
     launch = side.get("launch")
     ours = launch.get("run") if isinstance(launch, Mapping) else None
-    theirs = entry.get("run")
-    return ours is not None and theirs is not None and str(ours) != str(theirs)
+    return not same_run(ours, entry.get("run"))

@@ -175,6 +175,19 @@ class TaskProc:
         }
 
 
+#: The states of a task whose process is gone (for good: a task id is launched once a run).
+ENDED = ("exited", "failed")
+
+
+def same_run(ours: object, theirs: object) -> bool:
+    """Whether two launches of a task id are of one run of the job (``run`` of a launch
+    command, or of a task the agent reports): unless both name a run and the runs
+    differ. One that names none (an older agent or controller) counts as the same, as
+    before runs were named. The agent's launch and the controller's reconciliation
+    (``agents.py``) judge by this rule alike."""
+    return ours is None or theirs is None or str(ours) == str(theirs)
+
+
 def _reported(text: str) -> str:
     """A notification's output stream as reported (:data:`NOTIFY_OUTPUT_REPORTED`)."""
     if len(text) <= NOTIFY_OUTPUT_REPORTED:
@@ -467,10 +480,10 @@ class WorkerAgent:
         key = (str(cmd["job"]), int(cmd["task"]))
         known = self.tasks.get(key)
         run = None if cmd.get("run") is None else str(cmd["run"])
-        if known is not None and (run is None or known.run is None or known.run == run):
+        if known is not None and same_run(known.run, run):
             self._report(known)  # the same launch sent again
             return
-        if known is not None and known.state not in ("exited", "failed"):
+        if known is not None and known.state not in ENDED:
             # The job ran here before it was requeued, and that run's task still runs:
             # the new one must not run beside it (the controller stops the old run's
             # tasks before the requeue, so this is a process that outlived its stop).
@@ -530,7 +543,7 @@ class WorkerAgent:
             # Never launched here (or forgotten): nothing runs under this id.
             self._emit("exited", job=key[0], task=key[1], status=None, reason="no such task")
             return
-        if t.state in ("exited", "failed"):
+        if t.state in ENDED:
             self._report(t)
             return
         if t.state == "stopping":
@@ -669,13 +682,11 @@ class WorkerAgent:
         for tid in task_ids:
             key = (job, int(tid))
             task = self.tasks.get(key)
-            if task is not None and task.state in ("exited", "failed"):
+            if task is not None and task.state in ENDED:
                 del self.tasks[key]
 
     def _forget(self, job: str) -> None:
-        for key in [k for k, t in self.tasks.items() if k[0] == job]:
-            if self.tasks[key].state in ("exited", "failed"):
-                del self.tasks[key]
+        self._forget_tasks(job, [task for j, task in self.tasks if j == job])
         for nkey in [k for k, v in self.notifications.items() if k[0] == job and v is not None]:
             del self.notifications[nkey]
 
