@@ -30,6 +30,7 @@ from xce_resize_plugin.controllers.sim.state import ControllerState, exit_all
 from xce_resize_plugin.controllers.sim.work import JobWork
 from xce_resize_plugin.controllers.task_records import TaskState, TaskStates
 from xce_resize_plugin.controllers.violations import InvariantViolation, SubmissionRejected
+from xce_resize_plugin.core.decimal_text import read_decimal
 from xce_resize_plugin.core.models import JobState
 from xce_resize_plugin.core.reclaim import QueueHead
 
@@ -396,12 +397,12 @@ class Scheduling(ControllerState):
         (saved in the meta record) moves past a number. Any other id (only a driver's
         explicit ``job_id`` is not a number; the live controller's never are) is
         remembered in memory only, for the life of this controller object."""
-        if job_id.isascii() and job_id.isdigit():
-            if int(job_id) >= self._next_id:
-                self._next_id = int(job_id) + 1
-                self._meta_dirty = True
-        else:
+        number = read_decimal(job_id)
+        if number is None:
             self._forgotten.add(job_id)
+        elif number >= self._next_id:
+            self._next_id = number + 1
+            self._meta_dirty = True
 
     # -- the pass ----------------------------------------------------------------------
 
