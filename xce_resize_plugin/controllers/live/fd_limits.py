@@ -33,6 +33,8 @@ from typing import Any
 
 from attrs import frozen
 
+from xce_resize_plugin.rest.client import UNPROCESSED_503
+
 log = logging.getLogger(__name__)
 
 #: The soft descriptor limit a server raises itself to, at most. Each connection costs
@@ -53,15 +55,16 @@ RESERVE_BASE = 64
 RESERVE_PER_HOST = 4
 #: What a connection accepted into the reserve is sent before it is closed: uvicorn's
 #: own answer at ``limit_concurrency``, so that a client sees one answer whichever
-#: limit refused it.
+#: limit refused it, and the in-job clients know it for a refusal that did nothing
+#: (its body: ``rest.client.UNPROCESSED_503``).
 REFUSAL = (
     b"HTTP/1.1 503 Service Unavailable\r\n"
     b"content-type: text/plain; charset=utf-8\r\n"
-    b"content-length: 19\r\n"
+    b"content-length: %d\r\n"
     b"connection: close\r\n"
     b"\r\n"
-    b"Service Unavailable"
-)
+    b"%s"
+) % (len(UNPROCESSED_503), UNPROCESSED_503)
 #: Seconds between two log lines about refused connections: a crowd refused must not
 #: become a flood of lines (uvicorn says "Exceeded concurrency limit." per request).
 REFUSALS_LOGGED_EVERY = 10.0
