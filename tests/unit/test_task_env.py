@@ -17,7 +17,7 @@ from xce_resize_plugin.controllers.live.task_env import (
     local_task_id,
     make_scratch,
     recorded_local_ids,
-    remove_scratch,
+    remove_tree,
     task_file,
 )
 from xce_resize_plugin.core.models import Task
@@ -126,8 +126,8 @@ def test_scratch_removed_however_deep_and_never_through_a_link(tmp_path: Path) -
     (scratch / "closed" / "f").write_text("x")
     if os.geteuid() == 0:  # root removes it all the same (a user could not)
         (scratch / "closed").chmod(0)
-    remove_scratch(job_dir)
+    remove_tree(scratch)
     assert not scratch.exists() and list(job_dir.iterdir()) == []
     assert sorted(p.name for p in outside.iterdir()) == ["keep"]
     assert (outside / "keep").read_text() == "not the job's"
-    remove_scratch(job_dir)  # none: nothing to do
+    remove_tree(scratch)  # none: nothing to do

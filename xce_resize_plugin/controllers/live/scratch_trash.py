@@ -17,6 +17,8 @@ import os
 import queue
 import threading
 import uuid
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 from xce_resize_plugin.controllers.live.task_env import SCRATCH, remove_tree
@@ -42,16 +44,25 @@ def discard_scratch(job_dir: Path) -> Path | None:
 
 
 class TrashRemover:
-    """Removes the directories it is given, one after another, in a daemon thread
-    started at the first."""
+    """Removes what it is given, one removal after another, in a daemon thread started
+    at the first."""
 
     def __init__(self) -> None:
-        self._queue: queue.SimpleQueue[Path] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
 
     def put(self, path: Path) -> None:
-        self._queue.put(path)
+        """Remove ``path``, a directory :func:`discard_scratch` moved aside."""
+        self._add(partial(remove_tree, path))
+
+    def sweep(self, jobs_dir: Path) -> None:
+        """Remove what an earlier controller moved aside and did not remove (it
+        stopped first), found under ``jobs_dir/*/``; the listing is the thread's."""
+        self._add(partial(_sweep, jobs_dir))
+
+    def _add(self, work: Callable[[], None]) -> None:
+        self._queue.put(work)
         with self._lock:
             if self._thread is None:
                 self._thread = threading.Thread(
@@ -59,19 +70,15 @@ class TrashRemover:
                 )
                 self._thread.start()
 
-    def sweep(self, jobs_dir: Path) -> None:
-        """Remove what an earlier controller moved aside and did not remove (it
-        stopped first), found under ``jobs_dir/*/``; the listing is the thread's."""
-        self.put(jobs_dir)
-
     def _run(self) -> None:
         while True:
-            path = self._queue.get()
+            work = self._queue.get()
             try:
-                if path.name.startswith(TRASH_PREFIX):
-                    remove_tree(path)
-                else:  # a sweep of the jobs' directories
-                    for found in path.glob(f"*/{TRASH_PREFIX}*"):
-                        remove_tree(found)
+                work()
             except Exception:  # a bug here must not end the removals to come
-                log.exception("removing %s", path)
+                log.exception("removing a scratch directory")
+
+
+def _sweep(jobs_dir: Path) -> None:
+    for found in jobs_dir.glob(f"*/{TRASH_PREFIX}*"):
+        remove_tree(found)

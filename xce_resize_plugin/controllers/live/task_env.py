@@ -9,7 +9,7 @@ The scratch directory (``XCE_JOB_DIR``, with ``TMPDIR`` inside) belongs to the j
 owner and goes away when the job ends; it lives in the job's directory, which the
 controller owns and the job cannot write, so no job can plant a link where the
 controller (root, in a real install) creates or removes it; what the job puts inside
-it is removed without following a link and without recursion (:func:`remove_scratch`).
+it is removed without following a link and without recursion (:func:`remove_tree`).
 """
 
 from __future__ import annotations
@@ -105,12 +105,6 @@ def _give(path: Path, account: Account) -> None:
 #: How the removal opens a directory of the job's: never through a symbolic link, never
 #: anything but a directory (a FIFO is not opened, so nothing blocks).
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-
-
-def remove_scratch(job_dir: Path) -> None:
-    """Remove the job's scratch directory and what the job left in it
-    (:func:`remove_tree`)."""
-    remove_tree(job_dir / SCRATCH)
 
 
 def remove_tree(path: Path) -> None:
