@@ -15,7 +15,7 @@ from xce_resize_plugin.controllers.sim.speedup import parse_speedup
 from xce_resize_plugin.errors import ConfigError
 from xce_resize_plugin.simulation import sweep as sweep_mod
 from xce_resize_plugin.simulation.failures import parse as parse_host_failures
-from xce_resize_plugin.simulation.simulate import SimOptions, SimulationError
+from xce_resize_plugin.simulation.simulate import Mode, SimOptions, SimulationError
 from xce_resize_plugin.simulation.sweep import CellCache, run_sweep
 from xce_resize_plugin.simulation.sweep_config import load_sweep
 from xce_resize_plugin.simulation.sweep_report import format_sweep, groups, mean_ci, sweep_json
@@ -327,3 +327,36 @@ def test_every_sweep_file_of_the_docs_is_a_valid_sweep(example: Path, tmp_path: 
         * len(sweep.get("drivers", ["grow-shrink"]))
     )
     assert len(config.cells()) == expected
+
+
+def test_the_costliest_runs_are_made_first(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Longest first, so that no worker is left with a long run when the others idle:
+    elastic runs by their malleable fraction, then the rigid ones (docs/performance.md,
+    "Sweeps on local workers")."""
+    config = load_sweep(
+        _config(
+            tmp_path,
+            f'[sweep]\nworkloads = ["{KTH}", "{CTC}"]\nmalleable_fractions = [0.2, 1.0]\n'
+            "seeds = [0]\n[simulate]\nlimit = 60\n",
+        )
+    )
+    made: list[tuple[str, str, float]] = []
+    real = sweep_mod.run_one
+
+    def recording(source: str, options: SimOptions, mode: Mode) -> sweep_mod.RunResultDoc:
+        made.append((Path(source).name[:3], mode, options.malleable_fraction))
+        return real(source, options, mode)
+
+    monkeypatch.setattr(sweep_mod, "run_one", recording)
+    result = run_sweep(config, workers=1)
+    assert result.ran == 6
+    # Both traces have 60 jobs here: the cell order (KTH's rigid run first) is not
+    # the order the runs are made in.
+    assert made == [
+        ("KTH", "elastic", 1.0),
+        ("CTC", "elastic", 1.0),
+        ("KTH", "elastic", 0.2),
+        ("CTC", "elastic", 0.2),
+        ("KTH", "rigid", 0.0),
+        ("CTC", "rigid", 0.0),
+    ]

@@ -270,6 +270,20 @@ class Run:
 
 Runner = Callable[[Sequence[Run]], Iterator[tuple[str, RunResultDoc]]]
 
+#: How much more an elastic run costs than a rigid run of the same jobs, per unit of
+#: malleable fraction: KTH's and CTC's first 3,000 jobs measured 1.6x at 0.2, 2.5x at
+#: 0.5 and 4x at 1.0 (docs/performance.md, "Sweeps on local workers").
+ELASTIC_COST_PER_FRACTION = 3.0
+
+
+def expected_cost(run: Run) -> float:
+    """A run's cost relative to the others', for ordering: its jobs, weighted by how
+    much of its work is the plugin's (an elastic run's malleable jobs resize)."""
+    jobs = float(run.cell.workload.jobs)
+    if run.mode == "rigid":
+        return jobs
+    return jobs * (1.0 + ELASTIC_COST_PER_FRACTION * run.options.malleable_fraction)
+
 
 def _serial(runs: Sequence[Run]) -> Iterator[tuple[str, RunResultDoc]]:
     for run in runs:
@@ -417,8 +431,9 @@ def run_sweep(
     todo = [run for key, run in runs.items() if key not in results]
     if on_start is not None:
         on_start(len(runs), len(results))
-    # The largest workloads first: the runs left at the end are then the short ones.
-    todo.sort(key=lambda run: -run.cell.workload.jobs)
+    # The costliest runs first, so that the runs left at the end, when some workers
+    # already idle, are the short ones (longest-processing-time-first scheduling).
+    todo.sort(key=lambda run: -expected_cost(run))
     if todo:
         n = workers if workers is not None else (os.cpu_count() or 1)
         runner = _dask(dask) if dask is not None else (_serial if n <= 1 else _local(n))
