@@ -310,7 +310,28 @@ def xce_acct_usage(controller: Controller, job_id: str, now: float) -> Usage | N
     :param job_id: the job.
     :param now: the end of the timeline for a running job.
 
-    firstresult: the resize plugin answers for every job the host knows.
+    firstresult: the resize plugin answers for every job the host knows, and for a
+    resizable job the host has forgotten while the plugin's journal still holds it.
+
+    Implemented by: the resize plugin.
+    """
+
+
+@hookspec(firstresult=True)
+def xce_acct_job(controller: Controller, job_id: str) -> JobInfo | None:
+    """The job as the plugin's records have it, for a job the host has forgotten.
+
+    A host drops finished jobs after a while (LSF's ``CLEAN_PERIOD``); the plugin's
+    journal keeps a resizable job's history until it is compacted. The host asks this
+    to decide who may read that history (the ``view`` policy takes a job): the answer
+    holds the owner, the range, the last allocation, start and end; it is given as
+    ``DONE``, with no environment or notification command (the host's, not recorded).
+
+    :param controller: the host controller.
+    :param job_id: a job the host no longer knows.
+
+    firstresult: the resize plugin answers for an ended job its journal holds, else
+    ``None``.
 
     Implemented by: the resize plugin.
     """

@@ -287,6 +287,9 @@ class HostHooks:
             "Usage | None", self._hook.xce_acct_usage(controller=controller, job_id=job_id, now=now)
         )
 
+    def acct_job(self, controller: Controller, job_id: str) -> JobInfo | None:
+        return cast("JobInfo | None", self._hook.xce_acct_job(controller=controller, job_id=job_id))
+
     def rest_routes(self, controller: Controller) -> list[Sequence[Any]]:
         """Every implementation's routes (not firstresult: one list per implementation)."""
         return cast("list[Sequence[Any]]", self._hook.xce_rest_routes(controller=controller))

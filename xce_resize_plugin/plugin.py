@@ -166,6 +166,11 @@ def xce_acct_usage(controller: Controller, job_id: str, now: float) -> Usage | N
     return runtime_of(controller).usage(job_id, now)
 
 
+@hookimpl
+def xce_acct_job(controller: Controller, job_id: str) -> JobInfo | None:
+    return runtime_of(controller).job_record(job_id)
+
+
 # REST
 
 

@@ -12,6 +12,7 @@ from attrs import frozen
 
 from xce_resize_plugin.core.models import (
     JobInfo,
+    JobState,
     PendingGrow,
     ResizeRecord,
     ResizeState,
@@ -63,3 +64,26 @@ def usage_of_job(job: JobInfo, now: float) -> Usage:
     end = job.end_time if job.end_time is not None else now
     steps = segments(((job.start_time, len(job.tasks)),), end)
     return Usage(job.id, steps, autoresize=job.autoresize)
+
+
+def job_of_record(state: ResizeState) -> JobInfo | None:
+    """The job as the plugin's record of it has it, once it has ended (``None`` before):
+    for a job the host has forgotten (docs/host-integration.md, ``xce_acct_job``).
+
+    What only the host knew is not in the record: the job is given as ``DONE`` (how it
+    ended is the host's), with no environment, notification command or span options.
+    """
+    if state.ended_at is None:
+        return None
+    return JobInfo(
+        id=state.job_id,
+        user=state.user,
+        state=JobState.DONE,
+        min_tasks=state.min_tasks,
+        max_tasks=state.max_tasks,
+        tasks=state.tasks,
+        resizable=True,
+        start_time=state.started_at,
+        end_time=state.ended_at,
+        autoresize=state.autoresize,
+    )

@@ -79,11 +79,17 @@ class Hooks:
 
     controller: Controller
 
-    def view(self, principal: Principal, job_id: str) -> JobInfo:
+    def view(self, principal: Principal, job_id: str, *, dropped: bool = False) -> JobInfo:
         """The job, if ``principal`` may see it; :class:`NoJob` alike when it does not
         exist and when the ``view`` policy hides it, so that the answer never tells
-        which job ids exist (docs/rest-api.md, "Authentication and who may do what")."""
+        which job ids exist (docs/rest-api.md, "Authentication and who may do what").
+
+        ``dropped``: a finished job the host no longer knows is looked up in the
+        plugin's records (``xce_acct_job``), for the routes that read its journal,
+        which keeps it until compaction (docs/live-controller.md, "Finished jobs")."""
         job = self.controller.get_job(job_id)
+        if job is None and dropped:
+            job = HostHooks(self.controller.plugin_manager).acct_job(self.controller, job_id)
         if job is None or not HookPolicy(self.controller.plugin_manager).authorize(
             principal, job, "view"
         ):
@@ -103,7 +109,7 @@ class Hooks:
         return self.status(job_id)
 
     def viewed_history(self, principal: Principal, job_id: str) -> Usage:
-        self.view(principal, job_id)
+        self.view(principal, job_id, dropped=True)
         ctl = self.controller
         usage = HostHooks(ctl.plugin_manager).acct_usage(ctl, job_id, ctl.now())
         if usage is None:

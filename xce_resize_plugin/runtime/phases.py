@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 
 from xce_resize_plugin.core import converters, engine, losses, target
 from xce_resize_plugin.core import events as events_mod
-from xce_resize_plugin.core.accounting import Usage, usage_of_job, usage_of_state
+from xce_resize_plugin.core.accounting import Usage, job_of_record, usage_of_job, usage_of_state
 from xce_resize_plugin.core.facts import Fact
 from xce_resize_plugin.core.models import (
     JobInfo,
@@ -491,6 +491,16 @@ class Runtime(Reclaiming):
             return usage_of_state(state, now)
         job = self.controller.get_job(job_id)
         return usage_of_job(job, now) if job is not None else None
+
+    def job_record(self, job_id: str) -> JobInfo | None:
+        """The ended job as the journal has it, for a host that has forgotten it."""
+        state = self.states.get(job_id)
+        if state is None:
+            stored = self._stored(job_id)
+            if stored is None:
+                return None
+            state = converters.decode_state(stored)
+        return job_of_record(state)
 
     # --- a target size: the release that converges on it ----------------------
 

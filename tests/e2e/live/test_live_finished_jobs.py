@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from xce_resize_plugin.controllers.live.live_store import LiveStore
-from xce_resize_plugin.testing.live import ALICE, ROOT, SLEEPER, LiveCluster, wait_until
+from xce_resize_plugin.testing.live import ALICE, BOB, ROOT, SLEEPER, LiveCluster, wait_until
 
 
 def _listed(live: LiveCluster) -> set[str]:
@@ -35,7 +35,7 @@ def _stored(live: LiveCluster) -> tuple[set[str], list[str]]:
 def test_a_finished_job_is_dropped_for_good_and_a_running_one_stays(
     resize_live_factory: Any,
 ) -> None:
-    live: LiveCluster = resize_live_factory({"h1": 2}, controller="finished_job_keep = 1")
+    live: LiveCluster = resize_live_factory({"h1": 4}, controller="finished_job_keep = 1")
     live.start()
     running = live.submit()
     live.running(running, 1)
@@ -44,24 +44,36 @@ def test_a_finished_job_is_dropped_for_good_and_a_running_one_stays(
     live.running(done, 1)
     put = live.call("PUT", f"/v1/jobs/{done}/kv/addr", answer["token"], {"value": "h1:1"})
     assert put.status_code == 200, put.text
-    assert live.call("DELETE", f"/v1/jobs/{done}", ALICE).status_code == 202
+    grown = live.submit(tasks="1,2", initial=1, resizable=True)
+    live.running(grown, 1)
+    assert live.grow(grown, 1).status_code == 202
+    assert live.idle(grown, 1)["hosts"] == {"h1": 2}
+    history = live.ok("GET", f"/v1/jobs/{grown}/resize/history", ALICE)
+    for job_id in (done, grown):
+        assert live.call("DELETE", f"/v1/jobs/{job_id}", ALICE).status_code == 202
 
-    wait_until(lambda: _gone(live, done), what=f"job {done} dropped")
+    wait_until(lambda: _gone(live, done) and _gone(live, grown), what="jobs dropped")
     missing = live.call("GET", f"/v1/jobs/{done}", ROOT).json()
     assert missing["code"] == "LSBE_NO_JOB"
     assert _listed(live) == {running}
     assert live.job(running)["state"] == "RUN"
-    # The resize history is the plugin's journal's; the route answers for a job the
-    # controller knows (docs/live-controller.md, "Jobs and tasks").
-    history = live.call("GET", f"/v1/jobs/{done}/resize/history", ROOT)
-    assert history.status_code == 404 and history.json()["code"] == "LSBE_NO_JOB"
+    # The resize history is the plugin's journal's, and still answered, to whom the
+    # view policy shows the job as the journal recorded it (docs/live-controller.md,
+    # "Jobs and tasks"); a job that never was resizable has none.
+    for token in (ALICE, ROOT):
+        after = live.ok("GET", f"/v1/jobs/{grown}/resize/history", token)
+        assert after["records"] == history["records"] and len(after["records"]) == 1
+    for token, job_id in ((BOB, grown), (ROOT, done)):
+        hidden = live.call("GET", f"/v1/jobs/{job_id}/resize/history", token)
+        assert hidden.status_code == 404 and hidden.json()["code"] == "LSBE_NO_JOB"
+    assert live.call("GET", f"/v1/jobs/{grown}/resize", ALICE).status_code == 404
     # Its logs stay: they are the user's output.
     assert (live.state / "jobs" / done / "task-0.out").read_text().startswith("start 0")
 
     live.crash()
     jobs, side = _stored(live)
     assert jobs == {running}
-    assert [k for k in side if done in k.split(":")] == []
+    assert [k for k in side if done in k.split(":") or grown in k.split(":")] == []
     assert f"job:{running}" in side and f"task:{running}:0" in side
 
     live.start()  # the same state directory: nothing brings the job back
