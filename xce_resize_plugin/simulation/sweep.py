@@ -12,7 +12,8 @@ the jobs or the failures). Runs are made
 - on the local cores (:func:`run_sweep` with ``workers``; default: all of them), one
   run per worker process of a :class:`~concurrent.futures.ProcessPoolExecutor`
   (started by ``forkserver``, so no worker inherits the parent's threads), the
-  largest workloads first so that the last runs to finish are short ones;
+  costliest runs first (:func:`expected_cost`) so that the last runs to finish
+  are short ones;
   ``workers=1`` makes them in this process, one after the other;
 - or on an existing Dask cluster (``dask=ADDRESS``, the ``dask`` extra), one task
   per run; its workers need this package and the trace files at the same paths.
