@@ -472,13 +472,20 @@ class _SlowGiveUp:
 
 
 @pytest.mark.parametrize("says", [True, False], ids=["gave_up", "older controller"])
-def test_wait_answers_a_change_given_up_at_the_polls_end(says: bool) -> None:
+def test_wait_answers_a_change_given_up_at_the_polls_end(
+    says: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The elapsed time cannot tell a given-up change from a poll that ran out when the
     two coincide: with ``gave_up`` the wait answers at once, without it (a controller
-    that does not send it) at its timeout, one poll later."""
+    that does not send it) at its timeout, one poll later. A wait that has reached its
+    timeout answers without another poll."""
+    monkeypatch.setattr(protocol, "MAX_POLL", 0.3)
+    transport = _SlowGiveUp(says)
+    ResizeClient("7", transport).wait(after_version=3, timeout=0.6)
+    assert transport.waits == (1 if says else 2)
     transport = _SlowGiveUp(says)
     ResizeClient("7", transport).wait(after_version=3, timeout=0.3)
-    assert transport.waits == (1 if says else 2)
+    assert transport.waits == 1
 
 
 def test_busy_retries_are_counted_per_request() -> None:
@@ -502,3 +509,77 @@ def _many_requests(n: int) -> protocol.Steps[int]:
     for i in range(n):
         yield protocol.Request("GET", f"/{i}")
     return n
+
+
+class _Clock:
+    """``time.monotonic`` and ``time.sleep`` of a clock that moves only when slept."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+class _AlwaysBusy:
+    """A transport that refuses every request as busy (429, ``Retry-After: 1``)."""
+
+    def __init__(self) -> None:
+        self.paths: list[str] = []
+
+    def call(self, method: str, path: str, body: Any = None, timeout: float = 0.0) -> Any:
+        from xce_resize_plugin.rest.client import RemoteError
+
+        self.paths.append(path)
+        raise RemoteError("XCE_TOO_MANY_REQUESTS", "busy", 429, retry_after=1)
+
+
+def test_a_long_poll_refused_as_busy_asks_for_the_time_left_and_ends_by_its_deadline(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A call that waits answers by its timeout: each retry of its long poll asks the
+    controller to wait only the time then left, and once a pause would end past the
+    deadline the refusal is the answer (before, the same poll was sent again up to 60
+    times, a minute past a 2.5 s wait)."""
+    from xce_resize_plugin.rest.client import RemoteError
+
+    clock = _Clock()
+    monkeypatch.setattr(time, "monotonic", clock.monotonic)
+    monkeypatch.setattr(time, "sleep", clock.sleep)
+    transport = _AlwaysBusy()
+    start = clock.now
+    with pytest.raises(RemoteError) as refused:
+        ResizeClient("7", transport).get("k", wait=2.5)  # type: ignore[arg-type]
+    assert refused.value.http_status == 429
+    assert [p.rsplit("?", 1)[1] for p in transport.paths] == [
+        "wait=2.500",
+        "wait=1.500",
+        "wait=0.500",
+    ]
+    assert clock.now - start == 2.0  # two pauses of 1 s; a third would end past 2.5 s
+
+    # The same for the allocation's wait: the poll's own timeout shrinks with it.
+    transport = _AlwaysBusy()
+    with pytest.raises(RemoteError):
+        ResizeClient("7", transport).wait(after_version=3, timeout=1.5)  # type: ignore[arg-type]
+    assert [p.rsplit("timeout=", 1)[1] for p in transport.paths] == ["1.500", "0.500"]
+
+
+def test_a_request_that_does_not_wait_is_asked_again_as_before(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Without a wait there is no deadline: a busy refusal is retried up to
+    BUSY_RETRIES times, the same request each time."""
+    from xce_resize_plugin.rest.client import RemoteError
+
+    clock = _Clock()
+    monkeypatch.setattr(time, "monotonic", clock.monotonic)
+    monkeypatch.setattr(time, "sleep", clock.sleep)
+    transport = _AlwaysBusy()
+    with pytest.raises(RemoteError):
+        ResizeClient("7", transport).get("k")  # type: ignore[arg-type]
+    assert len(transport.paths) == protocol.BUSY_RETRIES + 1
+    assert set(transport.paths) == {"/v1/jobs/7/kv/k?wait=0.000"}

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import time
 import urllib.parse
-from collections.abc import Generator, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypedDict, TypeVar
 
@@ -31,7 +31,9 @@ MAX_POLL = 30.0
 #: answer. Neither changed anything. The wait is the answer's ``Retry-After`` when it
 #: gives one in seconds, kept between :data:`BUSY_WAIT` and :data:`BUSY_WAIT_MAX` (a
 #: proxy's ``0`` would have the tasks of a large job hammer it; an hour would hold the
-#: call for ever), else :data:`BUSY_WAIT`.
+#: call for ever), else :data:`BUSY_WAIT`. A long poll is asked again for the time then
+#: left, and only while the pause ends before its call's deadline: past it, the refusal
+#: is the answer, so that a call that waits answers by its timeout.
 BUSY_WAIT = 1.0
 BUSY_WAIT_MAX = 30.0
 BUSY_RETRIES = 60
@@ -41,12 +43,33 @@ _T = TypeVar("_T")
 
 @dataclass(frozen=True)
 class Request:
-    """One HTTP request a call makes: ``timeout`` (seconds) covers a long poll."""
+    """One HTTP request a call makes: ``timeout`` (seconds) covers a long poll.
+
+    A long poll (:func:`long_poll`) also has its call's ``deadline``
+    (``time.monotonic()``) and ``path_for``, its path for a given poll length, so
+    that it can be asked again for the time left (:meth:`again`)."""
 
     method: str
     path: str
     body: Any = None
     timeout: float | None = None
+    deadline: float | None = None
+    path_for: Callable[[float], str] | None = field(default=None, compare=False)
+
+    def again(self) -> Request:
+        """This request to send again now: a long poll for the time then left."""
+        if self.path_for is None:
+            return self
+        return long_poll(self.path_for, self.deadline)
+
+
+def long_poll(path_for: Callable[[float], str], deadline: float | None) -> Request:
+    """A GET that the controller holds until something happens or the poll ends: for
+    the time left until ``deadline`` (``None``: no deadline), at most
+    :data:`MAX_POLL`. Its own limit allows 10 s more, for a loaded controller."""
+    left = MAX_POLL if deadline is None else deadline - time.monotonic()
+    poll = max(0.0, min(MAX_POLL, left))
+    return Request("GET", path_for(poll), timeout=poll + 10.0, deadline=deadline, path_for=path_for)
 
 
 #: A call: yields requests, is sent their decoded answers, returns its result.
@@ -69,8 +92,9 @@ class Exchange(Generic[_T]):
 
     def next_request(self) -> Request | None:
         """The next request to send, or ``None`` when the call is done."""
-        if self._again:  # the last one, refused as busy
+        if self._again and self._sent is not None:  # the last one, refused as busy
             self._again = False
+            self._sent = self._sent.again()
             return self._sent
         steps, error = self._steps, self._error
         try:
@@ -95,10 +119,13 @@ class Exchange(Generic[_T]):
         )
         busy = error.http_status == 429 or plain_503
         if busy and self._busy < BUSY_RETRIES:
-            self._busy += 1
-            self._again = True
             asked = error.retry_after
-            return BUSY_WAIT if asked is None else min(max(asked, BUSY_WAIT), BUSY_WAIT_MAX)
+            pause = BUSY_WAIT if asked is None else min(max(asked, BUSY_WAIT), BUSY_WAIT_MAX)
+            deadline = self._sent.deadline if self._sent is not None else None
+            if deadline is None or time.monotonic() + pause < deadline:
+                self._busy += 1
+                self._again = True
+                return pause
         self._answer, self._error = None, error
         return 0.0
 
@@ -242,12 +269,11 @@ class JobRequests:
         deadline = time.monotonic() + timeout
         if after_version is None:
             after_version = (yield from self.allocation()).version - 1
+        path = f"{self.base}/wait?version={after_version}&timeout="
         while True:
             sent = time.monotonic()
-            left = deadline - sent
-            poll = max(0.0, min(MAX_POLL, left))
-            path = f"{self.base}/wait?version={after_version}&timeout={poll:.3f}"
-            doc = yield Request("GET", path, timeout=poll + 10.0)
+            poll = max(0.0, min(MAX_POLL, deadline - sent))
+            doc = yield long_poll(lambda seconds: f"{path}{seconds:.3f}", deadline)
             alloc = Allocation.from_json(doc)
             # Done, or nothing more will happen without a new request (a change seen in
             # this wait failed or was cancelled: the poll ended early, or the job was
@@ -259,7 +285,8 @@ class JobRequests:
             early = gave_up if isinstance(gave_up, bool) else time.monotonic() - sent < poll
             ended = changing or early
             finished = doc.get("job_state") not in (None, "RUN")
-            if doc.get("done") or (alloc.settled and ended) or finished or left <= 0:
+            out_of_time = time.monotonic() >= deadline
+            if doc.get("done") or (alloc.settled and ended) or finished or out_of_time:
                 return alloc
             changing = not alloc.settled
 
@@ -348,10 +375,16 @@ class JobRequests:
 
     def get(self, key: str, wait: float | None) -> Steps[str | None]:
         deadline = time.monotonic() + (wait or 0.0)
+        path = f"{self._kv(key)}?wait="
         while True:
-            poll = max(0.0, min(MAX_POLL, deadline - time.monotonic()))
+            # Without a wait, a plain request: asked again when busy as any other.
+            request = (
+                long_poll(lambda seconds: f"{path}{seconds:.3f}", deadline)
+                if wait
+                else Request("GET", f"{path}0.000", timeout=10.0)
+            )
             try:
-                doc = yield Request("GET", f"{self._kv(key)}?wait={poll:.3f}", timeout=poll + 10.0)
+                doc = yield request
             except RemoteError as exc:
                 if exc.code != "XCE_KV_NO_KEY":
                     raise
@@ -387,10 +420,10 @@ class EventCursor:
     def poll(self) -> Steps[list[dict[str, Any]]]:
         """One long poll: the events after the cursor (possibly none), the cursor moved
         past them; done after the job's ``job_ended`` event or once out of time."""
-        left = MAX_POLL if self.deadline is None else self.deadline - time.monotonic()
-        poll = max(0.0, min(MAX_POLL, left))
-        path = f"{self.path}?after={self.after}&timeout={poll:.3f}"
-        found: list[dict[str, Any]] = yield Request("GET", path, timeout=poll + 10.0)
+        path = f"{self.path}?after={self.after}&timeout="
+        found: list[dict[str, Any]] = yield long_poll(
+            lambda seconds: f"{path}{seconds:.3f}", self.deadline
+        )
         if found:
             self.after = int(found[-1]["seq"])
         ended = any(event.get("type") == "job_ended" for event in found)
