@@ -406,7 +406,10 @@ def xce_resize_authorize(principal: Principal, job: JobInfo, action: str) -> boo
     """Whether ``principal`` may perform ``action`` (grow, release, cancel, view) on ``job``.
 
     :param principal: who asks.
-    :param job: the job.
+    :param job: the job. For ``view`` of the history of a finished job the host has
+        dropped, the job as the plugin's journal recorded it (``xce_acct_job``):
+        always ``DONE``, with no environment or notification command, and default
+        span options; a policy that decides on those sees the defaults.
     :param action: ``grow``, ``release``, ``cancel``, ``modify`` (autoresize),
         ``target`` (set or clear a target size), ``drained`` (tasks of a release being
         drained may stop now), ``ready`` (a task is ready) or ``view``.

@@ -551,6 +551,12 @@ def test_problem_documents_of_job_state(cluster: Cluster, http: httpx.Client) ->
     assert_problem(call(http, "GET", path("999")), 404, "LSBE_NO_JOB")
     assert_problem(call(http, "POST", path("999", "/grow"), json={"tasks": 1}), 404, "LSBE_NO_JOB")
     assert_problem(call(http, "GET", path("9" * 65)), 400, "LSBE_BAD_JOBID")
+    # Control characters are no job id (a NUL reached the journal's key lookup).
+    for bad in ("\x00", "1\n", "\x7f"):
+        assert_problem(call(http, "GET", path(bad, "/history")), 400, "LSBE_BAD_JOBID")
+    # Nor is a lone surrogate, which another ASGI server may pass on undecoded.
+    with pytest.raises(errors.BadJobId):
+        operations.check_job_id("1\udc80")
     assert cluster.snapshot() == before
     # cancel_pending replaces the pending grow (accepted), then one in flight is a 409.
     r = call(

@@ -15,6 +15,8 @@ from xce_resize_plugin.core.accounting import job_of_record
 from xce_resize_plugin.core.models import GrowRequest, JobState, ResizeState, Task
 from xce_resize_plugin.errors import NoJob
 from xce_resize_plugin.host import HostHooks, Principal
+from xce_resize_plugin.journal import Journal
+from xce_resize_plugin.journal.compaction import compact
 from xce_resize_plugin.manager import get_plugin_manager
 from xce_resize_plugin.rest.resize_handlers import Hooks
 
@@ -30,7 +32,7 @@ def _controller(tmp_path: Path) -> EmbeddedController:
 def test_hook_xce_acct_job_gives_a_dropped_jobs_record_for_its_history(tmp_path: Path) -> None:
     ctl = _controller(tmp_path)
     grown = ctl.submit("alice", "1,3", runtime=100, resizable=True, alloc={"h1": 1})
-    plain = ctl.submit("alice", 1, runtime=100)  # never resizable: nothing journalled
+    plain = ctl.submit("alice", 1, runtime=100)  # never resized: nothing journalled
     ctl.settle()
     ctl.advance(10)
     ctl.request_resize(ALICE, grown, GrowRequest(min_add=2, max_add=2))
@@ -71,6 +73,40 @@ def test_hook_xce_acct_job_gives_a_dropped_jobs_record_for_its_history(tmp_path:
     # Only the history reads the journal: the other routes answer as for any unknown job.
     with pytest.raises(NoJob):
         hooks.viewed_status(ALICE, grown)
+    ctl.stop()
+
+    # Compaction removes the job's facts, not its final state and history; a new
+    # controller on the same state directory (nothing in memory) answers as before.
+    assert compact(tmp_path / "resize", keep_days=0, now=1e9) > 0
+    again = _controller(tmp_path)
+    hooks = Hooks(again)
+    assert hooks.viewed_history(ALICE, grown).records == before.records
+    with pytest.raises(NoJob):
+        hooks.viewed_history(BOB, grown)
+    again.stop()
+
+
+def test_who_may_see_a_dropped_job_is_decided_without_reading_its_history(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The job is looked up for any caller before the view policy runs: only its final
+    state is read (one record, not its resize records and timeline, which any user
+    could otherwise have the controller read and decode for someone else's job)."""
+    ctl = _controller(tmp_path)
+    job = ctl.submit("alice", "1,3", runtime=50, resizable=True, alloc={"h1": 1})
+    ctl.settle()
+    ctl.request_resize(ALICE, job, GrowRequest(min_add=1, max_add=1))
+    ctl.run()
+    ctl.forget_finished(before=ctl.now())
+
+    def no_history(self: Journal, job_id: str) -> None:
+        raise AssertionError("the history was read")
+
+    monkeypatch.setattr(Journal, "state", no_history)
+    record = HostHooks(ctl.plugin_manager).acct_job(ctl, job)  # type: ignore[arg-type]
+    assert record is not None and record.user == "alice"
+    with pytest.raises(NoJob):
+        Hooks(ctl).viewed_history(BOB, job)
     ctl.stop()
 
 

@@ -320,12 +320,23 @@ class Journal(Closing):
 
     def ended_at(self, job_id: str) -> float | None:
         """When ``job_id`` finished, or ``None`` if it is live or unknown."""
+        done = self._done(job_id)
+        return None if done is None else done[0]
+
+    def final_state(self, job_id: str) -> bytes | None:
+        """A finished job's state payload, without its history rows (what it is and
+        who owns it, read cheaply); ``None`` if it is live or unknown."""
+        done = self._done(job_id)
+        return None if done is None else done[1]
+
+    def _done(self, job_id: str) -> tuple[float, bytes] | None:
+        """A finished job's ``done`` record: its end time and final state payload."""
         job = job_key(job_id)
         value = self._read(lambda txn: txn.get(job, db=self._db(DONE)))
         if value is None:
             return None
         try:
-            return decode_done(value)[0]
+            return decode_done(value)
         except BadRecord as exc:
             raise JournalError(f"{self._file}: done state of job {job_id!r}: {exc}") from None
 

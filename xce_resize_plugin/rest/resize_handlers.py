@@ -9,8 +9,9 @@ is answered 404 "No matching job found", exactly as a job that does not exist, s
 no answer tells which job ids exist), then ``xce_resize_request`` for a change, which
 authorises the action (403 for a job the caller sees but may not change) and returns
 only once the change's facts are durable, or ``xce_resize_status`` or
-``xce_acct_usage`` for a query — in a worker thread, because the journal's fsync
-blocks.
+``xce_acct_usage`` for a query (for the history of a finished job the host has
+dropped, ``xce_acct_job`` first gives the job the ``view`` policy decides on) — in a
+worker thread, because the journal's fsync blocks.
 
 Why only the hooks and never the runtime: the routes then work for any host and any
 plugin that implements the request hooks, and the embedded controller serves them

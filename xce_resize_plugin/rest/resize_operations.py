@@ -39,9 +39,12 @@ def body_too_large(declared: int | None) -> ResizeError:
 
 
 def check_job_id(job_id: str) -> str:
-    """Refuse an empty or overlong job id before any lookup."""
+    """Refuse an empty or overlong job id, or one that is not text (a lone surrogate,
+    which an ASGI server other than uvicorn may pass on), before any lookup."""
     if not job_id or len(job_id) > MAX_JOB_ID:
         raise BadJobId(f"job id must be 1 to {MAX_JOB_ID} characters, got {len(job_id)}")
+    if not job_id.isprintable():  # control characters, and surrogates (category Cs)
+        raise BadJobId(f"job id must be printable text, got {job_id!r}")
     return job_id
 
 

@@ -35,7 +35,7 @@ from xce_resize_plugin.core.status import ResizeStatus
 from xce_resize_plugin.core.task_events import TaskEventRun, TaskEvents
 from xce_resize_plugin.errors import InvalidRequest, NoJob, PolicyRejected, ResizeError
 from xce_resize_plugin.host import ClusterView, Controller, Principal, TaskEvent, durable_wait
-from xce_resize_plugin.journal import collector_paused
+from xce_resize_plugin.journal import StoredState, collector_paused
 from xce_resize_plugin.runtime.reclaiming import Reclaiming
 
 log = logging.getLogger(__name__)
@@ -493,14 +493,17 @@ class Runtime(Reclaiming):
         return usage_of_job(job, now) if job is not None else None
 
     def job_record(self, job_id: str) -> JobInfo | None:
-        """The ended job as the journal has it, for a host that has forgotten it."""
-        state = self.states.get(job_id)
-        if state is None:
-            stored = self._stored(job_id)
-            if stored is None:
-                return None
-            state = converters.decode_state(stored)
-        return job_of_record(state)
+        """The ended job as the journal has it, for a host that has forgotten it. Read
+        for any caller before a policy says who may see the job: its final state only,
+        not its history, and nothing is written (a deferred end is read from memory)."""
+        with self._lock:
+            for deferred in reversed(self._deferred):
+                if deferred.job_id == job_id:
+                    return job_of_record(deferred.after)
+        payload = self.journal.final_state(job_id)
+        if payload is None:
+            return None
+        return job_of_record(converters.decode_state(StoredState(payload)))
 
     # --- a target size: the release that converges on it ----------------------
 

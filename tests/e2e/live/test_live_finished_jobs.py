@@ -67,6 +67,9 @@ def test_a_finished_job_is_dropped_for_good_and_a_running_one_stays(
         hidden = live.call("GET", f"/v1/jobs/{job_id}/resize/history", token)
         assert hidden.status_code == 404 and hidden.json()["code"] == "LSBE_NO_JOB"
     assert live.call("GET", f"/v1/jobs/{grown}/resize", ALICE).status_code == 404
+    # The dropped job's own token no longer authenticates, also for its history.
+    gone_token = live.call("GET", f"/v1/jobs/{done}/resize/history", answer["token"])
+    assert gone_token.status_code == 401
     # Its logs stay: they are the user's output.
     assert (live.state / "jobs" / done / "task-0.out").read_text().startswith("start 0")
 
@@ -78,6 +81,11 @@ def test_a_finished_job_is_dropped_for_good_and_a_running_one_stays(
 
     live.start()  # the same state directory: nothing brings the job back
     assert _gone(live, done)
+    # ... and its history is still the journal's, to the same callers.
+    after = live.ok("GET", f"/v1/jobs/{grown}/resize/history", ALICE)
+    assert after["records"] == history["records"]
+    hidden = live.call("GET", f"/v1/jobs/{grown}/resize/history", BOB)
+    assert hidden.status_code == 404
     assert _listed(live) == {running}
     assert live.job(running)["state"] == "RUN"
     new = live.submit()
