@@ -128,3 +128,33 @@ def test_a_refusal_of_the_events_stops_following_them(monkeypatch: pytest.Monkey
 
     asyncio.run(cluster_module.follow_job_events(Client(), refresh, lambda ids: None))  # type: ignore[arg-type]
     assert calls == [None]
+
+
+def test_events_refused_as_busy_are_followed_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 429 that outlasted the client's own retries (the owner's requests in progress
+    at their limit: a job of hundreds of workers, each following the events) changed
+    nothing and will pass: the events are read again, not given up for good (outside
+    releases would no longer be drained)."""
+    import asyncio
+
+    from xce_resize_plugin.integrations.dask import cluster as cluster_module
+    from xce_resize_plugin.integrations.dask.sizing import transient
+    from xce_resize_plugin.rest.client import RemoteError
+
+    monkeypatch.setattr(cluster_module, "RETRY", 0)
+    calls: list[int | None] = []
+
+    class Client:
+        @staticmethod
+        async def events(after: int | None = None) -> AsyncIterator[dict[str, object]]:
+            calls.append(after)
+            if len(calls) == 1:
+                raise RemoteError("XCE_TOO_MANY_REQUESTS", "busy", 429, retry_after=1)
+            yield {"seq": 1, "type": "job_ended"}
+
+    async def refresh() -> None:
+        return None
+
+    asyncio.run(cluster_module.follow_job_events(Client(), refresh, lambda ids: None))  # type: ignore[arg-type]
+    assert calls == [None, None]
+    assert not transient(RemoteError("LSBE_NO_JOB", "job ended", 404))

@@ -524,48 +524,50 @@ class _Clock:
         self.now += seconds
 
 
-class _AlwaysBusy:
-    """A transport that refuses every request as busy (429, ``Retry-After: 1``)."""
+class _BusyFor:
+    """A transport that refuses the first ``busy`` requests as busy (429,
+    ``Retry-After: 1``), then answers with ``answer``."""
 
-    def __init__(self) -> None:
+    def __init__(self, busy: int, answer: Any) -> None:
+        self.busy, self.answer = busy, answer
         self.paths: list[str] = []
 
     def call(self, method: str, path: str, body: Any = None, timeout: float = 0.0) -> Any:
         from xce_resize_plugin.rest.client import RemoteError
 
         self.paths.append(path)
-        raise RemoteError("XCE_TOO_MANY_REQUESTS", "busy", 429, retry_after=1)
+        if len(self.paths) <= self.busy:
+            raise RemoteError("XCE_TOO_MANY_REQUESTS", "busy", 429, retry_after=1)
+        return self.answer
 
 
-def test_a_long_poll_refused_as_busy_asks_for_the_time_left_and_ends_by_its_deadline(
+def test_a_long_poll_refused_as_busy_is_asked_again_for_the_time_left(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """A call that waits answers by its timeout: each retry of its long poll asks the
-    controller to wait only the time then left, and once a pause would end past the
-    deadline the refusal is the answer (before, the same poll was sent again up to 60
-    times, a minute past a 2.5 s wait)."""
-    from xce_resize_plugin.rest.client import RemoteError
-
+    """Each retry of a long poll asks the controller to wait only the time then left,
+    none once the call's timeout has passed: a call that waits answers at its timeout,
+    or as soon as the controller answers again if it was busy then (before, each retry
+    asked for the whole wait again, a full timeout after the busy spell)."""
     clock = _Clock()
     monkeypatch.setattr(time, "monotonic", clock.monotonic)
     monkeypatch.setattr(time, "sleep", clock.sleep)
-    transport = _AlwaysBusy()
-    start = clock.now
-    with pytest.raises(RemoteError) as refused:
-        ResizeClient("7", transport).get("k", wait=2.5)  # type: ignore[arg-type]
-    assert refused.value.http_status == 429
+    transport = _BusyFor(4, {"key": "k", "value": "v", "version": 1})
+    assert ResizeClient("7", transport).get("k", wait=2.5) == "v"  # type: ignore[arg-type]
     assert [p.rsplit("?", 1)[1] for p in transport.paths] == [
         "wait=2.500",
         "wait=1.500",
         "wait=0.500",
+        "wait=0.000",
+        "wait=0.000",
     ]
-    assert clock.now - start == 2.0  # two pauses of 1 s; a third would end past 2.5 s
+    assert clock.now == 1004.0  # the four pauses the controller asked for, no poll more
 
     # The same for the allocation's wait: the poll's own timeout shrinks with it.
-    transport = _AlwaysBusy()
-    with pytest.raises(RemoteError):
-        ResizeClient("7", transport).wait(after_version=3, timeout=1.5)  # type: ignore[arg-type]
-    assert [p.rsplit("timeout=", 1)[1] for p in transport.paths] == ["1.500", "0.500"]
+    settled = {**_allocation_doc(), "version": 4, "done": True, "job_state": "RUN"}
+    transport = _BusyFor(2, settled)
+    alloc = ResizeClient("7", transport).wait(after_version=3, timeout=1.5)  # type: ignore[arg-type]
+    assert alloc.version == 4
+    assert [p.rsplit("timeout=", 1)[1] for p in transport.paths] == ["1.500", "0.500", "0.000"]
 
 
 def test_a_request_that_does_not_wait_is_asked_again_as_before(
@@ -578,8 +580,32 @@ def test_a_request_that_does_not_wait_is_asked_again_as_before(
     clock = _Clock()
     monkeypatch.setattr(time, "monotonic", clock.monotonic)
     monkeypatch.setattr(time, "sleep", clock.sleep)
-    transport = _AlwaysBusy()
+    transport = _BusyFor(protocol.BUSY_RETRIES + 1, None)
     with pytest.raises(RemoteError):
         ResizeClient("7", transport).get("k")  # type: ignore[arg-type]
     assert len(transport.paths) == protocol.BUSY_RETRIES + 1
     assert set(transport.paths) == {"/v1/jobs/7/kv/k?wait=0.000"}
+
+
+def test_a_retried_poll_that_ends_early_is_read_as_given_up(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A controller that does not say ``gave_up`` is judged by the time its poll took:
+    the retried poll's own send and length, not the first's (with a pause between
+    them, a change given up during the retried poll read as a poll that ran out, and
+    the wait went on to its whole timeout)."""
+    clock = _Clock()
+    monkeypatch.setattr(time, "monotonic", clock.monotonic)
+    monkeypatch.setattr(time, "sleep", clock.sleep)
+    monkeypatch.setattr(protocol, "MAX_POLL", 2.0)
+    settled = {**_allocation_doc(), "version": 3, "done": False, "job_state": "RUN"}
+
+    class GivesUpSoon(_BusyFor):
+        def call(self, method: str, path: str, body: Any = None, timeout: float = 0.0) -> Any:
+            answer = super().call(method, path, body, timeout)
+            clock.sleep(1.5)  # the retried poll (2 s asked) ends early: given up
+            return answer
+
+    transport = GivesUpSoon(1, settled)
+    ResizeClient("7", transport).wait(after_version=3, timeout=10.0)  # type: ignore[arg-type]
+    assert len(transport.paths) == 2 and clock.now == 1002.5

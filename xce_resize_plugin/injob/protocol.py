@@ -32,8 +32,8 @@ MAX_POLL = 30.0
 #: gives one in seconds, kept between :data:`BUSY_WAIT` and :data:`BUSY_WAIT_MAX` (a
 #: proxy's ``0`` would have the tasks of a large job hammer it; an hour would hold the
 #: call for ever), else :data:`BUSY_WAIT`. A long poll is asked again for the time then
-#: left, and only while the pause ends before its call's deadline: past it, the refusal
-#: is the answer, so that a call that waits answers by its timeout.
+#: left (none, past its call's deadline), so that a call that waits answers at its
+#: timeout, or as soon as the controller answers again if it was busy then.
 BUSY_WAIT = 1.0
 BUSY_WAIT_MAX = 30.0
 BUSY_RETRIES = 60
@@ -120,12 +120,9 @@ class Exchange(Generic[_T]):
         busy = error.http_status == 429 or plain_503
         if busy and self._busy < BUSY_RETRIES:
             asked = error.retry_after
-            pause = BUSY_WAIT if asked is None else min(max(asked, BUSY_WAIT), BUSY_WAIT_MAX)
-            deadline = self._sent.deadline if self._sent is not None else None
-            if deadline is None or time.monotonic() + pause < deadline:
-                self._busy += 1
-                self._again = True
-                return pause
+            self._busy += 1
+            self._again = True
+            return BUSY_WAIT if asked is None else min(max(asked, BUSY_WAIT), BUSY_WAIT_MAX)
         self._answer, self._error = None, error
         return 0.0
 
@@ -270,10 +267,14 @@ class JobRequests:
         if after_version is None:
             after_version = (yield from self.allocation()).version - 1
         path = f"{self.base}/wait?version={after_version}&timeout="
+        polled = [0.0, 0.0]  # when the last poll was sent, and for how long
+
+        def path_for(seconds: float) -> str:
+            polled[:] = [time.monotonic(), seconds]
+            return f"{path}{seconds:.3f}"
+
         while True:
-            sent = time.monotonic()
-            poll = max(0.0, min(MAX_POLL, deadline - sent))
-            doc = yield long_poll(lambda seconds: f"{path}{seconds:.3f}", deadline)
+            doc = yield long_poll(path_for, deadline)
             alloc = Allocation.from_json(doc)
             # Done, or nothing more will happen without a new request (a change seen in
             # this wait failed or was cancelled: the poll ended early, or the job was
@@ -282,6 +283,7 @@ class JobRequests:
             # ``gave_up`` says it exactly; a controller without it is judged by the
             # time the poll took (one that gives up right at its end reads as run out).
             gave_up = doc.get("gave_up")
+            sent, poll = polled
             early = gave_up if isinstance(gave_up, bool) else time.monotonic() - sent < poll
             ended = changing or early
             finished = doc.get("job_state") not in (None, "RUN")

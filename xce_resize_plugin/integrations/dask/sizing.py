@@ -48,9 +48,12 @@ def transient(exc: Unreachable | RemoteError) -> bool:
     """Whether asking again later may succeed: the controller was not reached, or it
     answered a 5xx — it is stopping (a failover: ``XCE_CONTROLLER_STOPPING``, or a long
     poll cut short by its shutdown), or its state cannot be written for now
-    (``XCE_STATE_NOT_WRITABLE``, ``XCE_RESIZE_JOURNAL``: nothing was applied). A 4xx is
-    the controller's answer to the request itself (the job ended, the token refused)."""
-    return isinstance(exc, Unreachable) or exc.http_status >= 500
+    (``XCE_STATE_NOT_WRITABLE``, ``XCE_RESIZE_JOURNAL``: nothing was applied) — or a
+    429: the owner's requests in progress were at their limit through all of the
+    client's own retries (a job of hundreds of workers, each following the events),
+    and nothing was done. Any other 4xx is the controller's answer to the request
+    itself (the job ended, the token refused)."""
+    return isinstance(exc, Unreachable) or exc.http_status >= 500 or exc.http_status == 429
 
 
 class JobSizer:
