@@ -311,7 +311,7 @@ def xce_acct_usage(controller: Controller, job_id: str, now: float) -> Usage | N
     :param now: the end of the timeline for a running job.
 
     firstresult: the resize plugin answers for every job the host knows, and for a
-    resizable job the host has forgotten while the plugin's journal still holds it.
+    finished job the host has forgotten whose final state the plugin's journal holds.
 
     Implemented by: the resize plugin.
     """
@@ -322,7 +322,8 @@ def xce_acct_job(controller: Controller, job_id: str) -> JobInfo | None:
     """The job as the plugin's records have it, for a job the host has forgotten.
 
     A host drops finished jobs after a while (LSF's ``CLEAN_PERIOD``); the plugin's
-    journal keeps a resizable job's history until it is compacted. The host asks this
+    journal keeps the final state and history of a job that resized (or asked to),
+    also through compaction, which removes only facts. The host asks this
     to decide who may read that history (the ``view`` policy takes a job): the answer
     holds the owner, the range, the last allocation, start and end; it is given as
     ``DONE``, with no environment or notification command (the host's, not recorded).

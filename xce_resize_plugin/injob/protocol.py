@@ -119,9 +119,9 @@ class Exchange(Generic[_T]):
         )
         busy = error.http_status == 429 or plain_503
         if busy and self._busy < BUSY_RETRIES:
-            asked = error.retry_after
             self._busy += 1
             self._again = True
+            asked = error.retry_after
             return BUSY_WAIT if asked is None else min(max(asked, BUSY_WAIT), BUSY_WAIT_MAX)
         self._answer, self._error = None, error
         return 0.0

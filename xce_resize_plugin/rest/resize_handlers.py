@@ -87,7 +87,8 @@ class Hooks:
 
         ``dropped``: a finished job the host no longer knows is looked up in the
         plugin's records (``xce_acct_job``), for the routes that read its journal,
-        which keeps it until compaction (docs/live-controller.md, "Finished jobs")."""
+        which keeps its final state and history also through compaction
+        (docs/live-controller.md, "Finished jobs")."""
         job = self.controller.get_job(job_id)
         if job is None and dropped:
             job = HostHooks(self.controller.plugin_manager).acct_job(self.controller, job_id)
