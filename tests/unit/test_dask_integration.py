@@ -158,3 +158,97 @@ def test_events_refused_as_busy_are_followed_again(monkeypatch: pytest.MonkeyPat
     asyncio.run(cluster_module.follow_job_events(Client(), refresh, lambda ids: None))  # type: ignore[arg-type]
     assert calls == [None, None]
     assert not transient(RemoteError("LSBE_NO_JOB", "job ended", 404))
+
+
+def _alloc(version: int, tasks: int, target: int) -> object:
+    from xce_resize_plugin.injob.protocol import Allocation
+
+    return Allocation(
+        "7",
+        "IDLE",
+        version,
+        tuple((i, "h1") for i in range(tasks)),
+        1,
+        8,
+        target={"tasks": target, "release_prefer": []},
+    )
+
+
+def test_waiting_for_the_target_goes_on_through_a_busy_or_failing_over_controller(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``wait_for_allocation`` (``JobSizer.settled``): a refusal that will pass (the
+    controller busy through the client's retries, or failing over) is asked again
+    until the timeout, which alone ends the wait (TimeoutError); a final refusal (the
+    job ended) is raised."""
+    import asyncio
+
+    from xce_resize_plugin.errors import Unreachable
+    from xce_resize_plugin.integrations.dask import sizing
+    from xce_resize_plugin.rest.client import RemoteError
+
+    monkeypatch.setattr(sizing, "RETRY", 0)
+
+    class Client:
+        def __init__(self, refusals: list[Exception]) -> None:
+            self.refusals, self.waits = refusals, 0
+
+        async def allocation(self) -> object:
+            return _alloc(1, 2, 4)
+
+        async def wait(self, after_version: int, timeout: float) -> object:
+            self.waits += 1
+            if self.refusals:
+                raise self.refusals.pop(0)
+            return _alloc(2, 4, 4)
+
+    busy = RemoteError("XCE_TOO_MANY_REQUESTS", "busy", 429, retry_after=1)
+    client = Client([busy, Unreachable("http://h:1")])
+    sizer = sizing.JobSizer(client, _alloc(1, 2, 4))  # type: ignore[arg-type]
+    assert asyncio.run(sizer.settled(5.0)).size == 4 and client.waits == 3
+    ended = Client([RemoteError("LSBE_NO_JOB", "job ended", 404)])
+    with pytest.raises(RemoteError):
+        asyncio.run(sizing.JobSizer(ended, _alloc(1, 2, 4)).settled(5.0))  # type: ignore[arg-type]
+
+
+def test_the_worker_asks_again_for_the_scheduler_through_a_busy_controller(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A refusal that will pass is asked again within ``--wait``; any other refusal
+    ends the worker with a message, not a traceback."""
+    import asyncio
+
+    from xce_resize_plugin.integrations.dask import worker
+    from xce_resize_plugin.rest.client import RemoteError
+
+    monkeypatch.setattr(worker, "RETRY", 0)
+    refusals: list[RemoteError] = []
+    asked: list[float | None] = []
+
+    class Client:
+        def __init__(self) -> None:
+            pass
+
+        @classmethod
+        def from_env(cls, environ: object) -> Client:
+            return cls()
+
+        async def __aenter__(self) -> Client:
+            return self
+
+        async def __aexit__(self, *exc: object) -> None:
+            return None
+
+        async def get(self, key: str, wait: float | None = None) -> str:
+            asked.append(wait)
+            if refusals:
+                raise refusals.pop(0)
+            return "tcp://h:8786"
+
+    monkeypatch.setattr(worker, "AsyncResizeClient", Client)
+    refusals.append(RemoteError("XCE_TOO_MANY_REQUESTS", "busy", 429, retry_after=1))
+    assert asyncio.run(worker.scheduler_address({}, 30.0)) == "tcp://h:8786"
+    assert len(asked) == 2 and all(w is not None and 0 < w <= 30.0 for w in asked)
+    refusals.append(RemoteError("LSBE_NO_JOB", "job ended", 404))
+    with pytest.raises(RuntimeError, match="key-value store could not be read"):
+        asyncio.run(worker.scheduler_address({}, 30.0))

@@ -145,7 +145,8 @@ class JobSizer:
     async def settled(self, timeout: float) -> Allocation:
         """Wait until the job holds its target with nothing pending or in flight (or
         has no target: none set, or cleared by a manual change, which then stands);
-        the allocation. :class:`TimeoutError` after ``timeout`` seconds."""
+        the allocation. :class:`TimeoutError` after ``timeout`` seconds; a controller
+        failing over or busy meanwhile (:func:`transient`) is asked again."""
         deadline = time.monotonic() + timeout
         alloc = await self.refresh()
         while True:
@@ -155,9 +156,15 @@ class JobSizer:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise TimeoutError(f"the job did not reach its target {target} in {timeout:g} s")
-            alloc = self.allocation = await self.client.wait(
-                after_version=alloc.version, timeout=min(POLL, left)
-            )
+            try:
+                alloc = self.allocation = await self.client.wait(
+                    after_version=alloc.version, timeout=min(POLL, left)
+                )
+            except (Unreachable, RemoteError) as exc:
+                if not transient(exc):
+                    raise
+                log.info("allocation not read (%s); again", exc)
+                await asyncio.sleep(min(RETRY, max(0.0, deadline - time.monotonic())))
 
 
 def _in_flight_shrink(alloc: Allocation) -> set[int]:

@@ -24,6 +24,7 @@ import logging
 import os
 import signal
 import sys
+import time
 from collections.abc import Callable, Mapping, Sequence
 
 from distributed import Worker
@@ -61,9 +62,23 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 async def scheduler_address(environ: Mapping[str, str], wait: float) -> str:
     """The address task 0 published; raises :class:`RuntimeError` if none came in
-    ``wait`` seconds."""
+    ``wait`` seconds. A controller failing over or busy (:func:`.sizing.transient`) is
+    asked again within that time; any other refusal is the worker's end."""
+    deadline = time.monotonic() + wait
     async with AsyncResizeClient.from_env(environ) as client:
-        address = await client.get(SCHEDULER_KEY, wait=wait)
+        while True:
+            try:
+                address = await client.get(
+                    SCHEDULER_KEY, wait=max(0.0, deadline - time.monotonic())
+                )
+                break
+            except (Unreachable, RemoteError) as exc:
+                if not transient(exc) or time.monotonic() >= deadline:
+                    raise RuntimeError(
+                        f"the job's key-value store could not be read ({exc}): no Dask "
+                        f"scheduler address ({SCHEDULER_KEY!r})"
+                    ) from exc
+                await asyncio.sleep(RETRY)
     if address is None:
         raise RuntimeError(
             f"no Dask scheduler published in the job's key-value store "
