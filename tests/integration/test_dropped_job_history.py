@@ -1,5 +1,5 @@
 """A finished job the host has dropped (``finished_job_keep``) keeps its resize history
-in the plugin's journal until compaction: ``xce_acct_job`` gives the job as the journal
+in the plugin's journal, also through compaction: ``xce_acct_job`` gives the job as the journal
 recorded it, and the history route shows it to whom the ``view`` policy shows that job
 (docs/live-controller.md, "Finished jobs"). Real LMDB journal, embedded controller."""
 

@@ -132,7 +132,8 @@ class JobEnds(ControllerProtocol):
         the side records keyed by the job, in one durable write. Only jobs whose end
         is recorded and reported are taken (the embedded controller queues them then),
         never one still ending. The job's directory (its logs) stays; the plugin's
-        journal keeps its resize history until ``xce-resize journal compact``."""
+        journal keeps its resize history, which ``xce-resize history`` still answers
+        (compaction removes its facts, not its final state and records)."""
         before = self.embedded.now() - self.cfg.finished_job_keep
         dropped = self.embedded.forget_finished(before, DROP_BATCH, self._ending.__contains__)
         if not dropped:
