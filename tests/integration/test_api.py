@@ -553,9 +553,10 @@ def test_problem_documents_of_job_state(cluster: Cluster, http: httpx.Client) ->
     assert_problem(call(http, "GET", path("9" * 65)), 400, "LSBE_BAD_JOBID")
     # Control characters are no job id (a NUL reached the journal's key lookup).
     for bad in ("\x00", "1\n", "\x7f"):
-        assert_problem(call(http, "GET", path(bad, "/history")), 400, "LSBE_BAD_JOBID")
+        doc = assert_problem(call(http, "GET", path(bad, "/history")), 400, "LSBE_BAD_JOBID")
+        assert f"job id must be printable text, got {bad!r}" in doc["detail"]
     # Nor is a lone surrogate, which another ASGI server may pass on undecoded.
-    with pytest.raises(errors.BadJobId):
+    with pytest.raises(errors.BadJobId, match="job id must be printable text"):
         operations.check_job_id("1\udc80")
     assert cluster.snapshot() == before
     # cancel_pending replaces the pending grow (accepted), then one in flight is a 409.
