@@ -30,6 +30,22 @@ class ResizeError(Exception):
     def text(self) -> str:
         return f"{self.message}: {self.detail}" if self.detail else self.message
 
+    def __reduce__(self) -> tuple[object, ...]:
+        # Pickled (an error raised in a sweep's worker process) as the exception it
+        # is: the default calls the class with its text, which a class whose
+        # __init__ adds to its argument (this one adds ``message``) would add again.
+        return (_rebuilt, (type(self), self.args, dict(self.__dict__)))
+
+
+def _rebuilt(
+    cls: type[ResizeError], args: tuple[object, ...], state: dict[str, object]
+) -> ResizeError:
+    """An unpickled :class:`ResizeError`: its arguments and attributes, no __init__."""
+    exc = cls.__new__(cls)
+    exc.args = args
+    exc.__dict__.update(state)
+    return exc
+
 
 # The LSF conditions, one class each, in the order of the reference table.
 

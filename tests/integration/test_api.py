@@ -587,6 +587,9 @@ def _raw(http: httpx.Client, method: str, url: str, content: Any, **headers: str
         b"",
         b'{"tasks": NaN}',
         b'{"tasks": Infinity}',
+        # Exponents beyond Decimal's range (they were a 500 and a traceback).
+        b'{"tasks": 1e-99999999999999999999}',
+        b'{"tasks": 1E999999999999999999999999}',
         b'{"tasks": 1} x',
         b'\xff\xfe{"tasks": 1}',
         b'{"tasks": 1, "notify_cmd": "\\ud800"}',

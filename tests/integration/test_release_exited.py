@@ -7,15 +7,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import jsonschema
 import pytest
 
 from xce_resize_plugin.controllers.sim import EmbeddedController, SubmissionRejected
+from xce_resize_plugin.core import converters
 from xce_resize_plugin.core.audit import replay_problems
 from xce_resize_plugin.core.models import ReleaseRequest
 from xce_resize_plugin.errors import ConfigError, ResizeError
 from xce_resize_plugin.host import HostHooks, Principal
 from xce_resize_plugin.journal import Journal
 from xce_resize_plugin.manager import get_plugin_manager
+from xce_resize_plugin.rest.schemas import SCHEMAS
 from xce_resize_plugin.scenarios.files import parse
 
 CONFIG = {"journal_sync": False, "stop_grace": 0}
@@ -60,6 +63,10 @@ def test_a_task_that_exits_leaves_the_allocation(tmp_path: Path) -> None:
     usage = ctl.acct_usage(dropping)
     assert usage is not None
     assert [r.reason for r in usage.records] == ["task_exit", None, "task_exit"]
+    # The history route's answer is one its own OpenAPI schema allows (the schema named
+    # only host_failure as a reason).
+    answer = converters.history_json(usage)
+    jsonschema.validate(answer, {**SCHEMAS["ResizeHistory"], "components": {"schemas": SCHEMAS}})
     # The job is told, with the reason (docs/in-job-api.md, "Job events").
     told = HostHooks(ctl.plugin_manager).resize_events(ctl, dropping, 0)  # type: ignore[arg-type]
     assert told is not None

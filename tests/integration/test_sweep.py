@@ -113,12 +113,12 @@ def test_the_cache_makes_a_second_run_do_no_work_and_resumes_an_interrupted_one(
     real = sweep_mod.run_one
 
     def counting(
-        source: str, options: sweep_mod.SimOptions, mode: sweep_mod.Mode
+        source: str, options: sweep_mod.SimOptions, mode: sweep_mod.Mode, identity: str | None
     ) -> sweep_mod.RunResultDoc:
         calls.append(source)
         if len(calls) == 5 and broken:
             raise RuntimeError("killed")
-        return real(source, options, mode)
+        return real(source, options, mode, identity)
 
     monkeypatch.setattr(sweep_mod, "run_one", counting)
     broken = True
@@ -343,9 +343,11 @@ def test_the_costliest_runs_are_made_first(tmp_path: Path, monkeypatch: pytest.M
     made: list[tuple[str, str, float]] = []
     real = sweep_mod.run_one
 
-    def recording(source: str, options: SimOptions, mode: Mode) -> sweep_mod.RunResultDoc:
+    def recording(
+        source: str, options: SimOptions, mode: Mode, identity: str | None
+    ) -> sweep_mod.RunResultDoc:
         made.append((Path(source).name[:3], mode, options.malleable_fraction))
-        return real(source, options, mode)
+        return real(source, options, mode, identity)
 
     monkeypatch.setattr(sweep_mod, "run_one", recording)
     result = run_sweep(config, workers=1)

@@ -5,7 +5,9 @@ one workload named twice)."""
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -20,8 +22,9 @@ from xce_resize_plugin.cli.main import main
 from xce_resize_plugin.errors import ConfigError
 from xce_resize_plugin.simulation import sweep as sweep_mod
 from xce_resize_plugin.simulation.failures import parse as parse_host_failures
-from xce_resize_plugin.simulation.simulate import SimOptions
+from xce_resize_plugin.simulation.simulate import SimOptions, SimulationError
 from xce_resize_plugin.simulation.sweep import CellCache, run_key, run_sweep, tree_hash
+from xce_resize_plugin.simulation.sweep_cache import run_doc_ok
 from xce_resize_plugin.simulation.sweep_config import Cell, WorkloadRef, load_sweep
 from xce_resize_plugin.simulation.sweep_report import mean_ci
 
@@ -251,14 +254,16 @@ def test_a_malformed_dask_address_is_one_line_exit_2_at_once(tmp_path: Path) -> 
         [str(KTH), str(KTH.parent / ".." / "data" / KTH.name)],
         ["link.swf.gz", str(KTH)],
         ["lublin:jobs=30,procs=16", "lublin:procs=16, jobs=30"],
+        ["es", "es/jobs.json"],
     ],
-    ids=["dot-dot", "symlink", "spec-order"],
+    ids=["dot-dot", "symlink", "spec-order", "elastisim-dir-and-file"],
 )
 def test_one_workload_named_twice_is_a_repeated_entry(
     tmp_path: Path, entries: list[str], capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Before, both names ran (the same runs) and the table showed the workload twice."""
     (tmp_path / "link.swf.gz").symlink_to(KTH)
+    shutil.copytree(DATA / "elastisim-sample", tmp_path / "es")
     listed = ", ".join(f"'{e}'" for e in entries)
     config = _config(tmp_path, f"[sweep]\nworkloads = [{listed}]\nmalleable_fractions = [0.5]\n")
     with pytest.raises(ConfigError, match=r"\[sweep\] workloads\[1\] .* is the same workload"):
@@ -274,3 +279,107 @@ def test_copies_of_one_trace_under_two_names_stay_two_workloads(tmp_path: Path) 
     (tmp_path / "b.swf.gz").write_bytes(KTH.read_bytes())
     body = "[sweep]\nworkloads = ['a.swf.gz', 'b.swf.gz']\nmalleable_fractions = [0.5]\n"
     assert len(load_sweep(_config(tmp_path, body)).workloads) == 2
+
+
+# --- the cache holds only results, of the content its key names --------------------------
+
+
+def test_a_cache_file_of_another_shape_is_made_again(tmp_path: Path) -> None:
+    """Valid JSON that is not a run's result ({"run": {}} stopped the sweep with a
+    KeyError): the run is made again, and its file replaced."""
+    config, cache = _config(tmp_path, SMALL), tmp_path / "cache"
+    first = run_sweep(load_sweep(config), workers=1, cache=CellCache(cache))
+    files = sorted(cache.glob("*.json"))
+    assert first.ran == len(files) == 2
+    good = json.loads(files[0].read_text())
+    assert run_doc_ok(good)
+    for bad in (
+        {"run": {}},
+        {**good, "run": {**good["run"], "mean_wait": "1"}},
+        {**good, "problems": "none"},
+        {**good, "jobs": True},
+        {k: v for k, v in good.items() if k != "malleable_jobs"},
+    ):
+        assert not run_doc_ok(bad)
+        files[0].write_text(json.dumps(bad))
+        again = run_sweep(load_sweep(config), workers=1, cache=CellCache(cache))
+        assert (again.ran, again.cached) == (1, 1) and again.cells == first.cells
+        assert json.loads(files[0].read_text()) == good
+
+
+def test_a_result_the_cache_cannot_keep_is_still_used_and_said(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A directory where a result's file goes (os.replace failed with a traceback and
+    left a temporary file): the sweep finishes, its table is whole, and it says so."""
+    config, cache = _config(tmp_path, SMALL), tmp_path / "cache"
+    keys = [f.stem for f in _fill(config, tmp_path / "probe")]
+    for key in keys:
+        (cache / f"{key}.json").mkdir(parents=True)
+    assert main(["sweep", str(config), "--cache", str(cache), "--workers", "1", "--json", "-"]) == 0
+    out, err = capsys.readouterr()
+    assert len(json.loads(out)["cells"]) == 1
+    assert "warning: 2 run(s) could not be kept in the cache" in err and "Traceback" not in err
+    assert sorted(p.name for p in cache.iterdir()) == sorted(f"{k}.json" for k in keys)
+
+
+def _fill(config: Path, cache: Path) -> list[Path]:
+    run_sweep(load_sweep(config), workers=1, cache=CellCache(cache))
+    return sorted(cache.glob("*.json"))
+
+
+def test_a_trace_changed_during_the_sweep_stops_it_uncached(tmp_path: Path) -> None:
+    """The trace is hashed when the sweep file is read; a run reads it later. Replaced
+    in between, its results were cached under the first content's key."""
+    trace = tmp_path / "t.swf.gz"
+    trace.write_bytes(KTH.read_bytes())
+    config = _config(tmp_path, SMALL.replace(str(KTH), "t.swf.gz"))
+    loaded = load_sweep(config)
+    ctc = DATA / "CTC-SP2-1996-3.1-cln-first1000.swf.gz"
+    trace.write_bytes(ctc.read_bytes())
+    cache = tmp_path / "cache"
+    with pytest.raises(SimulationError, match=r"t\.swf\.gz: the trace changed since the sweep"):
+        run_sweep(loaded, workers=1, cache=CellCache(cache))
+    assert not list(cache.glob("*.json"))
+
+
+def test_an_elastisim_platform_is_part_of_the_key(tmp_path: Path) -> None:
+    """Only jobs.json was hashed: a slower platform was served from the cache."""
+    project = tmp_path / "es"
+    shutil.copytree(DATA / "elastisim-sample", project)
+    body = "[sweep]\nworkloads = ['es/jobs.json']\nmalleable_fractions = [0.0]\n"
+    config, cache = _config(tmp_path, body), CellCache(tmp_path / "cache")
+    before = run_sweep(load_sweep(config), workers=1, cache=cache)
+    platform = project / "crossbar.xml"
+    platform.write_text(platform.read_text().replace('speed="100Gf"', 'speed="10Gf"'))
+    after = run_sweep(load_sweep(config), workers=1, cache=cache)
+    assert after.ran == 2 and after.cells != before.cells
+
+
+def test_a_machine_too_large_is_refused_before_any_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Checked when the sweep file is read, not after the other workloads' runs."""
+    big = tmp_path / "big.swf"
+    big.write_text("; MaxProcs: 50000000\n1 0 -1 10 1 -1 -1 1 -1 -1 1 1 -1 -1 -1 -1 -1 -1\n")
+    for second in ("big.swf", "lublin:jobs=10,procs=50000000"):
+        body = f"[sweep]\nworkloads = ['{KTH}', '{second}']\nmalleable_fractions = [0.2]\n"
+        config = _config(tmp_path, body)
+        with pytest.raises(ConfigError, match=r"workloads\[1\]: 50,000,000 slots .* more than"):
+            load_sweep(config)
+        cache = tmp_path / "cache"
+        assert main(["sweep", str(config), "--cache", str(cache), "--workers", "1"]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "Traceback" not in err
+        assert not cache.exists() or not list(cache.glob("*.json"))
+
+
+def test_a_spec_with_its_own_seed_shares_its_runs_across_seeds(tmp_path: Path) -> None:
+    """The seed then picks only the malleable jobs: one rigid run for every seed, and
+    one elastic run at fractions 0 and 1 (9 runs were made instead of 5)."""
+    body = (
+        "[sweep]\nworkloads = ['lublin:jobs=50,procs=32,seed=7']\n"
+        "malleable_fractions = [0.0, 0.5]\nseeds = 3\n"
+    )
+    result = run_sweep(load_sweep(_config(tmp_path, body)), workers=1)
+    assert result.ran == 5

@@ -175,6 +175,16 @@ def test_grow_bad_counts_and_notify_options() -> None:
             engine.check_job_options(job(notify_cmd=cmd))
 
 
+def test_job_counts_stay_under_what_a_record_holds() -> None:
+    # A max_tasks of 2**64 was accepted, and then no journal record of the job could be
+    # written; every count stays at most 2**31 - 1, as bresize's.
+    engine.check_job_options(job(max_tasks=2**31 - 1, ptile=2**31 - 1))
+    with pytest.raises(errors.BadSlots, match="max_tasks 18446744073709551616 is above 2147483647"):
+        engine.check_job_options(job(max_tasks=2**64))
+    with pytest.raises(errors.InvalidRequest, match="ptile 2147483648 must be from 1 to"):
+        engine.check_job_options(job(ptile=2**31))
+
+
 def test_grow_not_enabled() -> None:
     with pytest.raises(errors.RequestNotEnabled):
         engine.decide_request(

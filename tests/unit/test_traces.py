@@ -310,6 +310,50 @@ def test_non_numeric_field(tmp_path: Path) -> None:
         read_swf(path)
 
 
+@pytest.mark.parametrize(
+    ("line", "says"),
+    [
+        (swf_line(2, 5).replace("2", "abc", 1), "field 1 (job number) 'abc'"),
+        (swf_line(2, 5).replace("-1", "xyz", 1), "field 6 (average CPU time) 'xyz'"),
+        (swf_line(2, 5).replace(" 7 ", " 1_0 ", 1), "field 12 (user id) '1_0'"),
+        (swf_line(2, 5).replace(" 7 ", " \uff17 ", 1), "field 12 (user id) '\uff17'"),
+        (swf_line(2, 5).replace(" 7 ", " 1e ", 1), "field 12 (user id) '1e'"),
+        # A line the cleaning skips (run time 0) is still a line of the trace.
+        (swf_line(2, 5, run=0).replace("-1", "junk", 1), "field 6 (average CPU time) 'junk'"),
+    ],
+)
+def test_every_field_of_every_line_must_be_a_number(line: str, says: str) -> None:
+    data = swf(swf_line(1, 0), line, swf_line(3, 9))
+    data.name = "text.swf"
+    with pytest.raises(TraceError) as info:
+        read_swf(data)
+    assert info.value.line == 4
+    assert f"text.swf:4: malformed SWF data line ({says} is not a number)" in str(info.value)
+
+
+def test_numbers_in_every_form_swf_writers_use_are_read() -> None:
+    line = swf_line(2, 5).replace("-1", "-1.5e3", 1).replace(" 7 ", " +7 ", 1)
+    trace = read_swf(swf(swf_line(1, 0), line.replace(" 600 ", " 600. ", 1)))
+    assert [(j.user, j.requested_time) for j in trace] == [("7", 600), ("+7", 600.0)]
+
+
+@pytest.mark.parametrize("submit", ["-1", "-5", "-0.5"])
+def test_a_negative_submit_time_is_refused_not_made_the_start(submit: str) -> None:
+    # Made the first job, -1 used to move every other job later by the trace's start.
+    data = swf(swf_line(1, 1000), swf_line(2, 1010).replace(" 1010 ", f" {submit} ", 1))
+    data.name = "neg.swf"
+    with pytest.raises(TraceError) as info:
+        read_swf(data)
+    assert info.value.line == 4
+    assert f"submit time {submit!r} is negative (SWF's -1: unknown)" in str(info.value)
+
+
+def test_a_byte_order_mark_is_not_part_of_the_first_line(tmp_path: Path) -> None:
+    path = tmp_path / "bom.swf"
+    path.write_bytes(b"\xef\xbb\xbf" + (swf_line(1, 0) + swf_line(2, 5)).encode())
+    assert [j.id for j in read_swf(path)] == ["1", "2"]
+
+
 @pytest.mark.parametrize("damage", ["truncate", "scramble", "header"])
 def test_corrupt_gzip(tmp_path: Path, damage: str) -> None:
     raw = bytearray(KTH_SAMPLE.read_bytes())
@@ -679,11 +723,11 @@ def test_elastisim_platform_files(tmp_path: Path) -> None:
     model = {"phases": [{"tasks": [{"type": "cpu", "flops": 4e11}]}]}
     path = write_project(tmp_path, [rigid()], model)
     conf = tmp_path / "configuration.json"
-    # An unusable configuration is ignored: the defaults apply.
+    # A configuration that is there but unusable is an error naming it, not the defaults.
     for text in ("{broken", "[]", '{"platform_file": "missing.xml"}', '{"platform_file": 3}'):
         conf.write_text(text)
-        trace = read_elastisim(path)
-        assert trace.jobs[0].runtime == 4.0 and trace.header.max_nodes is None
+        with pytest.raises(TraceError, match=r"configuration\.json: "):
+            read_elastisim(path)
     conf.write_text('{"platform_file": "data/input/platform.xml"}')
     platform = tmp_path / "platform.xml"
     platform.write_text("<platform><zone id='z'/></platform>")  # no cluster
@@ -694,9 +738,12 @@ def test_elastisim_platform_files(tmp_path: Path) -> None:
     trace = read_elastisim(path)
     assert (trace.header.max_nodes, trace.header.computer) == (7, "c")
     assert trace.jobs[0].runtime == 200.0  # 4e11 flops at 2 Gf
-    platform.write_text("<platform><cluster id='c' radical='a-b' speed='fast'/></platform>")
-    trace = read_elastisim(path)  # unreadable attributes: defaults
-    assert trace.header.max_nodes is None and trace.jobs[0].runtime == 4.0
+    platform.write_text("<platform><cluster id='c' radical='0-3' speed='fast'/></platform>")
+    with pytest.raises(TraceError, match=r"platform\.xml: cluster speed 'fast'"):
+        read_elastisim(path)
+    platform.write_text("<platform><cluster id='c' radical='a-b' speed='1Gf'/></platform>")
+    with pytest.raises(TraceError, match=r"platform\.xml: cluster radical 'a-b'"):
+        read_elastisim(path)
     platform.write_text("<platform><cluster")
     with pytest.raises(TraceError, match=r"platform\.xml: cannot read platform"):
         read_elastisim(path)

@@ -79,6 +79,13 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
             f"{result.cached} from the cache ({where})",
             file=sys.stderr,
         )
+    if cache is not None and cache.unkept:
+        # Not an error: the results are all here, only the next sweep makes them again.
+        print(
+            f"xce-resize: warning: {cache.unkept} run(s) could not be kept in the cache "
+            f"({cache.unkept_reason})",
+            file=sys.stderr,
+        )
     problems = [(c, p) for c, r in result.cells for p in r["problems"]]
     for cell, problem in problems:
         print(f"xce-resize: check failed: {cell.label()}: {problem}", file=sys.stderr)

@@ -89,7 +89,7 @@ from xce_resize_plugin.core.models import (
     Task,
 )
 from xce_resize_plugin.core.placement import GrowHostView, place
-from xce_resize_plugin.core.releasespec import named_release_ids
+from xce_resize_plugin.core.releasespec import MAX_COUNT, named_release_ids
 from xce_resize_plugin.core.task_event_decisions import committed_exits as committed_exits
 from xce_resize_plugin.core.task_event_decisions import completion as completion
 from xce_resize_plugin.core.task_event_decisions import decide_task_event as decide_task_event
@@ -142,8 +142,12 @@ def check_job_options(job: JobInfo) -> None:
         raise errors.BadSlots(
             f"min_tasks {job.min_tasks} is greater than max_tasks {job.max_tasks}"
         )
-    if job.ptile is not None and job.ptile < 1:
-        raise errors.InvalidRequest(f"ptile {job.ptile} must be at least 1")
+    # A bound every count of the job stays under, as bresize's (the journal's records
+    # hold them: a max_tasks of 2**64 could not be written at all).
+    if job.max_tasks > MAX_COUNT:
+        raise errors.BadSlots(f"max_tasks {job.max_tasks} is above {MAX_COUNT}")
+    if job.ptile is not None and not 1 <= job.ptile <= MAX_COUNT:
+        raise errors.InvalidRequest(f"ptile {job.ptile} must be from 1 to {MAX_COUNT}")
     check_notify_cmd(job.notify_cmd)
     if job.release_exited and not job.resizable:
         raise errors.InvalidRequest("release_exited needs a resizable job")

@@ -71,9 +71,12 @@ def _number(text: str) -> int | float:
     # JSON has one number type: 2.0 and 2e0 are the integer 2, as JSON Schema (and so
     # the OpenAPI document) says. Decimal keeps that exact; the exponent bound keeps a
     # "1e999999" from becoming a huge int (it stays a float, which the fields refuse).
-    value = Decimal(text)
-    if value.adjusted() < 20 and value == value.to_integral_value():
-        return int(value)
+    try:
+        value = Decimal(text)
+        if value.adjusted() < 20 and value == value.to_integral_value():
+            return int(value)
+    except ArithmeticError:  # an exponent beyond Decimal's range (1e-99999999999999999999)
+        raise ValueError(f"number {text[:40]!r} is out of range") from None
     return float(text)
 
 

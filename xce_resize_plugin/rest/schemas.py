@@ -266,7 +266,7 @@ SCHEMAS: dict[str, Any] = {
                         "delta_tasks": {"type": "array", "items": {"type": "integer"}},
                         "version": {"type": "integer", "minimum": 1},
                         # Only on a change nobody asked for (docs/failover.md).
-                        "reason": {"type": "string", "enum": ["host_failure"]},
+                        "reason": {"type": "string", "enum": ["host_failure", "task_exit"]},
                     },
                     "required": [
                         "time",

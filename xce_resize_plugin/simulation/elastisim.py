@@ -1,4 +1,5 @@
-"""The ElastiSim reader (``jobs.json``): :func:`read_elastisim`.
+"""The ElastiSim reader (``jobs.json``): :func:`read_elastisim`, and
+:func:`elastisim_inputs`, the files it reads (for a result cache).
 
 ElastiSim's job file: ``{"jobs": [{"type", "submit_time", "num_nodes" |
 "num_nodes_min"/"num_nodes_max", "application_model", "arguments", "walltime"?}, ...]}``.
@@ -14,10 +15,11 @@ numbering); ``requested_time`` is ``walltime`` when > 0; ``user`` is ``"elastisi
 ElastiSim computes a run time from the job's application model. The reader derives a
 representative one the same way, at ``procs`` nodes, counting compute only:
 
-- the model file is the job's ``application_model`` path, looked up as given, relative to
-  ``jobs.json``'s directory, then by file name beside ``jobs.json``; when none exists the
-  example project's model is assumed (``iterations`` phases of one ``cpu`` task of
-  ``flops/num_nodes^alpha`` flops per node), counted in ``stats["default_model"]``;
+- the model file is the job's ``application_model`` path, relative to ``jobs.json``'s
+  directory (an absolute path as given), then by file name beside ``jobs.json``, never
+  relative to the working directory; when none exists the example project's model is
+  assumed (``iterations`` phases of one ``cpu`` task of ``flops/num_nodes^alpha`` flops
+  per node), counted in ``stats["default_model"]``;
 - time = the sum over ``on_init`` (once) and ``phases`` (times their ``iterations``)
   of each task's time times its ``iterations`` (default 1; ``sequence`` tasks nest);
   a ``cpu`` task takes ``flops / node_flops`` seconds with the ``uniform`` pattern
@@ -31,8 +33,26 @@ representative one the same way, at ``procs`` nodes, counting compute only:
 - values are numbers or arithmetic expressions (``+ - * / % ^`` and parentheses) over the
   job's ``arguments``, ``num_nodes``, ``num_gpus_per_node`` and ``num_gpus``;
 - ``node_flops`` comes from the argument, else from the SimGrid platform named by
-  ``configuration.json`` beside ``jobs.json`` (the first ``<cluster>``'s ``speed``; its
-  ``radical`` gives ``header.max_nodes``), else 1e11 flop/s (the example's 100 Gf).
+  ``configuration.json`` beside ``jobs.json`` (the first ``<cluster>``'s ``speed``, the
+  first pstate's when it lists several; its ``radical`` gives ``header.max_nodes``),
+  else 1e11 flop/s (the example's 100 Gf).
+
+The platform. No entry named ``configuration.json`` beside ``jobs.json`` means no
+platform: the default speed and no node count. A platform file with no ``<cluster>`` is
+read the same way. Any other configuration that does not give a platform is broken, not
+absent, and raises :class:`TraceError` naming the file at fault, since falling back to
+the defaults would silently change every run time: a ``configuration.json`` that cannot
+be read (a directory, a dangling link), is not UTF-8 JSON or not an object, lacks
+``platform_file`` or has one that is not a string or names no file (looked up like a
+model path, from ``configuration.json``'s directory); a platform that is not XML; a first
+``<cluster>`` without ``speed`` or ``radical`` (SimGrid requires both). ``speed`` is read
+as SimGrid reads it: a decimal number and a case-sensitive unit, ``f`` with the prefixes
+``k M G T P E Z Y`` (``100Gf``) or ``flops`` with ``kilo mega giga tera peta exa zeta
+yotta`` (``100gigaflops``), a bare number being flop/s; anything else (``10GF``,
+``100 Gf``), or a first speed that is not positive, is an error naming the value.
+``radical`` is comma-separated non-negative integers and ascending ranges ``lo-hi``; a
+descending range (``5-1``), a negative number, an empty part or a node named twice is an
+error naming the radical.
 
 A missing or wrong required key, an unknown type, an expression that does not evaluate,
 a model that yields no compute time, a number no float holds, or a submit time, walltime
@@ -95,60 +115,199 @@ _DEFAULT_MODEL: dict[str, Any] = {
 }
 
 
-_FLOP_UNITS = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12, "p": 1e15, "e": 1e18}
+# SimGrid's speed units (xbt/parse_units.cpp), case-sensitive: ``f`` with the SI symbol
+# prefixes and ``flops`` with the spelled-out ones ("zeta" is SimGrid's spelling).
+_SPEED_UNITS: dict[str, float] = {
+    **{f"{p}f": float(1000**i) for i, p in enumerate(("", "k", "M", "G", "T", "P", "E", "Z", "Y"))},
+    **{
+        f"{p}flops": float(1000**i)
+        for i, p in enumerate(("", "kilo", "mega", "giga", "tera", "peta", "exa", "zeta", "yotta"))
+    },
+}
+# What C's strtod reads in a SimGrid speed, bar hexadecimal and inf/nan (never a usable
+# speed): leading white space, a decimal number; the rest must be a unit.
+_SPEED = re.compile(
+    r"[ \t\n\r\f\v]*([+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?)(.*)", re.DOTALL
+)
+_RADICAL_PART = re.compile(r"\s*([0-9]+)\s*(?:-\s*([0-9]+)\s*)?", re.ASCII)
+# SimGrid numbers a cluster's hosts with C ints.
+_MAX_RADICAL = 2**31 - 1
 
 
-def _parse_speed(text: str) -> float | None:
-    """SimGrid speed ``100Gf`` (first pstate of ``100Gf,50Gf``) → flop/s."""
-    m = re.fullmatch(r"\s*([\d.]+(?:[eE][-+]?\d+)?)\s*([kKmMgGtTpPeE]?)f?\s*", text.split(",")[0])
-    if m is None:
-        return None
-    value = float(m.group(1)) * _FLOP_UNITS[m.group(2).lower()]
-    return value if value > 0 else None
+def _parse_speed(text: str, source: str) -> float:
+    """SimGrid speed ``100Gf`` → flop/s; of ``100Gf,50Gf`` (pstates) the first, all checked.
+
+    Mirrors SimGrid's parser (a value it refuses would stop ElastiSim): a single value is
+    taken as written, pstates are trimmed; a number without a unit is flop/s.
+    """
+    parts = [part.strip(" \t\n\r\f\v") for part in text.split(",")] if "," in text else [text]
+    speeds: list[float] = []
+    for part in parts:
+        m = _SPEED.fullmatch(part)
+        unit = _SPEED_UNITS.get(m.group(2) or "f") if m else None
+        if m is None or unit is None:
+            raise TraceError(
+                f"cluster speed {text!r}: {part!r} is not a SimGrid speed (a number and a "
+                "case-sensitive unit: f, kf, Mf, Gf, Tf, Pf, Ef, Zf, Yf, or flops, kiloflops, "
+                "megaflops, gigaflops, ...)",
+                source=source,
+            )
+        speeds.append(float(m.group(1)) * unit)
+    if not (speeds[0] > 0 and math.isfinite(speeds[0])):
+        raise TraceError(
+            f"cluster speed {text!r} must be positive and finite for jobs to compute",
+            source=source,
+        )
+    return speeds[0]
 
 
-def _radical_count(text: str) -> int | None:
-    """Nodes in a SimGrid cluster radical such as ``100-227`` or ``0-3,8,10-11``."""
-    count = 0
+def _radical_count(text: str, source: str) -> int:
+    """Nodes in a SimGrid cluster radical such as ``100-227`` or ``0-3,8,10-11``.
+
+    A descending range, a negative number or an empty part is refused rather than
+    counted (SimGrid would make no host of ``5-1``, so the count would not be the
+    machine's), and so are numbers that repeat (SimGrid refuses a second host of a name).
+    """
+    ranges: list[tuple[int, int]] = []
     for part in text.split(","):
-        lo, sep, hi = part.strip().partition("-")
-        try:
-            count += (int(hi) - int(lo) + 1) if sep else 1
-        except ValueError:
-            return None
-    return count if count > 0 else None
+        m = _RADICAL_PART.fullmatch(part)
+        if m is None:
+            raise TraceError(
+                f"cluster radical {text!r}: {part!r} is not a number or a range lo-hi of "
+                "non-negative integers",
+                source=source,
+            )
+        # The length test first: int() refuses strings of thousands of digits.
+        if (
+            any(len(g) > 10 for g in m.groups() if g is not None)
+            or max(int(g) for g in m.groups() if g is not None) > _MAX_RADICAL
+        ):
+            raise TraceError(
+                f"cluster radical {text!r}: {part!r} is above SimGrid's {_MAX_RADICAL}",
+                source=source,
+            )
+        lo = int(m.group(1))
+        hi = lo if m.group(2) is None else int(m.group(2))
+        if hi < lo:
+            raise TraceError(
+                f"cluster radical {text!r}: {part.strip()!r} is a descending range",
+                source=source,
+            )
+        ranges.append((lo, hi))
+    ranges.sort()
+    for (_, prev_hi), (lo, _) in itertools.pairwise(ranges):
+        if lo <= prev_hi:
+            raise TraceError(f"cluster radical {text!r}: node {lo} is named twice", source=source)
+    return sum(hi - lo + 1 for lo, hi in ranges)
 
 
 def _beside(ref: str, directory: Path) -> Path | None:
-    """Resolve a path an ElastiSim file names: as given, relative, or by name beside."""
+    """The file a reference in an ElastiSim file names, ``directory`` being the referring
+    file's: a relative reference relative to ``directory``, an absolute one as given;
+    then, either way, the file of that name in ``directory``.
+
+    Never relative to the working directory: the same project must read the same files
+    wherever it is run from.
+    """
     given = Path(ref)
-    for candidate in (given, directory / given, directory / given.name):
+    first = given if given.is_absolute() else directory / given
+    for candidate in (first, directory / given.name):
         if candidate.is_file():
             return candidate
     return None
 
 
-def _platform(directory: Path) -> tuple[float | None, int | None, str | None]:
-    """(node flop/s, node count, cluster id) of the platform ``configuration.json`` names."""
+def _platform_files(directory: Path) -> tuple[Path, Path] | None:
+    """``(configuration.json, the platform file it names)``; ``None`` when ``directory``
+    has no entry of that name (no configuration: the defaults apply).
+
+    Anything else that does not give a platform file is an error naming
+    ``configuration.json``: silently using the defaults would change every run time.
+    """
     conf = directory / "configuration.json"
-    if not conf.is_file():
-        return None, None, None
+    if not os.path.lexists(conf):  # a dangling link or a directory is there, but broken
+        return None
+    name = str(conf)
     try:
-        platform_ref = json.loads(conf.read_text(encoding="utf-8")).get("platform_file")
-    except (OSError, ValueError, AttributeError):
+        data = json.loads(conf.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise TraceError(f"cannot read configuration: {exc}", source=name) from exc
+    except UnicodeDecodeError as exc:
+        raise TraceError(f"configuration is not UTF-8 text: {exc}", source=name) from exc
+    except ValueError as exc:
+        raise TraceError(f"configuration is not valid JSON: {exc}", source=name) from exc
+    except RecursionError:
+        raise TraceError(
+            "configuration is not valid JSON: nested too deeply", source=name
+        ) from None
+    if not isinstance(data, dict):
+        raise TraceError("configuration is not a JSON object", source=name)
+    if "platform_file" not in data:
+        raise TraceError("configuration has no 'platform_file'", source=name)
+    ref = data["platform_file"]
+    if not isinstance(ref, str):
+        raise TraceError(f"platform_file must be a path, not {_shown(ref)}", source=name)
+    platform = _beside(ref, conf.parent)
+    if platform is None:
+        raise TraceError(
+            f"platform_file {ref!r} not found: looked for {conf.parent / ref} and "
+            f"{conf.parent / Path(ref).name}",
+            source=name,
+        )
+    return conf, platform
+
+
+def _platform(directory: Path) -> tuple[float | None, int | None, str | None]:
+    """(node flop/s, node count, cluster id) of the platform ``configuration.json`` names;
+    all ``None`` without a configuration or when the platform has no ``<cluster>``."""
+    files = _platform_files(directory)
+    if files is None:
         return None, None, None
-    path = _beside(platform_ref, directory) if isinstance(platform_ref, str) else None
-    if path is None:
-        return None, None, None
+    name = str(files[1])
     try:
-        root = ET.parse(path).getroot()
+        root = ET.parse(files[1]).getroot()
     except (OSError, ET.ParseError) as exc:
-        raise TraceError(f"cannot read platform: {exc}", source=str(path)) from exc
-    for cluster in root.iter("cluster"):
-        speed = _parse_speed(cluster.get("speed", ""))
-        nodes = _radical_count(cluster.get("radical", ""))
-        return speed, nodes, cluster.get("id")
-    return None, None, None
+        raise TraceError(f"cannot read platform: {exc}", source=name) from exc
+    cluster = next(root.iter("cluster"), None)
+    if cluster is None:
+        return None, None, None
+    # SimGrid's DTD requires both: a platform without them does not load in ElastiSim.
+    speed, radical = cluster.get("speed"), cluster.get("radical")
+    if speed is None:
+        raise TraceError("the first <cluster> has no speed", source=name)
+    if radical is None:
+        raise TraceError("the first <cluster> has no radical", source=name)
+    return _parse_speed(speed, name), _radical_count(radical, name), cluster.get("id")
+
+
+def elastisim_inputs(path: str | os.PathLike[str]) -> list[Path]:
+    """Every file :func:`read_elastisim` reads for ``path``, as it finds them, in a
+    stable order: the jobs file, ``configuration.json`` when there is one, the platform
+    file it names, then each application model the jobs name that exists, in order of
+    first mention (a model not found is not a file: the default model is used).
+
+    For a result cache: a key over these files' paths and contents changes whenever the
+    reader's input does, including a configuration or model file that appears or goes.
+    With ``limit`` the reader reads only the first jobs' models, a subset of these.
+    Raises :class:`TraceError` as :func:`read_elastisim` does when the jobs file or the
+    configuration cannot be read or names no platform file.
+    """
+    p = Path(path)
+    raw_jobs = _load_elastisim_jobs(p, str(p))
+    files = [p]
+    platform = _platform_files(p.parent)
+    if platform is not None:
+        files.extend(platform)
+    seen: set[str] = set()  # thousands of jobs name a handful of models
+    for job in raw_jobs:
+        ref = job.get("application_model") if isinstance(job, Mapping) else None
+        if not isinstance(ref, str) or ref in seen:
+            continue
+        seen.add(ref)
+        model = _beside(ref, p.parent)
+        if model is not None and model not in files:
+            files.append(model)
+    return files
 
 
 def _shown(value: object) -> str:

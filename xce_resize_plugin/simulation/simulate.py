@@ -90,7 +90,9 @@ __all__ = [
     "SimulationError",
     "Workload",
     "cluster_for",
+    "host_count",
     "load_workload",
+    "machine_procs",
     "options_from_tables",
     "read_toml",
     "run_mode",
@@ -358,11 +360,9 @@ class Workload:
 MAX_HOSTS = 1 << 20
 
 
-def cluster_for(procs: int, slots_per_host: int) -> tuple[tuple[str, int], ...]:
-    """``procs`` slots on hosts of ``slots_per_host`` (the last host may have fewer),
-    named ``n001``... with a fixed width so that names sort in host order. More than
-    :data:`MAX_HOSTS` hosts is a :class:`ConfigError` (a trace's absurd ``MaxProcs`` or
-    job size would otherwise take the memory of the machine before anything runs)."""
+def host_count(procs: int, slots_per_host: int) -> int:
+    """How many hosts :func:`cluster_for` makes, or the :class:`ConfigError` it raises
+    (a sweep checks every workload's machine before any run)."""
     if procs < 1:
         raise ConfigError(f"a cluster needs at least one slot, not {procs}")
     count = math.ceil(procs / slots_per_host)
@@ -372,6 +372,20 @@ def cluster_for(procs: int, slots_per_host: int) -> tuple[tuple[str, int], ...]:
             f"the simulator takes ({MAX_HOSTS:,}): give more slots per host "
             "(--slots-per-host, or slots_per_host under [simulate])"
         )
+    return count
+
+
+def machine_procs(trace: Trace) -> int:
+    """The slots of the machine a trace runs on: its ``MaxProcs``, else its largest job."""
+    return trace.header.max_procs or max(j.procs for j in trace.jobs)
+
+
+def cluster_for(procs: int, slots_per_host: int) -> tuple[tuple[str, int], ...]:
+    """``procs`` slots on hosts of ``slots_per_host`` (the last host may have fewer),
+    named ``n001``... with a fixed width so that names sort in host order. More than
+    :data:`MAX_HOSTS` hosts is a :class:`ConfigError` (a trace's absurd ``MaxProcs`` or
+    job size would otherwise take the memory of the machine before anything runs)."""
+    count = host_count(procs, slots_per_host)
     width = max(3, len(str(count)))
     hosts = []
     left = procs
@@ -391,7 +405,7 @@ def workload_of(trace: Trace, path: str | os.PathLike[str], options: SimOptions)
     """Size the cluster for a read (or generated) trace and convert the malleable share."""
     if not trace.jobs:
         raise SimulationError(f"{path}: the trace has no job to simulate")
-    procs = trace.header.max_procs or max(j.procs for j in trace.jobs)
+    procs = machine_procs(trace)
     hosts = cluster_for(procs, options.slots_per_host)
     jobs = tuple(convert(trace.jobs, options.malleable_rule(procs)))
     return Workload(os.fspath(path), trace, jobs, hosts)

@@ -18,14 +18,17 @@ the jobs or the failures). Runs are made
 - or on an existing Dask cluster (``dask=ADDRESS``, the ``dask`` extra), one task
   per run; its workers need this package and the trace files at the same paths.
 
-Finished runs are cached (:class:`CellCache`): a file per run named by the SHA-256 of
-its inputs — the workload's identity (a trace file's SHA-256, a synthetic spec), the
-run (rigid or elastic), every option it reads (fraction, seed, driver, speedup,
-[resize] ...), the content of the site policy files it loads, the package version and
-the hash of its code (:func:`code_hash`) — holding the run's results. A run found
-there is not made again, so an interrupted sweep resumes where it stopped, and a grid
-that grows by a seed or a fraction makes only the new runs. Results are written by
-this process as each run finishes. Local workers end with this process, however it
+Finished runs are cached (:class:`~.sweep_cache.CellCache`): a file per run named by
+the SHA-256 of its inputs — the workload's identity (a trace's files, hashed by
+:mod:`.sweep_inputs`; a synthetic spec), the run (rigid or elastic), every option it
+reads (fraction, seed, driver, speedup, [resize] ...), the content of the site policy
+files it loads, the package version and the hash of its code (:func:`code_hash`) —
+holding the run's results. A run found there is not made again, so an interrupted
+sweep resumes where it stopped, and a grid that grows by a seed or a fraction makes
+only the new runs. A run reads its trace again and makes sure it is the content the
+key names (:func:`run_one`): a trace changed during the sweep stops it rather than
+caching another trace's results. Results are written by this process as each run
+finishes. Local workers end with this process, however it
 ends (:func:`_exit_with_parent`).
 
 A cell's result is a JSON object: both runs' metrics (:meth:`~.metrics.RunMetrics.to_json`
@@ -43,7 +46,6 @@ import importlib
 import json
 import multiprocessing
 import os
-import tempfile
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from multiprocessing.connection import Connection
@@ -56,7 +58,7 @@ from attrs import frozen
 import xce_resize_plugin
 from xce_resize_plugin import __version__
 from xce_resize_plugin.errors import ResizeError, UsageError
-from xce_resize_plugin.simulation.lublin import is_spec
+from xce_resize_plugin.simulation.lublin import is_spec, parse_spec
 from xce_resize_plugin.simulation.simulate import (
     MODES,
     Mode,
@@ -65,7 +67,9 @@ from xce_resize_plugin.simulation.simulate import (
     SimulationError,
     run_mode,
 )
+from xce_resize_plugin.simulation.sweep_cache import CellCache, RunResultDoc, default_cache_dir
 from xce_resize_plugin.simulation.sweep_config import Cell, SweepConfig
+from xce_resize_plugin.simulation.sweep_inputs import check_identity, is_swf, open_identified
 from xce_resize_plugin.simulation.workloads import open_workload
 
 __all__ = [
@@ -87,14 +91,6 @@ __all__ = [
 CACHE_FORMAT = "xce-resize-sweep-run/2"
 
 CellResult = dict[str, Any]
-#: One run's result: ``jobs``, ``malleable_jobs``, ``run`` (its metrics), ``problems``.
-RunResultDoc = dict[str, Any]
-
-
-def default_cache_dir() -> Path:
-    """``$XDG_CACHE_HOME/xce-resize/sweep``, else ``~/.cache/xce-resize/sweep``."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "xce-resize" / "sweep"
 
 
 def _run_json(run: RunResult) -> dict[str, Any]:
@@ -104,10 +100,20 @@ def _run_json(run: RunResult) -> dict[str, Any]:
     return out
 
 
-def run_one(source: str, options: SimOptions, mode: Mode) -> RunResultDoc:
-    """Make one run of a cell (in this process) and return its results."""
-    workload = open_workload(source, options)
+def run_one(
+    source: str, options: SimOptions, mode: Mode, identity: str | None = None
+) -> RunResultDoc:
+    """Make one run of a cell (in this process) and return its results.
+
+    :param identity: the trace's identity the run's key was made with
+        (:mod:`.sweep_inputs`): the run reads that content or stops."""
+    if identity is None or is_spec(source):
+        workload = open_workload(source, options)
+    else:
+        workload = open_identified(source, identity, options)
     result = run_mode(workload, options, mode)
+    if identity is not None and not is_spec(source) and not is_swf(source):
+        check_identity(source, identity)  # its files are read by name during the run
     return {
         "jobs": len(workload.jobs),
         "malleable_jobs": workload.malleable,
@@ -131,8 +137,10 @@ def run_options(source: str, options: SimOptions, mode: Mode) -> SimOptions:
     """``options`` with what the run does not read set to fixed values, so that cells
     that make the same run have the same options (and key) for it."""
     # The seed picks the malleable jobs; a synthetic spec without seed= takes it for
-    # its jobs, and host failures for their times: then every run reads it.
-    seed_chooses_only = not is_spec(source) and options.host_failures is None
+    # its jobs (one with seed= does not), and host failures for their times: then
+    # every run reads it.
+    own_seed = not is_spec(source) or parse_spec(source).seed is not None
+    seed_chooses_only = own_seed and options.host_failures is None
     if mode == "rigid":
         # Every job runs rigid at its recorded size, with no driver (tested:
         # tests/integration/test_sweep.py).
@@ -207,38 +215,6 @@ def run_key(cell: Cell, options: SimOptions, mode: Mode) -> str:
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 
 
-class CellCache:
-    """Finished runs, one JSON file per run key in ``directory`` (created on use)."""
-
-    def __init__(self, directory: Path) -> None:
-        self.directory = directory
-
-    def _path(self, key: str) -> Path:
-        return self.directory / f"{key}.json"
-
-    def get(self, key: str) -> CellResult | None:
-        """The cached result, or ``None`` (also for a file cut short by a crash)."""
-        try:
-            doc = json.loads(self._path(key).read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return None
-        return doc if isinstance(doc, dict) and "run" in doc else None
-
-    def prepare(self) -> None:
-        """Create the directory and write a file there, or raise :class:`OSError`:
-        checked before any run, not found when the first finished run is kept."""
-        self.directory.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=self.directory):
-            pass
-
-    def put(self, key: str, result: RunResultDoc) -> None:
-        """Write atomically: a reader sees the whole file or none."""
-        self.directory.mkdir(parents=True, exist_ok=True)
-        tmp = self._path(key).with_suffix(f".tmp{os.getpid()}")
-        tmp.write_text(json.dumps(result, sort_keys=True), encoding="utf-8")
-        os.replace(tmp, self._path(key))
-
-
 @frozen
 class SweepResult:
     """Every cell with its results, in grid order, and how many runs were made or
@@ -261,7 +237,8 @@ class Run:
     options: SimOptions
 
     def make(self) -> RunResultDoc:
-        return run_one(self.cell.workload.source, self.options, self.mode)
+        workload = self.cell.workload
+        return run_one(workload.source, self.options, self.mode, workload.identity)
 
     def failed(self, exc: Exception) -> SimulationError:
         # The project's errors say what they are; anything else is named by its type.

@@ -26,7 +26,6 @@ later), bad synthetic specs.
 
 from __future__ import annotations
 
-import hashlib
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -38,7 +37,14 @@ from attrs import frozen
 from xce_resize_plugin.errors import ConfigError
 from xce_resize_plugin.simulation.drivers import DRIVERS
 from xce_resize_plugin.simulation.lublin import is_spec, parse_spec
-from xce_resize_plugin.simulation.simulate import SimOptions, options_from_tables, read_toml
+from xce_resize_plugin.simulation.simulate import (
+    SimOptions,
+    host_count,
+    machine_procs,
+    options_from_tables,
+    read_toml,
+)
+from xce_resize_plugin.simulation.sweep_inputs import trace_identity
 from xce_resize_plugin.simulation.traces import read_trace
 
 __all__ = ["Cell", "SweepConfig", "WorkloadRef", "load_sweep"]
@@ -134,17 +140,6 @@ def _seeds(path: Path, section: Mapping[str, Any]) -> tuple[int, ...]:
     return tuple(_list(path, {"seeds": value}, "seeds", (int,)))
 
 
-def _file_hash(path: Path) -> str:
-    digest = hashlib.sha256()
-    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
-    for f in files:
-        digest.update(os.fsencode(f.relative_to(path)) if path.is_dir() else b"")
-        with open(f, "rb") as fh:
-            for block in iter(lambda: fh.read(1 << 20), b""):
-                digest.update(block)
-    return digest.hexdigest()
-
-
 def _workload(path: Path, i: int, text: str, options: SimOptions) -> WorkloadRef:
     where = f"{path}: [sweep] workloads[{i}]"
     if is_spec(text):
@@ -153,6 +148,7 @@ def _workload(path: Path, i: int, text: str, options: SimOptions) -> WorkloadRef
         except ConfigError as exc:
             raise ConfigError(f"{where}: {text}: {exc.detail}") from None
         jobs = spec.jobs if options.limit is None else min(spec.jobs, options.limit)
+        _check_machine(where, spec.procs, options)
         return WorkloadRef(text, text, f"synthetic {spec.text()}", jobs)
     trace_path = Path(text)
     if not trace_path.is_absolute():
@@ -165,7 +161,23 @@ def _workload(path: Path, i: int, text: str, options: SimOptions) -> WorkloadRef
         raise ConfigError(f"{where}: {exc.detail}") from None
     if not trace.jobs:
         raise ConfigError(f"{where}: {trace_path} has no job to simulate")
-    return WorkloadRef(text, os.fspath(trace_path), f"trace {_file_hash(trace_path)}", len(trace))
+    _check_machine(where, machine_procs(trace), options)
+    try:
+        identity = trace_identity(trace_path)
+    except OSError as exc:
+        raise ConfigError(f"{where}: cannot read {trace_path} ({exc})") from None
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc.detail}") from None
+    return WorkloadRef(text, os.fspath(trace_path), identity, len(trace))
+
+
+def _check_machine(where: str, procs: int, options: SimOptions) -> None:
+    """The machine the workload needs can be simulated (checked here, not after the
+    other workloads' runs)."""
+    try:
+        host_count(procs, options.slots_per_host)
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc.detail}") from None
 
 
 def _refuse_repeats(path: Path, workloads: Sequence[WorkloadRef]) -> None:
@@ -177,12 +189,18 @@ def _refuse_repeats(path: Path, workloads: Sequence[WorkloadRef]) -> None:
     first: dict[str, int] = {}
     for i, w in enumerate(workloads):
         # A spec's identity is its canonical text; a trace is its file, wherever named.
-        j = first.setdefault(w.identity if is_spec(w.source) else os.path.realpath(w.source), i)
+        j = first.setdefault(w.identity if is_spec(w.source) else _file_of(w.source), i)
         if j != i:
             raise ConfigError(
                 f"{path}: [sweep] workloads[{i}] {w.name!r} is the same workload as "
                 f"workloads[{j}] {workloads[j].name!r}"
             )
+
+
+def _file_of(source: str) -> str:
+    """The file a trace is read from: an ElastiSim directory is its ``jobs.json``."""
+    path = Path(source)
+    return os.path.realpath(path / "jobs.json" if path.is_dir() else path)
 
 
 def _options(path: Path, data: Mapping[str, Any]) -> SimOptions:

@@ -20,12 +20,7 @@ __all__ = ["open_workload", "synthetic_trace"]
 
 def synthetic_trace(spec_text: str, options: SimOptions) -> Trace:
     """The jobs of a synthetic spec (a :class:`ConfigError` when it is wrong)."""
-    spec = parse_spec(spec_text)
-    trace = generate(spec, seed=options.seed)
-    if options.limit is not None and options.limit < len(trace.jobs):
-        jobs = trace.jobs[: options.limit]
-        trace = Trace(trace.header, jobs, {**trace.stats, "jobs": len(jobs)}, trace.source)
-    return trace
+    return generate(parse_spec(spec_text), seed=options.seed, limit=options.limit)
 
 
 def open_workload(source: str | os.PathLike[str], options: SimOptions) -> Workload:

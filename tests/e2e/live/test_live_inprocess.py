@@ -204,11 +204,20 @@ def test_parse_submission() -> None:
     sub = parse_submission({"command": ["sleep", "1"], "tasks": "2,4", "ptile": 2})
     assert sub.tasks == (2, 4) and sub.ptile == 2 and sub.command == ("sleep", "1")
     assert parse_submission({"command": ["x"], "min_tasks": 2}).tasks == (2, 2)
+    top = parse_submission({"command": ["x"], "tasks": "1,2147483647"}).tasks
+    assert top == (1, 2**31 - 1)
     for body, field in (
         ({"command": "sleep 1"}, "$.command"),
         ({"command": []}, "$.command"),
         ({"command": ["x"], "tasks": 0}, "$.tasks"),
         ({"command": ["x"], "tasks": "4,2"}, "$.tasks"),
+        # Counts no journal record can hold (2**64 failed the whole controller).
+        ({"command": ["x"], "max_tasks": 2**64}, "$.max_tasks"),
+        ({"command": ["x"], "max_tasks": 2**31}, "$.max_tasks"),
+        ({"command": ["x"], "tasks": 2**31}, "$.tasks"),
+        ({"command": ["x"], "tasks": "1,2147483648"}, "$.tasks"),
+        ({"command": ["x"], "estimate": 10**400}, "$.estimate"),
+        ({"command": ["x"], "estimate": 1e300}, "$.estimate"),
         ({"command": ["x"], "tasks": 2, "min_tasks": 1}, "$.tasks"),
         ({"command": ["x"], "grow_hosts": "some"}, "$.grow_hosts"),
         ({"command": ["x"], "env": {"A": 1}}, "$.env"),

@@ -21,6 +21,7 @@ from xce_resize_plugin.controllers.jobs import SUBMIT_OPTIONS, JobOptions
 from xce_resize_plugin.controllers.live.proc import Account
 from xce_resize_plugin.core.decimal_text import read_decimal
 from xce_resize_plugin.core.models import GrowHosts
+from xce_resize_plugin.core.releasespec import MAX_COUNT
 from xce_resize_plugin.errors import InvalidRequest, ResizeError
 
 #: Largest submission fields (bytes / entries), so one request cannot bloat the state.
@@ -119,8 +120,12 @@ def _command(value: Any) -> tuple[str, ...]:
 
 def _task_range(body: Mapping[str, Any]) -> tuple[int, int]:
     def count(key: str, value: Any) -> int:
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise InvalidRequest(f"submit: {key} must be an integer >= 1 @ $.{key}")
+        # At most MAX_COUNT, as bresize's counts: 2**64 was accepted, and then no
+        # journal record of the job could be written (the whole controller failed).
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_COUNT:
+            raise InvalidRequest(
+                f"submit: {key} must be an integer from 1 to {MAX_COUNT} @ $.{key}"
+            )
         return value
 
     if "tasks" in body:
@@ -133,6 +138,8 @@ def _task_range(body: Mapping[str, Any]) -> tuple[int, int]:
             if first is None or last is None:
                 raise InvalidRequest('submit: tasks must be N or "MIN,MAX" @ $.tasks')
             lo, hi = first, last
+            if hi > MAX_COUNT:
+                raise InvalidRequest(f"submit: tasks above {MAX_COUNT} @ $.tasks")
         else:
             lo = hi = count("tasks", value)
     else:
@@ -223,7 +230,8 @@ def check_cwd(cwd: str | None, account: Account, euid: int) -> None:
 def _estimate(value: Any) -> float | None:
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+    # Below 1e300: float() of a larger int overflows (10**400 was a 500).
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < 1e300:
         raise InvalidRequest("submit: estimate must be a number of seconds @ $.estimate")
     return float(value)
 

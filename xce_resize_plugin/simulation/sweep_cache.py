@@ -1,0 +1,104 @@
+"""The sweep's cache of finished runs: one JSON file per run key (:mod:`.sweep`).
+
+A file is used only when it holds what a run's result holds, with the right types
+(:func:`run_doc_ok`): a file cut short by a crash, edited by hand or written by another
+program is made again, never read as a result (a ``{"run": {}}`` stopped the sweep with
+a ``KeyError`` before). A result that cannot be written (a full disk, a directory where
+the file goes) is counted in :attr:`CellCache.unkept` and the sweep goes on: the run is
+made, only not kept for the next sweep.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from xce_resize_plugin.simulation.metrics import RunMetrics
+
+__all__ = ["CellCache", "RunResultDoc", "default_cache_dir", "run_doc_ok"]
+
+#: One run's result: ``jobs``, ``malleable_jobs``, ``run`` (its metrics), ``problems``.
+RunResultDoc = dict[str, Any]
+
+#: The keys of a run's metrics (:func:`~.sweep._run_json`).
+_RUN_KEYS = frozenset(f.name for f in attrs.fields(RunMetrics)) | {"events", "resize_requests"}
+
+
+def default_cache_dir() -> Path:
+    """``$XDG_CACHE_HOME/xce-resize/sweep``, else ``~/.cache/xce-resize/sweep``."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "xce-resize" / "sweep"
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def run_doc_ok(doc: Any) -> bool:
+    """Whether ``doc`` is a run's result as :func:`~.sweep.run_one` makes it."""
+    if not isinstance(doc, dict) or set(doc) != {"jobs", "malleable_jobs", "run", "problems"}:
+        return False
+    run, problems = doc["run"], doc["problems"]
+    return (
+        _count(doc["jobs"])
+        and _count(doc["malleable_jobs"])
+        and isinstance(run, dict)
+        and set(run) == _RUN_KEYS
+        and all(_number(v) for v in run.values())
+        and isinstance(problems, list)
+        and all(isinstance(p, str) for p in problems)
+    )
+
+
+class CellCache:
+    """Finished runs, one JSON file per run key in ``directory`` (created on use)."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        #: Results that could not be written, and the last reason (the sweep says so).
+        self.unkept = 0
+        self.unkept_reason = ""
+
+    def _path(self, key: str) -> Path:
+        return self.directory / f"{key}.json"
+
+    def get(self, key: str) -> RunResultDoc | None:
+        """The cached result, or ``None`` (also for a file that is not one)."""
+        try:
+            doc = json.loads(self._path(key).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        return doc if run_doc_ok(doc) else None
+
+    def prepare(self) -> None:
+        """Create the directory and write a file there, or raise :class:`OSError`:
+        checked before any run, not found when the first finished run is kept."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=self.directory):
+            pass
+
+    def put(self, key: str, result: RunResultDoc) -> bool:
+        """Write atomically (a reader sees the whole file or none); ``False`` when it
+        could not be written (counted in :attr:`unkept`; nothing is left behind)."""
+        tmp = self._path(key).with_suffix(f".tmp{os.getpid()}")
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            tmp.write_text(json.dumps(result, sort_keys=True), encoding="utf-8")
+            os.replace(tmp, self._path(key))
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            self.unkept += 1
+            self.unkept_reason = f"{exc.strerror or exc}: {exc.filename or self.directory}"
+            return False
+        return True
