@@ -355,6 +355,47 @@ class FileLock:
             self._fd = None
 
 
+def listens_on(pid: int, port: int) -> bool | None:
+    """Whether process ``pid`` holds the socket listening on TCP ``port`` (``None``:
+    this system has no ``/proc`` to tell).
+
+    An agent's registration names its pid and port, but the port is free to any
+    process once the agent is gone: a job that took the port of an agent that crashed
+    would be sent the controller's secret. The controller connects only to a port whose
+    listener is the registered agent's (docs/live-controller.md, "Agents")."""
+    inodes: set[str] = set()
+    tables = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table, encoding="ascii") as f:
+                rows = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        tables += 1
+        for row in rows:
+            fields = row.split()
+            # local address "0100007F:9C40", state 0A = LISTEN, inode in field 10.
+            listening = len(fields) > 9 and fields[3] == "0A"
+            if listening and int(fields[1].rpartition(":")[2], 16) == port:
+                inodes.add(fields[9])
+    if not tables:
+        return None
+    if not inodes:
+        return False
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return False  # gone, or not ours to read: not proven
+    for fd in fds:
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:[") and target[8:-1] in inodes:
+            return True
+    return False
+
+
 def lock_held(path: Path) -> bool:
     """Whether some process holds the exclusive lock on ``path``.
 

@@ -40,7 +40,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from xce_resize_plugin.controllers.live.proc import lock_held, secret_file
+from xce_resize_plugin.controllers.live.proc import listens_on, lock_held, secret_file
 from xce_resize_plugin.controllers.live.worker import secret_path, worker_dir
 
 log = logging.getLogger(__name__)
@@ -423,7 +423,15 @@ class WorkerChannel:
                         return
                     self._set_ready(False)
                     continue
-                data = response.json()
+                try:
+                    data = response.json()
+                except ValueError:
+                    data = None
+                if not isinstance(data, dict):
+                    # Not an agent's answer: reconnect (which checks who listens)
+                    # rather than let the host's poll thread die.
+                    self._set_ready(False)
+                    continue
                 self.last_seen = time.monotonic()
                 if data.get("instance") != self.instance or data.get("resync"):
                     self._set_ready(False)
@@ -452,9 +460,14 @@ class WorkerChannel:
         try:
             reg = json.loads((self.dir / "worker.json").read_text())
             port = int(reg["port"])
+            pid = int(reg["pid"])
             addr = str(reg.get("addr", "127.0.0.1"))
         except (OSError, ValueError, KeyError, TypeError):
             return False  # starting: locked, not registered yet
+        if listens_on(pid, port) is False:
+            # Not the registered agent's socket (a stale registration, a port taken):
+            # the secret is sent to no one else. The agent registers again at start.
+            return False
         try:
             response = httpx.get(
                 f"http://127.0.0.1:{port}/v1/snapshot",
@@ -468,7 +481,12 @@ class WorkerChannel:
             if _code(response) == "fenced":
                 owner.fence(RuntimeError(f"agent {self.host} refused this controller's epoch"))
             return False
-        snapshot = response.json()
+        try:
+            snapshot = response.json()
+            if not isinstance(snapshot, dict):
+                return False
+        except ValueError:
+            return False  # not an agent's answer: try again, as for no answer
         with self.send_lock:
             owner.worker_up(self.host, snapshot, self.queued())
             self.port = port

@@ -104,6 +104,9 @@ def _only_agent(agent: WorkerAgent) -> FileLock | None:
         if time.monotonic() > deadline:
             return None
         time.sleep(0.02)
+    # An agent that crashed left its registration: until this one writes its own, the
+    # file would send the controller to a port that any process may have taken since.
+    (agent.dir / "worker.json").unlink(missing_ok=True)
     return lock
 
 
