@@ -9,6 +9,7 @@ from typing import Any
 
 import httpx
 
+from xce_resize_plugin.controllers.live.agent_client import AgentAuth
 from xce_resize_plugin.controllers.live.generations import HISTORY_KEPT
 from xce_resize_plugin.controllers.live.live_store import LiveStore
 from xce_resize_plugin.controllers.live.worker import secret_path, worker_dir
@@ -65,7 +66,7 @@ def _agents_tasks(live: LiveCluster, job_id: str) -> set[int]:
         port = json.loads((worker_dir(live.state, host) / "worker.json").read_text())["port"]
         snapshot = httpx.get(
             f"http://127.0.0.1:{port}/v1/snapshot?epoch={epoch}",
-            headers={"Authorization": f"Bearer {secret}"},
+            auth=AgentAuth(secret),
             timeout=10,
         ).json()
         found |= {int(t["task"]) for t in snapshot["tasks"] if str(t["job"]) == job_id}

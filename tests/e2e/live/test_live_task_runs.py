@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 
 from xce_resize_plugin.controllers.live import settings as live_config
+from xce_resize_plugin.controllers.live.agent_client import AgentAuth
 from xce_resize_plugin.controllers.live.live_controller import LiveController
 from xce_resize_plugin.controllers.live.proc import Account, account_json
 from xce_resize_plugin.host import Principal
@@ -49,7 +50,7 @@ def _agent_tasks(ctl: LiveController) -> dict[tuple[str, int], dict[str, Any]]:
     snapshot = httpx.get(
         f"http://127.0.0.1:{channel.port}/v1/snapshot",
         params={"epoch": ctl.fleet.epoch},
-        headers={"Authorization": f"Bearer {ctl.fleet.secret}"},
+        auth=AgentAuth(ctl.fleet.secret),
         timeout=5,
     ).json()
     return {(str(t["job"]), int(t["task"])): t for t in snapshot["tasks"]}

@@ -265,7 +265,11 @@ class WorkerChannel:
         self.last_seen = time.monotonic()
         self.lost = False
         self._threads: list[threading.Thread] = []
-        self._headers = {"Authorization": f"Bearer {fleet.secret}"}
+        # Signed calls: the secret itself never goes to the port (docs/live-controller.md,
+        # "Agents"). Imported here: httpx is loaded only by a controller with agents.
+        from xce_resize_plugin.controllers.live.agent_client import AgentAuth
+
+        self._auth = AgentAuth(fleet.secret)
 
     # -- queue (any thread) ---------------------------------------------------------------
 
@@ -326,7 +330,7 @@ class WorkerChannel:
         transport = httpx.HTTPTransport(
             socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)]
         )
-        return httpx.Client(headers=self._headers, timeout=timeout, transport=transport)
+        return httpx.Client(auth=self._auth, timeout=timeout, transport=transport)
 
     def _send_loop(self) -> None:
         with self._client(10.0) as client:
@@ -472,7 +476,7 @@ class WorkerChannel:
             response = httpx.get(
                 f"http://127.0.0.1:{port}/v1/snapshot",
                 params={"epoch": self.fleet.epoch},
-                headers=self._headers,
+                auth=self._auth,
                 timeout=min(5.0, self.fleet.agent_timeout),
             )
         except httpx.TransportError:

@@ -3,13 +3,12 @@
 ``xce-resize worker`` runs :func:`serve`: it takes the host's agent lock, kills what a
 dead predecessor left behind, and serves :class:`~.worker.WorkerAgent` (what the agent
 does and why, :mod:`.worker`) with uvicorn on an ephemeral loopback port, every call
-authenticated with the secret the controller created.
+and every answer signed with the secret the controller created (:mod:`.agent_auth`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import hmac
 import json
 import logging
 import os
@@ -20,6 +19,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from xce_resize_plugin.controllers.live import fd_limits
+from xce_resize_plugin.controllers.live.agent_auth import (
+    HEADER,
+    RESPONSE_HEADER,
+    Keys,
+    NotAuthorised,
+    RequestCheck,
+    sign_response,
+)
 from xce_resize_plugin.controllers.live.proc import FileLock, atomic_write, become_subreaper
 from xce_resize_plugin.controllers.live.worker import Fenced, WorkerAgent, secret_path
 
@@ -32,39 +39,52 @@ if TYPE_CHECKING:
 log = logging.getLogger(WorkerAgent.__module__)
 
 
-def make_app(agent: WorkerAgent, secret: str) -> Starlette:
-    """The agent's routes. Sync handlers: Starlette runs them in its thread pool, which
-    is what the blocking long poll needs."""
+def make_app(agent: WorkerAgent, secret: str, port: int) -> Starlette:
+    """The agent's routes, for calls signed for ``port`` (:mod:`.agent_auth`). Sync
+    handlers: Starlette runs them in its thread pool, which is what the blocking long
+    poll needs."""
     from starlette.applications import Starlette
     from starlette.responses import JSONResponse
     from starlette.routing import Route
 
-    expected = f"Bearer {secret}".encode()
-
-    def authorised(request: Request) -> bool:
-        given = request.headers.get("authorization", "").encode()
-        return hmac.compare_digest(given, expected)
+    keys = Keys(secret)
+    checker = RequestCheck(keys, port)
 
     def refuse(code: str, detail: str, status: int) -> JSONResponse:
         return JSONResponse({"code": code, "detail": detail}, status_code=status)
 
+    async def answer(request: Request, digest: str, fn: Any) -> JSONResponse:
+        from starlette.concurrency import run_in_threadpool
+
+        body = await request.body()
+        try:
+            RequestCheck.check_body(body, digest)
+            data = json.loads(body) if body else {}
+            return JSONResponse(await run_in_threadpool(fn, request, data))
+        except NotAuthorised as exc:
+            return refuse("unauthorised", str(exc), 401)
+        except Fenced as exc:
+            return refuse("fenced", str(exc), 409)
+        except LookupError as exc:
+            return refuse("instance", str(exc), 409)
+        except (KeyError, ValueError, TypeError) as exc:
+            return refuse("bad_request", repr(exc), 400)
+
     def guarded(fn: Any) -> Any:
         async def handler(request: Request) -> Response:
-            from starlette.concurrency import run_in_threadpool
-
-            if not authorised(request):
-                return refuse("unauthorised", "bad or missing secret", 401)
-            body = await request.body()
             try:
-                data = json.loads(body) if body else {}
-                result = await run_in_threadpool(fn, request, data)
-            except Fenced as exc:
-                return refuse("fenced", str(exc), 409)
-            except LookupError as exc:
-                return refuse("instance", str(exc), 409)
-            except (KeyError, ValueError, TypeError) as exc:
-                return refuse("bad_request", repr(exc), 400)
-            return JSONResponse(result)
+                signed = checker.check(
+                    request.method, _target(request), request.headers.get(HEADER, ""), time.time()
+                )
+            except NotAuthorised as exc:
+                # Unsigned: whoever sent it cannot check an answer anyway. The body is
+                # not read (nor a long one waited for) before the signature holds.
+                return refuse("unauthorised", str(exc), 401)
+            response = await answer(request, signed[1], fn)
+            response.headers[RESPONSE_HEADER] = sign_response(
+                keys, signed[0], response.status_code, bytes(response.body)
+            )
+            return response
 
         return handler
 
@@ -92,6 +112,13 @@ def make_app(agent: WorkerAgent, secret: str) -> Starlette:
             Route("/v1/commands", guarded(commands), methods=["POST"]),
         ]
     )
+
+
+def _target(request: Request) -> str:
+    """The path and query as sent (what the controller signed)."""
+    path: bytes = request.scope.get("raw_path") or request.scope["path"].encode()
+    query: bytes = request.scope.get("query_string", b"")
+    return (path + b"?" + query if query else path).decode("latin-1")
 
 
 def _only_agent(agent: WorkerAgent) -> FileLock | None:
@@ -130,8 +157,8 @@ def serve(state_dir: Path, host: str, header_timeout: float = 10.0) -> int:
     Its port is reachable by every process on the host, tasks included: a client gets
     ``header_timeout`` seconds to send a request's headers, then is cut off
     (:mod:`xce_resize_plugin.rest.header_deadline`), so that nobody can hold the
-    agent's connections open without a request. A body is read only after the secret
-    was checked, that is from the controller.
+    agent's connections open without a request. A body is read only after the request's
+    signature was checked, that is from the controller.
     """
     import uvicorn
 
@@ -167,7 +194,7 @@ def serve(state_dir: Path, host: str, header_timeout: float = 10.0) -> int:
             super().handle_exit(sig, frame)
 
     config = uvicorn.Config(
-        make_app(agent, secret),
+        make_app(agent, secret, port),
         http=header_deadline(header_timeout),
         log_level="warning",
         access_log=False,
