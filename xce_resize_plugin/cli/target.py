@@ -15,7 +15,9 @@ from typing import Any, TextIO
 
 from xce_resize_plugin.cli.argtypes import count
 from xce_resize_plugin.cli.jobs import resize_summary
+from xce_resize_plugin.core.decimal_text import read_decimal
 from xce_resize_plugin.errors import UsageError
+from xce_resize_plugin.lsf.bresize_args import parse_counts
 from xce_resize_plugin.rest.client import Client
 
 COMMANDS = ("target", "grow", "release")
@@ -77,20 +79,19 @@ def _common(parser: argparse.ArgumentParser) -> None:
 
 
 def _ids(option: str, text: str) -> list[int]:
-    try:
-        ids = [int(part) for part in text.split(",")]
-    except ValueError:
-        raise UsageError(f"{option} takes comma-separated task ids, got {text!r}") from None
-    if any(i < 0 for i in ids):
-        raise UsageError(f"{option} takes task ids (0 or more), got {text!r}")
-    return ids
+    # ASCII digits only, as every count of ours: int() also reads " 7", "1_0" and
+    # other scripts' digits.
+    ids = [read_decimal(part) for part in text.split(",")]
+    if any(i is None for i in ids):
+        raise UsageError(f"{option} takes comma-separated task ids (0 or more), got {text!r}")
+    return [i for i in ids if i is not None]
 
 
 def _range(text: str) -> dict[str, int]:
-    parts = text.split(",")
-    if len(parts) > 2 or not all(p.isdigit() and int(p) > 0 for p in parts):
-        raise UsageError(f"grow takes [MIN,]MAX with positive integers, got {text!r}")
-    return {"min_tasks": int(parts[0]), "tasks": int(parts[-1])}
+    """``[MIN,]MAX`` as ``bresize request`` reads it (its messages; exit 2 for MIN >
+    MAX, which the controller would refuse as 667 otherwise)."""
+    min_add, max_add = parse_counts(text)
+    return {"min_tasks": min_add, "tasks": max_add}
 
 
 def run(args: argparse.Namespace, out: TextIO, client: Client | None = None) -> int:

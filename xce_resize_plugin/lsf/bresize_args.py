@@ -59,6 +59,7 @@ __all__ = [
     "USAGE",
     "Command",
     "parse",
+    "parse_counts",
     "parse_job_id",
     "to_argv",
     "to_request",
@@ -276,11 +277,13 @@ def _request_positionals(positionals: list[str]) -> tuple[int, int, str]:
             "request takes [min_task,]tasks and one job ID: "
             f"got {' '.join(positionals)!r} (write min_task,tasks without spaces)"
         )
-    min_add, max_add = _parse_counts(positionals[0])
+    min_add, max_add = parse_counts(positionals[0])
     return min_add, max_add, positionals[1]
 
 
-def _parse_counts(text: str) -> tuple[int, int]:
+def parse_counts(text: str) -> tuple[int, int]:
+    """``[min_task,]tasks`` as ``bresize request`` takes it: ``(min, max)``, or
+    :class:`UsageError` in LSF's words (also used by ``xce-resize grow``)."""
     import re
 
     match = re.fullmatch(_COUNTS, text)
