@@ -9,6 +9,7 @@ import urllib.parse
 from typing import Any
 
 import httpx
+import jsonschema
 import pytest
 
 from xce_resize_plugin.rest import routes as api
@@ -129,3 +130,13 @@ def test_the_route_is_in_the_openapi_document() -> None:
     assert {p["name"] for p in op["parameters"]} == {"id", "task_id"}
     grow = doc["components"]["schemas"]["ResizeGrowRequest"]["properties"]
     assert {"wait_ready", "ready_timeout"} <= set(grow)
+
+
+def test_a_null_ready_timeout_is_the_default_and_the_schema_says_so(
+    cluster: Cluster, http: httpx.Client
+) -> None:
+    """The handler took null as the default while the schema allowed numbers only."""
+    body = {"tasks": 1, "wait_ready": True, "ready_timeout": None}
+    assert call(http, "POST", path(cluster.job1, "/grow"), json=body).status_code == 202
+    schema = api.openapi_paths()["components"]["schemas"]["ResizeGrowRequest"]
+    jsonschema.validate(body, {**schema, "components": api.openapi_paths()["components"]})

@@ -200,10 +200,12 @@ _READINESS: dict[str, Any] = {
         "(its tasks not ready by the deadline are stopped).",
     },
     "ready_timeout": {
-        "type": "number",
+        # null is the default, as the handler takes it (and as for the other options).
+        "type": ["number", "null"],
         "exclusiveMinimum": 0,
         "description": "Seconds from the launch of the new tasks to be ready, at most "
-        "the site's [resize] max_ready_timeout (default: that maximum); needs wait_ready.",
+        "the site's [resize] max_ready_timeout (default, or null: that maximum); needs "
+        "wait_ready.",
     },
 }
 
