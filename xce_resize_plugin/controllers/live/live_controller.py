@@ -101,7 +101,11 @@ from xce_resize_plugin.controllers.live.live_state import (
 )
 from xce_resize_plugin.controllers.live.live_store import Lease, LiveStore
 from xce_resize_plugin.controllers.live.scratch_trash import TrashRemover
-from xce_resize_plugin.controllers.live.settings import LiveConfig
+from xce_resize_plugin.controllers.live.settings import (
+    LiveConfig,
+    first_unprivileged_port,
+    takeable_port,
+)
 from xce_resize_plugin.controllers.live.state_check import JOURNAL_DIR, check_journal, cross_check
 from xce_resize_plugin.controllers.live.storage_faults import storage_failure
 from xce_resize_plugin.controllers.live.tasks import WorkerFleet
@@ -208,6 +212,9 @@ class LiveController(HostApi):
             return
         if self.euid != 0:
             return
+        warning = takeable_port(self.cfg, self.euid, first_unprivileged_port())
+        if warning is not None:
+            log.warning("%s", warning)
         for path in (state, *state.parents):
             mode = path.stat().st_mode
             if not mode & stat.S_IXOTH:

@@ -216,6 +216,30 @@ def parse(data: Mapping[str, Any], path: Path) -> LiveConfig:
     return cfg
 
 
+def first_unprivileged_port() -> int:
+    """The lowest port any user may bind (Linux's ``ip_unprivileged_port_start``;
+    1024 where the system does not say)."""
+    try:
+        text = Path("/proc/sys/net/ipv4/ip_unprivileged_port_start").read_text()
+        return int(text.strip())
+    except (OSError, ValueError):
+        return 1024
+
+
+def takeable_port(cfg: LiveConfig, euid: int, first_unprivileged: int) -> str | None:
+    """The warning of a root controller for several users whose port any user may
+    take: while it is down (a restart, a failover), another user's process can listen
+    there, and jobs' clients, which outlive the restart, would send it their tokens.
+    ``None`` when only root can take the port, or when no other user's job runs."""
+    if euid != 0 or cfg.single_user or 0 < cfg.listen_port < first_unprivileged:
+        return None
+    return (
+        f"controller.listen port {cfg.listen_port} can be taken by any user's process while "
+        "the controller is down, and the jobs' clients would send it their tokens: listen "
+        f"on a port below {first_unprivileged}, which only root can take"
+    )
+
+
 def parse_listen(value: Any, where: Where | None = None) -> tuple[str, int]:
     """``"127.0.0.1:6820"`` -> ``("127.0.0.1", 6820)``; loopback addresses only.
 
