@@ -11,7 +11,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from xce_resize_plugin.testing.live import ALICE, BOB, ROOT, SLEEPER, LiveCluster, alive, wait_until
+from xce_resize_plugin.testing.live import (
+    ALICE,
+    BOB,
+    ROOT,
+    SLEEPER,
+    LiveCluster,
+    alive,
+    processes_marked,
+    wait_until,
+)
 
 # Logs its environment and, every 50 ms, its hostfile (a shell loop, as the issue asks).
 HOSTFILE_LOGGER = [
@@ -139,6 +148,37 @@ def test_job_lifecycle_env_hostfile_grow_shrink(resize_live_factory: Any, tmp_pa
     assert job["held"] == []
     assert not any(alive(p) for p in live_pids)
     assert live.cluster()["problems"] == []
+
+
+def test_a_notification_command_ends_with_its_job(resize_live_factory: Any, tmp_path: Path) -> None:
+    """A job killed while its notification command runs: the command is stopped with
+    the job. It ran on after the job's end, as the job's owner with the job's token,
+    until its own timeout."""
+    # A notification timeout well past the test's waits (the tests' default is 5 s).
+    live: LiveCluster = resize_live_factory({"h1": 2}, notify_timeout=120)
+    live.start()
+    marker = tmp_path / "late"
+    notify = f"sleep 30; echo late > {marker}"
+    job_id = live.submit(tasks="1,2", alloc={"h1": 1}, resizable=True, notify_cmd=notify)
+    live.running(job_id, 1)
+    assert live.grow(job_id, 1).status_code == 202
+
+    def notifying() -> list[int]:
+        # By the environment the command and its children share (its shell alone could
+        # be gone and its sleep go on).
+        found = processes_marked(str(live.state))
+        return [
+            pid
+            for pid, info in found.items()
+            if info["env"].get("LSB_RESIZE_EVENT") == "grow"
+            and info["env"].get("XCE_JOB_ID") == job_id
+        ]
+
+    wait_until(notifying, 10, "the notification command running")
+    assert live.call("DELETE", f"/v1/jobs/{job_id}").status_code == 202
+    wait_until(lambda: live.job(job_id)["state"] == "EXIT", 10, "EXIT")
+    wait_until(lambda: not notifying(), 10, "the notification command stopped with its job")
+    assert not marker.exists()
 
 
 def test_done_on_status_zero_and_kill(resize_live_factory: Any) -> None:

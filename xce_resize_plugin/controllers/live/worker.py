@@ -66,7 +66,6 @@ may then miss what the failed writes would have recorded.
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import logging
 import os
@@ -208,6 +207,8 @@ class WorkerAgent:
         self._cond = threading.Condition(self._lock)
         self.tasks: dict[tuple[str, int], TaskProc] = {}
         self.notifications: dict[tuple[str, int], dict[str, Any] | None] = {}
+        #: The notification commands running, by (job, attempt): a job's end stops them.
+        self._notifying: dict[tuple[str, int], subprocess.Popen[bytes]] = {}
         self.events: list[dict[str, Any]] = []
         self.seq = 0
         self.max_epoch = 0
@@ -635,9 +636,14 @@ class WorkerAgent:
                 self._notified(key, log_path, None, NotificationResult(None, f"cannot run: {exc}"))
                 return
             owner = account if run_as else None
-            runner = SubprocessNotificationRunner(
-                self.max_output, popen=functools.partial(self.spawn, **run_as)
-            )
+
+            def started(argv: list[str], **options: Any) -> subprocess.Popen[bytes]:
+                proc = self.spawn(argv, **run_as, **options)
+                with self._lock:
+                    self._notifying[key] = proc
+                return proc
+
+            runner = SubprocessNotificationRunner(self.max_output, popen=started)
             runner.run(request, lambda result: self._notified(key, log_path, owner, result))
 
         threading.Thread(target=run, name=f"notify-{key[0]}.{key[1]}", daemon=True).start()
@@ -667,6 +673,7 @@ class WorkerAgent:
             "elapsed": result.elapsed,
         }
         with self._lock:
+            self._notifying.pop(key, None)
             self.notifications[key] = done
             done_before = sorted(
                 k for k, v in self.notifications.items() if k[0] == key[0] and v is not None
@@ -687,6 +694,14 @@ class WorkerAgent:
 
     def _forget(self, job: str) -> None:
         self._forget_tasks(job, [task for j, task in self.tasks if j == job])
+        # The job is over: a notification command of it still running (a kill while it
+        # ran) is stopped with its whole session, as the job's tasks were. It ran as the
+        # job's owner with the job's token and scratch, which are gone.
+        for nkey, proc in list(self._notifying.items()):
+            # returncode set: reaped, and its pid may be another process's by now.
+            if nkey[0] == job and proc.returncode is None:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(proc.pid, signal.SIGKILL)
         for nkey in [k for k, v in self.notifications.items() if k[0] == job and v is not None]:
             del self.notifications[nkey]
 
