@@ -72,6 +72,12 @@ def test_a_task_that_exits_leaves_the_allocation(tmp_path: Path) -> None:
     assert told is not None
     lost = [e.data for e in told if e.type == "tasks_lost"]
     assert [(d["task_ids"], d["reason"]) for d in lost] == [([3], "task_exit"), ([1], "task_exit")]
+    # Each exit is told with its status first, the first one too (the job was not
+    # tracked yet: that one came as a tasks_lost alone, its status lost).
+    exited = [(e.data["task_ids"], e.data["status"]) for e in told if e.type == "tasks_exited"]
+    # Task 2 was stopped by the release (SIGTERM: 143).
+    assert exited == [([3], 0), ([2], 143), ([1], 0)]
+    assert [e.type for e in told][:3] == ["tasks_exited", "tasks_lost", "size_changed"]
     assert ctl.check_invariants() == []
     ctl.stop()
     assert replay_problems(tmp_path / "resize") == []

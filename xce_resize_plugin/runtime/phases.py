@@ -392,8 +392,11 @@ class Runtime(Reclaiming):
         if not _exits_on_their_own(batch):
             return  # the common case: no job lookup
         job = self.controller.get_job(job_id)
-        if job is None or job.release_exited or self._stored(job_id) is not None:
-            return  # release_exited: _release_exited tracks it; an ended run: never twice
+        if job is None or self._stored(job_id) is not None:
+            return  # an ended run: never tracked twice
+        # A release_exited job too: its exits are told with their status (tasks_exited)
+        # before _release_exited drops the tasks (tasks_lost), as for a tracked job; the
+        # first exit of a job never resized was a tasks_lost alone, its status lost.
         self._transition(job_id, losses.decide_untracked_exits(job, batch, now))
 
     def _release_exited(self, job_id: str, batch: TaskEvents, now: float) -> None:
