@@ -280,6 +280,15 @@ class UsageError(ResizeError):
     http_status = 400
 
 
+class PendingJobLimit(ResizeError):
+    """LSF's pending job threshold (``MAX_PEND_JOBS``): the submitting user has as many
+    pending jobs as the site allows (``[limits] max_pend_jobs``)."""
+
+    code = "LSBE_PJOB_LIMIT"
+    message = "Pending job threshold reached"
+    http_status = 429
+
+
 class ConfigError(ResizeError):
     """A configuration, scenario or policy file is wrong; detail names file and reason."""
 

@@ -181,6 +181,29 @@ def test_a_notification_command_ends_with_its_job(resize_live_factory: Any, tmp_
     assert not marker.exists()
 
 
+def test_a_users_pending_jobs_stop_at_the_sites_threshold(resize_live_factory: Any) -> None:
+    """``[limits] max_pend_jobs`` (LSF's MAX_PEND_JOBS): one user could fill the
+    controller's memory and store with pending jobs; past the threshold a submission is
+    refused (429 LSBE_PJOB_LIMIT) and changes nothing, others' are not."""
+    live: LiveCluster = resize_live_factory({"h1": 1}, limits="[limits]\nmax_pend_jobs = 2")
+    live.start()
+    running = live.submit()
+    live.running(running, 1)
+    waiting = [live.submit(), live.submit()]  # the one slot is taken: both pend
+    before = [j["id"] for j in live.ok("GET", "/v1/jobs", ROOT)["jobs"]]
+    refused = live.call("POST", "/v1/jobs", ALICE, {"command": SLEEPER})
+    assert refused.status_code == 429
+    doc = refused.json()
+    assert doc["code"] == "LSBE_PJOB_LIMIT"
+    assert doc["detail"].endswith("user alice has 2 pending jobs ([limits] max_pend_jobs = 2)")
+    assert [j["id"] for j in live.ok("GET", "/v1/jobs", ROOT)["jobs"]] == before
+    bobs = live.submit(BOB)  # another user's own threshold
+    assert live.job(bobs)["state"] == "PEND"
+    # One of alice's pending jobs killed: she may submit one more.
+    assert live.call("DELETE", f"/v1/jobs/{waiting[0]}").status_code == 202
+    assert live.job(live.submit())["state"] == "PEND"
+
+
 def test_done_on_status_zero_and_kill(resize_live_factory: Any) -> None:
     live: LiveCluster = resize_live_factory()
     live.start()

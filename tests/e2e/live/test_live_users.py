@@ -254,3 +254,16 @@ def test_a_controller_that_is_not_root_refuses_other_users_jobs(shared_dir: Path
         assert (work / "uid").read_text().strip() == str(account.uid)
     finally:
         live.cleanup()
+
+
+def test_max_pend_jobs_is_a_checked_setting(tmp_path: Path) -> None:
+    base = '[controller]\nstate_dir = "s"\n[cluster]\nhosts = { h1 = 1 }\n{}'
+    path = tmp_path / "c.toml"
+    path.write_text(base.replace("{}", ""))
+    assert live_config.load(path).max_pend_jobs == 10_000
+    path.write_text(base.replace("{}", "[limits]\nmax_pend_jobs = 0\n"))
+    assert live_config.load(path).max_pend_jobs == 0
+    for bad in ("-1", "true", "2.5", '"10"'):
+        path.write_text(base.replace("{}", f"[limits]\nmax_pend_jobs = {bad}\n"))
+        with pytest.raises(ConfigError, match=r"limits\.max_pend_jobs: must be an integer >= 0"):
+            live_config.load(path)

@@ -25,7 +25,7 @@ from xce_resize_plugin.controllers.live.submission import (
 )
 from xce_resize_plugin.core import converters
 from xce_resize_plugin.core.models import JobState, Task
-from xce_resize_plugin.errors import JobFinished, PermissionDenied, ResizeError
+from xce_resize_plugin.errors import JobFinished, PendingJobLimit, PermissionDenied, ResizeError
 from xce_resize_plugin.host import Principal
 
 log = logging.getLogger(__name__)
@@ -79,6 +79,7 @@ class HostApi(HookMonitor):
         check_cwd(sub.cwd, account, self.euid)
         with self.lock:
             self._check_open()
+            self._check_pending(principal.name)
             job_id = self._new_job_id()
             salt = self._tokens.new_salt()
             key = f"job:{job_id}"
@@ -109,6 +110,15 @@ class HostApi(HookMonitor):
         self._wake.set()
         token = self._tokens.token(job_id, salt)
         return {"id": job_id, "token": token, "job": self.job_json(job_id)}
+
+    def _check_pending(self, user: str) -> None:
+        """Refuse a submission past the user's pending job threshold (a user's queue is
+        held in memory and in the store: without a bound one user could fill both)."""
+        limit = self.cfg.max_pend_jobs
+        if limit and (pending := self.embedded.pending_of(user)) >= limit:
+            raise PendingJobLimit(
+                f"user {user} has {pending} pending jobs ([limits] max_pend_jobs = {limit})"
+            )
 
     def kill_job(self, principal: Principal, job_id: str) -> dict[str, Any]:
         """``DELETE /v1/jobs/{id}``."""

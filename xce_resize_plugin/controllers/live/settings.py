@@ -28,6 +28,7 @@
 
     [limits]
     user_slots = { alice = 8 }
+    # max_pend_jobs = 10000     each user's pending jobs at most (0: no threshold)
 
     [resize]                    # the plugin's section, the keys of docs/admin-guide.md
     stop_grace = 5
@@ -88,6 +89,10 @@ MAX_REQUEST_LIMIT = 65536
 #: Seconds a finished job is kept after its end unless ``finished_job_keep`` says
 #: otherwise: LSF's ``CLEAN_PERIOD`` default (docs/live-controller.md, "Jobs and tasks").
 DEFAULT_FINISHED_JOB_KEEP = 3600.0
+#: Each user's pending jobs at most, by default: a queue that deep is already days of
+#: work on most machines, and every pending job is held in memory and in the store
+#: (LSF's own default is no threshold; a controller open to every local user needs one).
+DEFAULT_MAX_PEND_JOBS = 10_000
 #: The longest ``finished_job_keep``: a year. Longer is a mistake (a value in ms?), and
 #: would keep every job's record for ever, which the setting is there to prevent.
 MAX_FINISHED_JOB_KEEP = 365 * 86400.0
@@ -157,6 +162,9 @@ class LiveConfig:
     #: Seconds a finished job (DONE or EXIT) is kept after its end, then dropped from
     #: memory, the store and the views (0: as soon as its end is recorded).
     finished_job_keep: float = DEFAULT_FINISHED_JOB_KEEP
+    #: The most jobs one user may have pending (LSF's ``MAX_PEND_JOBS``); a submission
+    #: beyond is refused. 0: no threshold.
+    max_pend_jobs: int = DEFAULT_MAX_PEND_JOBS
 
     @property
     def controller_url(self) -> str:
@@ -205,7 +213,13 @@ def parse(data: Mapping[str, Any], path: Path) -> LiveConfig:
         hosts=_hosts(where, where.section(data, "cluster", {"hosts"}).get("hosts")),
         admins=_admins(where, where.section(data, "users", {"admins", "tokens"}).get("admins", [])),
         tokens=_tokens(where, where.table(data, "users").get("tokens", {})),
-        user_slots=_user_slots(where, where.section(data, "limits", {"user_slots"})),
+        user_slots=_user_slots(
+            where, where.section(data, "limits", {"user_slots", "max_pend_jobs"})
+        ),
+        max_pend_jobs=_at_least(where, 0)(
+            "limits.max_pend_jobs",
+            where.table(data, "limits").get("max_pend_jobs", DEFAULT_MAX_PEND_JOBS),
+        ),
         resize=_resize(where, where.table(data, "resize"), path),
         path=path,
     )

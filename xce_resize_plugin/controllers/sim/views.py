@@ -185,6 +185,13 @@ class Views(HostStates):
         with self._lock:
             return self._jobs.get(job_id)
 
+    def pending_of(self, user: str) -> int:
+        """How many of ``user``'s jobs are pending (queued, or submitted to arrive)."""
+        with self._lock:
+            pend = JobState.PEND
+            queued = sum(1 for j in self._jobs.values() if j.user == user and j.state is pend)
+            return queued + sum(1 for j in self._future.values() if j.user == user)
+
     def records(self) -> list[JobRecord]:
         """Every known job's record, in the order the controller took them (see
         :meth:`record`)."""
