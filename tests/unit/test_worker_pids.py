@@ -130,7 +130,7 @@ def test_a_restarted_agent_kills_the_group_a_dead_agents_task_left(
     """What a dead agent's task left in its process group, not its leader's child any
     more, is killed: by the group's id while its leader runs, and by the task's marks
     in the environment once the leader is gone."""
-    marks = {"PATH": os.defpath, "XCE_JOB_ID": "7", "XCE_TASK_ID": "0"}
+    marks = {"PATH": os.defpath, "XCE_JOB_ID": "7", "XCE_TASK_ID": "0", "XCE_HOSTNAME": "h1"}
     script = "(sleep 60 &); " + ("exit 0" if leader_ends else "exec sleep 60")
     leader = subprocess.Popen(["/bin/sh", "-c", script], env=marks, start_new_session=True)
     pids = [leader.pid]
@@ -152,3 +152,28 @@ def test_a_restarted_agent_kills_the_group_a_dead_agents_task_left(
     finally:
         _kill(pids)
         leader.wait()
+
+
+@pytest.mark.parametrize(("launched_for", "killed"), [("h1", True), ("h2", False)])
+def test_a_restarted_agent_kills_by_its_intents_only_its_own_hosts_tasks(
+    tmp_path: Path, launched_for: str, killed: bool
+) -> None:
+    """A dead agent's launch intent (no pid yet) names a job and task; the process
+    with those marks is killed only when it was launched for this agent's host. Every
+    agent of the machine sees every process: job 7's task 3, requeued to h2, was killed
+    by h1's agent restarting with a stale intent for it."""
+    marks = {"PATH": os.defpath, "XCE_JOB_ID": "7", "XCE_TASK_ID": "3"}
+    task = subprocess.Popen(["sleep", "60"], env={**marks, "XCE_HOSTNAME": launched_for})
+    try:
+        state = tmp_path / "state"
+        wdir = worker_dir(state, "h1")
+        wdir.mkdir(parents=True)
+        (wdir / "tasks.json").write_text(json.dumps([{"job": "7", "task": 3, "pid": None}]))
+        WorkerAgent("h1", state).kill_orphans()
+        if killed:
+            assert task.wait(timeout=10) == -signal.SIGKILL
+        else:
+            assert task.poll() is None, "h1's agent killed a task of h2"
+    finally:
+        _kill([task.pid])
+        task.wait()

@@ -121,7 +121,7 @@ def test_a_new_agent_kills_a_task_started_just_before_its_predecessor_died(
 
     state = tmp_path / "state"
     worker_dir(state, "h1").mkdir(parents=True)
-    marks = {"XCE_JOB_ID": "7", "XCE_TASK_ID": "3"}
+    marks = {"XCE_JOB_ID": "7", "XCE_TASK_ID": "3", "XCE_HOSTNAME": "h1"}
     launch = {"op": "launch", "job": "7", "task": 3, "argv": ["sleep", "600"]}
     launch |= {"env": {**os.environ, **marks}, "cwd": str(tmp_path)}
     launch |= {"stdout": str(tmp_path / "o"), "stderr": str(tmp_path / "e")}

@@ -119,8 +119,10 @@ MAX_POLL = 10.0
 TRACK_INTERVAL = 0.5
 #: How often a task that is ending is checked for processes left (seconds).
 EXIT_POLL = 0.01
-#: The environment variables that tie an adopted orphan to its task.
-MARKS = ("XCE_JOB_ID", "XCE_TASK_ID")
+#: The environment variables that tie an adopted orphan to its task, and the host the
+#: task was launched for: every agent of a machine sees all its processes, and a task
+#: of the same job and id may run under another host's agent (a requeued job).
+MARKS = ("XCE_JOB_ID", "XCE_TASK_ID", "XCE_HOSTNAME")
 #: What starts a task that runs as another user: change to its working directory as
 #: that user, then become its command (status 126 when the directory cannot be entered).
 SHELL = "/bin/sh"
@@ -314,12 +316,15 @@ class WorkerAgent:
         return proc
 
     def _task_of(self, pid: int, ticks: int) -> tuple[str, str] | None:
-        """The (job, task) an adopted orphan's environment names (read once per process)."""
+        """The (job, task) a process's environment names, when it was launched for this
+        agent's host (read once per process). Another host's task of the same job and
+        id is not ours: an agent restarted after a crash killed it by its intent."""
         key = (pid, ticks)
         if key not in self._marks:
             marks = environ_marks(pid, MARKS)
             named = (marks.get(MARKS[0], ""), marks.get(MARKS[1], ""))
-            self._marks[key] = named if all(named) else None
+            ours = marks.get(MARKS[2]) == self.host
+            self._marks[key] = named if all(named) and ours else None
         return self._marks[key]
 
     def _members(self, t: TaskProc, table: ProcessTable) -> dict[int, int]:
