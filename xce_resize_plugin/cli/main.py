@@ -349,19 +349,34 @@ def _dispatch(args: argparse.Namespace, out: TextIO) -> int:
         from xce_resize_plugin.controllers.live import worker_server
 
         return worker_server.serve(args.state_dir.resolve(), args.host, args.header_timeout)
-    if args.command in ("hosts", "host"):
-        from xce_resize_plugin.cli.hosts import run as run_hosts
-
-        return run_hosts(args, out)
-    if args.command in ("target", "grow", "release"):
-        from xce_resize_plugin.cli.target import run as run_target
-
-        return run_target(args, out)
-    if args.command in ("submit", "jobs", "history", "kill", "modify"):
-        from xce_resize_plugin.cli.jobs import run as run_client
-
-        return run_client(args, out)
+    if args.command in CLIENT_COMMANDS:
+        return _client(args, out)
     return _journal(args, out)
+
+
+#: The commands that ask a controller (``XCE_CONTROLLER_URL``).
+CLIENT_COMMANDS = frozenset(
+    ("hosts", "host", "target", "grow", "release", "submit", "jobs", "history", "kill", "modify")
+)
+
+
+def _client(args: argparse.Namespace, out: TextIO) -> int:
+    """A client command. An answer that is JSON but not of the shape a controller
+    gives (the URL names another service) is one line, not a traceback."""
+    if args.command in ("hosts", "host"):
+        from xce_resize_plugin.cli.hosts import run
+    elif args.command in ("target", "grow", "release"):
+        from xce_resize_plugin.cli.target import run
+    else:
+        from xce_resize_plugin.cli.jobs import run
+    try:
+        return run(args, out)
+    except (KeyError, TypeError, IndexError, AttributeError) as exc:
+        url = os.environ.get("XCE_CONTROLLER_URL") or "the controller"
+        raise Unreachable(
+            f"{url}: the answer is not one an xce-resize controller gives "
+            f"({type(exc).__name__}: {exc}); is XCE_CONTROLLER_URL right?"
+        ) from exc
 
 
 def _scenario(args: argparse.Namespace, out: TextIO) -> int:
