@@ -3,17 +3,16 @@ only the exit codes docs/user-guide.md lists (0, 2, 141, 255), never a traceback
 
 from __future__ import annotations
 
-import http.server
 import os
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.e2e.test_cli import closed_pipe_run
+from tests.http_stub import answering
 
 ROOT = Path(__file__).resolve().parents[2]
 BRESIZE = str(Path(sys.executable).parent / "bresize")
@@ -29,35 +28,11 @@ def bresize(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-class _NotAController(http.server.BaseHTTPRequestHandler):
-    """Answers every request 200 with a web page, as a proxy or another service might."""
-
-    def _page(self) -> None:
-        self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        body = b"<html><body>Welcome</body></html>"
-        self.send_response(200)
-        self.send_header("Content-Type", "text/html")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    do_POST = do_DELETE = do_GET = do_PUT = _page
-
-    def log_message(self, format: str, *args: object) -> None:
-        pass
-
-
 @pytest.fixture
 def not_a_controller() -> Iterator[str]:
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _NotAController)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(10)
+    """Answers every request 200 with a web page, as a proxy or another service might."""
+    with answering(b"<html><body>Welcome</body></html>", "text/html") as stub:
+        yield stub.url
 
 
 @pytest.mark.parametrize(

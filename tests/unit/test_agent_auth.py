@@ -4,15 +4,12 @@ its own body; an answer is taken only when signed for the call."""
 
 from __future__ import annotations
 
-import http.server
-import threading
-from collections.abc import Iterator
-
 import httpx
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from tests.http_stub import answering
 from xce_resize_plugin.controllers.live.agent_auth import (
     HEADER,
     WINDOW,
@@ -85,44 +82,12 @@ def test_an_answer_is_taken_only_for_its_call(status: int, body: bytes, nonce: s
     assert signature != sign_request(KEYS, "GET", "/", status, body, NOW, nonce).split()[-1]
 
 
-class _Squatter(http.server.BaseHTTPRequestHandler):
-    """Whoever took an agent's port: records what it is sent, answers 200 JSON."""
-
-    seen: list[bytes] = []
-
-    def do_GET(self) -> None:  # the stdlib names it
-        type(self).seen.append(bytes(self.requestline, "latin-1") + bytes(self.headers))
-        body = b'{"instance": "evil", "pid": 1, "seq": 0, "tasks": []}'
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        """Quiet."""
-
-
-@pytest.fixture
-def squatter() -> Iterator[int]:
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Squatter)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield server.server_address[1]
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join()
-
-
-def test_a_process_on_the_agents_port_learns_no_secret_and_is_not_believed(
-    squatter: int,
-) -> None:
-    _Squatter.seen.clear()
-    with pytest.raises(NotTheAgent), httpx.Client(auth=AgentAuth(SECRET)) as client:
-        client.get(f"http://127.0.0.1:{squatter}/v1/snapshot", params={"epoch": 1})
-    (sent,) = _Squatter.seen
+def test_a_process_on_the_agents_port_learns_no_secret_and_is_not_believed() -> None:
+    snapshot = b'{"instance": "evil", "pid": 1, "seq": 0, "tasks": []}'
+    with answering(snapshot) as squatter:
+        with pytest.raises(NotTheAgent), httpx.Client(auth=AgentAuth(SECRET)) as client:
+            client.get(f"{squatter.url}/v1/snapshot", params={"epoch": 1})
+        (sent,) = squatter.seen
     assert SECRET.encode() not in sent and b"authorization" not in sent.lower()
     assert HEADER.lower().encode() in sent.lower()
     # A handler that catches broken connections catches this one too.

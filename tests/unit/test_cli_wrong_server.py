@@ -4,44 +4,20 @@ of a traceback (a ``KeyError`` from ``hosts`` and ``submit``)."""
 
 from __future__ import annotations
 
-import http.server
-import threading
 from collections.abc import Iterator
 
 import pytest
 
+from tests.http_stub import answering
 from xce_resize_plugin.cli.main import main
-
-
-class _Other(http.server.BaseHTTPRequestHandler):
-    def _answer(self) -> None:
-        body = b'{"status": "ok"}'
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    do_GET = do_POST = do_PUT = do_DELETE = _answer
-
-    def log_message(self, *args: object) -> None:
-        """Quiet."""
 
 
 @pytest.fixture
 def other_service(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Other)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    url = f"http://127.0.0.1:{server.server_address[1]}"
-    monkeypatch.setenv("XCE_CONTROLLER_URL", url)
-    monkeypatch.setenv("XCE_TOKEN", "tok")
-    try:
-        yield url
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join()
+    with answering(b'{"status": "ok"}') as stub:
+        monkeypatch.setenv("XCE_CONTROLLER_URL", stub.url)
+        monkeypatch.setenv("XCE_TOKEN", "tok")
+        yield stub.url
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,52 @@
+"""A stand-in for "something else answers at that address": an HTTP server in a thread
+that answers every request 200 with one body, and records what it was sent (the request
+line and headers). The tests of clients pointed at the wrong place use it."""
+
+from __future__ import annotations
+
+import contextlib
+import http.server
+import threading
+from collections.abc import Iterator
+
+from attrs import define, field
+
+
+@define
+class Stub:
+    """The running stub: its URL and the requests it got."""
+
+    url: str
+    seen: list[bytes] = field(factory=list)
+
+
+@contextlib.contextmanager
+def answering(body: bytes, content_type: str = "application/json") -> Iterator[Stub]:
+    """Serve ``body`` to every request on a free loopback port until the block ends."""
+    stub = Stub("")
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def _answer(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            stub.seen.append(self.requestline.encode("latin-1") + bytes(self.headers))
+            self.send_response(200)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_GET = do_POST = do_PUT = do_DELETE = _answer
+
+        def log_message(self, *args: object) -> None:
+            """Quiet."""
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    stub.url = f"http://127.0.0.1:{server.server_address[1]}"
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield stub
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(10)
