@@ -12,6 +12,7 @@ from xce_resize_plugin.errors import JournalError
 from xce_resize_plugin.journal.closing import Closing
 from xce_resize_plugin.journal.entries import Entry
 from xce_resize_plugin.journal.journal import Journal
+from xce_resize_plugin.journal.lmdb_env import failed_write
 
 log = logging.getLogger(__name__)
 
@@ -152,7 +153,10 @@ class GroupCommitter(Closing):
                 waiter.finish(error=self._failed)  # see the class docstring
                 return waiter
             if self._closed:
-                raise JournalError(f"{self._journal.path}: the group committer is closed")
+                # Closed after its writer failed: as that write, a failing disk.
+                raise failed_write(
+                    JournalError(f"{self._journal.path}: the group committer is closed")
+                )
             self._queue.append((entry, waiter))
             if not (will_wait and self._may_lead()):
                 self._cond.notify()

@@ -82,6 +82,7 @@ PRIVATE_FILE: Final = 0o600
 _U64: Final = struct.Struct(">Q")
 
 _T = TypeVar("_T")
+_E = TypeVar("_E", bound=BaseException)
 if TYPE_CHECKING:
     # py-lmdb's stubs make Transaction generic; the runtime class is not subscriptable.
     _Txn = lmdb.Transaction[bytes]
@@ -229,6 +230,21 @@ class Fence:
         )
 
 
+def failed_write(exc: _E) -> _E:
+    """Mark ``exc`` as a write to the disk that did not happen (LMDB could not begin,
+    grow or commit a write transaction): what the live controller takes for a failing
+    disk (docs/live-controller.md, "When the state cannot be written"). A record that
+    cannot be read or decoded, or a value that cannot be encoded, is not one: that is
+    the one request's failure, not every user's."""
+    exc.failed_write = True  # type: ignore[attr-defined]
+    return exc
+
+
+def is_failed_write(exc: BaseException) -> bool:
+    """Whether :func:`failed_write` marked ``exc``."""
+    return getattr(exc, "failed_write", False) is True
+
+
 @attrs.define(eq=False)
 class LmdbEnv:
     """One open LMDB environment of a store (see the module docstring).
@@ -335,6 +351,10 @@ class LmdbEnv:
         """The store's error for an LMDB failure: "``name``: cannot ``what`` (reason)"."""
         return self.error(f"{self.name}: cannot {what} ({lmdb_reason(exc)})")
 
+    def write_fail(self, what: str, exc: BaseException) -> Exception:
+        """:meth:`fail` for a write that did not happen (:func:`failed_write`)."""
+        return failed_write(self.fail(what, exc))
+
     # -- transactions
 
     def read(self, fn: Callable[[_Txn], _T]) -> _T:
@@ -370,7 +390,7 @@ class LmdbEnv:
                 self.set_map_size(0)  # another process grew it: adopt, begin again
                 continue
             except lmdb.Error as exc:
-                raise self.fail("begin a write transaction", exc) from exc
+                raise self.write_fail("begin a write transaction", exc) from exc
             try:
                 if fence is not None:
                     self.check_fence(txn, fence)
@@ -382,14 +402,17 @@ class LmdbEnv:
                 continue
             except lmdb.Error as exc:
                 abort(txn)
-                raise self.fail(f"write {self.noun}", exc) from exc
+                raise self.write_fail(f"write {self.noun}", exc) from exc
             except BaseException:
                 abort(txn)
                 raise
             return result
-        raise self.error(
-            f"{self.name}: a transaction does not fit even after growing the map "
-            f"{self.max_growths} times (now {self.map_size} bytes); nothing of it was written"
+        raise failed_write(
+            self.error(
+                f"{self.name}: a transaction does not fit even after growing the map "
+                f"{self.max_growths} times (now {self.map_size} bytes); nothing of it was "
+                "written"
+            )
         )
 
     def set_map_size(self, size: int) -> None:
@@ -405,12 +428,17 @@ class LmdbEnv:
             return  # the pages they held are free again: try before growing
         old = self.map_size
         if old >= self.max_map_size:
-            raise self.error(
-                f"{self.name}: the map is full at {old} bytes, the most it may grow to; "
-                "nothing of this transaction was written"
+            raise failed_write(
+                self.error(
+                    f"{self.name}: the map is full at {old} bytes, the most it may grow to; "
+                    "nothing of this transaction was written"
+                )
             )
         new = min(old * 2, self.max_map_size)
-        self.set_map_size(new)
+        try:
+            self.set_map_size(new)
+        except Exception as exc:
+            raise failed_write(exc) from None
         log.info("%s: map full, grown from %d to %d bytes", self.name, old, new)
 
     def _clear_stale_readers(self) -> int:

@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 
-from xce_resize_plugin.testing.live import LiveCluster, controller_command, wait_until
+from xce_resize_plugin.testing.live import BOB, LiveCluster, controller_command, wait_until
 
 #: The exit status of a fenced controller (docs/live-controller.md).
 EXIT_FENCED = 3
@@ -206,3 +206,40 @@ def test_a_resize_request_the_journal_cannot_record_is_503_and_changes_nothing(
     assert live.grow(job_id, 1).status_code == 202
     live.idle(job_id, 1)
     live.check_consistent(job_id)
+
+
+def test_a_damaged_record_read_for_one_job_fails_that_request_not_the_controller(
+    resize_live_factory: Any,
+) -> None:
+    """A fact of a job damaged on disk (found when read, with the check at start off):
+    reading the job's events fails that read, naming the damage. It was taken for a
+    failing disk: the controller dropped its state, answered every user 503 and
+    reported itself failing, again at each poll of the job's events."""
+    import lmdb
+
+    live: LiveCluster = resize_live_factory({"h1": 2, "h2": 1}, controller="verify_journal = false")
+    live.start()
+    job = live.submit(tasks="1,3", alloc={"h1": 1}, resizable=True)
+    live.running(job, 1)
+    assert live.grow(job, 1).status_code == 202
+    live.idle(job, 1)
+    _stop(live)
+    env = lmdb.open(str(live.state / "resize"), max_dbs=8)
+    try:
+        facts = env.open_db(b"facts")
+        with env.begin(write=True) as txn:
+            key, value = next(iter(txn.cursor(db=facts)))
+            damaged = bytearray(value)
+            damaged[-3] ^= 0x01  # one bit of the payload: its CRC no longer holds
+            txn.put(key, bytes(damaged), db=facts)
+    finally:
+        env.close()
+    live.start()
+    for _ in range(3):
+        answer = live.call("GET", f"/v1/jobs/{job}/events?after=0&timeout=0")
+        assert answer.status_code == 503 and "damaged" in answer.text, answer.text
+        other = live.call("POST", "/v1/jobs", BOB, {"command": ["/bin/true"]})
+        assert other.status_code == 201, other.text
+    health = httpx.get(f"{live.url()}/v1/health", timeout=5).json()
+    assert health["status"] == "ok", health
+    assert "the state cannot be written" not in live.logs()

@@ -21,8 +21,9 @@ from xce_resize_plugin.controllers.live.storage_faults import (
 )
 from xce_resize_plugin.controllers.live.task_commands import LiveNotificationRunner, LiveTaskRunner
 from xce_resize_plugin.controllers.sim.sim_controller import EmbeddedController
+from xce_resize_plugin.controllers.violations import StoreError
 from xce_resize_plugin.core.models import JobState
-from xce_resize_plugin.errors import ControllerStopping
+from xce_resize_plugin.errors import ControllerStopping, JournalError
 
 log = logging.getLogger(__name__)
 
@@ -117,9 +118,9 @@ class Generations(JobEnds):
             self.live_store.reload()
             lease = Lease(self.live_store)
             embedded = self._new_embedded(lease)
-        except Exception as exc:
-            if storage_failure(exc) is None:
-                raise
+        except (StoreError, JournalError, OSError) as exc:
+            # Reading back is part of the recovery: any failure of it (a failed read
+            # too, not only a failed write) leaves the view stale until the next try.
             log.warning("the state could not be read back: %s", exc)
             return
         self._lease, self.embedded = lease, embedded

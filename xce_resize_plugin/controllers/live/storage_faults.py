@@ -20,6 +20,7 @@ import errno
 
 from xce_resize_plugin.controllers.violations import StoreError
 from xce_resize_plugin.errors import FencedError, JournalError
+from xce_resize_plugin.journal.lmdb_env import is_failed_write
 
 #: ``OSError`` numbers that mean the disk, not the request: full, over quota, a file
 #: too large for the limits of the process, an I/O error, a read-only filesystem.
@@ -62,7 +63,9 @@ def storage_failure(exc: BaseException | None) -> BaseException | None:
     for item in _chain(exc):
         if isinstance(item, StateNotWritable):
             return None  # a refusal because of an earlier failure, not a new one
-        if isinstance(item, (StoreError, JournalError)):
+        if isinstance(item, (StoreError, JournalError)) and is_failed_write(item):
+            # Only a write that did not happen: a damaged record read for one request,
+            # or a value that cannot be encoded, fails that request alone.
             return item
         if isinstance(item, OSError) and item.errno in DISK_ERRNOS:
             return item
