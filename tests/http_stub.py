@@ -1,6 +1,7 @@
 """A stand-in for "something else answers at that address": an HTTP server in a thread
-that answers every request 200 with one body, and records what it was sent (the request
-line and headers). The tests of clients pointed at the wrong place use it."""
+that answers every request with one status and body (200 by default), and records what
+it was sent (the request line and headers). The tests of clients pointed at the wrong
+place use it."""
 
 from __future__ import annotations
 
@@ -21,7 +22,12 @@ class Stub:
 
 
 @contextlib.contextmanager
-def answering(body: bytes, content_type: str = "application/json") -> Iterator[Stub]:
+def answering(
+    body: bytes,
+    content_type: str = "application/json",
+    status: int = 200,
+    headers: dict[str, str] | None = None,
+) -> Iterator[Stub]:
     """Serve ``body`` to every request on a free loopback port until the block ends."""
     stub = Stub("")
 
@@ -29,7 +35,9 @@ def answering(body: bytes, content_type: str = "application/json") -> Iterator[S
         def _answer(self) -> None:
             self.rfile.read(int(self.headers.get("Content-Length") or 0))
             stub.seen.append(self.requestline.encode("latin-1") + bytes(self.headers))
-            self.send_response(200)
+            self.send_response(status)
+            for name, value in (headers or {}).items():
+                self.send_header(name, value)
             self.send_header("Content-Type", content_type)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
@@ -42,7 +50,8 @@ def answering(body: bytes, content_type: str = "application/json") -> Iterator[S
 
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     stub.url = f"http://127.0.0.1:{server.server_address[1]}"
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    # A short poll: shutdown() waits for it (0.5 s by default, at every test).
+    thread = threading.Thread(target=server.serve_forever, args=(0.02,), daemon=True)
     thread.start()
     try:
         yield stub

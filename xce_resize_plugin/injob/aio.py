@@ -31,7 +31,13 @@ from xce_resize_plugin.injob.protocol import (
     Steps,
     WaitOptions,
 )
-from xce_resize_plugin.rest.client import RemoteError, remote_error
+from xce_resize_plugin.rest.client import (
+    BAD_TOKEN,
+    RemoteError,
+    header_safe,
+    redirected,
+    remote_error,
+)
 
 _T = TypeVar("_T")
 
@@ -45,7 +51,11 @@ class AsyncResizeClient:
         self.job_id = job_id
         self.url = url.rstrip("/")
         headers = {"Accept": "application/json, application/problem+json"}
-        if token:
+        # As the sync client, a token no header can carry is refused at each call and
+        # never shown: httpx would quote the header (the token) in its error, or raise a
+        # UnicodeEncodeError holding it.
+        self._bad_token = bool(token) and not header_safe(token or "")
+        if token and not self._bad_token:
             headers["Authorization"] = f"Bearer {token}"
         self._http = httpx.AsyncClient(base_url=self.url, headers=headers, timeout=timeout)
         self._requests = JobRequests(job_id)
@@ -127,6 +137,8 @@ class AsyncResizeClient:
         return exchange.result
 
     async def _send(self, request: Request) -> Any:
+        if self._bad_token:
+            raise Unreachable(f"{self.url!r}: {BAD_TOKEN}")
         try:
             response = await self._http.request(
                 request.method,
@@ -138,6 +150,8 @@ class AsyncResizeClient:
             )
         except httpx.TransportError as exc:
             raise Unreachable(f"{self.url}: {exc}") from None
+        if 300 <= response.status_code < 400:
+            raise redirected(self.url, response.status_code, response.headers.get("Location"))
         if response.status_code >= 400:
             raise remote_error(
                 response.status_code,
@@ -145,7 +159,10 @@ class AsyncResizeClient:
                 response.reason_phrase,
                 response.headers.get("Retry-After"),
             )
-        return response.json() if response.content else None
+        try:
+            return response.json() if response.content else None
+        except ValueError as exc:  # as the sync client: no controller answered
+            raise Unreachable(f"{self.url}: the answer is not JSON: {exc}") from None
 
 
 __all__ = ["AsyncResizeClient"]

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, TypedDict, TypeVar
 
 from xce_resize_plugin.core.decimal_text import read_decimal
+from xce_resize_plugin.errors import Unreachable
 from xce_resize_plugin.rest.client import RemoteError
 
 #: A long poll never asks the controller to hold a request longer than this.
@@ -96,12 +97,21 @@ class Exchange(Generic[_T]):
             self._again = False
             self._sent = self._sent.again()
             return self._sent
-        steps, error = self._steps, self._error
+        steps, error, sent = self._steps, self._error, self._sent
         try:
             self._sent = steps.send(self._answer) if error is None else steps.throw(error)
         except StopIteration as done:
             self.result = done.value
             return None
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
+            if error is not None or sent is None:
+                raise  # the call's own error, or a bug before any answer: not the answer's
+            # An answer of another shape than a controller's (another service at the
+            # URL, a proxy's page): the documented error, not a KeyError.
+            raise Unreachable(
+                f"the answer to {sent.method} {sent.path} is not a controller's "
+                f"({type(exc).__name__}: {exc})"
+            ) from None
         return self._sent
 
     def answered(self, answer: Any) -> None:

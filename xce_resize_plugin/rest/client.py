@@ -101,7 +101,7 @@ class Client:
                 isinstance(exc, UnicodeEncodeError) and token in str(exc.object)
             ):
                 # urllib quotes the header in its error: never show or log the token.
-                text = "the token holds a character no HTTP header can carry (a line end?)"
+                text = BAD_TOKEN
             raise Unreachable(f"{self.url!r}: {text}") from None
         try:
             return json.loads(raw) if raw else None
@@ -120,9 +120,11 @@ class Client:
         if self.token:
             req.add_header("Authorization", f"Bearer {self.token}")
         try:
-            with urllib.request.urlopen(req, timeout=timeout or self.timeout) as resp:
+            with _opener().open(req, timeout=timeout or self.timeout) as resp:
                 raw: bytes = resp.read()
         except urllib.error.HTTPError as exc:
+            if 300 <= exc.code < 400:
+                raise redirected(self.url, exc.code, exc.headers.get("Location")) from None
             try:
                 raw = exc.read()
             except (OSError, http.client.HTTPException):
@@ -136,6 +138,37 @@ class Client:
             reason = getattr(exc, "reason", None) or repr(exc)
             raise Unreachable(f"{self.url}: {reason}") from None
         return raw
+
+
+#: Why a token is refused before any request (never shown: it is a secret).
+BAD_TOKEN = "the token holds a character no HTTP header can carry (a line end?)"
+
+
+def header_safe(token: str) -> bool:
+    """Whether ``token`` can be sent in an HTTP header as it is (visible ASCII)."""
+    return all(33 <= ord(c) <= 126 for c in token)
+
+
+def _opener() -> Any:
+    """urllib's opener without its redirect handler: a redirect is answered, not
+    followed. Followed, it sent the token to wherever it pointed, and a POST came back
+    as a GET there, whose answer read as the request's success."""
+    import urllib.request
+
+    class Unfollowed(urllib.request.HTTPRedirectHandler):
+        def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+            return None  # urllib then raises the 3xx as an HTTPError
+
+    return urllib.request.build_opener(Unfollowed)
+
+
+def redirected(url: str, status: int, location: str | None) -> Unreachable:
+    """The error of a redirect (never followed: the token goes to the controller only)."""
+    where = f" to {location[:200]!r}" if location else ""
+    return Unreachable(
+        f"{url}: answered {status}, a redirect{where}; not followed (the token is sent to "
+        "the controller's URL only: give that one)"
+    )
 
 
 def remote_error(

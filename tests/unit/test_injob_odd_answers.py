@@ -1,0 +1,72 @@
+"""The in-job clients against answers no controller gives: a redirect is not followed
+(it carried the job's token elsewhere, and a grow came back as a GET whose answer read
+as success), an answer of another shape or not JSON is ``Unreachable`` (not a
+``KeyError``), and a token no header can carry is refused without being shown — the
+sync and the async client alike (docs/in-job-api.md, "Errors")."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from tests.http_stub import answering
+from xce_resize_plugin.errors import Unreachable
+from xce_resize_plugin.injob import ResizeClient
+from xce_resize_plugin.injob.aio import AsyncResizeClient
+from xce_resize_plugin.rest.client import Client
+
+TOKEN = "job-token-of-7"
+
+
+def _sync(url: str, token: str = TOKEN) -> Callable[[str], Any]:
+    client = ResizeClient("7", Client(url, token))
+    return lambda call: client.grow(1) if call == "grow" else client.allocation()
+
+
+def _async(url: str, token: str = TOKEN) -> Callable[[str], Any]:
+    async def run(call: str) -> Any:
+        async with AsyncResizeClient("7", url, token) as client:
+            return await (client.grow(1) if call == "grow" else client.allocation())
+
+    return lambda call: asyncio.run(run(call))
+
+
+CLIENTS = pytest.mark.parametrize("make", [_sync, _async], ids=["sync", "async"])
+
+
+@CLIENTS
+@pytest.mark.parametrize("call", ["grow", "allocation"])
+def test_a_redirect_is_not_followed(make: Callable[..., Any], call: str) -> None:
+    with answering(b"", status=302, headers={"Location": "http://elsewhere.invalid/x"}) as stub:
+        with pytest.raises(Unreachable, match=r"answered 302, a redirect to .*not followed"):
+            make(stub.url)(call)
+        assert len(stub.seen) == 1  # and nothing went anywhere else
+
+
+@CLIENTS
+@pytest.mark.parametrize("body", [b"[]", b"null", b"{}", b'{"tasks": [1, 2]}'])
+def test_an_answer_of_another_shape_is_unreachable(make: Callable[..., Any], body: bytes) -> None:
+    with answering(body) as stub, pytest.raises(Unreachable, match="is not a controller's"):
+        make(stub.url)("allocation")
+
+
+@CLIENTS
+def test_an_answer_that_is_not_json_is_unreachable(make: Callable[..., Any]) -> None:
+    page = answering(b"<html>hello</html>", "text/html")
+    with page as stub, pytest.raises(Unreachable, match="the answer is not JSON"):
+        make(stub.url)("allocation")
+
+
+@CLIENTS
+@pytest.mark.parametrize("token", ["s3cr3t\r\nX: y", "s3cr3t\u20ac"])
+def test_a_token_no_header_can_carry_is_refused_unseen(
+    make: Callable[..., Any], token: str
+) -> None:
+    with answering(b"{}") as stub:
+        with pytest.raises(Unreachable) as info:
+            make(stub.url, token)("allocation")
+        assert "no HTTP header can carry" in str(info.value)
+        assert "s3cr3t" not in str(info.value) and not stub.seen
