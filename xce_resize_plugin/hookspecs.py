@@ -495,8 +495,8 @@ def xce_resize_select_reclaim(
     ``None`` to let a later implementation decide. The plugin refuses an answer that
     takes task 0, a task the job does not have, or more than a job's ``excess``, that
     is not a mapping of job ids to task ids (ints, in any iterable), or an exception
-    (:class:`~xce_resize_plugin.errors.PolicyRejected` naming the hook: the
-    scheduler cycle fails, nothing is asked), and asks nothing when the chosen tasks
+    (:class:`~xce_resize_plugin.errors.PolicyRejected` naming the hook, logged:
+    nothing is asked for that head, the cycle goes on), and asks nothing when the chosen tasks
     would not start the head. Default: the largest excess over ``min_tasks`` first,
     newest tasks first, only tasks whose slots count for the head, no more than it
     needs.

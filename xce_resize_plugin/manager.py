@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
+import stat
 import sys
 import traceback
 from collections.abc import Iterable, Mapping
@@ -55,7 +56,13 @@ def get_plugin_manager(
             pm.register(plugin, name="resize")
     pm.register(default_policies, name="resize-defaults")
     _check_pending(pm, "plugins from entry points")
+    seen: dict[Path, Path] = {}
     for path in _policy_paths(config or {}, base_dir):
+        first = seen.setdefault(path.resolve(), path)
+        if first is not path:
+            # Registered twice, every hook of it would answer twice (pluggy refused the
+            # second name with a traceback).
+            raise ConfigError(f"policy file {path} is listed twice (also as {first})")
         module = load_policy_file(path)
         try:
             pm.register(module, name=f"policy:{path}")
@@ -84,13 +91,18 @@ def _policy_paths(config: Mapping[str, Any], base_dir: Path | None) -> list[Path
 
 def load_policy_file(path: Path) -> ModuleType:
     """Import one site policy file as a module, or raise ConfigError naming it."""
+    if path.is_dir():
+        raise ConfigError(f"policy file {path}: a directory, not a file")
     if not path.is_file():
         raise ConfigError(f"policy file {path}: no such file")
+    _check_owner(path)
     name = f"xce_resize_policy_{abs(hash(str(path.resolve())))}"
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
         raise ConfigError(f"policy file {path}: cannot be loaded as Python")
     module = importlib.util.module_from_spec(spec)
+    # Importable while it runs, as any module is: a @dataclass looks its module up.
+    sys.modules[name] = module
     try:
         spec.loader.exec_module(module)
     except SyntaxError as exc:
@@ -99,8 +111,31 @@ def load_policy_file(path: Path) -> ModuleType:
         line = _line_in(path, exc)
         where = f", line {line}" if line else ""
         raise ConfigError(f"policy file {path}{where}: {type(exc).__name__}: {exc}") from exc
-    sys.modules.pop(name, None)
+    finally:
+        sys.modules.pop(name, None)
     return module
+
+
+def _check_owner(path: Path, euid: int | None = None) -> None:
+    """As root, a policy file runs as root: it must be root's, and no one else may
+    write it or replace it (its directory), as sudo and sshd ask of their files. Any
+    local user could otherwise run code as root by editing it."""
+    euid = os.geteuid() if euid is None else euid
+    if euid != 0:
+        return
+    for item, what in ((path, "file"), (path.parent, "directory")):
+        st = item.stat()
+        sticky = what == "directory" and st.st_mode & stat.S_ISVTX
+        if st.st_uid != 0:
+            why = f"owned by uid {st.st_uid}, not root"
+        elif st.st_mode & 0o022 and not sticky:
+            why = f"writable by others (mode {st.st_mode & 0o7777:04o})"
+        else:
+            continue
+        raise ConfigError(
+            f"policy file {path}: its {what} {item} is {why}: whoever can change it would "
+            "run code as root (chown root, chmod go-w)"
+        )
 
 
 def _line_in(path: Path, exc: BaseException) -> int | None:

@@ -9,6 +9,7 @@ failure (docs/admin-guide.md, "When a policy hook fails").
 
 from __future__ import annotations
 
+import itertools
 import logging
 import operator
 from collections.abc import Iterable, Iterator, Sequence
@@ -28,21 +29,36 @@ _ORDER = "xce_resize_order_grow_hosts"
 _COMMITTED = "xce_resize_committed"
 
 
-def _raised(hook: str, exc: Exception) -> PolicyRejected:
+_END = object()
+
+#: What a site hook's failure is: any exception, and ``sys.exit()`` too, which would
+#: otherwise end the thread that called the hook (the live controller's loop, silently).
+SiteFailure = (Exception, SystemExit)
+
+
+def _raised(hook: str, exc: BaseException) -> PolicyRejected:
     """A site hook's own exception, as the refusal that names the hook."""
     return PolicyRejected(f"{hook} raised {type(exc).__name__}: {exc}")
 
 
-def _task_ids(hook: str, answer: object, whose: str = "") -> tuple[int, ...]:
+def _task_ids(hook: str, answer: object, most: int, whose: str = "") -> tuple[int, ...]:
     """``answer`` as task ids: any iterable of integers (a list, a tuple, a generator),
-    not a string, and no ``True`` or ``3.0`` standing in for an id."""
+    not a string, and no ``True`` or ``3.0`` standing in for an id. More than ``most``
+    ids (every id the hook could name) is refused once one more is read: an endless
+    answer (``itertools.count()``) took all the memory of the machine."""
     if isinstance(answer, str | bytes) or not isinstance(answer, Iterable):
         raise PolicyRejected(f"{hook} returned {answer!r}{whose}, not a list of task ids")
     try:
-        ids = tuple(answer)
+        items = iter(answer)
+        ids = tuple(itertools.islice(items, most))
+        if next(items, _END) is not _END:
+            raise PolicyRejected(
+                f"{hook} returned more than {most} task ids{whose}, more than it could "
+                "choose from: an endless answer?"
+            )
     except ResizeError:
         raise
-    except Exception as exc:  # a generator of the site's that fails on the way
+    except SiteFailure as exc:  # a generator of the site's that fails on the way
         raise _raised(hook, exc) from exc
     try:
         return tuple(_task_id(i) for i in ids)
@@ -81,7 +97,7 @@ def _host_names(job: JobInfo, answer: Iterable[object], limit: int) -> Iterator[
             return
         except ResizeError:
             raise
-        except Exception as exc:
+        except SiteFailure as exc:
             raise _raised(_ORDER, exc) from exc
         if read == limit:
             raise PolicyRejected(
@@ -107,13 +123,19 @@ class HookPolicy:
             return getattr(self._hook, hook)(**kwargs)
         except ResizeError:
             raise
-        except Exception as exc:
+        except SiteFailure as exc:
             raise _raised(hook, exc) from exc
 
     def authorize(self, principal: Principal, job: JobInfo, action: str) -> bool:
         """``None`` from every implementation denies; an answer that is not a bool
         (``"no"`` is true in Python) is refused rather than taken as allowing."""
-        result = self._hook.xce_resize_authorize(principal=principal, job=job, action=action)
+        try:
+            result = self._hook.xce_resize_authorize(principal=principal, job=job, action=action)
+        except SystemExit as exc:
+            # An exception stays a bug (a 500 over REST, its text not shown: it may say
+            # more about other users than the caller may know); sys.exit() ended the
+            # thread that asked, the live controller's loop among them.
+            raise RuntimeError(f"xce_resize_authorize called sys.exit({exc.code!r})") from None
         if result is None or isinstance(result, bool):
             return bool(result)
         raise PolicyRejected(
@@ -126,14 +148,14 @@ class HookPolicy:
             self._hook.xce_resize_validate(job=job, request=request)
         except ResizeError:
             raise
-        except Exception as exc:  # a site rule's own exception carries the site's message
+        except SiteFailure as exc:  # a site rule's own exception carries the site's message
             raise PolicyRejected(str(exc) or type(exc).__name__) from exc
 
     def select_release(self, job: JobInfo, candidates: Sequence[Task], count: int) -> Sequence[int]:
         """The ids the hook chose (the engine checks them against the candidates)."""
         hook = "xce_resize_select_release"
         result = self._call(hook, job=job, candidates=candidates, count=count)
-        return _task_ids(hook, result) if result is not None else []
+        return _task_ids(hook, result, len(candidates)) if result is not None else []
 
     def order_grow_hosts(self, job: JobInfo, hosts: GrowHostView) -> Iterable[str]:
         """Host names, lazily; a name that is not a string, or the hook failing while
@@ -182,7 +204,7 @@ class HookPolicy:
     ) -> None:
         try:
             caller(job=job, change=change)
-        except Exception:
+        except SiteFailure:
             where = ", ".join(f"{i.function.__qualname__} in {i.plugin_name}" for i in impls)
             log.exception(
                 "%s (%s) raised on job %s's %s to version %d; the change stands",
@@ -209,6 +231,10 @@ class HookPolicy:
             raise PolicyRejected(
                 f"{hook} returned {result!r}, not a mapping job id -> task ids"
             ) from None
+        most = {c.job.id: len(c.releasable) for c in candidates}
+        # A job that is no candidate is refused by check_selection, naming it.
+        bound = max(most.values(), default=0)
         return {
-            job_id: _task_ids(hook, ids, f" for job {job_id}") for job_id, ids in chosen.items()
+            job_id: _task_ids(hook, ids, most.get(job_id, bound), f" for job {job_id}")
+            for job_id, ids in chosen.items()
         }

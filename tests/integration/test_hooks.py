@@ -8,6 +8,7 @@ import itertools
 import json
 import logging
 import re
+import sys
 import tempfile
 import weakref
 from collections.abc import Callable, Iterator, Sequence
@@ -389,6 +390,10 @@ def _fails_midway() -> Iterator[str]:
         (lambda c, n: [True], r"returned \[True\]: task ids are integers"),
         (lambda c, n: [3.0], r"returned \[3.0\]: task ids are integers"),
         (_raise_key, "raised KeyError: 'no such rack'"),
+        # sys.exit() ended the thread that asked (the live controller's loop, silently).
+        (lambda c, n: sys.exit(3), "raised SystemExit: 3"),
+        # An endless answer took all the memory of the machine (24 GB, then OOM).
+        (lambda c, n: itertools.count(1), "returned more than 3 task ids, more than it could"),
     ],
 )
 def test_a_select_release_answer_that_is_no_task_ids_is_refused_naming_the_hook(

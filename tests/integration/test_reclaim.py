@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import logging
+import re
 import tomllib
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -13,9 +15,10 @@ import pytest
 from xce_resize_plugin import hookimpl
 from xce_resize_plugin.controllers.sim import EmbeddedController
 from xce_resize_plugin.core.facts import ReleaseAccepted
-from xce_resize_plugin.core.models import ChangeKind, JobState
+from xce_resize_plugin.core.models import ChangeKind, JobInfo, JobState
 from xce_resize_plugin.core.reclaim import ReclaimCandidate, ReclaimHead
-from xce_resize_plugin.errors import ConfigError, PolicyRejected
+from xce_resize_plugin.errors import ConfigError
+from xce_resize_plugin.host import Principal
 from xce_resize_plugin.manager import get_plugin_manager
 from xce_resize_plugin.scenarios import files, runner
 from xce_resize_plugin.scenarios.files import Scenario
@@ -506,13 +509,49 @@ def _raise_key() -> Any:
     ],
 )
 def test_a_select_reclaim_answer_that_is_no_selection_is_refused_naming_the_hook(
-    tmp_path: Path, answer: Callable[[], Any], why: str
+    tmp_path: Path, answer: Callable[[], Any], why: str, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """Nothing is asked for the head, the log names the hook, and the cycle goes on (it
+    failed: in the live controller every job's dispatch and events stalled with it)."""
     ctl = blocked_head(tmp_path, answer)
-    with pytest.raises(PolicyRejected, match="xce_resize_select_reclaim " + why):
+    with caplog.at_level(logging.ERROR, "xce_resize_plugin.runtime.reclaiming"):
         ctl.settle()
+    assert re.search(
+        "reclaim for job 102: nothing asked: .*xce_resize_select_reclaim " + why, caplog.text
+    )
     assert [t.id for t in ctl.job("101").tasks] == [0, 1, 2, 3, 4, 5]  # nothing asked
     assert ctl.job("102").state is JobState.PEND
+    # Asked once: the same decision is not made again at every cycle.
+    caplog.clear()
+    ctl.advance(1.0)
+    assert "nothing asked" not in caplog.text
+
+
+class UnknownToPasswd:
+    """A site's xce_resize_authorize that looks every principal up in the password
+    database, which has no user named reclaim (the plugin's own principal)."""
+
+    @hookimpl
+    def xce_resize_authorize(self, principal: Principal, job: JobInfo, action: str) -> bool:
+        raise KeyError(f"getpwnam(): name not found: {principal.name!r}")
+
+
+def test_an_authorize_hook_failing_for_the_reclaim_principal_skips_the_job(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The job is not asked and the cycle goes on. The KeyError failed every scheduler
+    cycle, and with it every job's dispatch and events (an admin's release of another
+    job stayed in flight)."""
+    ctl = blocked_head(tmp_path, lambda: None)
+    ctl.plugin_manager.register(UnknownToPasswd())
+    with caplog.at_level(logging.ERROR, "xce_resize_plugin.runtime.reclaiming"):
+        ctl.settle()
+    assert "reclaim: job 101 not asked (a site hook failed)" in caplog.text
+    assert "name not found: 'reclaim'" in caplog.text
+    assert [t.id for t in ctl.job("101").tasks] == [0, 1, 2, 3, 4, 5]
+    assert ctl.job("102").state is JobState.PEND
+    ctl.advance(1000.0)  # 101 ends at its run time: the cycles went on, 102 starts
+    assert ctl.job("102").state is JobState.RUN
 
 
 def test_a_select_reclaim_answer_may_give_each_job_s_ids_lazily(tmp_path: Path) -> None:

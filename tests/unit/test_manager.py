@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import os
+import re
 from pathlib import Path
 
 import pytest
@@ -103,3 +105,61 @@ def test_no_trace_without_the_switch(
     with caplog.at_level(logging.INFO, logger="xce_resize_plugin.trace"):
         pm.hook.xce_resize_authorize(principal=Principal("bob"), job=JOB, action="view")
     assert "xce_resize_authorize" not in caplog.text
+
+
+def test_a_policy_file_listed_twice_is_a_configuration_error(tmp_path: Path) -> None:
+    f = write(tmp_path, "site.py", "X = 1\n")
+    twice = {"policy_files": [str(f), str(tmp_path / "." / "site.py")]}
+    with pytest.raises(errors.ConfigError, match=r"site\.py is listed twice \(also as "):
+        get_plugin_manager(twice, entry_points=False)
+    (tmp_path / "d").mkdir()
+    with pytest.raises(errors.ConfigError, match=r"policy file .*d: a directory, not a file"):
+        get_plugin_manager({"policy_files": [str(tmp_path / "d")]}, entry_points=False)
+
+
+def test_a_policy_file_may_define_dataclasses(tmp_path: Path) -> None:
+    """With postponed annotations a @dataclass looks its module up in sys.modules: the
+    module was not there while it ran (AttributeError on 'NoneType')."""
+    text = (
+        "from __future__ import annotations\nfrom dataclasses import dataclass\n"
+        "@dataclass\nclass Rack:\n    name: str\nRACK = Rack('r1')\n"
+    )
+    pm = get_plugin_manager(
+        {"policy_files": [str(write(tmp_path, "dc.py", text))]}, entry_points=False
+    )
+    (module,) = [p for name, p in pm.list_name_plugin() if name.startswith("policy:")]
+    assert module.RACK.name == "r1"
+
+
+@pytest.mark.parametrize(
+    ("mode", "owner", "says"),
+    [
+        (0o666, 0, "writable by others (mode 0666)"),
+        (0o644, 12345, "owned by uid 12345, not root"),
+    ],
+)
+def test_as_root_a_policy_file_others_can_change_is_refused(
+    tmp_path: Path, mode: int, owner: int, says: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Loaded by a root controller it runs as root: any user who can write it would."""
+    from xce_resize_plugin import manager
+
+    f = write(tmp_path, "site.py", "X = 1\n")
+    f.chmod(mode)
+    real_stat = Path.stat
+
+    def stat(self: Path, **kw: object) -> object:
+        # As root would see them, whoever runs the test: the file's owner as given,
+        # its directory root's.
+        st = real_stat(self, **kw)  # type: ignore[arg-type]
+        if self in (f, f.parent):
+            return os.stat_result((st.st_mode, *st[1:4], owner if self == f else 0, *st[5:]))
+        return st
+
+    monkeypatch.setattr(Path, "stat", stat)
+    monkeypatch.setattr(manager.os, "geteuid", lambda: 0)
+    with pytest.raises(errors.ConfigError, match=f"its file {f} is {re.escape(says)}"):
+        get_plugin_manager({"policy_files": [str(f)]}, entry_points=False)
+    # Not root: the file runs as its user only; not checked.
+    monkeypatch.setattr(manager.os, "geteuid", lambda: 1000)
+    get_plugin_manager({"policy_files": [str(f)]}, entry_points=False)

@@ -27,6 +27,7 @@ from xce_resize_plugin.controllers.live.storage_faults import StateNotWritable
 from xce_resize_plugin.controllers.violations import StoreError
 from xce_resize_plugin.errors import FencedError, JournalError
 from xce_resize_plugin.host import Principal
+from xce_resize_plugin.journal.lmdb_env import failed_write
 from xce_resize_plugin.rest import http
 from xce_resize_plugin.rest import routes as api
 from xce_resize_plugin.rest.resize_operations import MAX_BODY
@@ -238,8 +239,13 @@ def test_a_fenced_error_stops_the_controller_and_is_answered() -> None:
 @pytest.mark.parametrize(
     "failure",
     [
-        StoreError("state/controller: cannot write (Error: mdb_txn_commit: File too large)"),
-        JournalError("state/resize: cannot write the journal (Error: Input/output error)"),
+        # As LmdbEnv raises them: marked as writes that did not happen.
+        failed_write(
+            StoreError("state/controller: cannot write (Error: mdb_txn_commit: File too large)")
+        ),
+        failed_write(
+            JournalError("state/resize: cannot write the journal (Error: Input/output error)")
+        ),
         OSError(errno.ENOSPC, "No space left on device"),
     ],
     ids=["state", "journal", "hostfile"],
@@ -260,6 +266,21 @@ def test_a_failed_write_is_answered_503_with_retry_after(failure: Exception) -> 
     status, sent, doc = answer(host_app(ctl), "POST", "/v1/jobs", Stream(iter([b"{}"])), headers)
     assert (status, doc["code"], ctl.failed) == (503, "XCE_STATE_NOT_WRITABLE", None)
     assert int(sent["retry-after"]) > 0
+
+
+def test_a_record_that_cannot_be_read_is_that_requests_failure_not_the_disks() -> None:
+    """A damaged record read back, or a value that cannot be encoded, is no failed
+    write: the controller is not told its disk fails (every user would get 503)."""
+    headers = {"authorization": f"Bearer {GOOD}"}
+    for failure in (
+        JournalError("state/resize/data.mdb: fact 1: CRC mismatch (stored 1, computed 2)"),
+        StoreError("state/controller/data.mdb: corrupt job record '101'"),
+        JournalError("cannot be written to the journal: Integer exceeds 64-bit range"),
+    ):
+        ctl = StubController(fail=RuntimeError("submission failed"))
+        ctl.fail.__cause__ = failure  # type: ignore[union-attr]
+        status, _, doc = answer(host_app(ctl), "POST", "/v1/jobs", Stream(iter([b"{}"])), headers)
+        assert (status, doc["code"]) == (500, "XCE_INTERNAL") and ctl.failed is None
 
 
 def test_one_builder_describes_host_and_resize_routes_alike() -> None:

@@ -9,6 +9,7 @@ for that head).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from operator import attrgetter
 
@@ -26,6 +27,8 @@ from xce_resize_plugin.core.reclaim import (
 from xce_resize_plugin.errors import ResizeError
 from xce_resize_plugin.host import ClusterView, Controller, Principal
 from xce_resize_plugin.runtime.transitions import Transitions
+
+log = logging.getLogger(__name__)
 
 #: Who asks when the plugin reclaims slots for the queue head (resize history shows it).
 RECLAIM = Principal("reclaim", admin=True)
@@ -117,8 +120,15 @@ class Reclaiming(Transitions):
         if short > sum(c.excess for c in candidates):
             return False  # even every job at its minimum would not start it
         # A list of its own: the policy may reorder what it is given.
-        selection = self.policy.select_reclaim(head, list(candidates))
-        check_selection(selection, candidates)
+        try:
+            selection = self.policy.select_reclaim(head, list(candidates))
+            check_selection(selection, candidates)
+        except ResizeError as exc:
+            # The site's selection is wrong: nothing is asked for this head (logged,
+            # once: the same decision is not made again until something changes). The
+            # cycle goes on; a failed cycle stalled every job's dispatch and events.
+            log.error("reclaim for job %s: nothing asked: %s", queued.job_id, exc)
+            return False
         if short_after(head, selection, candidates) > 0:
             return False  # a reconfiguration that starts nobody only costs
         return self._ask_reclaim(head, selection, candidates, now)
@@ -220,6 +230,13 @@ class Reclaiming(Transitions):
                 )
             except ResizeError:
                 self._reclaim_asked.add(job_id)  # refused by a site rule: not for this head
+                continue
+            except Exception:
+                # A site hook failing (an xce_resize_authorize that does not know the
+                # plugin's own principal "reclaim"): that job is not asked, and the
+                # cycle goes on rather than fail every cycle for every job.
+                log.exception("reclaim: job %s not asked (a site hook failed)", job_id)
+                self._reclaim_asked.add(job_id)
                 continue
             decided.append((job_id, ids, facts))
         if short_after(head, {j: ids for j, ids, _ in decided}, candidates) > 0:
