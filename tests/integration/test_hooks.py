@@ -470,6 +470,8 @@ class OrderForJob1:
         (lambda: "hC", "returned 'hC' for job 1, not a list of host names"),
         (lambda: [7, "hC"], "gave 7 for job 1, not a host name"),
         (lambda: [["hC"]], r"gave \['hC'\] for job 1, not a host name"),
+        # sys.exit() ended the thread that asked: the live controller's loop, silently.
+        (lambda: sys.exit("rack database unavailable"), "raised SystemExit: rack database"),
         # Endless, of names no host has: it held the scheduler for ever.
         (
             lambda: itertools.cycle(["nowhere", "elsewhere"]),

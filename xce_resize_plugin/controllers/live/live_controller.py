@@ -352,7 +352,10 @@ class LiveController(HostApi):
                         last_check = now
                         self.live_store.check_epoch()
                         self.fleet.reap()
-            except Exception as exc:
+            except (Exception, SystemExit) as exc:
+                # SystemExit too: raised in this thread (a site's code calling
+                # sys.exit()), it would end the loop without a word while the server
+                # goes on answering; it is a bug of the cycle, logged, as any other.
                 if self._on_error(exc):
                     return
 
