@@ -318,6 +318,13 @@ class Journal(Closing):
             raise JournalError(f"{self._file}: {db} state of job {job_id!r}: {exc}") from None
         return self._stored(job_id, state, histories)
 
+    def job_ids(self) -> Iterator[str]:
+        """Every job id the journal holds, live then finished (the keys of ``jobs`` and
+        ``done``), in job id order within each."""
+        for db_name in (JOBS, DONE):
+            for key, _value in self._scan(db_name, b""):
+                yield key.decode("utf-8", "replace")
+
     def ended_at(self, job_id: str) -> float | None:
         """When ``job_id`` finished, or ``None`` if it is live or unknown."""
         done = self._done(job_id)

@@ -185,3 +185,49 @@ def test_store_and_journal_of_different_moments_are_refused(resize_live_factory:
     live.start()  # both put back: the job carries on
     live.running(job_id, 2)
     live.check_consistent(job_id)
+
+
+def test_a_lost_journal_is_refused_not_started_again_empty(resize_live_factory: Any) -> None:
+    """The journal's files gone (a wrong clean-up, a disk swapped): a new empty journal
+    was made, and the job's resize history and version started again from nothing."""
+    live, job_id = _state_with_a_resized_job(resize_live_factory)
+    journal = live.state / "resize"
+    aside = live.tmp / "journal-aside"
+    journal.rename(aside)
+    journal.mkdir(mode=0o700)
+    store = live.state / "controller" / "data.mdb"
+    line = refused_start(live)
+    assert line == (
+        f"xce-resize controller: {store}: job {job_id}: resized to version 1, but there is "
+        f"no journal at {journal.absolute() / 'data.mdb'}: the two were not written by one "
+        "controller (one restored without the other?): restore both from one backup"
+    )
+    assert not (journal / "data.mdb").exists()  # nothing was made
+    shutil.rmtree(journal)
+    aside.rename(journal)
+    live.start()
+    live.running(job_id, 2)
+
+
+def test_a_lost_store_is_refused_before_it_gives_the_journals_job_ids_again(
+    resize_live_factory: Any,
+) -> None:
+    """The controller's store gone while the journal holds a finished job: the new
+    store gave job id 101 again, and the new job 101 took over the old one's history
+    (the journal then failed its own verify)."""
+    live: LiveCluster = resize_live_factory({"h1": 2, "h2": 2})
+    live.start()
+    job_id = live.submit(tasks="1,3", alloc={"h1": 1}, resizable=True)
+    live.running(job_id, 1)
+    assert live.grow(job_id, 1).status_code == 202
+    live.idle(job_id, 1)
+    assert live.call("DELETE", f"/v1/jobs/{job_id}").status_code == 202
+    stop_cleanly(live)
+    shutil.rmtree(live.state / "controller")
+    line = refused_start(live)
+    assert line == (
+        f"xce-resize controller: {live.state / 'controller' / 'data.mdb'}: gives job id 101 "
+        f"next, but the journal {live.state.absolute() / 'resize' / 'data.mdb'} already "
+        f"holds job {job_id}: the two were not written by one controller (one restored "
+        "without the other?): restore both from one backup"
+    )

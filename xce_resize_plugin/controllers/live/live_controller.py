@@ -374,7 +374,9 @@ def _open_state(cfg: LiveConfig) -> tuple[LiveStore, JobTokens]:
         check_journal(journal_dir)
     store = LiveStore(cfg.state_dir / "controller", start=False)
     try:
-        cross_check(store.load(), journal_dir, store.data_file)
+        next_id = store.get("next_job_id")
+        next_job_id = next_id if isinstance(next_id, int) and next_id > 0 else 101
+        cross_check(store.load(), journal_dir, store.data_file, next_job_id)
         tokens = JobTokens.load(cfg.state_dir, store.get(FINGERPRINT_KEY))
         store.start()
         if store.get(FINGERPRINT_KEY) is None:

@@ -20,13 +20,14 @@ start changes nothing (and leaves a controller still running on the directory al
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 from xce_resize_plugin.controllers.jobs import JobRecord
 from xce_resize_plugin.controllers.store import Held, Snapshot
 from xce_resize_plugin.controllers.violations import StoreError
 from xce_resize_plugin.core import converters
+from xce_resize_plugin.core.decimal_text import read_decimal
 from xce_resize_plugin.core.models import JobState, ResizeState, Task
 from xce_resize_plugin.journal import Journal, require_intact
 from xce_resize_plugin.journal.lmdb_env import DATA_FILE
@@ -51,14 +52,18 @@ def check_journal(journal_dir: Path) -> None:
         require_intact(journal_dir)
 
 
-def cross_check(snapshot: Snapshot | None, journal_dir: Path, store_file: str) -> list[str]:
-    """Compare the store's jobs (``snapshot``, read from ``store_file``) with the
-    journal's live jobs; raise :class:`StoreError` on a disagreement the crash rules
-    cannot explain, and return what the plugin will repair at start (one line each)."""
-    if not (journal_dir / DATA_FILE).exists():
-        return []
+def cross_check(
+    snapshot: Snapshot | None, journal_dir: Path, store_file: str, next_job_id: int = 101
+) -> list[str]:
+    """Compare the store's jobs (``snapshot``, read from ``store_file``; the store gives
+    ``next_job_id`` next) with the journal's jobs; raise :class:`StoreError` on a
+    disagreement the crash rules cannot explain, and return what the plugin will repair
+    at start (one line each)."""
     records = {job.id: (job, held) for job, held in snapshot.jobs} if snapshot else {}
     journal_file = journal_dir.absolute() / DATA_FILE
+    if not journal_file.exists():
+        _no_journal(records, store_file, journal_file)
+        return []
     repairs: list[str] = []
     with Journal.open(journal_dir, readonly=True) as journal:
         for state in _live_states(journal):
@@ -80,9 +85,37 @@ def cross_check(snapshot: Snapshot | None, journal_dir: Path, store_file: str) -
                     f"{store_file}: job {job.id}: resized to version {job.version}, but the "
                     f"journal {journal_file} knows nothing of it: {_ADVICE}"
                 )
+        # Last: the checks above name a job the two disagree on, when there is one.
+        _ids_ahead(journal, next_job_id, store_file, journal_file)
     for line in repairs:
         log.info("at start the plugin repairs %s", line)
     return repairs
+
+
+def _no_journal(
+    records: Mapping[str, tuple[JobRecord, Held]], store_file: str, journal_file: Path
+) -> None:
+    """No journal: a store that has resized a job had one (it was lost or moved). A
+    new journal would start that job's resize history again, silently."""
+    for job, _held in records.values():
+        if job.version:
+            raise StoreError(
+                f"{store_file}: job {job.id}: resized to version {job.version}, but there is "
+                f"no journal at {journal_file}: {_ADVICE}"
+            )
+
+
+def _ids_ahead(journal: Journal, next_job_id: int, store_file: str, journal_file: Path) -> None:
+    """The journal holds no job whose id the store has not given yet: a store lost
+    (started again empty) would give the journal's ids again, and a new job would
+    continue a finished one's history."""
+    for job_id in journal.job_ids():
+        number = read_decimal(job_id)
+        if number is not None and number >= next_job_id:
+            raise StoreError(
+                f"{store_file}: gives job id {next_job_id} next, but the journal "
+                f"{journal_file} already holds job {job_id}: {_ADVICE}"
+            )
 
 
 def _live_states(journal: Journal) -> Iterator[ResizeState]:
