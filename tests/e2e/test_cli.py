@@ -251,6 +251,17 @@ def test_journal_commands(tmp_path: Path) -> None:
     lines = [json.loads(line) for line in proc.stdout.splitlines()]
     assert lines[0]["seq"] == 1 and lines[0]["fact"]["type"] == "JobTracked"
     assert len(lines) == report["facts"]
+    # An output that cannot be written: one line naming it, not a traceback.
+    nowhere = tmp_path / "no-such-dir" / "out.jsonl"
+    proc = run("journal", "export", str(journal), "-o", str(nowhere))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert (
+        proc.stderr
+        == f"xce-resize: Usage error: -o {nowhere}: cannot write (No such file or directory)\n"
+    )
+    if Path("/dev/full").exists():  # a full disk: no part of an export is left
+        proc = run("journal", "export", str(journal), "-o", "/dev/full")
+        assert proc.returncode == 2 and "-o /dev/full: cannot write (No space left" in proc.stderr
     before = json.loads(scenario_usage(state))
     archive = tmp_path / "archive.jsonl"
     proc = run(

@@ -379,6 +379,22 @@ def _client(args: argparse.Namespace, out: TextIO) -> int:
         ) from exc
 
 
+def _export_to(journal_dir: Path, output: Path) -> int:
+    """``journal export -o FILE``: the facts exported, or a usage error naming the file
+    (a missing directory, a full disk) with no part of an export left behind."""
+    from xce_resize_plugin import journal
+
+    try:
+        # UTF-8 whatever the locale: the export's lines are UTF-8 JSON.
+        with output.open("w", encoding="utf-8") as fh:
+            return journal.export(journal_dir, fh)
+    except OSError as exc:
+        if output.is_file():
+            with contextlib.suppress(OSError):
+                output.unlink()  # cut short: not an export
+        raise UsageError(f"-o {output}: cannot write ({exc.strerror or exc})") from None
+
+
 def _scenario(args: argparse.Namespace, out: TextIO) -> int:
     from xce_resize_plugin.scenarios import files as scenario_file
     from xce_resize_plugin.scenarios import runner as scenario
@@ -448,9 +464,7 @@ def _journal(args: argparse.Namespace, out: TextIO) -> int:
             n = journal.export(args.dir, out)
         else:
             journal.Journal.require(args.dir)  # no output file for what is no journal
-            # UTF-8 whatever the locale: the export's lines are UTF-8 JSON.
-            with args.output.open("w", encoding="utf-8") as fh:
-                n = journal.export(args.dir, fh)
+            n = _export_to(args.dir, args.output)
         print(f"exported {n} facts", file=sys.stderr)
         return EXIT_OK
     if not args.keep_days >= 0:
