@@ -574,3 +574,44 @@ def test_host_failures_and_drains_replay_to_the_same_facts(tmp_path: Path) -> No
     assert sim.read_text().count('"kind":"host"') > 10
     proc = run("simulate", "--replay", str(sim))
     assert proc.returncode == 0 and "identical" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_scenario_inputs_that_were_tracebacks_are_one_line(tmp_path: Path) -> None:
+    """A host state given as a list, an output that cannot be written, a state
+    directory that is a file: one line naming what is wrong, exit 2. A job id with a
+    '/' is refused (its directories were made outside the state directory), and a TOML
+    date in [resize] is shown as text by --json (a traceback at the end of the run)."""
+    base = "[cluster]\nhosts = { hA = 2 }\n[users]\nadmins = ['root']\n"
+    listed = tmp_path / "list.toml"
+    listed.write_text(
+        base + "[[commands]]\nat = 1\nuser = 'root'\nhost = { name = 'hA', state = ['down'] }\n"
+    )
+    proc = run("scenario", "run", str(listed))
+    assert proc.returncode == 2 and proc.stderr == (
+        f"xce-resize: Configuration error: {listed}: commands[0].host.state: must be one of "
+        "closed, down, open, up\n"
+    )
+    plain = tmp_path / "plain.toml"
+    plain.write_text(base + "[[jobs]]\nuser = 'u'\ntasks = 1\nruntime = 5\n")
+    proc = run("scenario", "run", str(plain), "--record", str(tmp_path / "no" / "x.rec"))
+    assert proc.returncode == 2 and proc.stderr.startswith("xce-resize: Usage error: --record ")
+    assert "cannot write (No such file or directory)" in proc.stderr
+    (tmp_path / "afile").write_text("")
+    proc = run("scenario", "run", str(plain), "--state-dir", str(tmp_path / "afile"))
+    assert (
+        proc.returncode == 2 and "--state-dir" in proc.stderr and "not a directory" in proc.stderr
+    )
+    escaping = tmp_path / "escape.toml"
+    escaping.write_text(base + "[[jobs]]\nid = '../escaped'\nuser = 'u'\ntasks = 1\n")
+    proc = run("scenario", "run", str(escaping), "--state-dir", str(tmp_path / "s"))
+    assert proc.returncode == 2 and "job id '../escaped' is not one" in proc.stderr
+    assert not (tmp_path / "escaped").exists()
+    dated = tmp_path / "dated.toml"
+    dated.write_text(
+        base + "[[jobs]]\nid = '101'\nuser = 'u'\ntasks = '1,2'\nresizable = true\n"
+        "alloc = { hA = 2 }\nruntime = 100\n[[commands]]\nat = 1\nuser = 'u'\n"
+        "resize = { op = 'release', job = '101', count = 1979-05-27 }\n"
+    )
+    proc = run("scenario", "run", str(dated), "--json")
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert "1979-05-27" in json.dumps(json.loads(proc.stdout))

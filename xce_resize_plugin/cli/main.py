@@ -401,18 +401,27 @@ def _scenario(args: argparse.Namespace, out: TextIO) -> int:
     from xce_resize_plugin.scenarios.timeline import render as render_timeline
 
     spec = scenario_file.load(args.file)
+    if args.state_dir is not None and args.state_dir.exists() and not args.state_dir.is_dir():
+        raise UsageError(f"--state-dir {args.state_dir}: not a directory")
     with contextlib.ExitStack() as stack:
-        record = (
-            stack.enter_context(open(args.record, "w", encoding="utf-8"))
-            if args.record is not None
-            else None
-        )
+        try:
+            record = (
+                stack.enter_context(open(args.record, "w", encoding="utf-8"))
+                if args.record is not None
+                else None
+            )
+        except OSError as exc:
+            raise UsageError(
+                f"--record {args.record}: cannot write ({exc.strerror or exc})"
+            ) from None
         state_dir = args.state_dir
         if state_dir is None:
             state_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="xce-resize-")))
         result = scenario.run(spec, state_dir, record)
     if args.json:
-        json.dump(result.to_json(), out, indent=2, sort_keys=False)
+        # default=str: a [resize] value TOML can write but JSON cannot (a date) is shown
+        # as text, as the controller's state keeps it, not a traceback at the end.
+        json.dump(result.to_json(), out, indent=2, sort_keys=False, default=str)
         out.write("\n")
     else:
         out.write(render_timeline(result))

@@ -341,7 +341,7 @@ def _host_command(
     if not isinstance(name, str) or name not in hosts:
         raise where.error(f"{key}.name", f"no such host in [cluster] hosts: {name!r}")
     state = raw.get("state")
-    if state not in HOST_STATES:
+    if not isinstance(state, str) or state not in HOST_STATES:  # a list is unhashable
         raise where.error(f"{key}.state", f"must be one of {', '.join(sorted(HOST_STATES))}")
     evacuate = raw.get("evacuate", False)
     if not isinstance(evacuate, bool):

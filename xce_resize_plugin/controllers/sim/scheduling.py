@@ -16,7 +16,7 @@ import operator
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 
-from xce_resize_plugin.controllers.jobs import JobRecord, VersionRecord, job_id_key
+from xce_resize_plugin.controllers.jobs import MAX_JOB_ID, JobRecord, VersionRecord, job_id_key
 from xce_resize_plugin.controllers.observer import FinishedJob
 from xce_resize_plugin.controllers.pending_queue import PendingQueue
 from xce_resize_plugin.controllers.scheduler import (
@@ -109,6 +109,19 @@ class Scheduling(ControllerState):
         """The new job's id: the one asked for if it is free, else the next number."""
         if job_id is None:
             return self._allocate_id()
+        if (
+            not isinstance(job_id, str)
+            or not 0 < len(job_id) <= MAX_JOB_ID
+            or job_id in (".", "..")
+            or "/" in job_id
+            or not job_id.isprintable()
+        ):
+            # A job's directories are named by its id (its logs, a notification's
+            # working directory): "../x" made them outside the state directory.
+            raise SubmissionRejected(
+                f"job id {job_id!r} is not one: printable, 1 to {MAX_JOB_ID} characters, "
+                "no '/', not '.' or '..'"
+            )
         if job_id in self._jobs or job_id in self._future or job_id in self._forgotten:
             raise SubmissionRejected(f"job id {job_id} is already in use")
         return str(job_id)
