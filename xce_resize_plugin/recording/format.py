@@ -551,7 +551,27 @@ def read_recording(path: str | os.PathLike[str]) -> tuple[dict[str, Any], list[d
         raise RecordingError(f"{name}: not UTF-8 text ({exc})") from None
     if header is None:
         raise RecordingError(f"{name}: empty recording")
+    _check_instants(lines, name)
     return header, lines
+
+
+def _check_instants(lines: list[dict[str, Any]], name: str) -> None:
+    """A recording that numbers its instants (``i``) numbers every input line, and
+    every one not of the timeline gives its round (``r``): replay orders by them."""
+    if not any("i" in rec for rec in lines if rec["kind"] in INPUT_KINDS):
+        return
+    for rec in lines:
+        phase = rec.get("phase", "settled")
+        if rec["kind"] not in INPUT_KINDS or phase == "sync":  # sync lines are looked up
+            continue
+        needed = ("i",) if phase == "timeline" else ("i", "r")
+        for field in needed:
+            value = rec.get(field)
+            if not (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
+                raise RecordingError(
+                    f"{name}:{rec['_line']}: {rec['kind']}: {field} must be a whole number >= 0 "
+                    f"(the other lines number their instants), got {value!r}"
+                )
 
 
 def _check_header(rec: dict[str, Any], name: str, n: int) -> dict[str, Any]:
@@ -572,4 +592,7 @@ def _check_header(rec: dict[str, Any], name: str, n: int) -> dict[str, Any]:
         raise RecordingError(f"{name}:{n}: header: hosts must be [[name, slots], ...]")
     if "t" in rec and not _number(rec["t"]):
         raise RecordingError(f"{name}:{n}: header: t must be a number, got {rec['t']!r}")
+    for key in ("config", "user_slots"):
+        if rec.get(key) is not None and not isinstance(rec[key], dict):
+            raise RecordingError(f"{name}:{n}: header: {key} must be an object, got {rec[key]!r}")
     return rec

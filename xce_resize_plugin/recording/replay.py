@@ -185,7 +185,9 @@ class _Inputs(Observer):
                     ctl.requeue(rec["job"])
                 else:
                     ctl.kill(rec["job"], rec.get("reason", "killed"))
-        except (KeyError, TypeError, ValueError, EmbeddedError) as exc:
+        except (KeyError, TypeError, ValueError, AttributeError, EmbeddedError) as exc:
+            # AttributeError: a field of another shape than the recorder writes (a
+            # release's hosts as a list), found where it is read.
             self._bad(rec, f"cannot apply: {type(exc).__name__}: {exc}")
         except ResizeError as exc:  # the plugin refused a job the recording says started
             self._bad(rec, f"cannot apply: {exc.code}: {exc.text}")

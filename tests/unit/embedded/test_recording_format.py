@@ -217,6 +217,26 @@ def test_read_recording_refuses_a_line_nested_too_deeply(tmp_path: Path) -> None
         read_recording(path)
 
 
+@pytest.mark.parametrize(
+    ("second", "message"),
+    [
+        ({"i": 1}, r"n\.jsonl:3: cycle: r must be a whole number >= 0 .*got None"),
+        ({"i": "x", "r": 0}, r"n\.jsonl:3: cycle: i must be a whole number >= 0 .*got 'x'"),
+        ({"r": 0}, r"n\.jsonl:3: cycle: i must be a whole number >= 0 .*got None"),
+        ({"i": 1, "r": -1}, r"n\.jsonl:3: cycle: r must be a whole number >= 0 .*got -1"),
+    ],
+)
+def test_a_recording_that_numbers_its_instants_numbers_every_line(
+    tmp_path: Path, second: dict[str, Any], message: str
+) -> None:
+    """Replay orders by instant and round: a line without them was a KeyError or a
+    ValueError traceback."""
+    first = {**SUBMIT, "i": 0, "r": 0}
+    path = write(tmp_path / "n.jsonl", first, {"kind": "cycle", "t": 6, **second})
+    with pytest.raises(RecordingError, match=message):
+        read_recording(path)
+
+
 def test_replay_reports_a_submit_line_the_plugin_refuses(tmp_path: Path) -> None:
     closed = {"kind": "closed", "t": 1002.0, "clean": True}
     bad = {**SUBMIT, "tasks": [-1, 3]}
@@ -232,6 +252,9 @@ def test_replay_reports_a_submit_line_the_plugin_refuses(tmp_path: Path) -> None
         ({"hosts": {"h1": 2}}, "hosts must be"),
         ({"t": "now"}, "t must be a number"),
         ({"version": 2}, "version 2, this reads 1"),
+        # A traceback before (dict() of a list), outside the replay's own checks.
+        ({"config": [1, 2]}, r"header: config must be an object, got \[1, 2\]"),
+        ({"user_slots": "many"}, "header: user_slots must be an object, got 'many'"),
     ],
 )
 def test_read_recording_checks_the_header(
