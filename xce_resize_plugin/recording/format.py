@@ -343,7 +343,9 @@ def _number(value: Any) -> bool:
 
 
 def _int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+    # Within 64 bits: the journal's records hold them (a larger status replayed was a
+    # "cannot be written to the journal" naming neither the line nor the field).
+    return isinstance(value, int) and not isinstance(value, bool) and -(2**63) <= value < 2**63
 
 
 def _str(value: Any) -> bool:
@@ -477,6 +479,9 @@ _OPTIONAL: dict[str, dict[str, tuple[Callable[[Any], bool], str]]] = {
         "alloc": (_or_null(_alloc), "null or a list of [host, tasks] pairs"),
         "work": (_or_null(_work), "null or {model: a speedup model, ref_procs, estimate}"),
     },
+    # The status the replay hands to the plugin, which records it in its journal.
+    "task": {"status": (_or_null(_int), "a 64-bit integer or null")},
+    "notify": {"status": (_or_null(_int), "a 64-bit integer or null")},
 }
 
 

@@ -122,6 +122,16 @@ def write(path: Path, *lines: dict[str, Any], header: dict[str, Any] | None = No
             {**SUBMIT, "work": {"model": "linear", "ref_procs": 2, "estimate": float("nan")}},
             "submit: work must be",
         ),
+        # Beyond 64 bits the journal cannot record it: "cannot be written to the
+        # journal", naming neither the line nor the field.
+        (
+            {"kind": "notify", "t": 1, "job": "101", "attempt": 1, "status": 2**64},
+            "notify: status must be a 64-bit integer or null, got 18446744073709551616",
+        ),
+        (
+            {"kind": "task", "t": 1, "job": "101", "task": 2**63, "event": "exited"},
+            "task: task must be a task id (integer), got 9223372036854775808",
+        ),
     ],
 )
 def test_check_line_names_what_is_wrong(line: dict[str, Any], message: str) -> None:
