@@ -3,7 +3,9 @@
 Why a site wants it: many FFT and multigrid codes decompose their domain by halving and
 cannot use 6 or 12 ranks. A grow must ask for an exact count (``bresize request 4``,
 not ``2,4``), because a partial grant could land on any size in between; a release must
-leave a power of two.
+leave a power of two; a target (``xce-resize target``) must be one. Autoresize cannot
+be turned on: its grows take what is free, any size in between (a job submitted
+autoresizable, ``bsub -ar``, is the host's submission to refuse).
 
 Enable with ``[resize] policy_files = ["hooks/power_of_two.py"]``.
 """
@@ -11,11 +13,13 @@ Enable with ``[resize] policy_files = ["hooks/power_of_two.py"]``.
 from __future__ import annotations
 
 from xce_resize_plugin import (
+    AutoresizeRequest,
     GrowRequest,
     JobInfo,
     PolicyRejected,
     ReleaseRequest,
     ResizeRequest,
+    TargetRequest,
     hookimpl,
     release_size,
 )
@@ -34,6 +38,10 @@ def xce_resize_validate(job: JobInfo, request: ResizeRequest) -> None:
         after = current + request.max_add
     elif isinstance(request, ReleaseRequest):
         after = current - release_size(request, job.tasks)
+    elif isinstance(request, TargetRequest) and request.tasks is not None:
+        after = request.tasks  # the plugin grows and releases toward it in steps
+    elif isinstance(request, AutoresizeRequest) and request.enabled:
+        raise PolicyRejected("this site does not allow autoresize (it grows by any count)")
     else:
         return
     if not _power_of_two(after):

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from xce_resize_plugin import (
+    AutoresizeRequest,
     ChangeKind,
     GrowRequest,
     InvalidRequest,
@@ -20,6 +21,7 @@ from xce_resize_plugin import (
     ReleaseRequest,
     ResizeError,
     ResizeRecord,
+    TargetRequest,
     Task,
     get_plugin_manager,
     load_policy_file,
@@ -88,6 +90,14 @@ def test_power_of_two_sizes() -> None:
     mod.xce_resize_validate(j, ReleaseRequest(hosts={"hB": None}))
     with pytest.raises(PolicyRejected, match="4 -> 3"):
         mod.xce_resize_validate(j, ReleaseRequest(task_ids=(3,)))
+    # A target and autoresize went around it (a target of 6 grew the job to 6 tasks).
+    mod.xce_resize_validate(j, TargetRequest(8))
+    mod.xce_resize_validate(j, TargetRequest(None))  # clearing a target
+    with pytest.raises(PolicyRejected, match="4 -> 6"):
+        mod.xce_resize_validate(j, TargetRequest(6))
+    with pytest.raises(PolicyRejected, match="does not allow autoresize"):
+        mod.xce_resize_validate(j, AutoresizeRequest(True))
+    mod.xce_resize_validate(j, AutoresizeRequest(False))
 
 
 def test_pack_grow_hosts_prefers_fullest_hosts_with_room() -> None:
