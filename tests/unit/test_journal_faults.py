@@ -192,6 +192,23 @@ def test_compact_refuses_an_index_row_naming_another_jobs_fact(
         assert j.stats()["removed"] == 0
 
 
+def test_compact_refuses_a_damaged_removed_count(jdir: Path) -> None:
+    """meta.removed, the count of earlier compactions, of the wrong length (verify
+    flags it): compaction wrote 0 + its own count over it, and the damage went."""
+    _old_jobs(jdir)
+    _put_raw(jdir, b"meta", b"removed", b"\x00\x01\x02")
+    with pytest.raises(JournalError, match=r"damaged: meta removed is 3 bytes, not 8; run verify"):
+        compact(jdir, 1, 10 * DAY, None)
+    env = lmdb.open(str(jdir), max_dbs=8, readonly=True, lock=False)
+    try:
+        with env.begin() as txn:
+            assert txn.get(b"removed", db=env.open_db(b"meta", txn=txn)) == b"\x00\x01\x02"
+    finally:
+        env.close()
+    with Journal.open(jdir, readonly=True) as j:
+        assert len(list(j.facts())) == 6  # nothing deleted
+
+
 # --------------------------------------------------------------------------- entries
 
 
