@@ -178,9 +178,13 @@ def test_grow_bad_counts_and_notify_options() -> None:
 def test_job_counts_stay_under_what_a_record_holds() -> None:
     # A max_tasks of 2**64 was accepted, and then no journal record of the job could be
     # written; every count stays at most 2**31 - 1, as bresize's.
-    engine.check_job_options(job(max_tasks=2**31 - 1, ptile=2**31 - 1))
+    engine.check_job_options(job(max_tasks=2**24, ptile=2**31 - 1))
     with pytest.raises(errors.BadSlots, match="max_tasks 18446744073709551616 is above 2147483647"):
         engine.check_job_options(job(max_tasks=2**64))
+    # What the journal reads back of one allocation: a larger one was written, then
+    # could never be read (the job's state lost at the next start).
+    with pytest.raises(errors.BadSlots, match="max_tasks 16777217 is above 16777216, the most"):
+        engine.check_job_options(job(max_tasks=2**24 + 1))
     with pytest.raises(errors.InvalidRequest, match="ptile 2147483648 must be from 1 to"):
         engine.check_job_options(job(ptile=2**31))
 

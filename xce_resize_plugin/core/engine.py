@@ -90,6 +90,7 @@ from xce_resize_plugin.core.models import (
 )
 from xce_resize_plugin.core.placement import GrowHostView, place
 from xce_resize_plugin.core.releasespec import MAX_COUNT, named_release_ids
+from xce_resize_plugin.core.task_codec import HOSTS_MAX
 from xce_resize_plugin.core.task_event_decisions import committed_exits as committed_exits
 from xce_resize_plugin.core.task_event_decisions import completion as completion
 from xce_resize_plugin.core.task_event_decisions import decide_task_event as decide_task_event
@@ -143,9 +144,15 @@ def check_job_options(job: JobInfo) -> None:
             f"min_tasks {job.min_tasks} is greater than max_tasks {job.max_tasks}"
         )
     # A bound every count of the job stays under, as bresize's (the journal's records
-    # hold them: a max_tasks of 2**64 could not be written at all).
+    # hold them: a max_tasks of 2**64 could not be written at all), and what the
+    # journal reads back of one allocation (a larger one was written, then unreadable).
     if job.max_tasks > MAX_COUNT:
         raise errors.BadSlots(f"max_tasks {job.max_tasks} is above {MAX_COUNT}")
+    if job.max_tasks > HOSTS_MAX:
+        raise errors.BadSlots(
+            f"max_tasks {job.max_tasks} is above {HOSTS_MAX}, the most tasks the journal "
+            "reads back of one allocation"
+        )
     if job.ptile is not None and not 1 <= job.ptile <= MAX_COUNT:
         raise errors.InvalidRequest(f"ptile {job.ptile} must be from 1 to {MAX_COUNT}")
     check_notify_cmd(job.notify_cmd)
