@@ -230,28 +230,6 @@ class Fence:
         )
 
 
-def _reserve(data_file: Path, size: int, label: str, error: ErrorFactory) -> None:
-    """Allocate the disk blocks of a ``writemap`` environment's whole map. Its writes go
-    through the memory map: a page the disk has no room for then kills the process with
-    SIGBUS (exit 135, no message; a full disk under a simulation did). Reserved, a full
-    disk is found here instead, as an error naming the file, before anything is written."""
-    try:
-        fd = os.open(data_file, os.O_RDWR | os.O_CLOEXEC)
-    except OSError as exc:
-        raise failed_write(error(f"{label}: cannot open the data file: {exc}")) from exc
-    try:
-        os.posix_fallocate(fd, 0, size)
-    except OSError as exc:
-        raise failed_write(
-            error(
-                f"{label}: cannot reserve {size} bytes on the disk for the map "
-                f"({exc.strerror or exc}); nothing was written"
-            )
-        ) from exc
-    finally:
-        os.close(fd)
-
-
 def failed_write(exc: _E) -> _E:
     """Mark ``exc`` as a write to the disk that did not happen (LMDB could not begin,
     grow or commit a write transaction): what the live controller takes for a failing
@@ -284,8 +262,6 @@ class LmdbEnv:
     error: ErrorFactory = attrs.field(default=JournalError, kw_only=True)
     max_map_size: int = attrs.field(default=MAX_MAP_SIZE, kw_only=True)
     max_growths: int = attrs.field(default=MAX_GROWTHS, kw_only=True)
-    #: The data file to reserve disk space in as the map grows (with ``writemap``).
-    reserved: Path | None = attrs.field(default=None, kw_only=True)
 
     @classmethod
     def open(
@@ -343,14 +319,11 @@ class LmdbEnv:
             max_dbs=max_dbs,
             lock=lock,
         )
-        reserved = data_file if writemap and not readonly else None
         try:
             _check_size(env, data_file, label, error)
             if not readonly:
                 for file in (data_file, path / LOCK_FILE):
                     restrict_mode(file, PRIVATE_FILE, label, error)
-            if reserved is not None:
-                _reserve(reserved, env.info()["map_size"], label, error)
         except BaseException:
             env.close()
             raise
@@ -361,7 +334,6 @@ class LmdbEnv:
             error=error,
             max_map_size=max_map_size,
             max_growths=max_growths,
-            reserved=reserved,
         )
 
     def close(self) -> None:
@@ -469,8 +441,6 @@ class LmdbEnv:
             )
         new = min(old * 2, self.max_map_size)
         try:
-            if self.reserved is not None:
-                _reserve(self.reserved, new, self.name, self.error)
             self.set_map_size(new)
         except Exception as exc:
             raise failed_write(exc) from None
