@@ -11,7 +11,9 @@ it had not delivered yet. A finished job that its holder drops
 deleted in such a write.
 
 Layout: one LMDB environment in ``state_dir/embedded`` with two named databases,
-``meta`` (key ``state``) and ``jobs`` (job id -> record). Values are JSON (small,
+``meta`` (key ``state``, and ``epoch``: a store opened takes the next epoch, and every
+write checks it, so a newer controller on the directory fences an older one's writes)
+and ``jobs`` (job id -> record). Values are JSON (small,
 readable with ``mdb_dump`` when debugging a scenario, and independent of the plugin's
 converters) sealed as the journal's records are: a 4-byte big-endian CRC-32 over the
 record's key and its JSON, then the JSON (:func:`~xce_resize_plugin.journal.records.seal`).
@@ -35,7 +37,7 @@ from xce_resize_plugin.controllers.jobs import JobRecord, NotificationLog, Versi
 from xce_resize_plugin.controllers.task_records import TaskRecord, TaskState
 from xce_resize_plugin.controllers.violations import StoreError
 from xce_resize_plugin.core.models import GrowHosts, JobState, Task
-from xce_resize_plugin.journal.lmdb_env import DEFAULT_MAP_SIZE, LmdbEnv
+from xce_resize_plugin.journal.lmdb_env import DEFAULT_MAP_SIZE, Fence, LmdbEnv
 from xce_resize_plugin.journal.loading import collector_paused
 from xce_resize_plugin.journal.records import BadRecord, seal, unseal
 
@@ -331,6 +333,10 @@ class LmdbStore:
     noun = "the embedded controller state"
     #: Who wrote a state of a newer schema, in the message refusing it.
     writer = "embedded controller"
+    #: Take the next epoch when opened, and fence every write with it: a second
+    #: controller on the state directory makes the first one's writes fail rather
+    #: than overwrite its jobs (a subclass that takes it later says False).
+    takes_epoch = True
 
     def __init__(self, path: Path, durable: bool = True, map_size: int = DEFAULT_MAP_SIZE) -> None:
         self.path = path
@@ -348,6 +354,14 @@ class LmdbStore:
         )
         self._meta_db = self._env.open_db(b"meta")
         self._jobs_db = self._env.open_db(b"jobs")
+        self._write_fence: Fence | None = None
+        if self.takes_epoch:
+            try:
+                fence = Fence(self._meta_db, subject="the embedded controller's state")
+                self._write_fence = self._env.take_epoch(fence)
+            except BaseException:
+                self._env.close()
+                raise
 
     @property
     def data_file(self) -> str:
@@ -380,7 +394,7 @@ class LmdbStore:
         items = encode_jobs(jobs)
         meta_raw = None if meta is None else encode_meta(meta)
         gone = [job_id.encode() for job_id in deleted]
-        self._env.write(functools.partial(self._put, meta_raw, items, gone))
+        self._env.write(functools.partial(self._put, meta_raw, items, gone), self._write_fence)
 
     def _put(
         self,

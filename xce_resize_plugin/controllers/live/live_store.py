@@ -58,6 +58,7 @@ class LiveStore(LmdbStore):
 
     noun = "the live controller state"
     writer = "controller"
+    takes_epoch = False  # at start(), after the checks that only read
 
     def __init__(
         self,

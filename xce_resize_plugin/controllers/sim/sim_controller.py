@@ -422,9 +422,13 @@ class EmbeddedController(Views):
         """Release the store without calling any hook (what a crash leaves behind)."""
         with self._lock:
             if not self._closed:
-                self._flush()
                 self._closed = True
-                self._store.close()
+                try:
+                    self._flush()
+                finally:
+                    # Released even when the last write failed (fenced by a newer
+                    # controller, a full disk): the environment is this process's.
+                    self._store.close()
 
     # =================================================================================
     # driver inputs
