@@ -16,6 +16,7 @@ from tests.http_stub import answering
 from xce_resize_plugin.errors import Unreachable
 from xce_resize_plugin.injob import ResizeClient
 from xce_resize_plugin.injob.aio import AsyncResizeClient
+from xce_resize_plugin.injob.protocol import POLL_GAP
 from xce_resize_plugin.rest.client import Client
 
 TOKEN = "job-token-of-7"
@@ -70,3 +71,29 @@ def test_a_token_no_header_can_carry_is_refused_unseen(
             make(stub.url, token)("allocation")
         assert "no HTTP header can carry" in str(info.value)
         assert "s3cr3t" not in str(info.value) and not stub.seen
+
+
+#: An allocation that never settles: a grow pending for ever.
+_PENDING = (
+    b'{"job_id": "7", "phase": "GROW_PENDING", "version": 0, "tasks": [{"id": 0, "host": "h1"}], '
+    b'"min_tasks": 1, "max_tasks": 4, "pending": {"min_tasks": 1, "tasks": 1}}'
+)
+
+
+@CLIENTS
+def test_polls_answered_at_once_are_paced(make: Callable[..., Any]) -> None:
+    """Something at the URL that answers every long poll at once (a proxy that ignores
+    the poll) was polled 2,300 times a second, for ever without a timeout."""
+    with answering(_PENDING) as stub:
+        if make is _sync:
+            client = ResizeClient("7", Client(stub.url, TOKEN))
+            alloc = client.wait(after_version=0, timeout=1.0)
+        else:
+
+            async def run() -> Any:
+                async with AsyncResizeClient("7", stub.url, TOKEN) as client:
+                    return await client.wait(after_version=0, timeout=1.0)
+
+            alloc = asyncio.run(run())
+        assert alloc.phase == "GROW_PENDING"
+        assert 5 <= len(stub.seen) <= 1.0 / POLL_GAP + 3, len(stub.seen)

@@ -129,6 +129,8 @@ class AsyncResizeClient:
     async def _run(self, steps: Steps[_T]) -> _T:
         exchange = Exchange(steps)
         while (request := exchange.next_request()) is not None:
+            if pause := exchange.pause():
+                await asyncio.sleep(pause)
             try:
                 exchange.answered(await self._send(request))
             except RemoteError as exc:

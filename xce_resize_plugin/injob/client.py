@@ -153,6 +153,8 @@ class ResizeClient:
         """Send each request a call makes, and feed its answer (or refusal) back."""
         exchange = Exchange(steps)
         while (request := exchange.next_request()) is not None:
+            if pause := exchange.pause():
+                time.sleep(pause)
             try:
                 exchange.answered(
                     self.client.call(

@@ -38,6 +38,11 @@ MAX_POLL = 30.0
 BUSY_WAIT = 1.0
 BUSY_WAIT_MAX = 30.0
 BUSY_RETRIES = 60
+#: The least time between the long polls of one call (seconds): a controller answers a
+#: poll early when something changed, a few times per resize; something else at the
+#: URL that answers every poll at once (a proxy ignoring the poll) was polled 2,300
+#: times a second, for ever with no timeout.
+POLL_GAP = 0.05
 
 _T = TypeVar("_T")
 
@@ -89,7 +94,21 @@ class Exchange(Generic[_T]):
         self._sent: Request | None = None
         self._again = False
         self._busy = 0
+        self._polled_at: float | None = None  # when the call's last long poll was sent
         self.result: _T
+
+    def pause(self) -> float:
+        """Seconds to wait before sending the request :meth:`next_request` gave: a long
+        poll follows the call's previous one by :data:`POLL_GAP` at least."""
+        sent = self._sent
+        if sent is None or sent.path_for is None:
+            return 0.0
+        now = time.monotonic()
+        last, self._polled_at = self._polled_at, now
+        if last is None or now - last >= POLL_GAP:
+            return 0.0
+        self._polled_at = last + POLL_GAP
+        return last + POLL_GAP - now
 
     def next_request(self) -> Request | None:
         """The next request to send, or ``None`` when the call is done."""
