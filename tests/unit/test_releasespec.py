@@ -104,6 +104,10 @@ def test_quoted_and_separate_arguments_parse_the_same() -> None:
         ("all ~~hostB", BadHost, "~~hostB"),
         ("hôte", BadHost, "hôte"),
         ("h" * 256, BadHost, "hhhh"),
+        # Blanks are ASCII blanks, as in a shell: a no-break space or \x1c was a separator,
+        # so "hA\xa0hB" released from two hosts.
+        ("hA\xa0hB", BadHost, r"'hA\xa0hB'"),
+        ("hA\x1chB", BadHost, r"'hA\x1chB'"),
     ],
 )
 def test_parse_errors(text: str, error: type[ResizeError], names: str) -> None:

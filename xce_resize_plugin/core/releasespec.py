@@ -78,6 +78,8 @@ MAX_COUNT = 2**31 - 1
 # re.ASCII: ``\d`` and friends must not accept other scripts' digits, which int()
 # would happily convert.
 _HOST_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*", re.ASCII)
+#: What separates a release specification's tokens: ASCII blanks, as in a shell.
+_BLANKS = re.compile(r"[ \t\n\r\v\f]+")
 _COUNT_RE = re.compile(r"[0-9]+", re.ASCII)
 _MAX_HOST_LEN = 255
 _ALL = "all"
@@ -151,11 +153,19 @@ def _parse_host_spec(body: str, token: str) -> tuple[str, int | None]:
     return validate_host_name(host, token), count
 
 
+def ascii_tokens(text: str) -> list[str]:
+    """``text`` split on ASCII blanks only, as a shell splits a command line: str.split()
+    also splits on a no-break space and on \\x1c-\\x1f, which made "hA\\xa0hB" two
+    hosts. What else is in a token is the host name's check to refuse."""
+    stripped = text.strip(" \t\n\r\v\f")
+    return _BLANKS.split(stripped) if stripped else []
+
+
 def _tokens(text_or_tokens: str | Sequence[str]) -> list[str]:
     # Each argument may itself hold several tokens (one quoted argument, or a mix of
     # quoted and separate ones), so split every piece on whitespace.
     pieces = [text_or_tokens] if isinstance(text_or_tokens, str) else list(text_or_tokens)
-    return [token for piece in pieces for token in piece.split()]
+    return [token for piece in pieces for token in ascii_tokens(piece)]
 
 
 def parse_release_spec(text_or_tokens: str | Sequence[str]) -> ReleaseSpec:

@@ -316,7 +316,9 @@ def _release_positionals(positionals: list[str]) -> tuple[tuple[str, ...], str]:
         raise UsageError("missing release specification and job ID")
     *spec_args, job_text = positionals
     # One quoted argument or several, or a mix: the tokens are what counts.
-    spec = tuple(token for arg in spec_args for token in arg.split())
+    # Split on ASCII blanks only, as core.releasespec does (str.split() also splits on a
+    # no-break space): not imported here, for bresize's start-up time.
+    spec = tuple(t for arg in spec_args for t in re.split(r"[ \t\n\r\v\f]+", arg) if t)
     if not spec:
         if not spec_args and re.fullmatch(_JOB_ID, job_text):
             raise UsageError(f"missing release specification before job ID {job_text!r}")
