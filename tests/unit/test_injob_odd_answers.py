@@ -7,7 +7,10 @@ sync and the async client alike (docs/in-job-api.md, "Errors")."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import http.server
+import threading
+import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -97,3 +100,60 @@ def test_polls_answered_at_once_are_paced(make: Callable[..., Any]) -> None:
             alloc = asyncio.run(run())
         assert alloc.phase == "GROW_PENDING"
         assert 5 <= len(stub.seen) <= 1.0 / POLL_GAP + 3, len(stub.seen)
+
+
+class _Dripping(http.server.BaseHTTPRequestHandler):
+    """Answers with a long body, one byte every 0.2 s: every read gets something."""
+
+    def do_GET(self) -> None:  # the stdlib names it
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", "1000")
+        self.end_headers()
+        try:
+            for _ in range(1000):
+                self.wfile.write(b" ")
+                self.wfile.flush()
+                time.sleep(0.2)
+        except OSError:
+            pass  # the client gave up
+
+    def log_message(self, *args: object) -> None:
+        """Quiet."""
+
+
+@pytest.fixture
+def dripping() -> Iterator[str]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Dripping)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, args=(0.02,), daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(10)
+
+
+@CLIENTS
+def test_a_call_ends_at_its_limit_against_a_dripping_body(
+    make: Callable[..., Any], dripping: str
+) -> None:
+    """The limit bounded each read only: a byte every 0.2 s held a call for ever."""
+    if make is _sync:
+        client: Any = ResizeClient("7", Client(dripping, TOKEN, timeout=1.0))
+        call = client.allocation
+    else:
+
+        def call() -> Any:
+            async def run() -> Any:
+                async with AsyncResizeClient("7", dripping, TOKEN, timeout=1.0) as c:
+                    return await c.allocation()
+
+            return asyncio.run(run())
+
+    began = time.monotonic()
+    with pytest.raises(Unreachable, match="no whole answer within 1 s"):
+        call()
+    assert time.monotonic() - began < 5.0

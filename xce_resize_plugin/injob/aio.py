@@ -50,6 +50,7 @@ class AsyncResizeClient:
     def __init__(self, job_id: str, url: str, token: str | None, timeout: float = 30.0) -> None:
         self.job_id = job_id
         self.url = url.rstrip("/")
+        self._timeout = timeout
         headers = {"Accept": "application/json, application/problem+json"}
         # As the sync client, a token no header can carry is refused at each call and
         # never shown: httpx would quote the header (the token) in its error, or raise a
@@ -141,15 +142,16 @@ class AsyncResizeClient:
     async def _send(self, request: Request) -> Any:
         if self._bad_token:
             raise Unreachable(f"{self.url!r}: {BAD_TOKEN}")
+        limit = request.timeout if request.timeout is not None else self._timeout
         try:
-            response = await self._http.request(
-                request.method,
-                request.path,
-                json=request.body,
-                timeout=request.timeout
-                if request.timeout is not None
-                else httpx.USE_CLIENT_DEFAULT,
+            # The whole exchange within the request's limit: httpx bounds each read,
+            # and a server sending a byte every few seconds held a call for ever.
+            response = await asyncio.wait_for(
+                self._http.request(request.method, request.path, json=request.body),
+                limit,
             )
+        except TimeoutError:
+            raise Unreachable(f"{self.url}: no whole answer within {limit:g} s") from None
         except httpx.TransportError as exc:
             raise Unreachable(f"{self.url}: {exc}") from None
         if 300 <= response.status_code < 400:

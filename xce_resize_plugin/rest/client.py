@@ -119,9 +119,13 @@ class Client:
             req.add_header("Content-Type", "application/json")
         if self.token:
             req.add_header("Authorization", f"Bearer {self.token}")
+        import time
+
+        limit = timeout or self.timeout
+        deadline = time.monotonic() + limit
         try:
-            with _opener().open(req, timeout=timeout or self.timeout) as resp:
-                raw: bytes = resp.read()
+            with _opener().open(req, timeout=limit) as resp:
+                raw: bytes = _read_before(resp, deadline, limit)
         except urllib.error.HTTPError as exc:
             if 300 <= exc.code < 400:
                 raise redirected(self.url, exc.code, exc.headers.get("Location")) from None
@@ -138,6 +142,28 @@ class Client:
             reason = getattr(exc, "reason", None) or repr(exc)
             raise Unreachable(f"{self.url}: {reason}") from None
         return raw
+
+
+def _read_before(resp: Any, deadline: float, limit: float) -> bytes:
+    """The answer's body, read by the request's deadline: the socket's timeout bounds
+    each read, and a server sending a byte every few seconds held a call for ever."""
+    import time
+
+    sock = getattr(getattr(getattr(resp, "fp", None), "raw", None), "_sock", None)
+    chunks: list[bytes] = []
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError(f"no whole answer within {limit:g} s")
+        if sock is not None:
+            sock.settimeout(left)
+        try:
+            chunk = resp.read1(65536)
+        except TimeoutError:
+            raise TimeoutError(f"no whole answer within {limit:g} s") from None
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
 
 
 #: Why a token is refused before any request (never shown: it is a secret).
