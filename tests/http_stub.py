@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import http.server
 import threading
+import time
 from collections.abc import Iterator
 
 from attrs import define, field
@@ -27,6 +28,7 @@ def answering(
     content_type: str = "application/json",
     status: int = 200,
     headers: dict[str, str] | None = None,
+    delay: float = 0.0,
 ) -> Iterator[Stub]:
     """Serve ``body`` to every request on a free loopback port until the block ends."""
     stub = Stub("")
@@ -35,6 +37,7 @@ def answering(
         def _answer(self) -> None:
             self.rfile.read(int(self.headers.get("Content-Length") or 0))
             stub.seen.append(self.requestline.encode("latin-1") + bytes(self.headers))
+            time.sleep(delay)  # as a controller holding a long poll
             self.send_response(status)
             for name, value in (headers or {}).items():
                 self.send_header(name, value)

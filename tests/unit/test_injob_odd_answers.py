@@ -157,3 +157,45 @@ def test_a_call_ends_at_its_limit_against_a_dripping_body(
     with pytest.raises(Unreachable, match="no whole answer within 1 s"):
         call()
     assert time.monotonic() - began < 5.0
+
+
+@CLIENTS
+def test_event_polls_answered_at_once_are_paced(make: Callable[..., Any]) -> None:
+    """Each poll of an events cursor is a call of its own: their pacing is the
+    client's, not the call's (769 polls a second before)."""
+    with answering(b"[]") as stub:
+        if make is _sync:
+            events = list(ResizeClient("7", Client(stub.url, TOKEN)).events(timeout=1.0))
+        else:
+
+            async def run() -> list[Any]:
+                async with AsyncResizeClient("7", stub.url, TOKEN) as client:
+                    return [e async for e in client.events(timeout=1.0)]
+
+            events = asyncio.run(run())
+        assert events == []
+        assert 5 <= len(stub.seen) <= 1.0 / POLL_GAP + 3, len(stub.seen)
+
+
+_SETTLED = (
+    b'{"job_id": "7", "phase": "IDLE", "version": 3, "tasks": [{"id": 0, "host": "h1"}], '
+    b'"min_tasks": 1, "max_tasks": 4, "pending": null, "in_flight": null, "done": true}'
+)
+
+
+@CLIENTS
+def test_a_long_poll_is_given_its_own_limit_not_the_clients(make: Callable[..., Any]) -> None:
+    """A poll the controller holds longer than the client's default limit is answered
+    (a long poll allows its length and 10 s more): the async client cut it at its own
+    limit for a while, a "loaded controller" taken for a dead one."""
+    with answering(_SETTLED, delay=1.5) as stub:
+        if make is _sync:
+            alloc = ResizeClient("7", Client(stub.url, TOKEN, timeout=1.0)).wait(0, timeout=3.0)
+        else:
+
+            async def run() -> Any:
+                async with AsyncResizeClient("7", stub.url, TOKEN, timeout=1.0) as client:
+                    return await client.wait(0, timeout=3.0)
+
+            alloc = asyncio.run(run())
+        assert alloc.version == 3

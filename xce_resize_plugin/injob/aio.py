@@ -26,6 +26,7 @@ from xce_resize_plugin.injob.protocol import (
     Exchange,
     GrowOptions,
     JobRequests,
+    Pacer,
     ReleaseOptions,
     Request,
     Steps,
@@ -60,6 +61,7 @@ class AsyncResizeClient:
             headers["Authorization"] = f"Bearer {token}"
         self._http = httpx.AsyncClient(base_url=self.url, headers=headers, timeout=timeout)
         self._requests = JobRequests(job_id)
+        self._pacer = Pacer()
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> AsyncResizeClient:
@@ -128,7 +130,7 @@ class AsyncResizeClient:
         return await self._run(self._requests.get(key, wait))
 
     async def _run(self, steps: Steps[_T]) -> _T:
-        exchange = Exchange(steps)
+        exchange = Exchange(steps, self._pacer)
         while (request := exchange.next_request()) is not None:
             if pause := exchange.pause():
                 await asyncio.sleep(pause)
@@ -147,7 +149,7 @@ class AsyncResizeClient:
             # The whole exchange within the request's limit: httpx bounds each read,
             # and a server sending a byte every few seconds held a call for ever.
             response = await asyncio.wait_for(
-                self._http.request(request.method, request.path, json=request.body),
+                self._http.request(request.method, request.path, json=request.body, timeout=limit),
                 limit,
             )
         except TimeoutError:

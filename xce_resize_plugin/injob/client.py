@@ -12,6 +12,7 @@ from xce_resize_plugin.injob.protocol import (
     Exchange,
     GrowOptions,
     JobRequests,
+    Pacer,
     ReleaseOptions,
     Steps,
     WaitOptions,
@@ -52,6 +53,7 @@ class ResizeClient:
         self.job_id = job_id
         self.client = client
         self._requests = JobRequests(job_id)
+        self._pacer = Pacer()
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> ResizeClient:
@@ -151,7 +153,7 @@ class ResizeClient:
 
     def _run(self, steps: Steps[_T]) -> _T:
         """Send each request a call makes, and feed its answer (or refusal) back."""
-        exchange = Exchange(steps)
+        exchange = Exchange(steps, self._pacer)
         while (request := exchange.next_request()) is not None:
             if pause := exchange.pause():
                 time.sleep(pause)

@@ -82,26 +82,17 @@ def long_poll(path_for: Callable[[float], str], deadline: float | None) -> Reque
 Steps = Generator[Request, Any, _T]
 
 
-class Exchange(Generic[_T]):
-    """One call being driven: the clients ask it for the next request, send it, and
-    hand back the answer or the controller's refusal; once it has no more requests,
-    :attr:`result` is the call's result. The only stepping logic, for both clients."""
+class Pacer:
+    """Keeps a client's long polls :data:`POLL_GAP` apart: one per client, shared by
+    its calls (an ``events()`` cursor makes one call per poll)."""
 
-    def __init__(self, steps: Steps[_T]) -> None:
-        self._steps = steps
-        self._answer: Any = None
-        self._error: RemoteError | None = None
-        self._sent: Request | None = None
-        self._again = False
-        self._busy = 0
-        self._polled_at: float | None = None  # when the call's last long poll was sent
-        self.result: _T
+    def __init__(self) -> None:
+        self._polled_at: float | None = None
 
-    def pause(self) -> float:
-        """Seconds to wait before sending the request :meth:`next_request` gave: a long
-        poll follows the call's previous one by :data:`POLL_GAP` at least."""
-        sent = self._sent
-        if sent is None or sent.path_for is None:
+    def pause(self, request: Request) -> float:
+        """Seconds to wait before sending ``request`` (0 unless a long poll follows
+        the last one too soon)."""
+        if request.path_for is None:
             return 0.0
         now = time.monotonic()
         last, self._polled_at = self._polled_at, now
@@ -109,6 +100,27 @@ class Exchange(Generic[_T]):
             return 0.0
         self._polled_at = last + POLL_GAP
         return last + POLL_GAP - now
+
+
+class Exchange(Generic[_T]):
+    """One call being driven: the clients ask it for the next request, send it, and
+    hand back the answer or the controller's refusal; once it has no more requests,
+    :attr:`result` is the call's result. The only stepping logic, for both clients."""
+
+    def __init__(self, steps: Steps[_T], pacer: Pacer | None = None) -> None:
+        self._steps = steps
+        self._pacer = pacer if pacer is not None else Pacer()
+        self._answer: Any = None
+        self._error: RemoteError | None = None
+        self._sent: Request | None = None
+        self._again = False
+        self._busy = 0
+        self.result: _T
+
+    def pause(self) -> float:
+        """Seconds to wait before sending the request :meth:`next_request` gave: a long
+        poll follows the client's previous one by :data:`POLL_GAP` at least."""
+        return 0.0 if self._sent is None else self._pacer.pause(self._sent)
 
     def next_request(self) -> Request | None:
         """The next request to send, or ``None`` when the call is done."""

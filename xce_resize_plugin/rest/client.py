@@ -113,6 +113,10 @@ class Client:
         import urllib.error
         import urllib.request
 
+        if self.token and not header_safe(self.token):
+            # Refused before anything is sent, as by the async client (urllib sent a
+            # line end as a folded header, and a tab or a non-ASCII character as is).
+            raise ValueError(BAD_TOKEN)
         req = urllib.request.Request(self.url + path, data=data, method=method)
         req.add_header("Accept", "application/json, application/problem+json")
         if data is not None:
@@ -130,7 +134,8 @@ class Client:
             if 300 <= exc.code < 400:
                 raise redirected(self.url, exc.code, exc.headers.get("Location")) from None
             try:
-                raw = exc.read()
+                # Its body by the same deadline (the answer behind it is what reads).
+                raw = _read_before(exc.fp, deadline, limit) if exc.fp is not None else b""
             except (OSError, http.client.HTTPException):
                 raw = b""  # cut off mid-answer: the status still says what happened
             raise remote_error(
@@ -149,6 +154,8 @@ def _read_before(resp: Any, deadline: float, limit: float) -> bytes:
     each read, and a server sending a byte every few seconds held a call for ever."""
     import time
 
+    if not hasattr(resp, "read1"):
+        return bytes(resp.read())  # not an HTTP response of http.client's: as it comes
     sock = getattr(getattr(getattr(resp, "fp", None), "raw", None), "_sock", None)
     chunks: list[bytes] = []
     while True:
@@ -171,8 +178,9 @@ BAD_TOKEN = "the token holds a character no HTTP header can carry (a line end?)"
 
 
 def header_safe(token: str) -> bool:
-    """Whether ``token`` can be sent in an HTTP header as it is (visible ASCII)."""
-    return all(33 <= ord(c) <= 126 for c in token)
+    """Whether ``token`` can be sent in an HTTP header as it is (printable ASCII: no
+    line end, no tab, nothing urllib or httpx would encode or refuse differently)."""
+    return all(32 <= ord(c) <= 126 for c in token)
 
 
 def _opener() -> Any:
