@@ -3,9 +3,10 @@
 Why a site wants it: many FFT and multigrid codes decompose their domain by halving and
 cannot use 6 or 12 ranks. A grow must ask for an exact count (``bresize request 4``,
 not ``2,4``), because a partial grant could land on any size in between; a release must
-leave a power of two; a target (``xce-resize target``) must be one. Autoresize cannot
-be turned on: its grows take what is free, any size in between (a job submitted
-autoresizable, ``bsub -ar``, is the host's submission to refuse).
+leave a power of two. A target (``xce-resize target``) and autoresize cannot be set:
+their grows take what is free, any size in between (a job at 4 tasks with a target of
+8 and 2 free slots would run at 6). A job submitted autoresizable (``bsub -ar``) is the
+host's submission to refuse: this hook is not asked then.
 
 Enable with ``[resize] policy_files = ["hooks/power_of_two.py"]``.
 """
@@ -39,7 +40,7 @@ def xce_resize_validate(job: JobInfo, request: ResizeRequest) -> None:
     elif isinstance(request, ReleaseRequest):
         after = current - release_size(request, job.tasks)
     elif isinstance(request, TargetRequest) and request.tasks is not None:
-        after = request.tasks  # the plugin grows and releases toward it in steps
+        raise PolicyRejected("this site does not allow targets (their grows take any count)")
     elif isinstance(request, AutoresizeRequest) and request.enabled:
         raise PolicyRejected("this site does not allow autoresize (it grows by any count)")
     else:

@@ -8,7 +8,6 @@ Python reports one): the controller refuses to start rather than run with half a
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import os
 import stat
@@ -97,14 +96,16 @@ def load_policy_file(path: Path) -> ModuleType:
         raise ConfigError(f"policy file {path}: no such file")
     _check_owner(path)
     name = f"xce_resize_policy_{abs(hash(str(path.resolve())))}"
-    spec = importlib.util.spec_from_file_location(name, path)
-    if spec is None or spec.loader is None:
-        raise ConfigError(f"policy file {path}: cannot be loaded as Python")
-    module = importlib.util.module_from_spec(spec)
+    module = ModuleType(name)
+    module.__file__ = str(path)
     # Importable while it runs, as any module is: a @dataclass looks its module up.
     sys.modules[name] = module
     try:
-        spec.loader.exec_module(module)
+        # Compiled from the file checked above, never from __pycache__: a .pyc beside
+        # it (planted in a directory others may write, a sticky one too) would run
+        # instead of the source, and nothing is written there either.
+        code = compile(path.read_bytes(), str(path), "exec", dont_inherit=True)
+        exec(code, module.__dict__)
     except SyntaxError as exc:
         raise ConfigError(f"policy file {path}, line {exc.lineno}: {exc.msg}") from exc
     except (Exception, SystemExit) as exc:  # sys.exit() at import is a failure too

@@ -11,6 +11,8 @@ from typing import Any
 
 import pytest
 
+from xce_resize_plugin import errors
+
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "tests" / "data"
 
@@ -615,3 +617,26 @@ def test_scenario_inputs_that_were_tracebacks_are_one_line(tmp_path: Path) -> No
     proc = run("scenario", "run", str(dated), "--json")
     assert "Traceback" not in proc.stderr, proc.stderr
     assert "1979-05-27" in json.dumps(json.loads(proc.stdout))
+
+
+def test_an_export_that_fails_leaves_an_existing_file_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """-o naming a file that was there: a failed export deleted it (it was not the
+    export's to delete), as it deletes one it made and cut short."""
+    from xce_resize_plugin import journal
+    from xce_resize_plugin.cli.main import _export_to
+
+    def failing(directory: Path, out: object) -> int:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(journal, "export", failing)
+    kept = tmp_path / "keep.txt"
+    kept.write_text("mine")
+    with pytest.raises(errors.UsageError, match="cannot write"):
+        _export_to(tmp_path, kept)
+    assert kept.exists()
+    made = tmp_path / "new.jsonl"
+    with pytest.raises(errors.UsageError, match="cannot write"):
+        _export_to(tmp_path, made)
+    assert not made.exists()

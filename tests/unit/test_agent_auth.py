@@ -92,3 +92,15 @@ def test_a_process_on_the_agents_port_learns_no_secret_and_is_not_believed() -> 
     assert HEADER.lower().encode() in sent.lower()
     # A handler that catches broken connections catches this one too.
     assert issubclass(NotTheAgent, httpx.TransportError)
+
+
+def test_the_nonces_are_forgotten_after_the_clock_steps_back() -> None:
+    """Kept in arrival order and forgotten from the oldest: after the clock stepped back
+    the oldest looked "in the future" and none was forgotten until every call was
+    refused (too many requests)."""
+    check = RequestCheck(KEYS, 4000)
+    check.check("POST", "/v1/commands", _signed(), NOW)
+    back = NOW - 10_000
+    later = sign_request(KEYS, "POST", "/v1/commands", 4000, b"", back, "n2")
+    check.check("POST", "/v1/commands", later, back)
+    assert list(check._seen) == ["n2"]

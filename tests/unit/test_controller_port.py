@@ -39,6 +39,13 @@ def test_a_port_any_user_may_take_is_warned_of(
         assert "listen on a port below 1024" in warning
 
 
+def test_a_system_where_every_port_is_anyones_says_so() -> None:
+    # Common in containers: "listen on a port below 0" was the advice.
+    warning = takeable_port(evolve(BASE, listen_port=80), 0, 0)
+    assert warning is not None and "every port is open to every user here" in warning
+    assert "below 0" not in warning
+
+
 def test_the_first_unprivileged_port_is_the_systems() -> None:
     known = Path("/proc/sys/net/ipv4/ip_unprivileged_port_start")
     expected = int(known.read_text()) if known.exists() else 1024

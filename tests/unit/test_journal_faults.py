@@ -196,8 +196,13 @@ def test_compact_refuses_a_damaged_removed_count(jdir: Path) -> None:
     flags it): compaction wrote 0 + its own count over it, and the damage went."""
     _old_jobs(jdir)
     _put_raw(jdir, b"meta", b"removed", b"\x00\x01\x02")
-    with pytest.raises(JournalError, match=r"damaged: meta removed is 3 bytes, not 8; run verify"):
-        compact(jdir, 1, 10 * DAY, None)
+    archive = jdir.parent / "archive.jsonl"
+    with (
+        archive.open("a", encoding="utf-8") as fh,
+        pytest.raises(JournalError, match=r"damaged: meta removed is 3 bytes, not 8; run verify"),
+    ):
+        compact(jdir, 1, 10 * DAY, fh)
+    assert archive.read_text() == ""  # nothing archived either: a rerun adds no duplicates
     env = lmdb.open(str(jdir), max_dbs=8, readonly=True, lock=False)
     try:
         with env.begin() as txn:

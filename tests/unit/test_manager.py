@@ -163,3 +163,21 @@ def test_as_root_a_policy_file_others_can_change_is_refused(
     # Not root: the file runs as its user only; not checked.
     monkeypatch.setattr(manager.os, "geteuid", lambda: 1000)
     get_plugin_manager({"policy_files": [str(f)]}, entry_points=False)
+
+
+def test_a_policy_file_runs_from_its_source_never_from_pycache(tmp_path: Path) -> None:
+    """A .pyc planted in __pycache__ beside a checked policy file (its directory may be
+    one others write, a sticky one) ran instead of the file: code as root."""
+    import importlib.util
+    import py_compile
+
+    f = write(tmp_path, "site.py", "X = 1\n")
+    other = write(tmp_path, "other.py", "X = 2\n")
+    py_compile.compile(
+        str(other),
+        cfile=importlib.util.cache_from_source(str(f)),
+        invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH,
+    )
+    pm = get_plugin_manager({"policy_files": [str(f)]}, entry_points=False)
+    (module,) = [p for name, p in pm.list_name_plugin() if name.startswith("policy:")]
+    assert module.X == 1

@@ -384,14 +384,15 @@ def _export_to(journal_dir: Path, output: Path) -> int:
     (a missing directory, a full disk) with no part of an export left behind."""
     from xce_resize_plugin import journal
 
+    existed = output.exists()
     try:
         # UTF-8 whatever the locale: the export's lines are UTF-8 JSON.
         with output.open("w", encoding="utf-8") as fh:
             return journal.export(journal_dir, fh)
     except OSError as exc:
-        if output.is_file():
+        if not existed and output.is_file():
             with contextlib.suppress(OSError):
-                output.unlink()  # cut short: not an export
+                output.unlink()  # made here and cut short: not an export
         raise UsageError(f"-o {output}: cannot write ({exc.strerror or exc})") from None
 
 

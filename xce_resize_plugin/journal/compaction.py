@@ -62,17 +62,17 @@ def compact(path: Path | str, keep_days: float, now: float, archive: TextIO | No
     with Journal.open(path) as journal:
 
         def apply(txn: _Txn) -> int:
-            removed = 0
-            for job in _finished_before(journal, txn, cutoff):
-                removed += _drop_facts(journal, txn, job, archive, archived)
             raw = txn.get(REMOVED_KEY, db=journal._db(META))
             if raw is not None and len(raw) != U64.size:
                 # As for a damaged done state: the count of earlier compactions would
-                # be overwritten, and the damage with it.
+                # be overwritten, and the damage with it. Before any fact is archived.
                 raise JournalError(
                     f"{journal.path}: damaged: meta removed is {len(raw)} bytes, not "
                     f"{U64.size}; run verify, nothing was compacted"
                 )
+            removed = 0
+            for job in _finished_before(journal, txn, cutoff):
+                removed += _drop_facts(journal, txn, job, archive, archived)
             total = journal._removed(txn)
             txn.put(REMOVED_KEY, U64.pack(total + removed), db=journal._db(META))
             if archive is not None:

@@ -247,6 +247,13 @@ def takeable_port(cfg: LiveConfig, euid: int, first_unprivileged: int) -> str | 
     ``None`` when only root can take the port, or when no other user's job runs."""
     if euid != 0 or cfg.single_user or 0 < cfg.listen_port < first_unprivileged:
         return None
+    if first_unprivileged <= 1:
+        return (
+            f"controller.listen port {cfg.listen_port} can be taken by any user's process "
+            "while the controller is down, and the jobs' clients would send it their "
+            "tokens: every port is open to every user here (ip_unprivileged_port_start = "
+            f"{first_unprivileged}); raise it, or run the controller where it is 1024"
+        )
     return (
         f"controller.listen port {cfg.listen_port} can be taken by any user's process while "
         "the controller is down, and the jobs' clients would send it their tokens: listen "
