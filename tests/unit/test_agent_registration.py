@@ -66,3 +66,28 @@ def test_an_agent_taking_the_lock_removes_a_crashed_agents_registration(
         assert not (agent.dir / "worker.json").exists()
     finally:
         lock.release()
+
+
+@linux_only
+def test_commands_go_only_to_the_registered_agents_socket(tmp_path: Path) -> None:
+    """A launch carries the job's token in its environment: sent to whatever held the
+    agent's port once the agent had died (before the poll thread noticed), it gave the
+    job's token away. The commands wait for the agent's successor instead."""
+    from types import SimpleNamespace
+
+    from tests.http_stub import answering
+    from xce_resize_plugin.controllers.live.tasks import WorkerChannel
+
+    fleet = SimpleNamespace(
+        state_dir=tmp_path, secret="s3cr3t", owner=object(), closed=False, epoch=1
+    )
+    channel = WorkerChannel(fleet, "h1")  # type: ignore[arg-type]
+    with answering(b'{"ok": true, "seq": 1}') as squatter:
+        channel.port = int(squatter.url.rsplit(":", 1)[1])
+        channel.pid = os.getpid() + 1_000_000  # the agent that had this port: gone
+        channel.instance, channel.ready = "i", True
+        launch = {"op": "launch", "job": "7", "task": 1, "env": {"XCE_JOB_TOKEN": "7.tok"}}
+        with channel._client(5.0) as client:
+            channel._post(client, [launch])
+        assert squatter.seen == []
+    assert channel.ready is False and channel.queued() == {("launch", "7", 1)}

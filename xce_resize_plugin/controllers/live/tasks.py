@@ -353,6 +353,17 @@ class WorkerChannel:
         owner = self.fleet.owner
         if self.fleet.closed or owner is None:
             return
+        if (
+            self.pid is not None
+            and self.port is not None
+            and listens_on(self.pid, self.port) is False
+        ):
+            # The commands carry jobs' tokens (a launch's environment): sent only to the
+            # agent's own socket. Its port may have been taken since it died, before
+            # the poll thread noticed: reconnect (which waits for its successor).
+            self._requeue(batch)
+            self._set_ready(False)
+            return
         body = {"epoch": self.fleet.epoch, "instance": self.instance, "commands": batch}
         try:
             content = wire_json(body)
