@@ -376,3 +376,20 @@ def test_an_unsynced_journal_writes_with_write_not_through_its_map(jdir: Path) -
         j.start()
         j.commit([Entry("1", (b'{"n":1}',), b"s")])
     assert data.stat().st_blocks * 512 < 1 << 20  # not the 64 MiB map
+
+
+def test_a_journal_that_cannot_be_initialised_is_a_failed_write(jdir: Path) -> None:
+    """Its first write did not happen: a failing disk's error, as every other write
+    (the live controller then serves, failing, and retries, rather than stop)."""
+    from xce_resize_plugin.journal import files
+    from xce_resize_plugin.journal.lmdb_env import is_failed_write
+
+    jdir.mkdir()
+    lmdb.open(str(jdir)).close()
+    env = lmdb.open(str(jdir), readonly=True, max_dbs=8)
+    try:
+        with pytest.raises(JournalError, match="cannot initialise a new journal") as info:
+            files._create_dbs(env, jdir / "data.mdb")
+        assert is_failed_write(info.value)
+    finally:
+        env.close()

@@ -20,7 +20,7 @@ import attrs
 import lmdb
 
 from xce_resize_plugin.errors import JournalError
-from xce_resize_plugin.journal.lmdb_env import LmdbEnv, lmdb_reason
+from xce_resize_plugin.journal.lmdb_env import LmdbEnv, failed_write, lmdb_reason
 from xce_resize_plugin.journal.records import (
     DATA_FILE,
     DB_NAMES,
@@ -199,8 +199,11 @@ def _upgrade(env: lmdb.Environment, dbs: dict[str, _Db], data_file: Path, schema
         with env.begin(write=True) as txn:
             txn.put(SCHEMA_KEY, U64.pack(SCHEMA), db=dbs[META])
     except lmdb.Error as exc:
-        raise JournalError(
-            f"{data_file}: cannot upgrade journal schema {schema} to {SCHEMA} ({lmdb_reason(exc)})"
+        raise failed_write(  # a write that did not happen: a failing disk's
+            JournalError(
+                f"{data_file}: cannot upgrade journal schema {schema} to {SCHEMA} "
+                f"({lmdb_reason(exc)})"
+            )
         ) from exc
     log.info("%s: journal schema %s upgraded to %s", data_file, schema, SCHEMA)
 
@@ -231,8 +234,8 @@ def _create_dbs(env: lmdb.Environment, data_file: Path) -> dict[str, _Db]:
                 value = SCHEMA if key == SCHEMA_KEY else 0
                 txn.put(key, U64.pack(value), db=dbs[META], overwrite=False)
     except lmdb.Error as exc:
-        raise JournalError(
-            f"{data_file}: cannot initialise a new journal ({lmdb_reason(exc)})"
+        raise failed_write(  # a write that did not happen: a failing disk's
+            JournalError(f"{data_file}: cannot initialise a new journal ({lmdb_reason(exc)})")
         ) from exc
     return dbs
 
