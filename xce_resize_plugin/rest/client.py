@@ -138,6 +138,8 @@ class Client:
                 raw = _read_before(exc.fp, deadline, limit) if exc.fp is not None else b""
             except (OSError, http.client.HTTPException):
                 raw = b""  # cut off mid-answer: the status still says what happened
+            finally:
+                exc.close()  # its connection, not left to the garbage collector
             raise remote_error(
                 exc.code, raw, str(exc.reason), exc.headers.get("Retry-After")
             ) from None
@@ -169,6 +171,9 @@ def _read_before(resp: Any, deadline: float, limit: float) -> bytes:
         except TimeoutError:
             raise TimeoutError(f"no whole answer within {limit:g} s") from None
         if not chunk:
+            # read1() leaves the connection open at the end (read() closes it): closed
+            # here, or an error answer's socket was left to the garbage collector.
+            resp.close()
             return b"".join(chunks)
         chunks.append(chunk)
 
