@@ -84,7 +84,9 @@ def test_commands_go_only_to_the_registered_agents_socket(tmp_path: Path) -> Non
     channel = WorkerChannel(fleet, "h1")  # type: ignore[arg-type]
     with answering(b'{"ok": true, "seq": 1}') as squatter:
         channel.port = int(squatter.url.rsplit(":", 1)[1])
-        channel.pid = os.getpid() + 1_000_000  # the agent that had this port: gone
+        # The agent connect() saw on this port, gone since.
+        channel.pid = os.getpid() + 1_000_000
+        channel._verified = (channel.pid, 1)
         channel.instance, channel.ready = "i", True
         launch = {"op": "launch", "job": "7", "task": 1, "env": {"XCE_JOB_TOKEN": "7.tok"}}
         with channel._client(5.0) as client:

@@ -40,7 +40,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from xce_resize_plugin.controllers.live.proc import listens_on, lock_held, secret_file
+from xce_resize_plugin.controllers.live.proc import (
+    listens_on,
+    lock_held,
+    pid_alive,
+    secret_file,
+    start_ticks,
+)
 from xce_resize_plugin.controllers.live.worker import secret_path, worker_dir
 
 log = logging.getLogger(__name__)
@@ -257,6 +263,9 @@ class WorkerChannel:
         self.addr: str | None = None
         self.instance: str | None = None
         self.pid: int | None = None
+        #: The agent process (pid, start ticks) seen listening on the port at connect()
+        #: (``None``: not seen, or a system without /proc to tell).
+        self._verified: tuple[int, int] | None = None
         self.seq = 0
         self._stopping = False
         self._spawned_at: float | None = None
@@ -353,14 +362,12 @@ class WorkerChannel:
         owner = self.fleet.owner
         if self.fleet.closed or owner is None:
             return
-        if (
-            self.pid is not None
-            and self.port is not None
-            and listens_on(self.pid, self.port) is False
-        ):
-            # The commands carry jobs' tokens (a launch's environment): sent only to the
-            # agent's own socket. Its port may have been taken since it died, before
-            # the poll thread noticed: reconnect (which waits for its successor).
+        if self._verified is not None and not pid_alive(*self._verified):
+            # The commands carry jobs' tokens (a launch's environment): sent only while
+            # the agent whose socket connect() saw on the port lives (it holds the port
+            # until it dies; a /proc read of the process, not of every socket, on this
+            # path). Dead, its port may have been taken before the poll thread noticed:
+            # reconnect (which waits for its successor).
             self._requeue(batch)
             self._set_ready(False)
             return
@@ -479,10 +486,12 @@ class WorkerChannel:
             addr = str(reg.get("addr", "127.0.0.1"))
         except (OSError, ValueError, KeyError, TypeError):
             return False  # starting: locked, not registered yet
-        if listens_on(pid, port) is False:
+        listening = listens_on(pid, port)
+        if listening is False:
             # Not the registered agent's socket (a stale registration, a port taken):
             # the secret is sent to no one else. The agent registers again at start.
             return False
+        ticks = start_ticks(pid) if listening else None
         try:
             response = httpx.get(
                 f"http://127.0.0.1:{port}/v1/snapshot",
@@ -504,6 +513,7 @@ class WorkerChannel:
             return False  # not an agent's answer: try again, as for no answer
         with self.send_lock:
             owner.worker_up(self.host, snapshot, self.queued())
+            self._verified = (pid, ticks) if ticks is not None else None
             self.port = port
             self.addr = addr
             self.instance = str(snapshot["instance"])
