@@ -436,9 +436,9 @@ def test_damaged_file_is_refused_with_its_name(
     assert (jdir / "data.mdb").stat().st_size == size
 
 
-def test_truncated_file_is_refused_before_writemap_extends_it(jdir: Path) -> None:
-    """Without sync the environment is opened with writemap, and LMDB extends the file
-    to the map size as it opens it: the truncation must be found before that."""
+def test_truncated_file_is_refused_and_not_extended_without_sync(jdir: Path) -> None:
+    """Without sync too, a truncated file is refused as it is, not extended to the map
+    size first (as LMDB did when the journal wrote through its map)."""
     make_journal(jdir)
     damage_truncate_half(jdir / "data.mdb")
     size = (jdir / "data.mdb").stat().st_size

@@ -145,8 +145,8 @@ def _open_env(
 
 
 def _lmdb(path: Path, data_file: Path, *, readonly: bool, map_size: int, sync: bool) -> LmdbEnv:
-    """The journal's environment through the LMDB helper: ``metasync`` always, and
-    never ``writemap`` (see below)."""
+    """The journal's environment through the LMDB helper: ``metasync`` always (and never
+    ``writemap``: :meth:`~.lmdb_env.LmdbEnv.open`)."""
     return LmdbEnv.open(
         path,
         name=str(data_file),
@@ -157,12 +157,6 @@ def _lmdb(path: Path, data_file: Path, *, readonly: bool, map_size: int, sync: b
         sync=sync,
         metasync=True,
         readonly=readonly,
-        # Never writemap, even without sync (it was 3-4 % faster on simulations): its
-        # writes go through the memory map into a sparse file, and a page a full disk
-        # cannot back kills the process with SIGBUS, without a word. Written with
-        # write(2), a full disk is an error naming the file. Reserving the whole map
-        # instead took real disk for every journal (22 GB for the test suite).
-        writemap=False,
     )
 
 

@@ -279,14 +279,17 @@ class LmdbEnv:
         sync: bool = True,
         metasync: bool = True,
         readonly: bool = False,
-        writemap: bool = False,
         lock: bool = True,
     ) -> Self:
         """Open (creating it and its directory unless ``readonly``) the environment in
         directory ``path``.
 
-        ``sync`` and ``metasync`` are LMDB's durable defaults; ``writemap`` only
-        without sync. A failure raises ``error``: "``name``: ``unusable`` (reason)",
+        ``sync`` and ``metasync`` are LMDB's durable defaults. Never ``writemap``: its
+        writes go through the memory map into a sparse file, and a page a full disk
+        cannot back kills the process with SIGBUS, without a word; written with
+        write(2), a full disk is an error naming the file (reserving the map instead
+        took real disk for every environment: 22 GB for the test suite). A failure
+        raises ``error``: "``name``: ``unusable`` (reason)",
         ``name`` being the data file unless given and ``unusable`` "cannot open
         ``noun``" unless given. An empty or truncated data file is refused before
         LMDB reads it. Unless ``readonly``, the directory and the files are made
@@ -300,21 +303,13 @@ class LmdbEnv:
         where = _Where(path, label, noun, f"cannot open {noun}" if unusable is None else unusable)
         if not readonly:
             private_dir(path, error=error, name=label)
-        if _data_size(data_file, label, noun, error) is not None and writemap and not readonly:
-            # With writemap LMDB makes the file as long as the map as it opens it, which
-            # would hide a truncation: look at the file as it is first, read-only.
-            env = where.open(error, readonly=True, create=False, lock=False, max_dbs=max_dbs)
-            try:
-                _check_size(env, data_file, label, error)
-            finally:
-                env.close()
+        _data_size(data_file, label, noun, error)
         env = where.open(
             error,
             map_size=map_size,
             readonly=readonly,
             sync=sync,
             metasync=metasync,
-            writemap=writemap,
             create=not readonly,
             max_dbs=max_dbs,
             lock=lock,
