@@ -51,6 +51,7 @@ from collections.abc import Sequence
 
 from attrs import frozen
 
+from xce_resize_plugin.core.decimal_text import is_decimal_number
 from xce_resize_plugin.errors import ConfigError
 from xce_resize_plugin.simulation.special import gamma_cdf
 from xce_resize_plugin.simulation.traces import Trace, TraceHeader, TraceJob
@@ -142,7 +143,8 @@ def is_spec(text: str) -> bool:
 # Numbers as the command line's own types take them: int() and float() also read
 # "1_0" and other scripts' digits, which no option of ours accepts.
 _INTEGER = re.compile(r"[-+]?[0-9]+")
-_DECIMAL = re.compile(r"[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?|[-+]?(?:nan|inf)")
+# nan and inf are read, for the message that says a load is a number > 0.
+_NOT_FINITE = re.compile(r"[-+]?(?:nan|inf)")
 
 
 def _int(key: str, value: str) -> int:
@@ -182,7 +184,8 @@ def parse_spec(text: str) -> LublinSpec:
     seed = _int("seed", values["seed"]) if "seed" in values else None
     load = None
     if "load" in values:
-        if _DECIMAL.fullmatch(values["load"]) is None:
+        text = values["load"]
+        if not is_decimal_number(text) and _NOT_FINITE.fullmatch(text) is None:
             raise ConfigError(f"load must be a number, not {values['load']!r}")
         load = float(values["load"])
         if not 0 < load < math.inf:

@@ -59,6 +59,7 @@ from typing import IO
 import attrs
 
 from xce_resize_plugin.controllers.sim.events import MAX_SECONDS
+from xce_resize_plugin.core.decimal_text import is_decimal_number
 from xce_resize_plugin.simulation.trace_types import (
     Source,
     Trace,
@@ -78,12 +79,12 @@ _HEADER_KEY = re.compile(r";[ \t]{0,2}([A-Za-z][A-Za-z0-9_]*):[ \t]*(.*)$")
 _LEADING_INT = re.compile(r"\s*([-+]?\d+)")
 # A count, optionally followed by a comment after a blank ("338 (batch partition)").
 _COUNT = re.compile(r"\s*\+?\d+(?:\s.*)?", re.DOTALL)
-# One SWF number in ASCII: Python's float() also takes "1_0" and other scripts' digits.
+# One SWF number in ASCII (core.decimal_text's number, written possessive: Python's
+# float() also takes "1_0" and other scripts' digits).
 _NUMBER = r"[-+]?+(?:[0-9]++(?:\.[0-9]*+)?+|\.[0-9]++)(?:[eE][-+]?+[0-9]++)?+"
 # A data line of 18 such numbers, checked in one C call (possessive: no backtracking;
 # about 1.3 us a line). A line it refuses is looked at field by field (_odd_fields).
 _DATA_LINE = re.compile(rf"[ \t]*+(?:{_NUMBER}[ \t]++){{{_SWF_FIELDS - 1}}}+{_NUMBER}\s*+")
-_NUMBER_RE = re.compile(_NUMBER)
 # Infinities and NaN as float() writes them: kept to the checks that name the field's
 # meaning (an infinite run time is "beyond", a NaN requested time is unknown).
 _NOT_FINITE = re.compile(r"[-+]?(?:nan|inf|infinity)", re.IGNORECASE)
@@ -308,7 +309,7 @@ def _odd_fields(name: str, lineno: int, line: str, parts: Sequence[str]) -> None
     if len(parts) != _SWF_FIELDS:
         raise _bad_line(name, lineno, line, f"{len(parts)} fields, SWF has {_SWF_FIELDS}")
     for number, (part, what) in enumerate(zip(parts, _FIELD_NAMES, strict=True), 1):
-        if _NUMBER_RE.fullmatch(part) is None and _NOT_FINITE.fullmatch(part) is None:
+        if not is_decimal_number(part) and _NOT_FINITE.fullmatch(part) is None:
             raise _bad_line(name, lineno, line, f"field {number} ({what}) {part!r} is not a number")
 
 
