@@ -109,11 +109,6 @@ class NotificationLog:
     elapsed: float = 0.0
 
 
-#: The longest job id a host takes (the REST API's bound too): a job's directories are
-#: named by it.
-MAX_JOB_ID = 64
-
-
 def job_id_key(job_id: str) -> tuple[int, int, str]:
     """Sort key of job ids: numeric ids numerically ("99" < "101"), then the others."""
     number = read_decimal(job_id)

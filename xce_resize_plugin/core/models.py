@@ -20,6 +20,11 @@ from attrs import AttrsInstance, field, fields, frozen
 _A = TypeVar("_A", bound=AttrsInstance)
 
 
+#: The longest job id taken anywhere: the REST API refuses longer ones before any
+#: lookup, the embedded controller at submission (a job's directories are named by it).
+MAX_JOB_ID = 64
+
+
 class JobState(enum.Enum):
     """The host's job states (LSF's names)."""
 

@@ -7,6 +7,7 @@ import math
 import re
 
 from xce_resize_plugin.core.decimal_text import read_decimal
+from xce_resize_plugin.core.models import MAX_JOB_ID
 from xce_resize_plugin.errors import (
     BadJobId,
     BodyTooLarge,
@@ -22,8 +23,6 @@ MAX_BODY = 64 * 1024
 #: Longest a ``wait`` holds the connection (seconds); longer timeouts are capped.
 MAX_WAIT = 60.0
 DEFAULT_WAIT = 30.0
-#: Job ids longer than this are refused before any lookup (as the runtime does).
-MAX_JOB_ID = 64
 #: Largest ``version`` a ``wait`` accepts (a signed 64-bit integer, as hosts store it).
 MAX_VERSION = 2**63 - 1
 

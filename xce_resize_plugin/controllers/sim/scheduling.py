@@ -16,7 +16,7 @@ import operator
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 
-from xce_resize_plugin.controllers.jobs import MAX_JOB_ID, JobRecord, VersionRecord, job_id_key
+from xce_resize_plugin.controllers.jobs import JobRecord, VersionRecord, job_id_key
 from xce_resize_plugin.controllers.observer import FinishedJob
 from xce_resize_plugin.controllers.pending_queue import PendingQueue
 from xce_resize_plugin.controllers.scheduler import (
@@ -31,7 +31,7 @@ from xce_resize_plugin.controllers.sim.work import JobWork
 from xce_resize_plugin.controllers.task_records import TaskState, TaskStates
 from xce_resize_plugin.controllers.violations import InvariantViolation, SubmissionRejected
 from xce_resize_plugin.core.decimal_text import read_decimal
-from xce_resize_plugin.core.models import JobState
+from xce_resize_plugin.core.models import MAX_JOB_ID, JobState
 from xce_resize_plugin.core.reclaim import QueueHead
 
 log = logging.getLogger(__name__)
