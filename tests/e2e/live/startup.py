@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+from typing import Any
 
 from xce_resize_plugin.testing.live import LiveCluster, controller_command
 
@@ -21,6 +22,21 @@ def stop_cleanly(live: LiveCluster) -> None:
     # The last controller's log says that what it started lives on.
     last = (live.tmp / f"controller-{live.runs}.log").read_text(errors="replace")
     assert "stopped; the worker agents and their tasks keep running" in last, last
+
+
+def resized_job(
+    factory: Any, hosts: dict[str, int] | None = None, **options: Any
+) -> tuple[LiveCluster, str]:
+    """A started controller (``factory(hosts, **options)``) with a running resizable
+    job grown once, so that both the controller's store and the plugin's journal hold
+    it: the cluster and the job's id."""
+    live: LiveCluster = factory(hosts or {"h1": 2, "h2": 2}, **options)
+    live.start()
+    job_id = live.submit(tasks="1,3", alloc={"h1": 1}, resizable=True)
+    live.running(job_id, 1)
+    assert live.grow(job_id, 1).status_code == 202
+    live.idle(job_id, 1)
+    return live, job_id
 
 
 def refused_start(live: LiveCluster, env: dict[str, str] | None = None) -> str:

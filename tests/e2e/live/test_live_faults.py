@@ -14,6 +14,7 @@ from typing import Any
 
 import httpx
 
+from tests.e2e.live.startup import resized_job
 from xce_resize_plugin.testing.live import BOB, LiveCluster, controller_command, wait_until
 
 #: The exit status of a fenced controller (docs/live-controller.md).
@@ -217,12 +218,7 @@ def test_a_damaged_record_read_for_one_job_fails_that_request_not_the_controller
     reported itself failing, again at each poll of the job's events."""
     import lmdb
 
-    live: LiveCluster = resize_live_factory({"h1": 2, "h2": 1}, controller="verify_journal = false")
-    live.start()
-    job = live.submit(tasks="1,3", alloc={"h1": 1}, resizable=True)
-    live.running(job, 1)
-    assert live.grow(job, 1).status_code == 202
-    live.idle(job, 1)
+    live, job = resized_job(resize_live_factory, controller="verify_journal = false")
     _stop(live)
     env = lmdb.open(str(live.state / "resize"), max_dbs=8)
     try:

@@ -11,19 +11,14 @@ from typing import Any
 
 import lmdb
 
-from tests.e2e.live.startup import refused_start, stop_cleanly
+from tests.e2e.live.startup import refused_start, resized_job, stop_cleanly
 from xce_resize_plugin.testing.live import LiveCluster
 
 
 def _state_with_a_resized_job(factory: Any) -> tuple[LiveCluster, str]:
     """A stopped controller whose state holds a running job grown once (so both the
     controller's store and the plugin's journal hold it)."""
-    live: LiveCluster = factory({"h1": 2, "h2": 2})
-    live.start()
-    job_id = live.submit(tasks="1,3", alloc={"h1": 1}, resizable=True)
-    live.running(job_id, 1)
-    assert live.grow(job_id, 1).status_code == 202
-    live.idle(job_id, 1)
+    live, job_id = resized_job(factory)
     stop_cleanly(live)
     return live, job_id
 
@@ -215,12 +210,7 @@ def test_a_lost_store_is_refused_before_it_gives_the_journals_job_ids_again(
     """The controller's store gone while the journal holds a finished job: the new
     store gave job id 101 again, and the new job 101 took over the old one's history
     (the journal then failed its own verify)."""
-    live: LiveCluster = resize_live_factory({"h1": 2, "h2": 2})
-    live.start()
-    job_id = live.submit(tasks="1,3", alloc={"h1": 1}, resizable=True)
-    live.running(job_id, 1)
-    assert live.grow(job_id, 1).status_code == 202
-    live.idle(job_id, 1)
+    live, job_id = resized_job(resize_live_factory)
     assert live.call("DELETE", f"/v1/jobs/{job_id}").status_code == 202
     stop_cleanly(live)
     shutil.rmtree(live.state / "controller")
