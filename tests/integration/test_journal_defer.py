@@ -26,8 +26,9 @@ def _facts(state_dir: Path) -> list[tuple[str, str]]:
         return [(job, json.loads(p)["type"]) for _, job, p in journal.facts()]
 
 
-def _life(tmp_path: Path, defer: bool) -> tuple[Harness, list[tuple[str, str]]]:
-    h = Harness(tmp_path, config={"journal_sync": False, "journal_defer": defer})
+def _life(tmp_path: Path, defer: bool, batch: int = 0) -> tuple[Harness, list[tuple[str, str]]]:
+    config = {"journal_sync": False, "journal_defer": defer, "journal_batch": batch}
+    h = Harness(tmp_path, config=config)
     h.ctl.submit("alice", "1,8", runtime=100, resizable=True, alloc={"hA": 2}, job_id="1")
     h.ctl.settle()
     h.request("alice", "1", GrowRequest(2, 2, no_notify=True))
@@ -43,6 +44,49 @@ def test_deferred_writes_leave_the_same_journal(tmp_path: Path) -> None:
     deferred, same = _life(tmp_path / "deferred", defer=True)
     assert same == facts and len(facts) > 8
     assert deferred.ctl.acct_usage("1") == plain.ctl.acct_usage("1")
+
+
+@pytest.mark.parametrize("batch", [1, 3, 1024])
+def test_batched_writes_leave_the_same_journal(tmp_path: Path, batch: int) -> None:
+    plain, facts = _life(tmp_path / "plain", defer=False)
+    batched, same = _life(tmp_path / "batched", defer=True, batch=batch)
+    assert same == facts and len(facts) > 8
+    assert batched.ctl.acct_usage("1") == plain.ctl.acct_usage("1")
+
+
+def test_a_batch_waits_until_it_is_full(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With journal_batch, effects go ahead of the write (a reservation, a launch, a
+    commit), and the journal is written once the batch holds that many entries."""
+    sizes: list[int] = []
+    commit = Journal.commit
+
+    def recorded(self: Journal, entries: Sequence[Entry]) -> Any:
+        sizes.append(len(entries))
+        return commit(self, entries)
+
+    monkeypatch.setattr(Journal, "commit", recorded)
+    h = Harness(tmp_path, config={**SIM, "journal_batch": 3})
+    for n in range(1, 5):
+        h.ctl.submit("alice", "1,4", runtime=100, resizable=True, alloc={"hA": 1}, job_id=str(n))
+    h.ctl.settle()
+    for n in range(1, 5):
+        h.request("alice", str(n), GrowRequest(1, 1, no_notify=True))
+    h.ctl.settle()  # four grows placed, launched, started and committed: all acted on
+    assert all(len(h.ctl.resize_status(str(n)).tasks) == 2 for n in range(1, 5))  # type: ignore[union-attr]
+    assert sizes and set(sizes) == {3}
+    written = sum(sizes)
+    h.ctl.stop()
+    assert sizes[-1] < 3 and sum(sizes) > written  # the rest, at the clean stop
+    facts = _facts(tmp_path)
+    assert [t for j, t in facts if j == "4"][-1] == "Committed"
+
+
+def test_journal_batch_needs_journal_defer() -> None:
+    with pytest.raises(errors.ConfigError, match="journal_batch needs journal_defer = true"):
+        config.check({"journal_sync": False, "journal_batch": 8})
+    with pytest.raises(errors.ConfigError, match="journal_batch must be at least 0"):
+        config.check({**SIM, "journal_batch": -1})
+    assert config.check({**SIM, "journal_batch": 8})["journal_batch"] == 8
 
 
 def test_an_accepted_request_waits_for_the_next_write(tmp_path: Path) -> None:

@@ -291,6 +291,7 @@ def test_config_file(tmp_path: Path) -> None:
     assert opts.resize_config() == {
         "journal_sync": False,
         "journal_defer": True,
+        "journal_batch": 1024,
         "stop_grace": 1.0,
     }
     cfg.write_text("[simulate]\nmaleable_fraction = 0.5\n")

@@ -94,6 +94,15 @@ KEYS: tuple[Key, ...] = (
         "some (needs journal_sync off; for simulations)",
     ),
     Key(
+        "journal_batch",
+        int,
+        0,
+        "with journal_defer, let every transition wait, effects included, and write "
+        "them this many entries at a time (0: off); a crash loses what the host did "
+        "since, so only for simulations that are never resumed",
+        0,
+    ),
+    Key(
         "journal_map_size",
         int,
         64 << 20,
@@ -152,6 +161,10 @@ def check(section: Mapping[str, Any], where: str = "[resize]") -> dict[str, Any]
         raise ConfigError(
             f"{where} journal_defer needs journal_sync = false: deferred writes cannot "
             "be durable before a request is answered"
+        )
+    if out["journal_batch"] and not out["journal_defer"]:
+        raise ConfigError(
+            f"{where} journal_batch needs journal_defer = true: it batches deferred writes"
         )
     return out
 

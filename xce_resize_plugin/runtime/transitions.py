@@ -91,6 +91,8 @@ class Transitions:
         # journal_defer: entries of transitions that need not be written yet; they go
         # first in the next commit, in the same transaction.
         self._defer: bool = values["journal_defer"]
+        # journal_batch: every transition is deferred, and written this many at a time.
+        self._batch: int = values["journal_batch"]
         self._deferred: list[_Deferred] = []
         self.states: dict[str, ResizeState] = {}
         # Jobs with a pending grow or a change in flight: the only ones the scheduler
@@ -149,7 +151,13 @@ class Transitions:
         if self._observer is not None:
             self._observer.resize_transition(before, state, facts)
         if self._committer is None:
-            if self._defer and (
+            if self._batch:
+                # journal_batch (simulations never resumed): effects go ahead of their
+                # facts' write; a crash loses the run, which cannot be resumed anyway.
+                self._defer_entry(job_id, before, facts, state)
+                if len(self._deferred) >= self._batch:
+                    self._commit([])
+            elif self._defer and (
                 not effects or all(isinstance(f, engine.DEFERRABLE) for f in facts)
             ):
                 # journal_defer (simulations): what the host has not acted on can wait

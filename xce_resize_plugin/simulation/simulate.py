@@ -105,6 +105,8 @@ MODES: tuple[Mode, Mode] = ("rigid", "elastic")
 #: Points of the utilization-over-time series in the JSON output and the plot.
 USAGE_BINS = 200
 FORMAT = "xce-resize-simulate"
+#: Journal entries a simulation writes per transaction (``[resize] journal_batch``).
+SIM_BATCH = 1024
 FORMAT_VERSION = 1
 
 ProgressFn = Callable[[str, int, int], None]
@@ -120,6 +122,10 @@ def _sim_resize(resize: Mapping[str, Any]) -> dict[str, Any]:
     """The simulations' ``[resize]`` defaults under the user's section."""
     out = {"journal_sync": False, **dict(resize)}
     out.setdefault("journal_defer", out["journal_sync"] is False)
+    if out["journal_defer"] is True:
+        # A simulation is never resumed (its controller keeps no store): every
+        # transition may wait, and the journal is written SIM_BATCH entries at a time.
+        out.setdefault("journal_batch", SIM_BATCH)
     return out
 
 
