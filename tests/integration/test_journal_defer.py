@@ -54,6 +54,32 @@ def test_batched_writes_leave_the_same_journal(tmp_path: Path, batch: int) -> No
     assert batched.ctl.acct_usage("1") == plain.ctl.acct_usage("1")
 
 
+def _two_jobs(tmp_path: Path, config: dict[str, Any]) -> dict[str, list[str]]:
+    h = Harness(tmp_path, config=config)
+    for n in ("1", "2"):
+        h.ctl.submit("alice", "1,8", runtime=100, resizable=True, alloc={"hA": 2}, job_id=n)
+    h.ctl.settle()
+    for n in ("1", "2"):
+        h.request("alice", n, GrowRequest(2, 2, no_notify=True))
+    h.ctl.settle()
+    for n in ("2", "1"):
+        h.request("alice", n, ReleaseRequest(count=1, no_notify=True))
+    h.ctl.run(until=200)
+    h.ctl.stop()
+    out: dict[str, list[str]] = {}
+    for job, kind in _facts(tmp_path):
+        out.setdefault(job, []).append(kind)
+    return out
+
+
+def test_a_batch_keeps_each_jobs_facts_in_order(tmp_path: Path) -> None:
+    """Each job's facts are those of a plain run, in their order (a batch writes one
+    entry per job, so different jobs' facts may interleave otherwise)."""
+    plain = _two_jobs(tmp_path / "plain", {})
+    batched = _two_jobs(tmp_path / "batched", {**SIM, "journal_batch": 1024})
+    assert batched == plain and len(plain["1"]) > 8
+
+
 def test_a_batch_waits_until_it_is_full(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """With journal_batch, effects go ahead of the write (a reservation, a launch, a
     commit), and the journal is written once the batch holds that many entries."""

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 
 from xce_resize_plugin.controllers.jobs import VersionRecord
@@ -23,6 +24,8 @@ from xce_resize_plugin.controllers.sim import scheduling as scheduling_mod
 from xce_resize_plugin.controllers.sim import work as work_mod
 from xce_resize_plugin.core.models import JobState, Task
 from xce_resize_plugin.errors import ConfigError
+from xce_resize_plugin.journal import Journal
+from xce_resize_plugin.journal.verification import verify
 from xce_resize_plugin.recording.format import read_recording
 from xce_resize_plugin.recording.replay import replay
 from xce_resize_plugin.simulation.checks import (
@@ -516,3 +519,37 @@ def test_recording_errors_name_the_line(tmp_path: Path) -> None:
     bad.write_text('{"kind": "header", "format": "xce-resize-recording", "version": 9}\n')
     with pytest.raises(RecordingError, match="version 9"):
         read_recording(bad)
+
+
+# -- the journal a simulation writes -------------------------------------------------------
+
+
+def _job_facts(state_dir: Path) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    with Journal.open(state_dir / "resize", readonly=True) as journal:
+        for _, job, payload in journal.facts():
+            out.setdefault(job, []).append(payload.decode())
+    return out
+
+
+def test_a_simulations_batched_journal_is_intact_and_has_every_jobs_facts(
+    tmp_path: Path,
+) -> None:
+    """journal_batch (a simulation's default) writes one entry per job per batch: the
+    journal verifies clean, and each job has the facts of a run that writes every
+    transition as it goes, in the same order."""
+    opts = options(malleable_fraction=0.5, grow_cooldown=0.0)
+    workload = load_workload(KTH200, opts)
+    batched, plain = tmp_path / "batched", tmp_path / "plain"
+    # Small batches, so that many are written during the run (1,024 by default).
+    run_mode(
+        workload, attrs.evolve(opts, resize={"journal_batch": 7}), "elastic", state_dir=batched
+    )
+    unbatched = attrs.evolve(opts, resize={"journal_defer": False})
+    run_mode(workload, unbatched, "elastic", state_dir=plain)
+    for state_dir in (batched, plain):
+        report = verify(state_dir / "resize")
+        assert report.ok, report.problems
+    facts = _job_facts(batched)
+    assert facts == _job_facts(plain)
+    assert sum(len(f) for f in facts.values()) > 50

@@ -94,6 +94,8 @@ class Transitions:
         # journal_batch: every transition is deferred, and written this many at a time.
         self._batch: int = values["journal_batch"]
         self._deferred: list[_Deferred] = []
+        # journal_batch: where each job's entry is in _deferred (one entry per job).
+        self._batched: dict[str, _Deferred] = {}
         self.states: dict[str, ResizeState] = {}
         # Jobs with a pending grow or a change in flight: the only ones the scheduler
         # and dispatch hooks look at, so an idle cycle costs nothing per tracked job.
@@ -205,7 +207,14 @@ class Transitions:
     def _defer_entry(
         self, job_id: str, before: ResizeState | None, facts: Sequence[Fact], after: ResizeState
     ) -> None:
-        last = self._deferred[-1] if self._deferred else None
+        if self._batch:
+            # A batch holds one entry per job: its facts in order and its latest state
+            # (a job's state is encoded once per batch, not once per transition).
+            # Different jobs' facts may then be written in another order than decided;
+            # each job's facts keep theirs, and no job's facts depend on another's.
+            last: _Deferred | None = self._batched.get(job_id)
+        else:
+            last = self._deferred[-1] if self._deferred else None
         if last is not None and last.job_id == job_id:
             # The same job again (a release, then its launch): one entry, the facts of
             # both in order and the latest state; the intermediate one would be
@@ -213,7 +222,10 @@ class Transitions:
             last.facts.extend(facts)
             last.after = after
         else:
-            self._deferred.append(_Deferred(job_id, before, list(facts), after))
+            entry = _Deferred(job_id, before, list(facts), after)
+            self._deferred.append(entry)
+            if self._batch:
+                self._batched[job_id] = entry
 
     def _commit_with_deferred(
         self, job_id: str, before: ResizeState | None, facts: Sequence[Fact], after: ResizeState
@@ -230,6 +242,7 @@ class Transitions:
     def _commit(self, entries: list[Entry]) -> None:
         """Write the deferred entries, then ``entries``, in one transaction."""
         deferred, self._deferred = self._deferred, []
+        self._batched = {}
         batch = [_entry(d.job_id, d.before, d.facts, d.after) for d in deferred] + entries
         try:
             self.journal.commit(batch)
