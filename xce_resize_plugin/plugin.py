@@ -28,6 +28,21 @@ from xce_resize_plugin.runtime import Runtime
 _RUNTIMES: weakref.WeakKeyDictionary[Any, Runtime] = weakref.WeakKeyDictionary()
 
 
+class _LastLookup:
+    """The last controller looked up and its runtime, both weakly (a dropped controller's
+    runtime must not be kept). A process mostly serves one controller at a time, and a
+    ``WeakKeyDictionary`` lookup makes a weak reference per call: a simulation makes
+    millions of hook calls."""
+
+    __slots__ = ("hit",)
+
+    def __init__(self) -> None:
+        self.hit: tuple[weakref.ref[Any], weakref.ref[Runtime]] | None = None
+
+
+_LAST = _LastLookup()
+
+
 class NotStartedError(ResizeError):
     """A hook was called before ``xce_controller_start`` for this controller."""
 
@@ -37,10 +52,23 @@ class NotStartedError(ResizeError):
 
 
 def runtime_of(controller: Controller) -> Runtime:
+    hit = _LAST.hit
+    if hit is not None and hit[0]() is controller:
+        runtime = hit[1]()
+        if runtime is not None:
+            return runtime
     try:
-        return _RUNTIMES[controller]
+        runtime = _RUNTIMES[controller]
     except KeyError:
         raise NotStartedError("call xce_controller_start first") from None
+    _LAST.hit = (weakref.ref(controller), weakref.ref(runtime))
+    return runtime
+
+
+def _forget(controller: Controller) -> Runtime | None:
+    """Drop the controller's runtime (and the last lookup's, if it is this one)."""
+    _LAST.hit = None
+    return _RUNTIMES.pop(controller, None)
 
 
 # lifecycle
@@ -48,7 +76,7 @@ def runtime_of(controller: Controller) -> Runtime:
 
 @hookimpl
 def xce_controller_start(controller: Controller) -> None:
-    old = _RUNTIMES.pop(controller, None)
+    old = _forget(controller)
     if old is not None:
         old.stop()
     runtime = Runtime(controller)
@@ -56,14 +84,14 @@ def xce_controller_start(controller: Controller) -> None:
     try:
         runtime.start()
     except BaseException:
-        _RUNTIMES.pop(controller, None)
+        _forget(controller)
         runtime.stop()
         raise
 
 
 @hookimpl
 def xce_controller_stop(controller: Controller) -> None:
-    runtime = _RUNTIMES.pop(controller, None)
+    runtime = _forget(controller)
     if runtime is not None:
         runtime.stop()
 
