@@ -315,3 +315,83 @@ def test_a_crash_before_the_plugin_settled_a_host_failure_is_settled_after_the_r
     crashed = run(True, tmp_path / "crashed")
     assert crashed[1] == {"hA": 4} and crashed[4].used == 0
     assert crashed == run(False, tmp_path / "not")
+
+
+def _requeued_and_waiting(tmp_path: Path) -> tuple[Harness, str]:
+    """A job grown once, then requeued by a host failure, waiting in the queue (the
+    other hosts are closed: nothing may start it)."""
+    policy = str(ROOT / "hooks" / "requeue_on_host_failure.py")
+    h = make(tmp_path, config={"policy_files": [policy]})
+    job = submit(h, alloc={"hB": 2, "hA": 2})
+    h.request("alice", job, GrowRequest(2, 2))
+    h.ctl.host_close("hA")
+    h.ctl.host_close("hC")
+    assert h.ctl.host_down("hB").outcomes == {job: LossOutcome.REQUEUE}
+    h.ctl.settle()
+    return h, job
+
+
+@pytest.mark.parametrize("resized_again", [True, False])
+def test_compaction_keeps_a_requeued_job_waiting_to_start_again(
+    tmp_path: Path, resized_again: bool
+) -> None:
+    """A job requeued after a host failure has its resize state ended while it waits
+    (journal ``done``), but its history goes on at its next start: ``journal compact``
+    run meanwhile must keep its facts, or ``verify`` finds the next run's facts
+    without the history its state carries. Once the job has really finished, its facts
+    go like any other's."""
+    from xce_resize_plugin.journal import compaction
+    from xce_resize_plugin.journal.verification import verify
+
+    h, job = _requeued_and_waiting(tmp_path)
+    assert h.ctl.job(job).state.value == "PEND"
+    h.ctl.close()
+    journal_dir = tmp_path / "resize"
+    assert compaction.compact(journal_dir, keep_days=0, now=1e9) == 0  # held: kept
+    h.ctl = h._make()
+    h.ctl.host_open("hA")
+    h.ctl.host_open("hC")
+    h.ctl.settle()
+    assert h.ctl.job(job).state.value == "RUN"
+    h.ctl.advance(10)
+    if resized_again:
+        h.request("alice", job, ReleaseRequest(count=1))
+    usage = h.ctl.acct_usage(job)
+    assert usage is not None
+    versions = [("grow", 1), ("shrink", 2)] if resized_again else [("grow", 1)]
+    assert [(r.kind.value, r.version) for r in usage.records] == versions
+    # Not resized again, the new run is tracked all the same (on top of the held one):
+    # its accounting counts it (before, only the earlier run's segments were shown).
+    restarted = h.ctl.job(job).start_time
+    assert usage.segments and usage.segments[-1].start == restarted
+    h.ctl.kill(job)
+    h.ctl.settle()
+    h.ctl.close()
+    report = verify(journal_dir)
+    assert report.ok, report.problems
+    assert replay_problems(journal_dir) == []
+    assert compaction.compact(journal_dir, keep_days=0, now=1e9) > 0  # finished: goes
+    report = verify(journal_dir)
+    assert report.ok, report.problems
+
+
+def test_a_requeued_job_killed_while_it_waits_is_compacted_like_any_other(
+    tmp_path: Path,
+) -> None:
+    """Killed in the queue, the requeued job never runs again: its earlier run is no
+    longer held (a ``JobEnded`` on its ended state), and compaction drops its facts."""
+    from xce_resize_plugin.journal import compaction
+    from xce_resize_plugin.journal.verification import verify
+
+    h, job = _requeued_and_waiting(tmp_path)
+    h.ctl.kill(job)
+    h.ctl.settle()
+    assert h.ctl.job(job).state.value == "EXIT"
+    usage = h.ctl.acct_usage(job)
+    assert usage is not None and [r.kind.value for r in usage.records] == ["grow"]
+    h.ctl.close()
+    journal_dir = tmp_path / "resize"
+    assert replay_problems(journal_dir) == []
+    assert compaction.compact(journal_dir, keep_days=0, now=1e9) > 0
+    report = verify(journal_dir)
+    assert report.ok, report.problems

@@ -25,6 +25,7 @@ from xce_resize_plugin.core.facts import (
     FACT_TYPES,
     Fact,
     GrowRequested,
+    JobEnded,
     ReleaseAccepted,
     TasksLost,
     TasksStopped,
@@ -132,6 +133,9 @@ def _omit_new_defaults(conv: cattrs.Converter) -> None:
     )
     conv.register_unstructure_hook(
         TasksLost, make_dict_unstructure_fn(TasksLost, conv, reason=omit)
+    )
+    conv.register_unstructure_hook(
+        JobEnded, make_dict_unstructure_fn(JobEnded, conv, requeued=omit)
     )
     conv.register_unstructure_hook(
         PendingGrow, make_dict_unstructure_fn(PendingGrow, conv, ready_timeout=omit)
@@ -330,6 +334,7 @@ def _state_without_history(conv: cattrs.Converter) -> Any:
         charges=override(omit=True),
         ready=override(omit_if_default=True),
         target=override(omit_if_default=True),
+        requeued=override(omit_if_default=True),
     )
 
 

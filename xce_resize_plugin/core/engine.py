@@ -669,12 +669,34 @@ def decide_notify_done(
     return with_demand(state, facts, at, settings)
 
 
-def decide_job_end(state: ResizeState, at: float) -> list[Fact]:
-    """The job finished: cancel its pending grow and end tracking."""
+def decide_job_end(state: ResizeState, at: float, requeued: bool = False) -> list[Fact]:
+    """The job finished (or, ``requeued``, its run ended and the host queued it again):
+    cancel its pending grow and end tracking."""
     if not state.live:
         return []
     facts: list[Fact] = []
     if state.pending is not None:
         facts.append(GrowCancelled(job_id=state.job_id, at=at, reason="job-ended"))
-    facts.append(JobEnded(job_id=state.job_id, at=at))
+    facts.append(JobEnded(job_id=state.job_id, at=at, requeued=requeued))
     return facts
+
+
+def decide_requeued_start(prior: ResizeState | None, job: JobInfo, at: float) -> list[Fact]:
+    """A requeued job started again whose earlier run the journal holds (``prior``,
+    ended ``requeued``): tracked from now on top of it, so its history goes on and is
+    no longer held for it. Nothing for any other job (an autoresizable one is tracked
+    by :func:`decide_job_start`)."""
+    if prior is None or prior.live or not prior.requeued or job.autoresize:
+        return []
+    if job.state is not JobState.RUN or not job.tasks:
+        return []
+    _, facts = track_job(None, job, at, prior)
+    return facts
+
+
+def decide_requeued_end(prior: ResizeState | None, at: float) -> list[Fact]:
+    """A requeued job ended while it waited to start again (killed in the queue): its
+    earlier run's ended state is no longer held for a next run."""
+    if prior is None or prior.live or not prior.requeued:
+        return []
+    return [JobEnded(job_id=prior.job_id, at=at)]

@@ -199,10 +199,17 @@ class Committed:
 
 @frozen
 class JobEnded:
-    """The job finished: its pending grow is cancelled, in-flight slots are freed."""
+    """The job finished: its pending grow is cancelled, in-flight slots are freed.
+
+    ``requeued``: the host put the job back in its queue (a host failure): this run
+    ended, and the job's history goes on at its next start, so ``journal compact``
+    keeps its facts until a later ``JobEnded`` without it (the job started again and
+    finished, or ended while it waited: that one may come on an ended state).
+    """
 
     job_id: str
     at: float
+    requeued: bool = False
 
 
 # --- host failure (an involuntary shrink) --------------------------------------------

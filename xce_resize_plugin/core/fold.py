@@ -221,7 +221,14 @@ def _apply_to_change(state: ResizeState, fact: Fact) -> ResizeState:
         assert change is not None
         return _commit(state, change, fact)
     if isinstance(fact, JobEnded):
-        return rebuilt(state, phase=Phase.ENDED, change=None, pending=None, ended_at=fact.at)
+        return rebuilt(
+            state,
+            phase=Phase.ENDED,
+            change=None,
+            pending=None,
+            ended_at=fact.at,
+            requeued=fact.requeued,
+        )
     if isinstance(fact, TasksDrained):
         assert change is not None
         drained = change.drained | set(fact.task_ids)

@@ -448,6 +448,9 @@ class ResizeState:
     #: The job's target size, if one is set (exclusive with autoresize): the plugin's
     #: demand then grows to ``target.tasks`` and it releases down to it.
     target: Target | None = None
+    #: The run ended because the host requeued the job (``JobEnded.requeued``): its
+    #: history goes on at the job's next start, and compaction keeps it meanwhile.
+    requeued: bool = False
 
     @property
     def held(self) -> Sequence[Task]:

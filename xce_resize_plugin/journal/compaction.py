@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import io
+import json
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
@@ -83,19 +84,33 @@ def compact(path: Path | str, keep_days: float, now: float, archive: TextIO | No
 
 
 def _finished_before(journal: Journal, txn: _Txn, cutoff: float) -> list[bytes]:
-    """The keys of the jobs that ended before ``cutoff``."""
+    """The keys of the jobs that ended before ``cutoff``, but those held for a next
+    run (requeued: their history goes on when they start again)."""
     old: list[bytes] = []
     for key, value in txn.cursor(journal._db(DONE)):
         try:
-            ended_at, _ = decode_done(value)
+            ended_at, state = decode_done(value)
+            held = ended_at < cutoff and _held(state)
         except BadRecord as exc:
             raise JournalError(
                 f"{journal.path}: done state of job {key!r}: {exc}; run verify, "
                 "nothing was compacted"
             ) from None
-        if ended_at < cutoff:
+        if ended_at < cutoff and not held:
             old.append(key)
     return old
+
+
+def _held(state: bytes) -> bool:
+    """Whether a final state is a requeued run's (``"requeued": true``, written only
+    then): the job waits to start again, and its next run continues this history."""
+    if b'"requeued"' not in state:
+        return False  # the common case, without parsing the state
+    try:
+        decoded = json.loads(state)
+    except ValueError as exc:
+        raise BadRecord(f"final state is not JSON ({exc})") from None
+    return isinstance(decoded, dict) and decoded.get("requeued") is True
 
 
 def _drop_facts(

@@ -415,7 +415,10 @@ class Runtime(Reclaiming):
 
     def job_start(self, job: JobInfo) -> None:
         """A job started: an autoresizable one is tracked with its demand (a job the
-        plugin knows already, reported again after a failover, changes nothing)."""
+        plugin knows already, reported again after a failover, changes nothing), and
+        a requeued one whose earlier run the journal holds goes on from it."""
+        if job.requeued and not job.autoresize:
+            self._requeued_start(job)
         if not job.autoresize:
             return  # the common case, without the lock
         with self._lock:
@@ -427,6 +430,19 @@ class Runtime(Reclaiming):
                 # An ended job the journal still holds: never tracked twice. A requeued
                 # job's ended state is its earlier run's: this run is tracked on top.
                 return
+            self._transition(job.id, facts)
+
+    def _requeued_start(self, job: JobInfo) -> None:
+        """A requeued job's new run, tracked on top of its earlier one (held for it in
+        the journal: docs/failover.md, "A requeued job"), so that its history goes on
+        and compaction may later drop it with the rest."""
+        with self._lock:
+            self._check_failed()
+            if job.id in self.states:
+                return  # tracked already (a start reported again after a failover)
+            facts = engine.decide_requeued_start(
+                self._ended_state(job.id), job, self.controller.now()
+            )
             self._transition(job.id, facts)
 
     def notify_done(self, job_id: str, attempt: int, status: int | None, reason: str) -> None:
@@ -444,6 +460,13 @@ class Runtime(Reclaiming):
         with self._lock:
             state = self.states.get(job_id)
             if state is None:
+                if self._requeued(job_id):
+                    # Ended while it waited to start again: its earlier run is no
+                    # longer held for a next one.
+                    prior = self._ended_state(job_id)
+                    self._transition(
+                        job_id, engine.decide_requeued_end(prior, self.controller.now())
+                    )
                 return
             self._transition(job_id, engine.decide_job_end(state, self.controller.now()))
 
@@ -480,8 +503,9 @@ class Runtime(Reclaiming):
         if answer != "requeue":
             return LossOutcome.EXIT
         if state is not None:
-            # The host requeues without xce_job_end: the run's resize state ends here.
-            self._transition(job.id, engine.decide_job_end(state, now))
+            # The host requeues without xce_job_end: the run's resize state ends here,
+            # held in the journal for the job's next run (docs/failover.md).
+            self._transition(job.id, engine.decide_job_end(state, now, requeued=True))
         return LossOutcome.REQUEUE
 
     def usage(self, job_id: str, now: float) -> Usage | None:

@@ -22,7 +22,7 @@ import attrs
 from xce_resize_plugin.core import config as config_mod
 from xce_resize_plugin.core import converters, engine
 from xce_resize_plugin.core.allocations import joined
-from xce_resize_plugin.core.facts import Fact, JobTracked
+from xce_resize_plugin.core.facts import Fact, JobEnded, JobTracked
 from xce_resize_plugin.core.models import ResizeState, allocation_env, format_hosts
 from xce_resize_plugin.errors import JournalError
 from xce_resize_plugin.host import Controller, resize_observer_of, wake_at
@@ -142,7 +142,11 @@ class Transitions:
             return None
         self._check_failed()
         before = self.states.get(job_id)
-        if before is None and isinstance(facts[0], JobTracked) and self._requeued(job_id):
+        if (
+            before is None
+            and isinstance(facts[0], JobTracked | JobEnded)
+            and self._requeued(job_id)
+        ):
             # A job requeued after a host failure starts again with the history of its
             # earlier run (engine: JobTracked on an ended state). Only such a job is
             # looked up: a journal read waits for the write in progress, fsync included,
