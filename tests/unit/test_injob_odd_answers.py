@@ -122,9 +122,26 @@ class _Dripping(http.server.BaseHTTPRequestHandler):
         """Quiet."""
 
 
-@pytest.fixture
-def dripping() -> Iterator[str]:
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Dripping)
+class _DrippingHead(http.server.BaseHTTPRequestHandler):
+    """Answers with its status line and headers one byte every 0.2 s: the body never
+    comes, and every read of the head gets something."""
+
+    def do_GET(self) -> None:  # the stdlib names it
+        head = b"HTTP/1.1 200 OK\r\n" + b"X-Slow: " + b"y" * 1000 + b"\r\n\r\n"
+        try:
+            for i in range(len(head)):
+                self.wfile.write(head[i : i + 1])
+                self.wfile.flush()
+                time.sleep(0.2)
+        except OSError:
+            pass  # the client gave up
+
+    def log_message(self, *args: object) -> None:
+        """Quiet."""
+
+
+def _serve(handler: type[http.server.BaseHTTPRequestHandler]) -> Iterator[str]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     server.daemon_threads = True
     thread = threading.Thread(target=server.serve_forever, args=(0.02,), daemon=True)
     thread.start()
@@ -136,19 +153,33 @@ def dripping() -> Iterator[str]:
         thread.join(10)
 
 
+@pytest.fixture
+def dripping_head() -> Iterator[str]:
+    yield from _serve(_DrippingHead)
+
+
+@pytest.fixture
+def dripping() -> Iterator[str]:
+    yield from _serve(_Dripping)
+
+
 @CLIENTS
-def test_a_call_ends_at_its_limit_against_a_dripping_body(
-    make: Callable[..., Any], dripping: str
+@pytest.mark.parametrize("server", ["dripping", "dripping_head"], ids=["body", "head"])
+def test_a_call_ends_at_its_limit_against_a_dripping_answer(
+    make: Callable[..., Any], server: str, request: pytest.FixtureRequest
 ) -> None:
-    """The limit bounded each read only: a byte every 0.2 s held a call for ever."""
+    """The limit bounded each read only: a byte every 0.2 s held a call for ever, of
+    the body (both clients, before) or of the status line and headers (the sync
+    client, until its reads were all bounded by the call's deadline)."""
+    url = request.getfixturevalue(server)
     if make is _sync:
-        client: Any = ResizeClient("7", Client(dripping, TOKEN, timeout=1.0))
+        client: Any = ResizeClient("7", Client(url, TOKEN, timeout=1.0))
         call = client.allocation
     else:
 
         def call() -> Any:
             async def run() -> Any:
-                async with AsyncResizeClient("7", dripping, TOKEN, timeout=1.0) as c:
+                async with AsyncResizeClient("7", url, TOKEN, timeout=1.0) as c:
                     return await c.allocation()
 
             return asyncio.run(run())

@@ -9,7 +9,9 @@ costs nothing at start-up.
 
 from __future__ import annotations
 
+import io
 import os
+import time
 
 from xce_resize_plugin.errors import ResizeError, Unreachable
 
@@ -123,19 +125,17 @@ class Client:
             req.add_header("Content-Type", "application/json")
         if self.token:
             req.add_header("Authorization", f"Bearer {self.token}")
-        import time
-
         limit = timeout or self.timeout
         deadline = time.monotonic() + limit
         try:
-            with _opener().open(req, timeout=limit) as resp:
-                raw: bytes = _read_before(resp, deadline, limit)
+            with _opener(deadline, limit).open(req, timeout=limit) as resp:
+                raw: bytes = resp.read()
         except urllib.error.HTTPError as exc:
             if 300 <= exc.code < 400:
                 raise redirected(self.url, exc.code, exc.headers.get("Location")) from None
             try:
                 # Its body by the same deadline (the answer behind it is what reads).
-                raw = _read_before(exc.fp, deadline, limit) if exc.fp is not None else b""
+                raw = exc.fp.read() if exc.fp is not None else b""
             except (OSError, http.client.HTTPException):
                 raw = b""  # cut off mid-answer: the status still says what happened
             finally:
@@ -151,31 +151,52 @@ class Client:
         return raw
 
 
-def _read_before(resp: Any, deadline: float, limit: float) -> bytes:
-    """The answer's body, read by the request's deadline: the socket's timeout bounds
-    each read, and a server sending a byte every few seconds held a call for ever."""
-    import time
+class _DeadlineReader(io.RawIOBase):
+    """An answer's bytes off its socket, every read bounded by what is left of the
+    call's limit: the socket's own timeout bounds each read only, so a server sending
+    a byte every few seconds (of the status line, a header or the body) held a call
+    for ever."""
 
-    if not hasattr(resp, "read1"):
-        return bytes(resp.read())  # not an HTTP response of http.client's: as it comes
-    sock = getattr(getattr(getattr(resp, "fp", None), "raw", None), "_sock", None)
-    chunks: list[bytes] = []
-    while True:
-        left = deadline - time.monotonic()
+    def __init__(self, sock: Any, file: Any, deadline: float, limit: float) -> None:
+        super().__init__()
+        self._sock, self._deadline, self._limit = sock, deadline, limit
+        # The socket's own file, unread: it keeps the socket open once urllib has
+        # closed the connection's handle (as the answer's file always does).
+        self._file = file
+
+    def close(self) -> None:
+        if not self.closed:
+            self._file.close()
+        super().close()
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        left = self._deadline - time.monotonic()
         if left <= 0:
-            raise TimeoutError(f"no whole answer within {limit:g} s")
-        if sock is not None:
-            sock.settimeout(left)
+            raise TimeoutError(f"no whole answer within {self._limit:g} s")
+        self._sock.settimeout(left)
         try:
-            chunk = resp.read1(65536)
+            return int(self._sock.recv_into(buffer))
         except TimeoutError:
-            raise TimeoutError(f"no whole answer within {limit:g} s") from None
-        if not chunk:
-            # read1() leaves the connection open at the end (read() closes it): closed
-            # here, or an error answer's socket was left to the garbage collector.
-            resp.close()
-            return b"".join(chunks)
-        chunks.append(chunk)
+            raise TimeoutError(f"no whole answer within {self._limit:g} s") from None
+
+
+def _bounded(connection: Any, deadline: float, limit: float) -> Any:
+    """``connection`` (http.client's, plain or TLS) whose answers are read through a
+    :class:`_DeadlineReader`."""
+    import http.client
+
+    class Response(http.client.HTTPResponse):
+        def __init__(self, sock: Any, *args: Any, **kwargs: Any) -> None:
+            super().__init__(sock, *args, **kwargs)
+            self.fp = io.BufferedReader(_DeadlineReader(sock, self.fp, deadline, limit))
+
+    class Connection(connection):  # type: ignore[misc]
+        response_class = Response
+
+    return Connection
 
 
 #: Why a token is refused before any request (never shown: it is a secret).
@@ -188,17 +209,28 @@ def header_safe(token: str) -> bool:
     return all(32 <= ord(c) <= 126 for c in token)
 
 
-def _opener() -> Any:
-    """urllib's opener without its redirect handler: a redirect is answered, not
-    followed. Followed, it sent the token to wherever it pointed, and a POST came back
-    as a GET there, whose answer read as the request's success."""
+def _opener(deadline: float, limit: float) -> Any:
+    """urllib's opener without its redirect handler, reading answers by ``deadline``.
+
+    A redirect is answered, not followed: followed, it sent the token to wherever it
+    pointed, and a POST came back as a GET there, whose answer read as the request's
+    success. Every read of the answer, from its status line on, ends by the call's
+    deadline (:class:`_DeadlineReader`)."""
     import urllib.request
 
     class Unfollowed(urllib.request.HTTPRedirectHandler):
         def redirect_request(self, *args: Any, **kwargs: Any) -> None:
             return None  # urllib then raises the 3xx as an HTTPError
 
-    return urllib.request.build_opener(Unfollowed)
+    class Plain(urllib.request.HTTPHandler):
+        def do_open(self, http_class: Any, req: Any, **kwargs: Any) -> Any:
+            return super().do_open(_bounded(http_class, deadline, limit), req, **kwargs)
+
+    class Secure(urllib.request.HTTPSHandler):
+        def do_open(self, http_class: Any, req: Any, **kwargs: Any) -> Any:
+            return super().do_open(_bounded(http_class, deadline, limit), req, **kwargs)
+
+    return urllib.request.build_opener(Unfollowed, Plain, Secure)
 
 
 def redirected(url: str, status: int, location: str | None) -> Unreachable:
