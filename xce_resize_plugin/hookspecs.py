@@ -246,9 +246,9 @@ def xce_job_start(controller: Controller, job: JobInfo) -> None:
     The plugin starts tracking an autoresizable job here (``job.autoresize``, the
     submission's ``bsub -ar``) and keeps its demand from then on, and a requeued job
     (``job.requeued``) whose earlier run it tracked, whose history it continues; it
-    ignores any other job. After ``xce_controller_start`` the host calls it again for each running job,
-    since a crash may have come between a job's start and this call: the plugin ignores
-    a job it tracks already.
+    ignores any other job. After ``xce_controller_start`` the host calls it again for
+    each running job, since a crash may have come between a job's start and this call:
+    the plugin ignores a job it tracks already.
 
     Implemented by: the resize plugin.
     """
