@@ -53,6 +53,8 @@ class Scheduling(ControllerState):
     # The scheduler's views of the queue and the running jobs, and what the last pass
     # left (set by _init_schedule).
     _pending_views: dict[str, PendingJob]
+    #: Queued jobs per user (``pending_of``), kept with the queue.
+    _pending_users: dict[str, int]
     #: The queue: the pending views by submit time, then job id, read by a pass as
     #: they are, and a deep queue by blocks (..pending_queue).
     _queue_views: PendingQueue[PendingJob]
@@ -77,6 +79,7 @@ class Scheduling(ControllerState):
         """The scheduler's views of the queue and the running jobs, and what the last
         pass left, all empty (constructor, part three)."""
         self._pending_views = {}
+        self._pending_users = {}
         self._queue_views = PendingQueue()
         self._running = {}
         self._running_views = {}
@@ -243,11 +246,19 @@ class Scheduling(ControllerState):
         view = self._pending_views[job.id] = self._pending_view(job)
         self._queue_views.add(self._queue_key(job), view)
         self._queue_epoch += 1
+        users = self._pending_users
+        users[job.user] = users.get(job.user, 0) + 1
 
     def _dequeue(self, job: JobRecord) -> None:
         if self._queue_views.remove(self._queue_key(job), job.id):
             del self._pending_views[job.id]
             self._queue_epoch += 1
+            users = self._pending_users
+            left = users[job.user] - 1
+            if left:
+                users[job.user] = left
+            else:
+                del users[job.user]
 
     # -- starts and ends ---------------------------------------------------------------
 

@@ -111,8 +111,8 @@ class Views(HostStates):
         """Problems found now, plus those recorded earlier (empty list: all good).
 
         Checked: no slot held and no live task on an ``unavail`` host; no host over its
-        slots and the ledger's counters consistent (per host
-        and per user); pending and finished jobs hold no slot; a running job's
+        slots and the ledger's counters consistent (per host and per user, and the
+        queued jobs per user); pending and finished jobs hold no slot; a running job's
         committed allocation is held, starts with task 0, stays within
         ``min_tasks..max_tasks`` and respects ``ptile`` (held slots per host); every
         live task process runs on a slot its job holds; finished jobs have no live
@@ -122,6 +122,7 @@ class Views(HostStates):
             problems = list(self._problems)
             problems.extend(self._cluster.check())
             problems.extend(self._down_host_problems())
+            problems.extend(self._pending_count_problems())
             for job in self._ordered_jobs():
                 held = self._cluster.held(job.id)
                 if job.state is not JobState.RUN:
@@ -159,6 +160,16 @@ class Views(HostStates):
                         )
             return problems
 
+    def _pending_count_problems(self) -> list[str]:
+        """The per-user count of queued jobs (``pending_of``) matches the jobs."""
+        counted: dict[str, int] = {}
+        for job in self._jobs.values():
+            if job.state is JobState.PEND:
+                counted[job.user] = counted.get(job.user, 0) + 1
+        if counted == self._pending_users:
+            return []
+        return [f"queued jobs per user counted {self._pending_users}, but the jobs say {counted}"]
+
     def _down_host_problems(self) -> list[str]:
         """A failed host holds no slot and runs no task (from the failure instant on)."""
         cluster = self._cluster
@@ -188,8 +199,9 @@ class Views(HostStates):
     def pending_of(self, user: str) -> int:
         """How many of ``user``'s jobs are pending (queued, or submitted to arrive)."""
         with self._lock:
-            pend = JobState.PEND
-            queued = sum(1 for j in self._jobs.values() if j.user == user and j.state is pend)
+            # Counted as jobs are queued and leave the queue: a scan of every job the
+            # controller keeps (finished ones too) cost each submission O(all jobs).
+            queued = self._pending_users.get(user, 0)
             return queued + sum(1 for j in self._future.values() if j.user == user)
 
     def records(self) -> list[JobRecord]:
