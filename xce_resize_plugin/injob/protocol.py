@@ -311,8 +311,11 @@ class JobRequests:
         polled = [0.0, 0.0]  # when the last poll was sent, and for how long
 
         def path_for(seconds: float) -> str:
-            polled[:] = [time.monotonic(), seconds]
-            return f"{path}{seconds:.3f}"
+            asked = f"{seconds:.3f}"
+            # The poll as asked (to the millisecond): a poll held for exactly that long
+            # is one that ran out, not one that ended early (0.1994 s asked as 0.199).
+            polled[:] = [time.monotonic(), float(asked)]
+            return f"{path}{asked}"
 
         while True:
             doc = yield long_poll(path_for, deadline)
