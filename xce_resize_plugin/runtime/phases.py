@@ -524,9 +524,9 @@ class Runtime(Reclaiming):
         for any caller before a policy says who may see the job: its final state only,
         not its history, and nothing is written (a deferred end is read from memory)."""
         with self._lock:
-            for deferred in reversed(self._deferred):
-                if deferred.job_id == job_id:
-                    return job_of_record(deferred.after)
+            deferred = self._deferred_of(job_id)
+            if deferred is not None:
+                return job_of_record(deferred.after)
         payload = self.journal.final_state(job_id)
         if payload is None:
             return None

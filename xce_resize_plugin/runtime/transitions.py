@@ -202,11 +202,21 @@ class Transitions:
 
     def _ended_state(self, job_id: str) -> ResizeState | None:
         """The job's ended state, if the journal (or a deferred write) holds one."""
-        for deferred in reversed(self._deferred):
-            if deferred.job_id == job_id:
-                return deferred.after
+        deferred = self._deferred_of(job_id)
+        if deferred is not None:
+            return deferred.after
         stored = self.journal.state(job_id)
         return converters.decode_state(stored) if stored is not None else None
+
+    def _deferred_of(self, job_id: str) -> _Deferred | None:
+        """The job's latest deferred entry, if any (a batch has one per job: found at
+        once; otherwise the few deferred entries are looked through)."""
+        if self._batch:
+            return self._batched.get(job_id)
+        for deferred in reversed(self._deferred):
+            if deferred.job_id == job_id:
+                return deferred
+        return None
 
     def _defer_entry(
         self, job_id: str, before: ResizeState | None, facts: Sequence[Fact], after: ResizeState
