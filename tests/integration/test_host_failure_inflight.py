@@ -21,6 +21,7 @@ from xce_resize_plugin.controllers.violations import HostStateError, UnknownHost
 from xce_resize_plugin.core.audit import replay_problems
 from xce_resize_plugin.core.models import (
     GrowRequest,
+    JobState,
     LossOutcome,
     Phase,
     ReleaseRequest,
@@ -324,6 +325,7 @@ def _requeued_and_waiting(tmp_path: Path) -> tuple[Harness, str]:
     h = make(tmp_path, config={"policy_files": [policy]})
     job = submit(h, alloc={"hB": 2, "hA": 2})
     h.request("alice", job, GrowRequest(2, 2))
+    h.ctl.advance(10)  # a run of some length: its next one starts later than it did
     h.ctl.host_close("hA")
     h.ctl.host_close("hC")
     assert h.ctl.host_down("hB").outcomes == {job: LossOutcome.REQUEUE}
@@ -395,3 +397,50 @@ def test_a_requeued_job_killed_while_it_waits_is_compacted_like_any_other(
     assert compaction.compact(journal_dir, keep_days=0, now=1e9) > 0
     report = verify(journal_dir)
     assert report.ok, report.problems
+
+
+def test_a_restart_while_a_requeued_run_is_being_stopped_does_not_track_it_again(
+    tmp_path: Path,
+) -> None:
+    """A host that stops a requeued job's processes before it queues it (the live
+    controller's way: the job stays RUN meanwhile) and restarts in between reports
+    the job's start again: the run the requeue ended is not a new run, so it is not
+    tracked again (it was, and the queued job stayed charged in full while it
+    waited)."""
+    from xce_resize_plugin.plugin import runtime_of
+
+    policy = str(ROOT / "hooks" / "requeue_on_host_failure.py")
+    hosts = [("hA", 2), ("hB", 2), ("hC", 2), ("hD", 2)]
+    h = Harness(
+        tmp_path, hosts=hosts, config={"policy_files": [policy]}, loss_ender=lambda *a: None
+    )
+    job = h.ctl.submit("alice", "2,4", runtime=10000, resizable=True, alloc={"hA": 1, "hB": 1})
+    h.ctl.settle()
+    h.request("alice", job, GrowRequest(1, 1, no_notify=True))
+    h.ctl.advance(10)
+    # The first requeue: the job.requeued flag is set from now on.
+    assert h.ctl.host_down("hA").outcomes == {job: LossOutcome.REQUEUE}
+    h.ctl.stop_tasks(job, [t.id for t in h.ctl.job(job).tasks if t.host != "hA"], 0.0)
+    h.ctl.settle()
+    assert h.ctl.requeue(job)
+    h.ctl.settle()
+    h.ctl.advance(10)
+    # The second: a failover while the host stops the run's other processes.
+    first = h.ctl.job(job).tasks[0].host
+    assert h.ctl.host_down(first).outcomes == {job: LossOutcome.REQUEUE}
+    h.ctl.host_up(first)
+    h.ctl.advance(5)
+    h.crash_and_restart()
+    assert job not in runtime_of(h.ctl).states
+    for name, _ in hosts:
+        h.ctl.host_close(name)  # nothing may start it again
+    h.ctl.stop_tasks(job, [t.id for t in h.ctl.job(job).tasks if t.host != first], 0.0)
+    h.ctl.settle()
+    assert h.ctl.requeue(job)
+    h.ctl.settle()
+    h.ctl.advance(1000)
+    assert h.ctl.job(job).state is JobState.PEND
+    assert job not in runtime_of(h.ctl).states
+    usage = h.ctl.acct_usage(job)
+    assert usage is not None and all(s.end <= 25.0 for s in usage.segments), usage.segments
+    assert h.ctl.check_invariants() == []

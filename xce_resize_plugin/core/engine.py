@@ -690,6 +690,10 @@ def decide_requeued_start(prior: ResizeState | None, job: JobInfo, at: float) ->
         return []
     if job.state is not JobState.RUN or not job.tasks:
         return []
+    if job.start_time is None or job.start_time <= prior.started_at:
+        # The run the requeue ended, still running while the host stops its processes
+        # (its start reported again after a failover): not a new run.
+        return []
     _, facts = track_job(None, job, at, prior)
     return facts
 
