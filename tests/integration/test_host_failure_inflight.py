@@ -444,3 +444,27 @@ def test_a_restart_while_a_requeued_run_is_being_stopped_does_not_track_it_again
     usage = h.ctl.acct_usage(job)
     assert usage is not None and all(s.end <= 25.0 for s in usage.segments), usage.segments
     assert h.ctl.check_invariants() == []
+
+
+def test_the_end_of_a_job_never_tracked_asks_the_host_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``xce_job_end`` comes for every job; only one whose run a requeue ended is looked
+    up (to let its hold go). Before, every untracked job's end asked the host for the
+    job (a JobInfo built per job of a simulation)."""
+    from xce_resize_plugin.controllers.sim.contract import HostContract
+
+    h = make(tmp_path)
+    job = h.ctl.submit("bob", 2, runtime=100)
+    h.ctl.settle()
+    asked: list[str] = []
+    get_job = HostContract.get_job
+
+    def counted(self: HostContract, job_id: str) -> Any:
+        asked.append(job_id)
+        return get_job(self, job_id)
+
+    monkeypatch.setattr(HostContract, "get_job", counted)
+    h.ctl.run(until=200)
+    assert h.ctl.job(job).state is JobState.DONE
+    assert asked == []

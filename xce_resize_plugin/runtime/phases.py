@@ -460,7 +460,7 @@ class Runtime(Reclaiming):
         with self._lock:
             state = self.states.get(job_id)
             if state is None:
-                if self._requeued(job_id):
+                if job_id in self._held:
                     # Ended while it waited to start again: its earlier run is no
                     # longer held for a next one.
                     prior = self._ended_state(job_id)

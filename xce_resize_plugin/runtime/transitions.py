@@ -97,6 +97,10 @@ class Transitions:
         # journal_batch: where each job's entry is in _deferred (one entry per job).
         self._batched: dict[str, _Deferred] = {}
         self.states: dict[str, ResizeState] = {}
+        # Jobs whose run ended for a requeue while this runtime ran: their ended state
+        # is held for a next run (engine.decide_requeued_end lets it go). Kept here so
+        # that the end of every other untracked job costs no lookup.
+        self._held: set[str] = set()
         # Jobs with a pending grow or a change in flight: the only ones the scheduler
         # and dispatch hooks look at, so an idle cycle costs nothing per tracked job.
         self._busy: set[str] = set()
@@ -270,7 +274,13 @@ class Transitions:
         if not state.live:
             self.states.pop(job_id, None)
             self._busy.discard(job_id)
+            if state.requeued:
+                self._held.add(job_id)
+            else:
+                self._held.discard(job_id)
             return
+        if self._held:
+            self._held.discard(job_id)  # tracked again: its next run
         self.states[job_id] = state
         if state.pending is not None or state.change is not None:
             self._busy.add(job_id)
