@@ -222,11 +222,13 @@ def _sole(
     return impl.function
 
 
-_CYCLE = ("controller", "cluster")
-_CONTROLLER = ("controller",)
-_JOB = ("controller", "job")
-_JOB_ID = ("controller", "job_id")
-_EVENTS = ("controller", "events")
+#: A hook caller and its spec's argument names, in order.
+_Named: TypeAlias = tuple[pluggy.HookCaller, tuple[str, ...]]
+
+
+def _with_names(caller: pluggy.HookCaller) -> _Named:
+    assert caller.spec is not None  # every host hook has its spec (hookspecs.py)
+    return caller, caller.spec.argnames
 
 
 class HostHooks:
@@ -243,12 +245,23 @@ class HostHooks:
     def __init__(self, pm: pluggy.PluginManager) -> None:
         self._pm = pm
         self._hook = hook = pm.hook
-        self._sched = hook.xce_sched_cycle
-        self._dispatch = hook.xce_dispatch_cycle
-        self._validate = hook.xce_job_validate
-        self._start = hook.xce_job_start
-        self._end = hook.xce_job_end
-        self._events = hook.xce_task_events
+        self._sched = _with_names(hook.xce_sched_cycle)
+        self._dispatch = _with_names(hook.xce_dispatch_cycle)
+        self._validate = _with_names(hook.xce_job_validate)
+        self._start = _with_names(hook.xce_job_start)
+        self._end = _with_names(hook.xce_job_end)
+        self._events = _with_names(hook.xce_task_events)
+
+    def _call(self, hook: _Named, *args: object) -> None:
+        """Call a hook with ``args`` in its spec's order (a hook whose result the host
+        does not use): its only plain implementation directly when that is the same
+        call (:func:`_sole`), else through pluggy."""
+        caller, names = hook
+        fn = _sole(self._pm, caller, names)
+        if fn is not None:
+            fn(*args)
+        else:
+            caller(**dict(zip(names, args, strict=True)))
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -261,11 +274,7 @@ class HostHooks:
     # -- submission ---------------------------------------------------------------------
 
     def job_validate(self, controller: Controller, job: JobInfo) -> None:
-        fn = _sole(self._pm, self._validate, _JOB)
-        if fn is not None:
-            fn(controller, job)
-        else:
-            self._validate(controller=controller, job=job)
+        self._call(self._validate, controller, job)
 
     # -- requests -----------------------------------------------------------------------
 
@@ -296,18 +305,10 @@ class HostHooks:
     # -- scheduler and dispatch ---------------------------------------------------------
 
     def sched_cycle(self, controller: Controller, cluster: ClusterView) -> None:
-        fn = _sole(self._pm, self._sched, _CYCLE)
-        if fn is not None:
-            fn(controller, cluster)
-        else:
-            self._sched(controller=controller, cluster=cluster)
+        self._call(self._sched, controller, cluster)
 
     def dispatch_cycle(self, controller: Controller) -> None:
-        fn = _sole(self._pm, self._dispatch, _CONTROLLER)
-        if fn is not None:
-            fn(controller)
-        else:
-            self._dispatch(controller=controller)
+        self._call(self._dispatch, controller)
 
     # -- events -------------------------------------------------------------------------
 
@@ -315,11 +316,7 @@ class HostHooks:
         self._hook.xce_task_event(controller=controller, event=event)
 
     def task_events(self, controller: Controller, events: Sequence[TaskEvent]) -> None:
-        fn = _sole(self._pm, self._events, _EVENTS)
-        if fn is not None:
-            fn(controller, events)
-        else:
-            self._events(controller=controller, events=events)
+        self._call(self._events, controller, events)
 
     def notify_done(
         self, controller: Controller, job_id: str, attempt: int, status: int | None, reason: str
@@ -329,18 +326,10 @@ class HostHooks:
         )
 
     def job_start(self, controller: Controller, job: JobInfo) -> None:
-        fn = _sole(self._pm, self._start, _JOB)
-        if fn is not None:
-            fn(controller, job)
-        else:
-            self._start(controller=controller, job=job)
+        self._call(self._start, controller, job)
 
     def job_end(self, controller: Controller, job_id: str) -> None:
-        fn = _sole(self._pm, self._end, _JOB_ID)
-        if fn is not None:
-            fn(controller, job_id)
-        else:
-            self._end(controller=controller, job_id=job_id)
+        self._call(self._end, controller, job_id)
 
     def host_failed(
         self, controller: Controller, host: str, lost: Mapping[str, Sequence[int]]
