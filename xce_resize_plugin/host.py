@@ -222,13 +222,22 @@ def _sole(
     return impl.function
 
 
-#: A hook caller and its spec's argument names, in order.
-_Named: TypeAlias = tuple[pluggy.HookCaller, tuple[str, ...]]
+def _call(pm: pluggy.PluginManager, caller: Any, names: tuple[str, ...], *args: object) -> None:
+    """Call a hook with ``args`` named ``names`` (a hook whose result the host does not
+    use): its only plain implementation directly when that is the same call
+    (:func:`_sole`), else through ``pm.hook``."""
+    fn = _sole(pm, caller, names)
+    if fn is not None:
+        fn(*args)
+    else:
+        caller(**dict(zip(names, args, strict=True)))
 
 
-def _with_names(caller: pluggy.HookCaller) -> _Named:
-    assert caller.spec is not None  # every host hook has its spec (hookspecs.py)
-    return caller, caller.spec.argnames
+_CYCLE = ("controller", "cluster")
+_CONTROLLER = ("controller",)
+_JOB = ("controller", "job")
+_JOB_ID = ("controller", "job_id")
+_EVENTS = ("controller", "events")
 
 
 class HostHooks:
@@ -245,23 +254,12 @@ class HostHooks:
     def __init__(self, pm: pluggy.PluginManager) -> None:
         self._pm = pm
         self._hook = hook = pm.hook
-        self._sched = _with_names(hook.xce_sched_cycle)
-        self._dispatch = _with_names(hook.xce_dispatch_cycle)
-        self._validate = _with_names(hook.xce_job_validate)
-        self._start = _with_names(hook.xce_job_start)
-        self._end = _with_names(hook.xce_job_end)
-        self._events = _with_names(hook.xce_task_events)
-
-    def _call(self, hook: _Named, *args: object) -> None:
-        """Call a hook with ``args`` in its spec's order (a hook whose result the host
-        does not use): its only plain implementation directly when that is the same
-        call (:func:`_sole`), else through pluggy."""
-        caller, names = hook
-        fn = _sole(self._pm, caller, names)
-        if fn is not None:
-            fn(*args)
-        else:
-            caller(**dict(zip(names, args, strict=True)))
+        self._sched = hook.xce_sched_cycle
+        self._dispatch = hook.xce_dispatch_cycle
+        self._validate = hook.xce_job_validate
+        self._start = hook.xce_job_start
+        self._end = hook.xce_job_end
+        self._events = hook.xce_task_events
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -274,7 +272,7 @@ class HostHooks:
     # -- submission ---------------------------------------------------------------------
 
     def job_validate(self, controller: Controller, job: JobInfo) -> None:
-        self._call(self._validate, controller, job)
+        _call(self._pm, self._validate, _JOB, controller, job)
 
     # -- requests -----------------------------------------------------------------------
 
@@ -305,10 +303,10 @@ class HostHooks:
     # -- scheduler and dispatch ---------------------------------------------------------
 
     def sched_cycle(self, controller: Controller, cluster: ClusterView) -> None:
-        self._call(self._sched, controller, cluster)
+        _call(self._pm, self._sched, _CYCLE, controller, cluster)
 
     def dispatch_cycle(self, controller: Controller) -> None:
-        self._call(self._dispatch, controller)
+        _call(self._pm, self._dispatch, _CONTROLLER, controller)
 
     # -- events -------------------------------------------------------------------------
 
@@ -316,7 +314,7 @@ class HostHooks:
         self._hook.xce_task_event(controller=controller, event=event)
 
     def task_events(self, controller: Controller, events: Sequence[TaskEvent]) -> None:
-        self._call(self._events, controller, events)
+        _call(self._pm, self._events, _EVENTS, controller, events)
 
     def notify_done(
         self, controller: Controller, job_id: str, attempt: int, status: int | None, reason: str
@@ -326,10 +324,10 @@ class HostHooks:
         )
 
     def job_start(self, controller: Controller, job: JobInfo) -> None:
-        self._call(self._start, controller, job)
+        _call(self._pm, self._start, _JOB, controller, job)
 
     def job_end(self, controller: Controller, job_id: str) -> None:
-        self._call(self._end, controller, job_id)
+        _call(self._pm, self._end, _JOB_ID, controller, job_id)
 
     def host_failed(
         self, controller: Controller, host: str, lost: Mapping[str, Sequence[int]]
