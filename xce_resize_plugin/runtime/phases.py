@@ -417,9 +417,9 @@ class Runtime(Reclaiming):
         """A job started: an autoresizable one is tracked with its demand (a job the
         plugin knows already, reported again after a failover, changes nothing), and
         a requeued one whose earlier run the journal holds goes on from it."""
-        if job.requeued and not job.autoresize:
-            self._requeued_start(job)
         if not job.autoresize:
+            if job.requeued:
+                self._requeued_start(job)
             return  # the common case, without the lock
         with self._lock:
             self._check_failed()
