@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import attrs
 import pytest
 
 from xce_resize_plugin.controllers.sim import EmbeddedController
@@ -97,3 +98,94 @@ def test_cli_reports_failures_and_refuses_a_bad_spec() -> None:
     assert proc.stderr.strip().splitlines() == [
         "xce-resize: Configuration error: --host-failures: MTBF_HOURS must be a number, got 'soon'"
     ]
+
+
+REQUEUE_POLICY = Path(__file__).resolve().parents[2] / "hooks" / "requeue_on_host_failure.py"
+
+
+@pytest.mark.parametrize("driver", ["grow-shrink", "none"])
+def test_a_site_that_requeues_what_failures_end_gets_runs_that_end(driver: str) -> None:
+    """With the site's requeue policy, jobs a failure ends start again from scratch
+    (at most ``max_requeue`` times): every job still ends, the checks hold (a
+    requeued run frees its slots, and a malleable job does all its work again), and
+    the requeued runs' slot-hours count as lost."""
+    opts = SimOptions(
+        malleable_fraction=0.5,
+        driver=driver,
+        host_failures=failures.HostFailures(500.0),
+        resize={"policy_files": [str(REQUEUE_POLICY)], "max_requeue": 1},
+    )
+    result = simulate(KTH200, opts, parallel=False)
+    assert result.problems == []
+    plain = simulate(KTH200, attrs.evolve(opts, resize={}), parallel=False)
+    for mode in ("rigid", "elastic"):
+        requeued = getattr(result, mode).failures
+        assert requeued is not None and requeued.jobs_requeued > 0
+        doc = result.to_json()["runs"][mode]["host_failures"]
+        assert doc["jobs_requeued"] == requeued.jobs_requeued
+    # With max_requeue = 0 the policy is never asked: the same runs as without it.
+    never = attrs.evolve(opts, resize={**opts.resize, "max_requeue": 0})
+    same = simulate(KTH200, never, parallel=False).to_json()
+    assert (same["runs"], same["change"]) == (plain.to_json()["runs"], plain.to_json()["change"])
+
+
+def test_a_requeued_malleable_job_starts_its_work_and_its_driver_over(tmp_path: Path) -> None:
+    """A malleable job grown, then requeued by a failure that took its task 0: its next
+    run does all its work again (at the size it runs at), and the driver, which
+    forgot it while it waited, knows its new size once it runs again."""
+    from xce_resize_plugin.controllers.sim.speedup import SpeedupModel
+    from xce_resize_plugin.controllers.sim.work import SpeedupWork
+    from xce_resize_plugin.core.models import (
+        GrowRequest,
+        JobState,
+        LossOutcome,
+        Principal,
+        ReleaseRequest,
+    )
+    from xce_resize_plugin.simulation.drivers import MalleableSpec, NoDriver
+
+    config = {"journal_sync": False, "policy_files": [str(REQUEUE_POLICY)]}
+    ctl = EmbeddedController(
+        get_plugin_manager(config, entry_points=False),
+        tmp_path / "s",
+        hosts=[("n1", 2), ("n2", 2)],
+        config=config,
+        store="none",
+    )
+    work = SpeedupWork(SpeedupModel("linear", reconfig_cost=0.0), 1000.0, 2)
+    job = "7"
+    driver = NoDriver({job: MalleableSpec("alice", 1, 4, 2, work)})
+    ctl.add_observer(driver)
+    ctl.submit(
+        "alice",
+        "1,4",
+        resizable=True,
+        runtime=1000.0,
+        alloc={"n1": 1, "n2": 1},
+        work=work,
+        job_id=job,
+    )
+    ctl.settle()
+    assert driver.sizes == {job: 2}
+    ctl.request_resize(Principal("alice"), job, GrowRequest(2, 2, no_notify=True))
+    ctl.settle()
+    assert driver.sizes == {job: 4}
+    ctl.advance(100.0)  # a fifth of its work at 4 tasks (T(4) = 500 s), credited
+    ctl.request_resize(Principal("alice"), job, ReleaseRequest(count=1, no_notify=True))
+    ctl.settle()  # at this change
+    assert driver.sizes == {job: 3} and work.remaining == pytest.approx(0.8)
+    assert ctl.host_down("n1").outcomes == {job: LossOutcome.REQUEUE}
+    assert driver.sizes == {}  # waiting, not running
+    ctl.host_up("n1")
+    ctl.settle()
+    view = ctl.job(job)
+    assert view.state is JobState.RUN and driver.sizes == {job: len(view.tasks)}
+    began = view.start_time
+    assert began is not None
+    ctl.run()
+    ended = ctl.job(job)
+    assert ended.state is JobState.DONE and ended.end_time is not None
+    # All of its work again at its new size: T(n) = 1000 x 2 / n.
+    assert ended.end_time - began == pytest.approx(2000.0 / len(view.tasks))
+    assert ctl.check_invariants() == []
+    ctl.stop()

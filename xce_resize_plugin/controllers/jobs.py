@@ -158,6 +158,8 @@ class JobRecord:
     exit_reason: str = ""
     #: Put back in the queue after a host failure (``JobInfo.requeued``).
     requeued: bool = False
+    #: How many times (``JobInfo.requeues``).
+    requeues: int = 0
     #: The job's default drain time for its releases (``submit --grace``, seconds).
     grace: float = 0.0
     end_reported: bool = False
@@ -231,6 +233,7 @@ class JobView:
     versions: tuple[VersionRecord, ...]
     exit_reason: str
     requeued: bool
+    requeues: int
     release_exited: bool
     grace: float
 
@@ -287,6 +290,7 @@ def job_info(job: JobRecord | JobView) -> JobInfo:
         env=dict(job.env),
         autoresize=job.autoresize,
         requeued=job.requeued,
+        requeues=job.requeues,
         release_exited=job.release_exited,
         grace=job.grace,
     )

@@ -73,6 +73,11 @@ class Observer:
         next the controller frees its allocation and calls ``xce_job_end``. ``PEND``:
         a host failure's requeue (back to the queue, no ``xce_job_end``)."""
 
+    def job_requeued(self, job_id: str, time: float) -> None:
+        """The host put the job back in its queue (a host failure's requeue, after
+        :meth:`job_ending` with ``PEND``): its run is over, its slots are free, and it
+        starts again from scratch (another :meth:`job_started`)."""
+
     def job_ended(self, job: FinishedJob) -> None:
         """The job ended and ``xce_job_end`` returned."""
 

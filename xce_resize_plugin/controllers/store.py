@@ -123,6 +123,7 @@ def encode_job(job: JobRecord, held: Held) -> bytes:
         ],
         "exit_reason": job.exit_reason,
         "requeued": job.requeued,
+        "requeues": job.requeues,
         "end_reported": job.end_reported,
         "release_exited": job.release_exited,
         "notifications": [
@@ -179,6 +180,9 @@ def decode_job(raw: bytes) -> tuple[JobRecord, dict[int, str]]:
         },
         exit_reason=d["exit_reason"],
         requeued=bool(d.get("requeued", False)),
+        # Records written before the count existed: a requeued job was requeued once
+        # at least.
+        requeues=int(d.get("requeues", 1 if d.get("requeued") else 0)),
         end_reported=d["end_reported"],
         notifications=[
             NotificationLog(d["id"], a, h, c, t, s, r, o, e, el)

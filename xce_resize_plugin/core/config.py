@@ -109,6 +109,14 @@ KEYS: tuple[Key, ...] = (
         "initial LMDB map size in bytes (it grows on demand)",
         1 << 20,
     ),
+    Key(
+        "max_requeue",
+        int,
+        3,
+        "times a job that a host failure ends may be requeued (when the site's "
+        "xce_resize_host_lost says so) before it ends EXIT instead; 0: never",
+        0,
+    ),
     # -- reclaim (shrinking running jobs for the blocked queue head) -------------------
     Key(
         "reclaim",

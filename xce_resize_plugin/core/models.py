@@ -213,6 +213,11 @@ class JobInfo:
     #: ``xce_resize_host_lost`` answered "requeue"): the plugin continues its earlier
     #: run's history, which it then looks up (and only then).
     requeued: bool = False
+    #: How many times the host has requeued the job so far (0 on its first run; it
+    #: counts every requeue, whoever decided it). The plugin requeues a job at most
+    #: ``[resize] max_requeue`` times (LSF's ``MAX_JOB_REQUEUE``); a host that does not
+    #: count leaves 0, and then the limit never applies.
+    requeues: int = 0
     #: Submitted with ``release_exited``: a task other than task 0 that exits on its
     #: own while the job runs leaves the allocation (docs/in-job-api.md, "Readiness
     #: and exits").

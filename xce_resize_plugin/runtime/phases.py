@@ -494,6 +494,17 @@ class Runtime(Reclaiming):
             self._transition(job.id, facts)
             self._converge(job.id)
             return LossOutcome.SHRUNK if shrunk else LossOutcome.KEPT
+        limit = self.values["max_requeue"]
+        if job.requeues >= limit:
+            # LSF's MAX_JOB_REQUEUE: a job that each run's host failure ends would
+            # otherwise keep its place in the queue for ever (docs/failover.md).
+            log.warning(
+                "job %s: requeued %d time(s), the most max_requeue allows (%d); the job ends",
+                job.id,
+                job.requeues,
+                limit,
+            )
+            return LossOutcome.EXIT
         try:
             answer = self.policy.host_lost(job, ids)
         except ResizeError as exc:

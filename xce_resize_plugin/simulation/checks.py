@@ -270,6 +270,11 @@ class LedgerCheck(Check):
         self._peak(time)
         return True
 
+    def job_requeued(self, job_id: str, time: float) -> None:
+        tasks = self._alloc.pop(job_id, None)
+        if tasks is not None:
+            self._add(job_id, time, tasks, -1)
+
     def job_ended(self, job: FinishedJob) -> None:
         tasks = self._alloc.pop(job.id, None)
         if tasks is not None:

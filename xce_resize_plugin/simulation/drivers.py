@@ -157,6 +157,12 @@ class Driver(Observer):
             self.sizes[job_id] = len(tasks)
             self._last[job_id] = time
 
+    def job_requeued(self, job_id: str, time: float) -> None:
+        # Back in the queue: not running, but malleable still when it starts again.
+        self.sizes.pop(job_id, None)
+        self._start.pop(job_id, None)
+        self._last.pop(job_id, None)
+
     def job_ended(self, job: FinishedJob) -> None:
         self._specs.pop(job.id, None)
         self.sizes.pop(job.id, None)

@@ -9,8 +9,9 @@ stops drawing failures once it has no job left to submit, wait or run.
 
 What a failure does is the controller's rule (``host_down``, docs/failover.md): a
 resizable job that can lose the host's tasks shrinks, any other ends ``EXIT``. The
-injector counts, per run, the jobs killed, the jobs shrunk and the slot-hours the killed
-jobs had run (work thrown away).
+injector counts, per run, the jobs killed, the runs requeued (a site policy may requeue
+a job a failure would end; it then starts again from scratch), the jobs shrunk and the
+slot-hours the killed and requeued runs had run (work thrown away).
 
 The spec is written back (:meth:`HostFailures.spec`, ``options.host_failures`` of the
 JSON output) with every digit it was simulated with, so that :func:`parse` reads it
@@ -92,7 +93,11 @@ class FailureStats:
 
     failures: int = 0
     jobs_killed: int = 0
+    #: Runs a failure ended by requeueing the job (a site's ``xce_resize_host_lost``):
+    #: the job starts again from scratch, so a job may count more than once.
+    jobs_requeued: int = 0
     jobs_shrunk: int = 0
+    #: The slot-hours of the runs that failures ended (killed or requeued).
     slot_hours_lost: float = 0.0
 
     def to_json(self) -> dict[str, float | int]:
@@ -140,14 +145,17 @@ class FailureInjector:
         ran = {job_id: self._slot_hours(job_id, now) for job_id in ctl.host_view(host).jobs}
         failure = ctl.host_down(host)
         self.log.append((now, host))
-        killed = [j for j, o in failure.outcomes.items() if o is LossOutcome.EXIT]
-        shrunk = [j for j, o in failure.outcomes.items() if o is LossOutcome.SHRUNK]
+        outcomes = failure.outcomes
+        killed = [j for j, o in outcomes.items() if o is LossOutcome.EXIT]
+        requeued = [j for j, o in outcomes.items() if o is LossOutcome.REQUEUE]
+        shrunk = [j for j, o in outcomes.items() if o is LossOutcome.SHRUNK]
         s = self.stats
         self.stats = FailureStats(
-            s.failures + 1,
-            s.jobs_killed + len(killed),
-            s.jobs_shrunk + len(shrunk),
-            s.slot_hours_lost + sum(ran[j] for j in killed),
+            failures=s.failures + 1,
+            jobs_killed=s.jobs_killed + len(killed),
+            jobs_requeued=s.jobs_requeued + len(requeued),
+            jobs_shrunk=s.jobs_shrunk + len(shrunk),
+            slot_hours_lost=s.slot_hours_lost + sum(ran[j] for j in (*killed, *requeued)),
         )
         ctl.at(now + self.failures.repair_hours * 3600.0, partial(self._up, host))
 

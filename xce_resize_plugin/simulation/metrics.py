@@ -190,6 +190,8 @@ class RunStats(Observer):
         self.runs = array("d")
         self.ended = 0
         self.started = 0
+        #: Runs a host failure's requeue ended (each job so requeued starts again).
+        self.requeued = 0
         self.grows = 0
         self.shrinks = 0
         self.makespan = 0.0
@@ -219,6 +221,18 @@ class RunStats(Observer):
         self._sizes[job_id] = new
         self._used += new - old
         self.usage.step(time, self._used)
+
+    def job_requeued(self, job_id: str, time: float) -> None:
+        self.requeued += 1
+        size = self._sizes.pop(job_id, 0)
+        if size:
+            self._used -= size
+            self.usage.step(time, self._used)
+
+    @property
+    def running(self) -> int:
+        """Jobs running now."""
+        return self.started - self.requeued - self.ended
 
     def job_ended(self, job: FinishedJob) -> None:
         self.ended += 1

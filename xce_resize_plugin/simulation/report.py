@@ -115,6 +115,11 @@ def _failure_rows(rigid: RunResult, elastic: RunResult) -> list[tuple[str, str, 
     return [
         ("host failures", f"{a.failures:,}", f"{b.failures:,}", ""),
         ("jobs killed", f"{a.jobs_killed:,}", f"{b.jobs_killed:,}", ""),
+        *(
+            [("jobs requeued", f"{a.jobs_requeued:,}", f"{b.jobs_requeued:,}", "")]
+            if a.jobs_requeued or b.jobs_requeued
+            else []
+        ),
         ("jobs shrunk", f"{a.jobs_shrunk:,}", f"{b.jobs_shrunk:,}", ""),
         (
             "slot-hours lost",

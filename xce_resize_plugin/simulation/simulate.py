@@ -646,7 +646,7 @@ def _run(
     if options.host_failures is not None:
 
         def active() -> bool:
-            return feeder.i < total or ctl.pending_count > 0 or stats.started > stats.ended
+            return feeder.i < total or ctl.pending_count > 0 or stats.running > 0
 
         names = [h for h, _ in workload.hosts]
         injector = FailureInjector(ctl, names, options.host_failures, options.seed, active)

@@ -208,15 +208,17 @@ class HostStates(HostContract):
             job = self._job(job_id)
             if job.state is not JobState.RUN:
                 return False
-            for fn in self._on_ending:
-                fn(job.id, self.now(), JobState.PEND, HOST_FAILURE)
             self._requeue_job(job)
             self._flush()
             return True
 
     def _requeue_job(self, job: JobRecord) -> None:
         """Put a running job back in the queue (its place: its submit time); it starts
-        again from scratch. No ``xce_job_end``: the plugin ended the run's state."""
+        again from scratch. No ``xce_job_end``: the plugin ended the run's state. The
+        observers see ``job_ending`` with ``PEND`` first (the run is over), then
+        ``job_requeued`` once the job is back in the queue."""
+        for fn in self._on_ending:
+            fn(job.id, self.now(), JobState.PEND, HOST_FAILURE)
         exit_all(job.task_states, self.now(), "requeued")
         self._cluster.free_job(job.id)
         self._running.pop(job.id, None)
@@ -227,8 +229,11 @@ class HostStates(HostContract):
         job.tasks = ()
         job.version = 0
         job.requeued = True
+        job.requeues += 1
         self._enqueue(job)
         self._changed(job.id)
+        for requeued in self._on_requeue:
+            requeued(job.id, self.now())
 
     def _evacuate(self, name: str, principal: Principal) -> HostDrain:
         """Ask the resizable jobs on the closed host ``name`` to release their tasks there."""

@@ -264,18 +264,7 @@ class EmbeddedController(Views):
             raise ValueError(f"history_kept must be at least 1, not {history_kept}")
         self.history_kept = history_kept
         self._tasks_forgotten = tasks_forgotten
-        self._observers = []
-        self._on_submit = []
-        self._on_start = []
-        self._on_commit = []
-        self._on_ending = []
-        self._on_end = []
-        self._on_task = []
-        self._on_answer = []
-        self._on_cycles = []
-        self._on_cycled = []
-        self._on_settled: list[Callable[[EmbeddedController], None]] = []
-        self._on_host = []
+        self._no_observers()
         try:
             self._setup(hosts, config, user_slots, clock, task_runner, notification_runner, faults)
         except BaseException:
@@ -574,6 +563,22 @@ class EmbeddedController(Views):
             self._top_level("forget_finished")
             return self._drop_due(before, limit, keep)
 
+    def _no_observers(self) -> None:
+        """The observer lists, empty (:meth:`add_observer` fills them)."""
+        self._observers = []
+        self._on_submit = []
+        self._on_start = []
+        self._on_commit = []
+        self._on_ending = []
+        self._on_end = []
+        self._on_requeue = []
+        self._on_task = []
+        self._on_answer = []
+        self._on_cycles = []
+        self._on_cycled = []
+        self._on_settled: list[Callable[[EmbeddedController], None]] = []
+        self._on_host = []
+
     def add_observer(self, observer: Observer) -> None:
         """Watch job starts, commits and ends, and act at each settled instant.
 
@@ -587,6 +592,7 @@ class EmbeddedController(Views):
                 ("allocation_committed", self._on_commit),
                 ("job_ending", self._on_ending),
                 ("job_ended", self._on_end),
+                ("job_requeued", self._on_requeue),
                 ("task_reported", self._on_task),
                 ("notification_answered", self._on_answer),
                 ("cycles_started", self._on_cycles),

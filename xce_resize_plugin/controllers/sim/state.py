@@ -133,6 +133,7 @@ class ControllerState:
     _on_commit: list[Callable[[str, float, Sequence[Task], int], None]]
     _on_ending: list[Callable[[str, float, JobState, str], None]]
     _on_end: list[Callable[[FinishedJob], None]]
+    _on_requeue: list[Callable[[str, float], None]]
     _on_task: list[Callable[[TaskEvent, bool], None]]
     _on_answer: list[Callable[[NotificationRequest, NotificationResult], None]]
     _on_cycles: list[Callable[[float], None]]

@@ -113,6 +113,8 @@ class SpeedupWork:
         self._since = now
 
     def start(self, now: float, size: int) -> float:
+        # A requeued job starts again from scratch: the work of its earlier run is lost.
+        self.remaining = self.estimated_remaining = 1.0
         self.size = size
         self._since = self._blocked_until = now
         return now + self.remaining * self.time_at(size)
