@@ -9,6 +9,7 @@ import io
 
 import pytest
 
+from xce_resize_plugin.cli.answers import ResizeView, read
 from xce_resize_plugin.cli.jobs import _auto, add_parsers, resize_summary, run
 from xce_resize_plugin.core.converters import status_json
 from xce_resize_plugin.core.models import ChangeKind, PendingGrow, Phase, Task
@@ -18,16 +19,21 @@ from xce_resize_plugin.errors import UsageError
 TASKS = (Task(0, "h1"), Task(1, "h1"))
 
 
+def _view(status: ResizeStatus) -> ResizeView:
+    """The status as the REST API answers it, as the command reads it."""
+    return read(status_json(status), ResizeView)
+
+
 def test_idle() -> None:
     status = ResizeStatus("7", Phase.IDLE, TASKS, 1, 8, 3)
-    assert resize_summary(status_json(status)) == "IDLE"
+    assert resize_summary(_view(status)) == "IDLE"
 
 
 def test_pending_grow_range_and_exact() -> None:
     status = ResizeStatus("7", Phase.GROW_PENDING, TASKS, 1, 8, 3, PendingGrow(1, 4, None, 0.0))
-    assert resize_summary(status_json(status)) == "GROW_PENDING; pending grow of 1 to 4 task(s)"
+    assert resize_summary(_view(status)) == "GROW_PENDING; pending grow of 1 to 4 task(s)"
     status = ResizeStatus("7", Phase.GROW_PENDING, TASKS, 1, 8, 3, PendingGrow(2, 2, None, 0.0))
-    assert resize_summary(status_json(status)) == "GROW_PENDING; pending grow of 2 task(s)"
+    assert resize_summary(_view(status)) == "GROW_PENDING; pending grow of 2 task(s)"
 
 
 def test_change_in_flight_names_its_tasks() -> None:
@@ -42,20 +48,20 @@ def test_change_in_flight_names_its_tasks() -> None:
         ChangeKind.SHRINK,
         (Task(1, "h1"),),
     )
-    assert resize_summary(status_json(status)) == "SHRINK_STOPPING; shrink in flight (tasks 1)"
+    assert resize_summary(_view(status)) == "SHRINK_STOPPING; shrink in flight (tasks 1)"
 
 
 def test_autoresize_demand_and_flag() -> None:
     demand = PendingGrow(1, 3, None, 0.0, auto=True)
     status = ResizeStatus("7", Phase.GROW_PENDING, TASKS, 1, 5, 3, demand, autoresize=True)
-    assert resize_summary(status_json(status)) == (
+    assert resize_summary(_view(status)) == (
         "GROW_PENDING; autoresize demand of 1 to 3 task(s); autoresize on"
     )
-    assert _auto(status_json(status)) == "+1-3"
+    assert _auto(_view(status)) == "+1-3"
     at_max = ResizeStatus("7", Phase.IDLE, TASKS, 1, 2, 3, autoresize=True)
-    assert resize_summary(status_json(at_max)) == "IDLE; autoresize on"
-    assert _auto(status_json(at_max)) == "on"
-    assert _auto(status_json(ResizeStatus("7", Phase.IDLE, TASKS, 1, 8, 3))) == "-"
+    assert resize_summary(_view(at_max)) == "IDLE; autoresize on"
+    assert _auto(_view(at_max)) == "on"
+    assert _auto(_view(ResizeStatus("7", Phase.IDLE, TASKS, 1, 8, 3))) == "-"
 
 
 def test_autoresize_needs_a_task_range_before_any_request() -> None:

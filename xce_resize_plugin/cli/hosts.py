@@ -8,8 +8,11 @@ from __future__ import annotations
 import argparse
 import json
 import urllib.parse
+from collections.abc import Sequence
 from typing import Any, TextIO
 
+from xce_resize_plugin.cli.answers import HostChange, HostList, HostRow, read
+from xce_resize_plugin.cli.jobs import shown
 from xce_resize_plugin.rest.client import Client
 
 
@@ -41,7 +44,7 @@ def run(args: argparse.Namespace, out: TextIO, client: Client | None = None) -> 
         if args.json:
             out.write(json.dumps(doc, indent=2) + "\n")
         else:
-            out.write(render_hosts(doc["hosts"]))
+            out.write(render_hosts(read(doc, HostList).hosts))
         return 0
     if args.evacuate and args.action != "close":
         from xce_resize_plugin.errors import UsageError
@@ -53,24 +56,25 @@ def run(args: argparse.Namespace, out: TextIO, client: Client | None = None) -> 
     if args.json:
         out.write(json.dumps(doc, indent=2) + "\n")
         return 0
-    out.write(f"Host <{doc['host']}> is {doc['state']}\n")
-    if args.action == "up" and doc["state"] == "unavail":
+    change = read(doc, HostChange)
+    out.write(f"Host <{shown(change.host)}> is {shown(change.state)}\n")
+    if args.action == "up" and change.state == "unavail":
         out.write("  it takes tasks again once its agent is registered\n")
-    for job, outcome in sorted(doc.get("jobs", {}).items()):
-        out.write(f"  job {job}: {outcome}\n")
-    for job, ids in sorted(doc.get("asked", {}).items()):
-        out.write(f"  job {job}: asked to release task(s) {', '.join(map(str, ids))}\n")
-    for job, why in sorted(doc.get("stays", {}).items()):
-        out.write(f"  job {job}: stays ({why})\n")
+    for job, outcome in sorted(change.jobs.items()):
+        out.write(f"  job {shown(job)}: {shown(outcome)}\n")
+    for job, ids in sorted(change.asked.items()):
+        out.write(f"  job {shown(job)}: asked to release task(s) {', '.join(map(str, ids))}\n")
+    for job, why in sorted(change.stays.items()):
+        out.write(f"  job {shown(job)}: stays ({shown(why)})\n")
     return 0
 
 
-def render_hosts(hosts: list[dict[str, Any]]) -> str:
+def render_hosts(hosts: Sequence[HostRow]) -> str:
     """A ``bhosts``-like table: name, state, slots, used, jobs (``job:slots``)."""
     rows = [("HOST_NAME", "STATUS", "MAX", "USED", "JOBS")]
     for h in hosts:
-        jobs = " ".join(f"{j}:{n}" for j, n in h["jobs"].items()) or "-"
-        rows.append((h["name"], h["state"], str(h["slots"]), str(h["used"]), jobs))
+        jobs = " ".join(f"{j}:{n}" for j, n in h.jobs.items()) or "-"
+        rows.append((shown(h.name), shown(h.state), str(h.slots), str(h.used), shown(jobs)))
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
     return "".join(
         "  ".join(c.ljust(w) for c, w in zip(r[:4], widths, strict=True)) + "  " + r[4] + "\n"

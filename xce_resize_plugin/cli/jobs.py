@@ -12,6 +12,14 @@ import json
 from collections.abc import Callable, Mapping
 from typing import Any, TextIO
 
+from xce_resize_plugin.cli.answers import (
+    JobDetail,
+    JobList,
+    ResizeHistory,
+    ResizeView,
+    Submitted,
+    read,
+)
 from xce_resize_plugin.cli.argtypes import count, number
 from xce_resize_plugin.core.decimal_text import read_decimal
 from xce_resize_plugin.errors import UsageError
@@ -177,7 +185,7 @@ def _submit(args: argparse.Namespace, out: TextIO, client: Client) -> int:
     if args.json:
         _dump(doc, out)
     else:
-        out.write(f"Job <{doc['id']}> is submitted.\n")
+        out.write(f"Job <{shown(read(doc, Submitted).id)}> is submitted.\n")
     return 0
 
 
@@ -220,53 +228,34 @@ def shown(text: str) -> str:
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
-def _hosts(doc: Mapping[str, Any]) -> str:
-    hosts = doc.get("hosts")
-    if isinstance(hosts, Mapping):
-        return " ".join(f"{h}:{n}" for h, n in hosts.items())
-    return ""
+def _hosts(hosts: Mapping[str, int] | None) -> str:
+    return " ".join(f"{h}:{n}" for h, n in (hosts or {}).items())
 
 
-#: What ``jobs JOB`` shows, in this order (``--json`` has everything).
-_SHOWN = (
-    "id",
-    "user",
-    "state",
-    "command",
-    "min_tasks",
-    "max_tasks",
-    "version",
-    "hosts",
-    "logs",
-    "hostfile",
-)
-
-
-def resize_summary(resize: Mapping[str, Any]) -> str:
+def resize_summary(resize: ResizeView) -> str:
     """One line for a job's resize status (the REST status document): the phase, then
     the pending grow and the change in flight, when there are any."""
-    parts = [str(resize.get("phase", ""))]
-    pending = resize.get("pending")
-    if isinstance(pending, Mapping):
-        low, high = pending.get("min"), pending.get("max")
+    parts = [resize.phase]
+    pending = resize.pending
+    if pending is not None:
+        low, high = pending.min, pending.max
         span = f"{high}" if low == high else f"{low} to {high}"
-        what = "autoresize demand" if resize.get("demand") else "pending grow"
-        if resize.get("demand") and isinstance(resize.get("target"), Mapping):
+        what = "autoresize demand" if resize.demand else "pending grow"
+        if resize.demand and resize.target is not None:
             what = "target's grow"
         parts.append(f"{what} of {span} task(s)")
-    if resize.get("autoresize"):
+    if resize.autoresize:
         parts.append("autoresize on")
-    target = resize.get("target")
-    if isinstance(target, Mapping):
-        prefer = ",".join(str(i) for i in target.get("release_prefer", ()))
+    target = resize.target
+    if target is not None:
+        prefer = ",".join(str(i) for i in target.release_prefer)
         parts.append(
-            f"target {target.get('tasks')} task(s)"
-            + (f" (release {prefer} first)" if prefer else "")
+            f"target {target.tasks} task(s)" + (f" (release {prefer} first)" if prefer else "")
         )
-    in_flight = resize.get("in_flight")
-    if isinstance(in_flight, Mapping):
-        ids = ",".join(str(t.get("id")) for t in in_flight.get("tasks", ()))
-        parts.append(f"{in_flight.get('kind')} in flight (tasks {ids})")
+    in_flight = resize.in_flight
+    if in_flight is not None:
+        ids = ",".join(str(t.id) for t in in_flight.tasks)
+        parts.append(f"{in_flight.kind} in flight (tasks {ids})")
     return "; ".join(parts)
 
 
@@ -276,46 +265,56 @@ def _jobs(args: argparse.Namespace, out: TextIO, client: Client) -> int:
         if args.json:
             _dump(doc, out)
             return 0
-        for key in _SHOWN:
-            if key in doc:
-                value = doc[key]
-                if key == "hosts":
-                    value = _hosts(doc)
-                elif key == "command":
-                    value = " ".join(value)
-                out.write(f"{key:>10}: {shown(str(value))}\n")
-        resize = doc.get("resize")
-        if isinstance(resize, Mapping):
-            out.write(f"{'resize':>10}: {resize_summary(resize)}\n")
+        _show_job(read(doc, JobDetail), out)
         return 0
     docs = client.call("GET", "/v1/jobs")
     if args.json:
         _dump(docs, out)
         return 0
-    items = docs.get("jobs", []) if isinstance(docs, Mapping) else docs
+    # A bare list is what controllers before the JobList object answered.
+    listed = read({"jobs": docs} if isinstance(docs, list) else docs, JobList)
     out.write(f"{'JOBID':<8} {'USER':<10} {'STAT':<5} {'TASKS':>5} {'AUTO':<6} EXEC_HOSTS\n")
-    for job in items:
-        ntasks = sum(job["hosts"].values()) if isinstance(job.get("hosts"), Mapping) else 0
+    for job in listed.jobs:
+        ntasks = sum(job.hosts.values())
         out.write(
-            f"{shown(str(job['id'])):<8} {shown(str(job.get('user', ''))):<10} "
-            f"{job.get('state', ''):<5} {ntasks:>5} {_auto(job.get('resize')):<6} "
-            f"{shown(_hosts(job))}\n"
+            f"{shown(job.id):<8} {shown(job.user):<10} {shown(job.state):<5} {ntasks:>5} "
+            f"{_auto(job.resize):<6} {shown(_hosts(job.hosts))}\n"
         )
     return 0
 
 
-def _auto(resize: Any) -> str:
+def _show_job(job: JobDetail, out: TextIO) -> None:
+    """What ``jobs JOB`` shows, in this order (``--json`` has everything); the fields
+    the answer has."""
+    rows: list[tuple[str, object]] = [
+        ("id", job.id),
+        ("user", job.user),
+        ("state", job.state),
+        ("command", None if job.command is None else " ".join(job.command)),
+        ("min_tasks", job.min_tasks),
+        ("max_tasks", job.max_tasks),
+        ("version", job.version),
+        ("hosts", None if job.hosts is None else _hosts(job.hosts)),
+        ("logs", job.logs),
+        ("hostfile", job.hostfile),
+    ]
+    for key, value in rows:
+        if value is not None:
+            out.write(f"{key:>10}: {shown(str(value))}\n")
+    if job.resize is not None:
+        out.write(f"{'resize':>10}: {shown(resize_summary(job.resize))}\n")
+
+
+def _auto(resize: ResizeView | None) -> str:
     """The AUTO column: ``-`` (no autoresize), ``on`` (no demand now: at MAX, or a
     change in flight), or the demand, ``+1-3`` (1 to 3 more tasks); ``=4`` for a job
     with a target size of 4 tasks."""
-    if isinstance(resize, Mapping) and isinstance(resize.get("target"), Mapping):
-        return f"={resize['target'].get('tasks')}"  # a target size (xce-resize target)
-    if not isinstance(resize, Mapping) or not resize.get("autoresize"):
+    if resize is not None and resize.target is not None:
+        return f"={resize.target.tasks}"  # a target size (xce-resize target)
+    if resize is None or not resize.autoresize:
         return "-"
-    demand = resize.get("demand")
-    if isinstance(demand, Mapping):
-        return f"+{demand.get('min')}-{demand.get('max')}"
-    return "on"
+    demand = resize.demand
+    return "on" if demand is None else f"+{demand.min}-{demand.max}"
 
 
 def _history(args: argparse.Namespace, out: TextIO, client: Client) -> int:
@@ -323,34 +322,31 @@ def _history(args: argparse.Namespace, out: TextIO, client: Client) -> int:
     if args.json:
         _dump(doc, out)
         return 0
-    segments = doc.get("segments", [])
-    if doc.get("autoresize"):
-        demand = doc.get("demand")
+    history = read(doc, ResizeHistory)
+    segments = history.segments
+    if history.autoresize:
+        demand = history.demand
         more = (
-            f"demand of {demand['min']} to {demand['max']} more task(s)"
-            if isinstance(demand, Mapping)
+            f"demand of {demand.min} to {demand.max} more task(s)"
+            if demand is not None
             else "no demand now"
         )
         out.write(f"Job <{args.job}>: autoresize on, {more}\n")
     # Times relative to the job's start read better than raw clock values.
-    t0 = segments[0]["start"] if segments else 0.0
-    out.write(f"Job <{args.job}>: {doc.get('slot_seconds', 0):g} slot-seconds\n")
+    t0 = segments[0].start if segments else 0.0
+    out.write(f"Job <{args.job}>: {history.slot_seconds:g} slot-seconds\n")
     out.write("  allocation timeline (charged slots, seconds from the job's start):\n")
     for seg in segments:
-        out.write(
-            f"    +{seg['start'] - t0:>10.3f} .. +{seg['end'] - t0:>10.3f}  "
-            f"{seg['slots']:>4} slots\n"
-        )
-    records = doc.get("records", [])
-    if records:
+        out.write(f"    +{seg.start - t0:>10.3f} .. +{seg.end - t0:>10.3f}  {seg.slots:>4} slots\n")
+    if history.records:
         out.write("  resize records (JOB_RESIZE):\n")
-    for rec in records:
-        before = sum(rec["before"].values())
-        after = sum(rec["after"].values())
-        delta = " ".join(f"{h} {n}" for h, n in rec["delta"].items())
+    for rec in history.records:
+        before = sum(rec.before.values())
+        after = sum(rec.after.values())
+        delta = " ".join(f"{h} {n}" for h, n in rec.delta.items())
         out.write(
-            f"    +{rec['time'] - t0:.3f}s {rec['type']:<6} {before} -> {after} tasks "
-            f"(delta {delta}), allocation v{rec['version']}\n"
+            f"    +{rec.time - t0:.3f}s {shown(rec.type):<6} {before} -> {after} tasks "
+            f"(delta {shown(delta)}), allocation v{rec.version}\n"
         )
     return 0
 

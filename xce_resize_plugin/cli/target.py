@@ -13,6 +13,7 @@ import json
 import urllib.parse
 from typing import Any, TextIO
 
+from xce_resize_plugin.cli.answers import ResizeView, read
 from xce_resize_plugin.cli.argtypes import count
 from xce_resize_plugin.cli.jobs import resize_summary
 from xce_resize_plugin.core.decimal_text import read_decimal
@@ -108,11 +109,9 @@ def run(args: argparse.Namespace, out: TextIO, client: Client | None = None) -> 
     if args.json:
         out.write(json.dumps(doc, indent=2) + "\n")
         return 0
-    target = doc.get("target")
-    aim = f"target {target['tasks']} task(s)" if isinstance(target, dict) else "no target"
-    out.write(
-        f"Job <{args.job}>: {len(doc.get('tasks', []))} task(s), {aim}; {resize_summary(doc)}\n"
-    )
+    status = read(doc, ResizeView)
+    aim = "no target" if status.target is None else f"target {status.target.tasks} task(s)"
+    out.write(f"Job <{args.job}>: {len(status.tasks)} task(s), {aim}; {resize_summary(status)}\n")
     return 0
 
 

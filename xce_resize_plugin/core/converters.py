@@ -9,7 +9,6 @@ into one ``InvalidRequest`` whose message lists each problem as ``… @ $.path``
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -45,6 +44,7 @@ from xce_resize_plugin.core.models import (
     host_counts,
 )
 from xce_resize_plugin.core.status import ResizeStatus
+from xce_resize_plugin.core.strict_json import describe, strict_converter
 from xce_resize_plugin.core.task_codec import (
     DecodedTasks,
     EncodedTasks,
@@ -167,37 +167,10 @@ def _omit_new_defaults(conv: cattrs.Converter) -> None:
     )
 
 
-def _strict(kind: type) -> Any:
-    # cattrs would coerce "3" to 3, 2.5 to 2 and 1 to True; API input must say what it means.
-    def check(value: Any, _: Any) -> Any:
-        if type(value) is not kind:
-            raise TypeError(f"expected {kind.__name__}, got {type(value).__name__} {value!r}")
-        return value
-
-    return check
-
-
-def _strict_number(value: Any, _: Any) -> float:
-    # A JSON number (not a string, not true/false), finite.
-    if type(value) not in (int, float) or not math.isfinite(value):
-        raise TypeError(f"expected a number, got {type(value).__name__} {value!r}")
-    return float(value)
-
-
-def _strict_ids(value: Any, _: Any) -> tuple[int, ...]:
-    # A JSON array: cattrs would take any iterable, so "" (or {}) became no ids at all.
-    if type(value) is not list:
-        raise TypeError(f"expected a list of task ids, got {type(value).__name__} {value!r}")
-    check = _strict(int)
-    return tuple(check(v, int) for v in value)
-
-
 def _make_api_converter() -> cattrs.Converter:
-    conv = make_converter(forbid_extra_keys=True)
-    for kind in (int, str, bool):
-        conv.register_structure_hook(kind, _strict(kind))
-    conv.register_structure_hook(float, _strict_number)
-    conv.register_structure_hook_func(lambda t: t == tuple[int, ...], _strict_ids)
+    # cattrs would coerce "3" to 3, 2.5 to 2 and 1 to True; API input must say what it
+    # means.
+    conv = strict_converter(forbid_extra_keys=True)
     conv.register_unstructure_hook(Task, lambda t: {"id": t.id, "host": t.host})
     _register_answers(conv)
     return conv
@@ -303,18 +276,12 @@ def encode_fact(fact: Fact) -> bytes:
     return _dumps(data)
 
 
-def _describe(exc: Exception) -> str:
-    if isinstance(exc, cattrs.BaseValidationError):
-        return "; ".join(cattrs.transform_error(exc, path="$", format_exception=_format))
-    return f"{type(exc).__name__}: {exc}"
-
-
 def decode_fact(data: bytes) -> Fact:
     """Decode a stored fact; a record that does not decode is a JournalError."""
     try:
         fact: Fact = JOURNAL.structure(orjson.loads(data), Fact)  # type: ignore[arg-type]
     except Exception as exc:
-        raise errors.JournalError(f"undecodable fact: {_describe(exc)}") from None
+        raise errors.JournalError(f"undecodable fact: {describe(exc)}") from None
     return fact
 
 
@@ -390,7 +357,7 @@ def decode_state(stored: StoredState) -> ResizeState:
         data["charges"] = [orjson.loads(row) for row in stored.charges]
         return JOURNAL.structure(data, ResizeState)
     except Exception as exc:
-        raise errors.JournalError(f"undecodable job state: {_describe(exc)}") from None
+        raise errors.JournalError(f"undecodable job state: {describe(exc)}") from None
 
 
 def structure_or_error(data: Any, cls: type[T], what: str) -> T:
@@ -398,14 +365,7 @@ def structure_or_error(data: Any, cls: type[T], what: str) -> T:
     try:
         return API.structure(data, cls)
     except Exception as exc:  # cattrs raises ClassValidationError and plain errors
-        raise errors.InvalidRequest(f"{what}: {_describe(exc)}") from None
-
-
-def _format(exc: BaseException, type_: Any) -> str:
-    # Our strict hooks say what was wrong with the value; keep their words.
-    if isinstance(exc, TypeError) and str(exc).startswith("expected "):
-        return str(exc)
-    return cattrs.v.format_exception(exc, type_)
+        raise errors.InvalidRequest(f"{what}: {describe(exc)}") from None
 
 
 def grow_from_json(data: Mapping[str, Any]) -> GrowRequest:
