@@ -134,3 +134,23 @@ def test_what_a_job_wrote_reaches_the_terminal_escaped() -> None:
     )
     assert "      user: bob\\x1b[8m" in shown["101"]
     assert shown["jobs"][1].startswith("101      bob\\x1b[8m RUN")
+
+
+def test_a_requeued_job_says_how_often() -> None:
+    class Server:
+        def __init__(self, requeues: int | None) -> None:
+            self.job: dict[str, object] = {"id": "101", "state": "RUN"}
+            if requeues is not None:
+                self.job["requeues"] = requeues
+
+        def call(self, method: str, path: str, body: object = None) -> object:
+            return self.job
+
+    parser = argparse.ArgumentParser()
+    add_parsers(parser.add_subparsers(dest="command"))
+    lines = {}
+    for requeues in (2, 0, None):
+        out = io.StringIO()
+        assert run(parser.parse_args(["jobs", "101"]), out, Server(requeues)) == 0  # type: ignore[arg-type]
+        lines[requeues] = [line for line in out.getvalue().splitlines() if "requeues" in line]
+    assert lines == {2: ["  requeues: 2"], 0: [], None: []}

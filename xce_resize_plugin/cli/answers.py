@@ -135,6 +135,7 @@ class JobDetail:
     hosts: dict[str, int] | None = None
     logs: str | None = None
     hostfile: str | None = None
+    requeues: int | None = None
     resize: ResizeView | None = None
 
 

@@ -297,6 +297,8 @@ def _show_job(job: JobDetail, out: TextIO) -> None:
         ("hosts", None if job.hosts is None else _hosts(job.hosts)),
         ("logs", job.logs),
         ("hostfile", job.hostfile),
+        # Only for a job a host failure put back in the queue (a site's policy).
+        ("requeues", job.requeues or None),
     ]
     for key, value in rows:
         if value is not None:

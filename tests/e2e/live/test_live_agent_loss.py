@@ -241,7 +241,8 @@ def test_a_recorded_host_failure_with_a_requeue_replays_identically(tmp_path: Pa
             "the requeued job runs again",
         )
         assert not alive(first[0]) and not alive(first[1])
-        assert not job["exit_reason"] and job["version"] == 0
+        assert not job["exit_reason"] and job["version"] == 0 and job["requeues"] == 1
+        assert live.job(elastic)["requeues"] == 0
         live.running(rigid, 2)
         assert live.idle(elastic, 1)["hosts"] == {"h1": 1}
         assert live.call("POST", "/v1/hosts/h2/up", ROOT).json()["state"] == "ok"

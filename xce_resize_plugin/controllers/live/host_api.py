@@ -268,6 +268,7 @@ class HostApi(HookMonitor):
                 "start_time": job.start_time,
                 "end_time": job.end_time,
                 "exit_reason": job.exit_reason,
+                "requeues": job.requeues,
                 "ending": None
                 if ending is None
                 else {"state": ending[0].value, "reason": ending[1]},

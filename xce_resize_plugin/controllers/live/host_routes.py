@@ -206,6 +206,12 @@ HOST_SCHEMAS: dict[str, Any] = {
             "min_tasks": {"type": "integer"},
             "max_tasks": {"type": "integer"},
             "version": {"type": "integer"},
+            "requeues": {
+                "type": "integer",
+                "minimum": 0,
+                "description": "Times a host failure put the job back in the queue "
+                "(a site policy; at most [resize] max_requeue).",
+            },
             "hosts": {"type": "object", "additionalProperties": {"type": "integer"}},
             "allocation": {"type": "array", "items": _TASK_REF},
             "held": {"type": "array", "items": _TASK_REF},
