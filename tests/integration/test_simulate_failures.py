@@ -15,6 +15,7 @@ from xce_resize_plugin.controllers.sim import EmbeddedController
 from xce_resize_plugin.errors import ConfigError
 from xce_resize_plugin.manager import get_plugin_manager
 from xce_resize_plugin.simulation import failures
+from xce_resize_plugin.simulation.jobs_csv import COLUMNS
 from xce_resize_plugin.simulation.simulate import SimOptions, load_options, simulate
 
 KTH200 = (
@@ -115,7 +116,7 @@ def test_a_site_that_requeues_what_failures_end_gets_runs_that_end(driver: str) 
         host_failures=failures.HostFailures(500.0),
         resize={"policy_files": [str(REQUEUE_POLICY)], "max_requeue": 1},
     )
-    result = simulate(KTH200, opts, parallel=False)
+    result = simulate(KTH200, opts, parallel=False, job_rows=True)
     assert result.problems == []
     plain = simulate(KTH200, attrs.evolve(opts, resize={}), parallel=False)
     for mode in ("rigid", "elastic"):
@@ -123,6 +124,10 @@ def test_a_site_that_requeues_what_failures_end_gets_runs_that_end(driver: str) 
         assert requeued is not None and requeued.jobs_requeued > 0
         doc = result.to_json()["runs"][mode]["host_failures"]
         assert doc["jobs_requeued"] == requeued.jobs_requeued
+        # --jobs-out: each job's own count (at most max_requeue), adding up to the run's.
+        counts = [row[COLUMNS.index("requeues")] for row in getattr(result, mode).jobs]
+        assert len(counts) == 200 and set(counts) == {0, 1}
+        assert sum(counts) == requeued.jobs_requeued
     # With max_requeue = 0 the policy is never asked: the same runs as without it.
     never = attrs.evolve(opts, resize={**opts.resize, "max_requeue": 0})
     same = simulate(KTH200, never, parallel=False).to_json()

@@ -4,10 +4,11 @@ Columns (:data:`COLUMNS`, documented in docs/simulation.md): ``run`` (``rigid`` 
 ``elastic``), ``job_id``, ``user``, ``submit``, ``start``, ``end`` (seconds of the
 trace's clock), ``tasks_at_start``, ``min_tasks``, ``max_tasks``, ``malleable`` (``1``
 when the job ran malleable in this run, else ``0``), ``resizes`` (committed size
-changes), ``wait`` (start - submit) and ``bounded_slowdown`` (as in the metrics:
-``max(1, (wait + run) / max(run, 10 s))``). Rows come run by run, rigid first, each in
-job id order, so that the two runs of a job are easy to join. A name ending in ``.gz``
-is written gzip-compressed.
+changes), ``wait`` (start - submit), ``bounded_slowdown`` (as in the metrics:
+``max(1, (wait + run) / max(run, 10 s))``) and ``requeues`` (times a host failure put
+the job back in the queue, by a site's policy; ``start`` is then its last start). Rows
+come run by run, rigid first, each in job id order, so that the two runs of a job are
+easy to join. A name ending in ``.gz`` is written gzip-compressed.
 """
 
 from __future__ import annotations
@@ -39,11 +40,12 @@ COLUMNS = (
     "resizes",
     "wait",
     "bounded_slowdown",
+    "requeues",
 )
 
 #: One row, in the order of :data:`COLUMNS` (a plain tuple: a whole trace's rows are
 #: sent back from the run's process).
-JobRow = tuple[str, str, str, float, float, float, int, int, int, int, int, float, float]
+JobRow = tuple[str, str, str, float, float, float, int, int, int, int, int, float, float, int]
 
 
 class JobRows(Observer):
@@ -57,6 +59,10 @@ class JobRows(Observer):
         self.run = run
         self._malleable = malleable
         self.rows: list[JobRow] = []
+        self._requeues: dict[str, int] = {}
+
+    def job_requeued(self, job_id: str, time: float) -> None:
+        self._requeues[job_id] = self._requeues.get(job_id, 0) + 1
 
     def job_ended(self, job: FinishedJob) -> None:
         start = job.start_time if job.start_time is not None else job.end_time
@@ -77,6 +83,7 @@ class JobRows(Observer):
                 max(0, len(job.versions) - 1),
                 wait,
                 bounded_slowdown(wait, job.end_time - start),
+                self._requeues.pop(job.id, 0),
             )
         )
 
