@@ -447,8 +447,9 @@ def xce_resize_host_lost(job: JobInfo, lost_task_ids: Sequence[int]) -> str | No
     :param lost_task_ids: the ids of its tasks that were on the failed host.
 
     Called for a job that is not resizable, lost task 0, or would be left with fewer
-    than ``min_tasks``; not for one already requeued ``[resize] max_requeue`` times
-    (``job.requeues``), which ends ``EXIT``. firstresult: ``"exit"`` ends the job
+    than ``min_tasks``. A ``"requeue"`` for a job already requeued ``[resize]
+    max_requeue`` times (``job.requeues``) is refused: the job ends ``EXIT``, with a
+    warning in the log. firstresult: ``"exit"`` ends the job
     (``EXIT``, reason host failure), ``"requeue"`` puts it back in the queue to start
     again from scratch; ``None`` defers. Default: ``"exit"``. Any other answer, or an
     exception, is logged naming the hook and the job ends ``EXIT``: a failure is

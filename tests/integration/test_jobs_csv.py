@@ -68,3 +68,24 @@ def test_a_bad_jobs_out_is_refused_before_running(tmp_path: Path, name: str, mes
     assert proc.returncode == 2
     assert message in proc.stderr and "Traceback" not in proc.stderr
     assert proc.stdout == ""  # nothing ran
+
+
+def test_a_requeued_jobs_resizes_count_its_earlier_runs_too() -> None:
+    """With host failures and a site that requeues, a job's ``resizes`` counts the
+    commits of the runs a requeue ended as well as its last run's, so the column
+    still adds up to the run's resizes (here 66, of which 16 in ended runs)."""
+    from xce_resize_plugin.simulation import failures
+    from xce_resize_plugin.simulation.simulate import SimOptions, simulate
+
+    policy = Path(__file__).resolve().parents[2] / "hooks" / "requeue_on_host_failure.py"
+    options = SimOptions(
+        malleable_fraction=0.8,
+        host_failures=failures.HostFailures(100.0),
+        resize={"policy_files": [str(policy)], "max_requeue": 3},
+    )
+    result = simulate(KTH200, options, parallel=False, job_rows=True)
+    assert result.problems == []
+    elastic = result.elastic
+    rows = [dict(zip(COLUMNS, row, strict=True)) for row in elastic.jobs]
+    assert sum(int(r["requeues"]) for r in rows) > 0
+    assert sum(int(r["resizes"]) for r in rows) == elastic.metrics.resizes > 0

@@ -49,19 +49,26 @@ def test_a_job_is_requeued_at_most_max_requeue_times(
     assert view.requeued is (limit > 0)
     said = [r.getMessage() for r in caplog.records if "max_requeue" in r.getMessage()]
     assert said == [
-        f"job {job}: requeued {limit} time(s), the most max_requeue allows ({limit}); the job ends"
+        f"job {job}: not requeued: requeued {limit} time(s), the most max_requeue allows "
+        f"({limit}); the job ends"
     ]
     assert h.ctl.check_invariants() == []
     h.ctl.close()
     assert replay_problems(tmp_path / "resize") == []
 
 
-def test_without_a_site_policy_the_limit_changes_nothing(tmp_path: Path) -> None:
-    """The default policy ends the job at the first failure, whatever the limit."""
-    h = Harness(tmp_path, hosts=[("hA", 2), ("hB", 2)], config={"max_requeue": 5})
+@pytest.mark.parametrize("limit", [0, 5])
+def test_without_a_site_policy_the_limit_changes_nothing(
+    tmp_path: Path, limit: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The default policy ends the job at the first failure, whatever the limit, and
+    nothing is said about a requeue nobody asked for."""
+    h = Harness(tmp_path, hosts=[("hA", 2), ("hB", 2)], config={"max_requeue": limit})
     job = h.ctl.submit("alice", "4", runtime=1000, alloc={"hA": 2, "hB": 2})
     h.ctl.settle()
-    assert h.ctl.host_down("hB").outcomes == {job: LossOutcome.EXIT}
+    with caplog.at_level(logging.WARNING, logger="xce_resize_plugin"):
+        assert h.ctl.host_down("hB").outcomes == {job: LossOutcome.EXIT}
+    assert [r.getMessage() for r in caplog.records if "requeue" in r.getMessage()] == []
     h.ctl.close()
 
 

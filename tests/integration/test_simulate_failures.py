@@ -128,7 +128,9 @@ def test_a_site_that_requeues_what_failures_end_gets_runs_that_end(driver: str) 
         counts = [row[COLUMNS.index("requeues")] for row in getattr(result, mode).jobs]
         assert len(counts) == 200 and set(counts) == {0, 1}
         assert sum(counts) == requeued.jobs_requeued
-    # With max_requeue = 0 the policy is never asked: the same runs as without it.
+        resizes = [row[COLUMNS.index("resizes")] for row in getattr(result, mode).jobs]
+        assert sum(resizes) == getattr(result, mode).metrics.resizes
+    # With max_requeue = 0 every requeue is refused: the same runs as without the policy.
     never = attrs.evolve(opts, resize={**opts.resize, "max_requeue": 0})
     same = simulate(KTH200, never, parallel=False).to_json()
     assert (same["runs"], same["change"]) == (plain.to_json()["runs"], plain.to_json()["change"])

@@ -29,6 +29,7 @@ def other_service(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
         (["jobs", "101"], "required field missing @ $.id"),
         (["host", "close", "n1"], "required field missing @ $.host"),
         (["target", "101", "4"], "required field missing @ $.phase"),
+        (["history", "101"], "required field missing @ $.segments"),
     ],
 )
 def test_an_answer_of_another_shape_is_one_line(
@@ -56,7 +57,9 @@ def test_an_answer_of_another_shape_is_one_line(
             ["history", "101"],
             "expected a number, got bool True @ $.segments[0].end",
         ),
-        (b'"busy"', ["jobs", "101"], "@ $"),
+        (b'"busy"', ["jobs", "101"], '(expected a JSON object, got a string "busy" @ $)'),
+        (b"null", ["hosts"], "(expected a JSON object, got null @ $)"),
+        (b"[1, 2]", ["history", "101"], "(expected a JSON object, got an array [1, 2] @ $)"),
     ],
 )
 def test_what_is_wrong_is_named_with_its_place(

@@ -12,6 +12,7 @@ command's own code stays a bug with its traceback, not a message about the serve
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any, TypeVar
 
@@ -126,8 +127,8 @@ class JobDetail:
     """``GET /v1/jobs/{id}``: what ``xce-resize jobs JOB`` shows."""
 
     id: str
-    user: str = ""
-    state: str = ""
+    user: str | None = None
+    state: str | None = None
     command: list[str] | None = None
     min_tasks: int | None = None
     max_tasks: int | None = None
@@ -160,11 +161,11 @@ class Record:
 class ResizeHistory:
     """``GET /v1/jobs/{id}/resize/history``."""
 
-    segments: list[Segment] = field(factory=list)
-    slot_seconds: float = 0.0
+    segments: list[Segment]
+    slot_seconds: float
+    records: list[Record]
     autoresize: bool = False
     demand: Span | None = None
-    records: list[Record] = field(factory=list)
 
 
 _CONVERTER = strict_converter(forbid_extra_keys=False)
@@ -174,11 +175,28 @@ T = TypeVar("T")
 def read(doc: Any, kind: type[T]) -> T:
     """``doc`` (an answer's JSON) as ``kind``; :class:`Unreachable` naming the
     controller and what is wrong when it is of another shape."""
-    try:
-        return _CONVERTER.structure(doc, kind)
-    except Exception as exc:  # cattrs' validation errors, and a non-object at the top
-        url = os.environ.get("XCE_CONTROLLER_URL") or "the controller"
-        raise Unreachable(
-            f"{url}: the answer is not one an xce-resize controller gives "
-            f"({describe(exc)}); is XCE_CONTROLLER_URL right?"
-        ) from None
+    if type(doc) is dict:
+        try:
+            return _CONVERTER.structure(doc, kind)
+        except Exception as exc:  # cattrs' validation errors
+            problem = describe(exc)
+    else:
+        # Every answer is an object: cattrs would name a field of it for anything else.
+        what = _JSON_TYPES.get(type(doc), type(doc).__name__)
+        shown = "" if doc is None else f" {json.dumps(doc)[:40]}"
+        problem = f"expected a JSON object, got {what}{shown} @ $"
+    url = os.environ.get("XCE_CONTROLLER_URL") or "the controller"
+    raise Unreachable(
+        f"{url}: the answer is not one an xce-resize controller gives "
+        f"({problem}); is XCE_CONTROLLER_URL right?"
+    )
+
+
+_JSON_TYPES: dict[type, str] = {
+    str: "a string",
+    list: "an array",
+    type(None): "null",
+    bool: "a boolean",
+    int: "a number",
+    float: "a number",
+}

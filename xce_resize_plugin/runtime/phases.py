@@ -494,17 +494,6 @@ class Runtime(Reclaiming):
             self._transition(job.id, facts)
             self._converge(job.id)
             return LossOutcome.SHRUNK if shrunk else LossOutcome.KEPT
-        limit = self.values["max_requeue"]
-        if job.requeues >= limit:
-            # LSF's MAX_JOB_REQUEUE: a job that each run's host failure ends would
-            # otherwise keep its place in the queue for ever (docs/failover.md).
-            log.warning(
-                "job %s: requeued %d time(s), the most max_requeue allows (%d); the job ends",
-                job.id,
-                job.requeues,
-                limit,
-            )
-            return LossOutcome.EXIT
         try:
             answer = self.policy.host_lost(job, ids)
         except ResizeError as exc:
@@ -512,6 +501,19 @@ class Runtime(Reclaiming):
             log.warning("job %s: %s; the job ends", job.id, exc.text)
             answer = "exit"
         if answer != "requeue":
+            return LossOutcome.EXIT
+        limit = self.values["max_requeue"]
+        if job.requeues >= limit:
+            # LSF's MAX_JOB_REQUEUE: a job that each run's host failure ends would
+            # otherwise keep its place in the queue for ever (docs/failover.md). Said
+            # only when the site's policy asked for the requeue that is refused.
+            log.warning(
+                "job %s: not requeued: requeued %d time(s), the most max_requeue allows "
+                "(%d); the job ends",
+                job.id,
+                job.requeues,
+                limit,
+            )
             return LossOutcome.EXIT
         if state is not None:
             # The host requeues without xce_job_end: the run's resize state ends here,

@@ -4,11 +4,12 @@ Columns (:data:`COLUMNS`, documented in docs/simulation.md): ``run`` (``rigid`` 
 ``elastic``), ``job_id``, ``user``, ``submit``, ``start``, ``end`` (seconds of the
 trace's clock), ``tasks_at_start``, ``min_tasks``, ``max_tasks``, ``malleable`` (``1``
 when the job ran malleable in this run, else ``0``), ``resizes`` (committed size
-changes), ``wait`` (start - submit), ``bounded_slowdown`` (as in the metrics:
-``max(1, (wait + run) / max(run, 10 s))``) and ``requeues`` (times a host failure put
-the job back in the queue, by a site's policy; ``start`` is then its last start). Rows
-come run by run, rigid first, each in job id order, so that the two runs of a job are
-easy to join. A name ending in ``.gz`` is written gzip-compressed.
+changes, those of runs a requeue ended included), ``wait`` (start - submit),
+``bounded_slowdown`` (as in the metrics: ``max(1, (wait + run) / max(run, 10 s))``)
+and ``requeues`` (times a host failure put the job back in the queue, by a site's
+policy; ``start`` is then its last start). Rows come run by run, rigid first, each in
+job id order, so that the two runs of a job are easy to join. A name ending in
+``.gz`` is written gzip-compressed.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import IO, cast
 
 from xce_resize_plugin.controllers.jobs import job_id_key
 from xce_resize_plugin.controllers.observer import FinishedJob, Observer
+from xce_resize_plugin.core.models import Task
 from xce_resize_plugin.simulation.metrics import bounded_slowdown
 
 __all__ = ["COLUMNS", "JobRow", "JobRows", "write_jobs_csv"]
@@ -60,11 +62,22 @@ class JobRows(Observer):
         self._malleable = malleable
         self.rows: list[JobRow] = []
         self._requeues: dict[str, int] = {}
+        # Requeued jobs: the commits of their earlier runs, which the end does not show
+        # (counted: a requeued job's versions go on from its earlier run's).
+        self._earlier: dict[str, int] = {}
+        self._commits: dict[str, int] = {}
+
+    def allocation_committed(
+        self, job_id: str, time: float, tasks: Sequence[Task], version: int
+    ) -> None:
+        self._commits[job_id] = self._commits.get(job_id, 0) + 1
 
     def job_requeued(self, job_id: str, time: float) -> None:
         self._requeues[job_id] = self._requeues.get(job_id, 0) + 1
+        self._earlier[job_id] = self._earlier.get(job_id, 0) + self._commits.pop(job_id, 0)
 
     def job_ended(self, job: FinishedJob) -> None:
+        self._commits.pop(job.id, None)
         start = job.start_time if job.start_time is not None else job.end_time
         first = job.versions[0].tasks if job.versions else ()
         wait = start - job.submit_time
@@ -80,7 +93,7 @@ class JobRows(Observer):
                 job.min_tasks,
                 job.max_tasks,
                 1 if job.id in self._malleable else 0,
-                max(0, len(job.versions) - 1),
+                max(0, len(job.versions) - 1) + self._earlier.pop(job.id, 0),
                 wait,
                 bounded_slowdown(wait, job.end_time - start),
                 self._requeues.pop(job.id, 0),
