@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import io
+from pathlib import Path
 
 import pytest
 
@@ -154,3 +155,43 @@ def test_a_requeued_job_says_how_often() -> None:
         assert run(parser.parse_args(["jobs", "101"]), out, Server(requeues)) == 0  # type: ignore[arg-type]
         lines[requeues] = [line for line in out.getvalue().splitlines() if "requeues" in line]
     assert lines == {2: ["  requeues: 2"], 0: [], None: []}
+
+
+def test_a_job_runs_where_it_is_submitted_from_unless_told(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As ``bsub``: the tasks' working directory is the submission directory by
+    default; ``--cwd`` names another."""
+
+    class Recorder:
+        def __init__(self) -> None:
+            self.bodies: list[dict[str, object]] = []
+
+        def call(self, method: str, path: str, body: dict[str, object]) -> dict[str, str]:
+            self.bodies.append(body)
+            return {"id": "101"}
+
+    monkeypatch.chdir(tmp_path)
+    parser = argparse.ArgumentParser()
+    add_parsers(parser.add_subparsers(dest="command"))
+    sent = Recorder()
+    for extra in ([], ["--cwd", "/srv/run"]):
+        args = parser.parse_args(["submit", "-n", "2", *extra, "--", "./solver"])
+        run(args, io.StringIO(), sent)  # type: ignore[arg-type]
+    assert [b["cwd"] for b in sent.bodies] == [str(tmp_path), "/srv/run"]
+
+
+def test_why_a_job_ended_is_shown() -> None:
+    class Server:
+        def call(self, method: str, path: str, body: object = None) -> object:
+            return {"id": "101", "state": "EXIT", "exit_reason": "killed by alice"}
+
+    parser = argparse.ArgumentParser()
+    add_parsers(parser.add_subparsers(dest="command"))
+    out = io.StringIO()
+    assert run(parser.parse_args(["jobs", "101"]), out, Server()) == 0  # type: ignore[arg-type]
+    assert out.getvalue().splitlines() == [
+        "        id: 101",
+        "     state: EXIT",
+        "    reason: killed by alice",
+    ]

@@ -137,6 +137,7 @@ class JobDetail:
     logs: str | None = None
     hostfile: str | None = None
     requeues: int | None = None
+    exit_reason: str | None = None
     resize: ResizeView | None = None
 
 

@@ -86,7 +86,11 @@ def _add_submit(sub: Any) -> None:
         metavar="K=V",
         help="set a variable in the job's environment (repeatable)",
     )
-    submit.add_argument("--cwd", metavar="DIR", help="the tasks' working directory (absolute)")
+    submit.add_argument(
+        "--cwd",
+        metavar="DIR",
+        help="the tasks' working directory (absolute; default: the current directory, as bsub)",
+    )
     submit.add_argument(
         "--alloc",
         action="append",
@@ -171,8 +175,9 @@ def _submit(args: argparse.Namespace, out: TextIO, client: Client) -> int:
         body["estimate"] = args.estimate
     if args.env:
         body["env"] = dict(_pair("--env", item, str) for item in args.env)
-    if args.cwd is not None:
-        body["cwd"] = args.cwd
+    cwd = args.cwd if args.cwd is not None else _here()
+    if cwd is not None:
+        body["cwd"] = cwd
     if args.alloc:
         body["alloc"] = dict(_pair("--alloc", item, _count) for item in args.alloc)
     if args.initial is not None:
@@ -197,6 +202,18 @@ def _modify(args: argparse.Namespace, out: TextIO, client: Client) -> int:
         # bmod's words.
         out.write(f"Parameters of job <{args.job}> are being changed\n")
     return 0
+
+
+def _here() -> str | None:
+    """The directory the job is submitted from, where its tasks run unless ``--cwd``
+    says otherwise (as ``bsub``'s); ``None`` (the controller's default) when it is
+    gone."""
+    import os
+
+    try:
+        return os.getcwd()
+    except OSError:
+        return None
 
 
 def _count(text: str) -> int:
@@ -290,6 +307,8 @@ def _show_job(job: JobDetail, out: TextIO) -> None:
         ("id", job.id),
         ("user", job.user),
         ("state", job.state),
+        # Why it ended (or is ending): "" while it runs.
+        ("reason", job.exit_reason or None),
         ("command", None if job.command is None else " ".join(job.command)),
         ("min_tasks", job.min_tasks),
         ("max_tasks", job.max_tasks),

@@ -14,7 +14,7 @@ import urllib.parse
 from typing import Any, TextIO
 
 from xce_resize_plugin.cli.answers import ResizeView, read
-from xce_resize_plugin.cli.argtypes import count
+from xce_resize_plugin.cli.argtypes import count, number
 from xce_resize_plugin.cli.jobs import resize_summary
 from xce_resize_plugin.core.decimal_text import read_decimal
 from xce_resize_plugin.errors import UsageError
@@ -46,7 +46,7 @@ def add_parsers(sub: Any) -> None:
         "grow",
         help="ask for more tasks (bresize request [MIN,]MAX), optionally conditioned "
         "on the allocation version",
-        description="xce-resize grow JOB [MIN,]MAX [--if-version V] [-c]",
+        description="xce-resize grow JOB [MIN,]MAX [--if-version V] [-c] [-rnc CMD | -rncn]",
     )
     grow.add_argument("job")
     grow.add_argument("tasks", metavar="[MIN,]MAX")
@@ -56,13 +56,19 @@ def add_parsers(sub: Any) -> None:
         "release",
         help="give tasks back (bresize release), optionally conditioned on the allocation version",
         description="xce-resize release JOB (--task-ids IDS | --count N | --spec SPEC) "
-        "[--if-version V] [-c]",
+        "[--if-version V] [-c] [-rnc CMD | -rncn] [--grace S]",
     )
     release.add_argument("job")
     form = release.add_mutually_exclusive_group(required=True)
     form.add_argument("--task-ids", metavar="IDS", help="comma-separated task ids")
     form.add_argument("--count", type=count, metavar="N", help="N tasks the site policy picks")
     form.add_argument("--spec", help="an LSF release specification, e.g. 'all ~hostA'")
+    release.add_argument(
+        "--grace",
+        type=number,
+        metavar="S",
+        help="drain time: the released tasks run S s more before they stop (max_stop_grace)",
+    )
     _common(release)
 
 
@@ -75,6 +81,14 @@ def _common(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "-c", dest="cancel_pending", action="store_true", help="cancel the pending grow first"
+    )
+    # As bresize's (LSF's) options: the change's notification command, or none.
+    notify = parser.add_mutually_exclusive_group()
+    notify.add_argument(
+        "-rnc", dest="notify_cmd", metavar="CMD", help="the notification command for this change"
+    )
+    notify.add_argument(
+        "-rncn", dest="no_notify", action="store_true", help="run no notification command"
     )
     parser.add_argument("--json", action="store_true")
 
@@ -105,6 +119,12 @@ def run(args: argparse.Namespace, out: TextIO, client: Client | None = None) -> 
         body["cancel_pending"] = args.cancel_pending
         if args.if_version is not None:
             body["if_version"] = args.if_version
+        if args.notify_cmd is not None:
+            body["notify_cmd"] = args.notify_cmd
+        if args.no_notify:
+            body["no_notify"] = True
+        if getattr(args, "grace", None) is not None:
+            body["grace"] = args.grace
         doc = client.call("POST", f"{base}/{args.command}", body)
     if args.json:
         out.write(json.dumps(doc, indent=2) + "\n")
