@@ -213,11 +213,6 @@ class JobInfo:
     #: ``xce_resize_host_lost`` answered "requeue"): the plugin continues its earlier
     #: run's history, which it then looks up (and only then).
     requeued: bool = False
-    #: How many times the host has requeued the job so far (0 on its first run; it
-    #: counts every requeue, whoever decided it). The plugin requeues a job at most
-    #: ``[resize] max_requeue`` times (LSF's ``MAX_JOB_REQUEUE``); a host that does not
-    #: count leaves 0, and then the limit never applies.
-    requeues: int = 0
     #: Submitted with ``release_exited``: a task other than task 0 that exits on its
     #: own while the job runs leaves the allocation (docs/in-job-api.md, "Readiness
     #: and exits").
@@ -225,6 +220,12 @@ class JobInfo:
     #: The job's default drain time (seconds) for its releases (``submit --grace``):
     #: between the notification and the stop (docs/user-guide.md, "Drain before stop").
     grace: float = 0.0
+    #: (Last, as every field added later: a host may pass the others by position.)
+    #: How many times the host has requeued the job so far (0 on its first run; it
+    #: counts every requeue, whoever decided it). The plugin requeues a job at most
+    #: ``[resize] max_requeue`` times (LSF's ``MAX_JOB_REQUEUE``); a host that does not
+    #: count leaves 0, and then the limit never applies.
+    requeues: int = 0
 
     @property
     def first_host(self) -> str | None:
