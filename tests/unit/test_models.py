@@ -82,3 +82,34 @@ def test_tasks_made_in_bulk_are_the_tasks_made_one_by_one(
     for task in bulk[:1]:
         with pytest.raises(attrs.exceptions.FrozenInstanceError):
             task.id = 1  # type: ignore[misc]
+
+
+def test_jobinfo_fields_keep_their_positions() -> None:
+    """A host may build ``JobInfo`` passing its fields by position: a field added later
+    goes last, and none moves (this list only ever grows at its end)."""
+    import attrs
+
+    from xce_resize_plugin.core.models import JobInfo
+
+    published = [
+        "id",
+        "user",
+        "state",
+        "min_tasks",
+        "max_tasks",
+        "tasks",
+        "resizable",
+        "ptile",
+        "grow_hosts",
+        "notify_cmd",
+        "start_time",
+        "end_time",
+        "env",
+        "autoresize",
+        "requeued",
+        "release_exited",
+        "grace",
+        "requeues",
+    ]
+    names = [f.name for f in attrs.fields(JobInfo)]
+    assert names[: len(published)] == published
