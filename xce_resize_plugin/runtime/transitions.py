@@ -149,12 +149,14 @@ class Transitions:
         if (
             before is None
             and isinstance(facts[0], JobTracked | JobEnded)
-            and self._requeued(job_id)
+            and (job_id in self._held or self._requeued(job_id))
         ):
             # A job requeued after a host failure starts again with the history of its
             # earlier run (engine: JobTracked on an ended state). Only such a job is
             # looked up: a journal read waits for the write in progress, fsync included,
-            # and every job's first fact comes here (under the host's lock).
+            # and every job's first fact comes here (under the host's lock). A job this
+            # runtime holds is one too, whatever the host says: a requeue the host did
+            # not carry out (the job was being killed) ends while it "waits".
             before = self._ended_state(job_id)
         state, effects = engine.transition(before, facts)
         assert state is not None

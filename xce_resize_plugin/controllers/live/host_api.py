@@ -63,7 +63,7 @@ class HostApi(HookMonitor):
                 return False
             if job.state is JobState.PEND:
                 return self.embedded.kill(job_id, reason)
-            self._begin_end(job_id, JobState.EXIT, reason)
+            self._begin_end(job_id, JobState.EXIT, reason, kill=True)
             self.embedded.flush()
             return True
 

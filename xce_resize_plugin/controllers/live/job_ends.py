@@ -32,27 +32,35 @@ DROP_BATCH = 1000
 class JobEnds(ControllerProtocol):
     """Job ends, other tasks stopped first (see the module docstring)."""
 
-    def _loss_end(self, job_id: str, outcome: LossOutcome) -> None:
+    def _loss_end(self, job_id: str, outcome: LossOutcome) -> LossOutcome:
         """The embedded controller's ``loss_ender``: a job that a host failure ends or
         requeues has its processes on the other hosts stopped first (:meth:`_begin_end`;
         ``PEND`` stands for the requeue); its slots there are freed once they are gone.
-        """
+        The outcome that stands: a job already being ended (killed) is not requeued."""
         state = JobState.PEND if outcome is LossOutcome.REQUEUE else JobState.EXIT
         self._begin_end(job_id, state, HOST_FAILURE)
+        ending = self._ending.get(job_id)
+        if outcome is LossOutcome.REQUEUE and ending is not None and ending[0] is not state:
+            return LossOutcome.EXIT
+        return outcome
 
-    def _begin_end(self, job_id: str, state: JobState, reason: str) -> None:
+    def _begin_end(self, job_id: str, state: JobState, reason: str, kill: bool = False) -> None:
         """The job is over: stop its other tasks; :meth:`_finish_endings` ends it once
-        none is left (slots are freed only after the processes are gone)."""
-        if job_id in self._ending:
+        none is left (slots are freed only after the processes are gone). A ``kill``
+        that comes while a requeue is under way replaces it: the job ends instead of
+        starting again (its tasks are being stopped already). Any other end of a job
+        already ending (its task 0's, which the failure took) changes nothing."""
+        current = self._ending.get(job_id)
+        if current is not None:
+            if kill and current[0] is JobState.PEND:
+                self._ending[job_id] = (state, reason)
+                self._save_ending(job_id, state, reason)
             return
         job = self.embedded.record(job_id)
         if job is None or job.state is not JobState.RUN:
             return
         self._ending[job_id] = (state, reason)
-        key = f"job:{job_id}"
-        spec = dict(self.live_store.get(key) or {})
-        spec["ending"] = [state.value, reason]
-        self.live_store.put(key, spec)
+        self._save_ending(job_id, state, reason)
         live = [
             tid
             for tid, rec in job.task_states.items()
@@ -63,6 +71,14 @@ class JobEnds(ControllerProtocol):
         if live:
             self.stop_tasks(job_id, live, self.cfg.kill_grace)
         self._wake.set()
+
+    def _save_ending(self, job_id: str, state: JobState, reason: str) -> None:
+        """The job's end in progress, in its side record (a restarted controller
+        finishes it: ``_read_side``)."""
+        key = f"job:{job_id}"
+        spec = dict(self.live_store.get(key) or {})
+        spec["ending"] = [state.value, reason]
+        self.live_store.put(key, spec)
 
     def _finish_endings(self) -> None:
         for job_id, reason in sorted(self._broken.items()):

@@ -192,7 +192,9 @@ class HostStates(HostContract):
             return answer
         outcome = LossOutcome.REQUEUE if answer is LossOutcome.REQUEUE else LossOutcome.EXIT
         if self._loss_ender is not None:
-            self._loss_ender(job.id, outcome)
+            # The ender says what stands (None: as asked): a job it is ending already
+            # (killed) is not requeued.
+            outcome = self._loss_ender(job.id, outcome) or outcome
         elif outcome is LossOutcome.REQUEUE:
             self._requeue_job(job)
         else:

@@ -211,7 +211,9 @@ class EmbeddedController(Views):
         called with the job id and the outcome instead of ending it at once (default:
         at once). A host whose jobs have processes on other hosts passes its own: it
         stops them first, then calls :meth:`kill` or :meth:`requeue` (the live
-        controller); until then the job runs on, its lost tasks exited and unheld.
+        controller); until then the job runs on, its lost tasks exited and unheld. It
+        returns the outcome that stands (``None``: the one asked), e.g. ``exit`` for a
+        requeue of a job it is ending already (killed).
     """
 
     def __init__(
@@ -241,7 +243,7 @@ class EmbeddedController(Views):
         lock: AbstractContextManager[Any] | None = None,
         hook_controller: Controller | None = None,
         resume_tasks: bool = True,
-        loss_ender: Callable[[str, LossOutcome], None] | None = None,
+        loss_ender: Callable[[str, LossOutcome], LossOutcome | None] | None = None,
     ) -> None:
         self._pm = plugin_manager
         self._loss_ender = loss_ender

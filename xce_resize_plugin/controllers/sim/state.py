@@ -98,7 +98,7 @@ class ControllerState:
     #: The object handed to the hooks as ``controller`` (this one, or its holder).
     _host: Controller
     _lock: AbstractContextManager[Any]
-    _loss_ender: Callable[[str, LossOutcome], None] | None
+    _loss_ender: Callable[[str, LossOutcome], LossOutcome | None] | None
     _resume_tasks: bool
     #: A report made inside a call to the task runner answers it ("sync").
     _in_runner: InRunner
