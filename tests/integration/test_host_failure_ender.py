@@ -70,3 +70,40 @@ def test_a_requeue_waits_for_the_ender_too(tmp_path: Path) -> None:
     assert h.ctl.check_invariants() == []
     h.ctl.close()
     assert replay_problems(tmp_path / "resize") == []
+
+
+def test_an_ender_that_is_killing_the_job_answers_exit_and_the_plugin_lets_go(
+    tmp_path: Path,
+) -> None:
+    """The live controller's case of a failure during a kill: the plugin, asked by the
+    site's policy, ended the run for a requeue and holds it; the ender says the kill
+    stands (``exit``), and the job's end then lets the hold go. The runtime finds the
+    held state although the host never requeued the job (``JobInfo.requeued`` false):
+    the end used to fail with "JobEnded for untracked job"."""
+    from xce_resize_plugin.core.models import GrowRequest
+    from xce_resize_plugin.journal import compaction
+    from xce_resize_plugin.journal.verification import verify
+
+    ended: list[tuple[str, LossOutcome]] = []
+
+    def killing(job: str, outcome: LossOutcome) -> LossOutcome:
+        ended.append((job, outcome))
+        return LossOutcome.EXIT
+
+    h = Harness(tmp_path, hosts=HOSTS, config={"policy_files": [REQUEUE]}, loss_ender=killing)
+    job = h.ctl.submit("bob", "1,4", resizable=True, runtime=1000, alloc={"hA": 1, "hB": 1})
+    h.ctl.settle()
+    h.request("bob", job, GrowRequest(1, 1, no_notify=True))  # tracked by the plugin now
+    assert h.ctl.host_down("hA").outcomes == {job: LossOutcome.EXIT}  # task 0's host
+    assert ended == [(job, LossOutcome.REQUEUE)]  # the policy's answer, overruled
+    for t in h.ctl.record(job).task_states:  # type: ignore[union-attr]
+        h.ctl.stop_tasks(job, [t], 1.0)
+    h.ctl.settle()
+    assert h.ctl.kill(job, "killed by bob")
+    view = h.ctl.job(job)
+    assert view.state is JobState.EXIT and not view.requeued and view.requeues == 0
+    assert h.ctl.check_invariants() == []
+    h.ctl.close()
+    journal = tmp_path / "resize"
+    assert verify(journal).ok and replay_problems(journal) == []
+    assert compaction.compact(journal, keep_days=0, now=1e10) > 0  # nothing held
