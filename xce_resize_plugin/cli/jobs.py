@@ -245,8 +245,8 @@ def shown(text: str) -> str:
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
-def _hosts(hosts: Mapping[str, int] | None) -> str:
-    return " ".join(f"{h}:{n}" for h, n in (hosts or {}).items())
+def _hosts(hosts: Mapping[str, int]) -> str:
+    return " ".join(f"{h}:{n}" for h, n in hosts.items())
 
 
 def resize_summary(resize: ResizeView) -> str:
