@@ -130,10 +130,25 @@ def test_a_site_that_requeues_what_failures_end_gets_runs_that_end(driver: str) 
         assert sum(counts) == requeued.jobs_requeued
         resizes = [row[COLUMNS.index("resizes")] for row in getattr(result, mode).jobs]
         assert sum(resizes) == getattr(result, mode).metrics.resizes
-    # With max_requeue = 0 every requeue is refused: the same runs as without the policy.
+        # Each refused requeue is one warning, counted (not printed) as one kind.
+        (refused,) = getattr(result, mode).warnings
+        assert refused.count == requeued.jobs_killed > 0
+        assert refused.first.endswith("the most max_requeue allows (1); the job ends")
+        assert refused.logger == "xce_resize_plugin.runtime.phases"
+        assert result.to_json()["runs"][mode]["warnings"] == [refused.to_json()]
+    # With max_requeue = 0 every requeue is refused: the same runs as without the policy,
+    # but for the warnings that say so.
     never = attrs.evolve(opts, resize={**opts.resize, "max_requeue": 0})
     same = simulate(KTH200, never, parallel=False).to_json()
-    assert (same["runs"], same["change"]) == (plain.to_json()["runs"], plain.to_json()["change"])
+    assert plain.rigid.warnings == plain.elastic.warnings == ()
+    for mode in ("rigid", "elastic"):
+        (refused_doc,) = same["runs"][mode].pop("warnings")
+        assert refused_doc["count"] == same["runs"][mode]["host_failures"]["jobs_killed"]
+        assert plain.to_json()["runs"][mode].pop("warnings") == []
+    plain_doc = plain.to_json()
+    for run in plain_doc["runs"].values():
+        del run["warnings"]
+    assert (same["runs"], same["change"]) == (plain_doc["runs"], plain_doc["change"])
 
 
 def test_a_requeued_malleable_job_starts_its_work_and_its_driver_over(tmp_path: Path) -> None:
@@ -196,3 +211,32 @@ def test_a_requeued_malleable_job_starts_its_work_and_its_driver_over(tmp_path: 
     assert ended.end_time - began == pytest.approx(2000.0 / len(view.tasks))
     assert ctl.check_invariants() == []
     ctl.stop()
+
+
+def test_cli_counts_the_plugins_warnings_instead_of_printing_one_per_job(
+    tmp_path: Path,
+) -> None:
+    """A controller logs a refused requeue per job; ``simulate`` shows each kind once
+    under the table, with its count, and prints none of them on stderr."""
+    config = tmp_path / "sim.toml"
+    config.write_text(
+        f'[resize]\npolicy_files = ["{REQUEUE_POLICY}"]\nmax_requeue = 1\n', encoding="utf-8"
+    )
+    argv = [sys.executable, "-m", "xce_resize_plugin.cli.main", "simulate", str(KTH200)]
+    argv += ["--host-failures", "500", "--config", str(config), "--malleable-fraction", "0.5"]
+    proc = subprocess.run([*argv, "-q"], capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == ""
+    doc = json.loads(
+        subprocess.run(
+            [*argv, "-q", "--json", "-"], capture_output=True, text=True, check=True
+        ).stdout
+    )
+    lines = proc.stdout.splitlines()
+    for mode in ("rigid", "elastic"):
+        (kind,) = doc["runs"][mode]["warnings"]
+        at = lines.index(
+            f"plugin warnings in the {mode} run (how many, and the first of each kind):"
+        )
+        assert lines[at + 1] == f"  {kind['count']}  {kind['first']}"
+        assert kind["first"].startswith("job ")

@@ -15,7 +15,7 @@ from xce_resize_plugin.controllers.sim.speedup import parse_speedup
 from xce_resize_plugin.errors import ConfigError
 from xce_resize_plugin.simulation import sweep as sweep_mod
 from xce_resize_plugin.simulation.failures import parse as parse_host_failures
-from xce_resize_plugin.simulation.simulate import Mode, SimOptions, SimulationError
+from xce_resize_plugin.simulation.simulate import Mode, SimOptions, SimulationError, simulate
 from xce_resize_plugin.simulation.sweep import CellCache, run_sweep
 from xce_resize_plugin.simulation.sweep_config import load_sweep
 from xce_resize_plugin.simulation.sweep_report import format_sweep, groups, mean_ci, sweep_json
@@ -362,3 +362,38 @@ def test_the_costliest_runs_are_made_first(tmp_path: Path, monkeypatch: pytest.M
         ("KTH", "rigid", 0.0),
         ("CTC", "rigid", 0.0),
     ]
+
+
+def test_the_plugins_warnings_are_shown_once_per_kind_per_cell(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A sweep's workers print no warnings (a refused requeue per job would scroll the
+    progress away); each cell's are in its result and under the table, each kind once."""
+    policy = Path(__file__).resolve().parents[2] / "hooks" / "requeue_on_host_failure.py"
+    config = _config(
+        tmp_path,
+        f'[sweep]\nworkloads = ["{KTH}"]\nmalleable_fractions = [0.5]\nseeds = [0]\n'
+        '[simulate]\nhost_failures = "500"\n'
+        f'[resize]\npolicy_files = ["{policy}"]\nmax_requeue = 1\n',
+    )
+    args = ["sweep", str(config), "--cache", str(tmp_path / "c"), "--workers", "1", "-q"]
+    assert main([*args, "--json", str(tmp_path / "out.json")]) == 0
+    table = capsys.readouterr()
+    assert table.err == ""
+    (cell,) = json.loads((tmp_path / "out.json").read_text())["cells"]
+    opts = SimOptions(
+        malleable_fraction=0.5,
+        host_failures=parse_host_failures("500"),
+        resize={"policy_files": [str(policy)], "max_requeue": 1},
+    )
+    expected = [
+        {"run": mode, "count": w.count, "first": w.first}
+        for mode in ("rigid", "elastic")
+        for w in getattr(simulate(KTH, opts, parallel=False), mode).warnings
+    ]
+    assert cell["warnings"] == expected and expected
+    for w in expected:
+        assert f" {w['run']}: {w['count']:,}  {w['first']}" in table.out
+    # From the cache, the same.
+    assert main([*args, "--json", "-"]) == 0
+    assert json.loads(capsys.readouterr().out)["cells"][0]["warnings"] == expected

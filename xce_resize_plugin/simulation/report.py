@@ -104,6 +104,7 @@ def format_table(comparison: Comparison) -> str:
         )
     lines.append("")
     lines.extend(_checks(comparison.rigid, comparison.elastic))
+    lines.extend(_warnings(comparison.rigid, comparison.elastic))
     return "\n".join(lines) + "\n"
 
 
@@ -147,4 +148,17 @@ def _checks(*runs: RunResult) -> list[str]:
     for run in bad:
         out.append(f"checks FAILED in the {run.mode} run:")
         out.extend(f"  {p}" for p in run.problems)
+    return out
+
+
+def _warnings(*runs: RunResult) -> list[str]:
+    """The plugin's warnings of each run, one line per kind: how many, and the first
+    (a controller logs them one per job; :mod:`.run_log`)."""
+    out: list[str] = []
+    for run in runs:
+        if not run.warnings:
+            continue
+        out.append(f"plugin warnings in the {run.mode} run (how many, and the first of each kind):")
+        width = max(len(f"{w.count:,}") for w in run.warnings)
+        out.extend(f"  {w.count:>{width},}  {w.first}" for w in run.warnings)
     return out

@@ -80,6 +80,7 @@ from xce_resize_plugin.simulation.malleable import (
     parse_speedup,
 )
 from xce_resize_plugin.simulation.metrics import RunMetrics, RunStats
+from xce_resize_plugin.simulation.run_log import LogSummary, tally_warnings
 from xce_resize_plugin.simulation.traces import Trace, read_trace
 
 __all__ = [
@@ -436,6 +437,8 @@ class RunResult:
     jobs: tuple[JobRow, ...] = ()
     #: What injected host failures did (``None``: none were injected).
     failures: FailureStats | None = None
+    #: The plugin's warnings during the run, counted by kind (:mod:`.run_log`).
+    warnings: tuple[LogSummary, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = dict(self.metrics.to_json())
@@ -448,6 +451,7 @@ class RunResult:
         out["utilization_over_time"] = list(self.usage)
         if self.failures is not None:
             out["host_failures"] = self.failures.to_json()
+        out["warnings"] = [w.to_json() for w in self.warnings]
         return out
 
 
@@ -586,10 +590,15 @@ def _run_mode(
     )
     if recorder is not None:
         recorder.attach(ctl, workload.hosts)
-    try:
-        result = _run(ctl, workload, options, mode, driver, progress, observers, began, recorder)
-    finally:
-        ctl.stop()
+    # The plugin's per-job warnings are counted for the report, not printed (.run_log).
+    with tally_warnings() as tally:
+        try:
+            result = _run(
+                ctl, workload, options, mode, driver, progress, observers, began, recorder
+            )
+        finally:
+            ctl.stop()
+    result = attrs.evolve(result, warnings=tally.summaries())
     if recorder is not None:
         recorder.finish(state_dir / "resize")
     return result

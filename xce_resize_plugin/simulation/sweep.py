@@ -88,7 +88,7 @@ __all__ = [
 ]
 
 #: Part of every cache key: a change of what a cached result holds changes it.
-CACHE_FORMAT = "xce-resize-sweep-run/2"
+CACHE_FORMAT = "xce-resize-sweep-run/3"
 
 CellResult = dict[str, Any]
 
@@ -119,6 +119,8 @@ def run_one(
         "malleable_jobs": workload.malleable,
         "run": _run_json(result),
         "problems": [f"{mode}: {p}" for p in result.problems],
+        # The plugin's warnings, each kind once (.run_log): a sweep's workers print none.
+        "warnings": [{"run": mode, "count": w.count, "first": w.first} for w in result.warnings],
     }
 
 
@@ -130,6 +132,7 @@ def cell_result(rigid: RunResultDoc, elastic: RunResultDoc) -> CellResult:
         "rigid": rigid["run"],
         "elastic": elastic["run"],
         "problems": [*rigid["problems"], *elastic["problems"]],
+        "warnings": [*rigid["warnings"], *elastic["warnings"]],
     }
 
 

@@ -23,11 +23,15 @@ from xce_resize_plugin.simulation.metrics import RunMetrics
 
 __all__ = ["CellCache", "RunResultDoc", "default_cache_dir", "run_doc_ok"]
 
-#: One run's result: ``jobs``, ``malleable_jobs``, ``run`` (its metrics), ``problems``.
+#: One run's result: ``jobs``, ``malleable_jobs``, ``run`` (its metrics), ``problems``,
+#: ``warnings`` (each kind once: ``run``, ``count``, ``first``).
 RunResultDoc = dict[str, Any]
 
 #: The keys of a run's metrics (:func:`~.sweep._run_json`).
 _RUN_KEYS = frozenset(f.name for f in attrs.fields(RunMetrics)) | {"events", "resize_requests"}
+
+
+_DOC_KEYS = frozenset({"jobs", "malleable_jobs", "run", "problems", "warnings"})
 
 
 def default_cache_dir() -> Path:
@@ -46,9 +50,9 @@ def _number(value: Any) -> bool:
 
 def run_doc_ok(doc: Any) -> bool:
     """Whether ``doc`` is a run's result as :func:`~.sweep.run_one` makes it."""
-    if not isinstance(doc, dict) or set(doc) != {"jobs", "malleable_jobs", "run", "problems"}:
+    if not isinstance(doc, dict) or set(doc) != _DOC_KEYS:
         return False
-    run, problems = doc["run"], doc["problems"]
+    run, problems, warnings = doc["run"], doc["problems"], doc["warnings"]
     return (
         _count(doc["jobs"])
         and _count(doc["malleable_jobs"])
@@ -57,6 +61,18 @@ def run_doc_ok(doc: Any) -> bool:
         and all(_number(v) for v in run.values())
         and isinstance(problems, list)
         and all(isinstance(p, str) for p in problems)
+        and isinstance(warnings, list)
+        and all(_warning_ok(w) for w in warnings)
+    )
+
+
+def _warning_ok(doc: Any) -> bool:
+    return (
+        isinstance(doc, dict)
+        and set(doc) == {"run", "count", "first"}
+        and doc["run"] in ("rigid", "elastic")
+        and _count(doc["count"])
+        and isinstance(doc["first"], str)
     )
 
 

@@ -161,6 +161,10 @@ def format_sweep(result: SweepResult) -> str:
         lines.extend(f"  {c.label()}: {p}" for c, p in problems)
     else:
         lines.append("checks: passed in every cell")
+    warned = [(c, w) for c, r in result.cells for w in r["warnings"]]
+    if warned:
+        lines.append("plugin warnings (how many, and the first of each kind, per cell and run):")
+        lines.extend(f"  {c.label()} {w['run']}: {w['count']:,}  {w['first']}" for c, w in warned)
     return "\n".join(lines) + "\n"
 
 
