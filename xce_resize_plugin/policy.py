@@ -30,6 +30,7 @@ _COMMITTED = "xce_resize_committed"
 
 
 _END = object()
+_INT = frozenset({int})
 
 #: What a site hook's failure is: any exception, and ``sys.exit()`` too, which would
 #: otherwise end the thread that called the hook (the live controller's loop, silently).
@@ -60,6 +61,8 @@ def _task_ids(hook: str, answer: object, most: int, whose: str = "") -> tuple[in
         raise
     except SiteFailure as exc:  # a generator of the site's that fails on the way
         raise _raised(hook, exc) from exc
+    if set(map(type, ids)) <= _INT:
+        return ids  # the usual answer, checked at C speed (a release may name thousands)
     try:
         return tuple(_task_id(i) for i in ids)
     except TypeError:
