@@ -175,3 +175,25 @@ def test_a_bad_finished_job_keep_is_named_in_one_line(value: Any) -> None:
         "Configuration error: /site/controller.toml: controller.finished_job_keep: must be "
         f"a number of seconds from 0 to 31536000, got {value!r}"
     )
+
+
+# -- finished_job_max -------------------------------------------------------------
+
+
+def test_a_user_keeps_a_thousand_finished_jobs_by_default() -> None:
+    assert parse().finished_job_max == 1000 == settings.DEFAULT_FINISHED_JOB_MAX
+
+
+@pytest.mark.parametrize("value", [0, 1, 50_000, 10_000_000])
+def test_a_finished_job_max_is_taken_as_a_count(value: int) -> None:
+    assert parse(finished_job_max=value).finished_job_max == value
+
+
+@pytest.mark.parametrize("value", [-1, 10_000_001, 2.0, math.nan, "100", True, None])
+def test_a_bad_finished_job_max_is_named_in_one_line(value: Any) -> None:
+    with pytest.raises(ConfigError) as refused:
+        parse(finished_job_max=value)
+    assert str(refused.value) == (
+        "Configuration error: /site/controller.toml: controller.finished_job_max: must be "
+        f"an integer from 0 to 10000000, got {value!r}"
+    )

@@ -125,3 +125,27 @@ def test_a_requeued_job_leaves_no_launch_of_its_first_run_once_dropped(
     jobs, side = _stored(live)
     assert job_id not in jobs
     assert [k for k in side if job_id in k.split(":")] == []
+
+
+def test_a_user_keeps_at_most_finished_job_max_finished_jobs(resize_live_factory: Any) -> None:
+    """``[controller] finished_job_max``: a user whose jobs end faster than they age out
+    (a loop of submit and kill, or of `true`) keeps only the latest ended, so no user
+    can fill the controller's memory and store with finished jobs; others keep theirs."""
+    live: LiveCluster = resize_live_factory({"h1": 4}, controller="finished_job_max = 2")
+    live.start()
+    running = live.submit(BOB)
+    live.running(running, 1)
+    bobs_done = live.submit(BOB, command=["/bin/true"])
+    wait_until(lambda: live.job(bobs_done)["state"] == "DONE", what="bob's job done")
+    ended: list[str] = []
+    for _ in range(4):
+        job_id = live.submit(ALICE, command=["/bin/true"])
+        wait_until(lambda j=job_id: live.job(j)["state"] == "DONE", what=f"job {job_id} done")
+        ended.append(job_id)
+    wait_until(
+        lambda: _listed(live) == {running, bobs_done, *ended[2:]}, what="alice's oldest dropped"
+    )
+    assert all(_gone(live, job_id) for job_id in ended[:2])
+    live.crash()
+    jobs, _ = _stored(live)
+    assert jobs == {running, bobs_done, *ended[2:]}

@@ -129,3 +129,52 @@ def test_a_new_controller_on_the_same_store_drops_what_is_due(tmp_path: Path) ->
     again.flush()
     again.close()
     assert _stored_ids(state) == set()
+
+
+def test_a_users_finished_jobs_beyond_the_most_are_dropped_earliest_first(
+    tmp_path: Path,
+) -> None:
+    """``forget_finished_over`` (the live controller's ``finished_job_max``): each user
+    over the bound loses their earliest ended jobs, down to the bound; others keep all."""
+    state = tmp_path / "state"
+    ctl = EmbeddedController(make_pm(Recorder()), state, {"h1": 8}, store="lmdb")
+    alice = [ctl.submit("alice", 1, runtime=r) for r in (40, 10, 30, 20, 50)]
+    bob = [ctl.submit("bob", 1, runtime=r) for r in (5, 15)]
+    running = ctl.submit("alice", 1)  # not finished: never counted, never dropped
+    ctl.advance(60)
+
+    assert ctl.forget_finished_over(5) == []  # alice has 5, bob 2
+    assert [j.id for j in ctl.forget_finished_over(3, limit=1)] == [alice[1]]  # ended at 10
+    # What `keep` names stays (a job still ending on the live controller) and counts:
+    # the next earliest goes instead, and a later call drops it in its turn.
+    kept = {alice[3]}.__contains__
+    assert [j.id for j in ctl.forget_finished_over(3, keep=kept)] == [alice[2]]
+    assert [j.id for j in ctl.forget_finished_over(2)] == [alice[3]]
+    ctl.flush()
+    left = {j.id for j in ctl.jobs()}
+    assert left == {alice[0], alice[4], running, *bob}
+    # 0: none kept. Users by name, each user's earliest ended first.
+    assert [j.id for j in ctl.forget_finished_over(0)] == [alice[0], alice[4], *bob]
+    ctl.flush()
+    assert ctl.check_invariants() == []
+    ctl.close()
+    assert _stored_ids(state) == {running}
+    with pytest.raises(ValueError, match="most must be >= 0"):
+        _ctl(tmp_path / "other").forget_finished_over(-1)
+
+
+def test_a_restarted_controller_counts_each_users_finished_jobs_again(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    ctl = _ctl(state)
+    jobs = [ctl.submit("alice", 1, runtime=r) for r in (3, 1)]
+    ctl.advance(2)
+    jobs.append(ctl.submit("alice", 1, runtime=1))  # ends at 3, after jobs[1] (at 1)
+    ctl.advance(5)
+    ctl.flush()
+    ctl.close()
+
+    again = _ctl(state)
+    assert [j.id for j in again.forget_finished_over(1)] == [jobs[1], jobs[0]]
+    again.flush()
+    again.close()
+    assert _stored_ids(state) == {jobs[2]}

@@ -144,14 +144,22 @@ class JobEnds(ControllerProtocol):
 
     def _drop_finished(self) -> None:
         """Drop the finished jobs whose end is ``finished_job_keep`` seconds old or
-        older (docs/live-controller.md, "Jobs and tasks"): from memory, the store and
+        older, and each user's earliest ended beyond ``finished_job_max``
+        (docs/live-controller.md, "Jobs and tasks"): from memory, the store and
         the side records keyed by the job, in one durable write. Only jobs whose end
         is recorded and reported are taken (the embedded controller queues them then),
         never one still ending. The job's directory (its logs) stays; the plugin's
         journal keeps its resize history, which ``xce-resize history`` still answers
         (compaction removes its facts, not its final state and records)."""
         before = self.embedded.now() - self.cfg.finished_job_keep
-        dropped = self.embedded.forget_finished(before, DROP_BATCH, self._ending.__contains__)
+        ending = self._ending.__contains__
+        dropped = self.embedded.forget_finished(before, DROP_BATCH, ending)
+        if len(dropped) < DROP_BATCH:
+            # Then each user's beyond finished_job_max, earliest ended first: a user
+            # who ends jobs faster than they age out holds no more than that.
+            dropped += self.embedded.forget_finished_over(
+                self.cfg.finished_job_max, DROP_BATCH - len(dropped), ending
+            )
         if not dropped:
             return
         for job in dropped:

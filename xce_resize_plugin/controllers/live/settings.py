@@ -71,6 +71,7 @@ CONTROLLER_KEYS = {
     "metrics_token",
     "request_limit",
     "finished_job_keep",
+    "finished_job_max",
 }
 DEFAULT_LISTEN = "127.0.0.1:6820"
 #: Longest request deadline accepted (seconds): a longer one protects nothing.
@@ -93,6 +94,13 @@ DEFAULT_FINISHED_JOB_KEEP = 3600.0
 #: work on most machines, and every pending job is held in memory and in the store
 #: (LSF's own default is no threshold; a controller open to every local user needs one).
 DEFAULT_MAX_PEND_JOBS = 10_000
+#: Each user's finished jobs kept at most, by default. ``max_pend_jobs`` bounds what a
+#: user's queue holds, but jobs that end at once (killed while pending, or ``true``)
+#: are never pending for long: without this, one user submitting and killing in a
+#: loop filled the controller's memory and store for ``finished_job_keep`` seconds.
+DEFAULT_FINISHED_JOB_MAX = 1000
+#: The largest ``finished_job_max``.
+MAX_FINISHED_JOB_MAX = 10_000_000
 #: The longest ``finished_job_keep``: a year. Longer is a mistake (a value in ms?), and
 #: would keep every job's record for ever, which the setting is there to prevent.
 MAX_FINISHED_JOB_KEEP = 365 * 86400.0
@@ -162,6 +170,9 @@ class LiveConfig:
     #: Seconds a finished job (DONE or EXIT) is kept after its end, then dropped from
     #: memory, the store and the views (0: as soon as its end is recorded).
     finished_job_keep: float = DEFAULT_FINISHED_JOB_KEEP
+    #: The most finished jobs kept per user: beyond, the user's earliest ended are
+    #: dropped at once, as ``finished_job_keep`` would drop them later (0: none kept).
+    finished_job_max: int = DEFAULT_FINISHED_JOB_MAX
     #: The most jobs one user may have pending (LSF's ``MAX_PEND_JOBS``); a submission
     #: beyond is refused. 0: no threshold.
     max_pend_jobs: int = DEFAULT_MAX_PEND_JOBS
@@ -209,6 +220,9 @@ def parse(data: Mapping[str, Any], path: Path) -> LiveConfig:
         request_limit=_request_limit(where, ctl.get("request_limit", DEFAULT_REQUEST_LIMIT)),
         finished_job_keep=_finished_job_keep(
             where, ctl.get("finished_job_keep", DEFAULT_FINISHED_JOB_KEEP)
+        ),
+        finished_job_max=_finished_job_max(
+            where, ctl.get("finished_job_max", DEFAULT_FINISHED_JOB_MAX)
         ),
         hosts=_hosts(where, where.section(data, "cluster", {"hosts"}).get("hosts")),
         admins=_admins(where, where.section(data, "users", {"admins", "tokens"}).get("admins", [])),
@@ -381,6 +395,21 @@ def _finished_job_keep(where: Where, value: Any) -> float:
             f"must be a number of seconds from 0 to {MAX_FINISHED_JOB_KEEP:.0f}, got {value!r}",
         )
     return float(value)
+
+
+def _finished_job_max(where: Where, value: Any) -> int:
+    """Finished jobs kept per user: an integer from 0 (none) to
+    :data:`MAX_FINISHED_JOB_MAX`."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int)
+        or not 0 <= value <= MAX_FINISHED_JOB_MAX
+    ):
+        raise where.error(
+            "controller.finished_job_max",
+            f"must be an integer from 0 to {MAX_FINISHED_JOB_MAX}, got {value!r}",
+        )
+    return value
 
 
 def _at_least(where: Where, minimum: int) -> IntCheck:

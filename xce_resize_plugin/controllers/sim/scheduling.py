@@ -383,7 +383,7 @@ class Scheduling(ControllerState):
             self._cluster.forget_job(job.id)
             self._forgotten.add(job.id)
         elif job.end_time is not None:
-            self._finished.add(job.end_time, job.id)
+            self._finished.add(job.end_time, job.id, job.user)
 
     # -- finished jobs dropped after a while -------------------------------------------
 
@@ -393,27 +393,58 @@ class Scheduling(ControllerState):
         """Drop (at most ``limit``) finished jobs whose end, reported, is at ``before``
         or earlier, earliest first, except those ``keep`` names (left for a later
         call); their records are deleted from the store at the next flush."""
+        return self._drop_from(
+            lambda _user, _held: self._finished.pop_due(before), [""], limit, keep
+        )
+
+    def _drop_over(
+        self, most: int, limit: int | None, keep: Callable[[str], bool] | None
+    ) -> list[JobRecord]:
+        """Drop (at most ``limit``) finished jobs of each user who has more than
+        ``most`` kept, the user's earliest ended first, until ``most`` are left (those
+        ``keep`` names stay, and do not count as dropped)."""
+        finished = self._finished
+
+        def oldest(user: str, held: int) -> tuple[float, str] | None:
+            # The jobs put aside for `keep` still count (they are put back).
+            return finished.pop_oldest(user) if finished.count(user) + held > most else None
+
+        return self._drop_from(oldest, finished.users_over(most), limit, keep)
+
+    def _drop_from(
+        self,
+        take: Callable[[str, int], tuple[float, str] | None],
+        users: list[str],
+        limit: int | None,
+        keep: Callable[[str], bool] | None,
+    ) -> list[JobRecord]:
+        """Drop the jobs ``take(user, held)`` gives for each of ``users`` in turn
+        (``held``: how many of the user's it gave that ``keep`` names), until it gives
+        none or ``limit`` are dropped; put back those ``keep`` names."""
         dropped: list[JobRecord] = []
-        kept: list[tuple[float, str]] = []
-        while limit is None or len(dropped) < limit:
-            entry = self._finished.pop_due(before)
-            if entry is None:
-                break
-            job = self._jobs.get(entry[1])
-            if job is None or not job.finished or not job.end_reported:
-                continue  # gone already; a job is queued only once its end is reported
-            if keep is not None and keep(job.id):
-                kept.append(entry)
-                continue
-            del self._jobs[job.id]
-            self._cluster.forget_job(job.id)
-            self._dirty.discard(job.id)
-            if self._persist:
-                self._deleted.add(job.id)
-            self._retire_id(job.id)
-            dropped.append(job)
-        for end, job_id in kept:
-            self._finished.add(end, job_id)
+        kept: list[tuple[float, JobRecord]] = []
+        for user in users:
+            held = 0
+            while limit is None or len(dropped) < limit:
+                entry = take(user, held)
+                if entry is None:
+                    break
+                job = self._jobs.get(entry[1])
+                if job is None or not job.finished or not job.end_reported:
+                    continue  # gone already; a job is queued only once its end is reported
+                if keep is not None and keep(job.id):
+                    kept.append((entry[0], job))
+                    held += 1
+                    continue
+                del self._jobs[job.id]
+                self._cluster.forget_job(job.id)
+                self._dirty.discard(job.id)
+                if self._persist:
+                    self._deleted.add(job.id)
+                self._retire_id(job.id)
+                dropped.append(job)
+        for end, job in kept:
+            self._finished.add(end, job.id, job.user)
         return dropped
 
     def _retire_id(self, job_id: str) -> None:

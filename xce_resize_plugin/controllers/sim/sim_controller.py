@@ -361,7 +361,7 @@ class EmbeddedController(Views):
                 self._schedule_end(job)
                 self._update_running_view(job)
             elif job.end_reported and job.end_time is not None:
-                self._finished.add(job.end_time, job.id)  # to be dropped in its time
+                self._finished.add(job.end_time, job.id, job.user)  # dropped in its time
         # Task processes do not wait for the controller: re-arm the exits of tasks that
         # were being stopped, and report launches the crash interrupted as failed.
         if not self._resume_tasks:
@@ -564,6 +564,27 @@ class EmbeddedController(Views):
         with self._lock:
             self._top_level("forget_finished")
             return self._drop_due(before, limit, keep)
+
+    def forget_finished_over(
+        self,
+        most: int,
+        limit: int | None = None,
+        keep: Callable[[str], bool] | None = None,
+    ) -> list[JobRecord]:
+        """Drop the finished jobs, ended and reported, of every user who has more than
+        ``most`` of them, each user's earliest ended first, until ``most`` are left;
+        return their records.
+
+        A holder that bounds what one user's finished jobs may hold calls it (the live
+        controller: ``[controller] finished_job_max``); it costs in proportion to what
+        it drops and to the users over the bound. ``limit``, ``keep`` and what a
+        dropped job becomes are as for :meth:`forget_finished`.
+        """
+        if most < 0:
+            raise ValueError(f"forget_finished_over: most must be >= 0, not {most}")
+        with self._lock:
+            self._top_level("forget_finished_over")
+            return self._drop_over(most, limit, keep)
 
     def _no_observers(self) -> None:
         """The observer lists, empty (:meth:`add_observer` fills them)."""
