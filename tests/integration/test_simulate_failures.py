@@ -21,6 +21,9 @@ from xce_resize_plugin.simulation.simulate import SimOptions, load_options, simu
 KTH200 = (
     Path(__file__).resolve().parents[2] / "tests" / "data" / "KTH-SP2-1996-2.1-cln-first200.swf.gz"
 )
+CTC = (
+    Path(__file__).resolve().parents[2] / "tests" / "data" / "CTC-SP2-1996-3.1-cln-first1000.swf.gz"
+)
 
 
 def test_failures_kill_rigid_jobs_and_shrink_elastic_ones() -> None:
@@ -240,3 +243,42 @@ def test_cli_counts_the_plugins_warnings_instead_of_printing_one_per_job(
         )
         assert lines[at + 1] == f"  {kind['count']}  {kind['first']}"
         assert kind["first"].startswith("job ")
+
+
+@pytest.mark.parametrize("driver", ["shrink-for-queue", "grow-shrink"])
+def test_a_recording_with_requeues_and_shrinks_replays_identically(
+    tmp_path: Path, driver: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A job requeued after a host failure runs again from task 0, so the same task id
+    can be stopped by a shrink in two of its runs: each recorded stop answers its own
+    (the replay used to keep only the last one per task id, and a requeued job shrunk
+    again then never saw its tasks stop: a false "DIFFERENT")."""
+    from xce_resize_plugin.cli.main import main
+    from xce_resize_plugin.recording.format import read_recording
+    from xce_resize_plugin.recording.replay import replay
+    from xce_resize_plugin.simulation.simulate import load_workload, run_mode
+
+    rec = tmp_path / "run.jsonl"
+    opts = SimOptions(
+        malleable_fraction=0.5,
+        driver=driver,
+        limit=400,
+        host_failures=failures.HostFailures(50.0, 2.0),
+        resize={"policy_files": [str(REQUEUE_POLICY)]},
+    )
+    run = run_mode(load_workload(CTC, opts), opts, "elastic", record=rec)
+    assert run.problems == () and run.failures is not None and run.failures.jobs_requeued
+    _, lines = read_recording(rec)
+    stops = [
+        (line["job"], line["task"])
+        for line in lines
+        if line["kind"] == "task" and line.get("phase") == "sync" and line["event"] == "exited"
+    ]
+    assert len(stops) > len(set(stops))  # a task id stopped in two runs of its job
+    result = replay(rec)
+    assert result.ok, result.problems
+    assert result.starts == sum(1 for line in lines if line["kind"] == "started")
+    # The command line says so, with the plugin's warnings counted, not one per job.
+    assert main(["simulate", "--replay", str(rec), "-q"]) == 0
+    out = capsys.readouterr()
+    assert out.out.splitlines()[0].endswith("identical") and out.err == ""

@@ -250,7 +250,12 @@ def _replay(args: argparse.Namespace, out: TextIO) -> int:
             )
     if args.sequential:
         raise UsageError("--replay takes no --sequential: a replay is one run")
-    result = replay(args.replay)
+    from xce_resize_plugin.simulation.run_log import format_kinds, tally_warnings
+
+    # The plugin's warnings again, one per job (as the run made them): counted, as
+    # simulate counts them, and shown once per kind under the comparison.
+    with tally_warnings() as tally:
+        result = replay(args.replay)
     state = "identical" if result.ok else "DIFFERENT"
     out.write(
         f"replayed {result.inputs:,} inputs of {args.replay}: {result.starts:,} job starts and "
@@ -258,4 +263,6 @@ def _replay(args: argparse.Namespace, out: TextIO) -> int:
     )
     for problem in result.problems:
         out.write(f"  {problem}\n")
+    title = "plugin warnings in the replay (how many, and the first of each kind):"
+    out.writelines(f"{line}\n" for line in format_kinds(title, tally.summaries()))
     return EXIT_OK if result.ok else EXIT_PROBLEMS

@@ -13,9 +13,10 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from collections.abc import Iterator, Mapping, Sequence
+from collections import deque
+from collections.abc import Hashable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from attrs import frozen
 
@@ -44,6 +45,8 @@ from xce_resize_plugin.recording.format import (
 )
 
 __all__ = ["ReplayResult", "replay"]
+
+_K = TypeVar("_K", bound=Hashable)
 
 #: At most this many differences are listed (the first ones per job).
 MAX_PROBLEMS = 50
@@ -117,8 +120,11 @@ class _Inputs(Observer):
         self.started: list[tuple[str, dict[str, int]]] = []
         self.expected_starts: list[tuple[str, dict[str, int]]] = []
         self.expected_facts: list[tuple[str, Any]] = []
-        self._sync_tasks: dict[tuple[str, int, str], dict[str, Any]] = {}
-        self._sync_notes: dict[tuple[str, int], dict[str, Any]] = {}
+        # In recorded order per key: a job requeued after a host failure runs again
+        # from task 0, so the same task id can stop (and a notification attempt can
+        # run) once per run; each answers its own call, first come first served.
+        self._sync_tasks: dict[tuple[str, int, str], deque[dict[str, Any]]] = {}
+        self._sync_notes: dict[tuple[str, int], deque[dict[str, Any]]] = {}
         self._later_notes: dict[tuple[str, int], dict[str, Any]] = {}
         self._waiting_notes: dict[tuple[str, int], NotificationDone] = {}
         self.ctl: EmbeddedController | None = None
@@ -135,9 +141,9 @@ class _Inputs(Observer):
             return True
         if rec.get("phase") == "sync":
             if kind == "task":
-                self._sync_tasks[(rec["job"], rec["task"], rec["event"])] = rec
+                _queue(self._sync_tasks, (rec["job"], rec["task"], rec["event"]), rec)
             else:
-                self._sync_notes[(rec["job"], rec["attempt"])] = rec
+                _queue(self._sync_notes, (rec["job"], rec["attempt"]), rec)
             return True
         if kind == "notify":
             self._later_notes[(rec["job"], rec["attempt"])] = rec
@@ -246,7 +252,7 @@ class _Inputs(Observer):
         ctl = self.ctl
         assert ctl is not None
         for event in events:
-            rec = self._sync_tasks.pop((job_id, task_id, event), None)
+            rec = _next(self._sync_tasks, (job_id, task_id, event))
             if rec is None:
                 continue
             if event == "started":
@@ -261,7 +267,7 @@ class _Inputs(Observer):
 
     def notification(self, request: NotificationRequest, done: NotificationDone) -> None:
         key = (request.job_id, request.attempt)
-        rec = self._sync_notes.pop(key, None)
+        rec = _next(self._sync_notes, key)
         if rec is not None:
             done(NotificationResult(rec.get("status"), rec.get("reason", "")))
             return
@@ -284,6 +290,21 @@ class _Inputs(Observer):
 
     def job_started(self, job_id: str, time: float, tasks: Sequence[Task]) -> None:
         self.started.append((job_id, host_counts(tasks)))
+
+
+def _queue(queues: dict[_K, deque[dict[str, Any]]], key: _K, rec: dict[str, Any]) -> None:
+    queues.setdefault(key, deque()).append(rec)
+
+
+def _next(queues: dict[_K, deque[dict[str, Any]]], key: _K) -> dict[str, Any] | None:
+    """The first line still queued for ``key`` (taken out), or ``None``."""
+    queue = queues.get(key)
+    if not queue:
+        return None
+    rec = queue.popleft()
+    if not queue:
+        del queues[key]
+    return rec
 
 
 class _Replayer(_Inputs):

@@ -9,6 +9,8 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+from xce_resize_plugin.simulation.run_log import format_kinds
+
 if TYPE_CHECKING:
     from xce_resize_plugin.simulation.simulate import Comparison, RunResult
 
@@ -156,9 +158,6 @@ def _warnings(*runs: RunResult) -> list[str]:
     (a controller logs them one per job; :mod:`.run_log`)."""
     out: list[str] = []
     for run in runs:
-        if not run.warnings:
-            continue
-        out.append(f"plugin warnings in the {run.mode} run (how many, and the first of each kind):")
-        width = max(len(f"{w.count:,}") for w in run.warnings)
-        out.extend(f"  {w.count:>{width},}  {w.first}" for w in run.warnings)
+        title = f"plugin warnings in the {run.mode} run (how many, and the first of each kind):"
+        out.extend(format_kinds(title, run.warnings))
     return out

@@ -15,7 +15,7 @@ record: the tally only takes the place of Python's last-resort printing to stder
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -72,6 +72,15 @@ class LogTally(logging.Handler):
             LogSummary(count, name, pattern, first)
             for (name, pattern), (count, first) in self._kinds.items()
         )
+
+
+def format_kinds(title: str, kinds: Sequence[LogSummary]) -> list[str]:
+    """Report lines: ``title`` then one line per kind, its count and its first record
+    (no lines when there are no kinds)."""
+    if not kinds:
+        return []
+    width = max(len(f"{w.count:,}") for w in kinds)
+    return [title, *(f"  {w.count:>{width},}  {w.first}" for w in kinds)]
 
 
 @contextmanager
