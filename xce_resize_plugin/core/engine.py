@@ -463,11 +463,13 @@ def decide_ready_deadline(state: ResizeState, at: float, settings: Settings) -> 
 
 def check_grace(grace: float, settings: Settings, what: str) -> float:
     """A drain time: a finite number of seconds from 0 to ``max_stop_grace``."""
-    if isinstance(grace, bool) or not isinstance(grace, int | float) or not 0 <= grace < 1e300:
+    if isinstance(grace, bool) or not isinstance(grace, int | float) or not grace >= 0:
         raise errors.InvalidRequest(f"{what} must be a number of seconds >= 0, got {grace!r}")
     if grace > settings.max_stop_grace:
+        # However large (an int beyond any float, infinity): too long, and said so.
+        shown = f"{grace:g}" if grace < 1e300 else ">= 1e300"
         raise errors.GraceTooLong(
-            f"{what} {grace:g} s is above the site maximum max_stop_grace "
+            f"{what} {shown} s is above the site maximum max_stop_grace "
             f"{settings.max_stop_grace:g} s"
         )
     return float(grace)

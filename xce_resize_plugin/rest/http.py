@@ -67,7 +67,7 @@ from xce_resize_plugin.host import Principal
 from xce_resize_plugin.rest import openapi
 from xce_resize_plugin.rest.logcontext import CURRENT, RequestLog, note_job, request_id
 from xce_resize_plugin.rest.operation import Operation
-from xce_resize_plugin.rest.parsing import bearer_token, declared_length
+from xce_resize_plugin.rest.parsing import bearer_token, check_query, declared_length
 from xce_resize_plugin.rest.problems import (
     JSON,
     PROBLEM_JSON,
@@ -181,6 +181,15 @@ class BodyLimit:
 
     size: int
     too_large: Callable[[int | None], ResizeError]
+
+
+def exact_paths(app: Starlette) -> Starlette:
+    """Answer a path with a trailing slash as any unknown path (404, a problem
+    document), not with Starlette's redirect to the path without it: that redirect had
+    no body and took its host from the client's ``Host`` header, so a client that
+    follows redirects could be sent anywhere by whoever wrote the header."""
+    app.router.redirect_slashes = False
+    return app
 
 
 def set_body_timeout(app: Starlette, seconds: float) -> None:
@@ -309,6 +318,10 @@ def endpoint(
         try:
             note_job(request.path_params.get("id"))
             principal = await authenticated(request, authenticate)
+            # Every operation refuses a query parameter it does not take, or one given
+            # twice: a client that believes it filters (``GET /v1/jobs?user=bob``)
+            # must not get everything it may see without a word.
+            check_query(request.query_params.multi_items(), op)
             held.enter_context(in_progress(request, principal))
             return _SentWhileHeld(await handler(request, principal), held)
         except BaseException as exc:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import re
 
-from xce_resize_plugin.core.decimal_text import read_decimal
+from xce_resize_plugin.core.decimal_text import is_decimal_number, read_decimal
 from xce_resize_plugin.core.models import MAX_JOB_ID
 from xce_resize_plugin.errors import (
     BadJobId,
@@ -27,7 +27,6 @@ DEFAULT_WAIT = 30.0
 MAX_VERSION = 2**63 - 1
 
 _CURSOR_RE = re.compile(r"\A-?[0-9]{1,19}\Z")
-_NUMBER_RE = re.compile(r"\A-?[0-9]{1,40}(\.[0-9]{1,40})?([eE][+-]?[0-9]{1,4})?\Z")
 
 
 def body_too_large(declared: int | None) -> ResizeError:
@@ -73,7 +72,7 @@ def parse_timeout(text: str | None) -> float:
     if text is None:
         return DEFAULT_WAIT
     # A number too large for a float ("1e999") is still a number: it is capped below.
-    value = float(text) if _NUMBER_RE.match(text) else math.nan
+    value = float(text) if len(text) <= 64 and is_decimal_number(text) else math.nan
     if not value >= 0:  # also refuses NaN
         raise InvalidRequest(f"timeout must be a number of seconds >= 0, got {text!r}")
     return min(value, MAX_WAIT)

@@ -74,7 +74,9 @@ def app(controller: Controller, *, title: str = "XCE resize API", version: str =
 
     served = routes(controller)
     document = http.openapi_route(title, version or __version__, served)
-    return Starlette(routes=[*served, document], exception_handlers=http.exception_handlers())
+    return http.exact_paths(
+        Starlette(routes=[*served, document], exception_handlers=http.exception_handlers())
+    )
 
 
 def openapi_paths() -> dict[str, Any]:

@@ -110,8 +110,10 @@ def test_bad_writes_are_refused_and_change_nothing(resize_live_factory: Any) -> 
     )
     assert (r.status_code, r.json()["code"]) == (400, "XCE_RESIZE_INVALID_REQUEST"), r.text
     assert "'value' twice" in r.json()["detail"]
-    r = live.call("GET", f"{kv}/k?wait=61", ALICE)
-    assert r.status_code == 400 and "wait" in r.json()["detail"]
+    # A plain ASCII number of seconds, as every query number (float() took the rest).
+    for wait in ("61", "1_0", "%201%20", "%EF%BC%91", "nan", "inf", "1e999"):
+        r = live.call("GET", f"{kv}/k?wait={wait}", ALICE)
+        assert r.status_code == 400 and "wait" in r.json()["detail"], (wait, r.text)
     r = live.call("GET", f"{kv}/k?after=1", ALICE)
     assert r.status_code == 400
     assert live.ok("GET", f"{kv}/k", ALICE) == {"key": "k", "value": "v", "version": 1}

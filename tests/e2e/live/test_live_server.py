@@ -14,7 +14,14 @@ from typing import Any
 
 import httpx
 
-from xce_resize_plugin.testing.live import ALICE, BOB, LiveCluster, controller_command, wait_until
+from xce_resize_plugin.testing.live import (
+    ALICE,
+    BOB,
+    ROOT,
+    LiveCluster,
+    controller_command,
+    wait_until,
+)
 
 
 def test_cluster_details_are_for_administrators(resize_live_factory: Any) -> None:
@@ -260,3 +267,40 @@ def test_an_agent_imports_nothing_from_the_state_directory(resize_live_factory: 
     job_id = live.submit(tasks=1)
     live.running(job_id, 1)  # an agent of the package's own started the task
     assert not marker.exists()
+
+
+def test_a_query_parameter_a_route_does_not_take_is_refused_and_changes_nothing(
+    resize_live_factory: Any,
+) -> None:
+    """Every route refuses an unknown or repeated query parameter (a client that
+    believes it filters must not get everything without a word), and a path with a
+    trailing slash is an unknown path: 404, no redirect built from the Host header."""
+    live: LiveCluster = resize_live_factory({"h1": 4})
+    live.start()
+    job_id = live.submit(tasks="1,2", initial=1, resizable=True)
+    live.running(job_id, 1)
+    for method, path, token in (
+        ("GET", "/v1/jobs?user=bob", ALICE),
+        ("GET", "/v1/cluster?x=1", ROOT),
+        ("GET", f"/v1/jobs/{job_id}?verbose", ALICE),
+        ("DELETE", f"/v1/jobs/{job_id}?force=1", ALICE),
+        ("DELETE", f"/v1/jobs/{job_id}/resize/pending?now=1", ALICE),
+    ):
+        r = live.call(method, path, token)
+        assert r.status_code == 400, (path, r.text)
+        assert r.headers["content-type"] == "application/problem+json"
+        assert "unknown query parameter" in r.json()["detail"], r.text
+    r = live.call("GET", f"/v1/jobs/{job_id}/resize/wait?timeout=1&timeout=2", ALICE)
+    assert r.status_code == 400 and "given twice" in r.json()["detail"]
+    assert live.job(job_id)["state"] == "RUN"  # the refused DELETE killed nothing
+
+    r = httpx.post(
+        live.url(f"/v1/jobs/{job_id}/resize/grow/"),
+        json={"tasks": 1},
+        headers={"Authorization": f"Bearer {ALICE}", "Host": "evil.example:80"},
+        follow_redirects=False,
+        timeout=10,
+    )
+    assert r.status_code == 404 and "location" not in r.headers
+    assert r.headers["content-type"] == "application/problem+json"
+    assert live.phase(job_id) == "IDLE"  # nothing asked

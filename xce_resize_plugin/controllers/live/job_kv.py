@@ -14,6 +14,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from xce_resize_plugin.core.decimal_text import read_number
 from xce_resize_plugin.errors import InvalidRequest, ResizeError
 
 #: Limits per job: value bytes (UTF-8), and keys.
@@ -68,11 +69,10 @@ def parse_wait(raw: str | None) -> float:
     """``?wait=S``: seconds to wait for a key that is not there yet (0: answer now)."""
     if raw is None:
         return 0.0
-    try:
-        wait = float(raw)
-    except ValueError:
-        wait = -1.0
-    if not 0 <= wait <= MAX_WAIT:
+    # A plain ASCII number, read as every query number is (float() also took "1_0",
+    # " 1 " and other scripts' digits).
+    wait = read_number(raw)
+    if wait is None or not 0 <= wait <= MAX_WAIT:
         raise InvalidRequest(f"wait must be a number of seconds from 0 to {MAX_WAIT:g} @ wait")
     return wait
 

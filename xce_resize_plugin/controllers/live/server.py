@@ -85,6 +85,7 @@ def build_app(ctl: LiveController, metrics: ControllerMetrics | None = None) -> 
     from xce_resize_plugin.rest.http import (
         RequestContext,
         RequestThreads,
+        exact_paths,
         exception_handlers,
         openapi_route,
         set_body_timeout,
@@ -105,7 +106,7 @@ def build_app(ctl: LiveController, metrics: ControllerMetrics | None = None) -> 
     )
     set_body_timeout(app, ctl.cfg.body_timeout)
     set_request_limit(app, ctl.cfg.request_limit)
-    return app
+    return exact_paths(app)
 
 
 def watch(ctl: LiveController) -> ControllerMetrics | None:

@@ -104,7 +104,7 @@ def make_app(agent: WorkerAgent, secret: str, port: int) -> Starlette:
         agent.execute(int(data["epoch"]), str(data["instance"]), list(data["commands"]))
         return {"ok": True, "seq": agent.seq}
 
-    return Starlette(
+    app = Starlette(
         routes=[
             Route("/v1/ping", guarded(ping), methods=["GET"]),
             Route("/v1/snapshot", guarded(snapshot), methods=["GET"]),
@@ -112,6 +112,10 @@ def make_app(agent: WorkerAgent, secret: str, port: int) -> Starlette:
             Route("/v1/commands", guarded(commands), methods=["POST"]),
         ]
     )
+    # As the controller's (rest/http.py, exact_paths): no redirect built from the
+    # client's Host header for a path with a trailing slash; a 404.
+    app.router.redirect_slashes = False
+    return app
 
 
 def _target(request: Request) -> str:
