@@ -397,3 +397,21 @@ def test_the_plugins_warnings_are_shown_once_per_kind_per_cell(
     # From the cache, the same.
     assert main([*args, "--json", "-"]) == 0
     assert json.loads(capsys.readouterr().out)["cells"][0]["warnings"] == expected
+
+
+def test_the_json_is_the_same_bytes_whether_runs_were_made_or_cached(tmp_path: Path) -> None:
+    config = _config(
+        tmp_path,
+        f'[sweep]\nworkloads = ["{KTH}"]\nmalleable_fractions = [0.5]\nseeds = [0, 1]\n'
+        "[simulate]\nlimit = 60\n",
+    )
+    cache = tmp_path / "c"
+    args = ["sweep", str(config), "--cache", str(cache), "--workers", "1", "-q", "--json"]
+    assert main([*args, str(tmp_path / "made.json")]) == 0
+    # A cache file with its keys in another order (as an earlier version sorted them)
+    # is read back in a fresh run's order.
+    for path in cache.glob("*.json"):
+        path.write_text(json.dumps(json.loads(path.read_text()), sort_keys=True), encoding="utf-8")
+    assert main([*args, str(tmp_path / "cached.json")]) == 0
+    made = (tmp_path / "made.json").read_bytes()
+    assert made == (tmp_path / "cached.json").read_bytes()

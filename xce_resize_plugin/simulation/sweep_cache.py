@@ -28,7 +28,8 @@ __all__ = ["CellCache", "RunResultDoc", "default_cache_dir", "run_doc_ok"]
 RunResultDoc = dict[str, Any]
 
 #: The keys of a run's metrics (:func:`~.sweep._run_json`).
-_RUN_KEYS = frozenset(f.name for f in attrs.fields(RunMetrics)) | {"events", "resize_requests"}
+_RUN_ORDER = (*(f.name for f in attrs.fields(RunMetrics)), "events", "resize_requests")
+_RUN_KEYS = frozenset(_RUN_ORDER)
 
 
 _DOC_KEYS = frozenset({"jobs", "malleable_jobs", "run", "problems", "warnings"})
@@ -66,6 +67,19 @@ def run_doc_ok(doc: Any) -> bool:
     )
 
 
+def _ordered(doc: RunResultDoc) -> RunResultDoc:
+    """A cached result with its keys in the order a fresh run gives them (a file may
+    have them in any order: sorted by an earlier version), so that a sweep's ``--json``
+    is the same bytes whether its runs were made or read from the cache."""
+    return {
+        "jobs": doc["jobs"],
+        "malleable_jobs": doc["malleable_jobs"],
+        "run": {key: doc["run"][key] for key in _RUN_ORDER},
+        "problems": doc["problems"],
+        "warnings": [{k: w[k] for k in ("run", "count", "first")} for w in doc["warnings"]],
+    }
+
+
 def _warning_ok(doc: Any) -> bool:
     return (
         isinstance(doc, dict)
@@ -94,7 +108,7 @@ class CellCache:
             doc = json.loads(self._path(key).read_text(encoding="utf-8"))
         except (OSError, ValueError):
             return None
-        return doc if run_doc_ok(doc) else None
+        return _ordered(doc) if run_doc_ok(doc) else None
 
     def prepare(self) -> None:
         """Create the directory and write a file there, or raise :class:`OSError`:
@@ -109,7 +123,7 @@ class CellCache:
         tmp = self._path(key).with_suffix(f".tmp{os.getpid()}")
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
-            tmp.write_text(json.dumps(result, sort_keys=True), encoding="utf-8")
+            tmp.write_text(json.dumps(result), encoding="utf-8")
             os.replace(tmp, self._path(key))
         except OSError as exc:
             with contextlib.suppress(OSError):
