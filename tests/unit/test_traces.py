@@ -897,3 +897,52 @@ def test_expressions_nested_too_deeply(text: str) -> None:
 def test_model_numbers_must_be_finite(raw: float) -> None:
     with pytest.raises(ExprError, match="flops"):
         ModelEvaluator(1.0).value(raw, {}, "flops")
+
+
+@pytest.mark.parametrize(
+    ("line", "says"),
+    [
+        (swf_line(2, 5).replace("2", "nan", 1), "field 1 (job number) 'nan' is not a number"),
+        (swf_line(2, 5).replace(" -1\n", " inf\n"), "field 18 (think time) 'inf' is not a number"),
+        (
+            swf_line(2, 5).replace("2", "99.5", 1),
+            "field 1 (job number) '99.5' is not a whole number",
+        ),
+        (swf_line(2, 5).replace("2", "1e3", 1), "field 1 (job number) '1e3' is not a whole number"),
+        (
+            swf_line(2, 5, req=4).replace(" 4 600 ", " 4.5 600 ", 1),
+            "field 8 (requested processors) '4.5' is not a whole number",
+        ),
+        (
+            swf_line(2, 5, req=4).replace(" 4 600 ", " 1e9 600 ", 1),
+            "field 8 (requested processors) '1e9' is not a whole number",
+        ),
+        (
+            swf_line(2, 5, status=1).replace(" 600 -1 1 ", " 600 -1 1.0 ", 1),
+            "field 11 (status) '1.0' is not a whole number",
+        ),
+        (
+            swf_line(2, 5, req=4).replace(" 4 600 ", " " + "4" * 5000 + " 600 ", 1),
+            "field 8 (requested processors) has 5000 digits",
+        ),
+    ],
+)
+def test_counts_are_whole_numbers_and_only_times_may_be_infinite(line: str, says: str) -> None:
+    data = swf(swf_line(1, 0), line)
+    data.name = "t.swf"
+    with pytest.raises(TraceError) as info:
+        read_swf(data)
+    assert info.value.line == 4
+    assert f"t.swf:4: malformed SWF data line ({says})" in str(info.value)
+
+
+def test_a_job_number_written_twice_in_two_forms_is_caught() -> None:
+    data = swf(swf_line(100, 0), swf_line(1, 2).replace("1", "0100", 1))
+    with pytest.raises(TraceError, match="job id '0100' is already on line 3"):
+        read_swf(data)
+
+
+def test_a_nan_requested_time_is_counted_as_unknown() -> None:
+    trace = read_swf(swf(swf_line(1, 0, req_time=600).replace(" 600 ", " nan ", 1)))
+    assert [j.requested_time for j in trace] == [None]
+    assert trace.stats["no_requested_time"] == 1

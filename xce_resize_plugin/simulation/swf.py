@@ -88,6 +88,13 @@ _DATA_LINE = re.compile(rf"[ \t]*+(?:{_NUMBER}[ \t]++){{{_SWF_FIELDS - 1}}}+{_NU
 # Infinities and NaN as float() writes them: kept to the checks that name the field's
 # meaning (an infinite run time is "beyond", a NaN requested time is unknown).
 _NOT_FINITE = re.compile(r"[-+]?(?:nan|inf|infinity)", re.IGNORECASE)
+#: The fields (0-based) that may be written as an infinity or NaN: the times the checks
+#: name (submit, run, requested). Any other such field is no SWF number.
+_TIME_FIELDS = frozenset({1, 3, 8})
+#: The counts read as integers (allocated and requested processors, status), and the
+#: form int() reads them in (the job number is one too: _check_kept).
+_WHOLE_FIELDS = (4, 7, 10)
+_WHOLE = re.compile(r"[-+]?[0-9]+")
 #: The SWF fields by number (1-based), as a refused line's message names them.
 _FIELD_NAMES = (
     "job number",
@@ -309,8 +316,23 @@ def _odd_fields(name: str, lineno: int, line: str, parts: Sequence[str]) -> None
     if len(parts) != _SWF_FIELDS:
         raise _bad_line(name, lineno, line, f"{len(parts)} fields, SWF has {_SWF_FIELDS}")
     for number, (part, what) in enumerate(zip(parts, _FIELD_NAMES, strict=True), 1):
-        if not is_decimal_number(part) and _NOT_FINITE.fullmatch(part) is None:
-            raise _bad_line(name, lineno, line, f"field {number} ({what}) {part!r} is not a number")
+        if is_decimal_number(part):
+            continue
+        if number - 1 in _TIME_FIELDS and _NOT_FINITE.fullmatch(part) is not None:
+            continue
+        raise _bad_line(name, lineno, line, f"field {number} ({what}) {part!r} is not a number")
+
+
+def _not_whole(name: str, lineno: int, line: str, parts: Sequence[str]) -> TraceError:
+    """The error for a kept line whose count (processors, status) ``int()`` refused:
+    every field is a number by then, so it is one with a fraction or an exponent."""
+    index = next((i for i in _WHOLE_FIELDS if _WHOLE.fullmatch(parts[i]) is None), None)
+    if index is None:  # digits int() will not read: thousands of them
+        index = max(_WHOLE_FIELDS, key=lambda i: len(parts[i]))
+        why = f"field {index + 1} ({_FIELD_NAMES[index]}) has {len(parts[index])} digits"
+    else:
+        why = f"field {index + 1} ({_FIELD_NAMES[index]}) {parts[index]!r} is not a whole number"
+    return _bad_line(name, lineno, line, why)
 
 
 def _check_kept(
@@ -334,9 +356,16 @@ def _check_kept(
         # the first it would move every other job later by the trace's start.
         why = f"submit time {parts[1]!r} is negative (SWF's -1: unknown)"
         raise _bad_line(name, lineno, line, why)
-    if seen.setdefault(parts[0], lineno) != lineno:
+    job = parts[0]
+    # Every field is an ASCII number by now, so isdigit() is "ASCII digits only".
+    if not job.isdigit():
+        why = f"field 1 (job number) {job!r} is not a whole number"
+        raise _bad_line(name, lineno, line, why)
+    # By value: "0100" and "100" are the same job number.
+    number = job if job[0] != "0" else str(int(job))
+    if seen.setdefault(number, lineno) != lineno:
         raise TraceError(
-            f"job id {parts[0]!r} is already on line {seen[parts[0]]}", source=name, line=lineno
+            f"job id {parts[0]!r} is already on line {seen[number]}", source=name, line=lineno
         )
 
 
@@ -392,13 +421,13 @@ def _read_swf_jobs(
             wait = float(parts[2])
             req_time = float(parts[8])
             status = int(parts[10])
-        except ValueError as exc:
-            raise _bad_line(name, lineno, line, f"not a number: {exc}") from None
+        except ValueError:
+            raise _not_whole(name, lineno, line, parts) from None
         _check_kept(name, lineno, line, parts, (submit, runtime, req_time), seen)
         if max_procs is not None and procs > max_procs:
             procs = max_procs
             stats["capped_procs"] += 1
-        if req_time <= 0:
+        if not req_time > 0:  # NaN too: unknown, as -1
             stats["no_requested_time"] += 1
         if base is None:
             base = submit
