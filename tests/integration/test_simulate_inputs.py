@@ -218,6 +218,8 @@ def test_replay_refuses_the_options_it_would_ignore(
         ("max_factor = inf", "[simulate] max_factor: max factor must be"),
         # Checked although --limit 20 overrides it.
         ("limit = -1", "[simulate] limit: limit must be a non-negative integer"),
+        # As --seed reads it: a seed of the file can be given on the command line.
+        ("seed = 99999999999999999999", "[simulate] seed: seed must have at most 19 digits"),
         ("[resize]\nbogus = 1", "[resize]: unknown key 'bogus'"),
         ('[resize]\npolicy_files = ["nope.py"]', "policy file "),
     ],

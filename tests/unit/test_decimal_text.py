@@ -95,4 +95,5 @@ def test_command_line_numbers_are_ascii_decimals(
     with pytest.raises(SystemExit) as exit_:
         main(argv)
     assert exit_.value.code == 2
-    assert message in capsys.readouterr().err
+    (line,) = capsys.readouterr().err.splitlines()  # one line, no usage above it
+    assert line.startswith(f"xce-resize {argv[0]}") and message in line

@@ -18,14 +18,21 @@ from starlette.responses import Response
 from tests.conftest import http_scope
 from xce_resize_plugin.host import Principal
 from xce_resize_plugin.rest import http
-from xce_resize_plugin.rest.operation import Operation
+from xce_resize_plugin.rest.operation import Operation, Param
 
 TOKENS = {
     "alice-token": Principal("alice"),
     "alice-job-7": Principal("alice", job_id="7"),
     "bob-token": Principal("bob"),
 }
-OP = Operation("hold", "GET", "/hold", "Hold", "A long poll that ends when told.")
+OP = Operation(
+    "hold",
+    "GET",
+    "/hold",
+    "Hold",
+    "A long poll that ends when told.",
+    params=(Param("fail", {"type": "string"}, False, "fail with a bug instead"),),
+)
 
 
 class Held:

@@ -16,7 +16,7 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, NoReturn, TextIO
 
 from xce_resize_plugin import __version__
 from xce_resize_plugin.cli.argtypes import count, integer, number
@@ -42,8 +42,21 @@ def _request_deadline(text: str) -> float:
     return value
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, with a value an option does not take reported in one line
+    (``xce-resize simulate: error: argument --limit: not a whole number of decimal
+    digits: '-1'``, exit 2), as every other bad value is: the usage printed above it
+    hid the one line that says what is wrong. Other usage errors (a missing argument,
+    an unknown option) still show the usage."""
+
+    def error(self, message: str) -> NoReturn:
+        if message.startswith("argument "):
+            self.exit(2, f"{self.prog}: error: {message}\n")
+        super().error(message)
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="xce-resize",
         description="Job resize for XCE: demo, scenarios, journal maintenance.",
     )
@@ -238,7 +251,7 @@ def _sweep_parser(sub: Any) -> None:
         help="run a grid of simulations (workloads x malleable fractions x seeds x drivers)",
         description="Run every cell of the grid a TOML file names through the simulation "
         "of `xce-resize simulate` (both runs), on the local cores or a Dask cluster, cache "
-        "finished cells, and print the mean and 95%% confidence interval across seeds of "
+        "finished cells, and print the mean and 95% confidence interval across seeds of "
         "each metric. See docs/simulation.md.",
     )
     sw.add_argument("config", type=Path, help="the sweep file ([sweep], [simulate], [resize])")

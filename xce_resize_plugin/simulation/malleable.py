@@ -69,6 +69,10 @@ _EPS = 1e-9
 _TWO_64 = float(2**64)
 
 
+#: The largest seed, either sign: what ``--seed`` reads (19 decimal digits).
+MAX_SEED = 10**19 - 1
+
+
 @attrs.frozen
 class SimJob:
     """A job as the simulator runs it: a :class:`~.traces.TraceJob` plus its flexibility.
@@ -113,6 +117,10 @@ class MalleableRule:
             raise ConfigError(f"malleable fraction must be between 0 and 1, not {f!r}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
             raise ConfigError(f"seed must be an integer, not {self.seed!r}")
+        if not -MAX_SEED <= self.seed <= MAX_SEED:
+            # As on the command line (19 digits at most), so that a seed a file gives
+            # can be given to --seed to repeat the run.
+            raise ConfigError(f"seed must have at most 19 digits, not {self.seed!r}")
         m = self.machine_procs
         if isinstance(m, bool) or not isinstance(m, int) or m < 1:
             raise ConfigError(f"machine size must be a positive integer, not {m!r}")

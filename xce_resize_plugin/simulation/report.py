@@ -45,7 +45,8 @@ def format_table(comparison: Comparison) -> str:
     a, b = comparison.rigid.metrics, comparison.elastic.metrics
     name = w.source.rsplit("/", 1)[-1]
     sph = {n for _, n in w.hosts}
-    per_host = f"{len(w.hosts)} hosts x {max(sph)}" if len(sph) == 1 else f"{len(w.hosts)} hosts"
+    hosts = f"{len(w.hosts):,} host" + ("" if len(w.hosts) == 1 else "s")
+    per_host = f"{hosts} x {max(sph)}" if len(sph) == 1 else hosts
     # Jobs whose trace fixed their kind and range (ElastiSim) are not chosen by the
     # fraction (simulation/malleable.py): saying "20% chosen" of them would mislead.
     fixed = sum(1 for j in w.trace.jobs if j.min_procs is not None or j.max_procs is not None)

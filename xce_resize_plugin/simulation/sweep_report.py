@@ -128,14 +128,20 @@ def _fmt(metric: str, stat: Stat) -> str:
     return f"{one(stat.mean)} ± {hw}"
 
 
+def _n(count: int, thing: str) -> str:
+    """``1 seed``, ``2 seeds``."""
+    return f"{count} {thing}" if count == 1 else f"{count} {thing}s"
+
+
 def format_sweep(result: SweepResult) -> str:
     """The summary as a text table (what ``sweep`` prints without ``--json -``)."""
     config = result.config
     cells = len(result.cells)
     lines = [
-        f"Sweep {config.path}: {len(config.workloads)} workloads x {len(config.fractions)} "
-        f"malleable fractions x {len(config.seeds)} seeds x {len(config.drivers)} drivers "
-        f"= {cells} cells, {result.ran + result.cached} runs ({result.ran} made, "
+        f"Sweep {config.path}: {_n(len(config.workloads), 'workload')} x "
+        f"{_n(len(config.fractions), 'malleable fraction')} x {_n(len(config.seeds), 'seed')} "
+        f"x {_n(len(config.drivers), 'driver')} = {_n(cells, 'cell')}, "
+        f"{_n(result.ran + result.cached, 'run')} ({result.ran} made, "
         f"{result.cached} from the cache)",
         "Each value: mean ± half-width of the 95 % confidence interval across seeds "
         "(Student t; - for one seed).",
