@@ -6,13 +6,15 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from operator import attrgetter
-from typing import overload
+from typing import Any, overload
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from xce_resize_plugin.core.allocations import (
     as_kept,
+    describe_ids,
     id_range,
     joined,
     next_task_id,
@@ -154,3 +156,18 @@ def test_a_list_in_id_order_is_kept_and_any_other_sequence_copied() -> None:
 def test_the_pairs_of_a_list_in_id_order_are_its_tasks() -> None:
     tasks = (Task(3, "a"), Task(4, "b"), Task(9, "a"))
     assert list(_InOrder(tasks).id_host_pairs()) == list(map(attrgetter("id", "host"), tasks))
+
+
+@pytest.mark.parametrize(
+    ("ids", "text"),
+    [
+        ([], "none"),
+        ([5], "5"),
+        ([3, 1, 2, 2], "1-3"),
+        ([0, 1, 2, 7, 9, 10], "0-2, 7, 9-10"),
+        (range(0, 40, 2), "0, 2, 4, 6, 8, 10, 12, 14, ... 20 ids in all"),
+        (range(100_000), "0-99999"),
+    ],
+)
+def test_ids_in_a_message_are_runs_and_a_few_of_them(ids: Any, text: str) -> None:
+    assert describe_ids(ids) == text

@@ -69,7 +69,7 @@ def test_default_skips_tasks_whose_slots_would_not_count() -> None:
     ("selection", "message"),
     [
         ({"5": [1]}, "not a candidate"),
-        ({"1": [0]}, r"releasable tasks are \[1, 2, 3\]"),
+        ({"1": [0]}, r"returned \[0\] for job 1, whose releasable tasks are 1-3$"),
         ({"1": [1, 1]}, "releasable"),
         ({"1": [7]}, "releasable"),
         ({"1": [1, 2, 3]}, "may give 2"),

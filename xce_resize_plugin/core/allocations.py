@@ -26,6 +26,7 @@ from xce_resize_plugin.core.models import Task, TasksInIdOrder
 
 __all__ = [
     "as_kept",
+    "describe_ids",
     "id_range",
     "joined",
     "next_task_id",
@@ -35,6 +36,26 @@ __all__ = [
 ]
 
 _id_of = attrgetter("id")
+
+#: The most runs of ids :func:`describe_ids` writes out.
+_RUNS_SHOWN = 8
+
+
+def describe_ids(ids: Iterable[int]) -> str:
+    """Task ids for a message, as runs (``0-63, 70, 72-90``), at most a few of them
+    (``..., 4,096 ids in all``): a message about a job of many thousand tasks stays a
+    line, whatever the job's size."""
+    ordered = sorted(set(ids))
+    runs: list[tuple[int, int]] = []
+    for i in ordered:
+        if runs and runs[-1][1] == i - 1:
+            runs[-1] = (runs[-1][0], i)
+        else:
+            runs.append((i, i))
+    shown = ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs[:_RUNS_SHOWN])
+    if len(runs) > _RUNS_SHOWN:
+        shown += f", ... {len(ordered):,} ids in all"
+    return shown or "none"
 
 
 def as_kept(tasks: Sequence[Task]) -> Sequence[Task]:

@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 import attrs
 
 from xce_resize_plugin import errors
+from xce_resize_plugin.core.allocations import describe_ids
 from xce_resize_plugin.core.facts import ReadyTimedOut, TaskReady
 from xce_resize_plugin.core.models import Change, ChangeKind, JobInfo, JobState, Phase, ResizeState
 
@@ -61,7 +62,7 @@ def check_ready(state: ResizeState | None, job: JobInfo, task_id: int) -> None:
     if task_id not in {t.id for t in held}:
         raise errors.InvalidRequest(
             f"task {task_id} is not a task of job {job.id} "
-            f"(its tasks: {sorted(t.id for t in held)})"
+            f"(its tasks: {describe_ids(t.id for t in held)})"
         )
 
 

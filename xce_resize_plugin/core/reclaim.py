@@ -28,7 +28,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from attrs import field, frozen
 
-from xce_resize_plugin.core.allocations import id_range
+from xce_resize_plugin.core.allocations import describe_ids, id_range
 from xce_resize_plugin.core.models import JobInfo, Task
 from xce_resize_plugin.errors import PolicyRejected
 
@@ -275,13 +275,19 @@ def check_selection(selection: Selection, candidates: Sequence[ReclaimCandidate]
             )
         chosen = list(ids)
         if len(set(chosen)) != len(chosen) or not _all_releasable(cand, chosen):
-            allowed = sorted(t.id for t in cand.releasable)
             raise PolicyRejected(
-                f"xce_resize_select_reclaim returned {chosen} for job {job_id}, "
-                f"whose releasable tasks are {allowed}"
+                f"xce_resize_select_reclaim returned {_shown(chosen)} for job {job_id}, "
+                f"whose releasable tasks are {describe_ids(t.id for t in cand.releasable)}"
             )
         if len(chosen) > cand.excess:
             raise PolicyRejected(
                 f"xce_resize_select_reclaim takes {len(chosen)} tasks from job {job_id}, "
                 f"which may give {cand.excess} (its min_tasks is {cand.job.min_tasks})"
             )
+
+
+def _shown(chosen: Sequence[object]) -> str:
+    """A site's answer in a message: as it was, up to a few ids."""
+    if len(chosen) <= 16:
+        return repr(list(chosen))
+    return f"{list(chosen[:16])!r}[:16] of {len(chosen):,} ids"

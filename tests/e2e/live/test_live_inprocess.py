@@ -221,6 +221,12 @@ def test_parse_submission() -> None:
         ({"command": ["x"], "tasks": 2, "min_tasks": 1}, "$.tasks"),
         ({"command": ["x"], "grow_hosts": "some"}, "$.grow_hosts"),
         ({"command": ["x"], "env": {"A": 1}}, "$.env"),
+        # Names a shell or `env` would show split, or that set another variable.
+        ({"command": ["x"], "env": {"A\nB": "1"}}, "$.env"),
+        ({"command": ["x"], "env": {"A B": "1"}}, "$.env"),
+        ({"command": ["x"], "env": {"A=B": "1"}}, "$.env"),
+        ({"command": ["x"], "env": {"A\x01": "1"}}, "$.env"),
+        ({"command": ["x"], "env": {"": "1"}}, "$.env"),
         ({"command": ["x"], "cwd": "relative"}, "$.cwd"),
         ({"command": ["x"], "colour": "red"}, "$.colour"),
         ({"command": ["x"], "alloc": {"h1": "1"}}, "$.alloc"),

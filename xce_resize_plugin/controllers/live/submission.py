@@ -12,6 +12,7 @@ client learns which one to fix and nothing is submitted.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -26,6 +27,10 @@ from xce_resize_plugin.errors import InvalidRequest, ResizeError
 
 #: Largest submission fields (bytes / entries), so one request cannot bloat the state.
 MAX_ARGV, MAX_ENV = 256, 256
+# A variable's name: printable, no blank and no "=" (a newline in a name split the
+# job's environment as a shell or `env` shows it; POSIX allows any byte but "=" and
+# NUL, no shell or scheduler writes such names).
+_ENV_NAME = re.compile(r"[^\s=]+")
 #: The keys of a body: the job options every host takes, and the job's process.
 SUBMIT_KEYS = SUBMIT_OPTIONS | {"command", "env", "cwd"}
 
@@ -202,10 +207,12 @@ def _env(value: Any) -> dict[str, str]:
     if (
         not isinstance(value, Mapping)
         or len(value) > MAX_ENV
-        or not all(isinstance(k, str) and k and "=" not in k and "\0" not in k for k in value)
+        or not all(isinstance(k, str) and _ENV_NAME.fullmatch(k) and k.isprintable() for k in value)
         or not all(isinstance(v, str) and "\0" not in v for v in value.values())
     ):
-        raise InvalidRequest("submit: env must map variable names to strings @ $.env")
+        raise InvalidRequest(
+            "submit: env must map variable names (printable, no blank or '=') to strings @ $.env"
+        )
     return dict(value)
 
 
