@@ -5,6 +5,7 @@ one workload named twice)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -61,16 +62,18 @@ def _group(pgid: int) -> dict[int, tuple[int, str]]:
     return out
 
 
-def _start_sweep(config: Path, cache: Path) -> subprocess.Popen[bytes]:
+def _start_sweep(config: Path, cache: Path, stderr: Path | None = None) -> subprocess.Popen[bytes]:
     argv = [sys.executable, "-m", "xce_resize_plugin.cli.main", "sweep", str(config)]
-    return subprocess.Popen(
-        [*argv, "--cache", str(cache), "--workers", "2", "-q"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,  # its own group: the test finds and ends all of it
-        # A terminal's Ctrl-C, not the SIG_IGN a background job may inherit.
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )
+    with contextlib.ExitStack() as files:
+        err = subprocess.DEVNULL if stderr is None else files.enter_context(stderr.open("wb"))
+        return subprocess.Popen(
+            [*argv, "--cache", str(cache), "--workers", "2", "-q"],
+            stdout=subprocess.DEVNULL,
+            stderr=err,  # the child has its own copy: ours is closed on return
+            start_new_session=True,  # its own group: the test finds and ends all of it
+            # A terminal's Ctrl-C, not the SIG_IGN a background job may inherit.
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        )
 
 
 def _wait_for(check: Callable[[], bool], seconds: float) -> bool:
@@ -88,7 +91,8 @@ def test_the_workers_end_with_a_sweep_killed_mid_run(tmp_path: Path, how: int) -
     """Before, a sweep killed (SIGKILL, SIGTERM, a lost session's SIGHUP) left its
     workers computing runs nobody would read, and then waiting for work forever; a
     Ctrl-C to the sweep's process waited for the running runs to end."""
-    proc = _start_sweep(_config(tmp_path, SLOW), tmp_path / "cache")
+    errors = tmp_path / "stderr"
+    proc = _start_sweep(_config(tmp_path, SLOW), tmp_path / "cache", errors)
     try:
 
         def workers() -> list[int]:
@@ -107,6 +111,14 @@ def test_the_workers_end_with_a_sweep_killed_mid_run(tmp_path: Path, how: int) -
         proc.kill()
         proc.wait()
     assert not list((tmp_path / "cache").glob("*.json"))  # no run had finished
+    if how != signal.SIGKILL:
+        # One line, and nothing from the pool's thread or the resource tracker (a
+        # traceback of a cancelled run failed, semaphores leaked by a SIGTERM).
+        said = errors.read_text(encoding="utf-8", errors="replace")
+        assert proc.returncode == (130 if how == signal.SIGINT else 143), said
+        assert said == (
+            "xce-resize: interrupted\n" if how == signal.SIGINT else "xce-resize: terminated\n"
+        ), said
 
 
 @linux_only

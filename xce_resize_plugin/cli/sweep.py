@@ -8,7 +8,9 @@ message names the file and key, or the option).
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
+import threading
 import time
 from typing import TextIO
 
@@ -20,6 +22,14 @@ from xce_resize_plugin.simulation.sweep_config import load_sweep
 from xce_resize_plugin.simulation.sweep_report import format_sweep, sweep_json
 
 EXIT_OK, EXIT_PROBLEMS = 0, 1
+
+
+def _terminated(signum: int, frame: object) -> None:
+    """SIGTERM during the runs (a batch system's time limit, ``kill``): end as Ctrl-C
+    does, the workers stopped and their resources released (the finished runs are in
+    the cache), exit 143, instead of dying with the workers' semaphores leaked."""
+    print("xce-resize: terminated", file=sys.stderr)
+    raise SystemExit(128 + signum)
 
 
 def run(args: argparse.Namespace, out: TextIO) -> int:
@@ -55,6 +65,10 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
     def start(total: int, cached: int) -> None:
         bars.append(CellBar(total, cached, quiet=args.quiet))
 
+    # (Only the main thread may set a handler: a program that runs this command in
+    # another thread keeps its own.)
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _terminated) if main_thread else None
     try:
         result = run_sweep(
             config,
@@ -65,6 +79,8 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
             on_cell=lambda: bars[0].done(),
         )
     finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)
         for bar in bars:
             bar.close()
     write_results(out, args.json, sweep_json(result), lambda: format_sweep(result))

@@ -315,9 +315,11 @@ def _local(workers: int) -> Runner:
                         yield run.key, _result_of(run, fut.result)
                     done = True
                 finally:
-                    for fut in futures:
-                        fut.cancel()
-                    if not done:  # stop the running runs now, not when they end
+                    if not done:
+                        # Stop the running runs now, not when they end: the workers
+                        # exit, the pool breaks and fails every run not done. Not by
+                        # cancelling them first: Python 3.11's pool then fails a
+                        # cancelled one, and its thread died printing a traceback.
                         keep_alive.close()
         finally:
             keep_alive.close()
