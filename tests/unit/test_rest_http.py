@@ -327,3 +327,24 @@ def test_every_concurrent_change_gets_a_worker_thread() -> None:
 
 async def _ignore(message: Any) -> None:
     """An ASGI ``send`` that drops what it is given."""
+
+
+@pytest.mark.parametrize("route", sorted(ROUTES))
+def test_two_authorization_headers_are_refused_whichever_is_good(route: str) -> None:
+    """A proxy in front may read the other one: neither is taken."""
+    make, method, path, _, _ = ROUTES[route]
+    sent: list[dict[str, Any]] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    for pair in ((GOOD, "other"), ("other", GOOD), (GOOD, GOOD)):
+        sent.clear()
+        scope = http_scope(method, path, {"content-type": "application/json"})
+        scope["headers"] += [(b"authorization", f"Bearer {t}".encode()) for t in pair]
+        stream = Stream(endless())
+        asyncio.run(make()(scope, stream, send))
+        body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+        doc = json.loads(body)
+        assert (sent[0]["status"], doc["code"]) == (401, "XCE_RESIZE_NOT_AUTHENTICATED"), pair
+        assert "one Authorization header" in doc["detail"] and stream.read == 0

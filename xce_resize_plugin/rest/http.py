@@ -159,8 +159,13 @@ def internal() -> Response:
 
 
 async def authenticated(request: Request, authenticate: Authenticate) -> Principal:
-    """Who sends ``request``; :class:`NotAuthenticated` (401) for no or an unknown token."""
-    token = bearer_token(request.headers.get("authorization"))
+    """Who sends ``request``; :class:`NotAuthenticated` (401) for no or an unknown
+    token, or for two ``Authorization`` headers (which one a proxy in front reads is
+    its own choice: neither is taken)."""
+    given = request.headers.getlist("authorization")
+    if len(given) > 1:
+        raise NotAuthenticated("one Authorization header, not several")
+    token = bearer_token(given[0] if given else None)
     principal = await run_in_threadpool(authenticate, token) if token else None
     if principal is None:
         raise NotAuthenticated(
