@@ -133,6 +133,13 @@ def test_a_site_that_requeues_what_failures_end_gets_runs_that_end(driver: str) 
         assert sum(counts) == requeued.jobs_requeued
         resizes = [row[COLUMNS.index("resizes")] for row in getattr(result, mode).jobs]
         assert sum(resizes) == getattr(result, mode).metrics.resizes
+        # Each job's end: the killed ones are EXIT "host failure", the others DONE.
+        ends = [
+            (row[COLUMNS.index("state")], row[COLUMNS.index("reason")])
+            for row in getattr(result, mode).jobs
+        ]
+        assert ends.count(("EXIT", "host failure")) == requeued.jobs_killed > 0
+        assert ends.count(("DONE", "done")) == 200 - requeued.jobs_killed
         # Each refused requeue is one warning, counted (not printed) as one kind.
         (refused,) = getattr(result, mode).warnings
         assert refused.count == requeued.jobs_killed > 0

@@ -6,10 +6,11 @@ trace's clock), ``tasks_at_start``, ``min_tasks``, ``max_tasks``, ``malleable`` 
 when the job ran malleable in this run, else ``0``), ``resizes`` (committed size
 changes, those of runs a requeue ended included), ``wait`` (start - submit),
 ``bounded_slowdown`` (as in the metrics: ``max(1, (wait + run) / max(run, 10 s))``)
-and ``requeues`` (times a host failure put the job back in the queue, by a site's
-policy; ``start`` is then its last start). Rows come run by run, rigid first, each in
-job id order, so that the two runs of a job are easy to join. A name ending in
-``.gz`` is written gzip-compressed.
+``requeues`` (times a host failure put the job back in the queue, by a site's
+policy; ``start`` is then its last start), ``state`` (``DONE`` or ``EXIT``) and
+``reason`` (why it ended, as the controller says: ``done``, ``host failure`` ...).
+Rows come run by run, rigid first, each in job id order, so that the two runs of a job
+are easy to join. A name ending in ``.gz`` is written gzip-compressed.
 """
 
 from __future__ import annotations
@@ -43,11 +44,15 @@ COLUMNS = (
     "wait",
     "bounded_slowdown",
     "requeues",
+    "state",
+    "reason",
 )
 
 #: One row, in the order of :data:`COLUMNS` (a plain tuple: a whole trace's rows are
 #: sent back from the run's process).
-JobRow = tuple[str, str, str, float, float, float, int, int, int, int, int, float, float, int]
+JobRow = tuple[
+    str, str, str, float, float, float, int, int, int, int, int, float, float, int, str, str
+]
 
 
 class JobRows(Observer):
@@ -97,6 +102,8 @@ class JobRows(Observer):
                 wait,
                 bounded_slowdown(wait, job.end_time - start),
                 self._requeues.pop(job.id, 0),
+                job.state.value,
+                job.exit_reason,
             )
         )
 
