@@ -256,3 +256,35 @@ def test_the_json_shows_the_host_failures_simulated(capsys: pytest.CaptureFixtur
     assert main([str(a) for a in _sim("--host-failures", "2.0000004", "--json", "-")]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["options"]["host_failures"] == "2.0000004:1"
+
+
+@pytest.mark.parametrize(
+    ("line", "spec"), [("200", "200:1"), ("0.5", "0.5:1"), ('"200:2"', "200:2")]
+)
+def test_host_failures_in_a_config_file_may_be_a_number(
+    tmp_path: Path, line: str, spec: str
+) -> None:
+    from xce_resize_plugin.simulation.simulate import load_options
+
+    config = tmp_path / "sim.toml"
+    config.write_text(f"[simulate]\nhost_failures = {line}\n", encoding="utf-8")
+    failures = load_options(config).host_failures
+    assert failures is not None and failures.spec() == spec
+
+
+@pytest.mark.usefixtures("no_runs")
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("host_failures = nan", "[simulate] host_failures: MTBF_HOURS must be a number"),
+        ("host_failures = true", "[simulate] host_failures must be str or int or float"),
+        ("host_failures = -3", "[simulate] host_failures: MTBF_HOURS must be a positive"),
+    ],
+)
+def test_a_bad_numeric_host_failures_names_the_file_and_the_key(
+    tmp_path: Path, line: str, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "sim.toml"
+    config.write_text(f"[simulate]\n{line}\n", encoding="utf-8")
+    got = refused(capsys, *_sim("--config", config))
+    assert got.startswith(f"xce-resize: Configuration error: {config}: {message}"), got

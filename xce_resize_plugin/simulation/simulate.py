@@ -241,7 +241,8 @@ CONFIG_KEYS: dict[str, tuple[type, ...]] = {
     "grow_margin": (int, float),
     "grow_when_queue_empty": (bool,),
     "shrink_min_delay": (int, float),
-    "host_failures": (str,),
+    # A number is the MTBF alone (`host_failures = 200`), as "200" is.
+    "host_failures": (str, int, float),
 }
 
 
@@ -321,8 +322,9 @@ def _checked(where: str, key: str, value: Any) -> Any:
     try:
         if key == "speedup" and isinstance(value, str):
             value = parse_speedup(value)
-        elif key == "host_failures" and isinstance(value, str):
-            value = failures_mod.parse(value)
+        elif key == "host_failures" and isinstance(value, str | int | float):
+            text = value if isinstance(value, str) else repr(value)
+            value = failures_mod.parse(text)
         elif key == "malleable_fraction" and not isinstance(value, bool):
             value = float(value)
         SimOptions(**{key: value})
