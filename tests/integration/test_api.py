@@ -632,6 +632,17 @@ def test_other_bad_requests(cluster: Cluster, http: httpx.Client) -> None:
     job = cluster.job1
     r = _raw(http, "POST", path(job, "/grow"), b'{"tasks": 1}', **{"content-type": "text/plain"})
     assert_problem(r, 415, "XCE_RESIZE_UNSUPPORTED_MEDIA_TYPE")
+    # JSON is UTF-8: a body declared in another charset is not read as if it were.
+    for declared in ("application/json; charset=latin-1", 'application/json;charset="UTF-16"'):
+        r = _raw(http, "POST", path(job, "/grow"), b'{"tasks": 1}', **{"content-type": declared})
+        assert (
+            "JSON is UTF-8" in assert_problem(r, 415, "XCE_RESIZE_UNSUPPORTED_MEDIA_TYPE")["detail"]
+        )
+    assert cluster.snapshot() == before
+    for declared in ("application/json; charset=utf-8", "application/json; Charset=UTF8"):
+        r = _raw(http, "POST", path(job, "/grow"), b'{"tasks": 1}', **{"content-type": declared})
+        assert r.status_code == 202, r.text
+        assert call(http, "DELETE", path(job, "/pending")).status_code == 200
     r = _raw(http, "DELETE", path(job, "/pending"), b"{}")
     assert "no body" in assert_problem(r, 400, "XCE_RESIZE_INVALID_REQUEST")["detail"]
     assert_problem(call(http, "GET", path(job), params={"x": 1}), 400, "XCE_RESIZE_INVALID_REQUEST")

@@ -41,9 +41,18 @@ def check_json_type(header: str | None) -> None:
     """Refuse a body declared as anything but JSON (no declaration is accepted)."""
     if header is None:
         return
-    media = header.split(";", 1)[0].strip().lower()
+    media, _, params = header.partition(";")
+    media = media.strip().lower()
     if not _JSON_TYPES.match(media):
         raise UnsupportedMediaType(f"got {media or 'an empty type'!r}")
+    # JSON is UTF-8 (RFC 8259) and is read as such: a body declared in another charset
+    # would be read as something its sender did not write.
+    for param in params.split(";"):
+        name, _, value = param.partition("=")
+        if name.strip().lower() == "charset":
+            charset = value.strip().strip('"').lower()
+            if charset not in ("utf-8", "utf8"):
+                raise UnsupportedMediaType(f"got charset {charset!r}; JSON is UTF-8")
 
 
 def check_query(query: Iterable[tuple[str, str]], op: Operation) -> dict[str, str]:
