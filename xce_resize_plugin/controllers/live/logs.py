@@ -19,7 +19,7 @@ import orjson
 
 from xce_resize_plugin.rest.logcontext import ContextFilter
 
-__all__ = ["ACCESS", "FORMATS", "TEXT", "JsonFormatter", "configure"]
+__all__ = ["ACCESS", "FORMATS", "TEXT", "JsonFormatter", "RepeatLimit", "configure"]
 
 #: The logger of the access lines (:class:`~xce_resize_plugin.rest.http.RequestContext`).
 ACCESS = "xce_resize_plugin.access"
@@ -30,6 +30,43 @@ FORMATS = ("text", "json")
 TEXT = "%(asctime)s controller %(levelname)s %(name)s: %(message)s"
 #: Loggers that say too much at INFO for a controller's log.
 _QUIET = ("httpx", "httpcore", "uvicorn.access")
+
+
+#: The logger uvicorn writes a client's malformed requests to, one line each.
+SERVER_ERRORS = "uvicorn.error"
+#: Seconds in which one kind of warning of :data:`SERVER_ERRORS` is written once.
+REPEAT_WINDOW = 60.0
+
+
+class RepeatLimit(logging.Filter):
+    """Writes a warning (or worse) once per :data:`REPEAT_WINDOW` seconds per message
+    pattern, the next one saying how many were held back. uvicorn logs a line for each
+    malformed request ("Invalid HTTP request received."), so any local process could
+    fill the controller's log and its disk; the first of each kind is still written,
+    at once. Records below WARNING pass."""
+
+    def __init__(self, window: float = REPEAT_WINDOW, clock: Any = time.monotonic) -> None:
+        super().__init__()
+        self.window = window
+        self._clock = clock
+        #: pattern -> (when the last one was written, how many were held back since).
+        self._seen: dict[str, tuple[float, int]] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.WARNING:
+            return True
+        key = str(record.msg)
+        now = self._clock()
+        last = self._seen.get(key)
+        if last is not None and now - last[0] < self.window:
+            self._seen[key] = (last[0], last[1] + 1)
+            return False
+        if last is not None and last[1]:
+            record.msg = f"{record.msg} ({last[1]:,} more like it in the last {self.window:g} s)"
+        if len(self._seen) > 1000:  # many kinds: forget, rather than grow
+            self._seen.clear()
+        self._seen[key] = (now, 0)
+        return True
 
 
 class JsonFormatter(logging.Formatter):
@@ -78,6 +115,9 @@ def configure(log_format: str = "text", access: bool = False) -> None:
     logging._srcfile = None
     for noisy in _QUIET:
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    server_errors = logging.getLogger(SERVER_ERRORS)
+    if not any(isinstance(f, RepeatLimit) for f in server_errors.filters):
+        server_errors.addFilter(RepeatLimit())
     # Off by default: polling clients (bresize -w, the in-job API) make hundreds of
     # requests a second, and a line each costs the event loop more than the rest of
     # the request context together (docs/operations.md, "Overhead").
