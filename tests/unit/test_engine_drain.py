@@ -110,7 +110,9 @@ def test_a_grace_above_the_maximum_is_too_long_however_large(grace: float, shown
     with pytest.raises(errors.GraceTooLong) as info:
         _decide(None, job(), ReleaseRequest(task_ids=(3,), grace=grace), 1.0)
     assert info.value.code == "XCE_RESIZE_GRACE_TOO_LONG"
-    assert info.value.text.endswith(f": grace {shown} s is above the site maximum max_stop_grace 300 s")
+    assert info.value.text.endswith(
+        f": grace {shown} s is above the site maximum max_stop_grace 300 s"
+    )
 
 
 @pytest.mark.parametrize("grace", [-1.0, -(10**400), math.nan, "5", True])

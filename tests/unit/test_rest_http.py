@@ -348,3 +348,27 @@ def test_two_authorization_headers_are_refused_whichever_is_good(route: str) -> 
         doc = json.loads(body)
         assert (sent[0]["status"], doc["code"]) == (401, "XCE_RESIZE_NOT_AUTHENTICATED"), pair
         assert "one Authorization header" in doc["detail"] and stream.read == 0
+
+
+@pytest.mark.parametrize("route", sorted(ROUTES))
+@pytest.mark.parametrize(
+    "declared",
+    ["text/plain", "application/json; charset=latin-1", "application/json;charset=utf-16"],
+)
+def test_a_body_that_is_not_utf8_json_is_refused_on_every_route(route: str, declared: str) -> None:
+    """The host's routes as the plugin's: JSON (RFC 8259) is UTF-8, and read so."""
+    make, method, path, _, _ = ROUTES[route]
+    headers = {"content-type": declared, "authorization": f"Bearer {GOOD}"}
+    status, doc = call(make(), method, path, Stream(iter([b"{}"])), headers)
+    assert (status, doc["code"]) == (415, "XCE_RESIZE_UNSUPPORTED_MEDIA_TYPE"), doc
+
+
+@pytest.mark.parametrize("charset", ["utf-8", "UTF8", '"utf-8"', "us-ascii"])
+def test_utf8_and_ascii_json_are_read(charset: str) -> None:
+    make, method, path, _, _ = ROUTES["host submit"]
+    headers = {
+        "content-type": f"application/json; charset={charset}",
+        "authorization": f"Bearer {GOOD}",
+    }
+    status, doc = call(make(), method, path, Stream(iter([b'{"command": ["x"]}'])), headers)
+    assert status == 201 and doc["job"] == {"command": ["x"]}, doc

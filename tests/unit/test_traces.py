@@ -923,7 +923,18 @@ def test_model_numbers_must_be_finite(raw: float) -> None:
         ),
         (
             swf_line(2, 5, req=4).replace(" 4 600 ", " " + "4" * 5000 + " 600 ", 1),
-            "field 8 (requested processors) has 5000 digits",
+            "field 8 (requested processors) has 5,000 digits",
+        ),
+        # Read although the request is used: every count is whole.
+        (
+            swf_line(2, 5, alloc=4).replace(" 100 4 ", " 100 4.5 ", 1),
+            "field 5 (allocated processors) '4.5' is not a whole number",
+        ),
+        # The first field the reader converts is named (the request, then the
+        # allocation, then the status), not another odd one of the line.
+        (
+            swf_line(2, 5, req=4, status=1).replace(" 4 600 -1 1 ", " 4.5 600 -1 1.0 ", 1),
+            "field 8 (requested processors) '4.5' is not a whole number",
         ),
     ],
 )
@@ -934,6 +945,15 @@ def test_counts_are_whole_numbers_and_only_times_may_be_infinite(line: str, says
         read_swf(data)
     assert info.value.line == 4
     assert f"t.swf:4: malformed SWF data line ({says})" in str(info.value)
+
+
+def test_a_job_number_of_thousands_of_digits_is_read_by_value() -> None:
+    long = "0" + "1" * 4400
+    trace = read_swf(swf(swf_line(1, 0).replace("1", long, 1)))
+    assert [j.id for j in trace] == [long]
+    twice = swf(swf_line(1, 0).replace("1", long, 1), swf_line(2, 1).replace("2", long[1:], 1))
+    with pytest.raises(TraceError, match="is already on line 3"):
+        read_swf(twice)
 
 
 def test_a_job_number_written_twice_in_two_forms_is_caught() -> None:

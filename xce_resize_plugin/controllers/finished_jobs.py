@@ -71,16 +71,17 @@ class FinishedJobs:
         heap = self._by_user.get(user)
         while heap:
             entry = heapq.heappop(heap)
-            if self._take(entry):
+            if self._take(entry, user):
                 return entry
         return None
 
-    def _take(self, entry: tuple[float, str]) -> bool:
+    def _take(self, entry: tuple[float, str], user: str | None = None) -> bool:
         """Take the entry's job out if the entry is its live one (not a leftover of a
-        job already taken out through the other heap)."""
+        job already taken out through the other heap; from a user's heap, not one of
+        a job kept again since, for another user)."""
         end_time, job_id = entry
         kept = self._kept.get(job_id)
-        if kept is None or kept[0] != end_time:
+        if kept is None or kept[0] != end_time or (user is not None and kept[1] != user):
             return False
         del self._kept[job_id]
         user = kept[1]
@@ -105,6 +106,7 @@ class FinishedJobs:
         if not count:
             del self._by_user[user]
         elif len(mine) > 2 * count + _SLACK:
-            fresh = [(end, job_id) for job_id, (end, u) in kept.items() if u == user]
+            # From the user's own heap (not every job kept): its live entries, once.
+            fresh = list({e for e in mine if kept.get(e[1]) == (e[0], user)})
             heapq.heapify(fresh)
             self._by_user[user] = fresh

@@ -67,7 +67,12 @@ from xce_resize_plugin.host import Principal
 from xce_resize_plugin.rest import openapi
 from xce_resize_plugin.rest.logcontext import CURRENT, RequestLog, note_job, request_id
 from xce_resize_plugin.rest.operation import Operation
-from xce_resize_plugin.rest.parsing import bearer_token, check_query, declared_length
+from xce_resize_plugin.rest.parsing import (
+    bearer_token,
+    check_json_type,
+    check_query,
+    declared_length,
+)
 from xce_resize_plugin.rest.problems import (
     JSON,
     PROBLEM_JSON,
@@ -270,6 +275,16 @@ def body_timeout(request: Request) -> float:
     app = request.scope.get("app")
     seconds = getattr(getattr(app, "state", None), _BODY_TIMEOUT, None)
     return DEFAULT_BODY_TIMEOUT if seconds is None else float(seconds)
+
+
+async def read_json_body(request: Request, limit: BodyLimit) -> bytes:
+    """:func:`read_body`, and a body there is must be declared JSON (or not declared),
+    in UTF-8 (:func:`~.parsing.check_json_type`; 415 otherwise): every route that
+    takes a body, the resize routes and the host's alike."""
+    raw = await read_body(request, limit)
+    if raw:
+        check_json_type(request.headers.get("content-type"))
+    return raw
 
 
 async def read_body(request: Request, limit: BodyLimit) -> bytes:
@@ -534,6 +549,7 @@ __all__ = [
     "openapi_route",
     "problem",
     "read_body",
+    "read_json_body",
     "reply",
     "request_limit",
     "set_body_timeout",

@@ -51,7 +51,7 @@ def check_json_type(header: str | None) -> None:
         name, _, value = param.partition("=")
         if name.strip().lower() == "charset":
             charset = value.strip().strip('"').lower()
-            if charset not in ("utf-8", "utf8"):
+            if charset not in ("utf-8", "utf8", "us-ascii", "ascii"):  # ASCII is UTF-8
                 raise UnsupportedMediaType(f"got charset {charset!r}; JSON is UTF-8")
 
 

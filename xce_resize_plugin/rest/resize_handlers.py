@@ -51,10 +51,10 @@ from xce_resize_plugin.rest.http import (
     Handler,
     check_serving,
     endpoint,
-    read_body,
+    read_json_body,
     reply,
 )
-from xce_resize_plugin.rest.parsing import check_fields, check_json_type, check_query, parse_json
+from xce_resize_plugin.rest.parsing import check_fields, check_query, parse_json
 from xce_resize_plugin.rest.resize_operations import (
     BY_NAME,
     MAX_BODY,
@@ -147,10 +147,7 @@ class Hooks:
 
 
 async def _body(request: Request) -> bytes:
-    raw = await read_body(request, _LIMIT)
-    if raw:
-        check_json_type(request.headers.get("content-type"))
-    return raw
+    return await read_json_body(request, _LIMIT)
 
 
 async def _json_body(request: Request, what: str) -> Any:

@@ -93,7 +93,7 @@ _NOT_FINITE = re.compile(r"[-+]?(?:nan|inf|infinity)", re.IGNORECASE)
 _TIME_FIELDS = frozenset({1, 3, 8})
 #: The counts read as integers (allocated and requested processors, status), and the
 #: form int() reads them in (the job number is one too: _check_kept).
-_WHOLE_FIELDS = (4, 7, 10)
+_WHOLE_FIELDS = (7, 4, 10)
 _WHOLE = re.compile(r"[-+]?[0-9]+")
 #: The SWF fields by number (1-based), as a refused line's message names them.
 _FIELD_NAMES = (
@@ -326,13 +326,17 @@ def _odd_fields(name: str, lineno: int, line: str, parts: Sequence[str]) -> None
 def _not_whole(name: str, lineno: int, line: str, parts: Sequence[str]) -> TraceError:
     """The error for a kept line whose count (processors, status) ``int()`` refused:
     every field is a number by then, so it is one with a fraction or an exponent."""
-    index = next((i for i in _WHOLE_FIELDS if _WHOLE.fullmatch(parts[i]) is None), None)
-    if index is None:  # digits int() will not read: thousands of them
-        index = max(_WHOLE_FIELDS, key=lambda i: len(parts[i]))
-        why = f"field {index + 1} ({_FIELD_NAMES[index]}) has {len(parts[index])} digits"
+    for index in _WHOLE_FIELDS:  # in the order the reader converts them
+        try:
+            int(parts[index])
+        except ValueError:
+            break
     else:
-        why = f"field {index + 1} ({_FIELD_NAMES[index]}) {parts[index]!r} is not a whole number"
-    return _bad_line(name, lineno, line, why)
+        raise AssertionError("_not_whole: every count reads")
+    what = f"field {index + 1} ({_FIELD_NAMES[index]})"
+    if _WHOLE.fullmatch(parts[index]):  # digits int() will not read: thousands of them
+        return _bad_line(name, lineno, line, f"{what} has {len(parts[index]):,} digits")
+    return _bad_line(name, lineno, line, f"{what} {parts[index]!r} is not a whole number")
 
 
 def _check_kept(
@@ -362,7 +366,7 @@ def _check_kept(
         why = f"field 1 (job number) {job!r} is not a whole number"
         raise _bad_line(name, lineno, line, why)
     # By value: "0100" and "100" are the same job number.
-    number = job if job[0] != "0" else str(int(job))
+    number = job.lstrip("0") or "0"
     if seen.setdefault(number, lineno) != lineno:
         raise TraceError(
             f"job id {parts[0]!r} is already on line {seen[number]}", source=name, line=lineno
@@ -410,9 +414,9 @@ def _read_swf_jobs(
             if not runtime > 0:  # also catches NaN
                 stats["skipped_runtime"] += 1
                 continue
-            procs = int(parts[7])
+            procs, allocated = int(parts[7]), int(parts[4])  # both: every count is whole
             if procs <= 0:
-                procs = int(parts[4])
+                procs = allocated
                 if procs <= 0:
                     stats["skipped_procs"] += 1
                     continue

@@ -45,7 +45,7 @@ from xce_resize_plugin.rest.http import (
     BodyLimit,
     Translate,
     endpoint,
-    read_body,
+    read_json_body,
     reply,
 )
 from xce_resize_plugin.rest.logcontext import note_job
@@ -280,7 +280,7 @@ async def _submission(request: Request) -> Any:
     """The JSON body of a submission (``None`` when empty), decoded as strictly as the
     resize routes' (:func:`parse_json`): a lone surrogate, which no encoder accepts,
     would otherwise reach the commands sent to the agents and fail there."""
-    raw = await read_body(request, _LIMIT)
+    raw = await read_json_body(request, _LIMIT)
     return parse_json(raw) if raw else None
 
 

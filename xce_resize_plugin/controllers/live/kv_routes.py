@@ -25,7 +25,7 @@ from xce_resize_plugin.rest.http import (
     Translate,
     check_serving,
     endpoint,
-    read_body,
+    read_json_body,
     reply,
 )
 from xce_resize_plugin.rest.operation import Operation, Param
@@ -89,7 +89,7 @@ def kv_routes(ctl: LiveController, translate: Translate) -> list[ApiRoute]:
 
     async def put(request: Request, principal: Principal) -> Response:
         check_query(request.query_params.multi_items(), KV_PUT)
-        body = parse_json(await read_body(request, _LIMIT))
+        body = parse_json(await read_json_body(request, _LIMIT))
         job_id, key = check_job_id(request.path_params["id"]), request.path_params["key"]
         return reply(await run_in_threadpool(ctl.kv_put, principal, job_id, key, body), 200)
 

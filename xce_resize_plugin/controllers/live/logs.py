@@ -62,7 +62,7 @@ class RepeatLimit(logging.Filter):
             self._seen[key] = (last[0], last[1] + 1)
             return False
         if last is not None and last[1]:
-            record.msg = f"{record.msg} ({last[1]:,} more like it in the last {self.window:g} s)"
+            record.msg = f"{record.msg} ({last[1]:,} more like it since the last one written)"
         if len(self._seen) > 1000:  # many kinds: forget, rather than grow
             self._seen.clear()
         self._seen[key] = (now, 0)

@@ -18,6 +18,7 @@
     # metrics_token = "sha256:<hex digest>"   may read GET /metrics (and nothing else)
     # request_limit = 256       requests one user may have in progress at once
     # finished_job_keep = 3600  seconds a finished job is kept after its end (0: dropped at once)
+    # finished_job_max = 1000   each user's finished jobs kept at most (the earliest go first)
 
     [cluster]
     hosts = { hostA = 4, hostB = 4 }
