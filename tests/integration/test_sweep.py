@@ -386,17 +386,23 @@ def test_the_plugins_warnings_are_shown_once_per_kind_per_cell(
         host_failures=parse_host_failures("500"),
         resize={"policy_files": [str(policy)], "max_requeue": 1},
     )
+    same = simulate(KTH, opts, parallel=False)
     expected = [
         {"run": mode, "count": w.count, "first": w.first}
         for mode in ("rigid", "elastic")
-        for w in getattr(simulate(KTH, opts, parallel=False), mode).warnings
+        for w in getattr(same, mode).warnings
     ]
     assert cell["warnings"] == expected and expected
     for w in expected:
         assert f" {w['run']}: {w['count']:,}  {w['first']}" in table.out
+    # What the failures did, per run, as simulate --json gives it.
+    for mode in ("rigid", "elastic"):
+        assert cell[mode]["host_failures"] == same.to_json()["runs"][mode]["host_failures"]
     # From the cache, the same.
     assert main([*args, "--json", "-"]) == 0
-    assert json.loads(capsys.readouterr().out)["cells"][0]["warnings"] == expected
+    cached = json.loads(capsys.readouterr().out)["cells"][0]
+    assert cached["warnings"] == expected
+    assert cached["rigid"]["host_failures"] == cell["rigid"]["host_failures"]
 
 
 def test_the_json_is_the_same_bytes_whether_runs_were_made_or_cached(tmp_path: Path) -> None:

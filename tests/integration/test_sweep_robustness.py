@@ -311,6 +311,8 @@ def test_a_cache_file_of_another_shape_is_made_again(tmp_path: Path) -> None:
         {**good, "problems": "none"},
         {**good, "jobs": True},
         {k: v for k, v in good.items() if k != "malleable_jobs"},
+        {**good, "run": {**good["run"], "host_failures": {"jobs_killed": 1}}},
+        {**good, "warnings": [{"run": "rigid", "count": -1, "first": "x"}]},
     ):
         assert not run_doc_ok(bad)
         files[0].write_text(json.dumps(bad))

@@ -88,7 +88,7 @@ __all__ = [
 ]
 
 #: Part of every cache key: a change of what a cached result holds changes it.
-CACHE_FORMAT = "xce-resize-sweep-run/3"
+CACHE_FORMAT = "xce-resize-sweep-run/4"
 
 CellResult = dict[str, Any]
 
@@ -97,6 +97,8 @@ def _run_json(run: RunResult) -> dict[str, Any]:
     out: dict[str, Any] = dict(run.metrics.to_json())
     out["events"] = run.events
     out["resize_requests"] = run.requests
+    if run.failures is not None:  # --host-failures: what they did, as simulate --json
+        out["host_failures"] = run.failures.to_json()
     return out
 
 

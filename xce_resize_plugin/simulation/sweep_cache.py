@@ -19,6 +19,7 @@ from typing import Any
 
 import attrs
 
+from xce_resize_plugin.simulation.failures import FailureStats
 from xce_resize_plugin.simulation.metrics import RunMetrics
 
 __all__ = ["CellCache", "RunResultDoc", "default_cache_dir", "run_doc_ok"]
@@ -30,6 +31,9 @@ RunResultDoc = dict[str, Any]
 #: The keys of a run's metrics (:func:`~.sweep._run_json`).
 _RUN_ORDER = (*(f.name for f in attrs.fields(RunMetrics)), "events", "resize_requests")
 _RUN_KEYS = frozenset(_RUN_ORDER)
+#: The keys of a run's ``host_failures`` (:meth:`~.failures.FailureStats.to_json`),
+#: there when the run injected failures.
+_FAILURE_ORDER = tuple(FailureStats().to_json())
 
 
 _DOC_KEYS = frozenset({"jobs", "malleable_jobs", "run", "problems", "warnings"})
@@ -58,12 +62,24 @@ def run_doc_ok(doc: Any) -> bool:
         _count(doc["jobs"])
         and _count(doc["malleable_jobs"])
         and isinstance(run, dict)
-        and set(run) == _RUN_KEYS
-        and all(_number(v) for v in run.values())
+        and set(run) - {"host_failures"} == _RUN_KEYS
+        and all(_number(v) for k, v in run.items() if k != "host_failures")
+        and _failures_ok(run.get("host_failures", {}))
         and isinstance(problems, list)
         and all(isinstance(p, str) for p in problems)
         and isinstance(warnings, list)
         and all(_warning_ok(w) for w in warnings)
+    )
+
+
+def _failures_ok(doc: Any) -> bool:
+    """``{}`` (no failures injected) or a run's failure counts."""
+    if doc == {}:
+        return True
+    return (
+        isinstance(doc, dict)
+        and set(doc) == set(_FAILURE_ORDER)
+        and all(_number(v) for v in doc.values())
     )
 
 
@@ -74,7 +90,14 @@ def _ordered(doc: RunResultDoc) -> RunResultDoc:
     return {
         "jobs": doc["jobs"],
         "malleable_jobs": doc["malleable_jobs"],
-        "run": {key: doc["run"][key] for key in _RUN_ORDER},
+        "run": {
+            **{key: doc["run"][key] for key in _RUN_ORDER},
+            **(
+                {"host_failures": {k: doc["run"]["host_failures"][k] for k in _FAILURE_ORDER}}
+                if "host_failures" in doc["run"]
+                else {}
+            ),
+        },
         "problems": doc["problems"],
         "warnings": [{k: w[k] for k in ("run", "count", "first")} for w in doc["warnings"]],
     }
