@@ -54,7 +54,7 @@ from xce_resize_plugin.rest.http import (
     read_json_body,
     reply,
 )
-from xce_resize_plugin.rest.parsing import check_fields, check_query, parse_json
+from xce_resize_plugin.rest.parsing import check_fields, parse_json
 from xce_resize_plugin.rest.resize_operations import (
     BY_NAME,
     MAX_BODY,
@@ -167,11 +167,9 @@ def _drained_from_json(data: Any) -> DrainedRequest:
     return DrainedRequest(tuple(ids))
 
 
-def _job_id(request: Request, name: str) -> str:
-    """The path's job id, checked, then the query string of operation ``name``."""
-    job_id = check_job_id(request.path_params["id"])
-    check_query(request.query_params.multi_items(), BY_NAME[name])
-    return job_id
+def _job_id(request: Request) -> str:
+    """The path's job id, checked (the query string was, by :func:`~.http.endpoint`)."""
+    return check_job_id(request.path_params["id"])
 
 
 @frozen
@@ -181,12 +179,12 @@ class Handlers:
     hooks: Hooks
 
     async def status(self, request: Request, principal: Principal) -> Response:
-        job_id = _job_id(request, "resize_status")
+        job_id = _job_id(request)
         status = await run_in_threadpool(self.hooks.viewed_status, principal, job_id)
         return reply(converters.status_json(status), 200)
 
     async def history(self, request: Request, principal: Principal) -> Response:
-        job_id = _job_id(request, "resize_history")
+        job_id = _job_id(request)
         usage = await run_in_threadpool(self.hooks.viewed_history, principal, job_id)
         return reply(converters.history_json(usage), 200)
 
@@ -210,7 +208,7 @@ class Handlers:
     ) -> Response:
         """A change with a JSON body: operation ``name``, its body made by ``decode``."""
         op = BY_NAME[name]
-        job_id = _job_id(request, name)
+        job_id = _job_id(request)
         what = name.removeprefix("resize_").removeprefix("job_").removesuffix("_set")
         data = await _json_body(request, what)
         check_fields(data, schema_fields(str(op.body)), what)
@@ -223,7 +221,7 @@ class Handlers:
 
     async def events(self, request: Request, principal: Principal) -> Response:
         """The job's events after the cursor, long-polled like ``wait``."""
-        job_id = _job_id(request, "job_events")
+        job_id = _job_id(request)
         query = request.query_params
         after = parse_cursor(query.get("after"))
         timeout = parse_timeout(query.get("timeout"))
@@ -243,7 +241,7 @@ class Handlers:
         return reply([event.to_json() for event in found], 200)
 
     async def cancel(self, request: Request, principal: Principal) -> Response:
-        job_id = _job_id(request, "resize_cancel")
+        job_id = _job_id(request)
         if await _body(request):
             raise InvalidRequest("cancel takes no body")
         status = await run_in_threadpool(self.hooks.change, principal, job_id, CancelRequest())
@@ -251,7 +249,7 @@ class Handlers:
 
     async def ready(self, request: Request, principal: Principal) -> Response:
         """A task says it is ready (docs/in-job-api.md, "Readiness and exits")."""
-        job_id = _job_id(request, "task_ready")
+        job_id = _job_id(request)
         task_id = parse_task_id(request.path_params["task_id"])
         if await _body(request):
             raise InvalidRequest("ready takes no body")
@@ -272,7 +270,7 @@ class Handlers:
         )
 
     async def clear_target(self, request: Request, principal: Principal) -> Response:
-        job_id = _job_id(request, "resize_target_clear")
+        job_id = _job_id(request)
         if await _body(request):
             raise InvalidRequest("clearing a target takes no body")
         change = TargetRequest(None)
@@ -280,8 +278,8 @@ class Handlers:
         return reply(converters.status_json(status), 200)
 
     async def wait(self, request: Request, principal: Principal) -> Response:
-        job_id = check_job_id(request.path_params["id"])
-        query = check_query(request.query_params.multi_items(), BY_NAME["resize_wait"])
+        job_id = _job_id(request)
+        query = request.query_params  # checked by endpoint(): known, once, version given
         version = parse_version(query["version"])
         timeout = parse_timeout(query.get("timeout"))
         loop = asyncio.get_running_loop()

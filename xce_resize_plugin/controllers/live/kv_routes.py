@@ -29,7 +29,7 @@ from xce_resize_plugin.rest.http import (
     reply,
 )
 from xce_resize_plugin.rest.operation import Operation, Param
-from xce_resize_plugin.rest.parsing import check_query, parse_json
+from xce_resize_plugin.rest.parsing import parse_json
 from xce_resize_plugin.rest.resize_operations import check_job_id
 
 _PARAMS = (
@@ -88,14 +88,13 @@ def kv_routes(ctl: LiveController, translate: Translate) -> list[ApiRoute]:
     """The two routes, with the host routes' error translation."""
 
     async def put(request: Request, principal: Principal) -> Response:
-        check_query(request.query_params.multi_items(), KV_PUT)
         body = parse_json(await read_json_body(request, _LIMIT))
         job_id, key = check_job_id(request.path_params["id"]), request.path_params["key"]
         return reply(await run_in_threadpool(ctl.kv_put, principal, job_id, key, body), 200)
 
     async def get(request: Request, principal: Principal) -> Response:
-        query = check_query(request.query_params.multi_items(), KV_GET)
-        wait = job_kv.parse_wait(query.get("wait"))
+        # The query string was checked by endpoint() (known parameters, each once).
+        wait = job_kv.parse_wait(request.query_params.get("wait"))
         job_id, key = check_job_id(request.path_params["id"]), request.path_params["key"]
         loop = asyncio.get_running_loop()
         deadline, delay = loop.time() + wait, _POLL_FIRST
