@@ -17,6 +17,7 @@ from typing import Any, SupportsIndex
 
 import pluggy
 
+from xce_resize_plugin.core.allocations import plain_ints
 from xce_resize_plugin.core.models import JobInfo, ResizeRecord, ResizeRequest, Task
 from xce_resize_plugin.core.placement import GrowHostView, default_grow_order
 from xce_resize_plugin.core.reclaim import ReclaimCandidate, ReclaimHead, Selection
@@ -30,7 +31,6 @@ _COMMITTED = "xce_resize_committed"
 
 
 _END = object()
-_INT = frozenset({int})
 
 #: What a site hook's failure is: any exception, and ``sys.exit()`` too, which would
 #: otherwise end the thread that called the hook (the live controller's loop, silently).
@@ -61,8 +61,8 @@ def _task_ids(hook: str, answer: object, most: int, whose: str = "") -> tuple[in
         raise
     except SiteFailure as exc:  # a generator of the site's that fails on the way
         raise _raised(hook, exc) from exc
-    if set(map(type, ids)) <= _INT:
-        return ids  # the usual answer, checked at C speed (a release may name thousands)
+    if plain_ints(ids):
+        return ids  # the usual answer
     try:
         return tuple(_task_id(i) for i in ids)
     except TypeError:

@@ -18,6 +18,7 @@ from xce_resize_plugin.core.allocations import (
     id_range,
     joined,
     next_task_id,
+    plain_ints,
     task_ids,
     with_ids,
     without_ids,
@@ -171,3 +172,23 @@ def test_the_pairs_of_a_list_in_id_order_are_its_tasks() -> None:
 )
 def test_ids_in_a_message_are_runs_and_a_few_of_them(ids: Any, text: str) -> None:
     assert describe_ids(ids) == text
+
+
+class _Index:
+    def __index__(self) -> int:
+        return 3
+
+
+@pytest.mark.parametrize(
+    ("values", "plain"),
+    [
+        ([], True),
+        ([1, 2, 3], True),
+        (range(5), True),
+        ([1, True], False),
+        ([_Index()], False),
+        ([1, 2.0], False),
+    ],
+)
+def test_plain_ints_are_ints_only(values: Any, plain: bool) -> None:
+    assert plain_ints(values) is plain

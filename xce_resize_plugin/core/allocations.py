@@ -30,12 +30,22 @@ __all__ = [
     "id_range",
     "joined",
     "next_task_id",
+    "plain_ints",
     "task_ids",
     "with_ids",
     "without_ids",
 ]
 
 _id_of = attrgetter("id")
+
+_INT = frozenset({int})
+
+
+def plain_ints(values: Iterable[object]) -> bool:
+    """Whether every value is a plain ``int`` (not a bool, not an integer of another
+    kind), checked at C speed: a site's answer may name thousands of task ids."""
+    return set(map(type, values)) <= _INT
+
 
 #: The most runs of ids :func:`describe_ids` writes out.
 _RUNS_SHOWN = 8
