@@ -373,15 +373,17 @@ def _deadline(where: Where, key: str, value: Any) -> float:
     return float(value)
 
 
+def _int_from(where: Where, key: str, value: Any, low: int, high: int) -> int:
+    """An integer from ``low`` to ``high``, or an error naming ``key``."""
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise where.error(key, f"must be an integer from {low} to {high}, got {value!r}")
+    return value
+
+
 def _request_limit(where: Where, value: Any) -> int:
     """A user's requests in progress: an integer from 1 (every request would be
     refused with 0) to :data:`MAX_REQUEST_LIMIT`."""
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_REQUEST_LIMIT:
-        raise where.error(
-            "controller.request_limit",
-            f"must be an integer from 1 to {MAX_REQUEST_LIMIT}, got {value!r}",
-        )
-    return value
+    return _int_from(where, "controller.request_limit", value, 1, MAX_REQUEST_LIMIT)
 
 
 def _finished_job_keep(where: Where, value: Any) -> float:
@@ -401,16 +403,7 @@ def _finished_job_keep(where: Where, value: Any) -> float:
 def _finished_job_max(where: Where, value: Any) -> int:
     """Finished jobs kept per user: an integer from 0 (none) to
     :data:`MAX_FINISHED_JOB_MAX`."""
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int)
-        or not 0 <= value <= MAX_FINISHED_JOB_MAX
-    ):
-        raise where.error(
-            "controller.finished_job_max",
-            f"must be an integer from 0 to {MAX_FINISHED_JOB_MAX}, got {value!r}",
-        )
-    return value
+    return _int_from(where, "controller.finished_job_max", value, 0, MAX_FINISHED_JOB_MAX)
 
 
 def _at_least(where: Where, minimum: int) -> IntCheck:
