@@ -35,9 +35,6 @@ class FinishedJobs:
     def __len__(self) -> int:
         return len(self._kept)
 
-    def __contains__(self, job_id: object) -> bool:
-        return job_id in self._kept
-
     def count(self, user: str) -> int:
         """How many of ``user``'s finished jobs are kept."""
         return self._counts.get(user, 0)
