@@ -77,6 +77,7 @@ import attrs
 
 from xce_resize_plugin.controllers.sim.events import MAX_SECONDS
 from xce_resize_plugin.simulation.app_model import ExprError, ModelEvaluator
+from xce_resize_plugin.simulation.gc_pause import gc_paused
 from xce_resize_plugin.simulation.trace_types import (
     Trace,
     TraceError,
@@ -327,6 +328,7 @@ def _int_field(job: Mapping[str, Any], key: str, index: int, name: str) -> int:
     return value
 
 
+@gc_paused
 def read_elastisim(
     path: str | os.PathLike[str],
     *,

@@ -53,6 +53,7 @@ from attrs import frozen
 
 from xce_resize_plugin.core.decimal_text import is_decimal_number
 from xce_resize_plugin.errors import ConfigError
+from xce_resize_plugin.simulation.gc_pause import gc_paused
 from xce_resize_plugin.simulation.special import gamma_cdf
 from xce_resize_plugin.simulation.traces import Trace, TraceHeader, TraceJob
 
@@ -307,6 +308,7 @@ def _times_for_load(
     return times
 
 
+@gc_paused
 def generate(spec: LublinSpec, seed: int = 0, limit: int | None = None) -> Trace:
     """The spec's jobs as a trace; ``seed`` is used when the spec has none.
 

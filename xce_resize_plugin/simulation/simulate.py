@@ -33,6 +33,7 @@ by fsyncs and transaction counts.
 
 from __future__ import annotations
 
+import gc
 import math
 import multiprocessing
 import os
@@ -71,6 +72,7 @@ from xce_resize_plugin.simulation.checks import (
 )
 from xce_resize_plugin.simulation.drivers import DRIVERS, Driver, MalleableSpec, make_driver
 from xce_resize_plugin.simulation.failures import FailureInjector, FailureStats, HostFailures
+from xce_resize_plugin.simulation.gc_pause import gc_paused
 from xce_resize_plugin.simulation.jobs_csv import JobRow, JobRows
 from xce_resize_plugin.simulation.malleable import (
     MalleableRule,
@@ -405,11 +407,13 @@ def cluster_for(procs: int, slots_per_host: int) -> tuple[tuple[str, int], ...]:
     return tuple(hosts)
 
 
+@gc_paused
 def load_workload(path: str | os.PathLike[str], options: SimOptions) -> Workload:
     """Read the trace, size the cluster, convert the malleable share."""
     return workload_of(read_trace(path, limit=options.limit), path, options)
 
 
+@gc_paused
 def workload_of(trace: Trace, path: str | os.PathLike[str], options: SimOptions) -> Workload:
     """Size the cluster for a read (or generated) trace and convert the malleable share."""
     if not trace.jobs:
@@ -830,16 +834,24 @@ def _run_parallel(
     pickled on the way in), results and progress back through pipes."""
     ctx = multiprocessing.get_context("fork")
     procs: dict[Connection, Any] = {}
-    for mode in MODES:
-        parent, child = ctx.Pipe(duplex=False)
-        proc = ctx.Process(
-            target=_child,
-            args=(child, workload, options, mode, job_rows),
-            name=f"simulate-{mode}",
-        )
-        proc.start()
-        child.close()
-        procs[parent] = proc
+    # What exists now (the workload above all) is frozen for the forks, as the gc
+    # module's documentation advises: a child's collections never walk it again, nor
+    # write to its pages (which the child would then copy). The parent's objects are
+    # collectable again as soon as the children are started.
+    gc.freeze()
+    try:
+        for mode in MODES:
+            parent, child = ctx.Pipe(duplex=False)
+            proc = ctx.Process(
+                target=_child,
+                args=(child, workload, options, mode, job_rows),
+                name=f"simulate-{mode}",
+            )
+            proc.start()
+            child.close()
+            procs[parent] = proc
+    finally:
+        gc.unfreeze()
     results: dict[str, RunResult] = {}
     errors: list[str] = []
     pending = list(procs)

@@ -21,6 +21,7 @@ import os
 from pathlib import Path
 
 from xce_resize_plugin.simulation.elastisim import elastisim_inputs
+from xce_resize_plugin.simulation.gc_pause import gc_paused
 from xce_resize_plugin.simulation.simulate import (
     SimOptions,
     SimulationError,
@@ -80,6 +81,7 @@ def check_identity(source: str, identity: str) -> None:
         raise _changed(source)
 
 
+@gc_paused
 def open_identified(source: str, identity: str, options: SimOptions) -> Workload:
     """The workload of the trace at ``source``, which must still be ``identity``."""
     if not is_swf(source):

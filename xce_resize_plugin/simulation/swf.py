@@ -60,6 +60,7 @@ import attrs
 
 from xce_resize_plugin.controllers.sim.events import MAX_SECONDS
 from xce_resize_plugin.core.decimal_text import is_decimal_number
+from xce_resize_plugin.simulation.gc_pause import gc_paused
 from xce_resize_plugin.simulation.trace_types import (
     Source,
     Trace,
@@ -221,6 +222,7 @@ def _parse_header(lines: Sequence[str]) -> TraceHeader:
     )
 
 
+@gc_paused
 def read_swf(source: Source, *, limit: int | None = None) -> Trace:
     """Read an SWF trace (plain or gzip) with the cleaning rule of the module docstring.
 

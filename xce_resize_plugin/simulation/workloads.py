@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 
+from xce_resize_plugin.simulation.gc_pause import gc_paused
 from xce_resize_plugin.simulation.lublin import generate, is_spec, parse_spec
 from xce_resize_plugin.simulation.simulate import SimOptions, Workload, load_workload, workload_of
 from xce_resize_plugin.simulation.traces import Trace
@@ -23,6 +24,7 @@ def synthetic_trace(spec_text: str, options: SimOptions) -> Trace:
     return generate(parse_spec(spec_text), seed=options.seed, limit=options.limit)
 
 
+@gc_paused
 def open_workload(source: str | os.PathLike[str], options: SimOptions) -> Workload:
     """The workload of a trace file or of a synthetic spec, ready to simulate."""
     if isinstance(source, str) and is_spec(source):
