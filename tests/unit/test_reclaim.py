@@ -9,12 +9,14 @@ from hypothesis import strategies as st
 
 from xce_resize_plugin.core.models import JobState, Task, TasksInIdOrder
 from xce_resize_plugin.core.reclaim import (
+    QueueHead,
     ReclaimCandidate,
     ReclaimHead,
     check_selection,
     default_selection,
     freed_by,
     reclaim_in_order,
+    same_head,
     short_after,
 )
 from xce_resize_plugin.errors import PolicyRejected
@@ -100,6 +102,28 @@ def test_a_known_free_total_judges_as_the_hosts_do(
     assert by_total.short() == by_hosts.short()
     assert by_total.short(freed) == by_hosts.short(freed)
     assert [by_total.gain(h, freed) for h in "acij"] == [by_hosts.gain(h, freed) for h in "acij"]
+
+
+_heads = st.builds(
+    QueueHead,
+    st.sampled_from(["1", "2"]),
+    st.integers(1, 4),
+    st.sampled_from([None, 2]),
+    st.sampled_from([10.0, 20.0]),
+    st.dictionaries(st.sampled_from("abc"), st.integers(1, 2), max_size=3),
+    st.sampled_from([frozenset(), frozenset({"c"})]),
+    st.sampled_from([(), ("3",)]),
+    st.sampled_from([None, 1, 2]),
+    st.sampled_from([None, 0, 3]),
+)
+
+
+@given(_heads, _heads)
+def test_heads_are_the_same_exactly_when_equal(a: QueueHead, b: QueueHead) -> None:
+    """The reclaim's cheap comparison of the head it decided for (fields that differ
+    most often first) says what equality says, and an object is its own head."""
+    assert same_head(a, b) == (a == b)
+    assert same_head(a, a) and not same_head(a, None)
 
 
 def _one_by_one(h: ReclaimHead, candidates: list[ReclaimCandidate]) -> dict[str, list[int]]:

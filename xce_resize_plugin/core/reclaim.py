@@ -43,7 +43,9 @@ __all__ = [
     "default_selection",
     "freed_by",
     "reclaim_in_order",
+    "same_head",
     "short_after",
+    "tasks_short",
 ]
 
 #: The values of ``[resize] reclaim``.
@@ -118,19 +120,48 @@ class ReclaimHead:
     def short(self, freed: Mapping[str, int] | None = None) -> int:
         """Tasks of the head that still do not fit once ``freed`` (host -> slots) are
         free too; 0 means it starts."""
-        freed = freed or {}
-        cap = self.ptile
-        if cap is None and self.free_total is not None:
-            unusable = self.unusable
-            more = sum(n for host, n in freed.items() if host not in unusable)
-            return max(0, self.tasks - self.free_total - more)
-        fit = 0
-        for host in self.free.keys() | freed.keys():
-            if host in self.unusable:
-                continue
-            n = self.free.get(host, 0) + freed.get(host, 0)
-            fit += n if cap is None or n < cap else cap
-        return max(0, self.tasks - fit)
+        return tasks_short(
+            self.tasks, self.ptile, self.free, self.unusable, self.free_total, freed or {}
+        )
+
+
+def tasks_short(
+    tasks: int,
+    ptile: int | None,
+    free: Mapping[str, int],
+    unusable: frozenset[str],
+    free_total: int | None,
+    freed: Mapping[str, int],
+) -> int:
+    """:meth:`ReclaimHead.short` on the head's counts alone: the runtime asks it before
+    it looks the head's job up, which most decisions then do not need."""
+    if ptile is None and free_total is not None:
+        more = sum(n for host, n in freed.items() if host not in unusable)
+        return max(0, tasks - free_total - more)
+    fit = 0
+    for host in free.keys() | freed.keys():
+        if host in unusable:
+            continue
+        n = free.get(host, 0) + freed.get(host, 0)
+        fit += n if ptile is None or n < ptile else ptile
+    return max(0, tasks - fit)
+
+
+def same_head(a: QueueHead, b: QueueHead | None) -> bool:
+    """``a == b``, with the fields that tell most heads apart compared first: on a
+    machine of many hosts the free slots of two heads are maps of thousands of hosts,
+    and a host that rebuilds its head only when its ledger changed hands the same
+    object back meanwhile."""
+    if a is b:
+        return True
+    return (
+        b is not None
+        and a.job_id == b.job_id
+        and a.free_total == b.free_total
+        and a.resizable_excess == b.resizable_excess
+        and a.shadow == b.shadow
+        and a == b
+    )
 
 
 @frozen

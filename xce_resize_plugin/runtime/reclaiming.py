@@ -22,7 +22,9 @@ from xce_resize_plugin.core.reclaim import (
     ReclaimHead,
     Selection,
     check_selection,
+    same_head,
     short_after,
+    tasks_short,
 )
 from xce_resize_plugin.errors import ResizeError
 from xce_resize_plugin.host import ClusterView, Controller, Principal
@@ -88,7 +90,8 @@ class Reclaiming(Transitions):
             # the decision would be the same, so the last one stands. Only a decision
             # that changed nothing is kept; the time counts only in the check above.
             seen = (queued, self._version, len(self._reclaim_asked))
-            if seen == self._reclaim_seen:
+            last = self._reclaim_seen
+            if last is not None and last[1:] == seen[1:] and same_head(queued, last[0]):
                 return self._reclaim_answer
             answer = self._reclaim_decide(queued, now)
             unchanged = self._version == seen[1] and len(self._reclaim_asked) == seen[2]
@@ -98,24 +101,25 @@ class Reclaiming(Transitions):
 
     def _reclaim_decide(self, queued: QueueHead, now: float) -> bool:
         """:meth:`_reclaim` for a head whose start is far enough away."""
-        job = self.controller.get_job(queued.job_id)
-        if job is None:
-            return False
         coming = self._being_freed(queued.unusable)
         free = _plus(queued.free, coming) if coming else queued.free
         total = queued.free_total
         if total is not None:
             total += sum(coming.values())  # none on unusable hosts
-        head = ReclaimHead(job, queued.tasks, queued.ptile, free, queued.unusable, total)
-        short = head.short()
+        short = tasks_short(queued.tasks, queued.ptile, free, queued.unusable, total, {})
         if short == 0:
-            return bool(coming)  # what is being freed starts it: nothing to ask
+            # What is being freed starts it: nothing to ask (grows wait for it).
+            return bool(coming) and self.controller.get_job(queued.job_id) is not None
         bound = queued.resizable_excess
         if bound is not None and short > bound:
             # The candidates are some of those jobs, each giving at most what it holds
-            # above its minimum: not one lookup when all of it would not be enough (on
-            # HPC2N, four decisions in five end here).
+            # above its minimum: not one lookup, not even the head's job, when all of
+            # it would not be enough (on HPC2N, four decisions in five end here).
             return False
+        job = self.controller.get_job(queued.job_id)
+        if job is None:
+            return False
+        head = ReclaimHead(job, queued.tasks, queued.ptile, free, queued.unusable, total)
         candidates = self._reclaim_candidates(queued)
         if short > sum(c.excess for c in candidates):
             return False  # even every job at its minimum would not start it
