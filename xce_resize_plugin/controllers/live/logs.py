@@ -19,7 +19,15 @@ import orjson
 
 from xce_resize_plugin.rest.logcontext import ContextFilter
 
-__all__ = ["ACCESS", "FORMATS", "TEXT", "JsonFormatter", "RepeatLimit", "configure"]
+__all__ = [
+    "ACCESS",
+    "FORMATS",
+    "TEXT",
+    "JsonFormatter",
+    "RepeatLimit",
+    "configure",
+    "tell_held_back",
+]
 
 #: The logger of the access lines (:class:`~xce_resize_plugin.rest.http.RequestContext`).
 ACCESS = "xce_resize_plugin.access"
@@ -51,6 +59,8 @@ class RepeatLimit(logging.Filter):
         self._clock = clock
         #: pattern -> (when the last one was written, how many were held back since).
         self._seen: dict[str, tuple[float, int]] = {}
+        #: Repeats held back of kinds forgotten (more than 1,000 kinds), not yet told.
+        self.untold = 0
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.levelno < logging.WARNING:
@@ -64,9 +74,38 @@ class RepeatLimit(logging.Filter):
         if last is not None and last[1]:
             record.msg = f"{record.msg} ({last[1]:,} more like it since the last one written)"
         if len(self._seen) > 1000:  # many kinds: forget, rather than grow
+            self.untold += sum(n for _, n in self._seen.values())
             self._seen.clear()
         self._seen[key] = (now, 0)
         return True
+
+    def held_back(self) -> list[tuple[str, int]]:
+        """Each kind's repeats held back since its last line, not yet told (a kind
+        that never came again would otherwise keep its count to itself), in the order
+        the kinds were first seen; the counts start again from zero."""
+        out = [(key, n) for key, (_, n) in self._seen.items() if n]
+        for key, _ in out:
+            when, _n = self._seen[key]
+            self._seen[key] = (when, 0)
+        return out
+
+
+def tell_held_back() -> None:
+    """Write, once the server has stopped, how many warnings of each kind
+    :class:`RepeatLimit` held back since the last line of that kind."""
+    server_errors = logging.getLogger(SERVER_ERRORS)
+    for limit in server_errors.filters:
+        if not isinstance(limit, RepeatLimit):
+            continue
+        # Formatted here, without arguments: the filter tells kinds apart by their
+        # text, and each of these lines is a kind of its own.
+        for msg, n in limit.held_back():
+            server_errors.warning(f"{msg} ({n:,} more like it held back, not written)")
+        if limit.untold:
+            untold, limit.untold = limit.untold, 0
+            server_errors.warning(
+                f"{untold:,} more warnings held back, of kinds no longer counted one by one"
+            )
 
 
 class JsonFormatter(logging.Formatter):

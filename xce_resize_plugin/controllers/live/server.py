@@ -191,6 +191,7 @@ def run(
         len(cfg.hosts),
     )
     _serve(server, sock, ctl)
+    logs.tell_held_back()
     status = _exit_status(ctl)
     if status == EXIT_OK:
         # Said, because a newcomer stopping an evaluation expects everything gone.
