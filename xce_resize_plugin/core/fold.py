@@ -96,9 +96,15 @@ def charge_steps(
     charges: tuple[tuple[float, int], ...], at: float, slots: int
 ) -> tuple[tuple[float, int], ...]:
     """The timeline with ``slots`` held from ``at`` on: a step at the same instant as
-    the last one replaces it, and a step that changes nothing is not added."""
+    the last one replaces it, and a step that changes nothing is not added.
+
+    A step stamped before the last one (the host's wall clock was stepped back) is
+    taken at the last one's instant: the timeline stays in order, and no stretch of it
+    is counted twice or negatively (docs/live-controller.md, "The clock")."""
     if charges and charges[-1][1] == slots:
         return charges
+    if charges and at < charges[-1][0]:
+        at = charges[-1][0]
     if charges and charges[-1][0] == at:
         charges = charges[:-1]
         if charges and charges[-1][1] == slots:

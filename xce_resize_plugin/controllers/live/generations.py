@@ -10,7 +10,6 @@ the plugin's runtime) and builds the embedded controller again from the store
 from __future__ import annotations
 
 import logging
-import time
 
 from xce_resize_plugin.controllers.live.job_ends import JobEnds
 from xce_resize_plugin.controllers.live.live_store import Lease
@@ -34,17 +33,6 @@ log = logging.getLogger(__name__)
 #: each write cost more than the last (a 100-task job resized 400 times: a 3.7 MB
 #: record, 0.5 s a resize).
 HISTORY_KEPT = 32
-
-
-class WallClock:
-    """Real time (seconds since the epoch); ``advance_to`` is a no-op because wall
-    time moves by itself (the embedded controller calls it only in simulated runs)."""
-
-    def now(self) -> float:
-        return time.time()
-
-    def advance_to(self, time_: float) -> None:
-        """Nothing to do: the wall clock is never moved."""
 
 
 class Generations(JobEnds):
@@ -137,7 +125,7 @@ class Generations(JobEnds):
             config=cfg.resize,
             user_slots=cfg.user_slots,
             store=lease,
-            clock=WallClock(),
+            clock=self.wall_clock,
             task_runner=LiveTaskRunner(self._runner_start, self._runner_stop),
             notification_runner=LiveNotificationRunner(self._runner_notify),
             protect_reservation=True,

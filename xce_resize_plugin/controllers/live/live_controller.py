@@ -109,6 +109,7 @@ from xce_resize_plugin.controllers.live.settings import (
 from xce_resize_plugin.controllers.live.state_check import JOURNAL_DIR, check_journal, cross_check
 from xce_resize_plugin.controllers.live.storage_faults import storage_failure
 from xce_resize_plugin.controllers.live.tasks import WorkerFleet
+from xce_resize_plugin.controllers.live.wall_clock import WallClock
 from xce_resize_plugin.controllers.observer import LiveObserver, Observer
 from xce_resize_plugin.controllers.violations import StoreError
 from xce_resize_plugin.core.models import JobState
@@ -154,6 +155,7 @@ class LiveController(HostApi):
         if self._crash_at is not None and self._crash_at not in CRASH_POINTS:
             raise ValueError(f"{CRASH_ENV}={self._crash_at}: not one of {', '.join(CRASH_POINTS)}")
         self.euid = os.geteuid()
+        self.wall_clock = WallClock()
         self._trash = TrashRemover()
         self._prepare_state_dir()
         self.live_store, self._tokens = _open_state(cfg)

@@ -48,6 +48,7 @@ from xce_resize_plugin.controllers.live.settings import LiveConfig
 from xce_resize_plugin.controllers.live.storage_faults import StateNotWritable
 from xce_resize_plugin.controllers.live.submission import job_account
 from xce_resize_plugin.controllers.live.tasks import WorkerFleet
+from xce_resize_plugin.controllers.live.wall_clock import WallClock
 from xce_resize_plugin.controllers.observer import LiveObserver
 from xce_resize_plugin.controllers.runners import NotificationDone
 from xce_resize_plugin.controllers.sim.sim_controller import EmbeddedController
@@ -125,6 +126,8 @@ class LiveState:
     _crash_at: str | None
     #: The user this controller and its agents run as (0: jobs run as their owners).
     euid: int
+    #: One clock for every generation: never earlier than a time it gave (wall_clock.py).
+    wall_clock: WallClock
     live_store: LiveStore
     _tokens: JobTokens
     fleet: WorkerFleet
