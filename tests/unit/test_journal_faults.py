@@ -393,3 +393,123 @@ def test_a_journal_that_cannot_be_initialised_is_a_failed_write(jdir: Path) -> N
         assert is_failed_write(info.value)
     finally:
         env.close()
+
+
+# --------------------------------------------------------------------------- meta pages
+
+PAGE = 4096
+TXNID_AT, LAST_PG_AT = 16 + 128, 16 + 120  # in a meta page: header, then MDB_meta
+
+
+def _meta(jdir: Path, page: int, at: int) -> int:
+    raw = (jdir / "data.mdb").read_bytes()
+    return int.from_bytes(raw[page * PAGE + at : page * PAGE + at + 8], sys.byteorder)
+
+
+def _set_txnid(jdir: Path, page: int, txnid: int) -> None:
+    """Overwrite one meta page's transaction id in place, as a flipped bit would."""
+    with (jdir / "data.mdb").open("r+b") as fh:
+        fh.seek(page * PAGE + TXNID_AT)
+        fh.write(txnid.to_bytes(8, sys.byteorder))
+
+
+def _journal_of_commits(jdir: Path, *, grow_last: bool = False) -> tuple[int, int]:
+    """A journal after a few commits; (page of the newest meta, its txnid). With
+    ``grow_last`` the last commit makes the file longer."""
+    with Journal.open(jdir, sync=False) as j:
+        j.start()
+        for n in range(3):
+            j.commit([Entry(f"j{n}", (b'{"n":1}',), b"s")])
+        if grow_last:
+            j.commit([Entry("big", (b"x" * 40_000,), b"s")])
+    newest = max((0, 1), key=lambda page: _meta(jdir, page, TXNID_AT))
+    return newest, _meta(jdir, newest, TXNID_AT)
+
+
+def _opened_txnid(jdir: Path) -> int:
+    env = lmdb.open(str(jdir), max_dbs=8, readonly=True, lock=False)
+    try:
+        return int(env.info()["last_txnid"])
+    finally:
+        env.close()
+
+
+def test_a_lowered_newest_txnid_is_caught_not_opened_as_the_previous_transaction(
+    jdir: Path,
+) -> None:
+    """A bit flip lowering the newest meta's txnid made LMDB open the previous
+    transaction, and verify said OK: the journal silently rolled back."""
+    from xce_resize_plugin.journal import require_intact
+
+    newest, txnid = _journal_of_commits(jdir)
+    _set_txnid(jdir, newest, txnid & ~4 if txnid & 4 else txnid - 8)  # bit 2 or bit 3
+    assert _opened_txnid(jdir) == txnid - 1  # what LMDB now shows: the older page
+    report = verify(jdir)
+    assert not report.ok and not report.counted
+    assert report.problems[0].startswith("meta pages: ")
+    assert "not two consecutive ones" in " ".join(report.problems)
+    with pytest.raises(JournalError) as err:
+        require_intact(jdir)
+    message = str(err.value)
+    assert f"{jdir / 'data.mdb'}: damaged: meta pages: " in message
+    assert "\n" not in message and message.count("data.mdb") == 1
+
+
+def test_a_txnid_on_the_page_of_the_other_parity_is_caught(jdir: Path) -> None:
+    newest, txnid = _journal_of_commits(jdir)
+    """The page walk of verify saw this; the check at start did not."""
+    from xce_resize_plugin.journal import require_intact
+
+    _set_txnid(jdir, newest, txnid ^ 1)  # bit 0: now on the wrong page for its parity
+    with pytest.raises(JournalError, match="which LMDB never writes to page"):
+        require_intact(jdir)
+
+
+def test_an_older_meta_raised_past_the_newest_is_caught_by_its_last_page(jdir: Path) -> None:
+    """Raised by 2, the older meta's txnid makes a consecutive pair of the right
+    parities: only the file end it records (before the newest commit grew the file)
+    tells it apart."""
+    newest, txnid = _journal_of_commits(jdir, grow_last=True)
+    older = 1 - newest
+    assert _meta(jdir, older, LAST_PG_AT) < _meta(jdir, newest, LAST_PG_AT)
+    _set_txnid(jdir, older, txnid + 1)
+    assert _opened_txnid(jdir) == txnid + 1
+    report = verify(jdir)
+    assert not report.ok
+    assert "the one LMDB opens) ends at page" in " ".join(report.problems)
+
+
+def test_healthy_meta_pairs_pass(jdir: Path, tmp_path: Path) -> None:
+    """A new environment (0 and 0), a journal after commits, and a compacted copy
+    (0 and 1) are all healthy pairs."""
+    from xce_resize_plugin.journal.meta_pages import meta_pair_problems
+
+    fresh = tmp_path / "fresh"
+    lmdb.open(str(fresh)).close()
+    assert _meta(fresh, 0, TXNID_AT) == _meta(fresh, 1, TXNID_AT) == 0
+    assert meta_pair_problems(fresh / "data.mdb") == []
+    _journal_of_commits(jdir)
+    assert verify(jdir).ok
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    env = lmdb.open(str(jdir), max_dbs=8, readonly=True, lock=False)
+    try:
+        env.copy(str(copy), compact=True)
+    finally:
+        env.close()
+    assert (_meta(copy, 0, TXNID_AT), _meta(copy, 1, TXNID_AT)) == (0, 1)
+    assert verify(copy).ok
+
+
+def test_a_first_transaction_whose_id_went_to_0_is_not_taken_for_a_new_file(
+    tmp_path: Path,
+) -> None:
+    from xce_resize_plugin.journal.meta_pages import meta_pair_problems
+
+    env = lmdb.open(str(tmp_path))
+    with env.begin(write=True) as txn:
+        txn.put(b"k", b"v")
+    env.close()
+    assert meta_pair_problems(tmp_path / "data.mdb") == []
+    _set_txnid(tmp_path, 1, 0)  # LMDB would now open the empty environment
+    assert meta_pair_problems(tmp_path / "data.mdb")

@@ -447,36 +447,49 @@ def _scenario(args: argparse.Namespace, out: TextIO) -> int:
     return EXIT_USAGE if result.rejected else EXIT_OK
 
 
-def _journal(args: argparse.Namespace, out: TextIO) -> int:
+def _journal_verify(args: argparse.Namespace, out: TextIO) -> int:
+    """``journal verify``: the report, as text or JSON; exit 1 when it found problems."""
     from xce_resize_plugin import journal
     from xce_resize_plugin.core import audit
 
+    report = journal.verify(args.dir)
+    problems = list(report.problems)
+    if report.ok:
+        problems += audit.replay_problems(args.dir)
+    # Not counted (damaged meta pages or page structure): the counts are unknown,
+    # and 0 would look like an empty journal.
+    counts = (report.facts, report.live, report.done, report.epoch, report.last_seq)
+    facts, live, done, epoch, last_seq = counts if report.counted else (None,) * 5
+    doc: dict[str, Any] = {
+        "ok": not problems,
+        "problems": problems,
+        "facts": facts,
+        "live": live,
+        "done": done,
+        "epoch": epoch,
+        "last_seq": last_seq,
+    }
+    if args.json:
+        json.dump(doc, out, indent=2)
+        out.write("\n")
+    else:
+        state = "OK" if not problems else f"{len(problems)} problem(s)"
+        summary = (
+            f"{facts} facts, {live} live jobs, {done} finished, epoch {epoch}, last seq {last_seq}"
+            if report.counted
+            else "counts unknown (the records were not read)"
+        )
+        out.write(f"{args.dir}: {state} — {summary}\n")
+        for line in problems:
+            out.write(f"  {line}\n")
+    return EXIT_OK if not problems else EXIT_PROBLEMS
+
+
+def _journal(args: argparse.Namespace, out: TextIO) -> int:
+    from xce_resize_plugin import journal
+
     if args.action == "verify":
-        report = journal.verify(args.dir)
-        problems = list(report.problems)
-        if report.ok:
-            problems += audit.replay_problems(args.dir)
-        doc: dict[str, Any] = {
-            "ok": not problems,
-            "problems": problems,
-            "facts": report.facts,
-            "live": report.live,
-            "done": report.done,
-            "epoch": report.epoch,
-            "last_seq": report.last_seq,
-        }
-        if args.json:
-            json.dump(doc, out, indent=2)
-            out.write("\n")
-        else:
-            state = "OK" if not problems else f"{len(problems)} problem(s)"
-            out.write(
-                f"{args.dir}: {state} — {report.facts} facts, {report.live} live jobs, "
-                f"{report.done} finished, epoch {report.epoch}, last seq {report.last_seq}\n"
-            )
-            for line in problems:
-                out.write(f"  {line}\n")
-        return EXIT_OK if not problems else EXIT_PROBLEMS
+        return _journal_verify(args, out)
     if args.action == "export":
         if args.output is None:
             n = journal.export(args.dir, out)

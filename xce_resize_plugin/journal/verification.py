@@ -12,6 +12,7 @@ import lmdb
 
 from xce_resize_plugin.errors import JournalError
 from xce_resize_plugin.journal.journal import Journal
+from xce_resize_plugin.journal.meta_pages import meta_pair_problems
 from xce_resize_plugin.journal.records import (
     DATA_FILE,
     DB_NAMES,
@@ -44,7 +45,9 @@ _MAX_GAPS: Final = 10
 
 @attrs.frozen
 class VerifyReport:
-    """What :func:`verify` found. ``ok`` is true when ``problems`` is empty."""
+    """What :func:`verify` found. ``ok`` is true when ``problems`` is empty. ``counted``
+    is false when the records were not read (damaged meta or page structure): the counts
+    are then 0 because they are unknown, not because the journal is empty."""
 
     ok: bool
     problems: tuple[str, ...]
@@ -53,6 +56,15 @@ class VerifyReport:
     done: int
     epoch: int
     last_seq: int
+    counted: bool = True
+
+
+def _uncounted(problems: list[str]) -> VerifyReport:
+    """The report of a journal whose records were not read because of ``problems``."""
+    collected = _Problems()
+    for problem in problems:
+        collected.add(problem)
+    return VerifyReport(False, collected.result(), 0, 0, 0, 0, 0, counted=False)
 
 
 class _Problems:
@@ -98,15 +110,18 @@ def _structure_problems(path: Path) -> list[str]:
 def verify(path: Path | str, *, structure: bool = True, references: bool = True) -> VerifyReport:
     """Check the journal in ``path`` and report every problem found; change nothing.
 
-    Checks the LMDB page structure (``structure=True``; only meaningful with the
-    controller stopped, as a writer reuses pages under an outside reader), every
-    record's CRC, the meta keys, that sequence numbers run without gaps up to
-    ``last_seq`` (counting the facts compaction removed), that every index row
-    points to an existing fact of its job and that every fact has its index row
-    (``references=True``: one lookup per fact and per index row, most of the cost),
-    and that no job is both live and done. When the page structure is damaged the
-    record checks are skipped (reading would walk the damaged pages) and the counts
-    are 0. Damage is reported, not raised; :class:`JournalError` only means the file
+    Checks the pair of LMDB meta pages (:mod:`.meta_pages`: a damaged transaction id
+    would make LMDB open the previous transaction), the LMDB page structure
+    (``structure=True``; only meaningful with the controller stopped, as a writer
+    reuses pages under an outside reader), every record's CRC, the meta keys, that
+    sequence numbers run without gaps up to ``last_seq`` (counting the facts
+    compaction removed), that every index row points to an existing fact of its job
+    and that every fact has its index row (``references=True``: one lookup per fact
+    and per index row, most of the cost), and that no job is both live and done. When
+    the meta pages or the page structure are damaged the record checks are skipped
+    (reading would see an older transaction or walk the damaged pages) and the report
+    is not ``counted``. Damage is reported, not raised; :class:`JournalError` only means
+    the file
     cannot be opened at all (missing, not LMDB, truncated, newer schema).
     """
     path = Path(path).absolute()
@@ -114,14 +129,15 @@ def verify(path: Path | str, *, structure: bool = True, references: bool = True)
         # As Journal.open says it; and the page walk would block forever reading a
         # FIFO named data.mdb.
         raise JournalError(f"{path / DATA_FILE}: no journal here (missing, or not a regular file)")
+    metas = meta_pair_problems(path / DATA_FILE)
+    if metas:
+        return _uncounted(metas)  # LMDB would show an older transaction's records
     problems = _Problems()
     if structure:
         found = _structure_problems(path)
         if found:
-            for problem in found:
-                problems.add(problem)
             # Reading records would walk the damaged pages: stop at the structure.
-            return VerifyReport(False, problems.result(), 0, 0, 0, 0, 0)
+            return _uncounted(found)
     with Journal.open(path, readonly=True) as journal:
         try:
             counts = journal._read(lambda txn: _Check(journal, txn, problems, references).run())
@@ -136,7 +152,8 @@ def verify(path: Path | str, *, structure: bool = True, references: bool = True)
 def require_intact(path: Path | str) -> VerifyReport:
     """What a controller checks before it starts on the journal in ``path``.
 
-    Every record's CRC (facts, live and finished states, history rows), the meta keys,
+    The pair of meta pages, every record's CRC (facts, live and finished states,
+    history rows), the meta keys,
     and that the facts kept and compacted account for every sequence number; in one
     read transaction, so a controller still running on the directory does not disturb
     it. Not the page structure nor the index (``xce-resize journal verify`` checks
