@@ -513,3 +513,82 @@ def test_a_first_transaction_whose_id_went_to_0_is_not_taken_for_a_new_file(
     assert meta_pair_problems(tmp_path / "data.mdb") == []
     _set_txnid(tmp_path, 1, 0)  # LMDB would now open the empty environment
     assert meta_pair_problems(tmp_path / "data.mdb")
+
+
+# --------------------------------------------------------------------------- damaged pages
+
+
+def _damaged_leaf(jdir: Path) -> None:
+    """A journal whose ``facts`` leaf page says its first fact is 1 MiB long: reading
+    it through LMDB runs past the end of the file, and the reader dies with SIGBUS."""
+    with Journal.open(jdir, sync=False) as j:
+        j.start()
+        j.commit([Entry("old", tuple(b'{"n":%d}' % n for n in range(16)), b"s", ended_at=0.0)])
+    raw = (jdir / "data.mdb").read_bytes()
+    # The facts' only leaf: the page holding their payloads (index rows hold none).
+    page = next(
+        n for n in range(2, len(raw) // PAGE) if b'{"n":15}' in raw[n * PAGE : (n + 1) * PAGE]
+    )
+    node = page * PAGE + int.from_bytes(raw[page * PAGE + 16 : page * PAGE + 18], sys.byteorder)
+    with (jdir / "data.mdb").open("r+b") as fh:
+        fh.seek(node)  # the node's data size: 16 low bits, then 16 high bits
+        fh.write((0).to_bytes(2, sys.byteorder) + (16).to_bytes(2, sys.byteorder))
+
+
+def _in_child(code: str, jdir: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", code, str(jdir)], capture_output=True, text=True, timeout=60
+    )
+
+
+def test_export_and_compact_of_a_damaged_page_refuse_instead_of_dying(
+    jdir: Path, tmp_path: Path
+) -> None:
+    """They read through LMDB at once: the process died with SIGBUS (exit 135)."""
+    _damaged_leaf(jdir)
+    code = (
+        "import io, sys\n"
+        "from xce_resize_plugin.errors import JournalError\n"
+        "from xce_resize_plugin.journal import compact, export\n"
+        "for run in (lambda: export(sys.argv[1], io.StringIO()),\n"
+        "            lambda: compact(sys.argv[1], 0, 1e9, io.StringIO())):\n"
+        "    try:\n"
+        "        run()\n"
+        "    except JournalError as exc:\n"
+        "        print(exc)\n"
+    )
+    done = _in_child(code, jdir)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert len(lines) == 2
+    for line, undone in zip(lines, ("nothing was exported", "nothing was compacted"), strict=True):
+        assert f"{jdir / 'data.mdb'}: damaged: structure: " in line and undone in line
+
+
+def test_the_start_check_of_a_damaged_page_refuses_instead_of_dying(tmp_path: Path) -> None:
+    """The review's journal: the scenario's, its ``facts`` leaf's first node pointer
+    flipped. The check at start died with SIGBUS (the live controller exited -7
+    without a word)."""
+    scenario = Path(__file__).parents[1] / "data" / "scenarios" / "grow_limits.toml"
+    cli = [sys.executable, "-m", "xce_resize_plugin.cli.main"]
+    run = [*cli, "scenario", "run", str(scenario), "--state-dir", str(tmp_path)]
+    subprocess.run(run, check=True, capture_output=True, timeout=120)
+    jdir = tmp_path / "resize"
+    with (jdir / "data.mdb").open("r+b") as fh:
+        fh.seek(9 * PAGE + 16)
+        pointer = fh.read(1)[0]
+        fh.seek(9 * PAGE + 16)
+        fh.write(bytes([pointer ^ 0xFF]))
+    code = (
+        "import sys\n"
+        "from xce_resize_plugin.errors import JournalError\n"
+        "from xce_resize_plugin.journal import require_intact\n"
+        "try:\n"
+        "    require_intact(sys.argv[1])\n"
+        "except JournalError as exc:\n"
+        "    print(exc)\n"
+    )
+    done = _in_child(code, jdir)
+    assert done.returncode == 0, done.stderr
+    assert f"{jdir / 'data.mdb'}: damaged: reading it killed the checking process" in done.stdout
+    assert done.stdout.count("\n") == 1

@@ -396,7 +396,7 @@ def _export_to(journal_dir: Path, output: Path) -> int:
     try:
         # UTF-8 whatever the locale: the export's lines are UTF-8 JSON.
         with output.open("w", encoding="utf-8") as fh:
-            return journal.export(journal_dir, fh)
+            return journal.export(journal_dir, fh, checked=True)
     except OSError as exc:
         if not existed and output.is_file():
             with contextlib.suppress(OSError):
@@ -491,8 +491,11 @@ def _journal(args: argparse.Namespace, out: TextIO) -> int:
     if args.action == "verify":
         return _journal_verify(args, out)
     if args.action == "export":
+        # Before LMDB reads a page (a damaged one kills the process) and before an
+        # output file is made.
+        journal.require_readable(args.dir, "nothing was exported")
         if args.output is None:
-            n = journal.export(args.dir, out)
+            n = journal.export(args.dir, out, checked=True)
         else:
             journal.Journal.require(args.dir)  # no output file for what is no journal
             n = _export_to(args.dir, args.output)
@@ -504,10 +507,11 @@ def _journal(args: argparse.Namespace, out: TextIO) -> int:
     if args.archive is None:
         stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(time.time()))
         args.archive = args.dir / f"compacted-{stamp}.jsonl"
+    journal.require_readable(args.dir, "nothing was compacted")  # before LMDB reads it
     journal.Journal.require(args.dir)  # no archive file for what is no journal
     try:
         with args.archive.open("a", encoding="utf-8") as archive:
-            removed = journal.compact(args.dir, args.keep_days, now, archive)
+            removed = journal.compact(args.dir, args.keep_days, now, archive, checked=True)
     except OSError as exc:
         # A full or failing disk under the archive: compaction syncs the archive
         # before it deletes anything, so a write that fails fails before the deletion

@@ -20,7 +20,10 @@ Modules:
 - :mod:`~xce_resize_plugin.journal.verification`, :mod:`~xce_resize_plugin.journal.exporting`,
   :mod:`~xce_resize_plugin.journal.compaction`: the offline tools behind
   ``xce-resize journal verify|export|compact``, and the check a controller makes of
-  its journal before it starts (:func:`require_intact`);
+  its journal before it starts (:mod:`~xce_resize_plugin.journal.start_check`:
+  :func:`require_intact`); :mod:`~xce_resize_plugin.journal.meta_pages` and
+  :mod:`~xce_resize_plugin.journal.page_walk`, the checks of the pages made before
+  LMDB reads them (:func:`require_readable`);
 - :mod:`~xce_resize_plugin.journal.loading`: :func:`collector_paused`, around the
   decoding of a store's live records at a controller's start.
 """
@@ -34,8 +37,10 @@ from xce_resize_plugin.journal.group_commit import GroupCommitter, Ticket
 from xce_resize_plugin.journal.journal import Journal
 from xce_resize_plugin.journal.lmdb_env import DEFAULT_MAP_SIZE, Fence, LmdbEnv
 from xce_resize_plugin.journal.loading import collector_paused
+from xce_resize_plugin.journal.page_walk import require_readable
 from xce_resize_plugin.journal.records import SCHEMA
-from xce_resize_plugin.journal.verification import VerifyReport, require_intact, verify
+from xce_resize_plugin.journal.start_check import require_intact
+from xce_resize_plugin.journal.verification import VerifyReport, verify
 
 __all__ = [
     "DEFAULT_MAP_SIZE",
@@ -54,5 +59,6 @@ __all__ = [
     "compact",
     "export",
     "require_intact",
+    "require_readable",
     "verify",
 ]

@@ -14,6 +14,7 @@ import lmdb
 from xce_resize_plugin.errors import JournalError
 from xce_resize_plugin.journal.exporting import export_line
 from xce_resize_plugin.journal.journal import Journal
+from xce_resize_plugin.journal.page_walk import require_readable
 from xce_resize_plugin.journal.records import (
     DATA_FILE,
     DONE,
@@ -34,7 +35,14 @@ if TYPE_CHECKING:
     _Txn = lmdb.Transaction[bytes]
 
 
-def compact(path: Path | str, keep_days: float, now: float, archive: TextIO | None = None) -> int:
+def compact(
+    path: Path | str,
+    keep_days: float,
+    now: float,
+    archive: TextIO | None = None,
+    *,
+    checked: bool = False,
+) -> int:
     """Drop the history of jobs that finished more than ``keep_days`` before ``now``.
 
     Their facts and index rows go in one write transaction; each removed fact is first
@@ -48,12 +56,17 @@ def compact(path: Path | str, keep_days: float, now: float, archive: TextIO | No
     An offline tool: run it with the controller stopped. It does not take an epoch, so
     it does not fence a running controller, and a running engine may still be reading
     the history it removes. The data file does not shrink; LMDB reuses freed pages.
+    The meta pages and the page structure are checked first, unless the caller has
+    (``checked``): damage raises :class:`JournalError`, nothing compacted.
     """
     if not keep_days >= 0:
         raise ValueError(f"keep_days must be zero or more, not {keep_days!r}")
     path = Path(path).absolute()
     if not (path / DATA_FILE).is_file():
         raise JournalError(f"{path / DATA_FILE}: no journal here (the file does not exist)")
+    if not checked:
+        # Before LMDB reads a page: a damaged one would kill this process.
+        require_readable(path, "nothing was compacted")
     Journal.require(path)  # before a writable open touches its files
     cutoff = now - keep_days * 86400.0
     # The transaction runs again from the start when the map grows; the archive is

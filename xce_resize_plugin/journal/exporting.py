@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import TextIO
 
 from xce_resize_plugin.journal.journal import Journal
+from xce_resize_plugin.journal.page_walk import require_readable
 
 
 def _fact_json(payload: bytes) -> object:
@@ -24,12 +25,17 @@ def _fact_json(payload: bytes) -> object:
     return value
 
 
-def export(path: Path | str, out: TextIO) -> int:
+def export(path: Path | str, out: TextIO, *, checked: bool = False) -> int:
     """Write every fact as a JSON line ``{"seq", "job", "fact"}``; return how many.
 
     ``fact`` is the payload parsed as JSON when it is utf-8 JSON, else ``{"hex": ...}``.
-    Opens the journal read-only; a damaged record raises :class:`JournalError`.
+    Opens the journal read-only; a damaged record raises :class:`JournalError`. The
+    meta pages and the page structure are checked first (a damaged page would kill the
+    process reading it through LMDB), unless the caller has (``checked``): damage
+    raises :class:`JournalError` before anything is written.
     """
+    if not checked:
+        require_readable(path, "nothing was exported")
     count = 0
     with Journal.open(path, readonly=True) as journal:
         for seq, job_id, payload in journal.facts():

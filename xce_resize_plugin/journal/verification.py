@@ -1,9 +1,8 @@
-"""``journal verify``: check a journal and report every problem found, changing nothing;
-and the lighter check a controller makes before it starts (:func:`require_intact`)."""
+"""``journal verify``: check a journal and report every problem found, changing nothing
+(also the record checks a controller makes before it starts: :mod:`.start_check`)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
@@ -13,6 +12,7 @@ import lmdb
 from xce_resize_plugin.errors import JournalError
 from xce_resize_plugin.journal.journal import Journal
 from xce_resize_plugin.journal.meta_pages import meta_pair_problems
+from xce_resize_plugin.journal.page_walk import structure_problems
 from xce_resize_plugin.journal.records import (
     DATA_FILE,
     DB_NAMES,
@@ -85,28 +85,6 @@ class _Problems:
         return (*self.items, *extra)
 
 
-def _structure_problems(path: Path) -> list[str]:
-    """Walk the data file's pages without liblmdb (py-lmdb's offline verifier).
-
-    LMDB has no page checksums and trusts its pages: a damaged branch page can crash
-    the process reading it. Checking the structure first lets :func:`verify` report
-    such damage instead. Returns an empty list when the module is not available.
-    """
-    try:
-        from lmdb import verify as lmdb_verify
-    except ImportError:  # older py-lmdb releases have no offline verifier
-        return []
-    walk: Callable[..., list[str]] = lmdb_verify.verify
-    data_file = path / DATA_FILE
-    try:
-        problems = walk(str(path), subdir=True)
-    except lmdb_verify.VerifyError as exc:
-        raise JournalError(f"{data_file}: not a usable LMDB environment ({exc})") from exc
-    except OSError as exc:
-        raise JournalError(f"{data_file}: cannot read the file ({exc})") from exc
-    return [f"structure: {problem}" for problem in problems]
-
-
 def verify(path: Path | str, *, structure: bool = True, references: bool = True) -> VerifyReport:
     """Check the journal in ``path`` and report every problem found; change nothing.
 
@@ -134,7 +112,7 @@ def verify(path: Path | str, *, structure: bool = True, references: bool = True)
         return _uncounted(metas)  # LMDB would show an older transaction's records
     problems = _Problems()
     if structure:
-        found = _structure_problems(path)
+        found = structure_problems(path)
         if found:
             # Reading records would walk the damaged pages: stop at the structure.
             return _uncounted(found)
@@ -147,28 +125,6 @@ def verify(path: Path | str, *, structure: bool = True, references: bool = True)
     facts, live, done, epoch, last_seq = counts
     result = problems.result()
     return VerifyReport(not result, result, facts, live, done, epoch, last_seq)
-
-
-def require_intact(path: Path | str) -> VerifyReport:
-    """What a controller checks before it starts on the journal in ``path``.
-
-    The pair of meta pages, every record's CRC (facts, live and finished states,
-    history rows), the meta keys,
-    and that the facts kept and compacted account for every sequence number; in one
-    read transaction, so a controller still running on the directory does not disturb
-    it. Not the page structure nor the index (``xce-resize journal verify`` checks
-    those, offline). Raises :class:`JournalError` naming the data file and the first
-    problem; returns the report when there is none.
-    """
-    path = Path(path).absolute()
-    report = verify(path, structure=False, references=False)
-    if not report.ok:
-        more = " (and more)" if len(report.problems) > 1 else ""
-        raise JournalError(
-            f"{path / DATA_FILE}: damaged: {report.problems[0]}{more}; the controller does not "
-            f"start on it (`xce-resize journal verify {path}` lists every problem)"
-        )
-    return report
 
 
 class _Check:

@@ -1,0 +1,107 @@
+"""The check a controller makes of its journal before it starts (:func:`require_intact`),
+run in a child process.
+
+The check reads every record through LMDB, which trusts its pages: a damaged page (a
+node pointing past the end of the file) kills the process reading it with SIGBUS, and
+the live controller died without a word. Walking the pages first
+(:mod:`.page_walk`) would cost about three times the check itself on a large journal
+(docs/performance.md), so the check runs in a child process instead: a child killed by
+a signal is reported as damage, one line naming the data file, and the controller reads
+only pages the child has read (docs/journal-format.md, "Refusing bad journals").
+
+``python -m xce_resize_plugin.journal.start_check DIR`` is the child: it prints the
+report, or the journal's error, as one JSON line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from xce_resize_plugin.errors import JournalError
+from xce_resize_plugin.journal.records import DATA_FILE
+from xce_resize_plugin.journal.verification import VerifyReport, verify
+
+#: Where the package is, for the child's imports (a checkout on PYTHONPATH or not).
+_PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
+
+
+def require_intact(path: Path | str) -> VerifyReport:
+    """What a controller checks before it starts on the journal in ``path``.
+
+    The pair of meta pages, every record's CRC (facts, live and finished states,
+    history rows), the meta keys, and that the facts kept and compacted account for
+    every sequence number; in one read transaction, so a controller still running on the
+    directory does not disturb it. Not the page structure nor the index (``xce-resize
+    journal verify`` checks those, offline); a damaged page that kills the reading
+    process is reported as damage. Raises :class:`JournalError` naming the data file
+    and the first problem; returns the report when there is none.
+    """
+    path = Path(path).absolute()
+    data_file = path / DATA_FILE
+    advice = (
+        f"the controller does not start on it (`xce-resize journal verify {path}` lists "
+        "every problem)"
+    )
+    answer = _in_child(path, data_file, advice)
+    if "error" in answer:
+        raise JournalError(str(answer["error"]))
+    problems = tuple(str(problem) for problem in answer["problems"])
+    if problems:
+        more = " (and more)" if len(problems) > 1 else ""
+        raise JournalError(f"{data_file}: damaged: {problems[0]}{more}; {advice}")
+    facts, live, done, epoch, last_seq = (int(n) for n in answer["counts"])
+    return VerifyReport(True, (), facts, live, done, epoch, last_seq)
+
+
+def _in_child(path: Path, data_file: Path, advice: str) -> dict[str, Any]:
+    """The child's answer; a child killed by a signal is damage (``JournalError``)."""
+    pythonpath = os.pathsep.join(
+        part for part in (_PACKAGE_ROOT, os.environ.get("PYTHONPATH", "")) if part
+    )
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", __name__, str(path)],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "PYTHONPATH": pythonpath},
+            check=False,
+        )
+    except OSError as exc:
+        raise JournalError(f"{data_file}: cannot run the check at start ({exc})") from exc
+    if done.returncode < 0:
+        name = signal.Signals(-done.returncode).name
+        raise JournalError(
+            f"{data_file}: damaged: reading it killed the checking process ({name}): "
+            f"a damaged page; {advice}"
+        )
+    try:
+        answer: dict[str, Any] = json.loads(done.stdout.splitlines()[-1])
+    except (IndexError, ValueError):
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise JournalError(
+            f"{data_file}: the check at start failed (exit status {done.returncode}: {last})"
+        ) from None
+    return answer
+
+
+def _main(argv: list[str]) -> int:
+    """The child: verify's record checks of the journal in ``argv[0]``, as JSON."""
+    try:
+        report = verify(argv[0], structure=False, references=False)
+    except JournalError as exc:
+        answer: dict[str, Any] = {"error": exc.detail or str(exc)}
+    else:
+        counts = [report.facts, report.live, report.done, report.epoch, report.last_seq]
+        answer = {"problems": list(report.problems), "counts": counts}
+    print(json.dumps(answer))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))
