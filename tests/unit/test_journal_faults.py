@@ -592,3 +592,43 @@ def test_the_start_check_of_a_damaged_page_refuses_instead_of_dying(tmp_path: Pa
     assert done.returncode == 0, done.stderr
     assert f"{jdir / 'data.mdb'}: damaged: reading it killed the checking process" in done.stdout
     assert done.stdout.count("\n") == 1
+
+
+# --------------------------------------------------------------------------- compact, damaged
+
+
+def _delete_raw(jdir: Path, db: bytes, key: bytes) -> None:
+    env = lmdb.open(str(jdir), max_dbs=8)
+    try:
+        with env.begin(write=True) as txn:
+            assert txn.delete(key, db=env.open_db(db, txn=txn))
+    finally:
+        env.close()
+
+
+def test_compact_stops_at_an_index_row_naming_a_missing_fact(jdir: Path, tmp_path: Path) -> None:
+    """verify reported the dangling row, but compaction deleted it and the rest: "removed
+    5 facts", and verify then listed a wrong gap."""
+    _old_jobs(jdir, jobs=3)
+    _delete_raw(jdir, b"facts", (4).to_bytes(8, "big"))  # old1's second fact
+    archive = tmp_path / "archive.jsonl"
+    with (
+        archive.open("a", encoding="utf-8") as fh,
+        pytest.raises(JournalError, match=r"lists fact 4 for job 'old1', but there is no such"),
+    ):
+        compact(jdir, 1, 10 * DAY, fh)
+    assert archive.read_text() == ""  # old0's facts were checked, not archived
+    with Journal.open(jdir, readonly=True) as j:
+        assert [seq for seq, _, _ in j.facts()] == [1, 2, 3, 5, 6]  # nothing deleted
+    assert "lists fact 4, which does not exist" in " ".join(verify(jdir).problems)
+
+
+def test_compact_refused_on_a_bad_crc_leaves_no_archive_lines(jdir: Path, tmp_path: Path) -> None:
+    """It said "nothing was compacted", but the facts of the jobs before the damaged one
+    were already in the archive."""
+    _old_jobs(jdir, jobs=3)
+    _put_raw(jdir, b"facts", (6).to_bytes(8, "big"), b"garbage")  # old2's last fact
+    archive = tmp_path / "archive.jsonl"
+    with archive.open("a", encoding="utf-8") as fh, pytest.raises(JournalError, match="fact 6"):
+        compact(jdir, 1, 10 * DAY, fh)
+    assert archive.read_text() == ""

@@ -85,7 +85,12 @@ def compact(
                     f"{U64.size}; run verify, nothing was compacted"
                 )
             removed = 0
-            for job in _finished_before(journal, txn, cutoff):
+            jobs = _finished_before(journal, txn, cutoff)
+            # Every fact checked before the first is archived: a damaged one stops the
+            # compaction with nothing removed and nothing in the archive.
+            for job in jobs:
+                _drop_facts(journal, txn, job, None, archived, check_only=True)
+            for job in jobs:
                 removed += _drop_facts(journal, txn, job, archive, archived)
             total = journal._removed(txn)
             txn.put(REMOVED_KEY, U64.pack(total + removed), db=journal._db(META))
@@ -127,10 +132,16 @@ def _held(state: bytes) -> bool:
 
 
 def _drop_facts(
-    journal: Journal, txn: _Txn, job: bytes, archive: TextIO | None, archived: set[bytes]
+    journal: Journal,
+    txn: _Txn,
+    job: bytes,
+    archive: TextIO | None,
+    archived: set[bytes],
+    *,
+    check_only: bool = False,
 ) -> int:
     """Delete one job's facts and index rows (archiving the facts not in ``archived``
-    yet); how many facts went."""
+    yet); how many facts went. ``check_only``: check them, change nothing."""
     facts_db, index_db = journal._db(FACTS), journal._db(INDEX)
     prefix = index_prefix(job)
     rows = [key for key, _ in numbered_rows(txn.cursor(index_db), prefix)]
@@ -138,13 +149,22 @@ def _drop_facts(
     for key in rows:
         seq = key[len(prefix) :]
         stored = txn.get(seq, db=facts_db)
-        if stored is not None:
-            # Checked with or without an archive: a damaged index row naming another
-            # job's fact would otherwise delete that fact (maybe a live job's).
-            job_id, payload = _owned_fact(journal, job, seq, stored)
-            if archive is not None and seq not in archived:
-                export_line(archive, key_seq(seq), job_id, payload)
-                archived.add(seq)
+        if stored is None:
+            # verify reports it; deleting the row would hide the damage (docs/journal-
+            # format.md, "Compaction": a damaged index row stops the compaction).
+            raise JournalError(
+                f"{journal.path}: damaged: the index lists fact {key_seq(seq)} for job "
+                f"{job.decode(errors='replace')!r}, but there is no such fact; run verify, "
+                "nothing was compacted"
+            )
+        # Checked with or without an archive: a damaged index row naming another
+        # job's fact would otherwise delete that fact (maybe a live job's).
+        job_id, payload = _owned_fact(journal, job, seq, stored)
+        if check_only:
+            continue
+        if archive is not None and seq not in archived:
+            export_line(archive, key_seq(seq), job_id, payload)
+            archived.add(seq)
         if txn.delete(seq, db=facts_db):
             removed += 1
         txn.delete(key, db=index_db)
