@@ -857,7 +857,7 @@ def test_verify_reports_damage_without_raising(jdir: Path) -> None:
     assert "fact 9: job 'job4' has no index row" in text
     assert "job 'job9' lists fact 1, which belongs to 'job0'" in text
     assert "job 'job8' is both live and done" in text
-    assert "live state of job b'job7'" in text
+    assert "live state of job 'job7'" in text
     assert "19 kept + 0 compacted != last_seq 20; missing: 5" in text
     assert (report.facts, report.live, report.done, report.last_seq) == (19, 10, 1, 20)
 

@@ -632,3 +632,21 @@ def test_compact_refused_on_a_bad_crc_leaves_no_archive_lines(jdir: Path, tmp_pa
     with archive.open("a", encoding="utf-8") as fh, pytest.raises(JournalError, match="fact 6"):
         compact(jdir, 1, 10 * DAY, fh)
     assert archive.read_text() == ""
+
+
+# --------------------------------------------------------------------------- messages
+
+
+def test_messages_name_the_file_once_and_job_ids_as_text(jdir: Path, tmp_path: Path) -> None:
+    from xce_resize_plugin.journal import require_intact
+
+    _old_jobs(jdir, jobs=1)
+    _put_raw(jdir, b"done", b"old0", b"garbage")
+    problems = " ".join(verify(jdir).problems)
+    assert "done: state of job 'old0'" in problems and "b'old0'" not in problems
+    unreadable = tmp_path / "unreadable"
+    _damaged_leaf(unreadable)  # LMDB's CorruptedError, read in the start check's child
+    with pytest.raises(JournalError, match="cannot read the journal") as err:
+        require_intact(unreadable)
+    assert str(err.value).count("data.mdb") == 1
+    assert str(err.value).count("Journal error") == 1

@@ -111,7 +111,8 @@ def _finished_before(journal: Journal, txn: _Txn, cutoff: float) -> list[bytes]:
             held = ended_at < cutoff and _held(state)
         except BadRecord as exc:
             raise JournalError(
-                f"{journal.path}: done state of job {key!r}: {exc}; run verify, "
+                f"{journal.path}: done state of job {key.decode(errors='replace')!r}: {exc}; "
+                "run verify, "
                 "nothing was compacted"
             ) from None
         if ended_at < cutoff and not held:

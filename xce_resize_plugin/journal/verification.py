@@ -120,7 +120,9 @@ def verify(path: Path | str, *, structure: bool = True, references: bool = True)
         try:
             counts = journal._read(lambda txn: _Check(journal, txn, problems, references).run())
         except JournalError as exc:
-            problems.add(str(exc))
+            # The problem without "Journal error: <data file>: ": a caller (the check at
+            # start) puts its own prefix before it.
+            problems.add((exc.detail or str(exc)).removeprefix(f"{path / DATA_FILE}: "))
             counts = (0, 0, 0, 0, 0)
     facts, live, done, epoch, last_seq = counts
     result = problems.result()
@@ -233,7 +235,7 @@ class _Check:
                 job_id = decode_job_key(key)
                 unseal(value)
             except BadRecord as exc:
-                self.add(f"jobs: live state of job {key!r}: {exc}")
+                self.add(f"jobs: live state of job {key.decode(errors='replace')!r}: {exc}")
                 continue
             if self.txn.get(key, db=self.done_db) is not None:
                 self.add(f"jobs: job {job_id!r} is both live and done")
@@ -247,7 +249,7 @@ class _Check:
                 decode_job_key(key)
                 decode_done(value)
             except BadRecord as exc:
-                self.add(f"done: state of job {key!r}: {exc}")
+                self.add(f"done: state of job {key.decode(errors='replace')!r}: {exc}")
         return n_done
 
     def _history(self) -> None:
