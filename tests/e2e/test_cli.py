@@ -627,7 +627,7 @@ def test_an_export_that_fails_leaves_an_existing_file_alone(
     from xce_resize_plugin import journal
     from xce_resize_plugin.cli.main import _export_to
 
-    def failing(directory: Path, out: object) -> int:
+    def failing(directory: Path, out: object, **kwargs: object) -> int:
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(journal, "export", failing)

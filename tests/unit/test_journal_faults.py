@@ -456,8 +456,8 @@ def test_a_lowered_newest_txnid_is_caught_not_opened_as_the_previous_transaction
 
 
 def test_a_txnid_on_the_page_of_the_other_parity_is_caught(jdir: Path) -> None:
-    newest, txnid = _journal_of_commits(jdir)
     """The page walk of verify saw this; the check at start did not."""
+    newest, txnid = _journal_of_commits(jdir)
     from xce_resize_plugin.journal import require_intact
 
     _set_txnid(jdir, newest, txnid ^ 1)  # bit 0: now on the wrong page for its parity
@@ -650,3 +650,24 @@ def test_messages_name_the_file_once_and_job_ids_as_text(jdir: Path, tmp_path: P
         require_intact(unreadable)
     assert str(err.value).count("data.mdb") == 1
     assert str(err.value).count("Journal error") == 1
+
+
+def test_without_a_child_process_the_start_check_is_made_in_process(
+    jdir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where no child may be started, the start check is still made, in the
+    controller's own process, rather than refuse the start."""
+    from xce_resize_plugin.journal import require_intact, start_check
+
+    def no_child(*args: object, **kwargs: object) -> None:
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(start_check.subprocess, "run", no_child)
+    _journal_of_commits(jdir)
+    assert require_intact(jdir).last_seq == 3
+    with Journal.open(jdir, sync=False) as j:
+        j.start()
+        j.commit([Entry("late", (b'{"n":1}',), b"s")])
+    _put_raw(jdir, b"facts", (4).to_bytes(8, "big"), b"not a fact")
+    with pytest.raises(JournalError, match="damaged"):
+        require_intact(jdir)

@@ -16,6 +16,7 @@ report, or the journal's error, as one JSON line.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -26,6 +27,8 @@ from typing import Any
 from xce_resize_plugin.errors import JournalError
 from xce_resize_plugin.journal.records import DATA_FILE
 from xce_resize_plugin.journal.verification import VerifyReport, verify
+
+log = logging.getLogger(__name__)
 
 #: Where the package is, for the child's imports (a checkout on PYTHONPATH or not).
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
@@ -73,7 +76,11 @@ def _in_child(path: Path, data_file: Path, advice: str) -> dict[str, Any]:
             check=False,
         )
     except OSError as exc:
-        raise JournalError(f"{data_file}: cannot run the check at start ({exc})") from exc
+        # No child may be started here (a sandbox, no process slot left): the check is
+        # made in this process, as before there was a child, rather than refuse a start
+        # the check would most likely allow; only a damaged page then kills the reader.
+        log.warning("journal check at start made in-process (no child process: %s)", exc)
+        return _answer(path)
     if done.returncode < 0:
         name = signal.Signals(-done.returncode).name
         raise JournalError(
@@ -90,16 +97,19 @@ def _in_child(path: Path, data_file: Path, advice: str) -> dict[str, Any]:
     return answer
 
 
-def _main(argv: list[str]) -> int:
-    """The child: verify's record checks of the journal in ``argv[0]``, as JSON."""
+def _answer(path: Path | str) -> dict[str, Any]:
+    """verify's record checks of the journal in ``path``, as the child answers them."""
     try:
-        report = verify(argv[0], structure=False, references=False)
+        report = verify(path, structure=False, references=False)
     except JournalError as exc:
-        answer: dict[str, Any] = {"error": exc.detail or str(exc)}
-    else:
-        counts = [report.facts, report.live, report.done, report.epoch, report.last_seq]
-        answer = {"problems": list(report.problems), "counts": counts}
-    print(json.dumps(answer))
+        return {"error": exc.detail or str(exc)}
+    counts = [report.facts, report.live, report.done, report.epoch, report.last_seq]
+    return {"problems": list(report.problems), "counts": counts}
+
+
+def _main(argv: list[str]) -> int:
+    """The child: :func:`_answer` for the journal in ``argv[0]``, as one JSON line."""
+    print(json.dumps(_answer(argv[0])))
     return 0
 
 
