@@ -150,6 +150,10 @@ def test_scenario_until_stops_the_clock(tmp_path: Path) -> None:
         ("[cluster]\nhosts = { a = 2 }\n[scenario]\nuntil = nan\n", "scenario.until: must be"),
         ("[cluster]\nhosts = { a = 2 }\n[resize]\nstop_grace = nan\n", "stop_grace must be"),
         (
+            "[cluster]\nhosts = { a = 2 }\n[resize]\njournal_map_size = 18446744073709551616\n",
+            "journal_map_size must be between 1048576 and 1099511627776, got 18446744073709551616",
+        ),
+        (
             "[cluster]\nhosts = { a = 2 }\n[resize]\npolicy_files = [1]\n",
             "policy_files entries must be paths, got 1",
         ),

@@ -39,3 +39,24 @@ def test_bad_values_are_named(section: dict[str, object], expect: str) -> None:
 def test_not_a_table() -> None:
     with pytest.raises(errors.ConfigError, match="must be a table"):
         config.check([])  # type: ignore[arg-type]
+
+
+def test_the_journal_map_size_limit_is_the_journals_growth_limit() -> None:
+    """core/config.py does not import LMDB; the two limits must not drift apart."""
+    from xce_resize_plugin.journal.lmdb_env import MAX_MAP_SIZE
+
+    assert config.MAX_JOURNAL_MAP_SIZE == MAX_MAP_SIZE == 1 << 40
+    assert config.check({"journal_map_size": MAX_MAP_SIZE})["journal_map_size"] == MAX_MAP_SIZE
+    assert config.check({"journal_map_size": 1 << 20})["journal_map_size"] == 1 << 20
+
+
+@pytest.mark.parametrize("size", [(1 << 40) + 1, 1 << 62, 1 << 64, (1 << 20) - 1, 0, -1])
+def test_a_journal_map_size_out_of_range_is_a_configuration_error(size: int) -> None:
+    """2**64 was an OverflowError traceback from LMDB and 2**62 a MemoryError blamed
+    on the journal's file, after the live controller had made its state directory."""
+    with pytest.raises(errors.ConfigError) as refused:
+        config.check({"journal_map_size": size}, where="site.toml: [resize]")
+    assert str(refused.value) == (
+        "Configuration error: site.toml: [resize] journal_map_size must be between "
+        f"1048576 and 1099511627776, got {size}"
+    )

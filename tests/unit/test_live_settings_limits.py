@@ -70,6 +70,33 @@ def test_a_bad_request_limit_stops_the_controller_with_one_line(tmp_path: Path) 
     assert not (tmp_path / "state").exists()
 
 
+def test_a_journal_map_size_beyond_the_journals_limit_stops_the_controller_first(
+    tmp_path: Path,
+) -> None:
+    """2**64 was a traceback from LMDB (exit 1), after the state directory, the store
+    and an agent were made."""
+    config = tmp_path / "controller.toml"
+    config.write_text(
+        '[controller]\nstate_dir = "state"\nlisten = "127.0.0.1:0"\n'
+        "[cluster]\nhosts = { h1 = 1 }\n"
+        '[users]\ntokens = { alice = "a-long-random-string" }\n'
+        "[resize]\njournal_map_size = 18446744073709551616\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-m", "xce_resize_plugin", "controller", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
+    assert (out.returncode, out.stderr) == (
+        2,
+        f"xce-resize: Configuration error: {config}: [resize] journal_map_size must be "
+        "between 1048576 and 1099511627776, got 18446744073709551616\n",
+    )
+    assert not (tmp_path / "state").exists()
+
+
 @pytest.mark.parametrize(
     ("nofile", "hosts", "reserve", "concurrency"),
     [

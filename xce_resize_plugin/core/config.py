@@ -16,6 +16,12 @@ from attrs import frozen
 from xce_resize_plugin.core import reclaim
 from xce_resize_plugin.errors import ConfigError
 
+#: The largest ``journal_map_size``: the map the journal grows to at most
+#: (``journal.lmdb_env.MAX_MAP_SIZE``, 1 TiB; docs/journal-format.md). Not imported:
+#: this module does not load LMDB; a unit test keeps the two equal. A larger start
+#: could never be grown into, and LMDB cannot map one that exceeds the address space.
+MAX_JOURNAL_MAP_SIZE = 1 << 40
+
 
 @frozen
 class Settings:
@@ -38,6 +44,7 @@ class Key:
     default: Any
     doc: str
     minimum: float | None = None
+    maximum: float | None = None
 
 
 KEYS: tuple[Key, ...] = (
@@ -108,6 +115,7 @@ KEYS: tuple[Key, ...] = (
         64 << 20,
         "initial LMDB map size in bytes (it grows on demand)",
         1 << 20,
+        MAX_JOURNAL_MAP_SIZE,
     ),
     Key(
         "max_requeue",
@@ -154,8 +162,7 @@ def check(section: Mapping[str, Any], where: str = "[resize]") -> dict[str, Any]
             raise ConfigError(f"{where} {key.name} must be {names}, got {value!r}")
         if isinstance(value, float) and not math.isfinite(value):
             raise ConfigError(f"{where} {key.name} must be a finite number, got {value!r}")
-        if key.minimum is not None and isinstance(value, int | float) and value < key.minimum:
-            raise ConfigError(f"{where} {key.name} must be at least {key.minimum}, got {value!r}")
+        _check_range(key, value, where)
         out[key.name] = value
     for item in out["policy_files"]:
         if not isinstance(item, str):
@@ -175,6 +182,19 @@ def check(section: Mapping[str, Any], where: str = "[resize]") -> dict[str, Any]
             f"{where} journal_batch needs journal_defer = true: it batches deferred writes"
         )
     return out
+
+
+def _check_range(key: Key, value: Any, where: str) -> None:
+    """ConfigError if a number is outside its key's bounds."""
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return
+    low = -math.inf if key.minimum is None else key.minimum
+    if key.maximum is not None and not low <= value <= key.maximum:
+        raise ConfigError(
+            f"{where} {key.name} must be between {key.minimum} and {key.maximum}, got {value!r}"
+        )
+    if value < low:
+        raise ConfigError(f"{where} {key.name} must be at least {key.minimum}, got {value!r}")
 
 
 def settings(section: Mapping[str, Any]) -> Settings:
