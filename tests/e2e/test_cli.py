@@ -644,3 +644,131 @@ def test_an_export_that_fails_leaves_an_existing_file_alone(
     with pytest.raises(errors.UsageError, match="cannot write"):
         _export_to(tmp_path, made)
     assert not made.exists()
+
+
+# -- standard output that cannot be written ------------------------------------------
+
+FULL = Path("/dev/full")
+needs_dev_full = pytest.mark.skipif(not FULL.exists(), reason="no /dev/full here")
+
+
+def run_to(stdout: Any, *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """``xce-resize ARGS > stdout``: stdout a file object, or None for ``>&-``."""
+    code = "import sys; from xce_resize_plugin.cli.main import main; sys.exit(main())"
+    if stdout is None:
+        return subprocess.run(
+            ["/bin/sh", "-c", 'c=$1; shift; "$0" -c "$c" "$@" >&-', sys.executable, code, *args],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=cwd, timeout=120,
+        )  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-c", code, *args],
+        stdout=stdout, stderr=subprocess.PIPE, text=True, cwd=cwd, timeout=120,
+    )  # fmt: skip
+
+
+def scenario_state(tmp_path: Path) -> Path:
+    """A journal whose two jobs have ended (every fact goes at --keep-days 0)."""
+    state = tmp_path / "state"
+    scenario = str(DATA / "scenarios" / "grow_limits.toml")
+    assert run("scenario", "run", scenario, "--state-dir", str(state)).returncode == 0
+    return state / "resize"
+
+
+@needs_dev_full
+def test_a_full_standard_output_is_one_line_and_its_own_status(tmp_path: Path) -> None:
+    """``> /dev/full``: an OSError traceback, exit 1, which journal verify documents as
+    "problems found"."""
+    journal = str(scenario_state(tmp_path))
+    for args in (
+        ["journal", "export", journal],
+        ["journal", "verify", journal],
+        ["journal", "verify", "--json", journal],
+        ["demo"],
+        ["demo", "--json"],
+    ):
+        with FULL.open("w") as full:
+            proc = run_to(full, *args)
+        assert (proc.returncode, proc.stderr) == (
+            74,
+            "xce-resize: standard output: cannot write (No space left on device)\n",
+        ), args
+
+
+def test_a_closed_standard_output_is_one_line_and_its_own_status() -> None:
+    proc = run_to(None, "demo")
+    assert (proc.returncode, proc.stderr) == (
+        74,
+        "xce-resize: standard output: cannot write (Bad file descriptor)\n",
+    )
+
+
+@needs_dev_full
+def test_a_compaction_whose_summary_cannot_be_written_says_it_was_done(tmp_path: Path) -> None:
+    """The facts were archived and removed, then printing the summary was a traceback:
+    an administrator would have taken it for a failed compaction."""
+    journal = scenario_state(tmp_path)
+    facts = len(run("journal", "export", str(journal)).stdout.splitlines())
+    archive = tmp_path / "archive.jsonl"
+    with FULL.open("w") as full:
+        proc = run_to(
+            full, "journal", "compact", str(journal), "--keep-days", "0", "--archive", str(archive)
+        )
+    assert (proc.returncode, proc.stderr) == (
+        74,
+        "xce-resize: standard output: cannot write (No space left on device); the compaction "
+        f"was done: removed {facts} facts of jobs finished more than 0 days ago (archived to "
+        f"{archive})\n",
+    )
+    assert len(archive.read_text().splitlines()) == facts
+    assert run("journal", "export", str(journal)).stdout == ""
+
+
+def test_an_archive_of_dash_is_standard_output(tmp_path: Path) -> None:
+    """``--archive -`` wrote a file named ``-`` in the current directory."""
+    journal = scenario_state(tmp_path)
+    exported = run("journal", "export", str(journal)).stdout
+    proc = run("journal", "compact", str(journal), "--keep-days", "0", "--archive", "-",
+               cwd=tmp_path)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    key = lambda line: json.loads(line)["seq"]  # noqa: E731
+    assert sorted(proc.stdout.splitlines(), key=key) == exported.splitlines()
+    facts = len(exported.splitlines())
+    assert proc.stderr == (
+        f"removed {facts} facts of jobs finished more than 0 days ago "
+        "(archived to standard output)\n"
+    )
+    assert not (tmp_path / "-").exists()
+    assert run("journal", "export", str(journal)).stdout == ""
+
+
+@needs_dev_full
+def test_an_archive_on_a_full_standard_output_compacts_nothing(tmp_path: Path) -> None:
+    journal = scenario_state(tmp_path)
+    before = run("journal", "export", str(journal)).stdout
+    with FULL.open("w") as full:
+        proc = run_to(
+            full, "journal", "compact", str(journal), "--keep-days", "0", "--archive", "-",
+            cwd=tmp_path,
+        )  # fmt: skip
+    assert (proc.returncode, proc.stderr) == (
+        2,
+        "xce-resize: Journal error: standard output: cannot write the archive (No space left "
+        "on device); nothing was compacted\n",
+    )
+    assert run("journal", "export", str(journal)).stdout == before
+    assert not (tmp_path / "-").exists()
+
+
+def test_an_oserror_not_of_standard_output_is_not_said_to_be(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Only a write to standard output is reported as one: another OSError (a bug:
+    every file a command opens is named in its own message) keeps its traceback."""
+    from xce_resize_plugin.cli import main as cli
+
+    def failing(args: object, out: object) -> int:
+        raise OSError(28, "No space left on device", "/elsewhere")
+
+    monkeypatch.setattr(cli, "_dispatch", failing)
+    with pytest.raises(OSError, match="/elsewhere"):
+        cli.main(["demo"])

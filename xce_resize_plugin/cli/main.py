@@ -2,13 +2,15 @@
 
 Library code raises; this module alone turns errors into messages and exit codes:
 0 success, 1 a check found problems, 2 bad usage or input (the message names what),
-255 the controller refused the request or could not be reached (as `bresize`).
+74 standard output could not be written, 255 the controller refused the request or
+could not be reached (as `bresize`).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import json
 import os
 import sys
@@ -16,7 +18,7 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NoReturn, TextIO
+from typing import Any, NoReturn, TextIO, cast
 
 from xce_resize_plugin import __version__
 from xce_resize_plugin.cli.argtypes import count, integer, number
@@ -24,6 +26,61 @@ from xce_resize_plugin.errors import JournalError, ResizeError, Unreachable, Usa
 
 EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE, EXIT_REJECTED = 0, 1, 2, 255
 EXIT_PIPE = 128 + 13  # SIGPIPE
+#: Standard output could not be written (a full disk, an I/O error): sysexits.h's
+#: EX_IOERR, apart from 1 ("verify found problems") and 2 (nothing was done).
+EXIT_OUTPUT = 74
+
+
+class StdoutError(Exception):
+    """Writing standard output failed (not a closed pipe: :func:`closed_pipe`).
+
+    Not an OSError: the commands' own ``except OSError`` (about the files they read
+    and write) must not take it for an error of theirs. ``done`` says what the command
+    had done already (a compaction), which the failed output would have told.
+    """
+
+    def __init__(self, cause: OSError, done: str = "") -> None:
+        super().__init__(cause)
+        self.reason = cause.strerror or str(cause)
+        self.done = done
+
+    @property
+    def text(self) -> str:
+        line = f"standard output: cannot write ({self.reason})"
+        return f"{line}; {self.done}" if self.done else line
+
+
+class _Stdout:
+    """``sys.stdout`` as the commands write to it: a failed write or flush is a
+    :class:`StdoutError`, so that :func:`_run` tells it apart from every other OSError.
+    ``None`` (started with ``>&-``) fails at the first write, not before: a command
+    that writes nothing there runs."""
+
+    def __init__(self, stream: TextIO | None) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        if self._stream is None:
+            raise StdoutError(OSError(errno.EBADF, os.strerror(errno.EBADF)))
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            raise
+        except OSError as exc:
+            raise StdoutError(exc) from exc
+
+    def flush(self) -> None:
+        if self._stream is None:
+            return
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            raise
+        except OSError as exc:
+            raise StdoutError(exc) from exc
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
 
 
 def _request_deadline(text: str) -> float:
@@ -107,7 +164,8 @@ def _parser() -> argparse.ArgumentParser:
         "--archive",
         type=Path,
         help="JSON-lines file the dropped facts are appended to before they are deleted "
-        "(default: DIR/compacted-<time>.jsonl)",
+        "(default: DIR/compacted-<time>.jsonl; -: standard output, the summary then goes "
+        "to standard error)",
     )
     compact.add_argument("--now", type=number, help="the current time (default: the clock)")
 
@@ -295,10 +353,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    out = _Stdout(sys.stdout)
     try:
-        status = _dispatch(args, sys.stdout)
-        sys.stdout.flush()  # a closed pipe shows here, inside the try, not at exit
+        status = _dispatch(args, cast(TextIO, out))
+        out.flush()  # a closed pipe or a full disk shows here, inside the try, not at exit
         return status
+    except StdoutError as exc:
+        _complain(exc.text)
+        _discard_stdout()
+        return EXIT_OUTPUT
     except ResizeError as exc:
         _complain(exc.text)
         from xce_resize_plugin.rest.client import RemoteError
@@ -313,6 +376,18 @@ def _run(args: argparse.Namespace) -> int:
 def _complain(text: str) -> None:
     """``xce-resize: text`` on stderr."""
     print(f"xce-resize: {text}", file=sys.stderr)
+
+
+def _discard_stdout() -> None:
+    """Point standard output at /dev/null: what it still holds, which could not be
+    written, goes there when Python flushes it at exit, instead of failing again (a
+    second message, exit status 120)."""
+    with contextlib.suppress(AttributeError, OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, sys.stdout.fileno())
+        finally:
+            os.close(devnull)
 
 
 def closed_pipe() -> int:
@@ -501,6 +576,14 @@ def _journal(args: argparse.Namespace, out: TextIO) -> int:
             n = _export_to(args.dir, args.output)
         print(f"exported {n} facts", file=sys.stderr)
         return EXIT_OK
+    return _compact(args, out)
+
+
+def _compact(args: argparse.Namespace, out: TextIO) -> int:
+    """``journal compact``: the archive is a file, or standard output for ``-`` (the
+    summary then goes to standard error, as ``journal export``'s count does)."""
+    from xce_resize_plugin import journal
+
     if not args.keep_days >= 0:
         raise UsageError(f"--keep-days must be zero or more, got {args.keep_days:g}")
     now = args.now if args.now is not None else time.time()
@@ -509,6 +592,10 @@ def _journal(args: argparse.Namespace, out: TextIO) -> int:
         args.archive = args.dir / f"compacted-{stamp}.jsonl"
     journal.require_readable(args.dir, "nothing was compacted")  # before LMDB reads it
     journal.Journal.require(args.dir)  # no archive file for what is no journal
+    if str(args.archive) == "-":
+        removed = _compact_to(args.dir, args.keep_days, now, out)
+        print(_compacted(removed, args.keep_days, "standard output"), file=sys.stderr)
+        return EXIT_OK
     try:
         with args.archive.open("a", encoding="utf-8") as archive:
             removed = journal.compact(args.dir, args.keep_days, now, archive, checked=True)
@@ -520,11 +607,48 @@ def _journal(args: argparse.Namespace, out: TextIO) -> int:
             f"{args.archive}: cannot write the archive ({exc.strerror or exc}); "
             "nothing was compacted"
         ) from None
-    out.write(
-        f"removed {removed} facts of jobs finished more than {args.keep_days:g} days ago "
-        f"(archived to {args.archive})\n"
-    )
+    summary = _compacted(removed, args.keep_days, str(args.archive))
+    try:
+        out.write(summary + "\n")
+        out.flush()
+    except StdoutError as exc:
+        # The facts are gone and archived: the failed summary must not read as a
+        # failed compaction (docs/admin-guide.md, "Exit statuses of xce-resize").
+        exc.done = f"the compaction was done: {summary}"
+        raise
     return EXIT_OK
+
+
+def _compact_to(directory: Path, keep_days: float, now: float, out: TextIO) -> int:
+    """Compaction with standard output as the archive: a write that fails (a full
+    disk, a reader gone) fails before the deletion commits, so nothing is removed."""
+    from xce_resize_plugin import journal
+
+    try:
+        return journal.compact(directory, keep_days, now, out)
+    except StdoutError as exc:
+        _discard_stdout()
+        raise JournalError(
+            f"standard output: cannot write the archive ({exc.reason}); nothing was compacted"
+        ) from None
+    except JournalError as exc:
+        cause = exc.__cause__
+        # Compaction's own words when it could not flush or sync the archive (a closed
+        # pipe; an fsync's EIO): said of standard output, not of a file.
+        if isinstance(cause, OSError) and (exc.detail or "").startswith("the archive"):
+            _discard_stdout()
+            raise JournalError(
+                f"standard output: cannot write the archive ({cause.strerror or cause}); "
+                "nothing was compacted"
+            ) from None
+        raise
+
+
+def _compacted(removed: int, keep_days: float, archive: str) -> str:
+    return (
+        f"removed {removed} facts of jobs finished more than {keep_days:g} days ago "
+        f"(archived to {archive})"
+    )
 
 
 if __name__ == "__main__":  # pragma: no cover
