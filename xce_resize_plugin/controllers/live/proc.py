@@ -132,16 +132,30 @@ def atomic_write(path: Path, data: str | bytes, mode: int = 0o644) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(raw)
-            fh.flush()
-            os.fsync(fh.fileno())
+        _write_durably(fd, raw, path)
         os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def _write_durably(fd: int, raw: bytes, path: Path) -> None:
+    """Write ``raw`` to the new file open on ``fd``, fsync it and close it; an OSError
+    names ``path``, the file it is written for. A buffered write, a flush or an fsync
+    fails without a file name (``[Errno 28] No space left on device``), and the
+    controller reports a failed write as it is: its health ``reason`` and its refusals
+    promise the file and the error (docs/live-controller.md)."""
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(raw)
+            fh.flush()
+            os.fsync(fh.fileno())
+    except OSError as exc:
+        if exc.filename is not None or exc.errno is None:
+            raise
+        raise OSError(exc.errno, exc.strerror, str(path)) from exc
 
 
 def secret_file(path: Path, *, create: bool = True) -> str:
@@ -162,10 +176,7 @@ def secret_file(path: Path, *, create: bool = True) -> str:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)  # mode 0600
     try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(secrets.token_urlsafe(32))
-            fh.flush()
-            os.fsync(fh.fileno())
+        _write_durably(fd, secrets.token_urlsafe(32).encode(), path)
         with contextlib.suppress(FileExistsError):
             os.link(tmp, path)
     finally:
