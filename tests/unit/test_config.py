@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from xce_resize_plugin import errors
@@ -21,7 +23,7 @@ def test_defaults() -> None:
         ({"notify_timout": 5}, "unknown key 'notify_timout'"),
         ({"notify_timeout": "5"}, "notify_timeout must be int or float"),
         ({"notify_timeout": 0}, "notify_timeout must be at least"),
-        ({"notify_max_failures": 0}, "notify_max_failures must be at least 1"),
+        ({"notify_max_failures": 0}, "notify_max_failures must be between 1 and 100, got 0"),
         ({"notify_max_failures": 2.5}, "notify_max_failures must be int"),
         ({"allow_grow": 1}, "allow_grow must be bool"),
         ({"stop_grace": True}, "stop_grace must be int or float"),
@@ -60,3 +62,31 @@ def test_a_journal_map_size_out_of_range_is_a_configuration_error(size: int) -> 
         "Configuration error: site.toml: [resize] journal_map_size must be between "
         f"1048576 and 1099511627776, got {size}"
     )
+
+
+def test_notify_max_failures_is_at_most_100() -> None:
+    assert config.check({"notify_max_failures": 100})["notify_max_failures"] == 100
+    with pytest.raises(errors.ConfigError) as err:
+        config.check({"notify_max_failures": 1000}, where="site.toml: [resize]")
+    assert err.value.text == (
+        "Configuration error: site.toml: [resize] notify_max_failures must be between "
+        "1 and 100, got 1000"
+    )
+
+
+def test_a_notification_failing_the_most_times_allowed_settles(tmp_path: Path) -> None:
+    """A simulated controller retries a failing notification at the same instant: at
+    1,000 failures allowed a scenario stopped with SettleLoopError. At the bound, the
+    grow is given up and the scenario ends."""
+    from xce_resize_plugin.scenarios import files, runner
+
+    text = (Path(__file__).parents[1] / "data" / "scenarios" / "grow_limits.toml").read_text()
+    text = text.replace("notify_max_failures = 2", "notify_max_failures = 100")
+    text = text.replace('[[commands]]\nat = 7\nuser = "dave"\nbresize = "cancel 222"\n', "")
+    assert "cancel 222" not in text
+    path = tmp_path / "s.toml"
+    path.write_text(text)
+    result = runner.run(files.load(path), tmp_path / "state")
+    assert result.problems == ()
+    tried = [n for n in result.notifications if n["job"] == "222"]
+    assert len(tried) == 100

@@ -21,6 +21,8 @@ from xce_resize_plugin.errors import ConfigError
 #: this module does not load LMDB; a unit test keeps the two equal. A larger start
 #: could never be grown into, and LMDB cannot map one that exceeds the address space.
 MAX_JOURNAL_MAP_SIZE = 1 << 40
+#: The most failed attempts in a row a grow may be given (docs/admin-guide.md).
+MAX_NOTIFY_FAILURES = 100
 
 
 @frozen
@@ -61,6 +63,9 @@ KEYS: tuple[Key, ...] = (
         3,
         "consecutive failed attempts after which a pending grow is cancelled",
         1,
+        # A simulated controller retries a failing notification at the same instant:
+        # thousands of attempts there looked like a plugin that never settles.
+        MAX_NOTIFY_FAILURES,
     ),
     Key(
         "stop_grace",
