@@ -671,3 +671,28 @@ def test_without_a_child_process_the_start_check_is_made_in_process(
     _put_raw(jdir, b"facts", (4).to_bytes(8, "big"), b"not a fact")
     with pytest.raises(JournalError, match="damaged"):
         require_intact(jdir)
+
+
+def test_another_lmdb_store_is_not_called_a_damaged_journal(jdir: Path) -> None:
+    """The live controller's own store has a meta database too: verify of its
+    directory said "damaged: meta has no valid schema version"."""
+    env = lmdb.open(str(jdir), max_dbs=4)
+    try:
+        with env.begin(write=True) as txn:
+            txn.put(b"x", b"y", db=env.open_db(b"meta", txn=txn))
+            env.open_db(b"jobs", txn=txn)
+    finally:
+        env.close()
+    with pytest.raises(JournalError, match=r"data\.mdb: not a plugin journal"):
+        verify(jdir)
+
+
+def test_a_lock_file_that_is_a_directory_is_named(jdir: Path) -> None:
+    _journal_of_commits(jdir)
+    (jdir / "lock.mdb").unlink()
+    (jdir / "lock.mdb").mkdir()
+    with pytest.raises(JournalError) as err:
+        Journal.open(jdir, sync=False)
+    assert str(err.value).endswith(
+        f"{jdir / 'lock.mdb'}: not a regular file; LMDB keeps its reader table there"
+    )

@@ -25,6 +25,7 @@ from xce_resize_plugin.journal.records import (
     DATA_FILE,
     DB_NAMES,
     EPOCH_KEY,
+    FACTS,
     LAST_SEQ_KEY,
     META,
     REMOVED_KEY,
@@ -241,8 +242,16 @@ def _check_schema(env: lmdb.Environment, data_file: Path) -> int:
         meta = env.open_db(META.encode(), create=False)
         with env.begin() as txn:
             raw = txn.get(SCHEMA_KEY, db=meta)
+            # Named databases are keys of the main one: a store without the journal's
+            # facts is another LMDB store (the live controller's), not a damaged journal.
+            journal = txn.get(FACTS.encode()) is not None
     except lmdb.Error as exc:
         raise JournalError(f"{data_file}: damaged ({lmdb_reason(exc)})") from exc
+    if not journal:
+        raise JournalError(
+            f"{data_file}: not a plugin journal (an LMDB store without its facts "
+            "database: another store's directory?)"
+        )
     if raw is None or len(raw) != U64.size:
         raise JournalError(f"{data_file}: damaged: meta has no valid schema version")
     schema: int = U64.unpack(raw)[0]

@@ -154,6 +154,19 @@ def _data_size(data_file: Path, label: str, noun: str, error: ErrorFactory) -> i
     return size
 
 
+def _lock_file_kind(lock_file: Path, error: ErrorFactory) -> None:
+    """Refuse a ``lock.mdb`` that is not a regular file (LMDB's own error named the data
+    file, which is not what is wrong)."""
+    try:
+        mode = lock_file.stat().st_mode
+    except FileNotFoundError:
+        return  # made by LMDB
+    except OSError as exc:
+        raise error(f"{lock_file}: cannot stat the file: {exc}") from exc
+    if not stat.S_ISREG(mode):
+        raise error(f"{lock_file}: not a regular file; LMDB keeps its reader table there")
+
+
 def _check_size(env: lmdb.Environment, data_file: Path, label: str, error: ErrorFactory) -> None:
     """Refuse a data file shorter than its own meta page says it is.
 
@@ -304,6 +317,8 @@ class LmdbEnv:
         if not readonly:
             private_dir(path, error=error, name=label)
         _data_size(data_file, label, noun, error)
+        if lock:
+            _lock_file_kind(path / LOCK_FILE, error)
         env = where.open(
             error,
             map_size=map_size,
