@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import sys
 import threading
+import time
 from typing import Any
 
 import httpx
@@ -78,9 +79,42 @@ def test_tasks_meet_through_the_store_which_survives_failover(resize_live_factor
     assert live.call("DELETE", f"/v1/jobs/{job_id}", ALICE).status_code == 202
     wait_until(lambda: live.job(job_id)["state"] == "EXIT", 15, "job end")
     r = live.call("GET", f"{kv}/scheduler", ALICE)
-    assert r.status_code == 404 and r.json()["code"] == "XCE_KV_NO_KEY"
+    assert (r.status_code, r.json()["code"]) == (409, "LSBE_JOB_FINISH"), r.text
     r = live.call("PUT", f"{kv}/x", ALICE, {"value": "v"})
     assert r.status_code == 409
+
+
+def test_a_waiting_read_ends_with_the_job(resize_live_factory: Any) -> None:
+    """The job ends while a task waits for a key: the read ends at once (no one will set
+    the key), as the events long poll does, rather than holding one of the owner's
+    request slots to its timeout. The job's token stops working at the job's end."""
+    live: LiveCluster = resize_live_factory({"h1": 2})
+    live.start()
+    answer = live.ok("POST", "/v1/jobs", ALICE, {"command": ["sleep", "600"]})
+    job_id, token = answer["id"], answer["token"]
+    live.running(job_id, 1)
+    answers: dict[str, tuple[int, Any, float]] = {}
+
+    def poll(name: str, path: str) -> None:
+        start = time.monotonic()
+        r = live.call("GET", path, token)
+        answers[name] = (r.status_code, r.json(), time.monotonic() - start)
+
+    readers = [
+        threading.Thread(target=poll, args=("kv", f"/v1/jobs/{job_id}/kv/never?wait=20")),
+        threading.Thread(target=poll, args=("events", f"/v1/jobs/{job_id}/events?timeout=20")),
+    ]
+    for reader in readers:
+        reader.start()
+    time.sleep(1.0)
+    assert live.call("DELETE", f"/v1/jobs/{job_id}", ALICE).status_code == 202
+    for reader in readers:
+        reader.join(30)
+    status, doc, took = answers["kv"]
+    assert (status, doc["code"]) == (409, "LSBE_JOB_FINISH"), doc
+    assert took < 8 and answers["events"][2] < 8, answers
+    r = live.call("PUT", f"/v1/jobs/{job_id}/kv/x", token, {"value": "v"})
+    assert r.status_code == 401, r.text  # the job's token ended with it
 
 
 def test_bad_writes_are_refused_and_change_nothing(resize_live_factory: Any) -> None:

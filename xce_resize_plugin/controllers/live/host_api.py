@@ -204,12 +204,16 @@ class HostApi(HookMonitor):
             return job_kv.answer(key, record)
 
     def kv_get(self, principal: Principal, job_id: str, key: str) -> dict[str, Any] | None:
-        """``GET /v1/jobs/{id}/kv/{key}``: the value, or ``None`` when not set (yet)."""
+        """``GET /v1/jobs/{id}/kv/{key}``: the value, or ``None`` when not set (yet).
+        :class:`JobFinished` when it is not set and the job has ended: no one will set
+        it, so a waiting read ends at once, as the events and wait long polls do."""
         job_kv.check_key(key)
         with self.lock:
             self._check_view()
-            self._visible(principal, job_id)
+            job = self._visible(principal, job_id)
             record = self.live_store.get(job_kv.record_key(job_id, key))
+            if record is None and job.finished:
+                raise JobFinished(f"job {job_id} is {job.state.value}: key {key!r} will not be set")
             return None if record is None else job_kv.answer(key, record)
 
     def job_view(self, principal: Principal, job_id: str) -> dict[str, Any]:

@@ -4,7 +4,9 @@
 ``GET ...?wait=S`` waits up to S seconds for a key that is not set yet — task 0
 publishes its scheduler's address, the other tasks wait for it — by polling the
 controller from the event loop (no thread is held while waiting), as the resize wait
-route does.
+route does. A key not set in a job that has ended never will be: the read ends then,
+409 ``LSBE_JOB_FINISH`` (``kv_get``), as the ``wait`` and ``events`` long polls end
+at the job's end rather than at their timeout.
 """
 
 from __future__ import annotations
@@ -54,10 +56,11 @@ KV_GET = Operation(
     "/v1/jobs/{id}/kv/{key}",
     "Read a value from the job's key-value store",
     "With wait=S, waits up to S seconds (at most 60) for a key not set yet; 404 "
-    "XCE_KV_NO_KEY when it is still not set.",
+    "XCE_KV_NO_KEY when it is still not set; 409 LSBE_JOB_FINISH at once when it is "
+    "not set and the job has ended.",
     response="KeyValue",
     params=(*_PARAMS, Param("wait", {"type": "number", "minimum": 0}, False, "Seconds.")),
-    errors=(400, 401, 404, 503),
+    errors=(400, 401, 404, 409, 503),
 )
 KV_SCHEMAS: dict[str, Any] = {
     "KeyValueBody": {
