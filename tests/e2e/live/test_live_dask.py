@@ -64,6 +64,14 @@ def job_env(live: LiveCluster, answer: dict[str, Any]) -> dict[str, str]:
     }
 
 
+@pytest.fixture(autouse=True)
+def scratch(tmp_path: Path) -> Iterator[None]:
+    """The scheduler in this process keeps its scratch directory in the test's own
+    directory, not a ``dask-scratch-space`` left in the machine's ``/tmp``."""
+    with dask.config.set({"temporary-directory": str(tmp_path / "scheduler")}):
+        yield
+
+
 @pytest.fixture
 def dask_job(resize_live_factory: Any) -> Iterator[tuple[LiveCluster, XCECluster, str]]:
     live: LiveCluster = resize_live_factory({"h1": 3, "h2": 3}, stop_grace=STOP_GRACE)
@@ -188,6 +196,43 @@ def test_scale_grows_and_the_workers_register_by_task_id(
     cluster.close()
     wait_until(lambda: not allocation_workers(live, job_id), 30, "the workers released")
     assert live.job(job_id)["state"] == "RUN"
+
+
+def listening() -> set[int]:
+    """The TCP ports this process listens on."""
+    import psutil
+
+    return {
+        c.laddr.port
+        for c in psutil.Process().net_connections(kind="tcp")
+        if c.status == psutil.CONN_LISTEN
+    }
+
+
+def test_the_scheduler_serves_no_http_unless_asked(resize_live_factory: Any) -> None:
+    """Distributed's scheduler serves its HTTP pages (the workers, ``/metrics``,
+    ``/health``) to anyone without authentication: the cluster's scheduler listens on
+    its own port alone, unless a ``dashboard_address`` (or ``dashboard=True``) asks."""
+    import httpx
+
+    live: LiveCluster = resize_live_factory({"h1": 1})
+    live.start()
+    answer = live.ok(
+        "POST", "/v1/jobs", ALICE, {"command": DASK_JOB, "tasks": "1,1", "resizable": True}
+    )
+    live.running(answer["id"], 1)
+    before = listening()
+    with XCECluster(environ=job_env(live, answer)) as cluster:
+        assert cluster.scheduler is not None
+        assert listening() - before == {cluster.scheduler.port}
+        assert "dashboard" not in cluster.scheduler_info["services"]
+        assert cluster.dashboard_link == ""
+    options = {"dashboard_address": "127.0.0.1:0"}
+    with XCECluster(environ=job_env(live, answer), scheduler_options=options) as cluster:
+        port = cluster.scheduler_info["services"]["dashboard"]
+        assert cluster.scheduler is not None
+        assert listening() - before == {cluster.scheduler.port, port}
+        assert httpx.get(f"http://127.0.0.1:{port}/health", timeout=10).text == "ok"
 
 
 def test_a_grow_waiting_for_readiness_commits_with_the_workers_registered(

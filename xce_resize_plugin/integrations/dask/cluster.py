@@ -89,6 +89,23 @@ async def follow_job_events(
             await asyncio.sleep(RETRY)
 
 
+class _Scheduler(Scheduler):
+    """Distributed's scheduler, whose HTTP server is started only when ``http`` is true.
+
+    Distributed starts one in every scheduler, whatever its ``dashboard`` option says:
+    ``/health``, ``/metrics``, ``/json/...`` and the ``/info/...`` pages about the
+    workers, for anyone who reaches it, without authentication. docs/frameworks.md
+    promises no HTTP server unless the cluster's options ask for one."""
+
+    def __init__(self, *, http: bool, **kwargs: Any) -> None:
+        self._xce_http = http
+        super().__init__(**kwargs)
+
+    def start_http_server(self, *args: Any, **kwargs: Any) -> None:
+        if self._xce_http:
+            super().start_http_server(*args, **kwargs)
+
+
 class XCEAdaptive(Adaptive):
     """Distributed's :class:`~distributed.deploy.adaptive.Adaptive`, whose scale-down is
     the cluster's own: retire the chosen workers (data moved), then release their
@@ -120,8 +137,11 @@ class XCECluster(Cluster):
 
     :param environ: the environment to read instead of ``os.environ``.
     :param scheduler_options: more keyword arguments for the
-        :class:`~distributed.scheduler.Scheduler` (e.g. ``port``, ``dashboard_address``,
-        ``security``).
+        :class:`~distributed.scheduler.Scheduler` (e.g. ``port``, ``security``). The
+        scheduler runs no HTTP server unless they ask for one: ``dashboard=True`` (on a
+        free port of ``XCE_HEAD_ADDR`` unless ``dashboard_address`` says where), or a
+        ``dashboard_address`` alone (Dask's HTTP routes, ``/metrics`` and the rest,
+        without the dashboard).
     """
 
     def __init__(
@@ -141,11 +161,13 @@ class XCECluster(Cluster):
         if not head:
             raise RuntimeError("not inside an XCE job: XCE_HEAD_ADDR not set in the environment")
         self._environ = env
+        options = dict(scheduler_options or {})
         self._scheduler_options = {
             "host": head,
             "dashboard": False,
             "dashboard_address": f"{head}:0",  # never a fixed port two jobs would share
-            **(scheduler_options or {}),
+            "http": bool(options.get("dashboard") or options.get("dashboard_address")),
+            **options,
         }
         self.scheduler: Scheduler | None = None
         self._allocation: Allocation
@@ -176,7 +198,7 @@ class XCECluster(Cluster):
         client = AsyncResizeClient.from_env(self._environ)
         try:
             self._allocation = await client.allocation()
-            self.scheduler = await Scheduler(**self._scheduler_options)
+            self.scheduler = await _Scheduler(**self._scheduler_options)
             self.scheduler_comm = rpc(self.scheduler.address)
             await client.put(SCHEDULER_KEY, self.scheduler.address)
         except BaseException:
