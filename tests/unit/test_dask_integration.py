@@ -252,3 +252,47 @@ def test_the_worker_asks_again_for_the_scheduler_through_a_busy_controller(
     refusals.append(RemoteError("LSBE_NO_JOB", "job ended", 404))
     with pytest.raises(RuntimeError, match="key-value store could not be read"):
         asyncio.run(worker.scheduler_address({}, 30.0))
+
+
+def test_only_the_race_of_a_named_task_leaving_is_tried_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``XCE_RESIZE_INVALID_REQUEST`` is tried again only when it is the race it may
+    mean: a task the target named for release left the job before the request came
+    (read again, the allocation no longer holds it). Any other (a size the controller
+    refuses) is raised at the first answer, not after ten seconds of attempts."""
+    import asyncio
+
+    from xce_resize_plugin.integrations.dask import sizing
+    from xce_resize_plugin.rest.client import RemoteError
+
+    monkeypatch.setattr(sizing, "RETRY", 0)
+    invalid = RemoteError("XCE_RESIZE_INVALID_REQUEST", "invalid", 400)
+
+    class Client:
+        def __init__(self, tasks_after: int) -> None:
+            self.sets: list[tuple[int, list[int]]] = []
+            self.reads, self.tasks_after = 0, tasks_after
+
+        async def allocation(self) -> object:
+            self.reads += 1  # 4 tasks, then (read after the refusal) tasks_after
+            return _alloc(1, 4 if self.reads == 1 else self.tasks_after, 4)
+
+        async def set_target(self, tasks: int, prefer: list[int]) -> object:
+            self.sets.append((tasks, prefer))
+            if len(self.sets) == 1:
+                raise invalid
+            return _alloc(2, tasks, tasks)
+
+    # Task 3 left between the read and the request: read again, and it is not named.
+    left = Client(tasks_after=3)
+    asyncio.run(sizing.JobSizer(left, _alloc(1, 4, 4)).release([3]))  # type: ignore[arg-type]
+    # (Read again once to tell the race, then by the next attempt: nothing left to name.)
+    assert left.sets == [(3, [3])] and left.reads == 3
+    for client, call in [
+        (Client(tasks_after=4), lambda s: s.release([3])),  # still held: not the race
+        (Client(tasks_after=4), lambda s: s.resize(3)),  # nothing named
+    ]:
+        with pytest.raises(RemoteError):
+            asyncio.run(call(sizing.JobSizer(client, _alloc(1, 4, 4))))  # type: ignore[arg-type]
+        assert len(client.sets) == 1

@@ -40,7 +40,8 @@ ATTEMPTS = 20
 #: Longest wait on the controller's long poll in :meth:`JobSizer.settled`.
 POLL = 10.0
 #: The refusal a target gets when a preferred id left the job between the read of the
-#: allocation and the request (an outside release took it): read again and retry.
+#: allocation and the request (an outside release took it): read again and retry, if
+#: the allocation read again shows that race (:meth:`JobSizer._raced`).
 RACED = "XCE_RESIZE_INVALID_REQUEST"
 
 
@@ -98,10 +99,7 @@ class JobSizer:
 
         async def order() -> tuple[int, list[int]] | None:
             alloc = await self.refresh()
-            held = {t for t, _ in alloc.tasks}
-            flight = alloc.in_flight or {}
-            moving = {int(t["id"]) for t in flight.get("tasks", ())}
-            after = held | moving if flight.get("kind") == "grow" else held - moving
+            after = _held(alloc) - _in_flight_shrink(alloc)
             prefer = sorted(wanted & after)
             if not prefer:
                 return None  # all already going
@@ -127,6 +125,7 @@ class JobSizer:
         controller was not reached or the allocation changed under it; other refusals
         are raised."""
         for attempt in range(ATTEMPTS):
+            prefer: list[int] = []
             try:
                 wanted = await order()
                 if wanted is None:
@@ -135,12 +134,27 @@ class JobSizer:
                 self.allocation = await self.client.set_target(tasks, prefer)
                 return self.allocation
             except (Unreachable, RemoteError) as exc:
-                retry = transient(exc) or exc.code == RACED
+                retry = transient(exc) or await self._raced(exc, prefer)
                 if not retry or attempt == ATTEMPTS - 1:
                     raise
                 log.info("target not set (%s); again", exc)
                 await asyncio.sleep(RETRY)
         raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _raced(self, exc: Unreachable | RemoteError, prefer: list[int]) -> bool:
+        """Whether a refusal is the race :data:`RACED` stands for: a task the target
+        named left the job before the request came (the allocation, read again, no
+        longer holds it). Any other invalid request (a size not an int, say) will be
+        refused again: it is the caller's to see, at once."""
+        if not isinstance(exc, RemoteError) or exc.code != RACED or not prefer:
+            return False
+        try:
+            alloc = await self.refresh()
+        except (Unreachable, RemoteError) as again:
+            if not transient(again):
+                raise
+            return True  # read again on the next attempt
+        return not set(prefer) <= _held(alloc)
 
     async def settled(self, timeout: float) -> Allocation:
         """Wait until the job holds its target with nothing pending or in flight (or
@@ -165,6 +179,16 @@ class JobSizer:
                     raise
                 log.info("allocation not read (%s); again", exc)
                 await asyncio.sleep(min(RETRY, max(0.0, deadline - time.monotonic())))
+
+
+def _held(alloc: Allocation) -> set[int]:
+    """The tasks the job holds: its allocation and those a grow in flight adds (the
+    ones a target's ``release_prefer`` may name)."""
+    flight = alloc.in_flight or {}
+    held = {t for t, _ in alloc.tasks}
+    if flight.get("kind") == "grow":
+        held |= {int(t["id"]) for t in flight.get("tasks", ())}
+    return held
 
 
 def _in_flight_shrink(alloc: Allocation) -> set[int]:
