@@ -235,6 +235,33 @@ def test_the_scheduler_serves_no_http_unless_asked(resize_live_factory: Any) -> 
         assert httpx.get(f"http://127.0.0.1:{port}/health", timeout=10).text == "ok"
 
 
+def test_a_number_of_workers_not_an_int_is_refused_at_once(resize_live_factory: Any) -> None:
+    """``scale(2.5)`` (or ``True``, or ``adapt`` with such bounds) is a ValueError at
+    once, as an ``n`` out of range is: nothing reaches the controller, nothing changes."""
+    live: LiveCluster = resize_live_factory({"h1": 4})
+    live.start()
+    answer = live.ok(
+        "POST",
+        "/v1/jobs",
+        ALICE,
+        {"command": DASK_JOB, "tasks": "1,4", "resizable": True, "initial": 1},
+    )
+    live.running(answer["id"], 1)
+    with XCECluster(environ=job_env(live, answer)) as cluster:
+        start = time.monotonic()
+        for bad in (
+            lambda: cluster.scale(2.5),  # type: ignore[arg-type]
+            lambda: cluster.scale(True),
+            lambda: cluster.adapt(minimum=0.5),
+            lambda: cluster.adapt(minimum=1, maximum=2.0),
+        ):
+            with pytest.raises(ValueError, match="a number of workers is an int, not"):
+                bad()
+        assert time.monotonic() - start < 1.0
+        assert target(live, answer["id"]) is None and cluster._adaptive is None
+    assert live.job(answer["id"])["version"] == 0
+
+
 def test_a_grow_waiting_for_readiness_commits_with_the_workers_registered(
     dask_job: tuple[LiveCluster, XCECluster, str],
 ) -> None:

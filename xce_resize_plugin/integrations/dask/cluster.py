@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import numbers
 import os
 import time
 from collections.abc import Awaitable, Callable, Generator, Mapping
@@ -255,7 +256,9 @@ class XCECluster(Cluster):
     def scale(self, n: int) -> Any:
         """Make the job ``n`` workers (``n + 1`` tasks, its target); a shrink retires
         the workers with the least data first, then names them for release. Raises
-        the controller's refusal (e.g. ``LSBE_JOB_RESIZABLE``)."""
+        the controller's refusal (e.g. ``LSBE_JOB_RESIZABLE``); :class:`ValueError`
+        at once, nothing changed, for an ``n`` not an int within ``0..max_workers``."""
+        n = _count(n, f"scale({n!r})")
         if not 0 <= n <= self.max_workers:
             raise ValueError(
                 f"scale({n}): this job has 0 to {self.max_workers} workers "
@@ -271,7 +274,9 @@ class XCECluster(Cluster):
         """Distributed's adaptive scaling between ``minimum`` and ``maximum`` workers
         (within ``0..max_workers``; ``maximum`` defaults to ``max_workers``)."""
         kwargs.setdefault("maximum", self.max_workers)
-        low, high = kwargs.get("minimum", 0), kwargs["maximum"]
+        call = f"adapt(minimum={kwargs.get('minimum', 0)!r}, maximum={kwargs['maximum']!r})"
+        # Ints only: the adaptive policy's targets, within them, become the job's size.
+        low, high = _count(kwargs.get("minimum", 0), call), _count(kwargs["maximum"], call)
         if not 0 <= low <= high <= self.max_workers:
             raise ValueError(
                 f"adapt(minimum={low}, maximum={high}): this job has 0 to "
@@ -382,6 +387,14 @@ class XCECluster(Cluster):
         if not self.asynchronous:
             self._loop_runner.stop()
         return result
+
+
+def _count(n: object, call: str) -> int:
+    """``n`` as a number of workers: an int (a bool is not one); :class:`ValueError`
+    naming ``call`` otherwise (a float would reach the controller as a size it refuses)."""
+    if isinstance(n, bool) or not isinstance(n, numbers.Integral):
+        raise ValueError(f"{call}: a number of workers is an int, not {type(n).__name__}")
+    return int(n)
 
 
 async def _shrink_quietly(sizer: JobSizer) -> None:
