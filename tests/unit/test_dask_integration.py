@@ -48,7 +48,7 @@ def test_the_worker_outside_a_job_or_in_task_0_says_why(
 
 
 def test_the_worker_refuses_bad_options(capsys: pytest.CaptureFixture[str]) -> None:
-    for argv in (["--nthreads", "0"], ["--wait", "-1"]):
+    for argv in (["--nthreads", "0"], ["--wait", "-1"], ["--connect-wait", "0"]):
         with pytest.raises(SystemExit) as exit_:
             parse_args(argv)
         assert exit_.value.code == 2

@@ -16,7 +16,10 @@ other tasks run the real ``xce-dask-worker`` under the live controller's agents.
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -260,6 +263,49 @@ def test_a_number_of_workers_not_an_int_is_refused_at_once(resize_live_factory: 
         assert time.monotonic() - start < 1.0
         assert target(live, answer["id"]) is None and cluster._adaptive is None
     assert live.job(answer["id"])["version"] == 0
+
+
+def test_a_worker_whose_scheduler_is_gone_ends(resize_live_factory: Any, tmp_path: Path) -> None:
+    """A task started after the cluster closed exits at once (``close()`` empties the
+    scheduler's key); one whose scheduler cannot be reached (crashed) exits 1 after
+    ``--connect-wait``; SIGTERM while it tries stops it at once, exit 0 (it held
+    nothing). Real ``xce-dask-worker`` processes against the live controller."""
+    live: LiveCluster = resize_live_factory({"h1": 2})
+    live.start()
+    body = {"command": ["sleep", "600"], "tasks": "1,2", "resizable": True, "initial": 1}
+    answer = live.ok("POST", "/v1/jobs", ALICE, body)
+    live.running(answer["id"], 1)
+    with XCECluster(environ=job_env(live, answer)):
+        pass
+    key = f"/v1/jobs/{answer['id']}/kv/{SCHEDULER_KEY}"
+    assert live.ok("GET", key, ALICE)["value"] == ""
+    env = {**os.environ, **job_env(live, answer), "XCE_TASK_ID": "1", "XCE_JOB_DIR": str(tmp_path)}
+    worker = [sys.executable, "-m", "xce_resize_plugin.integrations.dask.worker", "--wait", "30"]
+    start = time.monotonic()
+    ended = subprocess.run(worker, env=env, capture_output=True, text=True, timeout=60)
+    assert ended.returncode == 1 and "the job's Dask cluster has closed" in ended.stderr
+    assert time.monotonic() - start < 20, ended.stderr  # not the --wait
+    live.ok("PUT", key, ALICE, {"value": "tcp://127.0.0.1:1"})  # a scheduler that crashed
+    ended = subprocess.run(
+        [*worker, "--connect-wait", "2"], env=env, capture_output=True, text=True, timeout=60
+    )
+    message = "did not accept this worker within 2 s (--connect-wait)"
+    assert ended.returncode == 1 and message in ended.stderr.splitlines()[-1], ended.stderr
+    proc = subprocess.Popen(worker, env=env, stderr=subprocess.PIPE, text=True)
+    assert proc.stderr is not None
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stderr or ()), daemon=True)
+    reader.start()
+    try:
+        wait_until(lambda: any("Start worker" in line for line in lines), 30, "the start")
+        proc.terminate()
+        assert proc.wait(10) == 0, lines  # promptly, not at the SIGKILL
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        reader.join(10)
+        proc.stderr.close()
 
 
 def test_a_grow_waiting_for_readiness_commits_with_the_workers_registered(

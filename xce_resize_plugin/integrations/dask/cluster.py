@@ -370,6 +370,8 @@ class XCECluster(Cluster):
         if self._adaptive is not None:
             self._adaptive.stop(reason="cluster-closing")
         await super()._close()
+        if self._sizer is not None:
+            await _unpublish(self._sizer.client)
         if self.scheduler is not None:
             await self.scheduler.close(reason="XCECluster closed")
         for task in (self._listener, *self._draining):
@@ -395,6 +397,17 @@ def _count(n: object, call: str) -> int:
     if isinstance(n, bool) or not isinstance(n, numbers.Integral):
         raise ValueError(f"{call}: a number of workers is an int, not {type(n).__name__}")
     return int(n)
+
+
+async def _unpublish(client: AsyncResizeClient) -> None:
+    """Empty :data:`SCHEDULER_KEY` (the store has no delete): a task that starts after
+    the close then exits at once (``xce-dask-worker`` reads an empty address as a
+    closed cluster) rather than holding its slot waiting for a scheduler that is gone.
+    A job already ending refuses it, which is fine (its tasks go anyway)."""
+    try:
+        await client.put(SCHEDULER_KEY, "")
+    except (Unreachable, RemoteError) as exc:
+        log.info("scheduler address not cleared at close: %s", exc)
 
 
 async def _shrink_quietly(sizer: JobSizer) -> None:
