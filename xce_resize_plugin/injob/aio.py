@@ -13,6 +13,8 @@ Ray): the same calls as :class:`~.client.ResizeClient`, awaitable, on httpx (the
 from __future__ import annotations
 
 import asyncio
+import os
+import ssl
 from collections.abc import AsyncIterator, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Self, TypeVar, Unpack
@@ -59,7 +61,17 @@ class AsyncResizeClient:
         self._bad_token = bool(token) and not header_safe(token or "")
         if token and not self._bad_token:
             headers["Authorization"] = f"Bearer {token}"
-        self._http = httpx.AsyncClient(base_url=self.url, headers=headers, timeout=timeout)
+        # trust_env=False: the controller is reached directly, never through the proxy
+        # of ``http_proxy`` (it was sent the token: docs/in-job-api.md), as by the sync
+        # client; the CA certificates of SSL_CERT_FILE / SSL_CERT_DIR, which httpx reads
+        # only with trust_env, are still the ones an https URL is checked against.
+        self._http = httpx.AsyncClient(
+            base_url=self.url,
+            headers=headers,
+            timeout=timeout,
+            trust_env=False,
+            verify=_verify(os.environ),
+        )
         self._requests = JobRequests(job_id)
         self._pacer = Pacer()
 
@@ -169,6 +181,17 @@ class AsyncResizeClient:
             return response.json() if response.content else None
         except ValueError as exc:  # as the sync client: no controller answered
             raise Unreachable(f"{self.url}: the answer is not JSON: {exc}") from None
+
+
+def _verify(environ: Mapping[str, str]) -> ssl.SSLContext | bool:
+    """What an https controller's certificate is checked against: the CA file or
+    directory ``SSL_CERT_FILE`` / ``SSL_CERT_DIR`` names, as httpx does with
+    ``trust_env``, else httpx's default (``True``)."""
+    if environ.get("SSL_CERT_FILE"):
+        return ssl.create_default_context(cafile=environ["SSL_CERT_FILE"])
+    if environ.get("SSL_CERT_DIR"):
+        return ssl.create_default_context(capath=environ["SSL_CERT_DIR"])
+    return True
 
 
 __all__ = ["AsyncResizeClient"]

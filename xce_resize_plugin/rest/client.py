@@ -210,12 +210,15 @@ def header_safe(token: str) -> bool:
 
 
 def _opener(deadline: float, limit: float) -> Any:
-    """urllib's opener without its redirect handler, reading answers by ``deadline``.
+    """urllib's opener without its redirect handler or proxies, reading answers by
+    ``deadline``.
 
     A redirect is answered, not followed: followed, it sent the token to wherever it
     pointed, and a POST came back as a GET there, whose answer read as the request's
-    success. Every read of the answer, from its status line on, ends by the call's
-    deadline (:class:`_DeadlineReader`)."""
+    success. The controller is always reached directly: urllib's default proxy handler
+    sent each request, the token in its header, to whatever proxy ``http_proxy`` named
+    (docs/in-job-api.md). Every read of the answer, from its status line on, ends by
+    the call's deadline (:class:`_DeadlineReader`)."""
     import urllib.request
 
     class Unfollowed(urllib.request.HTTPRedirectHandler):
@@ -230,7 +233,7 @@ def _opener(deadline: float, limit: float) -> Any:
         def do_open(self, http_class: Any, req: Any, **kwargs: Any) -> Any:
             return super().do_open(_bounded(http_class, deadline, limit), req, **kwargs)
 
-    return urllib.request.build_opener(Unfollowed, Plain, Secure)
+    return urllib.request.build_opener(urllib.request.ProxyHandler({}), Unfollowed, Plain, Secure)
 
 
 def redirected(url: str, status: int, location: str | None) -> Unreachable:
