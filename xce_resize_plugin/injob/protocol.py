@@ -303,10 +303,16 @@ class JobRequests:
         self, after_version: int | None, timeout: float, changing: bool = False
     ) -> Steps[Allocation]:
         """``changing``: the caller just made a change, so the job settled without a
-        new version means that change was given up (a grow's wait)."""
+        new version means that change was given up (a grow's wait). Without
+        ``after_version``, the allocation as it is once settled: at once if it is."""
         deadline = time.monotonic() + timeout
         if after_version is None:
-            after_version = (yield from self.allocation()).version - 1
+            now = yield from self.allocation()
+            if now.settled:
+                return now
+            # The route waits for a version past the one given: the one before the
+            # current one, but a job at version 0 has none (the route refuses -1).
+            after_version = max(now.version - 1, 0)
         path = f"{self.base}/wait?version={after_version}&timeout="
         polled = [0.0, 0.0]  # when the last poll was sent, and for how long
 
