@@ -609,3 +609,66 @@ def test_a_retried_poll_that_ends_early_is_read_as_given_up(
     transport = GivesUpSoon(1, settled)
     ResizeClient("7", transport).wait(after_version=3, timeout=10.0)  # type: ignore[arg-type]
     assert len(transport.paths) == 2 and clock.now == 1002.5
+
+
+_BAD_SECONDS = [
+    ("5", TypeError),
+    (True, TypeError),
+    ([1], TypeError),
+    (float("nan"), ValueError),
+    (float("inf"), ValueError),
+    (-1, ValueError),
+    (10**400, ValueError),
+]
+
+
+@pytest.mark.parametrize(("value", "error"), _BAD_SECONDS, ids=lambda v: repr(v)[:12])
+def test_a_bad_timeout_or_wait_is_refused_before_any_request(
+    value: Any, error: type[Exception]
+) -> None:
+    """A string timeout was sent on after the change was applied (the grow done, the
+    call reported as "Cannot reach the controller"); NaN waited for ever."""
+    recorder = _Recorder()
+    client = ResizeClient("7", recorder)  # type: ignore[arg-type]
+    calls: list[tuple[str, Any]] = [
+        ("timeout", lambda: client.grow(1, wait=True, timeout=value)),
+        ("timeout", lambda: client.release(count=1, wait=True, timeout=value)),
+        ("timeout", lambda: client.set_target(1, wait=True, timeout=value)),
+        ("timeout", lambda: client.wait(timeout=value)),
+        ("timeout", lambda: client.wait(1, timeout=value)),
+        ("timeout", lambda: list(client.events(timeout=value))),
+        ("wait", lambda: client.get("k", wait=value)),
+    ]
+    for name, call in calls:
+        with pytest.raises(error, match=f"^{name} must be"):
+            call()
+    assert recorder.calls == []
+
+
+def test_a_bad_wait_flag_or_version_is_refused_before_any_request() -> None:
+    recorder = _Recorder()
+    client = ResizeClient("7", recorder)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"^wait must be True or False, got 'yes'"):
+        client.grow(1, wait="yes")  # type: ignore[typeddict-item]
+    with pytest.raises(TypeError, match=r"^wait must be True or False"):
+        client.set_target(1, wait=1)  # type: ignore[typeddict-item]
+    with pytest.raises(TypeError, match=r"^after_version must be an int"):
+        client.wait("1&timeout=0")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"^after_version must be 0 or more"):
+        client.wait(-1)
+    assert recorder.calls == []
+
+
+def test_timeout_none_is_no_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As for events(timeout=None): each poll asks for the longest poll, and the call
+    ends with its outcome (was a TypeError, after the change was applied)."""
+    monkeypatch.setattr(protocol, "MAX_POLL", 0.2)
+    waits = _Waits([{"pending": {"min": 1, "max": 1}}, {"version": 2, "done": True}])
+    client = ResizeClient("7", waits)  # type: ignore[arg-type]
+    assert client.grow(1, wait=True, timeout=None).version == 2
+    waits.changes = [{"version": 2, "done": True}]
+    assert client.wait(1, timeout=None).version == 2
+    recorder = _Recorder()
+    client = ResizeClient("7", recorder)  # type: ignore[arg-type]
+    # The answer has no target: reached at once.
+    assert client.set_target(1, wait=True, timeout=None).version == 1

@@ -97,7 +97,9 @@ class AsyncResizeClient:
     async def history(self) -> Mapping[str, Any]:
         return await self._run(self._requests.history())
 
-    async def wait(self, after_version: int | None = None, timeout: float = 60.0) -> Allocation:
+    async def wait(
+        self, after_version: int | None = None, timeout: float | None = 60.0
+    ) -> Allocation:
         return await self._run(self._requests.wait(after_version, timeout))
 
     async def grow(

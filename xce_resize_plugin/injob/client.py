@@ -70,9 +70,10 @@ class ResizeClient:
         """Accounting: the allocation timeline and the resize records."""
         return self._run(self._requests.history())
 
-    def wait(self, after_version: int | None = None, timeout: float = 60.0) -> Allocation:
+    def wait(self, after_version: int | None = None, timeout: float | None = 60.0) -> Allocation:
         """Block until the job's allocation is past ``after_version`` and settled (no
-        grow pending, nothing in flight), or ``timeout`` seconds passed; return it.
+        grow pending, nothing in flight), or ``timeout`` seconds passed (``None``: no
+        limit); return it.
         Without ``after_version``: the allocation once settled (at once if it is)."""
         return self._run(self._requests.wait(after_version, timeout))
 

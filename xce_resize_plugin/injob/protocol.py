@@ -11,6 +11,8 @@ grow's body, a long poll's stop rule, the key-value store's wait loop exist once
 
 from __future__ import annotations
 
+import math
+import numbers
 import os
 import time
 import urllib.parse
@@ -219,10 +221,11 @@ class Allocation:
 
 class WaitOptions(TypedDict, total=False):
     """Whether a call waits for its outcome: ``wait`` (default ``False``), at most
-    ``timeout`` seconds (default 60). ``set_target`` takes these alone."""
+    ``timeout`` seconds (default 60; ``None``: no limit). ``set_target`` takes these
+    alone."""
 
     wait: bool
-    timeout: float
+    timeout: float | None
 
 
 class ChangeOptions(WaitOptions, total=False):
@@ -273,6 +276,54 @@ class ReleaseOptions(ChangeOptions, total=False):
     grace: float | None
 
 
+def seconds(name: str, value: object) -> float | None:
+    """``value`` as the seconds argument ``name`` (``None``: none given); a wrong one
+    is refused before any request, naming the argument (a string or NaN was sent on,
+    or waited on for ever, after the change it waits for was applied)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a number of seconds or None, got {_shown(value)}")
+    try:
+        number = float(value)
+    except OverflowError:
+        number = math.inf
+    if not math.isfinite(number) or number < 0:
+        raise ValueError(
+            f"{name} must be a finite number of seconds, 0 or more, got {_shown(value)}"
+        )
+    return number
+
+
+def wait_flag(options: WaitOptions) -> bool:
+    """The ``wait`` option, refused unless a bool."""
+    wait = options.get("wait", False)
+    if not isinstance(wait, bool):
+        raise TypeError(f"wait must be True or False, got {_shown(wait)}")
+    return wait
+
+
+def wait_options(options: WaitOptions) -> tuple[bool, float | None]:
+    """A change's ``wait`` and ``timeout`` (default 60 s; ``None``: no limit), checked
+    before any request."""
+    return wait_flag(options), seconds("timeout", options.get("timeout", 60.0))
+
+
+def version_number(name: str, value: object) -> int:
+    """An allocation version given as ``name``: an int from 0 (it goes in a query)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int or None, got {_shown(value)}")
+    if value < 0:
+        raise ValueError(f"{name} must be 0 or more, got {value}")
+    return value
+
+
+def _shown(value: object) -> str:
+    """``value`` for an error message: its repr, cut to one short line."""
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:37]}..."
+
+
 def own_task_id(environ: Mapping[str, str] | None = None) -> int:
     """The calling task's id (``XCE_TASK_ID``); refuses outside a task."""
     env = os.environ if environ is None else environ
@@ -300,12 +351,16 @@ class JobRequests:
         return result
 
     def wait(
-        self, after_version: int | None, timeout: float, changing: bool = False
+        self, after_version: int | None, timeout: float | None, changing: bool = False
     ) -> Steps[Allocation]:
         """``changing``: the caller just made a change, so the job settled without a
         new version means that change was given up (a grow's wait). Without
-        ``after_version``, the allocation as it is once settled: at once if it is."""
-        deadline = time.monotonic() + timeout
+        ``after_version``, the allocation as it is once settled: at once if it is.
+        ``timeout`` ``None``: no limit."""
+        limit = seconds("timeout", timeout)
+        if after_version is not None:
+            version_number("after_version", after_version)
+        deadline = None if limit is None else time.monotonic() + limit
         if after_version is None:
             now = yield from self.allocation()
             if now.settled:
@@ -337,7 +392,7 @@ class JobRequests:
             early = gave_up if isinstance(gave_up, bool) else time.monotonic() - sent < poll
             ended = changing or early
             finished = doc.get("job_state") not in (None, "RUN")
-            out_of_time = time.monotonic() >= deadline
+            out_of_time = deadline is not None and time.monotonic() >= deadline
             if doc.get("done") or (alloc.settled and ended) or finished or out_of_time:
                 return alloc
             changing = not alloc.settled
@@ -387,7 +442,7 @@ class JobRequests:
         return Allocation.from_json(doc)
 
     def events(self, after: int | None, timeout: float | None) -> EventCursor:
-        return EventCursor(self.job_path, after, timeout)
+        return EventCursor(self.job_path, after, seconds("timeout", timeout))
 
     def cancel(self) -> Steps[Allocation]:
         yield Request("DELETE", f"{self.base}/pending")
@@ -399,25 +454,26 @@ class JobRequests:
         self, tasks: int, release_prefer: Sequence[int], options: WaitOptions
     ) -> Steps[Allocation]:
         refuse_unknown(options, WaitOptions)
+        wait, timeout = wait_options(options)
         body = {"tasks": tasks, "release_prefer": list(release_prefer)}
         alloc = Allocation.from_json((yield Request("PUT", f"{self.base}/target", body)))
-        if not options.get("wait", False):
+        if not wait:
             return alloc
-        return (yield from self.reach(tasks, alloc, options.get("timeout", 60.0)))
+        return (yield from self.reach(tasks, alloc, timeout))
 
     def clear_target(self) -> Steps[Allocation]:
         return Allocation.from_json((yield Request("DELETE", f"{self.base}/target")))
 
-    def reach(self, tasks: int, alloc: Allocation, timeout: float) -> Steps[Allocation]:
+    def reach(self, tasks: int, alloc: Allocation, timeout: float | None) -> Steps[Allocation]:
         """Wait until the job holds ``tasks`` with nothing pending or in flight; or its
         target is gone (cleared, replaced by a manual change, given up), the job
-        ended, or ``timeout`` seconds passed."""
-        deadline = time.monotonic() + timeout
+        ended, or ``timeout`` seconds passed (``None``: no limit)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            left = deadline - time.monotonic()
+            left = None if deadline is None else deadline - time.monotonic()
             reached = alloc.size == tasks and alloc.settled
             ended = alloc.raw.get("job_state") not in (None, "RUN")
-            if reached or alloc.target is None or ended or left <= 0:
+            if reached or alloc.target is None or ended or (left is not None and left <= 0):
                 return alloc
             alloc = yield from self.wait(alloc.version, left)
 
@@ -426,6 +482,7 @@ class JobRequests:
         return int(doc["version"])
 
     def get(self, key: str, wait: float | None) -> Steps[str | None]:
+        wait = seconds("wait", wait)
         deadline = time.monotonic() + (wait or 0.0)
         path = f"{self._kv(key)}?wait="
         while True:
@@ -451,11 +508,12 @@ class JobRequests:
     def _change(
         self, kind: str, body: Mapping[str, Any], options: ChangeOptions
     ) -> Steps[Allocation]:
+        wait, timeout = wait_options(options)
         before = (yield from self.allocation()).version
         doc = yield Request("POST", f"{self.base}/{kind}", dict(body))
-        if not options.get("wait", False):
+        if not wait:
             return Allocation.from_json(doc)
-        return (yield from self.wait(before, options.get("timeout", 60.0), changing=True))
+        return (yield from self.wait(before, timeout, changing=True))
 
 
 class EventCursor:
