@@ -182,7 +182,10 @@ def test_events_poll_from_the_cursor_until_the_job_ends() -> None:
     client = ResizeClient("7", recorder)  # type: ignore[arg-type]
     assert [e["seq"] for e in client.events(after=0)] == [1, 2, 3]
     paths = [path.split("&")[0] for _, path, _ in recorder.calls]
-    assert paths == [f"/v1/jobs/7/events?after={n}" for n in (0, 1, 1)]
+    # The poll that found nothing: the job's state is looked at (it runs on).
+    state = "/v1/jobs/7/resize/wait?version=0"
+    assert paths == [*(f"/v1/jobs/7/events?after={n}" for n in (0, 1)), state, paths[3]]
+    assert paths[3] == "/v1/jobs/7/events?after=1"
     recorder.calls.clear()
     client.release(task_ids=[3], grace=12.5)
     client.release(task_ids=[3])

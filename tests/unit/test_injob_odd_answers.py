@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import http.server
+import json
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -190,22 +191,68 @@ def test_a_call_ends_at_its_limit_against_a_dripping_answer(
     assert time.monotonic() - began < 5.0
 
 
+class _EventsAtOnce(http.server.BaseHTTPRequestHandler):
+    """Answers every events poll at once with nothing, and the wait route with a job
+    in :attr:`state`; records the paths."""
+
+    state = "RUN"
+    paths: list[str] = []
+
+    def do_GET(self) -> None:  # the stdlib names it
+        type(self).paths.append(self.path)
+        doc: Any = []
+        if "/resize/wait?" in self.path:
+            doc = {**json.loads(_SETTLED), "job_state": self.state}
+        body = json.dumps(doc).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        """Quiet."""
+
+
+def _read_events(make: Callable[..., Any], url: str, timeout: float | None) -> list[Any]:
+    if make is _sync:
+        return list(ResizeClient("7", Client(url, TOKEN)).events(timeout=timeout))
+
+    async def run() -> list[Any]:
+        async with AsyncResizeClient("7", url, TOKEN) as client:
+            return [e async for e in client.events(timeout=timeout)]
+
+    return asyncio.run(run())
+
+
 @CLIENTS
 def test_event_polls_answered_at_once_are_paced(make: Callable[..., Any]) -> None:
     """Each poll of an events cursor is a call of its own: their pacing is the
-    client's, not the call's (769 polls a second before)."""
-    with answering(b"[]") as stub:
-        if make is _sync:
-            events = list(ResizeClient("7", Client(stub.url, TOKEN)).events(timeout=1.0))
-        else:
+    client's, not the call's (769 polls a second before); a poll of a running job
+    answered at once with nothing (no controller does: a proxy) is asked again only
+    after a second (20 a second before)."""
+    _EventsAtOnce.state, _EventsAtOnce.paths = "RUN", []
+    for url in _serve(_EventsAtOnce):
+        assert _read_events(make, url, 2.5) == []
+    polls = [p for p in _EventsAtOnce.paths if "/events?" in p]
+    assert 2 <= len(polls) <= 4, _EventsAtOnce.paths
 
-            async def run() -> list[Any]:
-                async with AsyncResizeClient("7", stub.url, TOKEN) as client:
-                    return [e async for e in client.events(timeout=1.0)]
 
-            events = asyncio.run(run())
-        assert events == []
-        assert 5 <= len(stub.seen) <= 1.0 / POLL_GAP + 3, len(stub.seen)
+@CLIENTS
+@pytest.mark.parametrize("state", ["EXIT", "DONE"])
+def test_events_end_once_the_job_ended_and_nothing_is_left(
+    make: Callable[..., Any], state: str
+) -> None:
+    """A job that ended without a job_ended event to read (it never resized, or the
+    reader is past it): the cursor ends, without a timeout (polled for ever before)."""
+    _EventsAtOnce.state, _EventsAtOnce.paths = state, []
+    for url in _serve(_EventsAtOnce):
+        began = time.monotonic()
+        # A timeout only so that the test ends without the end: it is the job's.
+        assert _read_events(make, url, 3.0) == []
+        assert time.monotonic() - began < 1.0
+    kinds = [p.split("?")[0].rsplit("/", 1)[1] for p in _EventsAtOnce.paths]
+    assert kinds == ["events", "wait", "events"]
 
 
 _SETTLED = (

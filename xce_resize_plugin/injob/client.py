@@ -117,8 +117,8 @@ class ResizeClient:
     ) -> Iterator[dict[str, Any]]:
         """The job's events, oldest first, as they happen (long polls): each a dict with
         ``seq``, ``type`` and its fields (docs/in-job-api.md). From the event after
-        ``after`` (``None``: the first); ends after ``job_ended`` or ``timeout`` seconds
-        (``None``: no limit)."""
+        ``after`` (``None``: the first); ends after ``job_ended``, once the job ended
+        and no event is left, or after ``timeout`` seconds (``None``: no limit)."""
         cursor = self._requests.events(after, timeout)
         while not cursor.done:
             yield from self._run(cursor.poll())

@@ -63,6 +63,8 @@ class Request:
     timeout: float | None = None
     deadline: float | None = None
     path_for: Callable[[float], str] | None = field(default=None, compare=False)
+    #: Seconds to wait before sending it (an events poll after one answered at once).
+    delay: float = 0.0
 
     def again(self) -> Request:
         """This request to send again now: a long poll for the time then left."""
@@ -71,13 +73,23 @@ class Request:
         return long_poll(self.path_for, self.deadline)
 
 
-def long_poll(path_for: Callable[[float], str], deadline: float | None) -> Request:
+def long_poll(
+    path_for: Callable[[float], str], deadline: float | None, delay: float = 0.0
+) -> Request:
     """A GET that the controller holds until something happens or the poll ends: for
-    the time left until ``deadline`` (``None``: no deadline), at most
-    :data:`MAX_POLL`. Its own limit allows 10 s more, for a loaded controller."""
-    left = MAX_POLL if deadline is None else deadline - time.monotonic()
+    the time left until ``deadline`` (``None``: no deadline) once ``delay`` seconds
+    passed, at most :data:`MAX_POLL`. Its own limit allows 10 s more, for a loaded
+    controller."""
+    left = MAX_POLL if deadline is None else deadline - time.monotonic() - delay
     poll = max(0.0, min(MAX_POLL, left))
-    return Request("GET", path_for(poll), timeout=poll + 10.0, deadline=deadline, path_for=path_for)
+    return Request(
+        "GET",
+        path_for(poll),
+        timeout=poll + 10.0,
+        deadline=deadline,
+        path_for=path_for,
+        delay=delay,
+    )
 
 
 #: A call: yields requests, is sent their decoded answers, returns its result.
@@ -122,7 +134,9 @@ class Exchange(Generic[_T]):
     def pause(self) -> float:
         """Seconds to wait before sending the request :meth:`next_request` gave: a long
         poll follows the client's previous one by :data:`POLL_GAP` at least."""
-        return 0.0 if self._sent is None else self._pacer.pause(self._sent)
+        if self._sent is None:
+            return 0.0
+        return max(self._sent.delay, self._pacer.pause(self._sent))
 
     def next_request(self) -> Request | None:
         """The next request to send, or ``None`` when the call is done."""
@@ -519,27 +533,103 @@ class JobRequests:
 class EventCursor:
     """Where a reader of the job's events is: the last ``seq`` it has, and when it
     stops (``timeout`` seconds from now, ``None``: never before the job ends). Each
-    :meth:`poll` is one long poll; :attr:`done` says whether another is due."""
+    :meth:`poll` is one long poll (and, when it finds nothing, a look at the job's
+    state); :attr:`done` says whether another is due.
+
+    Done after ``job_ended``, or once the job ended and no event is left: a job that
+    never resized has no ``job_ended`` event, and one read past it none after it, but
+    the controller answers a poll of an ended job at once: it was polled 20 times a
+    second for as long as the finished job was kept (docs/in-job-api.md, "Job
+    events")."""
 
     def __init__(self, job_path: str, after: int | None, timeout: float | None) -> None:
         self.path = f"{job_path}/events"
+        # The wait route answers at once with timeout 0, and says the job's state.
+        self.state_path = f"{job_path}/resize/wait?version=0&timeout=0.000"
         self.after = 0 if after is None else after
         self.deadline = None if timeout is None else time.monotonic() + timeout
         self.done = False
+        self._answered = False
+        self._delay = 0.0
 
     def poll(self) -> Steps[list[dict[str, Any]]]:
         """One long poll: the events after the cursor (possibly none), the cursor moved
-        past them; done after the job's ``job_ended`` event or once out of time."""
+        past them."""
+        delay, self._delay = self._delay, 0.0
+        found, early = yield from self._events(self.deadline, delay)
+        if found or found is None or self._out_of_time():
+            return self._take(found)
+        ended = yield from self._ended()
+        if ended:
+            # The events the job left are those a poll from now finds (its last may
+            # have been written just after the poll above looked): none, the end.
+            found, _ = yield from self._events(time.monotonic(), 0.0)
+            return self._take(found, ended=not found)
+        if early:
+            # Answered at once with nothing on a running job (no controller holds such
+            # a poll: a proxy's answer): not asked again at once.
+            self._delay = self._left(BUSY_WAIT)
+        return []
+
+    def _events(
+        self, deadline: float | None, delay: float
+    ) -> Steps[tuple[list[dict[str, Any]] | None, bool]]:
+        """A poll's events (``None``: the job's token was refused, the job ended) and
+        whether it answered before the time it asked for."""
         path = f"{self.path}?after={self.after}&timeout="
-        found: list[dict[str, Any]] = yield long_poll(
-            lambda seconds: f"{path}{seconds:.3f}", self.deadline
-        )
+        polled = [0.0, 0.0]
+
+        def path_for(seconds: float) -> str:
+            asked = f"{seconds:.3f}"
+            polled[:] = [time.monotonic() + delay, float(asked)]
+            return f"{path}{asked}"
+
+        try:
+            found = yield long_poll(path_for, deadline, delay)
+        except RemoteError as exc:
+            if not self._ended_token(exc):
+                raise
+            return None, False
+        self._answered = True
+        sent, asked = polled
+        return list(found), time.monotonic() - sent < asked
+
+    def _ended(self) -> Steps[bool]:
+        """Whether the job ended (its state, or its token refused since)."""
+        try:
+            doc = yield Request("GET", self.state_path, timeout=10.0)
+        except RemoteError as exc:
+            if not self._ended_token(exc):
+                raise
+            return True
+        return doc.get("job_state") in ("DONE", "EXIT")
+
+    def _ended_token(self, error: RemoteError) -> bool:
+        """A 401 once this cursor was answered: the job's token, which is refused from
+        the job's end on (docs/in-job-api.md, "Job events"); so is a user's token
+        revoked meanwhile, which ends the cursor too."""
+        return error.http_status == 401 and self._answered
+
+    def _take(
+        self, found: list[dict[str, Any]] | None, ended: bool = False
+    ) -> list[dict[str, Any]]:
+        """The events a poll found (``None``: the job's end), the cursor past them."""
+        if found is None:
+            self.done = True
+            return []
         if found:
             self.after = int(found[-1]["seq"])
-        ended = any(event.get("type") == "job_ended" for event in found)
-        out_of_time = self.deadline is not None and time.monotonic() >= self.deadline
-        self.done = ended or out_of_time
+        last = any(event.get("type") == "job_ended" for event in found)
+        self.done = ended or last or self._out_of_time()
         return found
+
+    def _out_of_time(self) -> bool:
+        return self.deadline is not None and time.monotonic() >= self.deadline
+
+    def _left(self, at_most: float) -> float:
+        """The time left before the deadline, at most ``at_most`` and not below 0."""
+        left = at_most if self.deadline is None else self.deadline - time.monotonic()
+        return max(0.0, min(at_most, left))
 
 
 def release_forms(
