@@ -277,3 +277,52 @@ def test_a_long_poll_is_given_its_own_limit_not_the_clients(make: Callable[..., 
 
             alloc = asyncio.run(run())
         assert alloc.version == 3
+
+
+_BAD_INPUTS = {
+    "port out of range": ("7", "http://127.0.0.1:99999"),
+    "port 65536": ("7", "http://127.0.0.1:65536"),
+    "port negative": ("7", "http://127.0.0.1:-1"),
+    "port not a number": ("7", "http://127.0.0.1:abc"),
+    "unclosed IPv6 host": ("7", "http://[::1"),
+    "no scheme": ("7", "127.0.0.1:9"),
+    "ftp": ("7", "ftp://127.0.0.1:9/"),
+    "job id too long": ("1" * 100_000, "http://127.0.0.1:9"),
+    "job id not printable": ("7\n", "http://127.0.0.1:9"),
+    "job id empty": ("", "http://127.0.0.1:9"),
+}
+
+
+def _outcome(make: Callable[..., Any], job_id: str, url: str) -> type[BaseException] | None:
+    try:
+        if make is _sync:
+            ResizeClient(job_id, Client(url, TOKEN, timeout=2)).allocation()
+        else:
+
+            async def run() -> None:
+                async with AsyncResizeClient(job_id, url, TOKEN, timeout=2) as client:
+                    await client.allocation()
+
+            asyncio.run(run())
+    except BaseException as exc:
+        return type(exc)
+    return None
+
+
+@pytest.mark.parametrize("case", list(_BAD_INPUTS))
+def test_both_clients_raise_the_same_errors_for_bad_inputs(case: str) -> None:
+    """The async client raised an ExceptionGroup(OverflowError) for a port out of
+    range, httpx.InvalidURL for an unclosed IPv6 host or a long job id, where the sync
+    one raised Unreachable (or was refused 400 by the controller)."""
+    job_id, url = _BAD_INPUTS[case]
+    expected = ValueError if case.startswith("job id") else Unreachable
+    assert _outcome(_sync, job_id, url) is expected
+    assert _outcome(_async, job_id, url) is expected
+
+
+def test_the_job_id_limit_is_the_controllers() -> None:
+    from xce_resize_plugin.core.models import MAX_JOB_ID
+    from xce_resize_plugin.injob import protocol
+
+    assert protocol.MAX_JOB_ID == MAX_JOB_ID
+    ResizeClient("7" * MAX_JOB_ID, Client("http://127.0.0.1:9", TOKEN))

@@ -51,6 +51,7 @@ class AsyncResizeClient:
     pool)."""
 
     def __init__(self, job_id: str, url: str, token: str | None, timeout: float = 30.0) -> None:
+        self._requests = JobRequests(job_id)  # a bad job id refused before the pool
         self.job_id = job_id
         self.url = url.rstrip("/")
         self._timeout = timeout
@@ -65,14 +66,14 @@ class AsyncResizeClient:
         # of ``http_proxy`` (it was sent the token: docs/in-job-api.md), as by the sync
         # client; the CA certificates of SSL_CERT_FILE / SSL_CERT_DIR, which httpx reads
         # only with trust_env, are still the ones an https URL is checked against.
+        # No base_url: a URL httpx cannot parse is refused at each call, Unreachable as
+        # by the sync client, not by the constructor as httpx.InvalidURL.
         self._http = httpx.AsyncClient(
-            base_url=self.url,
             headers=headers,
             timeout=timeout,
             trust_env=False,
             verify=_verify(os.environ),
         )
-        self._requests = JobRequests(job_id)
         self._pacer = Pacer()
 
     @classmethod
@@ -163,13 +164,17 @@ class AsyncResizeClient:
             # The whole exchange within the request's limit: httpx bounds each read,
             # and a server sending a byte every few seconds held a call for ever.
             response = await asyncio.wait_for(
-                self._http.request(request.method, request.path, json=request.body, timeout=limit),
+                self._http.request(
+                    request.method, self.url + request.path, json=request.body, timeout=limit
+                ),
                 limit,
             )
         except TimeoutError:
             raise Unreachable(f"{self.url}: no whole answer within {limit:g} s") from None
-        except httpx.TransportError as exc:
+        except (httpx.TransportError, httpx.InvalidURL) as exc:
             raise Unreachable(f"{self.url}: {exc}") from None
+        except ExceptionGroup as group:
+            raise _unreachable(self.url, group) from None
         if 300 <= response.status_code < 400:
             raise redirected(self.url, response.status_code, response.headers.get("Location"))
         if response.status_code >= 400:
@@ -183,6 +188,19 @@ class AsyncResizeClient:
             return response.json() if response.content else None
         except ValueError as exc:  # as the sync client: no controller answered
             raise Unreachable(f"{self.url}: the answer is not JSON: {exc}") from None
+
+
+def _unreachable(url: str, group: ExceptionGroup[Exception]) -> Unreachable:
+    """The error of the connection attempts httpx's backend makes together, when each
+    failed as a connection can (a port out of range: OverflowError); any other group
+    is raised as it is."""
+    failed, other = group.split((OSError, OverflowError, ValueError))
+    if failed is None or other is not None:
+        raise group
+    first: BaseException = failed
+    while isinstance(first, BaseExceptionGroup):
+        first = first.exceptions[0]
+    return Unreachable(f"{url}: {first}")
 
 
 def _verify(environ: Mapping[str, str]) -> ssl.SSLContext | bool:

@@ -45,6 +45,9 @@ BUSY_RETRIES = 60
 #: URL that answers every poll at once (a proxy ignoring the poll) was polled 2,300
 #: times a second, for ever with no timeout.
 POLL_GAP = 0.05
+#: The longest job id the controller takes (core/models.py ``MAX_JOB_ID``, not imported:
+#: this module imports the standard library only).
+MAX_JOB_ID = 64
 
 _T = TypeVar("_T")
 
@@ -338,6 +341,19 @@ def _shown(value: object) -> str:
     return text if len(text) <= 40 else f"{text[:37]}..."
 
 
+def check_job_id(job_id: object) -> str:
+    """``job_id``, refused (``ValueError``) when no controller would take it, the same
+    for both clients: the sync one sent a 100,000-character id and was refused 400, the
+    async one could not build so long a URL."""
+    if not isinstance(job_id, str):
+        raise TypeError(f"job id must be a str, got {_shown(job_id)}")
+    if not 1 <= len(job_id) <= MAX_JOB_ID or not job_id.isprintable():
+        raise ValueError(
+            f"job id must be 1 to {MAX_JOB_ID} printable characters, got {_shown(job_id)}"
+        )
+    return job_id
+
+
 def own_task_id(environ: Mapping[str, str] | None = None) -> int:
     """The calling task's id (``XCE_TASK_ID``); refuses outside a task."""
     env = os.environ if environ is None else environ
@@ -353,7 +369,7 @@ class JobRequests:
     """The calls of the in-job API for one job, as :data:`Steps`."""
 
     def __init__(self, job_id: str) -> None:
-        self.job_id = job_id
+        self.job_id = check_job_id(job_id)
         self.job_path = f"/v1/jobs/{urllib.parse.quote(job_id, safe='')}"
         self.base = f"{self.job_path}/resize"
 
