@@ -129,6 +129,14 @@ def test_ready_without_a_task_id_is_the_calling_task(monkeypatch: pytest.MonkeyP
     monkeypatch.delenv("XCE_TASK_ID")
     with pytest.raises(RuntimeError, match="XCE_TASK_ID is not set"):
         client.ready()
+    for text in ("abc", " 1", "1.0", "-1"):
+        monkeypatch.setenv("XCE_TASK_ID", text)
+        with pytest.raises(RuntimeError, match=r"^XCE_TASK_ID is not a task id .*: '"):
+            client.ready()
+    monkeypatch.setenv("XCE_TASK_ID", "")
+    with pytest.raises(RuntimeError, match="XCE_TASK_ID is not set"):
+        client.ready()
+    assert recorder.calls[-1][:2] == ("POST", "/v1/jobs/7/tasks/5/ready")  # nothing since
 
 
 def test_unreachable_controller_names_the_url() -> None:

@@ -357,11 +357,14 @@ def check_job_id(job_id: object) -> str:
 def own_task_id(environ: Mapping[str, str] | None = None) -> int:
     """The calling task's id (``XCE_TASK_ID``); refuses outside a task."""
     env = os.environ if environ is None else environ
-    task_id = read_decimal(env.get("XCE_TASK_ID", ""))
-    if task_id is None:
+    text = env.get("XCE_TASK_ID")
+    if not text:
         raise RuntimeError(
             "not inside an XCE task: XCE_TASK_ID is not set (give the task id explicitly)"
         )
+    task_id = read_decimal(text)
+    if task_id is None:
+        raise RuntimeError(f"XCE_TASK_ID is not a task id (a decimal number): {_shown(text)}")
     return task_id
 
 
