@@ -372,3 +372,17 @@ def test_utf8_and_ascii_json_are_read(charset: str) -> None:
     }
     status, doc = call(make(), method, path, Stream(iter([b'{"command": ["x"]}'])), headers)
     assert status == 201 and doc["job"] == {"command": ["x"]}, doc
+
+
+@pytest.mark.parametrize("number", ["9" * 5000, "-" + "9" * 5000, "1." + "0" * 5000, "1" * 101])
+def test_a_number_too_long_is_said_so_without_pythons_internals(number: str) -> None:
+    body = b'{"tasks": ' + number.encode() + b"}"
+    headers = {"authorization": f"Bearer {GOOD}", "content-length": str(len(body))}
+    status, doc = call(
+        resize_app(), "POST", "/v1/jobs/7/resize/grow", Stream(iter([body])), headers
+    )
+    assert (status, doc["code"]) == (400, "XCE_RESIZE_INVALID_REQUEST")
+    assert doc["detail"] == (
+        f"Invalid resize request: body has a number too long: {len(number)} characters, "
+        f"at most 100 ({number[:20]}...)"
+    )
