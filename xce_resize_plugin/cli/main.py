@@ -571,6 +571,7 @@ def _journal(args: argparse.Namespace, out: TextIO) -> int:
         journal.require_readable(args.dir, "nothing was exported")
         if args.output is None:
             n = journal.export(args.dir, out, checked=True)
+            out.flush()  # the count only once the facts are out: a full disk says so
         else:
             journal.Journal.require(args.dir)  # no output file for what is no journal
             n = _export_to(args.dir, args.output)
