@@ -129,3 +129,17 @@ def test_a_closed_descriptor_loses_the_text_not_the_status(line: str, status: in
         ["/bin/sh", "-c", line, BRESIZE], capture_output=True, text=True, cwd=ROOT, timeout=60
     )
     assert (proc.returncode, proc.stdout, proc.stderr) == (status, "", "")
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (Linux)")
+def test_a_full_standard_output_is_said_and_keeps_the_status() -> None:
+    """``> /dev/full``: a traceback, exit 1. Now one line on stderr, and the status
+    is the command's (0 for -V; for a request, 0 still means it was recorded)."""
+    with open("/dev/full", "w") as full:
+        proc = subprocess.run(
+            [BRESIZE, "-V"], stdout=full, stderr=subprocess.PIPE, text=True, cwd=ROOT, timeout=60
+        )
+    assert (proc.returncode, proc.stderr) == (
+        0,
+        "bresize: standard output: cannot write (No space left on device)\n",
+    )

@@ -83,12 +83,33 @@ def _write(text: str, stream: TextIO | None) -> bool:
         print(text, file=stream)
         stream.flush()  # a closed pipe shows here, not at exit
     except BrokenPipeError:
-        import os
-
         # Quiet, as such a C command. Python flushes the stream again at exit.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), stream.fileno())
+        _to_devnull(stream)
         return False
+    except OSError as exc:
+        # A full disk, an I/O error: said once on the other stream, and the status
+        # stays the request's (an accepted request was recorded: a script that took a
+        # failed write for a failed request would ask again). docs/user-guide.md.
+        _to_devnull(stream)
+        other = sys.stderr if stream is sys.stdout else None
+        if other is not None:
+            import contextlib
+
+            with contextlib.suppress(OSError):  # nowhere left to say it
+                print(f"bresize: standard output: cannot write ({exc.strerror or exc})", file=other)
+                other.flush()
     return True
+
+
+def _to_devnull(stream: TextIO) -> None:
+    """Point ``stream``'s descriptor at /dev/null: what it still holds goes there when
+    Python flushes it at exit, instead of failing a second time (exit status 120)."""
+    import contextlib
+    import os
+
+    # No descriptor (a replaced stream): nothing is held for the exit either.
+    with contextlib.suppress(OSError, ValueError):
+        os.dup2(os.open(os.devnull, os.O_WRONLY), stream.fileno())
 
 
 if __name__ == "__main__":  # pragma: no cover
