@@ -681,6 +681,7 @@ def test_a_full_standard_output_is_one_line_and_its_own_status(tmp_path: Path) -
     journal = str(scenario_state(tmp_path))
     for args in (
         ["journal", "export", journal],
+        ["journal", "export", journal, "-o", "-"],
         ["journal", "verify", journal],
         ["journal", "verify", "--json", journal],
         ["demo"],

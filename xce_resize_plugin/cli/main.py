@@ -154,7 +154,12 @@ def _parser() -> argparse.ArgumentParser:
     verify.add_argument("--json", action="store_true")
     export = jr_sub.add_parser("export", help="write every fact as JSON lines")
     export.add_argument("dir", type=Path)
-    export.add_argument("-o", "--output", type=Path, help="file to write (default: stdout)")
+    export.add_argument(
+        "-o",
+        "--output",
+        type=Path,
+        help="file to write (default, or -: stdout; a file named -: ./-)",
+    )
     compact = jr_sub.add_parser(
         "compact", help="archive and drop finished jobs' history (controller stopped)"
     )
@@ -569,7 +574,7 @@ def _journal(args: argparse.Namespace, out: TextIO) -> int:
         # Before LMDB reads a page (a damaged one kills the process) and before an
         # output file is made.
         journal.require_readable(args.dir, "nothing was exported")
-        if args.output is None:
+        if args.output is None or str(args.output) == "-":  # "-": as --archive -
             n = journal.export(args.dir, out, checked=True)
             out.flush()  # the count only once the facts are out: a full disk says so
         else:
