@@ -773,3 +773,19 @@ def test_an_oserror_not_of_standard_output_is_not_said_to_be(
     monkeypatch.setattr(cli, "_dispatch", failing)
     with pytest.raises(OSError, match="/elsewhere"):
         cli.main(["demo"])
+
+
+def test_dot_slash_dash_is_a_file_named_dash(tmp_path: Path) -> None:
+    """``-`` is standard output; ``./-`` names a file called ``-``, as the docs say
+    (the options were paths, and Path("./-") is Path("-"): both went to stdout)."""
+    journal = str(scenario_state(tmp_path))
+    work = tmp_path / "work"
+    work.mkdir()
+    exported = run("journal", "export", journal, "-o", "./-", cwd=work)
+    assert (exported.returncode, exported.stdout) == (0, "")
+    assert len((work / "-").read_text().splitlines()) == 16
+    (work / "-").unlink()
+    compacted = run("journal", "compact", journal, "--keep-days", "0", "--archive", "./-", cwd=work)
+    assert compacted.returncode == 0, compacted.stderr
+    assert compacted.stdout.startswith("removed 16 facts")
+    assert len((work / "-").read_text().splitlines()) == 16

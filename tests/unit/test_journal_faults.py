@@ -696,3 +696,120 @@ def test_a_lock_file_that_is_a_directory_is_named(jdir: Path) -> None:
     assert str(err.value).endswith(
         f"{jdir / 'lock.mdb'}: not a regular file; LMDB keeps its reader table there"
     )
+
+
+def test_the_start_check_child_imports_nothing_from_the_working_directory(
+    jdir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The child ran with ``-m``, which puts the working directory first on its path:
+    a json.py lying there ran in a process that, in production, is root."""
+    from xce_resize_plugin.journal import require_intact
+
+    _journal_of_commits(jdir)
+    planted = tmp_path / "planted"
+    planted.mkdir()
+    marker = tmp_path / "ran"
+    (planted / "json.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    monkeypatch.chdir(planted)
+    monkeypatch.setenv("PYTHONPATH", str(planted))
+    monkeypatch.setenv("PYTHONSTARTUP", str(planted / "json.py"))
+    assert require_intact(jdir).last_seq == 3
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize(
+    ("returncode", "expect"),
+    [
+        (-7, r"damaged: reading it killed the checking process \(SIGBUS\)"),
+        (-11, r"damaged: reading it killed the checking process \(SIGSEGV\)"),
+        (-9, r"the check at start was stopped \(SIGKILL\)"),
+        (-2, r"the check at start was stopped \(SIGINT\)"),
+        (-40, r"the check at start was stopped \(signal 40\)"),
+    ],
+)
+def test_only_a_fault_of_the_reading_child_is_damage(
+    jdir: Path, monkeypatch: pytest.MonkeyPatch, returncode: int, expect: str
+) -> None:
+    """An OOM kill or Ctrl-C said "damaged"; a real-time signal was a traceback."""
+    from xce_resize_plugin.journal import require_intact, start_check
+
+    def killed(args: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
+        return subprocess.CompletedProcess(args, returncode, "", "")
+
+    monkeypatch.setattr(start_check.subprocess, "run", killed)
+    _journal_of_commits(jdir)
+    with pytest.raises(JournalError, match=expect) as err:
+        require_intact(jdir)
+    assert "\n" not in str(err.value)
+
+
+def test_a_start_check_that_hangs_is_bounded(jdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from xce_resize_plugin.journal import require_intact, start_check
+
+    def hangs(args: list[str], **kwargs: object) -> None:
+        raise subprocess.TimeoutExpired(args, float(str(kwargs["timeout"])))
+
+    monkeypatch.setattr(start_check.subprocess, "run", hangs)
+    _journal_of_commits(jdir)
+    with pytest.raises(JournalError, match=r"did not end within 900 s"):
+        require_intact(jdir)
+
+
+def test_without_a_python_to_run_the_check_is_made_in_process(
+    jdir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """sys.executable may be None or empty (an embedding interpreter): a TypeError
+    stopped the controller."""
+    from xce_resize_plugin.journal import require_intact, start_check
+
+    monkeypatch.setattr(start_check.sys, "executable", None)
+    _journal_of_commits(jdir)
+    assert require_intact(jdir).last_seq == 3
+
+
+def test_a_walk_that_saw_a_commit_is_not_taken_for_damage(
+    jdir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """export walked the pages of a journal a running controller was writing: pages
+    the writer reused looked damaged, and an online export was refused."""
+    from xce_resize_plugin.journal import page_walk
+
+    _journal_of_commits(jdir)
+    walks: list[int] = []
+
+    def walk_during_a_commit(path: Path) -> list[str]:
+        walks.append(1)
+        with Journal.open(jdir, sync=False) as j:
+            j.start()
+            j.commit([Entry(f"w{len(walks)}", (b'{"n":1}',), b"s")])
+        return ["structure: what a reused page looks like"]
+
+    monkeypatch.setattr(page_walk, "structure_problems", walk_during_a_commit)
+    page_walk.require_readable(jdir, "nothing was exported")
+    assert len(walks) == 3
+
+    def damaged(path: Path) -> list[str]:
+        return ["structure: leaf page 9 node 0 key overruns page"]
+
+    monkeypatch.setattr(page_walk, "structure_problems", damaged)
+    with pytest.raises(JournalError, match="overruns page; nothing was exported"):
+        page_walk.require_readable(jdir, "nothing was exported")
+
+
+def test_meta_pages_that_change_at_every_read_are_a_writer_not_damage(
+    jdir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from xce_resize_plugin.journal import meta_pages
+    from xce_resize_plugin.journal.meta_pages import MetaPage
+
+    _journal_of_commits(jdir)
+    reads = iter(range(100))
+
+    def torn(data_file: Path) -> tuple[MetaPage, MetaPage]:
+        n = 2 * next(reads)  # each read a different pair, each one odd-looking
+        return MetaPage(0, n, n + 5), MetaPage(1, n + 3, n)
+
+    monkeypatch.setattr(meta_pages, "read_metas", torn)
+    assert meta_pages.meta_pair_problems(jdir / "data.mdb") == []
+    monkeypatch.setattr(meta_pages, "read_metas", lambda f: (MetaPage(0, 4, 9), MetaPage(1, 7, 3)))
+    assert meta_pages.meta_pair_problems(jdir / "data.mdb")[0].startswith("meta pages: ")

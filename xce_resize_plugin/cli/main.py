@@ -157,7 +157,8 @@ def _parser() -> argparse.ArgumentParser:
     export.add_argument(
         "-o",
         "--output",
-        type=Path,
+        # A str, not a Path: Path("./-") is Path("-"), and ./- names a file called -.
+        type=str,
         help="file to write (default, or -: stdout; a file named -: ./-)",
     )
     compact = jr_sub.add_parser(
@@ -167,7 +168,7 @@ def _parser() -> argparse.ArgumentParser:
     compact.add_argument("--keep-days", type=number, required=True)
     compact.add_argument(
         "--archive",
-        type=Path,
+        type=str,  # as --output: ./- is a file
         help="JSON-lines file the dropped facts are appended to before they are deleted "
         "(default: DIR/compacted-<time>.jsonl; -: standard output, the summary then goes "
         "to standard error)",
@@ -574,12 +575,12 @@ def _journal(args: argparse.Namespace, out: TextIO) -> int:
         # Before LMDB reads a page (a damaged one kills the process) and before an
         # output file is made.
         journal.require_readable(args.dir, "nothing was exported")
-        if args.output is None or str(args.output) == "-":  # "-": as --archive -
+        if args.output is None or args.output == "-":  # "-": as --archive -
             n = journal.export(args.dir, out, checked=True)
             out.flush()  # the count only once the facts are out: a full disk says so
         else:
             journal.Journal.require(args.dir)  # no output file for what is no journal
-            n = _export_to(args.dir, args.output)
+            n = _export_to(args.dir, Path(args.output))
         print(f"exported {n} facts", file=sys.stderr)
         return EXIT_OK
     return _compact(args, out)
@@ -595,15 +596,15 @@ def _compact(args: argparse.Namespace, out: TextIO) -> int:
     now = args.now if args.now is not None else time.time()
     if args.archive is None:
         stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(time.time()))
-        args.archive = args.dir / f"compacted-{stamp}.jsonl"
+        args.archive = str(args.dir / f"compacted-{stamp}.jsonl")
     journal.require_readable(args.dir, "nothing was compacted")  # before LMDB reads it
     journal.Journal.require(args.dir)  # no archive file for what is no journal
-    if str(args.archive) == "-":
+    if args.archive == "-":
         removed = _compact_to(args.dir, args.keep_days, now, out)
         print(_compacted(removed, args.keep_days, "standard output"), file=sys.stderr)
         return EXIT_OK
     try:
-        with args.archive.open("a", encoding="utf-8") as archive:
+        with Path(args.archive).open("a", encoding="utf-8") as archive:
             removed = journal.compact(args.dir, args.keep_days, now, archive, checked=True)
     except OSError as exc:
         # A full or failing disk under the archive: compaction syncs the archive
@@ -631,7 +632,7 @@ def _compact_to(directory: Path, keep_days: float, now: float, out: TextIO) -> i
     from xce_resize_plugin import journal
 
     try:
-        return journal.compact(directory, keep_days, now, out)
+        return journal.compact(directory, keep_days, now, out, checked=True)
     except StdoutError as exc:
         _discard_stdout()
         raise JournalError(

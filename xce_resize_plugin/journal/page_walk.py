@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from xce_resize_plugin.errors import JournalError
-from xce_resize_plugin.journal.meta_pages import meta_pair_problems
+from xce_resize_plugin.journal.meta_pages import meta_pair_problems, read_metas
 from xce_resize_plugin.journal.records import DATA_FILE
 
 
@@ -46,10 +46,30 @@ def require_readable(path: Path | str, undone: str) -> None:
     data_file = path / DATA_FILE
     if not data_file.is_file():
         return  # the opening names what is missing (and a FIFO would block the walk)
-    problems = meta_pair_problems(data_file) or structure_problems(path)
+    problems = _problems_at_rest(path, data_file)
     if problems:
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
         raise JournalError(
             f"{data_file}: damaged: {problems[0]}{more}; {undone} "
             f"(`xce-resize journal verify {path}` lists every problem)"
         )
+
+
+#: Walks tried while a writer keeps committing (a running controller) before the walk
+#: is left out.
+_WALKS = 3
+
+
+def _problems_at_rest(path: Path, data_file: Path) -> list[str]:
+    """The meta pair's and the structure's problems, from a walk during which no
+    transaction was committed. A walk of a file being written sees pages the writer
+    reuses, and may report damage that is not there; after :data:`_WALKS` walks that
+    each saw a commit, the journal is left to LMDB's read transaction, which is
+    consistent under a writer (the running controller checked the file when it
+    started: docs/journal-format.md, "Refusing bad journals")."""
+    for _ in range(_WALKS):
+        before = read_metas(data_file)
+        problems = meta_pair_problems(data_file) or structure_problems(path)
+        if not problems or read_metas(data_file) == before:
+            return problems
+    return []

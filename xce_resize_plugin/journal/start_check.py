@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import signal
 import subprocess
 import sys
@@ -32,6 +31,21 @@ log = logging.getLogger(__name__)
 
 #: Where the package is, for the child's imports (a checkout on PYTHONPATH or not).
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
+#: Seconds the check at start may take: a journal of gigabytes reads in a minute or
+#: two; a check still running after this is waiting on something (a hung mount).
+CHECK_TIMEOUT = 900.0
+#: The child's program: argv[1] the package's directory (put first only when it is not
+#: on the path already, so that a checkout's code is the one checked and an installed
+#: package's site directory never comes before the standard library), argv[2] the
+#: journal's.
+_CHILD = (
+    "import sys\n"
+    "root = sys.argv[1]\n"
+    "if root not in sys.path:\n"
+    "    sys.path.insert(0, root)\n"
+    "from xce_resize_plugin.journal.start_check import _main\n"
+    "sys.exit(_main(sys.argv[2:]))\n"
+)
 
 
 def require_intact(path: Path | str) -> VerifyReport:
@@ -63,18 +77,31 @@ def require_intact(path: Path | str) -> VerifyReport:
 
 
 def _in_child(path: Path, data_file: Path, advice: str) -> dict[str, Any]:
-    """The child's answer; a child killed by a signal is damage (``JournalError``)."""
-    pythonpath = os.pathsep.join(
-        part for part in (_PACKAGE_ROOT, os.environ.get("PYTHONPATH", "")) if part
-    )
+    """The child's answer; a child killed by SIGBUS or SIGSEGV is damage, and one that
+    cannot be started at all leaves the check to this process."""
+    executable = sys.executable
+    if not executable or getattr(sys, "frozen", False):
+        # An embedded or frozen interpreter: sys.executable is not a Python to run.
+        return _answer(path)
     try:
         done = subprocess.run(
-            [sys.executable, "-m", __name__, str(path)],
+            # Isolated (-I): no PYTHON* variable, no user site, and neither the working
+            # directory nor the script's on sys.path, so that no file lying there is
+            # imported by a process running as root. The package's own directory is
+            # added only if the interpreter would not find it (a checkout).
+            [executable, "-I", "-c", _CHILD, _PACKAGE_ROOT, str(path)],
             capture_output=True,
             text=True,
-            env={**os.environ, "PYTHONPATH": pythonpath},
+            stdin=subprocess.DEVNULL,
+            cwd="/",
+            timeout=CHECK_TIMEOUT,
             check=False,
         )
+    except subprocess.TimeoutExpired:
+        raise JournalError(
+            f"{data_file}: the check at start did not end within {CHECK_TIMEOUT:.0f} s "
+            "(a hung file system?); the controller does not start on it"
+        ) from None
     except OSError as exc:
         # No child may be started here (a sandbox, no process slot left): the check is
         # made in this process, as before there was a child, rather than refuse a start
@@ -82,11 +109,7 @@ def _in_child(path: Path, data_file: Path, advice: str) -> dict[str, Any]:
         log.warning("journal check at start made in-process (no child process: %s)", exc)
         return _answer(path)
     if done.returncode < 0:
-        name = signal.Signals(-done.returncode).name
-        raise JournalError(
-            f"{data_file}: damaged: reading it killed the checking process ({name}): "
-            f"a damaged page; {advice}"
-        )
+        raise _killed(-done.returncode, data_file, advice)
     try:
         answer: dict[str, Any] = json.loads(done.stdout.splitlines()[-1])
     except (IndexError, ValueError):
@@ -95,6 +118,25 @@ def _in_child(path: Path, data_file: Path, advice: str) -> dict[str, Any]:
             f"{data_file}: the check at start failed (exit status {done.returncode}: {last})"
         ) from None
     return answer
+
+
+def _killed(signum: int, data_file: Path, advice: str) -> JournalError:
+    """The error for a child killed by signal ``signum``: a damaged page when reading
+    it faulted (SIGBUS, SIGSEGV), else the check was stopped (an OOM kill, Ctrl-C, the
+    service stopped), which says nothing about the journal."""
+    try:
+        name = signal.Signals(signum).name
+    except ValueError:  # a real-time signal has no name
+        name = f"signal {signum}"
+    if signum in (signal.SIGBUS, signal.SIGSEGV):
+        return JournalError(
+            f"{data_file}: damaged: reading it killed the checking process ({name}): "
+            f"a damaged page; {advice}"
+        )
+    return JournalError(
+        f"{data_file}: the check at start was stopped ({name}); the controller does not "
+        "start without it"
+    )
 
 
 def _answer(path: Path | str) -> dict[str, Any]:

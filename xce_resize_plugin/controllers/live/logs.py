@@ -83,7 +83,8 @@ class RepeatLimit(logging.Filter):
         """Each kind's repeats held back since its last line, not yet told (a kind
         that never came again would otherwise keep its count to itself), in the order
         the kinds were first seen; the counts start again from zero."""
-        out = [(key, n) for key, (_, n) in self._seen.items() if n]
+        # A copy: a thread still logging at the stop may add a kind meanwhile.
+        out = [(key, n) for key, (_, n) in list(self._seen.items()) if n]
         for key, _ in out:
             when, _n = self._seen[key]
             self._seen[key] = (when, 0)

@@ -142,7 +142,7 @@ class XCECluster(Cluster):
         scheduler runs no HTTP server unless they ask for one: ``dashboard=True`` (on a
         free port of ``XCE_HEAD_ADDR`` unless ``dashboard_address`` says where), or a
         ``dashboard_address`` alone (Dask's HTTP routes, ``/metrics`` and the rest,
-        without the dashboard).
+        without the dashboard), or ``jupyter=True`` (Jupyter is served through it).
     """
 
     def __init__(
@@ -167,7 +167,12 @@ class XCECluster(Cluster):
             "host": head,
             "dashboard": False,
             "dashboard_address": f"{head}:0",  # never a fixed port two jobs would share
-            "http": bool(options.get("dashboard") or options.get("dashboard_address")),
+            # jupyter=True serves Jupyter through the HTTP server: it needs one too.
+            "http": bool(
+                options.get("dashboard")
+                or options.get("dashboard_address")
+                or options.get("jupyter")
+            ),
             **options,
         }
         self.scheduler: Scheduler | None = None
