@@ -68,3 +68,16 @@ def test_the_async_client_still_takes_its_ca_certificates_from_the_environment()
     assert isinstance(context, ssl.SSLContext) and context.cert_store_stats()["x509_ca"] > 0
     with pytest.raises(FileNotFoundError):
         _verify({"SSL_CERT_FILE": "/nonexistent/ca.pem"})
+
+
+def test_a_plain_http_async_client_reads_no_ca_file(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CA file was read by the constructor whatever the URL: a missing one stopped
+    a client of a plain-http controller from being made (FileNotFoundError)."""
+    monkeypatch.setenv("SSL_CERT_FILE", "/nonexistent/ca.pem")
+
+    async def run(url: str) -> Any:
+        async with AsyncResizeClient("7", url, TOKEN) as client:
+            return await client.allocation()
+
+    with answering(_SETTLED) as controller:
+        assert asyncio.run(run(controller.url)).version == 3

@@ -72,7 +72,9 @@ class AsyncResizeClient:
             headers=headers,
             timeout=timeout,
             trust_env=False,
-            verify=_verify(os.environ),
+            # Read only for https: a plain-http controller (the usual one) has no use
+            # for the CA file, nor should a missing one stop the client being made.
+            verify=_verify(os.environ) if self.url.lower().startswith("https:") else True,
         )
         self._pacer = Pacer()
 

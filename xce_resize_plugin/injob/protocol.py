@@ -597,10 +597,15 @@ class EventCursor:
         whether it answered before the time it asked for."""
         path = f"{self.path}?after={self.after}&timeout="
         polled = [0.0, 0.0]
+        # Only the first sending waits ``delay``: a poll sent again (the controller was
+        # busy) goes at once, and counting the delay again would make a poll held for
+        # its whole time look answered early.
+        delays = [delay]
 
         def path_for(seconds: float) -> str:
             asked = f"{seconds:.3f}"
-            polled[:] = [time.monotonic() + delay, float(asked)]
+            polled[:] = [time.monotonic() + delays[0], float(asked)]
+            delays[0] = 0.0
             return f"{path}{asked}"
 
         try:
