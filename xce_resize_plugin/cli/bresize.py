@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import sys
 
+from xce_resize_plugin.cli.streams import to_devnull
 from xce_resize_plugin.lsf.bresize_args import Command
 from xce_resize_plugin.lsf.bresize_run import run
 from xce_resize_plugin.rest.client import Client
@@ -84,13 +85,13 @@ def _write(text: str, stream: TextIO | None) -> bool:
         stream.flush()  # a closed pipe shows here, not at exit
     except BrokenPipeError:
         # Quiet, as such a C command. Python flushes the stream again at exit.
-        _to_devnull(stream)
+        to_devnull(stream)
         return False
     except OSError as exc:
         # A full disk, an I/O error: said once on the other stream, and the status
         # stays the request's (an accepted request was recorded: a script that took a
         # failed write for a failed request would ask again). docs/user-guide.md.
-        _to_devnull(stream)
+        to_devnull(stream)
         other = sys.stderr if stream is sys.stdout else None
         if other is not None:
             import contextlib
@@ -99,17 +100,6 @@ def _write(text: str, stream: TextIO | None) -> bool:
                 print(f"bresize: standard output: cannot write ({exc.strerror or exc})", file=other)
                 other.flush()
     return True
-
-
-def _to_devnull(stream: TextIO) -> None:
-    """Point ``stream``'s descriptor at /dev/null: what it still holds goes there when
-    Python flushes it at exit, instead of failing a second time (exit status 120)."""
-    import contextlib
-    import os
-
-    # No descriptor (a replaced stream): nothing is held for the exit either.
-    with contextlib.suppress(OSError, ValueError):
-        os.dup2(os.open(os.devnull, os.O_WRONLY), stream.fileno())
 
 
 if __name__ == "__main__":  # pragma: no cover

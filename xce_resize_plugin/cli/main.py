@@ -22,6 +22,7 @@ from typing import Any, NoReturn, TextIO, cast
 
 from xce_resize_plugin import __version__
 from xce_resize_plugin.cli.argtypes import count, integer, number
+from xce_resize_plugin.cli.streams import to_devnull
 from xce_resize_plugin.errors import JournalError, ResizeError, Unreachable, UsageError
 
 EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE, EXIT_REJECTED = 0, 1, 2, 255
@@ -366,7 +367,7 @@ def _run(args: argparse.Namespace) -> int:
         return status
     except StdoutError as exc:
         _complain(exc.text)
-        _discard_stdout()
+        to_devnull(sys.stdout)
         return EXIT_OUTPUT
     except ResizeError as exc:
         _complain(exc.text)
@@ -382,18 +383,6 @@ def _run(args: argparse.Namespace) -> int:
 def _complain(text: str) -> None:
     """``xce-resize: text`` on stderr."""
     print(f"xce-resize: {text}", file=sys.stderr)
-
-
-def _discard_stdout() -> None:
-    """Point standard output at /dev/null: what it still holds, which could not be
-    written, goes there when Python flushes it at exit, instead of failing again (a
-    second message, exit status 120)."""
-    with contextlib.suppress(AttributeError, OSError, ValueError):
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        try:
-            os.dup2(devnull, sys.stdout.fileno())
-        finally:
-            os.close(devnull)
 
 
 def closed_pipe() -> int:
@@ -634,7 +623,7 @@ def _compact_to(directory: Path, keep_days: float, now: float, out: TextIO) -> i
     try:
         return journal.compact(directory, keep_days, now, out, checked=True)
     except StdoutError as exc:
-        _discard_stdout()
+        to_devnull(sys.stdout)
         raise JournalError(
             f"standard output: cannot write the archive ({exc.reason}); nothing was compacted"
         ) from None
@@ -643,7 +632,7 @@ def _compact_to(directory: Path, keep_days: float, now: float, out: TextIO) -> i
         # Compaction's own words when it could not flush or sync the archive (a closed
         # pipe; an fsync's EIO): said of standard output, not of a file.
         if isinstance(cause, OSError) and (exc.detail or "").startswith("the archive"):
-            _discard_stdout()
+            to_devnull(sys.stdout)
             raise JournalError(
                 f"standard output: cannot write the archive ({cause.strerror or cause}); "
                 "nothing was compacted"
