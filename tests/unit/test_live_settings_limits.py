@@ -50,6 +50,17 @@ def test_a_bad_request_limit_is_named(value: Any) -> None:
     )
 
 
+def _controller(config: Path) -> subprocess.CompletedProcess[str]:
+    """``xce-resize controller --config CONFIG``, run to its end (a refused start)."""
+    return subprocess.run(
+        [sys.executable, "-m", "xce_resize_plugin", "controller", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
+
+
 def test_a_bad_request_limit_stops_the_controller_with_one_line(tmp_path: Path) -> None:
     config = tmp_path / "controller.toml"
     config.write_text(
@@ -57,13 +68,7 @@ def test_a_bad_request_limit_stops_the_controller_with_one_line(tmp_path: Path) 
         "[cluster]\nhosts = { h1 = 1 }\n"
         '[users]\ntokens = { alice = "a-long-random-string" }\n'
     )
-    out = subprocess.run(
-        [sys.executable, "-m", "xce_resize_plugin", "controller", "--config", str(config)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        stdin=subprocess.DEVNULL,
-    )
+    out = _controller(config)
     assert out.returncode == 2, out.stderr
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and "controller.request_limit: must be an integer" in lines[0], lines
@@ -82,13 +87,7 @@ def test_a_journal_map_size_beyond_the_journals_limit_stops_the_controller_first
         '[users]\ntokens = { alice = "a-long-random-string" }\n'
         "[resize]\njournal_map_size = 18446744073709551616\n"
     )
-    out = subprocess.run(
-        [sys.executable, "-m", "xce_resize_plugin", "controller", "--config", str(config)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        stdin=subprocess.DEVNULL,
-    )
+    out = _controller(config)
     assert (out.returncode, out.stderr) == (
         2,
         f"xce-resize: Configuration error: {config}: [resize] journal_map_size must be "

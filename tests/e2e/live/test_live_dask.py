@@ -75,17 +75,23 @@ def scratch(tmp_path: Path) -> Iterator[None]:
         yield
 
 
-@pytest.fixture
-def dask_job(resize_live_factory: Any) -> Iterator[tuple[LiveCluster, XCECluster, str]]:
-    live: LiveCluster = resize_live_factory({"h1": 3, "h2": 3}, stop_grace=STOP_GRACE)
+def _running_dask_job(live: LiveCluster, tasks: str) -> dict[str, Any]:
+    """Start ``live`` and a resizable Dask job of ``tasks`` on it, running on one task."""
     live.start()
-    answer = live.ok(
+    answer: dict[str, Any] = live.ok(
         "POST",
         "/v1/jobs",
         ALICE,
-        {"command": DASK_JOB, "tasks": "1,6", "resizable": True, "initial": 1},
+        {"command": DASK_JOB, "tasks": tasks, "resizable": True, "initial": 1},
     )
     live.running(answer["id"], 1)
+    return answer
+
+
+@pytest.fixture
+def dask_job(resize_live_factory: Any) -> Iterator[tuple[LiveCluster, XCECluster, str]]:
+    live: LiveCluster = resize_live_factory({"h1": 3, "h2": 3}, stop_grace=STOP_GRACE)
+    answer = _running_dask_job(live, "1,6")
     cluster = XCECluster(environ=job_env(live, answer))
     try:
         yield live, cluster, str(answer["id"])
@@ -242,14 +248,7 @@ def test_a_number_of_workers_not_an_int_is_refused_at_once(resize_live_factory: 
     """``scale(2.5)`` (or ``True``, or ``adapt`` with such bounds) is a ValueError at
     once, as an ``n`` out of range is: nothing reaches the controller, nothing changes."""
     live: LiveCluster = resize_live_factory({"h1": 4})
-    live.start()
-    answer = live.ok(
-        "POST",
-        "/v1/jobs",
-        ALICE,
-        {"command": DASK_JOB, "tasks": "1,4", "resizable": True, "initial": 1},
-    )
-    live.running(answer["id"], 1)
+    answer = _running_dask_job(live, "1,4")
     with XCECluster(environ=job_env(live, answer)) as cluster:
         start = time.monotonic()
         for bad in (
