@@ -32,7 +32,7 @@ def test_a_step_back_is_held_until_wall_time_catches_up(caplog: pytest.LogCaptur
     assert told[1].startswith("the wall clock has caught up")
 
 
-def test_the_helpers_example_counts_nothing_twice() -> None:
+def test_a_release_stamped_before_its_grow_counts_nothing_twice() -> None:
     """A grow stamped 2000, then (the clock stepped back 500 s) a release stamped
     1500: before, the 4-slot stretch vanished and 1500-1600 was counted twice."""
     steps = charge_steps(charge_steps(((1000.0, 2),), 2000.0, 4), 1500.0, 2)
