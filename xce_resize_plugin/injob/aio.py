@@ -146,6 +146,9 @@ class AsyncResizeClient:
     async def get(self, key: str, wait: float | None = None) -> str | None:
         return await self._run(self._requests.get(key, wait))
 
+    async def delete(self, key: str) -> bool:
+        return await self._run(self._requests.delete(key))
+
     async def _run(self, steps: Steps[_T]) -> _T:
         exchange = Exchange(steps, self._pacer)
         while (request := exchange.next_request()) is not None:

@@ -153,6 +153,12 @@ class ResizeClient:
         ``wait`` seconds for another task to set it, when given."""
         return self._run(self._requests.get(key, wait))
 
+    def delete(self, key: str) -> bool:
+        """Remove ``key`` from the job's key-value store; ``False`` when it was not
+        set. Its place counts again among the job's keys; set again, its version
+        starts at 1."""
+        return self._run(self._requests.delete(key))
+
     def _run(self, steps: Steps[_T]) -> _T:
         """Send each request a call makes, and feed its answer (or refusal) back."""
         exchange = Exchange(steps, self._pacer)

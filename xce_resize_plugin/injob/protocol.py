@@ -535,6 +535,15 @@ class JobRequests:
                 continue
             return str(doc["value"])
 
+    def delete(self, key: str) -> Steps[bool]:
+        try:
+            yield Request("DELETE", self._kv(key))
+        except RemoteError as exc:
+            if exc.code != "XCE_KV_NO_KEY":
+                raise
+            return False
+        return True
+
     def _kv(self, key: str) -> str:
         return f"{self.job_path}/kv/{urllib.parse.quote(key, safe='')}"
 

@@ -135,6 +135,7 @@ POLICY: dict[tuple[str, str], Row] = {
     ("PATCH", "/v1/jobs/{id}"): THE_JOB,
     ("PUT", "/v1/jobs/{id}/kv/{key}"): THE_JOB,
     ("GET", "/v1/jobs/{id}/kv/{key}"): THE_JOB,
+    ("DELETE", "/v1/jobs/{id}/kv/{key}"): THE_JOB,
     ("GET", "/v1/jobs/{id}/resize"): THE_JOB,
     ("POST", "/v1/jobs/{id}/resize/grow"): THE_JOB,
     ("POST", "/v1/jobs/{id}/resize/release"): THE_JOB,
@@ -384,6 +385,17 @@ def _kv_value(world: World, kind: str, answer: httpx.Response) -> list[str]:
     return [] if answer.json()["value"] == KV_VALUE else [f"value: {answer.text}"]
 
 
+def _kv_removed(world: World, kind: str, answer: httpx.Response) -> list[str]:
+    """The removed record answered, the key gone; then set again (undone)."""
+    problems = _kv_value(world, kind, answer)
+    path = f"/v1/jobs/{world.target}/kv/{KV_KEY}"
+    gone = world.client.get(path, headers={"Authorization": f"Bearer {ROOT}"})
+    if gone.status_code != 404:
+        problems.append(f"the key is still there: {gone.status_code} {gone.text}")
+    world.live.ok("PUT", path, ROOT, {"value": KV_VALUE})
+    return problems
+
+
 def _drained_body(world: World) -> dict[str, Any]:
     return {"task_ids": world.draining}
 
@@ -404,6 +416,7 @@ PROBES: dict[tuple[str, str], Probe] = {
     ),
     ("PUT", "/v1/jobs/{id}/kv/{key}"): Probe(body={"value": KV_VALUE}, after=_kv_value),
     ("GET", "/v1/jobs/{id}/kv/{key}"): Probe(query="?wait=0", after=_kv_value),
+    ("DELETE", "/v1/jobs/{id}/kv/{key}"): Probe(after=_kv_removed),
     ("GET", "/v1/jobs/{id}/resize"): Probe(after=_the_job),
     ("POST", "/v1/jobs/{id}/resize/grow"): Probe(
         202, {"tasks": 1}, after=_changed(lambda doc: doc["pending"] or doc["in_flight"])

@@ -156,6 +156,45 @@ def test_bad_writes_are_refused_and_change_nothing(resize_live_factory: Any) -> 
     r = live.call("PUT", f"{kv}/one-too-many", ALICE, {"value": "x"})
     assert (r.status_code, r.json()["code"]) == (413, "XCE_KV_LIMIT")
     assert live.ok("PUT", f"{kv}/k", ALICE, {"value": "w"})["version"] == 2  # replacing is fine
+    # A delete makes room; refused deletes change nothing.
+    for token, key, status, code in (
+        (other["token"], "k1", 404, "LSBE_NO_JOB"),
+        (BOB, "k1", 404, "LSBE_NO_JOB"),
+        (ALICE, "-bad", 400, "XCE_RESIZE_INVALID_REQUEST"),
+        (ALICE, "absent", 404, "XCE_KV_NO_KEY"),
+    ):
+        r = live.call("DELETE", f"{kv}/{key}", token)
+        assert (r.status_code, r.json()["code"]) == (status, code), (key, r.text)
+    r = live.call("PUT", f"{kv}/one-too-many", ALICE, {"value": "x"})
+    assert (r.status_code, r.json()["code"]) == (413, "XCE_KV_LIMIT")
+    assert live.ok("DELETE", f"{kv}/k1", mine["token"]) == {"key": "k1", "value": "1", "version": 1}
+    assert live.ok("PUT", f"{kv}/one-more", ALICE, {"value": "x"})["version"] == 1
+
+
+def test_a_deleted_key_is_gone_for_good(resize_live_factory: Any) -> None:
+    """``delete`` through the in-job client: the key is gone, also after a kill -9 of
+    the controller; set again, it starts at version 1; a second delete is ``False``."""
+    live: LiveCluster = resize_live_factory({"h1": 2})
+    live.start()
+    answer = live.ok("POST", "/v1/jobs", ALICE, {"command": ["sleep", "600"]})
+    job_id, token = answer["id"], answer["token"]
+    live.running(job_id, 1)
+    client = ResizeClient(job_id, Client(live.url(), token))
+    assert client.put("addr", "tcp://a:1") == 1
+    assert client.put("addr", "tcp://a:2") == 2
+    assert client.put("kept", "yes") == 1
+    assert client.delete("addr") is True
+    assert client.get("addr") is None
+    assert client.delete("addr") is False
+    live.crash()
+    live.start()
+    assert client.get("addr") is None
+    assert client.get("kept") == "yes"
+    assert client.put("addr", "tcp://b:1") == 1
+    assert live.call("DELETE", f"/v1/jobs/{job_id}", ALICE).status_code == 202
+    wait_until(lambda: live.job(job_id)["state"] == "EXIT", 15, "job end")
+    r = live.call("DELETE", f"/v1/jobs/{job_id}/kv/kept", ALICE)
+    assert (r.status_code, r.json()["code"]) == (409, "LSBE_JOB_FINISH"), r.text
 
 
 def test_the_async_client_does_what_the_sync_one_does(resize_live_factory: Any) -> None:
@@ -185,11 +224,15 @@ def test_the_async_client_does_what_the_sync_one_does(resize_live_factory: Any) 
             await asyncio.sleep(0.3)
             version = await client.put("addr", "tcp://x:1")
             absent = await client.get("absent")
+            seen = await reader
+            assert await client.delete("addr") is True
+            assert await client.delete("addr") is False
+            assert await client.get("addr") is None
             try:
                 await client.release(task_ids=[0])
             except RemoteError as exc:
                 refused = exc.code
-            return grown.size, version, await reader, absent, refused
+            return grown.size, version, seen, absent, refused
 
     size, version, seen, absent, refused = asyncio.run(scenario())
     assert (size, version, seen, absent) == (3, 1, "tcp://x:1", None)

@@ -180,12 +180,7 @@ class HostApi(HookMonitor):
         job_kv.check_key(key)
         value = job_kv.parse_value(body)
         with self.lock:
-            self._check_open()
-            job = self._visible(principal, job_id)
-            if job.finished:
-                raise JobFinished(f"job {job_id} is {job.state.value}")
-            name = job_kv.record_key(job_id, key)
-            old = self.live_store.get(name)
+            name, old = self._kv_record(principal, job_id, key)
             # The job's record lists its keys: counted and removed without a scan.
             spec = dict(self.live_store.get(f"job:{job_id}") or {})
             keys = list(spec.get("kv", []))
@@ -195,13 +190,44 @@ class HostApi(HookMonitor):
                 self.live_store.put(f"job:{job_id}", spec)
             record = {"value": value, "version": (old["version"] if old else 0) + 1}
             self.live_store.put(name, record)
-            try:
-                self.live_store.write(None, [])
-            except Exception as exc:
-                if storage_failure(exc) is not None:
-                    raise self.storage_failed(exc) from exc
-                raise
+            self._write_kv()
             return job_kv.answer(key, record)
+
+    def kv_delete(self, principal: Principal, job_id: str, key: str) -> dict[str, Any]:
+        """``DELETE /v1/jobs/{id}/kv/{key}``: remove a key, durably; the answer is the
+        record removed. :class:`~.job_kv.NoSuchKey` when it is not set (nothing
+        changes). Its place counts again among the job's keys, and a key set again
+        starts at version 1."""
+        job_kv.check_key(key)
+        with self.lock:
+            name, old = self._kv_record(principal, job_id, key)
+            if old is None:
+                raise job_kv.NoSuchKey(f"job {job_id} has no key {key!r}")
+            spec = dict(self.live_store.get(f"job:{job_id}") or {})
+            spec["kv"] = [k for k in spec.get("kv", []) if k != key]
+            self.live_store.put(f"job:{job_id}", spec)
+            self.live_store.put(name, None)
+            self._write_kv()
+            return job_kv.answer(key, old)
+
+    def _kv_record(self, principal: Principal, job_id: str, key: str) -> tuple[str, Any]:
+        """A change's key as a record name, and its record (``None``: not set), in a
+        running job the caller may see (under the lock)."""
+        self._check_open()
+        job = self._visible(principal, job_id)
+        if job.finished:
+            raise JobFinished(f"job {job_id} is {job.state.value}")
+        name = job_kv.record_key(job_id, key)
+        return name, self.live_store.get(name)
+
+    def _write_kv(self) -> None:
+        """Write a key-value change now: the client's answer means it is on disk."""
+        try:
+            self.live_store.write(None, [])
+        except Exception as exc:
+            if storage_failure(exc) is not None:
+                raise self.storage_failed(exc) from exc
+            raise
 
     def kv_get(self, principal: Principal, job_id: str, key: str) -> dict[str, Any] | None:
         """``GET /v1/jobs/{id}/kv/{key}``: the value, or ``None`` when not set (yet).

@@ -7,7 +7,7 @@
   state cannot be written);
 - ``POST /v1/jobs`` (201): submit; ``GET /v1/jobs``: the caller's jobs (all for an
   administrator); ``GET /v1/jobs/{id}``: one job; ``DELETE /v1/jobs/{id}`` (202): kill;
-- ``PUT``/``GET /v1/jobs/{id}/kv/{key}``: the job's key-value store (:mod:`.kv_routes`);
+- ``PUT``/``GET``/``DELETE /v1/jobs/{id}/kv/{key}``: the job's key-value store (:mod:`.kv_routes`);
 - ``GET /v1/hosts``, ``POST /v1/hosts/{name}/close|open``: host states and an
   administrator's drain (:mod:`.host_admin`);
 - ``GET /v1/cluster``: hosts, users, worker agents and the invariant check for an

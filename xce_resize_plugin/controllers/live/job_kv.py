@@ -1,6 +1,6 @@
 """A job's key-value store: where the tasks of one job publish and find each other
 (``tcp://host:port`` of a scheduler in task 0, a rendezvous endpoint), through
-``PUT``/``GET /v1/jobs/{id}/kv/{key}`` (docs/in-job-api.md, "Key-value store").
+``PUT``/``GET``/``DELETE /v1/jobs/{id}/kv/{key}`` (docs/in-job-api.md, "Key-value store").
 
 Values are kept in the controller's store as side records ``kv:JOB:KEY`` (so they
 survive a failover, sealed with a CRC as every record is) and removed when the job

@@ -1,5 +1,6 @@
-"""The routes of a job's key-value store (:mod:`.job_kv`): ``PUT`` and ``GET
-/v1/jobs/{id}/kv/{key}``, for the job's own token, its owner or an administrator.
+"""The routes of a job's key-value store (:mod:`.job_kv`): ``PUT``, ``GET`` and
+``DELETE /v1/jobs/{id}/kv/{key}``, for the job's own token, its owner or an
+administrator.
 
 ``GET ...?wait=S`` waits up to S seconds for a key that is not set yet — task 0
 publishes its scheduler's address, the other tasks wait for it — by polling the
@@ -62,6 +63,18 @@ KV_GET = Operation(
     params=(*_PARAMS, Param("wait", {"type": "number", "minimum": 0}, False, "Seconds.")),
     errors=(400, 401, 404, 409, 503),
 )
+KV_DELETE = Operation(
+    "kv_delete",
+    "DELETE",
+    "/v1/jobs/{id}/kv/{key}",
+    "Remove a key from the job's key-value store",
+    "Answers the record removed. 404 XCE_KV_NO_KEY when the key is not set (nothing "
+    "changes). The key no longer counts among the job's 64, and set again it starts at "
+    "version 1.",
+    response="KeyValue",
+    params=_PARAMS,
+    errors=(400, 401, 404, 409, 503),
+)
 KV_SCHEMAS: dict[str, Any] = {
     "KeyValueBody": {
         "type": "object",
@@ -88,7 +101,7 @@ _POLL_FIRST, _POLL_MAX = 0.02, 0.25
 
 
 def kv_routes(ctl: LiveController, translate: Translate) -> list[ApiRoute]:
-    """The two routes, with the host routes' error translation."""
+    """The three routes, with the host routes' error translation."""
 
     async def put(request: Request, principal: Principal) -> Response:
         body = parse_json(await read_json_body(request, _LIMIT))
@@ -112,10 +125,14 @@ def kv_routes(ctl: LiveController, translate: Translate) -> list[ApiRoute]:
             await asyncio.sleep(min(delay, left))
             delay = min(delay * 2, _POLL_MAX)
 
+    async def delete(request: Request, principal: Principal) -> Response:
+        job_id, key = check_job_id(request.path_params["id"]), request.path_params["key"]
+        return reply(await run_in_threadpool(ctl.kv_delete, principal, job_id, key), 200)
+
     return [
-        ApiRoute(KV_PUT, endpoint(KV_PUT, put, ctl.authenticate, translate), KV_SCHEMAS),
-        ApiRoute(KV_GET, endpoint(KV_GET, get, ctl.authenticate, translate), KV_SCHEMAS),
+        ApiRoute(op, endpoint(op, fn, ctl.authenticate, translate), KV_SCHEMAS)
+        for op, fn in ((KV_PUT, put), (KV_GET, get), (KV_DELETE, delete))
     ]
 
 
-__all__ = ["KV_GET", "KV_PUT", "KV_SCHEMAS", "kv_routes"]
+__all__ = ["KV_DELETE", "KV_GET", "KV_PUT", "KV_SCHEMAS", "kv_routes"]

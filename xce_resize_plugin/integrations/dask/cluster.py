@@ -405,9 +405,10 @@ def _count(n: object, call: str) -> int:
 
 
 async def _unpublish(client: AsyncResizeClient) -> None:
-    """Empty :data:`SCHEDULER_KEY` (the store has no delete): a task that starts after
-    the close then exits at once (``xce-dask-worker`` reads an empty address as a
-    closed cluster) rather than holding its slot waiting for a scheduler that is gone.
+    """Empty :data:`SCHEDULER_KEY` rather than delete it: a task that starts after the
+    close then exits at once (``xce-dask-worker`` reads an empty address as a closed
+    cluster), where a deleted key would have it hold its slot waiting for a scheduler
+    that is gone.
     A job already ending refuses it, which is fine (its tasks go anyway)."""
     try:
         await client.put(SCHEDULER_KEY, "")
