@@ -326,3 +326,53 @@ def test_the_job_id_limit_is_the_controllers() -> None:
 
     assert protocol.MAX_JOB_ID == MAX_JOB_ID
     ResizeClient("7" * MAX_JOB_ID, Client("http://127.0.0.1:9", TOKEN))
+
+
+def _drive(cursor: Any, clock: list[float], answers: list[Any]) -> tuple[list[Any], list[str]]:
+    """One ``cursor.poll()`` driven by hand on a fake clock: each long poll is held by
+    the controller for the whole time it asks; each answer is the next of ``answers``
+    (a :class:`RemoteError` is a refusal)."""
+    from xce_resize_plugin.injob.protocol import Exchange
+
+    exchange = Exchange(cursor.poll())
+    sent: list[str] = []
+    while (request := exchange.next_request()) is not None:
+        clock[0] += exchange.pause()
+        sent.append(request.path)
+        if request.path_for is not None:
+            clock[0] += float(request.path.rsplit("=", 1)[1])  # held for all of it
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            clock[0] += exchange.refused(answer)
+        else:
+            exchange.answered(answer)
+    return exchange.result, sent
+
+
+def test_a_poll_sent_again_is_not_taken_for_one_answered_early(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A poll after one answered at once waits first; refused as busy, it is sent again
+    at once, and the controller holding it for its whole time is not an early answer
+    (the first wait counted twice made it one, and the next poll waited again)."""
+    from xce_resize_plugin.injob import protocol
+    from xce_resize_plugin.rest.client import RemoteError
+
+    clock = [1000.0]
+    monkeypatch.setattr(protocol.time, "monotonic", lambda: clock[0])
+    cursor = protocol.EventCursor("/v1/jobs/7", None, None)
+    running = {"job_state": "RUN"}
+    # Answered at once with nothing on a running job: the next poll waits first.
+    exchange = protocol.Exchange(cursor.poll())
+    request = exchange.next_request()
+    assert request is not None
+    exchange.answered([])
+    assert exchange.next_request() is not None  # the look at the job's state
+    exchange.answered(running)
+    assert exchange.next_request() is None and cursor._delay == protocol.BUSY_WAIT
+    busy = RemoteError("XCE_TOO_MANY_REQUESTS", "busy", 429, retry_after=2)
+    found, sent = _drive(cursor, clock, [busy, [], running])
+    assert found == [] and len(sent) == 3, sent
+    assert cursor._delay == 0.0, "a poll held for its whole time was taken as early"
+    found, sent = _drive(cursor, clock, [[{"seq": 1, "type": "grown"}]])
+    assert found == [{"seq": 1, "type": "grown"}] and cursor.after == 1
