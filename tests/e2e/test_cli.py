@@ -789,3 +789,21 @@ def test_dot_slash_dash_is_a_file_named_dash(tmp_path: Path) -> None:
     assert compacted.returncode == 0, compacted.stderr
     assert compacted.stdout.startswith("removed 16 facts")
     assert len((work / "-").read_text().splitlines()) == 16
+
+
+def test_a_long_notification_output_is_cut_in_the_timeline_and_said_so(tmp_path: Path) -> None:
+    """The timeline shows a notification's first lines and how many more there are;
+    ``--json`` has all of them (docs/scenarios.md, "The --json output")."""
+    path = tmp_path / "talk.toml"
+    path.write_text(
+        '[cluster]\nhosts = { a = 2, b = 2 }\n\n'
+        '[[jobs]]\nid = "101"\nuser = "alice"\ntasks = "1,4"\nresizable = true\n'
+        'alloc = { a = 1 }\nruntime = 100\nnotify_cmd = "seq 1 8"\n\n'
+        '[[commands]]\nat = 5\nuser = "alice"\nbresize = "request 1 101"\n'
+    )
+    proc = run("scenario", "run", str(path))
+    assert proc.returncode == 0, proc.stderr
+    shown = [line.strip() for line in proc.stdout.splitlines() if line.strip().startswith("|")]
+    assert shown == [f"| {i}" for i in range(1, 6)] + ["| ... (3 more lines: see --json)"]
+    doc = scenario_json(path)
+    assert [n["stdout"] for n in doc["notifications"]] == ["".join(f"{i}\n" for i in range(1, 9))]

@@ -425,7 +425,7 @@ def test_cli_plot_says_how_to_install_matplotlib(tmp_path: Path) -> None:
         timeout=120,
     )
     assert proc.returncode == 2
-    assert "pip install 'xce_resize_plugin[plot]'" in proc.stderr
+    assert "pip install matplotlib" in proc.stderr
 
 
 def test_cli_plot_writes_a_png(tmp_path: Path) -> None:

@@ -116,7 +116,8 @@ class _Parser(argparse.ArgumentParser):
 def _parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog="xce-resize",
-        description="Job resize for XCE: demo, scenarios, journal maintenance.",
+        description="Job resize for XCE: the demo, scenarios, trace simulations and sweeps, "
+        "the live controller and its worker agents, client commands, journal maintenance.",
     )
     p.add_argument("-V", "--version", action="version", version=f"xce-resize {__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -127,7 +128,7 @@ def _parser() -> argparse.ArgumentParser:
         "--live",
         action="store_true",
         help="run a real controller, worker agents and task processes in a temporary "
-        "directory (needs the live extra: pip install 'xce_resize_plugin[live]')",
+        "directory (needs the live extra: pip install '.[live]' in a checkout)",
     )
 
     sc = sub.add_parser("scenario", help="run scenario files in simulated time")
@@ -262,7 +263,13 @@ def _simulate_parser(sub: Any) -> None:
         metavar="F",
         help="share of jobs made malleable (0..1, default 0.2)",
     )
-    sim.add_argument("--seed", type=integer, metavar="N", help="seed of the malleable choice (0)")
+    sim.add_argument(
+        "--seed",
+        type=integer,
+        metavar="N",
+        help="seed of the malleable choice, and of a --synthetic workload whose spec has "
+        "no seed= (0)",
+    )
     sim.add_argument(
         "--speedup",
         metavar="MODEL",
@@ -283,8 +290,19 @@ def _simulate_parser(sub: Any) -> None:
         "time of mean MTBF_HOURS and is back REPAIR_HOURS later (default 1)",
     )
     sim.add_argument("--slots-per-host", type=count, metavar="N", help="slots per host (1)")
+    _simulate_outputs(sim)
+
+
+def _simulate_outputs(sim: Any) -> None:
+    """``simulate``'s options for what it writes and how it runs."""
     sim.add_argument("--json", metavar="OUT", help="write the results as JSON to OUT (- stdout)")
-    sim.add_argument("--plot", type=Path, metavar="OUT.png", help="write a PNG (needs matplotlib)")
+    sim.add_argument(
+        "--plot",
+        type=Path,
+        metavar="OUT.png",
+        help="write a plot: PNG, or the format its suffix names (.pdf, .svg, ...); needs "
+        "matplotlib",
+    )
     sim.add_argument("--record", type=Path, metavar="OUT", help="record the elastic run's inputs")
     sim.add_argument(
         "--jobs-out",

@@ -87,6 +87,20 @@ _ONE_LINE: dict[type[Any], Callable[[Any], str]] = {
 }
 
 
+#: Lines of a notification's output the timeline shows; ``--json`` has all of it.
+OUTPUT_LINES = 5
+
+
+def _output_lines(out: str) -> list[str]:
+    """A notification's output as timeline lines: the first :data:`OUTPUT_LINES`, and
+    how many more there are (never cut silently)."""
+    lines = out.splitlines()
+    shown = [f"    | {text}" for text in lines[:OUTPUT_LINES]]
+    if len(lines) > OUTPUT_LINES:
+        shown.append(f"    | ... ({len(lines) - OUTPUT_LINES} more lines: see --json)")
+    return shown
+
+
 def _notify_lines(
     job: str, fact: NotifyDone, notes: Mapping[tuple[str, int], Mapping[str, Any]]
 ) -> list[str]:
@@ -94,7 +108,7 @@ def _notify_lines(
     out = (note.get("stdout") or "").strip()
     verdict = "OK" if fact.ok else f"FAIL ({fact.reason})"
     lines = [f"{job}: notification (attempt {fact.attempt}) on {note.get('host', '?')}: {verdict}"]
-    lines += [f"    | {text}" for text in out.splitlines()[:5]]
+    lines += _output_lines(out)
     if not fact.ok:
         lines.append(f"{job}: change rolled back" + ("; grow given up" if fact.gave_up else ""))
     return lines
@@ -112,7 +126,7 @@ def _fact_lines(fact: Fact, notes: Mapping[tuple[str, int], Mapping[str, Any]]) 
             f"{job}: {_ONE_LINE[TasksLost](fact)}",
             f"{job}: notification (attempt {fact.attempt}, for information) on "
             f"{note.get('host', '?')}: exit {status}",
-            *(f"    | {text}" for text in out.splitlines()[:5]),
+            *_output_lines(out),
         ]
     line = _ONE_LINE.get(type(fact))
     return [f"{job}: {line(fact)}"] if line is not None else []

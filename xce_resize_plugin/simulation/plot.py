@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
 __all__ = ["PlotUnavailable", "check_plot_path", "plot_comparison", "plot_format", "save_figure"]
 
-INSTALL_HINT = "pip install 'xce_resize_plugin[plot]' (or: pip install matplotlib)"
+INSTALL_HINT = "pip install matplotlib (the plot extra: pip install '.[plot]' in a checkout)"
 COLORS = {"rigid": "#4c72b0", "elastic": "#dd8452"}
 
 

@@ -343,7 +343,8 @@ def _dask(address: str) -> Runner:
         distributed: Any = importlib.import_module("distributed")
     except ImportError:
         raise UsageError(
-            "--dask needs the dask extra: pip install 'xce_resize_plugin[dask]'"
+            "--dask needs distributed: pip install distributed (the dask extra: pip install "
+            "'.[dask]' in a checkout)"
         ) from None
 
     def make(runs: Sequence[Run]) -> Iterator[tuple[str, RunResultDoc]]:

@@ -15,6 +15,7 @@ cleans them up. Needs Linux (``/proc``) and the ``live`` extra (httpx, uvicorn, 
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -46,9 +47,40 @@ ALICE, BOB, ROOT = "alice-token-0001", "bob-token-00002", "root-token-0003"
 SLEEPER = ["/bin/sh", "-c", 'echo "start $XCE_TASK_ID $(date +%s.%N)"; exec sleep 600']
 
 
+#: Ports handed out in this process (two clusters of one test never share one).
+_GIVEN: set[int] = set()
+#: Its own generator: tests that seed the module ``random`` (hypothesis does) must not
+#: make two test processes draw the same ports.
+_DRAW = random.Random()
+
+
+def _ephemeral_low() -> int:
+    """The first port of the kernel's range for outgoing connections."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range", encoding="ascii") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port() -> int:
-    """A TCP port on the loopback interface that nothing listens on (now)."""
-    with socket.socket() as s:
+    """A TCP port on the loopback interface that nothing listens on (now), drawn below
+    the kernel's range for outgoing connections: a port from that range (what binding
+    port 0 gives) can be taken by any connection a busy machine opens before the
+    controller binds it, and a test run then failed with "Address already in use"."""
+    low = _ephemeral_low()
+    for _ in range(200):
+        port = _DRAW.randrange(max(1024, low - 12000), low)
+        if port in _GIVEN:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _GIVEN.add(port)
+        return port
+    with socket.socket() as s:  # no free port below the range: any
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 

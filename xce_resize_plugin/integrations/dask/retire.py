@@ -18,6 +18,7 @@ whose controller has no job events.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import logging
 import os
@@ -47,8 +48,8 @@ async def retire(environ: Mapping[str, str]) -> dict[str, Any]:
         return {}
     async with AsyncResizeClient.from_env(environ) as client:
         address = await client.get(SCHEDULER_KEY)
-    if address is None:
-        return {}
+    if not address:
+        return {}  # none published, or emptied by the cluster's close
     scheduler = rpc(address)
     try:
         retired: dict[str, Any] = await scheduler.retire_workers(
@@ -62,7 +63,16 @@ async def retire(environ: Mapping[str, str]) -> dict[str, Any]:
     return retired
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    # No options: but --help answers, and anything else is refused (exit 2) rather
+    # than the command acting on a release while its caller thought it asked for help.
+    argparse.ArgumentParser(
+        prog="xce-dask-retire",
+        description="A Dask job's resize notification command (xce-resize submit --rnc "
+        "xce-dask-retire): before a release it did not make, the workers of the tasks "
+        "in XCE_RESIZE_TASK_IDS hand their data over; it always accepts (exit 0). "
+        "Grows are accepted at once. Takes no arguments; docs/frameworks.md.",
+    ).parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     try:
         retired = asyncio.run(retire(os.environ))
