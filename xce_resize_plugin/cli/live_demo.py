@@ -8,6 +8,7 @@ everything down and check that no process is left behind.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -36,14 +37,6 @@ done
 NOTIFY = 'echo "notified: $LSB_RESIZE_EVENT of $LSB_RESIZE_HOSTS; now $LSB_MCPU_HOSTS"'
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _wait(fn: Callable[[], Any], timeout: float, what: str) -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -59,11 +52,11 @@ class _Demo:
         self.tmp = tmp
         self.out = out
         self.state = tmp / "state"
-        self.port = _free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.env = {**os.environ, "XCE_CONTROLLER_URL": self.url, "XCE_TOKEN": TOKEN}
-        self.env.pop("XCE_JOB_TOKEN", None)
-        self.client = Client(self.url, TOKEN)
+        # The controller's port is the one it binds (listen on port 0): a port found free
+        # beforehand could be taken by then on a busy machine. Known once it serves.
+        self.url = ""
+        self.env: dict[str, str] = {}
+        self.client = Client("http://127.0.0.1:1", TOKEN)
         self.controller: subprocess.Popen[bytes] | None = None
         self.t0 = time.monotonic()
 
@@ -95,7 +88,7 @@ class _Demo:
         config = self.tmp / "controller.toml"
         config.write_text(
             f"""[controller]
-listen = "127.0.0.1:{self.port}"
+listen = "127.0.0.1:0"
 state_dir = "state"
 kill_grace = 1.0
 single_user = true
@@ -135,6 +128,10 @@ stop_grace = 2
         _wait(lambda: ready.exists() or ctl.poll() is not None, 30, "controller")
         if ctl.poll() is not None:
             raise RuntimeError((self.tmp / "controller.log").read_text())
+        self.url = str(json.loads(ready.read_text())["url"])
+        self.env = {**os.environ, "XCE_CONTROLLER_URL": self.url, "XCE_TOKEN": TOKEN}
+        self.env.pop("XCE_JOB_TOKEN", None)
+        self.client = Client(self.url, TOKEN)
         agents = registered_workers(self.state)
         self.say(
             f"controller on {self.url}, worker agents for {', '.join(agents)} "
