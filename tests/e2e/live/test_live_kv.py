@@ -122,6 +122,8 @@ def test_bad_writes_are_refused_and_change_nothing(resize_live_factory: Any) -> 
     live.start()
     mine = live.ok("POST", "/v1/jobs", ALICE, {"command": ["sleep", "600"]})
     other = live.ok("POST", "/v1/jobs", ALICE, {"command": ["sleep", "600"]})
+    for job in (mine, other):
+        live.running(job["id"], 1)  # a job takes writes once it runs
     kv = f"/v1/jobs/{mine['id']}/kv"
     live.ok("PUT", f"{kv}/k", ALICE, {"value": "v"})
     cases = [

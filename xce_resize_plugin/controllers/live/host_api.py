@@ -15,6 +15,7 @@ from typing import Any
 from xce_resize_plugin.controllers.live import host_admin, job_kv
 from xce_resize_plugin.controllers.live.hook_monitor import HookMonitor
 from xce_resize_plugin.controllers.live.job_tokens import SALT_FIELD
+from xce_resize_plugin.controllers.live.live_store import kv_stored_size
 from xce_resize_plugin.controllers.live.proc import account_json
 from xce_resize_plugin.controllers.live.storage_faults import fenced_cause, storage_failure
 from xce_resize_plugin.controllers.live.submission import (
@@ -176,15 +177,19 @@ class HostApi(HookMonitor):
         return host_admin.drain_json(name, state, drain if evacuate else None)
 
     def kv_put(self, principal: Principal, job_id: str, key: str, body: Any) -> dict[str, Any]:
-        """``PUT /v1/jobs/{id}/kv/{key}``: set a value, durably (:mod:`.job_kv`)."""
+        """``PUT /v1/jobs/{id}/kv/{key}``: set a value, durably (:mod:`.job_kv`), in a
+        job that has started, within the job's keys and its owner's bytes."""
         job_kv.check_key(key)
         value = job_kv.parse_value(body)
         with self.lock:
-            name, old = self._kv_record(principal, job_id, key)
+            name, old, owner = self._kv_record(principal, job_id, key)
             # The job's record lists its keys: counted and removed without a scan.
             spec = dict(self.live_store.get(f"job:{job_id}") or {})
             keys = list(spec.get("kv", []))
             job_kv.check_room(len(keys), old is not None)
+            more = kv_stored_size(value) - (0 if old is None else kv_stored_size(old["value"]))
+            limit = self.cfg.kv_bytes_per_user
+            job_kv.check_user_bytes(owner, self._kv_bytes_of(owner), more, limit)
             if old is None:
                 spec["kv"] = [*keys, key]
                 self.live_store.put(f"job:{job_id}", spec)
@@ -196,11 +201,11 @@ class HostApi(HookMonitor):
     def kv_delete(self, principal: Principal, job_id: str, key: str) -> dict[str, Any]:
         """``DELETE /v1/jobs/{id}/kv/{key}``: remove a key, durably; the answer is the
         record removed. :class:`~.job_kv.NoSuchKey` when it is not set (nothing
-        changes). Its place counts again among the job's keys, and a key set again
-        starts at version 1."""
+        changes). Its place counts again among the job's keys, its bytes among its
+        owner's, and a key set again starts at version 1."""
         job_kv.check_key(key)
         with self.lock:
-            name, old = self._kv_record(principal, job_id, key)
+            name, old, _ = self._kv_record(principal, job_id, key)
             if old is None:
                 raise job_kv.NoSuchKey(f"job {job_id} has no key {key!r}")
             spec = dict(self.live_store.get(f"job:{job_id}") or {})
@@ -210,15 +215,26 @@ class HostApi(HookMonitor):
             self._write_kv()
             return job_kv.answer(key, old)
 
-    def _kv_record(self, principal: Principal, job_id: str, key: str) -> tuple[str, Any]:
-        """A change's key as a record name, and its record (``None``: not set), in a
-        running job the caller may see (under the lock)."""
+    def _kv_record(self, principal: Principal, job_id: str, key: str) -> tuple[str, Any, str]:
+        """A change's key as a record name, its record (``None``: not set) and the
+        job's owner, in a running job the caller may see (under the lock)."""
         self._check_open()
         job = self._visible(principal, job_id)
         if job.finished:
             raise JobFinished(f"job {job_id} is {job.state.value}")
+        job_kv.check_started(job_id, job.state)
         name = job_kv.record_key(job_id, key)
-        return name, self.live_store.get(name)
+        return name, self.live_store.get(name), job.user
+
+    def _kv_bytes_of(self, user: str) -> int:
+        """The stored bytes of the values ``user``'s jobs hold, from the store's count
+        per job (only jobs that hold a value, all of them started: no record is read)."""
+        held = 0
+        for job_id, size in self.live_store.kv_bytes.items():
+            job = self.embedded.record(job_id)
+            if job is not None and job.user == user:
+                held += size
+        return held
 
     def _write_kv(self) -> None:
         """Write a key-value change now: the client's answer means it is on disk."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from typing import Any
 
 from xce_resize_plugin.controllers.hosts import HOST_FAILURE
 from xce_resize_plugin.controllers.jobs import JobRecord
@@ -103,13 +104,20 @@ class JobEnds(ControllerProtocol):
             key = f"job:{job_id}"
             spec = dict(self.live_store.get(key) or {})
             spec["ended"] = True
+            self._drop_kv(job_id, spec)  # with the end
             self.live_store.put(key, spec)
             for host in hosts:
                 self.fleet.send(host, {"op": "forget", "job": job_id})
             self._discard_scratch(job_id)
-            for kv_key in spec.get("kv", []):
-                self.live_store.put(job_kv.record_key(job_id, kv_key), None)  # with the end
             self.embedded.flush()
+
+    def _drop_kv(self, job_id: str, spec: dict[str, Any]) -> None:
+        """Delete the job's key-value records, and their list from ``spec`` (its
+        ``job:ID`` record, which the caller saves): the store's count of their bytes
+        (:attr:`.LiveStore.kv_bytes`, which ``[limits] kv_bytes_per_user`` bounds per
+        user) goes down with them."""
+        for kv_key in spec.pop("kv", []):
+            self.live_store.put(job_kv.record_key(job_id, kv_key), None)
 
     def _discard_scratch(self, job_id: str) -> None:
         """The job's scratch directory, moved aside now and removed outside the lock
@@ -124,8 +132,7 @@ class JobEnds(ControllerProtocol):
         new launch of every task, and the key-value store of its first run dropped."""
         key = f"job:{job_id}"
         spec = dict(self.live_store.get(key) or {})
-        for kv_key in spec.pop("kv", []):
-            self.live_store.put(job_kv.record_key(job_id, kv_key), None)
+        self._drop_kv(job_id, spec)
         spec.pop("ending", None)
         spec["launched"] = False
         self.live_store.put(key, spec)  # written with the requeue, in one transaction
@@ -172,9 +179,7 @@ class JobEnds(ControllerProtocol):
         salt), its key-value entries, its tasks' launches; and what this controller
         still holds of it in memory (a notification never answered)."""
         key = f"job:{job.id}"
-        spec = self.live_store.get(key) or {}
-        for kv_key in spec.get("kv", []):
-            self.live_store.put(job_kv.record_key(job.id, kv_key), None)
+        self._drop_kv(job.id, dict(self.live_store.get(key) or {}))
         self.live_store.put(key, None)
         self._drop_launches(job)
         for pending in [k for k in self._notifying if k[0] == job.id]:

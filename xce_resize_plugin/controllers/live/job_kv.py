@@ -5,7 +5,10 @@
 Values are kept in the controller's store as side records ``kv:JOB:KEY`` (so they
 survive a failover, sealed with a CRC as every record is) and removed when the job
 ends. Every byte comes from a job or a client, so the limits below bound what one job
-can make the controller keep, and keys are checked before they become record names.
+can make the controller keep, ``[limits] kv_bytes_per_user`` what all of one user's
+jobs can (:func:`check_user_bytes`), and keys are checked before they become record
+names. Only a job that has started takes values (:func:`check_started`): a pending job
+has no task to read them, and one user may have thousands pending.
 """
 
 from __future__ import annotations
@@ -15,7 +18,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from xce_resize_plugin.core.decimal_text import read_number
-from xce_resize_plugin.errors import InvalidRequest, ResizeError
+from xce_resize_plugin.core.models import JobState
+from xce_resize_plugin.errors import InvalidRequest, NotStarted, ResizeError
 
 #: Limits per job: value bytes (UTF-8), and keys.
 MAX_VALUE, MAX_KEYS = 64 * 1024, 64
@@ -81,6 +85,26 @@ def check_room(existing_keys: int, replacing: bool) -> None:
     """Refuse a new key beyond :data:`MAX_KEYS` (replacing a value is always allowed)."""
     if not replacing and existing_keys >= MAX_KEYS:
         raise KeyValueLimit(f"a job has at most {MAX_KEYS} keys")
+
+
+def check_started(job_id: str, state: JobState) -> None:
+    """Refuse a write to a job that has not started (:class:`NotStarted`, 409)."""
+    if state is JobState.PEND:
+        raise NotStarted(
+            f"job {job_id} is PEND: its key-value store takes writes once the job runs"
+        )
+
+
+def check_user_bytes(user: str, held: int, more: int, limit: int) -> None:
+    """Refuse a write that would take ``user``'s jobs past ``limit`` stored bytes of
+    values (``[limits] kv_bytes_per_user``); ``more`` is what the write adds (a
+    replaced value's bytes already deducted: a write that shrinks is always allowed)."""
+    if more > 0 and held + more > limit:
+        raise KeyValueLimit(
+            f"user {user}'s jobs hold {held} bytes of key-value values and this one adds "
+            f"{more}, over [limits] kv_bytes_per_user = {limit} (counted as stored: "
+            "JSON-escaped)"
+        )
 
 
 def answer(key: str, record: Mapping[str, Any]) -> dict[str, Any]:

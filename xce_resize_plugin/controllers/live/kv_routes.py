@@ -44,8 +44,12 @@ KV_PUT = Operation(
     "PUT",
     "/v1/jobs/{id}/kv/{key}",
     "Set a value in the job's key-value store",
-    'Body {"value": "..."}; at most 64 KiB per value and 64 keys per job. Kept across a '
-    "failover; removed when the job ends.",
+    'Body {"value": "..."}; at most 64 KiB per value and 64 keys per job, and the '
+    "values of all the owner's jobs at most [limits] kv_bytes_per_user bytes as stored "
+    "(JSON-escaped; replacing a value counts the difference); over a limit 413 "
+    "XCE_KV_LIMIT. 409 LSBE_NOT_STARTED for a job that has not started (PEND), 409 "
+    "LSBE_JOB_FINISH for one that has ended. Kept across a failover; removed when the "
+    "job ends or is requeued.",
     response="KeyValue",
     body="KeyValueBody",
     params=_PARAMS,
@@ -57,8 +61,9 @@ KV_GET = Operation(
     "/v1/jobs/{id}/kv/{key}",
     "Read a value from the job's key-value store",
     "With wait=S, waits up to S seconds (at most 60) for a key not set yet; 404 "
-    "XCE_KV_NO_KEY when it is still not set; 409 LSBE_JOB_FINISH at once when it is "
-    "not set and the job has ended.",
+    "XCE_KV_NO_KEY when it is still not set (a pending job's keys are never set: it "
+    "waits as for a running job's); 409 LSBE_JOB_FINISH at once when it is not set "
+    "and the job has ended.",
     response="KeyValue",
     params=(*_PARAMS, Param("wait", {"type": "number", "minimum": 0}, False, "Seconds.")),
     errors=(400, 401, 404, 409, 503),
@@ -69,8 +74,9 @@ KV_DELETE = Operation(
     "/v1/jobs/{id}/kv/{key}",
     "Remove a key from the job's key-value store",
     "Answers the record removed. 404 XCE_KV_NO_KEY when the key is not set (nothing "
-    "changes). The key no longer counts among the job's 64, and set again it starts at "
-    "version 1.",
+    "changes); 409 LSBE_NOT_STARTED for a job that has not started. The key no longer "
+    "counts among the job's 64 nor its bytes among the owner's, and set again it "
+    "starts at version 1.",
     response="KeyValue",
     params=_PARAMS,
     errors=(400, 401, 404, 409, 503),

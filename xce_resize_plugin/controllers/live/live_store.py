@@ -15,7 +15,13 @@ controller needs, in the same transactions:
   per job its command, working directory, the salt of its token (never the token:
   :mod:`.job_tokens`) and end in progress; per task the launch request sent to its
   worker, without the job token (so a restarted controller can resend a launch that
-  never arrived) and its process id; per host the worker instance last reconciled with.
+  never arrived) and its process id; per host the worker instance last reconciled with;
+  per key of a job's key-value store (``kv:JOB:KEY``, :mod:`.job_kv`) its value.
+
+The bytes each job's key-value values take in the store are counted in memory
+(:attr:`LiveStore.kv_bytes`), as every side record changes and again whenever the side
+records are read (at open, and by :meth:`LiveStore.reload`): the controller bounds
+what a user's jobs hold without encoding every record at each ``PUT``.
 
 Two callbacks let the controller act at the right moment: ``before_commit`` sees the
 job records about to be written (the controller adds side records to the same
@@ -73,6 +79,9 @@ class LiveStore(LmdbStore):
         try:
             self._live_db = self._env.open_db(b"live")
             self.side: dict[str, Any] = self._env.read(self._read_side)
+            #: Per job, the bytes its key-value values take in the store
+            #: (:func:`kv_stored_size`); only jobs that hold a value have an entry.
+            self.kv_bytes: dict[str, int] = _count_kv(self.side)
         except BaseException:
             self.close()
             raise
@@ -184,6 +193,7 @@ class LiveStore(LmdbStore):
         :class:`Lease`.
         """
         self.side = self._env.read(self._read_side)
+        self.kv_bytes = _count_kv(self.side)
         self._dirty.clear()
         self._last_meta = None
 
@@ -194,11 +204,21 @@ class LiveStore(LmdbStore):
 
     def put(self, key: str, value: Any) -> None:
         """Set (``None``: delete) a side record; written with the next :meth:`write`."""
+        if key.startswith(KV_PREFIX):
+            self._count_kv_change(key, self.side.get(key), value)
         if value is None:
             self.side.pop(key, None)
         else:
             self.side[key] = value
         self._dirty.add(key)
+
+    def _count_kv_change(self, key: str, old: Any, new: Any) -> None:
+        job_id = _kv_job(key)
+        held = self.kv_bytes.get(job_id, 0) + _kv_size(new) - _kv_size(old)
+        if held > 0:
+            self.kv_bytes[job_id] = held
+        else:
+            self.kv_bytes.pop(job_id, None)  # jobs come and go: keep no entry for none
 
     def keys(self, prefix: str) -> list[str]:
         return [k for k in self.side if k.startswith(prefix)]
@@ -214,6 +234,39 @@ class LiveStore(LmdbStore):
             except ValueError as exc:
                 raise StoreError(f"{self.data_file}: corrupt {what} ({exc})") from exc
         return out
+
+
+#: The side records of the jobs' key-value stores: ``kv:JOB:KEY`` (:mod:`.job_kv`).
+KV_PREFIX = "kv:"
+
+
+def kv_stored_size(value: str) -> int:
+    """The bytes a key-value value takes in the store: its JSON text as
+    :meth:`LiveStore.write` encodes it (ASCII: a control or non-ASCII character is a
+    six-byte escape, a character beyond the BMP two), quotes included."""
+    return len(json.dumps(value))
+
+
+def _kv_job(key: str) -> str:
+    """The job of a ``kv:JOB:KEY`` record (a key has no ``:``, a job id may)."""
+    return key[len(KV_PREFIX) :].rpartition(":")[0]
+
+
+def _kv_size(record: Any) -> int:
+    """The stored bytes of a key-value record's value (0: no record)."""
+    if not isinstance(record, dict) or not isinstance(record.get("value"), str):
+        return 0
+    return kv_stored_size(record["value"])
+
+
+def _count_kv(side: Mapping[str, Any]) -> dict[str, int]:
+    """Per job, the stored bytes of its key-value values, from every side record."""
+    out: dict[str, int] = {}
+    for key, record in side.items():
+        if key.startswith(KV_PREFIX) and (size := _kv_size(record)):
+            job_id = _kv_job(key)
+            out[job_id] = out.get(job_id, 0) + size
+    return out
 
 
 def _without_clock(meta: Mapping[str, Any]) -> dict[str, Any]:

@@ -30,6 +30,7 @@
     [limits]
     user_slots = { alice = 8 }
     # max_pend_jobs = 10000     each user's pending jobs at most (0: no threshold)
+    # kv_bytes_per_user = 67108864   bytes of key-value values a user's jobs hold at most
 
     [resize]                    # the plugin's section, the keys of docs/admin-guide.md
     stop_grace = 5
@@ -74,6 +75,7 @@ CONTROLLER_KEYS = {
     "finished_job_keep",
     "finished_job_max",
 }
+LIMITS_KEYS = {"user_slots", "max_pend_jobs", "kv_bytes_per_user"}
 DEFAULT_LISTEN = "127.0.0.1:6820"
 #: Longest request deadline accepted (seconds): a longer one protects nothing.
 MAX_REQUEST_TIMEOUT = 3600.0
@@ -102,6 +104,13 @@ DEFAULT_MAX_PEND_JOBS = 10_000
 DEFAULT_FINISHED_JOB_MAX = 1000
 #: The largest ``finished_job_max``.
 MAX_FINISHED_JOB_MAX = 10_000_000
+#: Bytes of key-value values (as stored: JSON-escaped) one user's jobs may hold at once,
+#: by default: 64 MiB. Each job holds at most 64 values of 64 KiB (docs/in-job-api.md,
+#: "Key-value store"), but the controller keeps every value in memory as well as in its
+#: store, and without a bound per user one user's jobs made it hold gigabytes.
+DEFAULT_KV_BYTES_PER_USER = 64 * 1024 * 1024
+#: The largest ``kv_bytes_per_user`` (1 TiB): beyond, a value in bits or a typo.
+MAX_KV_BYTES_PER_USER = 1 << 40
 #: The longest ``finished_job_keep``: a year. Longer is a mistake (a value in ms?), and
 #: would keep every job's record for ever, which the setting is there to prevent.
 MAX_FINISHED_JOB_KEEP = 365 * 86400.0
@@ -177,6 +186,9 @@ class LiveConfig:
     #: The most jobs one user may have pending (LSF's ``MAX_PEND_JOBS``); a submission
     #: beyond is refused. 0: no threshold.
     max_pend_jobs: int = DEFAULT_MAX_PEND_JOBS
+    #: The most bytes of key-value values one user's jobs may hold at once, counted as
+    #: stored (JSON-escaped); a ``PUT`` beyond is refused (413 ``XCE_KV_LIMIT``).
+    kv_bytes_per_user: int = DEFAULT_KV_BYTES_PER_USER
 
     @property
     def controller_url(self) -> str:
@@ -228,12 +240,17 @@ def parse(data: Mapping[str, Any], path: Path) -> LiveConfig:
         hosts=_hosts(where, where.section(data, "cluster", {"hosts"}).get("hosts")),
         admins=_admins(where, where.section(data, "users", {"admins", "tokens"}).get("admins", [])),
         tokens=_tokens(where, where.table(data, "users").get("tokens", {})),
-        user_slots=_user_slots(
-            where, where.section(data, "limits", {"user_slots", "max_pend_jobs"})
-        ),
+        user_slots=_user_slots(where, where.section(data, "limits", LIMITS_KEYS)),
         max_pend_jobs=_at_least(where, 0)(
             "limits.max_pend_jobs",
             where.table(data, "limits").get("max_pend_jobs", DEFAULT_MAX_PEND_JOBS),
+        ),
+        kv_bytes_per_user=_int_from(
+            where,
+            "limits.kv_bytes_per_user",
+            where.table(data, "limits").get("kv_bytes_per_user", DEFAULT_KV_BYTES_PER_USER),
+            1,
+            MAX_KV_BYTES_PER_USER,
         ),
         resize=_resize(where, where.table(data, "resize"), path),
         path=path,

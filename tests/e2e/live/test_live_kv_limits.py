@@ -1,0 +1,125 @@
+"""What bounds the key-value store on the live controller for one user, with a real
+controller over real HTTP (docs/in-job-api.md, "Key-value store"): only a job that
+has started takes writes, the values of all of a user's jobs share ``[limits]
+kv_bytes_per_user`` (counted as stored, and again after a restart)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from xce_resize_plugin.controllers.live.job_kv import record_key
+from xce_resize_plugin.controllers.live.live_store import LiveStore, kv_stored_size
+from xce_resize_plugin.testing.live import ALICE, BOB, LiveCluster, wait_until
+
+#: Small enough to reach with a few short values.
+LIMIT = 300
+
+
+def _refused(answer: Any, status: int, code: str) -> str:
+    """The problem's detail, once its status and code are checked."""
+    assert answer.status_code == status, answer.text
+    assert answer.json()["code"] == code, answer.text
+    return str(answer.json()["detail"])
+
+
+def test_a_pending_job_takes_no_writes(resize_live_factory: Any) -> None:
+    """A job that waits for slots has no task to read a value: a write is refused
+    409 ``LSBE_NOT_STARTED`` and stores nothing (one user's thousands of pending jobs
+    filled the controller's memory and disk this way); a read answers as for a running
+    job's key not set. Once the job runs, writes are taken."""
+    live: LiveCluster = resize_live_factory({"h1": 1})
+    live.start()
+    first = live.submit()
+    live.running(first, 1)
+    answer = live.ok("POST", "/v1/jobs", ALICE, {"command": ["sleep", "600"]})
+    job_id, token = answer["id"], answer["token"]
+    assert live.job(job_id)["state"] == "PEND"
+    kv = f"/v1/jobs/{job_id}/kv"
+    for who in (ALICE, token):
+        detail = _refused(live.call("PUT", f"{kv}/k", who, {"value": "v"}), 409, "LSBE_NOT_STARTED")
+        assert job_id in detail and "PEND" in detail
+        _refused(live.call("DELETE", f"{kv}/k", who), 409, "LSBE_NOT_STARTED")
+    start = time.monotonic()
+    _refused(live.call("GET", f"{kv}/k?wait=1", token), 404, "XCE_KV_NO_KEY")
+    assert time.monotonic() - start >= 0.9  # a waiting read waited
+    assert live.call("DELETE", f"/v1/jobs/{first}", ALICE).status_code == 202
+    live.running(job_id, 1)
+    _refused(live.call("GET", f"{kv}/k", token), 404, "XCE_KV_NO_KEY")  # nothing was kept
+    assert live.ok("PUT", f"{kv}/k", token, {"value": "v"})["version"] == 1
+
+
+def test_a_users_jobs_share_a_bound_on_stored_bytes(resize_live_factory: Any) -> None:
+    """``[limits] kv_bytes_per_user`` across two jobs of one user, counted as the store
+    keeps a value (JSON-escaped: 6 bytes for a control character): a write beyond is
+    refused 413 ``XCE_KV_LIMIT`` naming the limit and changes nothing; replacing a value
+    counts the difference; a delete and a job's end make room; another user has their
+    own bound; the count is the same after a kill -9 and restart of the controller."""
+    live: LiveCluster = resize_live_factory(
+        {"h1": 2, "h2": 1}, limits=f"[limits]\nkv_bytes_per_user = {LIMIT}"
+    )
+    live.start()
+    one, two = (live.submit(alloc={"h1": 1}) for _ in range(2))
+    bobs = live.submit(BOB, alloc={"h2": 1})
+    for job_id in (one, two, bobs):
+        live.running(job_id, 1)
+
+    def put(job_id: str, key: str, value: str, token: str = ALICE) -> Any:
+        return live.call("PUT", f"/v1/jobs/{job_id}/kv/{key}", token, {"value": value})
+
+    def value(job_id: str, key: str) -> Any:
+        return live.call("GET", f"/v1/jobs/{job_id}/kv/{key}", ALICE).json().get("value")
+
+    assert put(one, "a", "a" * 150).status_code == 200  # 152 bytes stored
+    assert put(two, "c", "\x01" * 20).status_code == 200  # 122 bytes stored, 274 in all
+    detail = _refused(put(two, "b", "b" * 30), 413, "XCE_KV_LIMIT")  # 32 more: 306
+    assert f"kv_bytes_per_user = {LIMIT}" in detail and "alice" in detail, detail
+    assert value(two, "b") is None
+    _refused(put(one, "a", "a" * 178), 413, "XCE_KV_LIMIT")  # 28 more than its 152
+    assert live.ok("GET", f"/v1/jobs/{one}/kv/a")["version"] == 1
+    assert value(one, "a") == "a" * 150
+    assert put(bobs, "x", "x" * 250, BOB).status_code == 200  # bob's own bound
+    assert live.ok("DELETE", f"/v1/jobs/{two}/kv/c")["version"] == 1  # 152 left
+    assert put(two, "b", "b" * 30).status_code == 200  # 184
+
+    live.crash()
+    live.start()
+    _refused(put(two, "y", "y" * 120), 413, "XCE_KV_LIMIT")  # 122 more: 306
+    assert put(two, "y", "y" * 114).status_code == 200  # 116 more: 300, the limit
+    _refused(put(one, "z", ""), 413, "XCE_KV_LIMIT")  # even "" is 2 bytes stored
+    assert live.call("DELETE", f"/v1/jobs/{two}", ALICE).status_code == 202
+    wait_until(lambda: live.job(two)["state"] == "EXIT", 15, "job end")
+    assert put(one, "z", "z" * 146).status_code == 200  # 152 + 148 = 300
+
+
+def test_the_stores_count_follows_its_records_and_a_reload(tmp_path: Path) -> None:
+    """The per-job count of stored bytes that the bound reads: as the side records
+    change (a replaced value counts the difference, a deleted one frees its bytes),
+    read again from the records when the store opens, and after a failed write, when
+    the controller reloads what is on disk, it counts what is on disk only."""
+    value = "\x01é\U0001f600\n" + "a" * 10
+    # Quotes, \u0001, \u00e9, a surrogate pair, \n, ten letters: not its 18 UTF-8 bytes.
+    assert kv_stored_size(value) == 2 + 6 + 6 + 12 + 2 + 10
+    store = LiveStore(tmp_path / "controller")
+    try:
+        store.put(record_key("101", "a"), {"value": value, "version": 1})
+        store.put(record_key("101", "b"), {"value": "bb", "version": 1})
+        store.put(record_key("1:2", "a"), {"value": "", "version": 1})
+        store.write(None, [])
+        assert store.kv_bytes == {"101": kv_stored_size(value) + 4, "1:2": 2}
+        store.put(record_key("101", "b"), {"value": "b" * 10, "version": 2})
+        store.put(record_key("1:2", "a"), None)
+        assert store.kv_bytes == {"101": kv_stored_size(value) + 12}
+        store.reload()  # the two changes above were never written
+        assert store.kv_bytes == {"101": kv_stored_size(value) + 4, "1:2": 2}
+        store.put(record_key("101", "a"), None)
+        store.put(record_key("101", "b"), None)
+        store.write(None, [])
+    finally:
+        store.close()
+    store = LiveStore(tmp_path / "controller")
+    try:
+        assert store.kv_bytes == {"1:2": 2}
+    finally:
+        store.close()
