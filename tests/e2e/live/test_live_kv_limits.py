@@ -1,15 +1,17 @@
 """What bounds the key-value store on the live controller for one user, with a real
 controller over real HTTP (docs/in-job-api.md, "Key-value store"): only a job that
 has started takes writes, the values of all of a user's jobs share ``[limits]
-kv_bytes_per_user`` (counted as stored, and again after a restart)."""
+kv_bytes_per_user`` (counted as stored, and again after a restart), and a user has
+at most four key-value writes in progress at once."""
 
 from __future__ import annotations
 
+import socket
 import time
 from pathlib import Path
 from typing import Any
 
-from xce_resize_plugin.controllers.live.job_kv import record_key
+from xce_resize_plugin.controllers.live.job_kv import MAX_WRITES_IN_PROGRESS, record_key
 from xce_resize_plugin.controllers.live.live_store import LiveStore, kv_stored_size
 from xce_resize_plugin.testing.live import ALICE, BOB, LiveCluster, wait_until
 
@@ -91,6 +93,62 @@ def test_a_users_jobs_share_a_bound_on_stored_bytes(resize_live_factory: Any) ->
     assert live.call("DELETE", f"/v1/jobs/{two}", ALICE).status_code == 202
     wait_until(lambda: live.job(two)["state"] == "EXIT", 15, "job end")
     assert put(one, "z", "z" * 146).status_code == 200  # 152 + 148 = 300
+
+
+def _slow_put(live: LiveCluster, job_id: str, key: str) -> tuple[socket.socket, bytes]:
+    """A ``PUT`` whose headers and first body bytes are sent, the rest (returned) not
+    yet: the controller serves it, waiting for its body, until the rest is sent."""
+    body = b'{"value": "slow"}'
+    head = (
+        f"PUT /v1/jobs/{job_id}/kv/{key} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        f"Authorization: Bearer {ALICE}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode()
+    sock = socket.create_connection(("127.0.0.1", live.port), timeout=20)
+    sock.sendall(head + body[:4])
+    return sock, body[4:]
+
+
+def test_a_users_writes_in_progress_are_bounded(resize_live_factory: Any) -> None:
+    """Four of alice's key-value writes in progress (their bodies held back): her next
+    ``PUT`` and ``DELETE`` are refused 429 ``XCE_TOO_MANY_REQUESTS`` with
+    ``Retry-After: 1`` and change nothing, while her reads and bob's writes are served;
+    once the four are answered her writes are taken again. Without the bound one user's
+    hundreds of concurrent writes queued on the controller's lock, each with its
+    fsync, ahead of every other user's requests."""
+    live: LiveCluster = resize_live_factory({"h1": 2})
+    live.start()
+    mine, bobs = live.submit(), live.submit(BOB)
+    live.running(mine, 1)
+    live.running(bobs, 1)
+    kv = f"/v1/jobs/{mine}/kv"
+    live.ok("PUT", f"{kv}/kept", ALICE, {"value": "v"})
+    held = [_slow_put(live, mine, f"slow{i}") for i in range(MAX_WRITES_IN_PROGRESS)]
+    try:
+        # Each write above is counted once the controller reads its headers: a probe
+        # is taken (and stored) until then, refused from then on.
+        answer = wait_until(
+            lambda: (
+                (r := live.call("PUT", f"{kv}/probe", ALICE, {"value": "p"})).status_code == 429
+                and r
+            ),
+            10,
+            "a write refused",
+        )
+        detail = _refused(answer, 429, "XCE_TOO_MANY_REQUESTS")
+        assert answer.headers["Retry-After"] == "1"
+        assert f"at most {MAX_WRITES_IN_PROGRESS}" in detail and "alice" in detail, detail
+        _refused(live.call("DELETE", f"{kv}/kept", ALICE), 429, "XCE_TOO_MANY_REQUESTS")
+        assert live.ok("GET", f"{kv}/kept", ALICE)["version"] == 1  # reads are not bounded
+        assert live.ok("PUT", f"/v1/jobs/{bobs}/kv/k", BOB, {"value": "b"})["version"] == 1
+        for sock, rest in held:
+            sock.sendall(rest)
+            assert sock.recv(4096).startswith(b"HTTP/1.1 200 "), "a held write refused"
+    finally:
+        for sock, _ in held:
+            sock.close()
+    assert live.ok("GET", f"{kv}/slow0", ALICE)["value"] == "slow"
+    assert live.ok("DELETE", f"{kv}/kept", ALICE)["version"] == 1
 
 
 def test_the_stores_count_follows_its_records_and_a_reload(tmp_path: Path) -> None:

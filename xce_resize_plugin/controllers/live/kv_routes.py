@@ -8,6 +8,11 @@ controller from the event loop (no thread is held while waiting), as the resize 
 route does. A key not set in a job that has ended never will be: the read ends then,
 409 ``LSBE_JOB_FINISH`` (``kv_get``), as the ``wait`` and ``events`` long polls end
 at the job's end rather than at their timeout.
+
+A user has at most :data:`~.job_kv.MAX_WRITES_IN_PROGRESS` writes (``PUT`` and
+``DELETE``) in progress at once, counted from the start of the handler (its body
+read included) to the answer; beyond, 429 ``XCE_TOO_MANY_REQUESTS`` with
+``Retry-After``, as the request limit answers (:class:`~.job_kv.WriteSlots`).
 """
 
 from __future__ import annotations
@@ -48,8 +53,9 @@ KV_PUT = Operation(
     "values of all the owner's jobs at most [limits] kv_bytes_per_user bytes as stored "
     "(JSON-escaped; replacing a value counts the difference); over a limit 413 "
     "XCE_KV_LIMIT. 409 LSBE_NOT_STARTED for a job that has not started (PEND), 409 "
-    "LSBE_JOB_FINISH for one that has ended. Kept across a failover; removed when the "
-    "job ends or is requeued.",
+    "LSBE_JOB_FINISH for one that has ended. At most 4 key-value writes of one user in "
+    "progress at once: beyond, 429 XCE_TOO_MANY_REQUESTS with Retry-After. Kept across "
+    "a failover; removed when the job ends or is requeued.",
     response="KeyValue",
     body="KeyValueBody",
     params=_PARAMS,
@@ -76,7 +82,8 @@ KV_DELETE = Operation(
     "Answers the record removed. 404 XCE_KV_NO_KEY when the key is not set (nothing "
     "changes); 409 LSBE_NOT_STARTED for a job that has not started. The key no longer "
     "counts among the job's 64 nor its bytes among the owner's, and set again it "
-    "starts at version 1.",
+    "starts at version 1. Counts among the owner's 4 key-value writes in progress "
+    "(429 XCE_TOO_MANY_REQUESTS beyond).",
     response="KeyValue",
     params=_PARAMS,
     errors=(400, 401, 404, 409, 503),
@@ -108,11 +115,13 @@ _POLL_FIRST, _POLL_MAX = 0.02, 0.25
 
 def kv_routes(ctl: LiveController, translate: Translate) -> list[ApiRoute]:
     """The three routes, with the host routes' error translation."""
+    writes = job_kv.WriteSlots()
 
     async def put(request: Request, principal: Principal) -> Response:
-        body = parse_json(await read_json_body(request, _LIMIT))
-        job_id, key = check_job_id(request.path_params["id"]), request.path_params["key"]
-        return reply(await run_in_threadpool(ctl.kv_put, principal, job_id, key, body), 200)
+        with writes.take(principal.name):
+            body = parse_json(await read_json_body(request, _LIMIT))
+            job_id, key = check_job_id(request.path_params["id"]), request.path_params["key"]
+            return reply(await run_in_threadpool(ctl.kv_put, principal, job_id, key, body), 200)
 
     async def get(request: Request, principal: Principal) -> Response:
         # The query string was checked by endpoint() (known parameters, each once).
@@ -132,8 +141,9 @@ def kv_routes(ctl: LiveController, translate: Translate) -> list[ApiRoute]:
             delay = min(delay * 2, _POLL_MAX)
 
     async def delete(request: Request, principal: Principal) -> Response:
-        job_id, key = check_job_id(request.path_params["id"]), request.path_params["key"]
-        return reply(await run_in_threadpool(ctl.kv_delete, principal, job_id, key), 200)
+        with writes.take(principal.name):
+            job_id, key = check_job_id(request.path_params["id"]), request.path_params["key"]
+            return reply(await run_in_threadpool(ctl.kv_delete, principal, job_id, key), 200)
 
     return [
         ApiRoute(op, endpoint(op, fn, ctl.authenticate, translate), KV_SCHEMAS)
