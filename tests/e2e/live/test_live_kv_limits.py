@@ -11,8 +11,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from xce_resize_plugin.controllers.live import settings as live_config
 from xce_resize_plugin.controllers.live.job_kv import MAX_WRITES_IN_PROGRESS, record_key
 from xce_resize_plugin.controllers.live.live_store import LiveStore, kv_stored_size
+from xce_resize_plugin.errors import ConfigError
 from xce_resize_plugin.testing.live import ALICE, BOB, LiveCluster, wait_until
 
 #: Small enough to reach with a few short values.
@@ -181,3 +185,18 @@ def test_the_stores_count_follows_its_records_and_a_reload(tmp_path: Path) -> No
         assert store.kv_bytes == {"1:2": 2}
     finally:
         store.close()
+
+
+def test_the_bound_is_a_checked_setting(tmp_path: Path) -> None:
+    """``[limits] kv_bytes_per_user``: 64 MiB unless set; from 1 to 1 TiB, else the
+    controller does not start, the key named."""
+    path = tmp_path / "c.toml"
+    base = '[controller]\nstate_dir = "s"\n[cluster]\nhosts = { h1 = 1 }\n'
+    path.write_text(base)
+    assert live_config.load(path).kv_bytes_per_user == 64 * 1024 * 1024
+    path.write_text(base + "[limits]\nkv_bytes_per_user = 4096\n")
+    assert live_config.load(path).kv_bytes_per_user == 4096
+    for bad in ("0", "-1", "true", '"1"', "1.5", str((1 << 40) + 1)):
+        path.write_text(base + f"[limits]\nkv_bytes_per_user = {bad}\n")
+        with pytest.raises(ConfigError, match=r"limits\.kv_bytes_per_user: must be an integer"):
+            live_config.load(path)
