@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from xce_resize_plugin.controllers.live import settings as live_config
-from xce_resize_plugin.controllers.live.proc import Account
+from xce_resize_plugin.controllers.live.proc import Account, run_as_options
 from xce_resize_plugin.controllers.live.submission import SubmitRejected, check_cwd, job_account
 from xce_resize_plugin.errors import ConfigError, InvalidRequest
 from xce_resize_plugin.testing.live import ALICE, ROOT, LiveCluster, wait_until
@@ -189,7 +189,7 @@ def test_tasks_and_notifications_run_as_the_owner(shared_dir: Path) -> None:
         log = (jdir / "task-0.out").stat()
         assert (log.st_uid, stat.S_IMODE(log.st_mode)) == (account.uid, 0o600)
         info = jdir.stat()
-        assert (info.st_uid, info.st_gid, stat.S_IMODE(info.st_mode)) == (0, account.gid, 0o750)
+        assert (info.st_uid, info.st_gid, stat.S_IMODE(info.st_mode)) == (0, 0, 0o711)
 
         # A notification command runs as the owner too.
         assert live.grow(job_id, 1, token=OWNER_TOKEN).status_code == 202
@@ -199,6 +199,81 @@ def test_tasks_and_notifications_run_as_the_owner(shared_dir: Path) -> None:
         assert home == account.home, note
         notify_log = (jdir / "notify-1.log").stat()
         assert (notify_log.st_uid, stat.S_IMODE(notify_log.st_mode)) == (account.uid, 0o600)
+    finally:
+        live.cleanup()
+
+
+def _sharing_accounts() -> tuple[Account, Account]:
+    """Two local accounts of one primary group (``nobody`` and ``sync`` on Debian, both
+    of ``nogroup``; ``users``, gid 100, where accounts share it): the job's owner, and
+    another user of its group."""
+    try:
+        owner = Account.of_uid(pwd.getpwnam("nobody").pw_uid)
+    except KeyError:
+        pytest.skip("this machine has no account nobody")
+    sharers = [
+        e for e in pwd.getpwall() if e.pw_gid == owner.gid and e.pw_uid not in (0, owner.uid)
+    ]
+    if not sharers:
+        pytest.skip(f"no account but nobody has primary group {owner.gid} here")
+    return owner, Account.named(sharers[0].pw_name)
+
+
+def _as(account: Account, *argv: str) -> subprocess.CompletedProcess[str]:
+    """Run ``argv`` as ``account`` (its uid, gid and groups, as an agent runs a task),
+    its output captured."""
+    return subprocess.run(
+        list(argv), capture_output=True, text=True, check=False, **run_as_options(account)
+    )
+
+
+#: Task 0 copies its hostfile and task file where the test reads them, then waits.
+READ_OWN = (
+    'if [ "$XCE_TASK_ID" = 0 ]; then cat "$XCE_HOSTFILE" "$XCE_TASKFILE" > "{out}.new"; '
+    'mv "{out}.new" "{out}"; fi; exec sleep 600'
+)
+
+
+@needs_root
+def test_a_user_of_the_owners_group_reads_nothing_of_the_job(shared_dir: Path) -> None:
+    """Users who share a primary group (``users``) do not see each other's jobs: the
+    job's directory is root's, 0711 (passed through, not listed), and the files the
+    job reads are its owner's, 0400 (docs/live-controller.md, "State directory"). The
+    job itself still reads them, by the names its environment gives."""
+    owner, sharer = _sharing_accounts()
+    live = _cluster(shared_dir, owner)
+    work = _work_dir(shared_dir, owner)
+    out = work / "read"
+    try:
+        live.start()
+        job_id = live.submit(
+            OWNER_TOKEN,
+            command=["/bin/sh", "-c", READ_OWN.format(out=out)],
+            cwd=str(work),
+            tasks="1,2",
+            resizable=True,
+            notify_cmd='cat "$XCE_HOSTFILE"',
+            alloc={"h1": 1},
+        )
+        wait_until(out.exists, 15, "the task read its files")
+        assert out.read_text() == "h1\n0 h1\n"  # as nobody, from its own job's directory
+        assert live.grow(job_id, 1, token=OWNER_TOKEN).status_code == 202
+        note = live.idle(job_id, 1)["notifications"][0]
+        assert note["status"] == 0 and note["stdout"] == "h1\nh1\n", note  # hostfile.v1
+
+        jdir = live.state / "jobs" / job_id
+        files = [jdir / name for name in ("hostfile", "tasks", "hostfile.v1")]
+        listing = _as(sharer, "ls", str(jdir))
+        assert listing.returncode != 0 and "Permission denied" in listing.stderr, listing
+        for path in files:
+            read = _as(sharer, "cat", str(path))
+            assert read.returncode != 0 and "Permission denied" in read.stderr, read
+        assert _as(owner, "cat", str(jdir / "hostfile")).stdout == "h1\nh1\n"
+        info = jdir.stat()
+        assert (info.st_uid, info.st_gid, stat.S_IMODE(info.st_mode)) == (0, 0, 0o711)
+        for path in files:
+            info = path.stat()
+            assert (info.st_uid, stat.S_IMODE(info.st_mode)) == (owner.uid, 0o400), path
     finally:
         live.cleanup()
 

@@ -73,6 +73,18 @@ LIFECYCLE_HOOKS = frozenset({"xce_controller_start", "xce_controller_stop"})
 #: ``after-reserve``, ``after-launch``, ``after-stop``, ``after-notify``,
 #: ``after-commit`` (the controller method returned). Never set it in production.
 CRASH_ENV = "XCE_LIVE_CRASH"
+#: A job's directory when the job runs as another user than the controller's: the
+#: controller's (``jobs/ID`` root's, 0711), which the job's owner passes through to the
+#: files its environment names and nobody lists (docs/live-controller.md, "State
+#: directory"). Not the owner's group's: users often share one (``users``), and it
+#: would show each of them the others' jobs and allocations.
+SHARED_JOB_DIR = 0o711
+#: A job's directory when the job runs as the controller's own user (a personal
+#: controller): nobody else has anything to reach in it.
+OWN_JOB_DIR = 0o700
+#: The files of a job's directory the job reads (hostfiles, task file): its owner's
+#: alone (:meth:`LiveState._file_owner`), read-only.
+JOB_FILE_MODE = 0o400
 CRASH_POINTS = (
     "after-request",
     "after-reserve",
@@ -188,13 +200,24 @@ class LiveState:
 
     def _make_job_dir(self, job_id: str, account: Account) -> None:
         """The job's directory: the controller's (the agents write logs and hostfiles
-        into it: a directory the job could change would let it redirect them), readable
-        by the job's group (its owner's primary group)."""
+        into it: a directory the job could change would let it redirect them), mode
+        :data:`SHARED_JOB_DIR` for a job of another user, :data:`OWN_JOB_DIR` for one
+        of the controller's user."""
         jdir = self.job_dir(job_id)
-        jdir.mkdir(mode=0o750, exist_ok=True)
-        os.chmod(jdir, 0o750)
+        mode = OWN_JOB_DIR if account.uid == self.euid else SHARED_JOB_DIR
+        jdir.mkdir(mode=mode, exist_ok=True)
+        # By name: only the controller writes in jobs/, so nobody else put anything there.
         if self.euid == 0:
-            os.chown(jdir, 0, account.gid)
+            os.chown(jdir, 0, 0)  # an earlier version gave it the owner's primary group
+        os.chmod(jdir, mode)
+
+    def _file_owner(self, account: Account | None) -> Account | None:
+        """Whom a file the job reads is given to: its owner, when the job runs as
+        another user (only root can give it); ``None``, the controller's own, when the
+        job runs as the controller's user or its owner is not known."""
+        if account is None or account.uid == self.euid or self.euid != 0:
+            return None
+        return account
 
     def _account(self, job: JobRecord, spec: Mapping[str, Any]) -> Account:
         """Who the job runs as: decided at submission (a job recorded by an older

@@ -125,15 +125,28 @@ def open_log(path: Path | str, owner: Account | None, *, append: bool = True) ->
         raise
 
 
-def atomic_write(path: Path, data: str | bytes, mode: int = 0o644) -> None:
+def atomic_write(
+    path: Path, data: str | bytes, mode: int = 0o644, owner: Account | None = None
+) -> None:
     """Replace ``path`` with ``data`` atomically: a reader sees the old or the new
-    content, never a mix (temporary file in the same directory, fsync, rename)."""
+    content, never a mix (temporary file in the same directory, fsync, rename).
+
+    ``owner``: the account the file is given to (a job's file that only its owner
+    reads, docs/live-controller.md, "State directory"). Its mode and owner are set
+    through the new file's descriptor, before it has a name anyone could know: the
+    file never exists under ``path`` with other modes or another owner."""
     raw = data.encode() if isinstance(data, str) else data
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
+        try:
+            os.fchmod(fd, mode)
+            if owner is not None:
+                os.fchown(fd, owner.uid, owner.gid)
+        except BaseException:
+            os.close(fd)
+            raise
         _write_durably(fd, raw, path)
-        os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):

@@ -16,7 +16,7 @@ from typing import Any
 
 from xce_resize_plugin.controllers.jobs import JobRecord
 from xce_resize_plugin.controllers.live.job_tokens import SALT_FIELD, TOKEN_ENV
-from xce_resize_plugin.controllers.live.live_state import LiveState
+from xce_resize_plugin.controllers.live.live_state import JOB_FILE_MODE, LiveState
 from xce_resize_plugin.controllers.live.proc import Account, account_json, atomic_write
 from xce_resize_plugin.controllers.live.submission import SubmitRejected
 from xce_resize_plugin.controllers.live.task_env import (
@@ -272,7 +272,7 @@ class TaskCommands(LiveState):
         # The notification sees the allocation the change would commit: a hostfile of
         # its own (the job's hostfile changes only at the commit).
         hostfile = jdir / f"hostfile.v{version}"
-        atomic_write(hostfile, "".join(f"{h}\n" for h in hosts))
+        self._write_job_file(hostfile, "".join(f"{h}\n" for h in hosts), account)
         env.update(
             {
                 "XCE_HOSTFILE": str(hostfile),
@@ -304,8 +304,26 @@ class TaskCommands(LiveState):
     def _write_hostfile(self, job_id: str, tasks: Sequence[Task]) -> None:
         """LSF's ``LSB_DJOB_HOSTFILE``: one line per task, the host's name; and the task
         file beside it, ``ID HOST`` per task (``XCE_TASKFILE``)."""
-        atomic_write(self.job_dir(job_id) / "hostfile", "".join(f"{t.host}\n" for t in tasks))
-        atomic_write(self.job_dir(job_id) / "tasks", task_file(tasks))
+        jdir = self.job_dir(job_id)
+        try:
+            account: Account | None = self._account(
+                self._job(job_id), self.live_store.get(f"job:{job_id}") or {}
+            )
+        except (SubmitRejected, ValueError):
+            account = None  # its launches fail for the same reason; the files stay ours
+        if account is not None:
+            # Called at every start and commit: the directory of a job an earlier version
+            # started (its owner's group could list it) is made as a new job's is.
+            self._make_job_dir(job_id, account)
+        self._write_job_file(jdir / "hostfile", "".join(f"{t.host}\n" for t in tasks), account)
+        self._write_job_file(jdir / "tasks", task_file(tasks), account)
+
+    def _write_job_file(self, path: Path, data: str, account: Account | None) -> None:
+        """A file of the job's directory the job reads (a hostfile, the task file),
+        written atomically (never a mix of two allocations) and readable by its owner
+        alone (docs/live-controller.md, "State directory"): not by its owner's group,
+        which other users may share."""
+        atomic_write(path, data, JOB_FILE_MODE, owner=self._file_owner(account))
 
     def _before_commit(self, jobs: list[JobRecord]) -> None:
         """Called by the store before it writes these job records: a job that has just
