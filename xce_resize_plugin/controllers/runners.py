@@ -317,6 +317,38 @@ class NotificationRunner(Protocol):
 #: a login shell needs to find programs and decode text, nothing that would leak the
 #: controller's configuration into the job's command.
 ESSENTIAL_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TMPDIR", "TZ", "USER", "LOGNAME")
+#: The ``PATH`` of a job's command that runs as another user than this process's and
+#: whose job sets none (and of any command when this process has no usable ``PATH``).
+#: This process's own is made for its user (root's, with ``/root/...`` entries), and a
+#: directory in it that some user may write (a group's tool directory) would let that
+#: user plant commands that other users' jobs run, as them (docs/live-controller.md,
+#: "Jobs and tasks"). Not ``os.defpath`` (``/bin:/usr/bin``): it leaves out
+#: ``/usr/local/bin``, where a site installs its tools (``bresize``).
+DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
+
+
+def absolute_path(value: str) -> str:
+    """``value`` (a ``PATH``) without its empty and relative entries: each of those is
+    looked up from the working directory of the process that runs a command, which
+    is not the controller's to vouch for."""
+    return os.pathsep.join(p for p in value.split(os.pathsep) if os.path.isabs(p))
+
+
+def command_path(own_user: bool) -> str:
+    """The ``PATH`` a job's command gets when its job sets none: this process's own,
+    without its empty and relative entries, when the command runs as this process's
+    user (a personal controller: the job is its user's); :data:`DEFAULT_PATH` when it
+    runs as another user, or when nothing of this process's is left."""
+    inherited = os.environ.get("PATH", "") if own_user else ""
+    return absolute_path(inherited) or DEFAULT_PATH
+
+
+def essential_env(own_user: bool = True) -> dict[str, str]:
+    """The :data:`ESSENTIAL_ENV` of this process's environment, with the ``PATH`` of
+    :func:`command_path`."""
+    env = {k: os.environ[k] for k in ESSENTIAL_ENV if k in os.environ}
+    env["PATH"] = command_path(own_user)
+    return env
 
 
 class SubprocessNotificationRunner:
@@ -338,8 +370,9 @@ class SubprocessNotificationRunner:
         self.popen = popen
 
     def environment(self, request: NotificationRequest) -> dict[str, str]:
-        env = {k: os.environ[k] for k in ESSENTIAL_ENV if k in os.environ}
-        env.setdefault("PATH", os.defpath)
+        # Its own user's PATH: a command that runs as another user (a live agent's, as
+        # root, for a job of its owner) is given its PATH in ``request.env``.
+        env = essential_env()
         env.update({str(k): str(v) for k, v in request.env.items()})
         return env
 

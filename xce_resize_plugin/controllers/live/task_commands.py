@@ -9,7 +9,6 @@ each task's environment (identity, job token, allocation, hostfile) is made here
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -28,11 +27,12 @@ from xce_resize_plugin.controllers.live.task_env import (
 )
 from xce_resize_plugin.controllers.live.tasks import unsendable
 from xce_resize_plugin.controllers.runners import (
-    ESSENTIAL_ENV,
     NotificationDone,
     NotificationRequest,
     NotificationResult,
     TaskReporter,
+    command_path,
+    essential_env,
 )
 from xce_resize_plugin.controllers.task_records import LIVE_STATES, TaskState
 from xce_resize_plugin.core.models import JobState, Task, allocation_env
@@ -185,8 +185,9 @@ class TaskCommands(LiveState):
         alloc: Mapping[str, str],
         account: Account,
     ) -> dict[str, str]:
-        env = {k: os.environ[k] for k in ESSENTIAL_ENV if k in os.environ}
-        env.setdefault("PATH", os.defpath)
+        # The controller's PATH only for a job of its own user (runners.DEFAULT_PATH
+        # says why); a PATH the job sets (job.env) stays as the job gave it.
+        env = essential_env(own_user=account.uid == self.euid)
         env.update(_account_env(account))
         env.update(job.env)
         env.update(alloc)
@@ -267,6 +268,10 @@ class TaskCommands(LiveState):
             return
         jdir = self.job_dir(request.job_id)
         env = {**_account_env(account), **request.env}
+        if account.uid != self.euid:
+            # The agent's PATH (its user's, root's) is not for another user's command;
+            # one the job set (request.env has the job's) stays.
+            env.setdefault("PATH", command_path(own_user=False))
         hosts = env.get("LSB_HOSTS", "").split()
         version = env.get("XCE_ALLOC_VERSION", "next")
         # The notification sees the allocation the change would commit: a hostfile of
