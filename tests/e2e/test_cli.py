@@ -796,7 +796,7 @@ def test_a_long_notification_output_is_cut_in_the_timeline_and_said_so(tmp_path:
     ``--json`` has all of them (docs/scenarios.md, "The --json output")."""
     path = tmp_path / "talk.toml"
     path.write_text(
-        '[cluster]\nhosts = { a = 2, b = 2 }\n\n'
+        "[cluster]\nhosts = { a = 2, b = 2 }\n\n"
         '[[jobs]]\nid = "101"\nuser = "alice"\ntasks = "1,4"\nresizable = true\n'
         'alloc = { a = 1 }\nruntime = 100\nnotify_cmd = "seq 1 8"\n\n'
         '[[commands]]\nat = 5\nuser = "alice"\nbresize = "request 1 101"\n'
