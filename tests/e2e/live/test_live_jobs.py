@@ -199,8 +199,12 @@ def test_a_users_pending_jobs_stop_at_the_sites_threshold(resize_live_factory: A
     assert [j["id"] for j in live.ok("GET", "/v1/jobs", ROOT)["jobs"]] == before
     bobs = live.submit(BOB)  # another user's own threshold
     assert live.job(bobs)["state"] == "PEND"
-    # One of alice's pending jobs killed: she may submit one more.
+    # One of alice's pending jobs killed: she may submit one more. Its directory, empty
+    # (it never ran), goes with it; the running job's stays.
+    assert (live.state / "jobs" / waiting[0]).is_dir()
     assert live.call("DELETE", f"/v1/jobs/{waiting[0]}").status_code == 202
+    assert not (live.state / "jobs" / waiting[0]).exists()
+    assert (live.state / "jobs" / running).is_dir()
     assert live.job(live.submit())["state"] == "PEND"
 
 

@@ -63,7 +63,13 @@ class HostApi(HookMonitor):
             if job.finished:
                 return False
             if job.state is JobState.PEND:
-                return self.embedded.kill(job_id, reason)
+                killed = self.embedded.kill(job_id, reason)
+                # A job that never ran has nothing in its directory: it goes too (one is
+                # made per submission, and a submit-and-kill loop left one per job for
+                # ever). rmdir: a requeued job's has its first run's logs, and stays.
+                with contextlib.suppress(OSError):
+                    self.job_dir(job_id).rmdir()
+                return killed
             self._begin_end(job_id, JobState.EXIT, reason, kill=True)
             self.embedded.flush()
             return True
