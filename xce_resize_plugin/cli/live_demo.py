@@ -8,6 +8,7 @@ everything down and check that no process is left behind.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -207,17 +208,8 @@ stop_grace = 2
                 self.controller.kill()
                 killed.append(self.controller.pid)
                 self.controller.wait(5)
-        for pid in agents:
-            if pid_alive(pid):
-                os.kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + 10
-        while any(pid_alive(p) for p in agents) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        for pid in agents:
-            if pid_alive(pid):
-                os.killpg(pid, signal.SIGKILL)
-                killed.append(pid)
-        return killed
+        # An agent that outlives SIGTERM is killed with its process group.
+        return killed + _terminate(agents, 10, os.killpg)
 
 
 def main(out: TextIO) -> int:
@@ -226,18 +218,43 @@ def main(out: TextIO) -> int:
         try:
             demo.run()
         finally:
+            # Also when the run stopped short (its reader went away: `demo --live |
+            # head`; Ctrl-C): the controller and its agents leave running jobs' tasks
+            # alone when they stop, as a failover needs, so what is left of the demo's
+            # job is stopped here, by pid.
             killed = demo.shutdown()
-        left = [p for p in _processes_under(Path(tmp))]
+            stopped = _terminate(_processes_under(Path(tmp)), 2, os.kill)
+        left = _processes_under(Path(tmp))
         out.write(
             "\nShut down: controller and worker agents stopped"
             + (f"; had to SIGKILL {killed}" if killed else " cleanly")
+            + (f"; stopped what the run left: {stopped}" if stopped else "")
             + ("; no process left behind.\n" if not left else f"; STILL RUNNING: {left}\n")
         )
         return 0 if not left else 1
 
 
+def _terminate(pids: list[int], grace: float, kill: Callable[[int, int], None]) -> list[int]:
+    """SIGTERM each of ``pids`` still alive, then ``kill(pid, SIGKILL)`` those alive
+    ``grace`` seconds later; the pids that had to be killed."""
+    for pid in pids:
+        if pid_alive(pid):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while any(pid_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    killed = [pid for pid in pids if pid_alive(pid)]
+    for pid in killed:
+        with contextlib.suppress(OSError):
+            kill(pid, signal.SIGKILL)
+    return killed
+
+
 def _processes_under(tmp: Path) -> list[int]:
-    """Pids whose command line mentions the demo's directory (Linux /proc)."""
+    """Pids of the demo's processes (Linux /proc): the controller and agents name its
+    directory on their command line; its tasks have their hostfile there (in their
+    environment); a command run from it has it as working directory."""
     mark = str(tmp).encode()
     found = []
     for entry in Path("/proc").iterdir():
@@ -248,7 +265,11 @@ def _processes_under(tmp: Path) -> list[int]:
         except OSError:
             cwd = b""
         try:
-            mentioned = mark in (entry / "cmdline").read_bytes() or cwd.startswith(mark)
+            mentioned = (
+                mark in (entry / "cmdline").read_bytes()
+                or cwd.startswith(mark)
+                or mark in (entry / "environ").read_bytes()
+            )
             if mentioned and pid_alive(int(entry.name)):
                 found.append(int(entry.name))
         except OSError:

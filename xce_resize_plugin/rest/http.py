@@ -245,11 +245,19 @@ def in_progress(request: Request, principal: Principal) -> Iterator[None]:
     if counts is None:
         counts = {}
         setattr(state, _IN_PROGRESS, counts)
-    # Only the event loop's thread runs this: no lock is needed around the count.
-    user, limit = principal.name, request_limit(request)
+    with counted(counts, principal.name, request_limit(request), "requests"):
+        yield
+
+
+@contextlib.contextmanager
+def counted(counts: dict[str, int], user: str, limit: int, what: str) -> Iterator[None]:
+    """One more of ``user``'s ``what`` in ``counts`` while the block runs;
+    :class:`TooManyRequests` (429, ``Retry-After``), nothing counted, when ``limit`` are
+    in progress already. Only the event loop's thread may use one ``counts``: no lock
+    is needed around it."""
     held = counts.get(user, 0)
     if held >= limit:
-        raise TooManyRequests(f"user {user} has {held} requests in progress, at most {limit}")
+        raise TooManyRequests(f"user {user} has {held} {what} in progress, at most {limit}")
     counts[user] = held + 1
     try:
         yield
@@ -542,6 +550,7 @@ __all__ = [
     "as_resize_error",
     "authenticated",
     "body_timeout",
+    "counted",
     "endpoint",
     "exception_handlers",
     "in_progress",

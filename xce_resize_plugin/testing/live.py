@@ -69,8 +69,9 @@ def free_port() -> int:
     port 0 gives) can be taken by any connection a busy machine opens before the
     controller binds it, and a test run then failed with "Address already in use"."""
     low = _ephemeral_low()
-    for _ in range(200):
-        port = _DRAW.randrange(max(1024, low - 12000), low)
+    first = max(1024, low - 12000)
+    for _ in range(200 if first < low else 0):  # none below a range that starts at 1024
+        port = _DRAW.randrange(first, low)
         if port in _GIVEN:
             continue
         with socket.socket() as s:

@@ -4,14 +4,16 @@ task farm example growing and shrinking itself through the in-job API."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
-from xce_resize_plugin.testing.live import ALICE, BOB, LiveCluster, wait_until
+from xce_resize_plugin.testing.live import ALICE, BOB, LiveCluster, processes_marked, wait_until
 
 ROOT_DIR = Path(__file__).resolve().parents[3]
 
@@ -132,6 +134,34 @@ def test_live_demo_runs_and_leaves_nothing_behind() -> None:
     assert [len(line.split(":")[1].split()) for line in seen] == [2, 4, 3]
     assert "notified: grow of hostB 2" in out and "notified: shrink of hostB 1" in out
     assert "JOB_RESIZE" in out and "no process left behind" in out
+
+
+def test_live_demo_cut_short_leaves_nothing_behind(tmp_path: Path) -> None:
+    """`xce-resize demo --live | head`: the reader goes away while the demo's job runs;
+    the controller and its agents leave a running job's tasks alone when they stop (as
+    a failover needs), so the demo stops them itself. It left task 0 running before."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "xce_resize_plugin", "demo", "--live"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, "TMPDIR": str(tmp_path)},
+    )
+    assert proc.stdout is not None
+    try:
+        for line in proc.stdout:  # up to the job's first change: its tasks run then
+            if b"alice$ bresize" in line:
+                break
+        proc.stdout.close()
+        assert proc.wait(60) == 141
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(5)
+    left = processes_marked(str(tmp_path))
+    for pid in left:  # by pid, so that a failure here leaves nothing either
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    assert not left, left
 
 
 def test_submit_options_env_cwd_alloc_estimate(resize_live_factory: Any, tmp_path: Path) -> None:

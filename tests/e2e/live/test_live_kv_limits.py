@@ -46,7 +46,7 @@ def test_a_pending_job_takes_no_writes(resize_live_factory: Any) -> None:
     for who in (ALICE, token):
         detail = _refused(live.call("PUT", f"{kv}/k", who, {"value": "v"}), 409, "LSBE_NOT_STARTED")
         assert job_id in detail and "PEND" in detail
-        _refused(live.call("DELETE", f"{kv}/k", who), 409, "LSBE_NOT_STARTED")
+        _refused(live.call("DELETE", f"{kv}/k", who), 404, "XCE_KV_NO_KEY")  # none to remove
     start = time.monotonic()
     _refused(live.call("GET", f"{kv}/k?wait=1", token), 404, "XCE_KV_NO_KEY")
     assert time.monotonic() - start >= 0.9  # a waiting read waited
@@ -200,3 +200,39 @@ def test_the_bound_is_a_checked_setting(tmp_path: Path) -> None:
         path.write_text(base + f"[limits]\nkv_bytes_per_user = {bad}\n")
         with pytest.raises(ConfigError, match=r"limits\.kv_bytes_per_user: must be an integer"):
             live_config.load(path)
+
+
+def test_values_an_earlier_version_took_for_a_pending_job_can_go(
+    resize_live_factory: Any,
+) -> None:
+    """An earlier version took values for pending jobs: they count among the owner's
+    bytes, a DELETE removes them, and a kill of the job removes the rest, as any job's
+    end does (they held the owner's bytes until the job was dropped)."""
+    live: LiveCluster = resize_live_factory({"h1": 1}, limits="[limits]\nkv_bytes_per_user = 300")
+    live.start()
+    running = live.submit()
+    live.running(running, 1)
+    pend = live.ok("POST", "/v1/jobs", ALICE, {"command": ["sleep", "600"]})["id"]
+    assert live.job(pend)["state"] == "PEND"
+    live.crash()
+    store = LiveStore(live.state / "controller")  # as an earlier version left it
+    try:
+        spec = dict(store.get(f"job:{pend}"))
+        spec["kv"] = ["old", "older"]
+        store.put(f"job:{pend}", spec)
+        store.put(record_key(pend, "old"), {"value": "o" * 120, "version": 1})
+        store.put(record_key(pend, "older"), {"value": "o" * 120, "version": 1})
+        store.write(None, [])
+    finally:
+        store.close()
+    live.start()
+    kv = f"/v1/jobs/{running}/kv"
+    _refused(live.call("PUT", f"{kv}/a", ALICE, {"value": "a" * 100}), 413, "XCE_KV_LIMIT")
+    assert live.ok("DELETE", f"/v1/jobs/{pend}/kv/old", ALICE)["version"] == 1
+    assert live.ok("PUT", f"{kv}/a", ALICE, {"value": "a" * 100})["version"] == 1
+    _refused(live.call("PUT", f"{kv}/b", ALICE, {"value": "b" * 100}), 413, "XCE_KV_LIMIT")
+    assert live.call("DELETE", f"/v1/jobs/{pend}", ALICE).status_code == 202
+    wait_until(lambda: live.job(pend)["state"] == "EXIT", 10, "the kill")
+    assert live.ok("PUT", f"{kv}/b", ALICE, {"value": "b" * 100})["version"] == 1
+    gone = live.call("GET", f"/v1/jobs/{pend}/kv/older", ALICE)
+    _refused(gone, 409, "LSBE_JOB_FINISH")

@@ -63,7 +63,14 @@ class HostApi(HookMonitor):
             if job.finished:
                 return False
             if job.state is JobState.PEND:
+                spec = dict(self.live_store.get(f"job:{job_id}") or {})
+                if spec.get("kv"):
+                    # Values an earlier version took for a pending job end with it, as
+                    # every job's do (they count among its owner's bytes until then).
+                    self._drop_kv(job_id, spec)
+                    self.live_store.put(f"job:{job_id}", spec)
                 killed = self.embedded.kill(job_id, reason)
+                self.embedded.flush()
                 # A job that never ran has nothing in its directory: it goes too (one is
                 # made per submission, and a submit-and-kill loop left one per job for
                 # ever). rmdir: a requeued job's has its first run's logs, and stays.
@@ -211,7 +218,8 @@ class HostApi(HookMonitor):
         owner's, and a key set again starts at version 1."""
         job_kv.check_key(key)
         with self.lock:
-            name, old, _ = self._kv_record(principal, job_id, key)
+            # A pending job takes no value, but one an earlier version took may go.
+            name, old, _ = self._kv_record(principal, job_id, key, started=False)
             if old is None:
                 raise job_kv.NoSuchKey(f"job {job_id} has no key {key!r}")
             spec = dict(self.live_store.get(f"job:{job_id}") or {})
@@ -221,20 +229,24 @@ class HostApi(HookMonitor):
             self._write_kv()
             return job_kv.answer(key, old)
 
-    def _kv_record(self, principal: Principal, job_id: str, key: str) -> tuple[str, Any, str]:
+    def _kv_record(
+        self, principal: Principal, job_id: str, key: str, started: bool = True
+    ) -> tuple[str, Any, str]:
         """A change's key as a record name, its record (``None``: not set) and the
-        job's owner, in a running job the caller may see (under the lock)."""
+        job's owner, in a job the caller may see that has not ended and, when
+        ``started``, has started (under the lock)."""
         self._check_open()
         job = self._visible(principal, job_id)
         if job.finished:
             raise JobFinished(f"job {job_id} is {job.state.value}")
-        job_kv.check_started(job_id, job.state)
+        if started:
+            job_kv.check_started(job_id, job.state)
         name = job_kv.record_key(job_id, key)
         return name, self.live_store.get(name), job.user
 
     def _kv_bytes_of(self, user: str) -> int:
         """The stored bytes of the values ``user``'s jobs hold, from the store's count
-        per job (only jobs that hold a value, all of them started: no record is read)."""
+        per job (only jobs that hold a value: no record is read)."""
         held = 0
         for job_id, size in self.live_store.kv_bytes.items():
             job = self.embedded.record(job_id)

@@ -13,19 +13,21 @@ has no task to read them, and one user may have thousands pending.
 Each write is durable before its answer, an fsync under the controller's lock, so
 :class:`WriteSlots` bounds the writes one user has in progress at once: without it one
 user's hundreds of concurrent ``PUT`` loops queued on that lock made every other
-user's requests wait behind them.
+user's requests wait behind them. The bound is per user: with several users writing at
+once, a request may wait behind four writes of each.
 """
 
 from __future__ import annotations
 
 import contextlib
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from xce_resize_plugin.core.decimal_text import read_number
 from xce_resize_plugin.core.models import JobState
-from xce_resize_plugin.errors import InvalidRequest, NotStarted, ResizeError, TooManyRequests
+from xce_resize_plugin.errors import InvalidRequest, NotStarted, ResizeError
+from xce_resize_plugin.rest.http import counted
 
 #: Limits per job: value bytes (UTF-8), and keys.
 MAX_VALUE, MAX_KEYS = 64 * 1024, 64
@@ -34,7 +36,8 @@ MAX_WAIT = 60.0
 #: Key-value writes (``PUT`` and ``DELETE``) one user (their jobs' tokens included) may
 #: have in progress at once; beyond, 429 ``XCE_TOO_MANY_REQUESTS`` with ``Retry-After``,
 #: which the in-job clients send again. Each takes the controller's lock for an fsync:
-#: four keep a user's own tasks writing while another user waits behind at most four.
+#: four keep a user's own tasks writing while others wait behind at most four of that
+#: user's (of each user writing at the same time).
 MAX_WRITES_IN_PROGRESS = 4
 _KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
@@ -127,23 +130,10 @@ class WriteSlots:
         self.limit = limit
         self._held: dict[str, int] = {}
 
-    @contextlib.contextmanager
-    def take(self, user: str) -> Iterator[None]:
+    def take(self, user: str) -> contextlib.AbstractContextManager[None]:
         """One of ``user``'s slots while the write is served; :class:`TooManyRequests`
         (429, ``Retry-After``) when they are all taken, nothing changed."""
-        held = self._held.get(user, 0)
-        if held >= self.limit:
-            raise TooManyRequests(
-                f"user {user} has {held} key-value writes in progress, at most {self.limit}"
-            )
-        self._held[user] = held + 1
-        try:
-            yield
-        finally:
-            if self._held[user] > 1:
-                self._held[user] -= 1
-            else:
-                del self._held[user]  # users come and go: keep no entry for one with none
+        return counted(self._held, user, self.limit, "key-value writes")
 
 
 def answer(key: str, record: Mapping[str, Any]) -> dict[str, Any]:

@@ -31,6 +31,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import stat
 import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -207,8 +208,16 @@ class LiveState:
         mode = OWN_JOB_DIR if account.uid == self.euid else SHARED_JOB_DIR
         jdir.mkdir(mode=mode, exist_ok=True)
         # By name: only the controller writes in jobs/, so nobody else put anything there.
+        st = os.stat(jdir)
+        owned = (st.st_uid, st.st_gid) == (0, 0) or self.euid != 0
+        if owned and stat.S_IMODE(st.st_mode) == mode:
+            return  # as made: called at every start and commit
         if self.euid == 0:
-            os.chown(jdir, 0, 0)  # an earlier version gave it the owner's primary group
+            # A directory an earlier version made (0750, the owner's group): the files
+            # root wrote there for that group (hostfile.vN, 0644) are closed first, since
+            # anyone may pass through the directory from now on and their names are known.
+            _close_to_others(jdir)
+            os.chown(jdir, 0, 0)
         os.chmod(jdir, mode)
 
     def _file_owner(self, account: Account | None) -> Account | None:
@@ -232,3 +241,17 @@ class LiveState:
             counter += 1
         self.live_store.put("next_job_id", counter + 1)
         return str(counter)
+
+
+def _close_to_others(jdir: Path) -> None:
+    """Take the group's and others' bits off the regular files root owns in ``jdir``
+    (root's own directory, which no job can write in: its entries cannot change under
+    this walk). The job's own files (logs, scratch) are its owner's, 0600 and 0700
+    already, and are left alone."""
+    with os.scandir(jdir) as entries:
+        for entry in entries:
+            if not entry.is_file(follow_symlinks=False):
+                continue
+            st = entry.stat(follow_symlinks=False)
+            if st.st_uid == 0 and st.st_mode & 0o077:
+                os.chmod(entry.path, stat.S_IMODE(st.st_mode) & 0o700)
