@@ -9,6 +9,7 @@ each task's environment (identity, job token, allocation, hostfile) is made here
 
 from __future__ import annotations
 
+import errno
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -277,7 +278,10 @@ class TaskCommands(LiveState):
         # The notification sees the allocation the change would commit: a hostfile of
         # its own (the job's hostfile changes only at the commit).
         hostfile = jdir / f"hostfile.v{version}"
-        self._write_job_file(hostfile, "".join(f"{h}\n" for h in hosts), account)
+        refused = self._write_job_file(hostfile, "".join(f"{h}\n" for h in hosts), account)
+        if refused is not None:
+            done(NotificationResult(None, f"cannot run: {refused}"))
+            return
         env.update(
             {
                 "XCE_HOSTFILE": str(hostfile),
@@ -320,15 +324,30 @@ class TaskCommands(LiveState):
             # Called at every start and commit: the directory of a job an earlier version
             # started (its owner's group could list it) is made as a new job's is.
             self._make_job_dir(job_id, account)
-        self._write_job_file(jdir / "hostfile", "".join(f"{t.host}\n" for t in tasks), account)
-        self._write_job_file(jdir / "tasks", task_file(tasks), account)
+        for path, data in (
+            (jdir / "hostfile", "".join(f"{t.host}\n" for t in tasks)),
+            (jdir / "tasks", task_file(tasks)),
+        ):
+            refused = self._write_job_file(path, data, account)
+            if refused is not None:
+                self._broken.setdefault(job_id, refused)  # ended: it cannot read its hosts
+                return
 
-    def _write_job_file(self, path: Path, data: str, account: Account | None) -> None:
+    def _write_job_file(self, path: Path, data: str, account: Account | None) -> str | None:
         """A file of the job's directory the job reads (a hostfile, the task file),
         written atomically (never a mix of two allocations) and readable by its owner
         alone (docs/live-controller.md, "State directory"): not by its owner's group,
-        which other users may share."""
-        atomic_write(path, data, JOB_FILE_MODE, owner=self._file_owner(account))
+        which other users may share. ``None`` once written; why not, when the owner's
+        disk quota refused it: the file is the owner's, so that is the job's failure,
+        not the controller's (whose disk is fine: every other user's changes go on)."""
+        owner = self._file_owner(account)
+        try:
+            atomic_write(path, data, JOB_FILE_MODE, owner=owner)
+        except OSError as exc:
+            if owner is None or exc.errno != errno.EDQUOT:
+                raise
+            return f"{path.name}: over the disk quota of user {owner.name}"
+        return None
 
     def _before_commit(self, jobs: list[JobRecord]) -> None:
         """Called by the store before it writes these job records: a job that has just
