@@ -250,14 +250,17 @@ def in_progress(request: Request, principal: Principal) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def counted(counts: dict[str, int], user: str, limit: int, what: str) -> Iterator[None]:
+def counted(
+    counts: dict[str, int], user: str, limit: int, what: str, who: str | None = None
+) -> Iterator[None]:
     """One more of ``user``'s ``what`` in ``counts`` while the block runs;
     :class:`TooManyRequests` (429, ``Retry-After``), nothing counted, when ``limit`` are
-    in progress already. Only the event loop's thread may use one ``counts``: no lock
-    is needed around it."""
+    in progress already (the message names ``who``, by default the user). Only the
+    event loop's thread may use one ``counts``: no lock is needed around it."""
     held = counts.get(user, 0)
     if held >= limit:
-        raise TooManyRequests(f"user {user} has {held} {what} in progress, at most {limit}")
+        holder = f"user {user}" if who is None else who
+        raise TooManyRequests(f"{holder} has {held} {what} in progress, at most {limit}")
     counts[user] = held + 1
     try:
         yield

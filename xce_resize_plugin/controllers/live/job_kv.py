@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from xce_resize_plugin.core.decimal_text import read_number
@@ -39,6 +39,12 @@ MAX_WAIT = 60.0
 #: four keep a user's own tasks writing while others wait behind at most four of that
 #: user's (of each user writing at the same time).
 MAX_WRITES_IN_PROGRESS = 4
+#: Key-value writes of all users in progress at once: however many users write, any
+#: other request waits behind at most this many fsyncs (a key-value write beyond is
+#: refused 429 as above, and sent again by the in-job clients).
+MAX_WRITES_IN_ALL = 16
+#: The count of every user's writes together (no user name is empty).
+_ALL = ""
 _KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
@@ -123,17 +129,27 @@ def check_user_bytes(user: str, held: int, more: int, limit: int) -> None:
 
 class WriteSlots:
     """The key-value writes each user has in progress, at most
-    :data:`MAX_WRITES_IN_PROGRESS` (see the module docstring). Only the event loop's
-    thread takes and gives slots: no lock is needed around the counts."""
+    :data:`MAX_WRITES_IN_PROGRESS`, and all users together, at most
+    :data:`MAX_WRITES_IN_ALL` (see the module docstring). Only the event loop's thread
+    takes and gives slots: no lock is needed around the counts."""
 
-    def __init__(self, limit: int = MAX_WRITES_IN_PROGRESS) -> None:
-        self.limit = limit
+    def __init__(
+        self, limit: int = MAX_WRITES_IN_PROGRESS, in_all: int = MAX_WRITES_IN_ALL
+    ) -> None:
+        self.limit, self.in_all = limit, in_all
         self._held: dict[str, int] = {}
 
-    def take(self, user: str) -> contextlib.AbstractContextManager[None]:
+    @contextlib.contextmanager
+    def take(self, user: str) -> Iterator[None]:
         """One of ``user``'s slots while the write is served; :class:`TooManyRequests`
-        (429, ``Retry-After``) when they are all taken, nothing changed."""
-        return counted(self._held, user, self.limit, "key-value writes")
+        (429, ``Retry-After``) when they are all taken, or all users' are, nothing
+        changed."""
+        # The total is kept under a name no user has.
+        with (
+            counted(self._held, user, self.limit, "key-value writes"),
+            counted(self._held, _ALL, self.in_all, "key-value writes", "the controller"),
+        ):
+            yield
 
 
 def answer(key: str, record: Mapping[str, Any]) -> dict[str, Any]:
