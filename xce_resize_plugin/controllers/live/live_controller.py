@@ -100,6 +100,7 @@ from xce_resize_plugin.controllers.live.live_state import (
     TICK,
 )
 from xce_resize_plugin.controllers.live.live_store import Lease, LiveStore
+from xce_resize_plugin.controllers.live.path_check import unsafe_path_entries
 from xce_resize_plugin.controllers.live.scratch_trash import TrashRemover
 from xce_resize_plugin.controllers.live.settings import (
     LiveConfig,
@@ -111,6 +112,7 @@ from xce_resize_plugin.controllers.live.storage_faults import storage_failure
 from xce_resize_plugin.controllers.live.tasks import WorkerFleet
 from xce_resize_plugin.controllers.live.wall_clock import WallClock
 from xce_resize_plugin.controllers.observer import LiveObserver, Observer
+from xce_resize_plugin.controllers.runners import DEFAULT_PATH
 from xce_resize_plugin.controllers.violations import StoreError
 from xce_resize_plugin.core.models import JobState
 from xce_resize_plugin.errors import ConfigError
@@ -217,6 +219,8 @@ class LiveController(HostApi):
         warning = takeable_port(self.cfg, self.euid, first_unprivileged_port())
         if warning is not None:
             log.warning("%s", warning)
+        for unsafe in unsafe_path_entries(DEFAULT_PATH):
+            log.warning("the PATH of other users' jobs: %s", unsafe)
         for path in (state, *state.parents):
             mode = path.stat().st_mode
             if not mode & stat.S_IXOTH:
