@@ -27,6 +27,7 @@ import pwd
 import secrets
 import signal
 import tempfile
+import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -255,12 +256,20 @@ class ProcInfo:
 
 class ProcessTable:
     """One scan of ``/proc``: every process's parent, group, start time and owner, and
-    who descends from whom. A scan costs a read per process; callers take one and ask it
-    several questions."""
+    who descends from whom. A scan costs a read per process (tens of microseconds each:
+    a third of a second for 8,000), and any user chooses how many processes there are;
+    callers take one and ask it several questions, and it is indexed by parent and by
+    group so that a task's processes cost what the task has, not what the host runs
+    (docs/performance.md, "The worker agent and many processes").
+
+    ``taken``: ``time.monotonic()`` when the scan began; a process started later is not
+    in it. ``took``: how long the scan lasted (seconds)."""
 
     def __init__(self) -> None:
+        self.taken = time.monotonic()
         self.procs: dict[int, ProcInfo] = {}
         self.children: dict[int, list[int]] = {}
+        self.groups: dict[int, list[int]] = {}
         try:
             names = os.listdir("/proc")
         except OSError:
@@ -280,6 +289,9 @@ class ProcessTable:
             info = ProcInfo(int(name), int(fields[1]), int(fields[2]), int(fields[19]), uid, zombie)
             self.procs[info.pid] = info
             self.children.setdefault(info.ppid, []).append(info.pid)
+            if not zombie:
+                self.groups.setdefault(info.pgid, []).append(info.pid)
+        self.took = time.monotonic() - self.taken
 
     def alive(self, pid: int, ticks: int | None = None) -> bool:
         """Whether ``pid`` runs (not a zombie) and, given ``ticks``, is the same process."""
@@ -303,7 +315,7 @@ class ProcessTable:
 
     def group(self, pgid: int) -> list[int]:
         """The live members of process group ``pgid``."""
-        return [p.pid for p in self.procs.values() if p.pgid == pgid and not p.zombie]
+        return list(self.groups.get(pgid, ()))
 
 
 def environ_marks(pid: int, names: tuple[str, ...]) -> dict[str, str]:

@@ -83,6 +83,7 @@ from attrs import define, field
 from xce_resize_plugin.controllers.live.proc import (
     Account,
     ProcessTable,
+    ProcInfo,
     environ_marks,
     exit_status,
     open_log,
@@ -162,6 +163,9 @@ class TaskProc:
     uid: int | None = None
     #: The run of the job it belongs to, as its launch named it (``None``: not named).
     run: str | None = None
+    #: ``time.monotonic()`` once its process was started: a scan of ``/proc`` begun
+    #: before (:attr:`~.proc.ProcessTable.taken`) does not show it.
+    launched: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -205,8 +209,19 @@ class WorkerAgent:
         self.state_dir = state_dir
         self.dir = worker_dir(state_dir, host)
         self.instance = uuid.uuid4().hex
+        #: The tasks, notifications and the tracker's records. Never held during a scan of
+        #: ``/proc`` (which any user can make last seconds: docs/performance.md, "The
+        #: worker agent and many processes"), and never needed by the controller's long
+        #: poll or snapshot, which take only ``_cond``.
         self._lock = threading.Lock()
-        self._cond = threading.Condition(self._lock)
+        #: The events, the epoch and the published snapshot (taken inside ``_lock`` when
+        #: both are held, never the other way round).
+        self._cond = threading.Condition(threading.Lock())
+        #: The tasks as of the last change, for :meth:`snapshot` (see :meth:`_publish`).
+        self._published: dict[str, Any] = {"seq": 0, "tasks": []}
+        #: The newest scan of ``/proc`` (:meth:`_scan`), shared by whoever needs one.
+        self._scan_lock = threading.Lock()
+        self._last_scan: ProcessTable | None = None
         self.tasks: dict[tuple[str, int], TaskProc] = {}
         self.notifications: dict[tuple[str, int], dict[str, Any] | None] = {}
         #: The notification commands running, by (job, attempt): a job's end stops them.
@@ -292,18 +307,21 @@ class WorkerAgent:
 
     def shutdown(self, grace: float = 2.0) -> None:
         """A clean stop of the agent: its tasks are stopped (SIGTERM, ``grace``, SIGKILL)."""
-        with self._lock:
+        with self._cond:
             self.closing = True
             self._cond.notify_all()
+        table = self._scan(time.monotonic())
+        with self._lock:
             live = [t for t in self.tasks.values() if t.state in ("running", "stopping")]
             for t in live:
-                self._signal_task(t, signal.SIGTERM)
+                self._signal_task(t, signal.SIGTERM, table)
         deadline = time.monotonic() + grace
         for t in live:
             while self._task_alive(t) and time.monotonic() < deadline:
                 time.sleep(0.02)
+            table = self._scan(time.monotonic())
             with self._lock:
-                self._signal_task(t, signal.SIGKILL)
+                self._signal_task(t, signal.SIGKILL, table)
 
     # -- processes ---------------------------------------------------------------------
 
@@ -327,31 +345,76 @@ class WorkerAgent:
             self._marks[key] = named if all(named) and ours else None
         return self._marks[key]
 
-    def _members(self, t: TaskProc, table: ProcessTable) -> dict[int, int]:
-        """The live processes of task ``t`` (see the module docstring)."""
+    def _scan(self, after: float) -> ProcessTable:
+        """A scan of ``/proc`` begun at ``after`` (``time.monotonic()``) or later, shared:
+        callers that ask while one is being taken wait for it, or for the next one, and
+        take that, so tasks ending together cost a scan or two, not one each. Never
+        called with ``_lock`` held (see ``__init__``)."""
+        with self._scan_lock:
+            table = self._last_scan
+            if table is None or table.taken < after:
+                table = self._last_scan = ProcessTable()
+            return table
+
+    def _adopted(self, table: ProcessTable) -> dict[tuple[str, str], list[ProcInfo]]:
+        """The live children of this agent it did not necessarily start (as subreaper,
+        its tasks' orphans) by the (job, task) their environment names: one walk of
+        the agent's children, not of every process, shared by all tasks."""
+        out: dict[tuple[str, str], list[ProcInfo]] = {}
+        for pid in table.children.get(os.getpid(), ()):
+            p = table.procs[pid]
+            task = None if p.zombie else self._task_of(p.pid, p.ticks)
+            if task is not None:
+                out.setdefault(task, []).append(p)
+        return out
+
+    def _members(
+        self,
+        t: TaskProc,
+        table: ProcessTable,
+        adopted: dict[tuple[str, str], list[ProcInfo]] | None = None,
+    ) -> dict[int, int]:
+        """The live processes of task ``t`` (see the module docstring), in what the
+        task has, through the table's indexes (``adopted``: :meth:`_adopted`)."""
         roots = [pid for pid, ticks in t.members.items() if table.alive(pid, ticks)]
         if t.pid is not None:
             if table.alive(t.pid, t.ticks):
                 roots.append(t.pid)
             roots += table.group(t.pid)
-        me = os.getpid()
-        for p in table.procs.values():
-            if p.ppid != me or p.zombie or (t.uid is not None and p.uid != t.uid):
-                continue
-            if self._task_of(p.pid, p.ticks) == (t.job, str(t.task)):
+        adopted = self._adopted(table) if adopted is None else adopted
+        for p in adopted.get((t.job, str(t.task)), ()):
+            if t.uid is None or p.uid == t.uid:
                 roots.append(p.pid)
         return table.tree(roots)
 
-    def _signal_task(self, t: TaskProc, sig: int) -> bool:
-        """Send ``sig`` to every process of the task; whether there was any."""
-        t.members = self._members(t, ProcessTable())
+    def _signal_task(self, t: TaskProc, sig: int, table: ProcessTable) -> bool:
+        """Send ``sig`` to every process of the task that ``table`` shows (taken before
+        ``_lock``: a process is signalled only while its start time is the one seen,
+        :func:`~.proc.signal_verified`); whether there was any."""
+        if t.launched >= table.taken:
+            return self._signal_new(t, sig)
+        t.members = self._members(t, table)
         sent = False
         for pid, ticks in t.members.items():
             sent = signal_verified(pid, ticks, sig) or sent
         return sent
 
+    def _signal_new(self, t: TaskProc, sig: int) -> bool:
+        """Signal a task started after the scan at hand (launched earlier in the same
+        batch, ``_lock`` held since): its process group, by its leader's pid. The leader
+        is this agent's child and nothing reaps it meanwhile (its supervisor waits for
+        ``_lock``), so that pid is still the group's. What left the group in those
+        microseconds is the tracker's, at its next pass."""
+        if t.pid is None or t.popen is None or t.popen.returncode is not None:
+            return False
+        try:
+            os.killpg(t.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            return False
+        return True
+
     def _task_alive(self, t: TaskProc) -> bool:
-        table = ProcessTable()
+        table = self._scan(time.monotonic())
         with self._lock:
             t.members = self._members(t, table)
             return bool(t.members)
@@ -373,14 +436,22 @@ class WorkerAgent:
 
     def track(self) -> None:
         """Remember every live task's processes, and (as a subreaper) kill the adopted
-        orphans that belong to no live task and reap those that exited."""
+        orphans that belong to no live task and reap those that exited.
+
+        The scan is taken before the locks and judged under them: a process started
+        after it is not in it (a task launched since is judged at the next pass), one
+        the agent started during it is in ``_spawned`` by the time ``spawn_lock`` is
+        held, and every pid is signalled only if its start time is the one seen."""
+        table = self._scan(time.monotonic())
+        adopted = self._adopted(table)  # reads new orphans' environments, outside the locks
         with self._lock, self.spawn_lock:
-            table = ProcessTable()
             claimed: set[int] = set()
             changed = False
             for t in self.tasks.values():
-                if t.state in ("running", "stopping") and t.pid is not None:
-                    members = self._members(t, table)
+                if t.state in ("running", "stopping") and t.launched >= table.taken:
+                    claimed |= t.members.keys()
+                elif t.state in ("running", "stopping") and t.pid is not None:
+                    members = self._members(t, table, adopted)
                     changed = changed or members.keys() != t.members.keys()
                     t.members = members
                     claimed |= members.keys()
@@ -393,9 +464,9 @@ class WorkerAgent:
     def _collect(self, table: ProcessTable, claimed: set[int]) -> None:
         """Adopted children (``spawn_lock`` held): reap the exited, kill the unclaimed."""
         self._spawned = {pid: p for pid, p in self._spawned.items() if p.returncode is None}
-        me = os.getpid()
-        for p in table.procs.values():
-            if p.ppid != me or p.pid in self._spawned or p.pid in claimed:
+        for pid in table.children.get(os.getpid(), ()):
+            p = table.procs[pid]
+            if p.pid in self._spawned or p.pid in claimed:
                 continue
             if p.zombie:
                 with contextlib.suppress(ChildProcessError):
@@ -414,15 +485,21 @@ class WorkerAgent:
         self.max_epoch = epoch
 
     def snapshot(self, epoch: int) -> dict[str, Any]:
-        with self._lock:
+        """The tasks and the sequence number of the last event they reflect, as of the
+        last change (:meth:`_publish`): without ``_lock``, so never behind a batch."""
+        with self._cond:
             self._check_epoch(epoch)
-            return {
-                "host": self.host,
-                "instance": self.instance,
-                "pid": os.getpid(),
-                "seq": self.seq,
-                "tasks": [t.to_json() for t in self.tasks.values()],
-            }
+            return {"host": self.host, "instance": self.instance, "pid": os.getpid()} | (
+                self._published
+            )
+
+    def _publish(self) -> None:
+        """Make the tasks as they are now (``_lock`` held) what :meth:`snapshot`
+        answers, with the events' sequence number: a controller that takes it and then
+        reads the events after it misses nothing and sees no change twice."""
+        tasks = [t.to_json() for t in self.tasks.values()]
+        with self._cond:
+            self._published = {"seq": self.seq, "tasks": tasks}
 
     def wait_events(self, after: int, timeout: float, epoch: int) -> dict[str, Any]:
         with self._cond:
@@ -436,8 +513,12 @@ class WorkerAgent:
             return {"instance": self.instance, "events": events, "seq": self.seq}
 
     def execute(self, epoch: int, instance: str, commands: list[Mapping[str, Any]]) -> None:
+        # One scan for the batch's stops, before the lock (see ``__init__``).
+        stops = any(cmd.get("op") == "stop" for cmd in commands)
+        table = self._scan(time.monotonic()) if stops else None
         with self._lock:
-            self._check_epoch(epoch)
+            with self._cond:
+                self._check_epoch(epoch)
             if instance != self.instance:
                 raise LookupError(f"commands for agent {instance}, this is {self.instance}")
             intents = [
@@ -453,7 +534,8 @@ class WorkerAgent:
                 if op == "launch":
                     self._launch(cmd)
                 elif op == "stop":
-                    self._stop(cmd)
+                    assert table is not None
+                    self._stop(cmd, table)
                 elif op == "notify":
                     self._notify(cmd)
                 elif op == "forget" and cmd.get("tasks") is not None:
@@ -463,15 +545,17 @@ class WorkerAgent:
                 else:
                     raise ValueError(f"unknown command {op!r}")
             self._save()
+            self._publish()
 
     # -- under the lock ------------------------------------------------------------------
 
     def _emit(self, kind: str, **fields: Any) -> None:
-        self.seq += 1
-        self.events.append({"seq": self.seq, "kind": kind, **fields})
-        if len(self.events) > MAX_EVENTS:
-            del self.events[: len(self.events) - MAX_EVENTS]
-        self._cond.notify_all()
+        with self._cond:
+            self.seq += 1
+            self.events.append({"seq": self.seq, "kind": kind, **fields})
+            if len(self.events) > MAX_EVENTS:
+                del self.events[: len(self.events) - MAX_EVENTS]
+            self._cond.notify_all()
 
     def _report(self, t: TaskProc) -> None:
         """Report a known task's state again (a repeated launch or stop)."""
@@ -532,7 +616,7 @@ class WorkerAgent:
             self.tasks[key] = t
             self._emit("start_failed", job=t.job, task=t.task, reason=t.reason)
             return
-        t.pid = t.popen.pid
+        t.pid, t.launched = t.popen.pid, time.monotonic()
         t.ticks = start_ticks(t.pid)
         if t.ticks is not None:
             t.members = {t.pid: t.ticks}
@@ -542,7 +626,7 @@ class WorkerAgent:
             target=self._supervise, args=(t,), name=f"task-{t.job}.{t.task}", daemon=True
         ).start()
 
-    def _stop(self, cmd: Mapping[str, Any]) -> None:
+    def _stop(self, cmd: Mapping[str, Any], table: ProcessTable) -> None:
         key = (str(cmd["job"]), int(cmd["task"]))
         t = self.tasks.get(key)
         if t is None:
@@ -559,22 +643,23 @@ class WorkerAgent:
         start = float(since) if isinstance(since, int | float) else time.time()
         t.state = "stopping"
         t.kill_at = start + grace
-        self._signal_task(t, signal.SIGTERM)
+        self._signal_task(t, signal.SIGTERM, table)
         delay = t.kill_at - time.time()
         if delay <= 0:
-            self._kill(t)
+            self._kill(t, table)
         else:
             t.timer = threading.Timer(delay, self._kill_locked, (t,))
             t.timer.daemon = True
             t.timer.start()
 
     def _kill_locked(self, t: TaskProc) -> None:
+        table = self._scan(time.monotonic())
         with self._lock:
             if t.state == "stopping":
-                self._kill(t)
+                self._kill(t, table)
 
-    def _kill(self, t: TaskProc) -> None:
-        if self._signal_task(t, signal.SIGKILL):
+    def _kill(self, t: TaskProc, table: ProcessTable) -> None:
+        if self._signal_task(t, signal.SIGKILL, table):
             t.killed = True
 
     def _supervise(self, t: TaskProc) -> None:
@@ -586,19 +671,26 @@ class WorkerAgent:
         # take for this task's while the task's leftovers are being stopped.
         with contextlib.suppress(ChildProcessError):
             os.waitid(os.P_PID, t.pid, os.WEXITED | os.WNOWAIT)
+        table = self._scan(time.monotonic())
         with self._lock:
             if t.state == "running":
                 # Exited on its own: give its leftovers a short grace.
                 t.kill_at = time.time() + CLEANUP_GRACE
-                self._signal_task(t, signal.SIGTERM)
-        while self._task_alive(t):
+                self._signal_task(t, signal.SIGTERM, table)
+        while True:
+            table = self._scan(time.monotonic())
             with self._lock:
+                t.members = self._members(t, table)
+                if not t.members:
+                    break
                 if t.kill_at is not None and time.time() >= t.kill_at and not t.killed:
-                    self._kill(t)
+                    self._kill(t, table)
             if t.killed and t.kill_at is not None and time.time() > t.kill_at + 5.0:
                 log.error("task %s.%s: processes survive SIGKILL; reporting it gone", t.job, t.task)
                 break
-            time.sleep(EXIT_POLL)
+            # No more often than a scan lasts: at least half of a core stays free for
+            # the rest of the agent when the host runs thousands of processes.
+            time.sleep(max(EXIT_POLL, table.took))
         if self.subreaper:
             self.track()  # orphans that belong to no live task go now, not at the next pass
         returncode = t.popen.wait()
@@ -612,6 +704,7 @@ class WorkerAgent:
             t.popen = None
             self._emit("exited", job=t.job, task=t.task, status=status, reason=reason)
             self._save()
+            self._publish()
 
     def _notify(self, cmd: Mapping[str, Any]) -> None:
         key = (str(cmd["job"]), int(cmd["attempt"]))
