@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import resource
 import socket
 import time
@@ -89,6 +90,27 @@ class ConnectionLimits:
     guard: int
 
 
+#: The soft ``RLIMIT_NOFILE`` there was before :func:`raise_nofile` raised it, in this
+#: process or in the one that started it (the controller starts the agents, which
+#: inherit its raised limit and its environment). The worker agent gives it back to
+#: the processes it starts (tasks, notification commands): a job's ``select()``-based
+#: program breaks past descriptor 1023, which is why the soft limit was low
+#: (docs/live-controller.md, "Connections and descriptors"). Never in a job's
+#: environment: the agent builds theirs from the controller's commands.
+NOFILE_BEFORE_ENV = "XCE_NOFILE_BEFORE_RAISE"
+
+
+def nofile_before_raise() -> int | None:
+    """The soft limit of open files before :func:`raise_nofile` raised it here or in
+    the process that started this one, at most the soft limit now; ``None`` when it
+    was not raised."""
+    text = os.environ.get(NOFILE_BEFORE_ENV, "")
+    if not text.isdigit():
+        return None
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return int(text) if soft == resource.RLIM_INFINITY else min(int(text), soft)
+
+
 def raise_nofile(maximum: int = MAX_NOFILE) -> int:
     """Raise the soft ``RLIMIT_NOFILE`` to the hard limit, at most ``maximum`` (said
     once in the log); never lower it. The descriptors the server may count on: the soft
@@ -105,6 +127,7 @@ def raise_nofile(maximum: int = MAX_NOFILE) -> int:
     except (OSError, ValueError) as exc:
         log.warning("cannot raise the limit of open files from %d to %d: %s", soft, target, exc)
         return soft
+    os.environ.setdefault(NOFILE_BEFORE_ENV, str(soft))  # the first raise's
     log.info(
         "raised the soft limit of open files from %d to %d (hard limit %s)", soft, target, hard
     )

@@ -80,6 +80,7 @@ from typing import Any
 
 from attrs import define, field
 
+from xce_resize_plugin.controllers.live import fd_limits
 from xce_resize_plugin.controllers.live.proc import (
     Account,
     ProcessTable,
@@ -128,6 +129,13 @@ MARKS = ("XCE_JOB_ID", "XCE_TASK_ID", "XCE_HOSTNAME")
 #: that user, then become its command (status 126 when the directory cannot be entered).
 SHELL = "/bin/sh"
 CD_EXEC = 'cd -- "$1" || exit 126; shift; exec "$@"'
+#: What starts every process of a job when the agent raised its own limit of open
+#: files (:func:`~.fd_limits.raise_nofile`): the soft limit it had before, set in the
+#: child before it becomes the command, never in the agent (which needs the raised one).
+LIMITS_EXEC = 'ulimit -Sn "$1" || exit 126; shift; exec "$@"'
+#: What a thread that cannot start raises: no thread left to the process (its pids
+#: budget, which its tasks share), or no memory for its stack.
+NO_THREAD = (RuntimeError, MemoryError)
 
 
 def worker_dir(state_dir: Path, host: str) -> Path:
@@ -328,6 +336,9 @@ class WorkerAgent:
     def spawn(self, argv: list[str], **options: Any) -> subprocess.Popen[bytes]:
         """Start a child (a task, a notification command) and remember it until it is
         reaped: the tracker never takes the agent's own children for adopted orphans."""
+        soft = fd_limits.nofile_before_raise()
+        if soft is not None:
+            argv = [SHELL, "-c", LIMITS_EXEC, "xce-limits", str(soft), *argv]
         with self.spawn_lock:
             proc = subprocess.Popen(argv, **options)
             self._spawned[proc.pid] = proc
@@ -621,10 +632,26 @@ class WorkerAgent:
         if t.ticks is not None:
             t.members = {t.pid: t.ticks}
         self.tasks[key] = t
+        try:
+            threading.Thread(
+                target=self._supervise, args=(t,), name=f"task-{t.job}.{t.task}", daemon=True
+            ).start()
+        except NO_THREAD as exc:
+            self._unsupervised(t, exc)
+            return
         self._emit("started", job=t.job, task=t.task, pid=t.pid)
-        threading.Thread(
-            target=self._supervise, args=(t,), name=f"task-{t.job}.{t.task}", daemon=True
-        ).start()
+
+    def _unsupervised(self, t: TaskProc, exc: BaseException) -> None:
+        """A task whose supervisor thread cannot start: nothing would report its end, so
+        it does not run (its group killed: the leader is this agent's unreaped child),
+        and its launch fails; the rest of the batch goes on."""
+        assert t.popen is not None and t.pid is not None
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(t.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            t.popen.wait(timeout=5.0)
+        t.state, t.reason, t.popen, t.members = "failed", f"cannot start: {exc}", None, {}
+        self._emit("start_failed", job=t.job, task=t.task, reason=t.reason)
 
     def _stop(self, cmd: Mapping[str, Any], table: ProcessTable) -> None:
         key = (str(cmd["job"]), int(cmd["task"]))
@@ -650,7 +677,13 @@ class WorkerAgent:
         else:
             t.timer = threading.Timer(delay, self._kill_locked, (t,))
             t.timer.daemon = True
-            t.timer.start()
+            try:
+                t.timer.start()
+            except NO_THREAD as exc:
+                # Nothing would end its grace: it is killed now rather than never.
+                log.warning("task %s.%s: no timer for its grace (%s): killed", t.job, t.task, exc)
+                t.timer = None
+                self._kill(t, table)
 
     def _kill_locked(self, t: TaskProc) -> None:
         table = self._scan(time.monotonic())
@@ -744,7 +777,12 @@ class WorkerAgent:
             runner = SubprocessNotificationRunner(self.max_output, popen=started)
             runner.run(request, lambda result: self._notified(key, log_path, owner, result))
 
-        threading.Thread(target=run, name=f"notify-{key[0]}.{key[1]}", daemon=True).start()
+        try:
+            threading.Thread(target=run, name=f"notify-{key[0]}.{key[1]}", daemon=True).start()
+        except NO_THREAD as exc:
+            # Reported, not left running for ever: the job's change waits for its result.
+            result = NotificationResult(None, f"cannot run: {exc}")
+            self._record_notified(key, self._notify_result(key, log_path, None, result))
 
     def _notified(
         self,
@@ -753,6 +791,18 @@ class WorkerAgent:
         owner: Account | None,
         result: NotificationResult,
     ) -> None:
+        done = self._notify_result(key, log_path, owner, result)
+        with self._lock:
+            self._record_notified(key, done)
+
+    def _notify_result(
+        self,
+        key: tuple[str, int],
+        log_path: Path,
+        owner: Account | None,
+        result: NotificationResult,
+    ) -> dict[str, Any]:
+        """Write a notification's log (``notify-N.log``); its ``notify_done`` event."""
         text = (
             f"# attempt {key[1]} on {self.host}: {result.reason} after {result.elapsed:.3f}s\n"
             f"# stdout\n{result.stdout}# stderr\n{result.stderr}"
@@ -761,7 +811,7 @@ class WorkerAgent:
             log_path.parent.mkdir(parents=True, exist_ok=True)
             with open_log(log_path, owner, append=False) as fh:
                 fh.write(text.encode())
-        done = {
+        return {
             "job": key[0],
             "attempt": key[1],
             "status": result.status,
@@ -770,15 +820,17 @@ class WorkerAgent:
             "stderr": _reported(result.stderr),
             "elapsed": result.elapsed,
         }
-        with self._lock:
-            self._notifying.pop(key, None)
-            self.notifications[key] = done
-            done_before = sorted(
-                k for k, v in self.notifications.items() if k[0] == key[0] and v is not None
-            )
-            for old in done_before[:-NOTIFY_RESULTS_KEPT]:
-                del self.notifications[old]
-            self._emit("notify_done", **done)
+
+    def _record_notified(self, key: tuple[str, int], done: dict[str, Any]) -> None:
+        """Keep and report a notification's result (``_lock`` held)."""
+        self._notifying.pop(key, None)
+        self.notifications[key] = done
+        done_before = sorted(
+            k for k, v in self.notifications.items() if k[0] == key[0] and v is not None
+        )
+        for old in done_before[:-NOTIFY_RESULTS_KEPT]:
+            del self.notifications[old]
+        self._emit("notify_done", **done)
 
     def _forget_tasks(self, job: str, task_ids: list[Any]) -> None:
         """Forget these ended tasks of a running job (the controller dropped their
