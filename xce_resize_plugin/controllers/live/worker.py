@@ -133,6 +133,13 @@ CD_EXEC = 'cd -- "$1" || exit 126; shift; exec "$@"'
 #: files (:func:`~.fd_limits.raise_nofile`): the soft limit it had before, set in the
 #: child before it becomes the command, never in the agent (which needs the raised one).
 LIMITS_EXEC = 'ulimit -Sn "$1" || exit 126; shift; exec "$@"'
+#: A job's directory the agent makes itself (no shared state directory, or it is
+#: missing), as the controller makes it (``live_state.SHARED_JOB_DIR``,
+#: ``OWN_JOB_DIR``; docs/live-controller.md, "State directory"): root's, passed through
+#: by a job of another user and listed by nobody; its own user's alone for a job of
+#: the agent's own user.
+SHARED_JOB_DIR = 0o711
+OWN_JOB_DIR = 0o700
 #: What a thread that cannot start raises: no thread left to the process (its pids
 #: budget, which its tasks share), or no memory for its stack.
 NO_THREAD = (RuntimeError, MemoryError)
@@ -199,6 +206,21 @@ def same_run(ours: object, theirs: object) -> bool:
     before runs were named. The agent's launch and the controller's reconciliation
     (``agents.py``) judge by this rule alike."""
     return ours is None or theirs is None or str(ours) == str(theirs)
+
+
+def make_job_dir(path: Path, owner: Account | None) -> None:
+    """The directory of a job's logs, made if missing (with ``jobs/`` above it) with
+    the controller's modes (:data:`SHARED_JOB_DIR` when the job runs as another user:
+    ``owner``; :data:`OWN_JOB_DIR` otherwise), not the umask's ``0755``. One that
+    exists is the controller's, left as it is."""
+    own = OWN_JOB_DIR if owner is None else SHARED_JOB_DIR
+    for directory, mode in ((path.parent, SHARED_JOB_DIR), (path, own)):
+        if directory.is_dir():
+            continue
+        directory.parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileExistsError):
+            directory.mkdir(mode=mode)
+            os.chmod(directory, mode)  # the umask took bits of it
 
 
 def _reported(text: str) -> str:
@@ -608,7 +630,7 @@ class WorkerAgent:
                 # Popen changes directory before it changes user: as root, it would give
                 # the task a directory its owner may not enter. The owner's shell does it.
                 argv, cwd = [SHELL, "-c", CD_EXEC, "xce-task", cwd, *argv], "/"
-            Path(cmd["stdout"]).parent.mkdir(parents=True, exist_ok=True)
+            make_job_dir(Path(cmd["stdout"]).parent, owner)
             with open_log(cmd["stdout"], owner) as out, open_log(cmd["stderr"], owner) as err:
                 t.popen = self.spawn(
                     argv,
@@ -758,6 +780,11 @@ class WorkerAgent:
         )
         log_path = Path(cmd["log"])
         user = cmd.get("user")
+        with contextlib.suppress(OSError, ValueError):
+            # Before the command's runner makes its working directory (often the job's
+            # directory) with the umask's mode.
+            account = parse_account(user)
+            make_job_dir(log_path.parent, account if account.uid != os.geteuid() else None)
 
         def run() -> None:
             try:
@@ -808,7 +835,7 @@ class WorkerAgent:
             f"# stdout\n{result.stdout}# stderr\n{result.stderr}"
         )
         with contextlib.suppress(OSError):
-            log_path.parent.mkdir(parents=True, exist_ok=True)
+            make_job_dir(log_path.parent, owner)
             with open_log(log_path, owner, append=False) as fh:
                 fh.write(text.encode())
         return {
