@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ from hypothesis import strategies as st
 from xce_resize_plugin.controllers.live.proc import Account
 from xce_resize_plugin.controllers.live.task_env import (
     SCRATCH,
+    Budget,
     identity_env,
     local_task_id,
     make_scratch,
@@ -131,3 +133,21 @@ def test_scratch_removed_however_deep_and_never_through_a_link(tmp_path: Path) -
     assert sorted(p.name for p in outside.iterdir()) == ["keep"]
     assert (outside / "keep").read_text() == "not the job's"
     remove_tree(scratch)  # none: nothing to do
+
+
+def test_a_removal_in_turns_goes_on_from_what_is_on_disk(tmp_path: Path) -> None:
+    """A turn stops at its budget and the next goes on from what is on disk (nothing of
+    the removal is kept in memory between turns); a tree nobody adds to meets no new
+    directory."""
+    scratch = tmp_path / "job" / SCRATCH
+    for i in range(20):
+        (scratch / f"d{i}" / "e" / "f").mkdir(parents=True)
+        (scratch / f"d{i}" / "e" / "file").write_text("x")
+    turns = 0
+    while True:
+        budget = Budget(60.0, 7, time.time_ns())
+        turns += 1
+        if remove_tree(scratch, budget):
+            break
+        assert budget.new == 0 and turns < 100
+    assert turns > 5 and not scratch.exists()

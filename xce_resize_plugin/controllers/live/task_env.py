@@ -16,7 +16,10 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import math
 import os
+import sys
+import time
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -107,9 +110,37 @@ def _give(path: Path, account: Account) -> None:
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
-def remove_tree(path: Path) -> None:
+class Budget:
+    """What one turn of a removal may still do (:func:`remove_tree`): ``entries``
+    entries, until ``deadline`` (``time.monotonic``). A directory whose inode changed
+    after ``since_ns`` (``time.time_ns``; the removal's previous turn) is new, made by a
+    process of the job's owner that works inside the tree (docs/live-controller.md,
+    "Jobs and tasks"); ``new`` counts those this turn met."""
+
+    def __init__(self, seconds: float, entries: int, since_ns: int) -> None:
+        self.deadline = time.monotonic() + seconds
+        self.entries = entries
+        self.since_ns = since_ns
+        self.new = 0
+
+    @classmethod
+    def unlimited(cls) -> Budget:
+        return cls(math.inf, sys.maxsize, time.time_ns())
+
+    def spend(self) -> bool:
+        """Take one entry; ``False`` once the turn is over (nothing was taken)."""
+        if self.entries <= 0 or time.monotonic() >= self.deadline:
+            self.entries = 0
+            return False
+        self.entries -= 1
+        return True
+
+
+def remove_tree(path: Path, budget: Budget | None = None) -> bool:
     """Remove the directory ``path`` (a job's scratch directory, or one moved aside:
     :mod:`.scratch_trash`) and what the job left in it; what cannot be removed is left.
+    ``True`` when done (removed, or what is left cannot be); ``False`` when ``budget``
+    ran out first: a later call with a new budget goes on from what is on disk.
 
     Every step is relative to a descriptor of a directory opened without following
     links, so no link the job made is followed. And no step recurses: the job decides
@@ -118,50 +149,89 @@ def remove_tree(path: Path) -> None:
     ``ignore_errors`` and the controller's cycle that ends the job), as a walk that
     holds a descriptor per level would run out of descriptors. Instead, the
     subdirectories of each directory emptied are moved up into the scratch directory
-    itself, and emptied from there in turn: two directories are open at most."""
+    itself, and emptied from there in turn: two directories are open at most. What is
+    left to do is never listed in memory but found again on disk, by passes over the
+    scratch directory until one changes nothing: a process of the owner's that keeps
+    making directories inside would otherwise grow that list, and the controller's
+    memory, for as long as it runs."""
+    budget = budget or Budget.unlimited()
     try:
         top = os.open(path, _DIR_FLAGS)
     except OSError:
-        return  # none (the job's directory is the controller's: nobody else made one)
+        return True  # none (the job's directory is the controller's: nobody else made one)
     try:
-        with os.scandir(top) as entries:
-            todo = [entry.name for entry in entries]
-        while todo:
-            _remove_entry(top, todo.pop(), todo)
-    except OSError:
-        pass
+        done = _empty(top, budget)
     finally:
         os.close(top)
-    with contextlib.suppress(OSError):
-        os.rmdir(path)
+    if done:
+        with contextlib.suppress(OSError):
+            os.rmdir(path)
+    return done
 
 
-def _remove_entry(top: int, name: str, todo: list[str]) -> None:
+def _empty(top: int, budget: Budget) -> bool:
+    """Passes over ``top`` until one changes nothing (``True``), or until the budget is
+    spent (``False``)."""
+    while True:
+        changed = False
+        try:
+            with os.scandir(top) as entries:
+                for entry in entries:
+                    if not budget.spend():
+                        return False
+                    changed = _remove_entry(top, entry.name, budget) or changed
+                    if budget.entries <= 0:
+                        return False
+        except OSError:
+            return True
+        if not changed:
+            return True
+
+
+def _remove_entry(top: int, name: str, budget: Budget) -> bool:
     """Remove ``name`` of the directory ``top``: anything but a directory at once (a
     symbolic link itself, not what it names); a directory once its entries are gone,
-    its subdirectories moved up into ``top`` under new names added to ``todo``."""
+    its subdirectories moved up into ``top`` under new names. Whether anything
+    changed."""
     try:
         fd = os.open(name, _DIR_FLAGS, dir_fd=top)
     except OSError:
-        with contextlib.suppress(OSError):
+        try:
             os.unlink(name, dir_fd=top)
-        return
+        except OSError:
+            return False
+        return True
+    changed = False
     try:
         with os.scandir(fd) as entries:
             for entry in entries:
-                with contextlib.suppress(OSError):
-                    if entry.is_dir(follow_symlinks=False):
-                        up = f".removing-{uuid.uuid4().hex}"
-                        os.rename(entry.name, up, src_dir_fd=fd, dst_dir_fd=top)
-                        todo.append(up)
-                    else:
-                        os.unlink(entry.name, dir_fd=fd)
+                if not budget.spend():
+                    return changed  # the rest at the next turn
+                changed = _clear(entry, fd, top, budget) or changed
     except OSError:
         pass
     finally:
         os.close(fd)
-    with contextlib.suppress(OSError):
+    try:
         os.rmdir(name, dir_fd=top)
+    except OSError:
+        return changed
+    return True
+
+
+def _clear(entry: os.DirEntry[str], fd: int, top: int, budget: Budget) -> bool:
+    """Unlink ``entry`` of the directory ``fd``, or move it up into ``top`` if it is a
+    directory; whether that was done."""
+    try:
+        if entry.is_dir(follow_symlinks=False):
+            if entry.stat(follow_symlinks=False).st_ctime_ns > budget.since_ns:
+                budget.new += 1
+            os.rename(entry.name, f".removing-{uuid.uuid4().hex}", src_dir_fd=fd, dst_dir_fd=top)
+        else:
+            os.unlink(entry.name, dir_fd=fd)
+    except OSError:
+        return False
+    return True
 
 
 def recorded_local_ids(
