@@ -1,7 +1,10 @@
 """The ``PATH`` of a job's tasks and notification commands (docs/live-controller.md,
 "Jobs and tasks"): the controller's own only for a job of its own user, a fixed default
 for another user's, never an empty or relative entry (each is looked up from the
-command's working directory); a ``PATH`` the job sets is the job's, as it gave it.
+command's working directory); a ``PATH`` the job sets is the job's, as it gave it. And
+the rest of a notification command's environment: another user's gets nothing of its
+agent's own (root's ``TMPDIR``, ``LANG``, ``LC_*``, ``TZ``), and its job's scratch as
+``TMPDIR``.
 
 The environment builders are those of a live controller that is constructed, not
 opened: nothing starts, and the accounts need not exist."""
@@ -19,7 +22,12 @@ from xce_resize_plugin.controllers.jobs import JobRecord
 from xce_resize_plugin.controllers.live import settings as live_config
 from xce_resize_plugin.controllers.live.live_controller import LiveController
 from xce_resize_plugin.controllers.live.proc import Account
-from xce_resize_plugin.controllers.runners import NotificationRequest, SubprocessNotificationRunner
+from xce_resize_plugin.controllers.live.task_env import SCRATCH, make_scratch
+from xce_resize_plugin.controllers.runners import (
+    WHOLE_ENV,
+    NotificationRequest,
+    SubprocessNotificationRunner,
+)
 from xce_resize_plugin.core.models import Task
 from xce_resize_plugin.manager import get_plugin_manager
 
@@ -140,3 +148,65 @@ def test_a_notification_runner_drops_relative_path_entries(
     monkeypatch.setenv("PATH", ".:")
     request = NotificationRequest("101", 1, "h1", "true", {}, 5, Path())
     assert runner.environment(request)["PATH"] == DEFAULT_PATH
+
+
+#: The agent's own environment (root's, in a real install), as the review found it.
+AGENTS = {
+    "TMPDIR": "/root/agent-private-tmp",
+    "LANG": "de_DE.UTF-8",
+    "LC_ALL": "de_DE.UTF-8",
+    "LC_CTYPE": "de_DE.UTF-8",
+    "TZ": "Europe/Berlin",
+}
+
+
+def _notification_run_env(
+    ctl: LiveController, account: Account, env: dict[str, str], scratch: bool
+) -> dict[str, str]:
+    """What the agent runs the notification command with: the controller's command,
+    through the agent's runner, in an agent whose own environment has AGENTS."""
+    if scratch:
+        ctl._make_job_dir("101", account)
+        make_scratch(ctl.job_dir("101"), account, os.geteuid() == 0)
+    sent = _notify_env(ctl, account, env)
+    request = NotificationRequest("101", 1, "h1", "true", sent, 5, Path())
+    return SubprocessNotificationRunner().environment(request)
+
+
+def test_another_users_notification_gets_nothing_of_the_agents_own(
+    controller: LiveController, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review 29b, finding 5: another user's notification command got the agent's
+    (root's) TMPDIR, LANG, LC_* and TZ. It gets its job's scratch as TMPDIR, as its
+    tasks do, and none of the others unless its job sets them."""
+    for key, value in AGENTS.items():
+        monkeypatch.setenv(key, value)
+    scratch = controller.job_dir("101") / SCRATCH
+    env = _notification_run_env(controller, _other(), {}, scratch=True)
+    assert env["TMPDIR"] == str(scratch / "tmp")
+    assert not {"LANG", "LC_ALL", "LC_CTYPE", "TZ", WHOLE_ENV} & env.keys()
+    assert env["PATH"] == DEFAULT_PATH and env["HOME"] == "/home/other"
+    assert env["USER"] == env["LOGNAME"] == "other"
+    mine = {"LANG": "C.UTF-8", "TZ": "UTC", "TMPDIR": "/var/tmp/mine"}
+    assert _notification_run_env(controller, _other(), mine, scratch=True).items() >= mine.items()
+
+
+def test_another_users_notification_without_a_scratch_gets_no_tmpdir(
+    controller: LiveController, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for key, value in AGENTS.items():
+        monkeypatch.setenv(key, value)
+    env = _notification_run_env(controller, _other(), {}, scratch=False)
+    assert not {"TMPDIR", "LANG", "LC_ALL", "LC_CTYPE", "TZ"} & env.keys()
+
+
+def test_a_notification_of_the_controllers_own_user_keeps_the_agents_environment(
+    controller: LiveController, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A personal controller's job is its user's: its notification command gets the
+    agent's TMPDIR, LANG, LC_* and TZ, as before."""
+    for key, value in AGENTS.items():
+        monkeypatch.setenv(key, value)
+    me = Account.of_uid(os.geteuid())
+    env = _notification_run_env(controller, me, {}, scratch=True)
+    assert env.items() >= AGENTS.items() and WHOLE_ENV not in env

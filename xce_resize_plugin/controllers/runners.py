@@ -313,10 +313,15 @@ class NotificationRunner(Protocol):
     def run(self, request: NotificationRequest, done: NotificationDone) -> None: ...
 
 
-#: Variables of the controller's own environment a notification command inherits: what
-#: a login shell needs to find programs and decode text, nothing that would leak the
-#: controller's configuration into the job's command.
+#: Variables of the controller's own environment a notification command of its own
+#: user inherits: what a login shell needs to find programs and decode text, nothing
+#: that would leak the controller's configuration into the job's command.
 ESSENTIAL_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TMPDIR", "TZ", "USER", "LOGNAME")
+#: A key of a request's ``env`` that says it is the command's whole environment: the
+#: live controller sets it for a command that runs as another user than its agent's,
+#: which must get nothing of the agent's own (root's ``TMPDIR``, ``LANG``, ``LC_*``,
+#: ``TZ``: docs/live-controller.md, "Jobs and tasks"). The runner drops it.
+WHOLE_ENV = "XCE_NOTIFY_WHOLE_ENV"
 #: The ``PATH`` of a job's command that runs as another user than this process's and
 #: whose job sets none (and of any command when this process has no usable ``PATH``).
 #: This process's own is made for its user (root's, with ``/root/...`` entries), and a
@@ -353,7 +358,8 @@ def essential_env(own_user: bool = True) -> dict[str, str]:
 
 class SubprocessNotificationRunner:
     """Runs the command for real: ``/bin/sh -c command`` in its own session, with the
-    essential environment plus the request's, output captured (truncated to
+    essential environment plus the request's (the request's alone when it says it is
+    whole: :data:`WHOLE_ENV`), output captured (truncated to
     ``max_output`` characters per stream, bounded while it is read:
     :class:`_CappedOutput`), killed with its whole process group on
     timeout. ``popen`` starts the process (the live worker agent's keeps track of its
@@ -370,10 +376,14 @@ class SubprocessNotificationRunner:
         self.popen = popen
 
     def environment(self, request: NotificationRequest) -> dict[str, str]:
-        # Its own user's PATH: a command that runs as another user (a live agent's, as
-        # root, for a job of its owner) is given its PATH in ``request.env``.
+        given = {str(k): str(v) for k, v in request.env.items()}
+        if given.pop(WHOLE_ENV, None) is not None:
+            # Another user's command (a live agent's, as root, for a job of its owner):
+            # what the controller sent is all of it (:data:`WHOLE_ENV`).
+            given.setdefault("PATH", DEFAULT_PATH)
+            return given
         env = essential_env()
-        env.update({str(k): str(v) for k, v in request.env.items()})
+        env.update(given)
         return env
 
     def run(self, request: NotificationRequest, done: NotificationDone) -> None:

@@ -20,6 +20,7 @@ from xce_resize_plugin.controllers.live.live_state import JOB_FILE_MODE, LiveSta
 from xce_resize_plugin.controllers.live.proc import Account, account_json, atomic_write
 from xce_resize_plugin.controllers.live.submission import SubmitRejected
 from xce_resize_plugin.controllers.live.task_env import (
+    SCRATCH,
     identity_env,
     local_task_id,
     make_scratch,
@@ -28,6 +29,7 @@ from xce_resize_plugin.controllers.live.task_env import (
 )
 from xce_resize_plugin.controllers.live.tasks import unsendable
 from xce_resize_plugin.controllers.runners import (
+    WHOLE_ENV,
     NotificationDone,
     NotificationRequest,
     NotificationResult,
@@ -270,9 +272,14 @@ class TaskCommands(LiveState):
         jdir = self.job_dir(request.job_id)
         env = {**_account_env(account), **request.env}
         if account.uid != self.euid:
-            # The agent's PATH (its user's, root's) is not for another user's command;
-            # one the job set (request.env has the job's) stays.
+            # Nothing of the agent's own environment (its user's, root's: PATH, TMPDIR,
+            # LANG, LC_*, TZ) is for another user's command: this is all of it
+            # (runners.WHOLE_ENV). TMPDIR is the job's scratch, as its tasks'
+            # (task_env.identity_env); what the job set (request.env has the job's) stays.
             env.setdefault("PATH", command_path(own_user=False))
+            if (jdir / SCRATCH).is_dir():
+                env.setdefault("TMPDIR", str(jdir / SCRATCH / "tmp"))
+            env[WHOLE_ENV] = "1"
         hosts = env.get("LSB_HOSTS", "").split()
         version = env.get("XCE_ALLOC_VERSION", "next")
         # The notification sees the allocation the change would commit: a hostfile of
