@@ -6,18 +6,13 @@ from __future__ import annotations
 import logging
 import os
 import pwd
-import shutil
-import signal
-import subprocess
-import sys
 import threading
-import time
 import tracemalloc
 from pathlib import Path
 
 import pytest
 
-from xce_resize_plugin.controllers.live import scratch_trash
+from xce_resize_plugin.controllers.live import scratch_trash, task_env
 from xce_resize_plugin.controllers.live.proc import Account
 from xce_resize_plugin.controllers.live.scratch_trash import (
     TRASH_PREFIX,
@@ -87,31 +82,6 @@ def test_what_an_earlier_controller_left_is_swept(tmp_path: Path) -> None:
 #: tree (a descriptor it holds follows the tree's renames). It keeps ``LEAD`` levels
 #: ahead of the removal, no more (the directory that many levels up still has a link),
 #: so that the tree stays small enough to go in a second once it stops.
-GROWER = """
-import os, time
-top = os.open("..", os.O_RDONLY | os.O_DIRECTORY)
-chain = []
-n = 0
-while True:
-    if len(chain) >= LEAD:
-        if os.fstat(chain[0]).st_nlink:
-            time.sleep(0.001)
-            continue
-        os.close(chain.pop(0))
-    try:
-        for k in range(8):
-            os.mkdir(str(k))
-        os.chdir("0")
-        chain.append(os.open(".", os.O_RDONLY | os.O_DIRECTORY))
-    except OSError:
-        n += 1
-        try:
-            os.fchdir(top)
-            os.mkdir("g%d" % n)
-            os.chdir("g%d" % n)
-        except OSError:
-            time.sleep(0.01)
-"""
 
 
 def _account() -> Account:
@@ -128,60 +98,75 @@ def _trash_of(jobs: Path, job: str, account: Account) -> Path:
     return job_dir / "scratch"
 
 
-def _grower(scratch: Path, account: Account) -> subprocess.Popen[bytes]:
-    run_as = {"user": account.uid, "group": account.gid, "extra_groups": []}
-    # This interpreter may be in root's home, which another user cannot reach.
-    python = sys.executable if os.geteuid() != 0 else shutil.which("python3", path="/usr/bin:/bin")
-    if python is None:
-        pytest.skip("no python3 in /usr/bin or /bin for another user")
-    return subprocess.Popen(
-        [python, "-I", "-S", "-c", GROWER.replace("LEAD", "50")],
-        cwd=scratch / "tmp",
-        stdin=subprocess.DEVNULL,
-        **(run_as if os.geteuid() == 0 else {}),
-    )
+def _tree(top: Path, chains: int, deep: int) -> None:
+    """``chains`` chains of ``deep`` nested directories under ``top``, a file at each end."""
+    for c in range(chains):
+        end = top.joinpath(f"c{c}", *["d"] * deep)
+        end.mkdir(parents=True)
+        (end / "f").write_text("x")
 
 
-def test_a_tree_kept_growing_holds_back_no_other_removal_and_no_memory(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
-    """Review 29b, finding 4: a process of job A's owner keeps making directories
-    inside A's scratch while it is removed. Job B's scratch, queued after A's, goes
-    within seconds all the same (A goes back to the end of the queue after each turn);
-    the remover's memory does not grow with A (what is left is found again on disk,
-    not listed in memory); A is logged once as kept growing; once the process stops, A
-    goes too."""
+def test_a_large_removal_holds_back_no_later_one_and_no_memory(tmp_path: Path) -> None:
+    """Review 29b, finding 4: removals take turns. Job B's scratch, queued after A's
+    much larger one, goes after A's first turn, not after all of A; the remover's memory
+    does not grow with A (what is left is found again on disk, not listed in memory)."""
     jobs = tmp_path / "jobs"
     jobs.mkdir(mode=0o711)
     account = _account()
     scratch_a = _trash_of(jobs, "A", account)
     scratch_b = _trash_of(jobs, "B", account)
+    _tree(scratch_a / "tmp", 20, 100)  # 2,000 directories
     (scratch_b / "tmp" / "f").write_text("B's")
-    grower = _grower(scratch_a, account)
-    remover = TrashRemover(turn_seconds=0.5)
+    trash_a, trash_b = discard_scratch(jobs / "A"), discard_scratch(jobs / "B")
+    assert trash_a is not None and trash_b is not None
+    remover = TrashRemover(turn_seconds=60, turn_entries=50)
     tracemalloc.start()
     try:
-        wait_until(lambda: (scratch_a / "tmp" / "0").exists(), 10, "the grower at work")
-        caplog.set_level(logging.WARNING, scratch_trash.__name__)
-        trash_a = discard_scratch(jobs / "A")
-        trash_b = discard_scratch(jobs / "B")
-        assert trash_a is not None and trash_b is not None
         remover.put(trash_a)
         remover.put(trash_b)
-        wait_until(lambda: not trash_b.exists(), 5, "B removed while A grows")
-        assert grower.poll() is None and trash_a.exists()
+        wait_until(lambda: not trash_b.exists(), 20, "B removed")
+        assert trash_a.exists()  # 2,000 directories are 40 turns of 50: A waits its turn
         before, _ = tracemalloc.get_traced_memory()
         tracemalloc.reset_peak()
-        time.sleep(8)
+        wait_until(lambda: not trash_a.exists(), 120, "A removed")
         _, peak = tracemalloc.get_traced_memory()
-        assert grower.poll() is None and trash_a.exists()
-        assert peak - before < 512 * 1024, (before, peak)
     finally:
         tracemalloc.stop()
-        os.kill(grower.pid, signal.SIGKILL)
-        grower.wait()
+    assert peak - before < 256 * 1024, (before, peak)
+    assert sorted(p.name for p in jobs.iterdir()) == ["A", "B"]
+
+
+def test_a_tree_kept_growing_is_told_once_and_goes_once_it_stops(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """New directories met turn after turn (a process of the job's owner working
+    inside the tree) are logged once, naming the job and its owner; the removal goes on
+    in turn, and ends once nothing new comes. The owner's process is played by the
+    turn itself: at the start of each turn, a few more directories appear."""
+    jobs = tmp_path / "jobs"
+    jobs.mkdir(mode=0o711)
+    account = _account()
+    _trash_of(jobs, "A", account)
+    trash = discard_scratch(jobs / "A")
+    assert trash is not None
+    growing, made = [True], [0]
+    spend = task_env.Budget.spend
+
+    def spend_while_it_grows(budget: task_env.Budget) -> bool:
+        if growing[0] and budget.entries == 5:  # a turn's first step
+            made[0] += 1
+            trash.joinpath(f"n{made[0]}", "d", "d").mkdir(parents=True)
+        return spend(budget)
+
+    monkeypatch.setattr(task_env.Budget, "spend", spend_while_it_grows)
+    caplog.set_level(logging.WARNING, scratch_trash.__name__)
+    removal = scratch_trash._Removal(trash)
+    for _ in range(scratch_trash.GROWING_TURNS + 3):
+        assert removal.turn(60, 5)  # more is left: it keeps growing
     warned = [r for r in caplog.records if "keeps getting new directories" in r.message]
     assert len(warned) == 1 and "job A" in warned[0].message, caplog.text
     assert f"user {account.name}" in warned[0].message
-    wait_until(lambda: not trash_a.exists(), 60, "A removed once its grower stopped")
-    assert sorted(p.name for p in jobs.iterdir()) == ["A", "B"]
+    growing[0] = False
+    while removal.turn(60, 5):
+        pass
+    assert not trash.exists() and len(caplog.records) == 1
