@@ -426,12 +426,26 @@ def test_a_busy_refusal_waits_its_retry_after_within_bounds(
     retry_after: int | None, waited: float, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The wait is the answer's Retry-After, kept between BUSY_WAIT and BUSY_WAIT_MAX (a
-    proxy's 0 would have a large job's tasks hammer it, an hour would hold the call)."""
+    proxy's 0 would have a large job's tasks hammer it, an hour would hold the call),
+    and lengthened by up to BUSY_SPREAD of it, at random, within BUSY_WAIT_MAX."""
     slept: list[float] = []
     monkeypatch.setattr(time, "sleep", slept.append)
     transport = _AfterBusy(retry_after)
     assert ResizeClient("7", transport).get("k") == "v"
-    assert slept == [waited] and transport.calls == 2
+    assert len(slept) == 1 and transport.calls == 2
+    assert waited <= slept[0] <= min(waited * (1 + protocol.BUSY_SPREAD), protocol.BUSY_WAIT_MAX)
+
+
+def test_tasks_refused_together_do_not_come_back_together() -> None:
+    """The waits of refusals with the same Retry-After are spread: a large job's tasks
+    refused in one instant come back over half a second, not in one instant again."""
+    busy = protocol.RemoteError("XCE_TOO_MANY_REQUESTS", "busy", 429, retry_after=1)
+    waits = []
+    for _ in range(50):
+        exchange = protocol.Exchange(iter(()))
+        waits.append(exchange.refused(busy))
+    assert all(1.0 <= w < 1.5 for w in waits), waits
+    assert max(waits) - min(waits) > 0.2, waits
 
 
 @pytest.mark.parametrize(
@@ -559,6 +573,7 @@ def test_a_long_poll_refused_as_busy_is_asked_again_for_the_time_left(
     none once the call's timeout has passed: a call that waits answers at its timeout,
     or as soon as the controller answers again if it was busy then (before, each retry
     asked for the whole wait again, a full timeout after the busy spell)."""
+    monkeypatch.setattr(protocol, "BUSY_SPREAD", 0.0)  # exact pauses (spread: above)
     clock = _Clock()
     monkeypatch.setattr(time, "monotonic", clock.monotonic)
     monkeypatch.setattr(time, "sleep", clock.sleep)
@@ -605,6 +620,7 @@ def test_a_retried_poll_that_ends_early_is_read_as_given_up(
     the retried poll's own send and length, not the first's (with a pause between
     them, a change given up during the retried poll read as a poll that ran out, and
     the wait went on to its whole timeout)."""
+    monkeypatch.setattr(protocol, "BUSY_SPREAD", 0.0)  # exact pauses (spread: above)
     clock = _Clock()
     monkeypatch.setattr(time, "monotonic", clock.monotonic)
     monkeypatch.setattr(time, "sleep", clock.sleep)

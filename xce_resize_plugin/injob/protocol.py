@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import numbers
 import os
+import random
 import time
 import urllib.parse
 from collections.abc import Callable, Generator, Mapping, Sequence
@@ -40,6 +41,11 @@ MAX_POLL = 30.0
 BUSY_WAIT = 1.0
 BUSY_WAIT_MAX = 30.0
 BUSY_RETRIES = 60
+#: A busy refusal's wait is lengthened by up to this share of it, at random: the tasks of
+#: a large job refused together would otherwise all come back in the same instant, and
+#: be refused together again.
+BUSY_SPREAD = 0.5
+_SPREAD = random.Random()
 #: The least time between the long polls of one call (seconds): a controller answers a
 #: poll early when something changed, a few times per resize; something else at the
 #: URL that answers every poll at once (a proxy ignoring the poll) was polled 2,300
@@ -182,7 +188,8 @@ class Exchange(Generic[_T]):
             self._busy += 1
             self._again = True
             asked = error.retry_after
-            return BUSY_WAIT if asked is None else min(max(asked, BUSY_WAIT), BUSY_WAIT_MAX)
+            wait = BUSY_WAIT if asked is None else min(max(asked, BUSY_WAIT), BUSY_WAIT_MAX)
+            return min(wait * (1 + BUSY_SPREAD * _SPREAD.random()), BUSY_WAIT_MAX)
         self._answer, self._error = None, error
         return 0.0
 
