@@ -12,8 +12,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from xce_resize_plugin.controllers.live.live_state import SHARED_JOB_DIR, LiveState
-from xce_resize_plugin.controllers.live.proc import Account
+from xce_resize_plugin.controllers.live.live_state import LiveState
+from xce_resize_plugin.controllers.live.proc import SHARED_JOB_DIR, Account
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="giving files away needs root")
 

@@ -43,7 +43,12 @@ from xce_resize_plugin.controllers.jobs import JobRecord
 from xce_resize_plugin.controllers.live.controller_lock import ControllerLock
 from xce_resize_plugin.controllers.live.job_tokens import JobTokens
 from xce_resize_plugin.controllers.live.live_store import Lease, LiveStore
-from xce_resize_plugin.controllers.live.proc import Account, parse_account
+from xce_resize_plugin.controllers.live.proc import (
+    OWN_JOB_DIR,
+    SHARED_JOB_DIR,
+    Account,
+    parse_account,
+)
 from xce_resize_plugin.controllers.live.scratch_trash import TrashRemover
 from xce_resize_plugin.controllers.live.settings import LiveConfig
 from xce_resize_plugin.controllers.live.storage_faults import StateNotWritable
@@ -74,15 +79,6 @@ LIFECYCLE_HOOKS = frozenset({"xce_controller_start", "xce_controller_stop"})
 #: ``after-reserve``, ``after-launch``, ``after-stop``, ``after-notify``,
 #: ``after-commit`` (the controller method returned). Never set it in production.
 CRASH_ENV = "XCE_LIVE_CRASH"
-#: A job's directory when the job runs as another user than the controller's: the
-#: controller's (``jobs/ID`` root's, 0711), which the job's owner passes through to the
-#: files its environment names and nobody lists (docs/live-controller.md, "State
-#: directory"). Not the owner's group's: users often share one (``users``), and it
-#: would show each of them the others' jobs and allocations.
-SHARED_JOB_DIR = 0o711
-#: A job's directory when the job runs as the controller's own user (a personal
-#: controller): nobody else has anything to reach in it.
-OWN_JOB_DIR = 0o700
 #: The files of a job's directory the job reads (hostfiles, task file): its owner's
 #: alone (:meth:`LiveState._file_owner`), read-only.
 JOB_FILE_MODE = 0o400

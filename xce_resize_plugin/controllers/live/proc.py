@@ -126,6 +126,17 @@ def open_log(path: Path | str, owner: Account | None, *, append: bool = True) ->
         raise
 
 
+#: A job's directory when the job runs as another user than the controller's: the
+#: controller's (``jobs/ID`` root's, 0711), which the job's owner passes through to the
+#: files its environment names and nobody lists (docs/live-controller.md, "State
+#: directory"). Not the owner's group's: users often share one (``users``), and it
+#: would show each of them the others' jobs and allocations.
+SHARED_JOB_DIR = 0o711
+#: A job's directory when the job runs as the controller's own user (a personal
+#: controller): nobody else has anything to reach in it.
+OWN_JOB_DIR = 0o700
+
+
 def atomic_write(
     path: Path, data: str | bytes, mode: int = 0o644, owner: Account | None = None
 ) -> None:

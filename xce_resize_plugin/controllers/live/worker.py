@@ -82,6 +82,8 @@ from attrs import define, field
 
 from xce_resize_plugin.controllers.live import fd_limits
 from xce_resize_plugin.controllers.live.proc import (
+    OWN_JOB_DIR,
+    SHARED_JOB_DIR,
     Account,
     ProcessTable,
     ProcInfo,
@@ -133,13 +135,6 @@ CD_EXEC = 'cd -- "$1" || exit 126; shift; exec "$@"'
 #: files (:func:`~.fd_limits.raise_nofile`): the soft limit it had before, set in the
 #: child before it becomes the command, never in the agent (which needs the raised one).
 LIMITS_EXEC = 'ulimit -Sn "$1" || exit 126; shift; exec "$@"'
-#: A job's directory the agent makes itself (no shared state directory, or it is
-#: missing), as the controller makes it (``live_state.SHARED_JOB_DIR``,
-#: ``OWN_JOB_DIR``; docs/live-controller.md, "State directory"): root's, passed through
-#: by a job of another user and listed by nobody; its own user's alone for a job of
-#: the agent's own user.
-SHARED_JOB_DIR = 0o711
-OWN_JOB_DIR = 0o700
 #: What a thread that cannot start raises: no thread left to the process (its pids
 #: budget, which its tasks share), or no memory for its stack.
 NO_THREAD = (RuntimeError, MemoryError)
