@@ -210,3 +210,31 @@ def test_a_notification_of_the_controllers_own_user_keeps_the_agents_environment
     me = Account.of_uid(os.geteuid())
     env = _notification_run_env(controller, me, {}, scratch=True)
     assert env.items() >= AGENTS.items() and WHOLE_ENV not in env
+
+
+def test_another_users_task_gets_nothing_of_the_controllers_own(
+    controller: LiveController, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review 29b, left open then: another user's tasks got the controller's (root's)
+    LANG, LC_* and TZ, which its notification commands no longer got. Now neither
+    does; what the job's env sets is kept, and its scratch is its TMPDIR."""
+    for key, value in AGENTS.items():
+        monkeypatch.setenv(key, value)
+    env = _task_env(controller, _other(), {})
+    assert not {"LANG", "LC_ALL", "LC_CTYPE", "TZ"} & env.keys()
+    assert env["TMPDIR"] != AGENTS["TMPDIR"]
+    assert env["TMPDIR"] == str(controller.job_dir("101") / SCRATCH / "tmp")
+    assert env["HOME"] == "/home/other" and env["USER"] == env["LOGNAME"] == "other"
+    mine = {"LANG": "C.UTF-8", "TZ": "UTC", "TMPDIR": "/var/tmp/mine"}
+    assert _task_env(controller, _other(), mine).items() >= mine.items()
+
+
+def test_a_task_of_the_controllers_own_user_keeps_its_environment(
+    controller: LiveController, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A personal controller's job is its user's: its tasks get the controller's LANG,
+    LC_* and TZ (TMPDIR is the job's scratch, as for every job)."""
+    for key, value in AGENTS.items():
+        monkeypatch.setenv(key, value)
+    env = _task_env(controller, Account.of_uid(os.geteuid()), {})
+    assert env.items() >= {k: v for k, v in AGENTS.items() if k != "TMPDIR"}.items()

@@ -189,8 +189,12 @@ class TaskCommands(LiveState):
         account: Account,
     ) -> dict[str, str]:
         # The controller's PATH only for a job of its own user (runners.DEFAULT_PATH
-        # says why); a PATH the job sets (job.env) stays as the job gave it.
-        env = essential_env(own_user=account.uid == self.euid)
+        # says why); a PATH the job sets (job.env) stays as the job gave it. Another
+        # user's task gets nothing else of the controller's own environment (root's
+        # LANG, LC_*, TZ, TMPDIR), as its notification commands do not: what the job's
+        # env sets, and its scratch as TMPDIR, below.
+        own = account.uid == self.euid
+        env = essential_env() if own else {"PATH": command_path(own_user=False)}
         env.update(_account_env(account))
         env.update(job.env)
         env.update(alloc)
