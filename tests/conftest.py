@@ -18,7 +18,7 @@ entry point. What is here serves only this project's tests:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -253,6 +253,21 @@ class ToyResizer:
         self.launched.discard(job_id)
         self.releases.pop(job_id, None)
         self.stopping.pop(job_id, None)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_cgroup_left() -> Iterator[None]:
+    """The agents' cgroups (docs/live-controller.md, "Process containment") of every
+    cluster this test process made are gone at the end of the run: each test's
+    clean-up removes them, and an agent that stops removes its own. What is left is
+    removed here, and reported as an error of the run."""
+    from xce_resize_plugin.testing.live import cgroup_trees, remove_cgroups, started_states
+
+    yield
+    left = [t for state in started_states() for t in cgroup_trees(state) if t.exists()]
+    for state in started_states():
+        remove_cgroups(state)
+    assert not left, f"cgroups left behind by the tests: {left}"
 
 
 @pytest.fixture

@@ -84,6 +84,16 @@ class _Stdout:
         return getattr(self._stream, name)
 
 
+def _pids_max(text: str) -> str | int:
+    """``--task-pids-max``: as ``[worker] task_pids_max``."""
+    from xce_resize_plugin.controllers.live.cgroups import parse_pids_max
+
+    try:
+        return parse_pids_max(int(text) if text.isdigit() else text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _request_deadline(text: str) -> float:
     """A request deadline on the command line: seconds, > 0 and at most an hour (as
     ``[controller] header_timeout``)."""
@@ -232,6 +242,21 @@ def _worker_parser(sub: Any) -> None:
         metavar="SECONDS",
         help="seconds a client has to send a request's headers (the controller passes "
         "its [controller] header_timeout; default 10)",
+    )
+    wk.add_argument(
+        "--containment",
+        choices=("auto", "cgroup", "proc"),
+        default="auto",
+        help="a cgroup per task (cgroup: or refuse to start), the /proc tracking alone "
+        "(proc), or the first where it can (auto, the default); [worker] containment",
+    )
+    wk.add_argument(
+        "--task-pids-max",
+        type=_pids_max,
+        default="15%",
+        metavar="N|N%|max",
+        help="pids.max of each task's cgroup, where a pids controller is there "
+        "([worker] task_pids_max; default 15%%)",
     )
 
 
@@ -449,7 +474,13 @@ def _dispatch(args: argparse.Namespace, out: TextIO) -> int:
     if args.command == "worker":
         from xce_resize_plugin.controllers.live import worker_server
 
-        return worker_server.serve(args.state_dir.resolve(), args.host, args.header_timeout)
+        return worker_server.serve(
+            args.state_dir.resolve(),
+            args.host,
+            args.header_timeout,
+            args.containment,
+            args.task_pids_max,
+        )
     if args.command in CLIENT_COMMANDS:
         return _client(args, out)
     return _journal(args, out)

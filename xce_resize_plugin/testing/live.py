@@ -34,10 +34,13 @@ __all__ = [
     "SLEEPER",
     "LiveCluster",
     "alive",
+    "cgroup_trees",
     "controller_command",
     "free_port",
     "kill_marked",
     "processes_marked",
+    "remove_cgroups",
+    "started_states",
     "wait_until",
 ]
 
@@ -46,6 +49,10 @@ ALICE, BOB, ROOT = "alice-token-0001", "bob-token-00002", "root-token-0003"
 #: A task that says when it started, then sleeps (one process: sh execs sleep).
 SLEEPER = ["/bin/sh", "-c", 'echo "start $XCE_TASK_ID $(date +%s.%N)"; exec sleep 600']
 
+
+#: The state directories of the clusters made in this process: their agents' cgroups
+#: must all be gone at the end (:func:`cgroup_trees`).
+_STATES: set[Path] = set()
 
 #: Ports handed out in this process (two clusters of one test never share one).
 _GIVEN: set[int] = set()
@@ -161,6 +168,38 @@ def alive(pid: int) -> bool:
     return stat[stat.rfind(b")") + 2 :].split()[0] not in (b"Z", b"X")
 
 
+def started_states() -> list[Path]:
+    """The state directories of the clusters this process made (and registered)."""
+    return sorted(_STATES)
+
+
+def cgroup_trees(state: Path) -> list[Path]:
+    """Where the agents of ``state`` make their cgroups, if they can: the
+    ``xce-<hash>`` directories under this process's cgroup, in the v2 hierarchy and in
+    a v1 pids one (docs/live-controller.md, "Process containment"). The agents run in
+    the cgroup of the process that started their controller."""
+    from xce_resize_plugin.controllers.live import cgroups
+
+    try:
+        mountinfo = Path("/proc/self/mountinfo").read_text()
+        own = Path("/proc/self/cgroup").read_text()
+    except OSError:
+        return []
+    top, _ = cgroups.subtree_name(state.resolve(), "h")
+    return [p / top for p in cgroups.find_hierarchies(mountinfo, own) if p is not None]
+
+
+def remove_cgroups(state: Path) -> list[Path]:
+    """Kill what the cgroups of ``state``'s agents hold and remove them (a test's
+    clean-up: agents killed with SIGKILL leave theirs); those that could not go."""
+    from xce_resize_plugin.controllers.live import cgroups
+
+    left: list[Path] = []
+    for tree in cgroup_trees(state):
+        left += cgroups.remove_tree(tree)
+    return left
+
+
 def controller_command(config: Path, listen_port: int | None = None) -> list[str]:
     """The command line that runs a live controller on ``config`` (what a site runs)."""
     args = [sys.executable, "-m", "xce_resize_plugin", "controller", "--config", str(config)]
@@ -232,6 +271,7 @@ tokens = {{ {tokens_toml} }}
         )
         self.procs: list[subprocess.Popen[bytes]] = []
         self.runs = 0
+        _STATES.add(self.state)
 
     # -- the controller process -------------------------------------------------------
 
@@ -291,6 +331,7 @@ tokens = {{ {tokens_toml} }}
                 proc.kill()
             proc.wait(5)
         kill_marked(str(self.tmp))
+        remove_cgroups(self.state)
 
     # -- HTTP ---------------------------------------------------------------------------
 

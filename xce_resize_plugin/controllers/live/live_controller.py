@@ -170,6 +170,10 @@ class LiveController(HostApi):
                 start_timeout=cfg.worker_timeout,
                 header_timeout=cfg.header_timeout,
                 agent_timeout=cfg.agent_timeout,
+                worker_options=[
+                    f"--containment={cfg.containment}",
+                    f"--task-pids-max={cfg.task_pids_max}",
+                ],
             )
             self.live_store.before_commit = self._before_commit
             self.live_store.after_commit = self.fleet.release

@@ -32,6 +32,10 @@
     # max_pend_jobs = 10000     each user's pending jobs at most (0: no threshold)
     # kv_bytes_per_user = 67108864   bytes of key-value values a user's jobs hold at most
 
+    [worker]                    # the agents (docs/live-controller.md, "Process containment")
+    # containment = "auto"      "cgroup": a cgroup per task, or no agent; "proc": /proc only
+    # task_pids_max = "15%"     pids.max of each task's cgroup: "max", a count, or a share
+
     [resize]                    # the plugin's section, the keys of docs/admin-guide.md
     stop_grace = 5
 
@@ -52,11 +56,12 @@ from typing import Any
 
 from attrs import field, frozen
 
+from xce_resize_plugin.controllers.live import cgroups
 from xce_resize_plugin.controllers.tomlfile import IntCheck, Where, read_toml
 from xce_resize_plugin.core import config as resize_config
 from xce_resize_plugin.errors import ConfigError
 
-SECTIONS = {"controller", "cluster", "users", "limits", "resize"}
+SECTIONS = {"controller", "cluster", "users", "limits", "worker", "resize"}
 CONTROLLER_KEYS = {
     "listen",
     "state_dir",
@@ -76,6 +81,7 @@ CONTROLLER_KEYS = {
     "finished_job_max",
 }
 LIMITS_KEYS = {"user_slots", "max_pend_jobs", "kv_bytes_per_user"}
+WORKER_KEYS = {"containment", "task_pids_max"}
 DEFAULT_LISTEN = "127.0.0.1:6820"
 #: Longest request deadline accepted (seconds): a longer one protects nothing.
 MAX_REQUEST_TIMEOUT = 3600.0
@@ -189,6 +195,13 @@ class LiveConfig:
     #: The most bytes of key-value values one user's jobs may hold at once, counted as
     #: stored (JSON-escaped); a ``PUT`` beyond is refused (413 ``XCE_KV_LIMIT``).
     kv_bytes_per_user: int = DEFAULT_KV_BYTES_PER_USER
+    #: How the agents contain their tasks: ``"auto"`` (a cgroup per task where they
+    #: can make cgroups, else the ``/proc`` tracking), ``"cgroup"`` (or the agent does
+    #: not start) or ``"proc"`` (docs/live-controller.md, "Process containment").
+    containment: str = "auto"
+    #: Each task's ``pids.max``: ``"max"``, a number of pids, or a share of the host's
+    #: (``"15%"``), where a pids controller is there.
+    task_pids_max: str | int = cgroups.DEFAULT_PIDS_MAX
 
     @property
     def controller_url(self) -> str:
@@ -252,6 +265,8 @@ def parse(data: Mapping[str, Any], path: Path) -> LiveConfig:
             1,
             MAX_KV_BYTES_PER_USER,
         ),
+        containment=_containment(where, where.section(data, "worker", WORKER_KEYS)),
+        task_pids_max=_task_pids_max(where, where.table(data, "worker")),
         resize=_resize(where, where.table(data, "resize"), path),
         path=path,
     )
@@ -430,6 +445,21 @@ def _at_least(where: Where, minimum: int) -> IntCheck:
         return n
 
     return check
+
+
+def _containment(where: Where, worker: Mapping[str, Any]) -> str:
+    value = worker.get("containment", "auto")
+    if value not in cgroups.MODES:
+        modes = ", ".join(f'"{m}"' for m in cgroups.MODES)
+        raise where.error("worker.containment", f"must be one of {modes}, not {value!r}")
+    return str(value)
+
+
+def _task_pids_max(where: Where, worker: Mapping[str, Any]) -> str | int:
+    try:
+        return cgroups.parse_pids_max(worker.get("task_pids_max", cgroups.DEFAULT_PIDS_MAX))
+    except ValueError as exc:
+        raise where.error("worker.task_pids_max", str(exc)) from None
 
 
 def _hosts(where: Where, value: Any) -> tuple[tuple[str, int], ...]:

@@ -122,8 +122,11 @@ class WorkerFleet:
         start_timeout: float = 10.0,
         header_timeout: float = 10.0,
         agent_timeout: float = 30.0,
+        worker_options: Sequence[str] = (),
     ) -> None:
         self.state_dir = state_dir
+        #: More of the agents' command line (the ``[worker]`` settings).
+        self.worker_options = tuple(worker_options)
         #: Seconds without an answer from a running agent before its host fails.
         self.agent_timeout = agent_timeout
         self.epoch = epoch
@@ -224,6 +227,7 @@ class WorkerFleet:
                     host,
                     "--header-timeout",
                     repr(self.header_timeout),
+                    *self.worker_options,
                 ],
                 stdin=subprocess.DEVNULL,
                 stdout=logfile,
@@ -411,6 +415,11 @@ class WorkerChannel:
             owner.fence(RuntimeError(f"agent {self.host} refused this controller's epoch"))
         elif code == "instance":
             self._requeue(batch)
+            self._set_ready(False)
+        elif code == "unavailable":
+            # The agent could not serve the call (no thread): as after a broken
+            # connection, reconnecting reconciles what it did and did not do.
+            log.warning("agent %s: commands not served (%s); reconnecting", self.host, code)
             self._set_ready(False)
         else:
             log.error("agent %s refused commands: %s %s", self.host, response.status_code, code)

@@ -80,7 +80,8 @@ from typing import Any
 
 from attrs import define, field
 
-from xce_resize_plugin.controllers.live import fd_limits
+from xce_resize_plugin.controllers.live import cgroups, fd_limits
+from xce_resize_plugin.controllers.live.cgroups import Containment, TaskCgroup
 from xce_resize_plugin.controllers.live.proc import (
     OWN_JOB_DIR,
     SHARED_JOB_DIR,
@@ -135,6 +136,13 @@ CD_EXEC = 'cd -- "$1" || exit 126; shift; exec "$@"'
 #: files (:func:`~.fd_limits.raise_nofile`): the soft limit it had before, set in the
 #: child before it becomes the command, never in the agent (which needs the raised one).
 LIMITS_EXEC = 'ulimit -Sn "$1" || exit 126; shift; exec "$@"'
+#: What holds a process that goes into a cgroup until the agent has placed it there:
+#: Popen changes user before it could run anything of ours, so the child blocks on its
+#: standard input, a pipe, until the agent writes a line to it (then becomes its
+#: command, with ``/dev/null`` as its input); an agent that dies first closes the pipe,
+#: and the child exits with 126 before it ran anything (docs/live-controller.md,
+#: "Process containment").
+BARRIER = "read -r _ || exit 126"
 #: What a thread that cannot start raises: no thread left to the process (its pids
 #: budget, which its tasks share), or no memory for its stack.
 NO_THREAD = (RuntimeError, MemoryError)
@@ -176,6 +184,8 @@ class TaskProc:
     #: ``time.monotonic()`` once its process was started: a scan of ``/proc`` begun
     #: before (:attr:`~.proc.ProcessTable.taken`) does not show it.
     launched: float = 0.0
+    #: Its cgroup (``None``: contained by the ``/proc`` tracking alone).
+    cgroup: TaskCgroup | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -218,6 +228,14 @@ def make_job_dir(path: Path, owner: Account | None) -> None:
             os.chmod(directory, mode)  # the umask took bits of it
 
 
+def _subdirs(path: Path) -> list[Path]:
+    """The directories in ``path`` (none when it is gone)."""
+    try:
+        return sorted(p for p in path.iterdir() if p.is_dir())
+    except OSError:
+        return []
+
+
 def _reported(text: str) -> str:
     """A notification's output stream as reported (:data:`NOTIFY_OUTPUT_REPORTED`)."""
     if len(text) <= NOTIFY_OUTPUT_REPORTED:
@@ -229,8 +247,17 @@ class WorkerAgent:
     """The agent's state and actions; the HTTP layer calls these
     (:func:`~.worker_server.make_app`)."""
 
-    def __init__(self, host: str, state_dir: Path, max_output: int = 65536) -> None:
+    def __init__(
+        self,
+        host: str,
+        state_dir: Path,
+        max_output: int = 65536,
+        containment: Containment | None = None,
+    ) -> None:
         self.host = host
+        #: The host's cgroup subtree: each task and notification in a cgroup of its own
+        #: (``None``: the ``/proc`` tracking alone, docs/live-controller.md).
+        self.cgroups = containment
         self.state_dir = state_dir
         self.dir = worker_dir(state_dir, host)
         self.instance = uuid.uuid4().hex
@@ -267,12 +294,18 @@ class WorkerAgent:
         self._spawned: dict[int, subprocess.Popen[bytes]] = {}
         #: (pid, start ticks) -> the (job, task) its environment names, or None.
         self._marks: dict[tuple[int, int], tuple[str, str] | None] = {}
+        #: The cgroups of the notification commands running, by (job, attempt).
+        self._notify_cgroups: dict[tuple[str, int], TaskCgroup] = {}
+        #: Ended cgroups that could not be removed yet (a process stuck in the kernel).
+        self._stale_cgroups: list[TaskCgroup] = []
 
     # -- lifecycle ---------------------------------------------------------------------
 
     def kill_orphans(self) -> int:
         """Kill the live tasks a dead predecessor left (see the module docstring): each
-        task's process group, its descendants, and the processes recorded as its."""
+        task's process group, its descendants, and the processes recorded as its; first,
+        every cgroup it left (:meth:`_kill_cgroup_orphans`)."""
+        self._kill_cgroup_orphans()
         try:
             entries = json.loads((self.dir / "tasks.json").read_text())
         except (OSError, ValueError):
@@ -330,12 +363,43 @@ class WorkerAgent:
             )
         return len(leaders)
 
+    def _kill_cgroup_orphans(self) -> None:
+        """Kill and remove the cgroups a dead predecessor left (of its tasks and its
+        notification commands): in this agent's subtree, and in the subtrees the
+        predecessor recorded (it may have run in another cgroup: another service).
+        ``cgroup.kill`` takes every process of a cgroup at once, comets included. Then
+        this agent's subtrees are recorded for its own successor."""
+        record = self.dir / cgroups.RECORD
+        ours = self.cgroups.trees() if self.cgroups is not None else []
+        theirs = cgroups.recorded(record, cgroups.cgroup_mounts())
+        found, left = 0, []
+        for tree in dict.fromkeys([*ours, *theirs]):  # each v2 tree before its v1 one
+            children = _subdirs(tree)
+            found += len(children)
+            for child in children:
+                left += cgroups.remove_tree(child)
+            if tree not in ours:
+                left += cgroups.remove_tree(tree)
+                with contextlib.suppress(OSError):
+                    os.rmdir(tree.parent)
+        if found:
+            log.warning(
+                "killed what %d cgroup(s) of a previous agent for %s held", found, self.host
+            )
+        if left:
+            log.error("cannot remove the cgroups %s: processes survive cgroup.kill", left)
+        if self.cgroups is not None:
+            self.cgroups.record(record)
+        elif not left:
+            record.unlink(missing_ok=True)
+
     def shutdown(self, grace: float = 2.0) -> None:
-        """A clean stop of the agent: its tasks are stopped (SIGTERM, ``grace``, SIGKILL)."""
+        """A clean stop of the agent: its tasks are stopped (SIGTERM, ``grace``, SIGKILL),
+        and its cgroups removed."""
         with self._cond:
             self.closing = True
             self._cond.notify_all()
-        table = self._scan(time.monotonic())
+        table = None if self.cgroups is not None else self._scan(time.monotonic())
         with self._lock:
             live = [t for t in self.tasks.values() if t.state in ("running", "stopping")]
             for t in live:
@@ -344,18 +408,56 @@ class WorkerAgent:
         for t in live:
             while self._task_alive(t) and time.monotonic() < deadline:
                 time.sleep(0.02)
+            if t.cgroup is not None:
+                t.cgroup.kill()
+                continue
             table = self._scan(time.monotonic())
             with self._lock:
                 self._signal_task(t, signal.SIGKILL, table)
+        if self.cgroups is not None:
+            # Whatever is left in them (notification commands too) is killed first.
+            self.cgroups.close()
 
     # -- processes ---------------------------------------------------------------------
 
-    def spawn(self, argv: list[str], **options: Any) -> subprocess.Popen[bytes]:
+    def spawn(
+        self, argv: list[str], cgroup: TaskCgroup | None = None, **options: Any
+    ) -> subprocess.Popen[bytes]:
         """Start a child (a task, a notification command) and remember it until it is
-        reaped: the tracker never takes the agent's own children for adopted orphans."""
+        reaped: the tracker never takes the agent's own children for adopted orphans.
+
+        With ``cgroup``, the child is placed there before it runs anything of its own
+        (:data:`BARRIER`; its input is ``/dev/null``); one that cannot be placed is
+        killed, and an ``OSError`` names the cgroup: nothing runs uncontained."""
         soft = fd_limits.nofile_before_raise()
-        if soft is not None:
-            argv = [SHELL, "-c", LIMITS_EXEC, "xce-limits", str(soft), *argv]
+        if cgroup is None:
+            if soft is not None:
+                argv = [SHELL, "-c", LIMITS_EXEC, "xce-limits", str(soft), *argv]
+            return self._popen(argv, options)
+        limits = "" if soft is None else 'ulimit -Sn "$1" || exit 126; shift; '
+        script = f'{BARRIER}; {limits}exec "$@" </dev/null'
+        argv = [SHELL, "-c", script, "xce-start", *([] if soft is None else [str(soft)]), *argv]
+        held, release = os.pipe()
+        try:
+            proc = self._popen(argv, {**options, "stdin": held})
+        except BaseException:
+            os.close(release)
+            raise
+        finally:
+            os.close(held)
+        try:
+            cgroup.place(proc.pid)
+        except OSError as exc:
+            os.close(release)
+            proc.kill()
+            proc.wait()
+            raise OSError(f"cannot place it in its cgroup {cgroup.path}: {exc}") from exc
+        with contextlib.suppress(OSError):
+            os.write(release, b"\n")
+        os.close(release)
+        return proc
+
+    def _popen(self, argv: list[str], options: dict[str, Any]) -> subprocess.Popen[bytes]:
         with self.spawn_lock:
             proc = subprocess.Popen(argv, **options)
             self._spawned[proc.pid] = proc
@@ -415,10 +517,14 @@ class WorkerAgent:
                 roots.append(p.pid)
         return table.tree(roots)
 
-    def _signal_task(self, t: TaskProc, sig: int, table: ProcessTable) -> bool:
-        """Send ``sig`` to every process of the task that ``table`` shows (taken before
-        ``_lock``: a process is signalled only while its start time is the one seen,
-        :func:`~.proc.signal_verified`); whether there was any."""
+    def _signal_task(self, t: TaskProc, sig: int, table: ProcessTable | None) -> bool:
+        """Send ``sig`` to every process of the task: those in its cgroup, or else
+        those that ``table`` shows (taken before ``_lock``: a process is signalled only
+        while its start time is the one seen, :func:`~.proc.signal_verified`); whether
+        there was any."""
+        if t.cgroup is not None:
+            return t.cgroup.signal(sig)
+        assert table is not None, "a task without a cgroup is found in a scan"
         if t.launched >= table.taken:
             return self._signal_new(t, sig)
         t.members = self._members(t, table)
@@ -441,7 +547,18 @@ class WorkerAgent:
             return False
         return True
 
+    def _contained(self, pid: int) -> bool:
+        """Whether process ``pid`` is in one of this agent's cgroups."""
+        if self.cgroups is None:
+            return False
+        try:
+            return self.cgroups.holds(Path(f"/proc/{pid}/cgroup").read_text())
+        except OSError:
+            return False
+
     def _task_alive(self, t: TaskProc) -> bool:
+        if t.cgroup is not None:
+            return t.cgroup.populated()
         table = self._scan(time.monotonic())
         with self._lock:
             t.members = self._members(t, table)
@@ -476,6 +593,8 @@ class WorkerAgent:
             claimed: set[int] = set()
             changed = False
             for t in self.tasks.values():
+                if t.cgroup is not None:
+                    continue  # its cgroup holds its processes (see _collect)
                 if t.state in ("running", "stopping") and t.launched >= table.taken:
                     claimed |= t.members.keys()
                 elif t.state in ("running", "stopping") and t.pid is not None:
@@ -488,6 +607,7 @@ class WorkerAgent:
             self._marks = {k: v for k, v in self._marks.items() if table.alive(*k)}
             if self.subreaper:
                 self._collect(table, claimed)
+            self._stale_cgroups = [c for c in self._stale_cgroups if not c.remove()]
 
     def _collect(self, table: ProcessTable, claimed: set[int]) -> None:
         """Adopted children (``spawn_lock`` held): reap the exited, kill the unclaimed."""
@@ -500,6 +620,8 @@ class WorkerAgent:
                 with contextlib.suppress(ChildProcessError):
                     os.waitpid(p.pid, os.WNOHANG)
                 continue
+            if self._contained(p.pid):
+                continue  # its cgroup's task or notification stops it
             victims = {k: v for k, v in table.tree([p.pid]).items() if k not in claimed}
             for pid, ticks in victims.items():
                 signal_verified(pid, ticks, signal.SIGKILL)
@@ -541,9 +663,10 @@ class WorkerAgent:
             return {"instance": self.instance, "events": events, "seq": self.seq}
 
     def execute(self, epoch: int, instance: str, commands: list[Mapping[str, Any]]) -> None:
-        # One scan for the batch's stops, before the lock (see ``__init__``).
+        # One scan for the batch's stops, before the lock (see ``__init__``); none when
+        # every task is in a cgroup.
         stops = any(cmd.get("op") == "stop" for cmd in commands)
-        table = self._scan(time.monotonic()) if stops else None
+        table = self._scan(time.monotonic()) if stops and self.cgroups is None else None
         with self._lock:
             with self._cond:
                 self._check_epoch(epoch)
@@ -562,7 +685,6 @@ class WorkerAgent:
                 if op == "launch":
                     self._launch(cmd)
                 elif op == "stop":
-                    assert table is not None
                     self._stop(cmd, table)
                 elif op == "notify":
                     self._notify(cmd)
@@ -626,9 +748,12 @@ class WorkerAgent:
                 # the task a directory its owner may not enter. The owner's shell does it.
                 argv, cwd = [SHELL, "-c", CD_EXEC, "xce-task", cwd, *argv], "/"
             make_job_dir(Path(cmd["stdout"]).parent, owner)
+            if self.cgroups is not None:
+                t.cgroup = self.cgroups.create(cgroups.leaf_name(t.job, f"task{t.task}"))
             with open_log(cmd["stdout"], owner) as out, open_log(cmd["stderr"], owner) as err:
                 t.popen = self.spawn(
                     argv,
+                    t.cgroup,
                     cwd=cwd,
                     env={str(k): str(v) for k, v in cmd["env"].items()},
                     stdin=subprocess.DEVNULL,
@@ -641,6 +766,9 @@ class WorkerAgent:
             t.uid = account.uid
         except (OSError, ValueError, subprocess.SubprocessError) as exc:
             t.state, t.reason = "failed", f"cannot start: {exc}"
+            if t.cgroup is not None:
+                t.cgroup.remove()  # empty: its process, if any, was killed
+                t.cgroup = None
             self.tasks[key] = t
             self._emit("start_failed", job=t.job, task=t.task, reason=t.reason)
             return
@@ -663,14 +791,18 @@ class WorkerAgent:
         it does not run (its group killed: the leader is this agent's unreaped child),
         and its launch fails; the rest of the batch goes on."""
         assert t.popen is not None and t.pid is not None
+        if t.cgroup is not None:
+            t.cgroup.kill()
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(t.pid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             t.popen.wait(timeout=5.0)
+        if t.cgroup is not None and cgroups.wait_empty(t.cgroup.path, cgroups.KILL_WAIT):
+            t.cgroup.remove()
         t.state, t.reason, t.popen, t.members = "failed", f"cannot start: {exc}", None, {}
         self._emit("start_failed", job=t.job, task=t.task, reason=t.reason)
 
-    def _stop(self, cmd: Mapping[str, Any], table: ProcessTable) -> None:
+    def _stop(self, cmd: Mapping[str, Any], table: ProcessTable | None) -> None:
         key = (str(cmd["job"]), int(cmd["task"]))
         t = self.tasks.get(key)
         if t is None:
@@ -703,13 +835,16 @@ class WorkerAgent:
                 self._kill(t, table)
 
     def _kill_locked(self, t: TaskProc) -> None:
-        table = self._scan(time.monotonic())
+        table = None if t.cgroup is not None else self._scan(time.monotonic())
         with self._lock:
             if t.state == "stopping":
                 self._kill(t, table)
 
-    def _kill(self, t: TaskProc, table: ProcessTable) -> None:
-        if self._signal_task(t, signal.SIGKILL, table):
+    def _kill(self, t: TaskProc, table: ProcessTable | None) -> None:
+        if t.cgroup is not None:
+            t.cgroup.kill()  # all at once, whatever they fork meanwhile
+            t.killed = True
+        elif self._signal_task(t, signal.SIGKILL, table):
             t.killed = True
 
     def _supervise(self, t: TaskProc) -> None:
@@ -721,6 +856,64 @@ class WorkerAgent:
         # take for this task's while the task's leftovers are being stopped.
         with contextlib.suppress(ChildProcessError):
             os.waitid(os.P_PID, t.pid, os.WEXITED | os.WNOWAIT)
+        if t.cgroup is not None:
+            self._drain(t, t.cgroup)
+        else:
+            self._wait_members(t)
+        if self.subreaper:
+            self.track()  # orphans that belong to no live task go now, not at the next pass
+        returncode = t.popen.wait()
+        if t.cgroup is not None:
+            self._remove_cgroup(t.cgroup)
+        with self._lock:
+            if t.timer is not None:
+                t.timer.cancel()
+            status, reason = exit_status(returncode)
+            if t.killed and returncode == -signal.SIGKILL:
+                reason = "SIGKILL after grace"
+            t.state, t.status, t.reason = "exited", status, reason
+            t.popen = None
+            self._emit("exited", job=t.job, task=t.task, status=status, reason=reason)
+            self._save()
+            self._publish()
+
+    def _drain(self, t: TaskProc, cgroup: TaskCgroup) -> None:
+        """Wait until the task's cgroup holds no process (``cgroup.events``): after
+        SIGTERM, and ``cgroup.kill`` at the end of its grace (:data:`CLEANUP_GRACE`
+        when its main process exited on its own). No scan of ``/proc``: what its
+        processes fork, however fast, is in the cgroup too."""
+        with self._lock:
+            if t.state == "running":
+                t.kill_at = time.time() + CLEANUP_GRACE
+                cgroup.signal(signal.SIGTERM)
+        while cgroup.populated():
+            with self._lock:
+                if t.kill_at is not None and time.time() >= t.kill_at and not t.killed:
+                    self._kill(t, None)
+            end = time.time() + 0.5 if t.kill_at is None else t.kill_at
+            if t.killed:
+                end += cgroups.KILL_WAIT
+                if time.time() > end:
+                    log.error(
+                        "task %s.%s: processes survive cgroup.kill in %s; reporting it gone",
+                        t.job,
+                        t.task,
+                        cgroup.path,
+                    )
+                    return
+            # Woken by the cgroup's emptying; at least every 0.5 s for a stop's news.
+            cgroups.wait_empty(cgroup.path, min(0.5, max(EXIT_POLL, end - time.time())))
+
+    def _remove_cgroup(self, cgroup: TaskCgroup) -> None:
+        """Remove an ended task's or notification's cgroup; one that still holds a
+        process (stuck in the kernel) is tried again by the tracker."""
+        if not cgroup.remove():
+            with self._lock:
+                self._stale_cgroups.append(cgroup)
+
+    def _wait_members(self, t: TaskProc) -> None:
+        """Wait until the ``/proc`` tracking finds none of the task's processes left:
+        after SIGTERM, and SIGKILL at the end of its grace."""
         table = self._scan(time.monotonic())
         with self._lock:
             if t.state == "running":
@@ -741,20 +934,6 @@ class WorkerAgent:
             # No more often than a scan lasts: at least half of a core stays free for
             # the rest of the agent when the host runs thousands of processes.
             time.sleep(max(EXIT_POLL, table.took))
-        if self.subreaper:
-            self.track()  # orphans that belong to no live task go now, not at the next pass
-        returncode = t.popen.wait()
-        with self._lock:
-            if t.timer is not None:
-                t.timer.cancel()
-            status, reason = exit_status(returncode)
-            if t.killed and returncode == -signal.SIGKILL:
-                reason = "SIGKILL after grace"
-            t.state, t.status, t.reason = "exited", status, reason
-            t.popen = None
-            self._emit("exited", job=t.job, task=t.task, status=status, reason=reason)
-            self._save()
-            self._publish()
 
     def _notify(self, cmd: Mapping[str, Any]) -> None:
         key = (str(cmd["job"]), int(cmd["attempt"]))
@@ -791,13 +970,14 @@ class WorkerAgent:
             owner = account if run_as else None
 
             def started(argv: list[str], **options: Any) -> subprocess.Popen[bytes]:
-                proc = self.spawn(argv, **run_as, **options)
-                with self._lock:
-                    self._notifying[key] = proc
-                return proc
+                return self._notify_spawn(key, argv, **run_as, **options)
+
+            def finished(result: NotificationResult) -> None:
+                self._sweep_notification(key)  # what it left behind, before its result
+                self._notified(key, log_path, owner, result)
 
             runner = SubprocessNotificationRunner(self.max_output, popen=started)
-            runner.run(request, lambda result: self._notified(key, log_path, owner, result))
+            runner.run(request, finished)
 
         try:
             threading.Thread(target=run, name=f"notify-{key[0]}.{key[1]}", daemon=True).start()
@@ -805,6 +985,31 @@ class WorkerAgent:
             # Reported, not left running for ever: the job's change waits for its result.
             result = NotificationResult(None, f"cannot run: {exc}")
             self._record_notified(key, self._notify_result(key, log_path, None, result))
+
+    def _notify_spawn(
+        self, key: tuple[str, int], argv: list[str], **options: Any
+    ) -> subprocess.Popen[bytes]:
+        """Start a notification command, in a cgroup of its own when the agent has them."""
+        cgroup = None
+        if self.cgroups is not None:
+            cgroup = self.cgroups.create(cgroups.leaf_name(key[0], f"notify{key[1]}"))
+            with self._lock:
+                self._notify_cgroups[key] = cgroup
+        proc = self.spawn(argv, cgroup, **options)
+        with self._lock:
+            self._notifying[key] = proc
+        return proc
+
+    def _sweep_notification(self, key: tuple[str, int]) -> None:
+        """Kill what an ended notification command left in its cgroup, and remove it."""
+        with self._lock:
+            cgroup = self._notify_cgroups.pop(key, None)
+        if cgroup is None:
+            return
+        cgroup.kill()
+        if not cgroups.wait_empty(cgroup.path, cgroups.KILL_WAIT):
+            log.error("notification %s.%s: processes survive cgroup.kill in %s", *key, cgroup.path)
+        self._remove_cgroup(cgroup)
 
     def _notified(
         self,
@@ -874,6 +1079,8 @@ class WorkerAgent:
             if nkey[0] == job and proc.returncode is None:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(proc.pid, signal.SIGKILL)
+            if nkey[0] == job and nkey in self._notify_cgroups:
+                self._notify_cgroups[nkey].kill()
         for nkey in [k for k, v in self.notifications.items() if k[0] == job and v is not None]:
             del self.notifications[nkey]
 

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from xce_resize_plugin.controllers.live import fd_limits
+from xce_resize_plugin.controllers.live import cgroups, fd_limits
 from xce_resize_plugin.controllers.live.agent_auth import (
     HEADER,
     RESPONSE_HEADER,
@@ -33,7 +33,7 @@ from xce_resize_plugin.controllers.live.worker import Fenced, WorkerAgent, secre
 if TYPE_CHECKING:
     from starlette.applications import Starlette
     from starlette.requests import Request
-    from starlette.responses import Response
+    from starlette.responses import JSONResponse, Response
 
 # The agent's one logger, whichever of its two modules logs (operators filter on it).
 log = logging.getLogger(WorkerAgent.__module__)
@@ -44,31 +44,10 @@ def make_app(agent: WorkerAgent, secret: str, port: int) -> Starlette:
     handlers: Starlette runs them in its thread pool, which is what the blocking long
     poll needs."""
     from starlette.applications import Starlette
-    from starlette.responses import JSONResponse
     from starlette.routing import Route
 
     keys = Keys(secret)
     checker = RequestCheck(keys, port)
-
-    def refuse(code: str, detail: str, status: int) -> JSONResponse:
-        return JSONResponse({"code": code, "detail": detail}, status_code=status)
-
-    async def answer(request: Request, digest: str, fn: Any) -> JSONResponse:
-        from starlette.concurrency import run_in_threadpool
-
-        body = await request.body()
-        try:
-            RequestCheck.check_body(body, digest)
-            data = json.loads(body) if body else {}
-            return JSONResponse(await run_in_threadpool(fn, request, data))
-        except NotAuthorised as exc:
-            return refuse("unauthorised", str(exc), 401)
-        except Fenced as exc:
-            return refuse("fenced", str(exc), 409)
-        except LookupError as exc:
-            return refuse("instance", str(exc), 409)
-        except (KeyError, ValueError, TypeError) as exc:
-            return refuse("bad_request", repr(exc), 400)
 
     def guarded(fn: Any) -> Any:
         async def handler(request: Request) -> Response:
@@ -79,8 +58,8 @@ def make_app(agent: WorkerAgent, secret: str, port: int) -> Starlette:
             except NotAuthorised as exc:
                 # Unsigned: whoever sent it cannot check an answer anyway. The body is
                 # not read (nor a long one waited for) before the signature holds.
-                return refuse("unauthorised", str(exc), 401)
-            response = await answer(request, signed[1], fn)
+                return _refuse("unauthorised", str(exc), 401)
+            response = await _answer(request, signed[1], fn)
             response.headers[RESPONSE_HEADER] = sign_response(
                 keys, signed[0], response.status_code, bytes(response.body)
             )
@@ -116,6 +95,40 @@ def make_app(agent: WorkerAgent, secret: str, port: int) -> Starlette:
     # client's Host header for a path with a trailing slash; a 404.
     app.router.redirect_slashes = False
     return app
+
+
+def _refuse(code: str, detail: str, status: int) -> JSONResponse:
+    from starlette.responses import JSONResponse
+
+    return JSONResponse({"code": code, "detail": detail}, status_code=status)
+
+
+async def _answer(request: Request, digest: str, fn: Any) -> JSONResponse:
+    """Run a signed call's handler ``fn`` (in the thread pool) on its checked body; its
+    answer, or the refusal its error means."""
+    from starlette.concurrency import run_in_threadpool
+    from starlette.responses import JSONResponse
+
+    body = await request.body()
+    try:
+        RequestCheck.check_body(body, digest)
+        data = json.loads(body) if body else {}
+        return JSONResponse(await run_in_threadpool(fn, request, data))
+    except NotAuthorised as exc:
+        return _refuse("unauthorised", str(exc), 401)
+    except Fenced as exc:
+        return _refuse("fenced", str(exc), 409)
+    except LookupError as exc:
+        return _refuse("instance", str(exc), 409)
+    except (KeyError, ValueError, TypeError) as exc:
+        return _refuse("bad_request", repr(exc), 400)
+    except RuntimeError as exc:
+        # No thread to run the call on ("can't start new thread": the agent's pids
+        # budget, which its tasks share). Raised on, it ended the connection with an
+        # unsigned 500 and a traceback in worker.log; the controller reconciles after
+        # this answer as after a broken connection (tasks.py).
+        log.warning("cannot serve %s: %s", request.url.path, exc)
+        return _refuse("unavailable", f"the agent cannot serve this call now: {exc}", 503)
 
 
 def _target(request: Request) -> str:
@@ -155,14 +168,72 @@ def _listen() -> tuple[socket.socket, fd_limits.ConnectionLimits]:
     return sock, limits
 
 
-def serve(state_dir: Path, host: str, header_timeout: float = 10.0) -> int:
+def _containment(
+    state_dir: Path, host: str, mode: str, pids_max: str | int
+) -> cgroups.Containment | None:
+    """The agent's cgroups as ``mode`` (``[worker] containment``) asks, said once in
+    worker.log; ``None``: the ``/proc`` tracking alone. :class:`~.cgroups.Unavailable`
+    when ``mode`` is ``"cgroup"`` and there are none."""
+    if mode == "proc":
+        log.info("containment: /proc tracking (containment = proc)")
+        return None
+    limit = cgroups.pids_limit(pids_max)
+    try:
+        found = cgroups.open_containment(state_dir, host, limit)
+    except cgroups.Unavailable as exc:
+        if mode == "cgroup":
+            raise
+        log.warning("containment: /proc tracking only, no cgroups: %s", exc)
+        return None
+    if limit is None:
+        pids = "no pids.max (task_pids_max = max)"
+    elif found.pids_where:
+        pids = f"pids.max {limit} ({found.pids_where} pids controller)"
+    else:
+        pids = f"no pids controller: task_pids_max = {pids_max!r} is not applied"
+    log.info("containment: a cgroup per task under %s; %s", found.root, pids)
+    return found
+
+
+def _start_agent(
+    state_dir: Path, host: str, containment: str, task_pids_max: str | int
+) -> tuple[WorkerAgent, FileLock] | int:
+    """The host's agent, its lock held, its cgroups made, and what a dead predecessor
+    left killed; or the exit status of an agent that cannot start."""
+    agent = WorkerAgent(host, state_dir)
+    lock = _only_agent(agent)
+    if lock is None:
+        print(f"xce-resize worker: an agent for {host} already runs", file=sys.stderr)
+        return 3
+    try:
+        agent.cgroups = _containment(state_dir, host, containment, task_pids_max)
+    except cgroups.Unavailable as exc:
+        print(f"xce-resize worker: containment = cgroup, but {exc}", file=sys.stderr)
+        lock.release()
+        return 2
+    agent.subreaper = become_subreaper()
+    if not agent.subreaper:
+        log.warning("not a child subreaper: a task's process whose parent exits may escape")
+    agent.kill_orphans()
+    agent.start_tracker()
+    return agent, lock
+
+
+def serve(
+    state_dir: Path,
+    host: str,
+    header_timeout: float = 10.0,
+    containment: str = "auto",
+    task_pids_max: str | int = cgroups.DEFAULT_PIDS_MAX,
+) -> int:
     """Run the agent for ``host`` until SIGTERM/SIGINT; the process's exit status.
 
     Its port is reachable by every process on the host, tasks included: a client gets
     ``header_timeout`` seconds to send a request's headers, then is cut off
     (:mod:`xce_resize_plugin.rest.header_deadline`), so that nobody can hold the
     agent's connections open without a request. A body is read only after the request's
-    signature was checked, that is from the controller.
+    signature was checked, that is from the controller. ``containment`` and
+    ``task_pids_max``: the ``[worker]`` settings (docs/live-controller.md).
     """
     import uvicorn
 
@@ -176,16 +247,10 @@ def serve(state_dir: Path, host: str, header_timeout: float = 10.0) -> int:
     except OSError as exc:
         print(f"xce-resize worker: cannot read the secret: {exc}", file=sys.stderr)
         return 2
-    agent = WorkerAgent(host, state_dir)
-    lock = _only_agent(agent)
-    if lock is None:
-        print(f"xce-resize worker: an agent for {host} already runs", file=sys.stderr)
-        return 3
-    agent.subreaper = become_subreaper()
-    if not agent.subreaper:
-        log.warning("not a child subreaper: a task's process whose parent exits may escape")
-    agent.kill_orphans()
-    agent.start_tracker()
+    started = _start_agent(state_dir, host, containment, task_pids_max)
+    if isinstance(started, int):
+        return started
+    agent, lock = started
     sock, limits = _listen()
     port = sock.getsockname()[1]
 
