@@ -1,7 +1,8 @@
 """Process containment by the worker agent: a task is every process it started, even
 one that left its session (``setsid``) or whose parent exited; stopping the task, or
 its own end, stops them all before the task is reported gone (docs/live-controller.md,
-"Jobs and tasks")."""
+"Process containment"): with the ``/proc`` tracking alone, and with a cgroup per task
+where this machine lets the agent make them (the default, ``auto``)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,15 @@ import signal
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from xce_resize_plugin.testing.live import LiveCluster, alive, wait_until
+
+
+@pytest.fixture(params=["proc", "auto"])
+def worker_toml(request: pytest.FixtureRequest) -> str:
+    """The agents' ``[worker]`` section: each way of containing tasks."""
+    return f'[worker]\ncontainment = "{request.param}"\n'
 
 
 def _pid_in(path: Path) -> int:
@@ -30,11 +39,11 @@ def _kill(pids: list[int]) -> None:
 
 
 def test_killing_a_job_kills_what_its_task_started_in_another_session(
-    resize_live_factory: Any, tmp_path: Path
+    resize_live_factory: Any, tmp_path: Path, worker_toml: str
 ) -> None:
     """A task's child that called setsid is in neither the task's session nor its
     process group; killing the job still kills it, before the job is reported ended."""
-    live: LiveCluster = resize_live_factory({"h1": 1})
+    live: LiveCluster = resize_live_factory({"h1": 1}, limits=worker_toml)
     live.start()
     pidfile = tmp_path / "escaped.pid"
     script = f'setsid sleep 1000 & echo $! > "{pidfile}"; exec sleep 600'
@@ -53,11 +62,13 @@ def test_killing_a_job_kills_what_its_task_started_in_another_session(
         _kill(escaped)
 
 
-def test_a_task_that_exits_leaves_nothing_behind(resize_live_factory: Any, tmp_path: Path) -> None:
+def test_a_task_that_exits_leaves_nothing_behind(
+    resize_live_factory: Any, tmp_path: Path, worker_toml: str
+) -> None:
     """Task 0 exits 0 after starting a process in a new session, and another that left
     even the task's environment; the agent (their subreaper) stops both before the job
     is DONE."""
-    live: LiveCluster = resize_live_factory({"h1": 1})
+    live: LiveCluster = resize_live_factory({"h1": 1}, limits=worker_toml)
     live.start()
     first, second = tmp_path / "first.pid", tmp_path / "second.pid"
     script = (
@@ -78,11 +89,11 @@ def test_a_task_that_exits_leaves_nothing_behind(resize_live_factory: Any, tmp_p
 
 
 def test_a_new_agent_kills_what_a_dead_one_knew_of(
-    resize_live_factory: Any, tmp_path: Path
+    resize_live_factory: Any, tmp_path: Path, worker_toml: str
 ) -> None:
     """The agent dies (SIGKILL) while its task has a process in another session: the
     agent's successor kills it too (the processes each task had are in tasks.json)."""
-    live: LiveCluster = resize_live_factory({"h1": 1, "h2": 1})
+    live: LiveCluster = resize_live_factory({"h1": 1, "h2": 1}, limits=worker_toml)
     live.start()
     pidfile = tmp_path / "escaped.pid"
     script = (

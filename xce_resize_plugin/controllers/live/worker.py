@@ -372,10 +372,11 @@ class WorkerAgent:
         record = self.dir / cgroups.RECORD
         ours = self.cgroups.trees() if self.cgroups is not None else []
         theirs = cgroups.recorded(record, cgroups.cgroup_mounts())
-        found, left = 0, []
+        found: set[str] = set()  # by name: a cgroup may be in a v1 pids tree too
+        left: list[Path] = []
         for tree in dict.fromkeys([*ours, *theirs]):  # each v2 tree before its v1 one
             children = _subdirs(tree)
-            found += len(children)
+            found |= {child.name for child in children}
             for child in children:
                 left += cgroups.remove_tree(child)
             if tree not in ours:
@@ -383,9 +384,7 @@ class WorkerAgent:
                 with contextlib.suppress(OSError):
                     os.rmdir(tree.parent)
         if found:
-            log.warning(
-                "killed what %d cgroup(s) of a previous agent for %s held", found, self.host
-            )
+            log.warning("killed what %d cgroup(s) of a previous agent held", len(found))
         if left:
             log.error("cannot remove the cgroups %s: processes survive cgroup.kill", left)
         if self.cgroups is not None:
@@ -593,11 +592,18 @@ class WorkerAgent:
             claimed: set[int] = set()
             changed = False
             for t in self.tasks.values():
+                if t.state not in ("running", "stopping"):
+                    continue
                 if t.cgroup is not None:
-                    continue  # its cgroup holds its processes (see _collect)
-                if t.state in ("running", "stopping") and t.launched >= table.taken:
+                    # Its cgroup holds them; recorded for a successor all the same.
+                    members = {
+                        p: table.procs[p].ticks for p in t.cgroup.pids_in() if table.alive(p)
+                    }
+                    changed = changed or members.keys() != t.members.keys()
+                    t.members = members
+                elif t.launched >= table.taken:
                     claimed |= t.members.keys()
-                elif t.state in ("running", "stopping") and t.pid is not None:
+                elif t.pid is not None:
                     members = self._members(t, table, adopted)
                     changed = changed or members.keys() != t.members.keys()
                     t.members = members
@@ -753,7 +759,7 @@ class WorkerAgent:
             with open_log(cmd["stdout"], owner) as out, open_log(cmd["stderr"], owner) as err:
                 t.popen = self.spawn(
                     argv,
-                    t.cgroup,
+                    cgroup=t.cgroup,
                     cwd=cwd,
                     env={str(k): str(v) for k, v in cmd["env"].items()},
                     stdin=subprocess.DEVNULL,
@@ -995,7 +1001,7 @@ class WorkerAgent:
             cgroup = self.cgroups.create(cgroups.leaf_name(key[0], f"notify{key[1]}"))
             with self._lock:
                 self._notify_cgroups[key] = cgroup
-        proc = self.spawn(argv, cgroup, **options)
+        proc = self.spawn(argv, cgroup=cgroup, **options)
         with self._lock:
             self._notifying[key] = proc
         return proc

@@ -12,6 +12,7 @@ import contextlib
 import json
 import logging
 import os
+import signal
 import socket
 import sys
 import time
@@ -219,6 +220,15 @@ def _start_agent(
     return agent, lock
 
 
+def _keep_stop_signals() -> None:
+    """Make SIGTERM and SIGINT no-ops outside uvicorn's own handlers. uvicorn (0.29 and
+    newer) raises the signal that stopped it again once it has restored the handlers it
+    found: with the default ones, that killed the agent before its clean stop (its
+    tasks stopped, its cgroups removed) could run."""
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda signum, frame: None)
+
+
 def serve(
     state_dir: Path,
     host: str,
@@ -290,6 +300,7 @@ def serve(
         ),
     )
     log.info("agent %s for %s on 127.0.0.1:%d", agent.instance, host, port)
+    _keep_stop_signals()
     try:
         server.run(sockets=[sock])
     finally:
