@@ -44,6 +44,12 @@ the orphans it adopted that belong to no live task (a notification command's lef
 a task's that cleared its environment in the instant before its parent exited); and
 reaps the adopted ones that exited.
 
+**A cgroup per task** where the agent can make them (:mod:`.cgroups`, ``[worker]
+containment``): each task and notification command is placed in a cgroup of its own
+before it runs anything (:data:`BARRIER`), stopped with ``cgroup.kill`` at the end of
+its grace, and gone when its cgroup is empty; the ``/proc`` tracking above is then
+only a record, and the way of an agent without cgroups.
+
 The controller reads events with a long poll (``GET /v1/events?after=SEQ``) and takes a
 consistent snapshot of the tasks with ``GET /v1/snapshot`` when it (re)connects.
 Every call carries the controller's epoch; a call with an older epoch than one already
