@@ -89,6 +89,7 @@ import time
 
 import pluggy
 
+from xce_resize_plugin.controllers.live.cgroups import DEFAULT_PIDS_MAX
 from xce_resize_plugin.controllers.live.controller_lock import ControllerLock
 from xce_resize_plugin.controllers.live.host_api import HostApi
 from xce_resize_plugin.controllers.live.job_tokens import FINGERPRINT_KEY, JobTokens
@@ -120,6 +121,18 @@ from xce_resize_plugin.host import HostHooks
 from xce_resize_plugin.journal.lmdb_env import PRIVATE_DIR, private_dir, restrict_mode
 
 log = logging.getLogger(__name__)
+
+
+def _worker_options(cfg: LiveConfig) -> list[str]:
+    """The ``[worker]`` settings on the agents' command line, those that are not the
+    defaults only: an agent of an earlier version (its Python's installed copy of the
+    package) still starts for a configuration that does not use them."""
+    options = []
+    if cfg.containment != "auto":
+        options.append(f"--containment={cfg.containment}")
+    if cfg.task_pids_max != DEFAULT_PIDS_MAX:
+        options.append(f"--task-pids-max={cfg.task_pids_max}")
+    return options
 
 
 class LiveController(HostApi):
@@ -170,10 +183,7 @@ class LiveController(HostApi):
                 start_timeout=cfg.worker_timeout,
                 header_timeout=cfg.header_timeout,
                 agent_timeout=cfg.agent_timeout,
-                worker_options=[
-                    f"--containment={cfg.containment}",
-                    f"--task-pids-max={cfg.task_pids_max}",
-                ],
+                worker_options=_worker_options(cfg),
             )
             self.live_store.before_commit = self._before_commit
             self.live_store.after_commit = self.fleet.release
