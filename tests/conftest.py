@@ -255,17 +255,43 @@ class ToyResizer:
         self.stopping.pop(job_id, None)
 
 
+def _state_dirs(root: Path) -> list[Path]:
+    """The live controllers' state directories under ``root`` (a test's temporary
+    directory, or the run's): those with a ``workers`` directory, a few levels down."""
+    found = (
+        p.parent
+        for pattern in ("workers", "*/workers", "*/*/workers", "*/*/*/workers")
+        for p in root.glob(pattern)
+    )
+    return sorted({p for p in found if p.is_dir()})
+
+
+@pytest.fixture(autouse=True)
+def cgroups_removed(request: pytest.FixtureRequest) -> Iterator[None]:
+    """After each test that has a temporary directory, the cgroups of the agents whose
+    state directories are in it are killed and removed (docs/live-controller.md,
+    "Process containment"): a test's clean-up kills the agents with SIGKILL, which
+    leaves them. Torn down last: the processes are gone by then."""
+    yield
+    if "tmp_path" in request.fixturenames:
+        from xce_resize_plugin.testing.live import remove_cgroups
+
+        for state in _state_dirs(request.getfixturevalue("tmp_path")):
+            remove_cgroups(state)
+
+
 @pytest.fixture(scope="session", autouse=True)
-def no_cgroup_left() -> Iterator[None]:
-    """The agents' cgroups (docs/live-controller.md, "Process containment") of every
-    cluster this test process made are gone at the end of the run: each test's
-    clean-up removes them, and an agent that stops removes its own. What is left is
-    removed here, and reported as an error of the run."""
+def no_cgroup_left(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """No cgroup of an agent of this run is left at its end: of the clusters this
+    test process made (their state directories may be anywhere), and of every state
+    directory under the run's temporary directory. What is left is removed here, and
+    reported as an error of the run."""
     from xce_resize_plugin.testing.live import cgroup_trees, remove_cgroups, started_states
 
     yield
-    left = [t for state in started_states() for t in cgroup_trees(state) if t.exists()]
-    for state in started_states():
+    states = [*started_states(), *_state_dirs(tmp_path_factory.getbasetemp())]
+    left = [t for state in states for t in cgroup_trees(state) if t.exists()]
+    for state in states:
         remove_cgroups(state)
     assert not left, f"cgroups left behind by the tests: {left}"
 
