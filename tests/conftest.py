@@ -272,11 +272,13 @@ def cgroups_removed(request: pytest.FixtureRequest) -> Iterator[None]:
     state directories are in it are killed and removed (docs/live-controller.md,
     "Process containment"): a test's clean-up kills the agents with SIGKILL, which
     leaves them. Torn down last: the processes are gone by then."""
+    # Taken now: a fixture torn down already cannot be asked for.
+    tmp = request.getfixturevalue("tmp_path") if "tmp_path" in request.fixturenames else None
     yield
-    if "tmp_path" in request.fixturenames:
+    if tmp is not None:
         from xce_resize_plugin.testing.live import remove_cgroups
 
-        for state in _state_dirs(request.getfixturevalue("tmp_path")):
+        for state in _state_dirs(tmp):
             remove_cgroups(state)
 
 
