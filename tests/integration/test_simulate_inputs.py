@@ -163,6 +163,41 @@ def test_an_output_that_cannot_be_created_is_refused_before_the_runs(
     assert line.startswith(f"xce-resize: Usage error: {option} {target}: cannot write ("), line
 
 
+@pytest.mark.usefixtures("no_runs")
+@pytest.mark.parametrize(
+    ("argv", "option"),
+    [
+        (_sim("--json", "{d}/out.json/"), "--json"),
+        (_sim("--plot", "{d}/out.png/"), "--plot"),
+        (_sim("--record", "{d}/rec.jsonl/"), "--record"),
+        (_sim("--jobs-out", "{d}/jobs.csv/."), "--jobs-out"),
+        (
+            ["simulate", "--synthetic", "lublin:jobs=9,procs=8", "--save-swf", "{d}/j.swf/"],
+            "--save-swf",
+        ),
+        (["sweep", "{d}/s.toml", "--json", "{d}/out.json/"], "--json"),
+        (["sweep", "{d}/s.toml", "--plot", "{d}/out.png/"], "--plot"),
+        (["scenario", "run", "{d}/s.toml", "--record", "{d}/rec.jsonl/"], "--record"),
+    ],
+)
+def test_an_output_name_ending_in_a_slash_is_refused_before_anything_runs(
+    tmp_path: Path, argv: list[str | Path], option: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``Path("out.json/")`` is ``out.json``: the early check tried another name than
+    the one given, and the runs went on to fail at the end (``--json``) or wrote a
+    file of another name (``--record``, ``--plot``, ``--jobs-out``)."""
+    args = [str(a).replace("{d}", str(tmp_path)) for a in argv]
+    try:
+        code = main(args)
+    except SystemExit as exc:  # argparse's one line for an option's value
+        code = int(exc.code or 0)
+    captured = capsys.readouterr()
+    assert code == 2, captured.err
+    assert captured.out == "" and captured.err.count("\n") == 1, captured.err
+    assert option in captured.err and "names a directory (it ends in '/')" in captured.err
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_fifo_output_is_not_tried_before_the_runs(tmp_path: Path) -> None:
     """Trying a FIFO by opening it would give its reader an end of file before the
     results, and the real write would then wait for a reader forever."""

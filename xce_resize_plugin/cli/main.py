@@ -110,6 +110,16 @@ def _request_deadline(text: str) -> float:
     return value
 
 
+def output_file(text: str) -> Path:
+    """An output file's name (``--record``, ``--plot`` ...). One whose last component is
+    empty or ``.`` (``out.jsonl/``) names a directory, and ``Path`` would drop that
+    (``Path("out.jsonl/")`` is ``out.jsonl``): the command would then check and write a
+    file of another name than the one given."""
+    if text.rsplit("/", 1)[-1] in ("", "."):
+        raise argparse.ArgumentTypeError(f"{text!r} names a directory (it ends in '/'), not a file")
+    return Path(text)
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse's parser, with a value an option does not take reported in one line
     (``xce-resize simulate: error: argument --limit: not a whole number of decimal
@@ -151,7 +161,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     run.add_argument(
         "--record",
-        type=Path,
+        type=output_file,
         metavar="OUT",
         help="write a recording of the run (replay: xce-resize simulate --replay OUT)",
     )
@@ -211,7 +221,7 @@ def _controller_parser(sub: Any) -> None:
     ctl.add_argument("--ready-file", type=Path, help="written (JSON) once the API serves")
     ctl.add_argument(
         "--record",
-        type=Path,
+        type=output_file,
         metavar="FILE",
         help="record this run's inputs for `xce-resize simulate --replay FILE` "
         "(overrides [controller] record; a new file, an empty state directory)",
@@ -278,7 +288,7 @@ def _simulate_parser(sub: Any) -> None:
     )
     sim.add_argument(
         "--save-swf",
-        type=Path,
+        type=output_file,
         metavar="FILE",
         help="write the --synthetic workload as SWF (.swf, or .swf.gz compressed)",
     )
@@ -323,15 +333,17 @@ def _simulate_outputs(sim: Any) -> None:
     sim.add_argument("--json", metavar="OUT", help="write the results as JSON to OUT (- stdout)")
     sim.add_argument(
         "--plot",
-        type=Path,
+        type=output_file,
         metavar="OUT.png",
         help="write a plot: PNG, or the format its suffix names (.pdf, .svg, ...); needs "
         "matplotlib",
     )
-    sim.add_argument("--record", type=Path, metavar="OUT", help="record the elastic run's inputs")
+    sim.add_argument(
+        "--record", type=output_file, metavar="OUT", help="record the elastic run's inputs"
+    )
     sim.add_argument(
         "--jobs-out",
-        type=Path,
+        type=output_file,
         metavar="FILE.csv[.gz]",
         help="write one CSV row per job and run (columns: docs/simulation.md)",
     )
@@ -381,7 +393,10 @@ def _sweep_parser(sub: Any) -> None:
     sw.add_argument("--no-cache", action="store_true", help="run every cell, keep nothing")
     sw.add_argument("--json", metavar="OUT", help="write the results as JSON to OUT (- stdout)")
     sw.add_argument(
-        "--plot", type=Path, metavar="OUT.png", help="metrics vs malleable fraction (matplotlib)"
+        "--plot",
+        type=output_file,
+        metavar="OUT.png",
+        help="metrics vs malleable fraction (matplotlib)",
     )
     sw.add_argument(
         "-q", "--quiet", action="store_true", help="no progress bar and no timing line on stderr"

@@ -136,6 +136,10 @@ def check_output(option: str, path: str | Path) -> None:
     """Refuse an output the results could not be written to (a directory, a name in a
     directory that does not exist, or one where the file cannot be created or
     written: no permission, a read-only file system), before anything runs."""
+    if str(path).rsplit("/", 1)[-1] in ("", "."):
+        # Path() drops a last "/" or "/.": the check would try another name than the
+        # writer opens (``--json`` is a str; the Path options are refused by argparse).
+        raise UsageError(f"{option} {path}: names a directory (it ends in '/'), not a file")
     p = Path(path)
     if p.is_dir():
         raise UsageError(f"{option} {path}: is a directory")
