@@ -262,7 +262,7 @@ def test_a_recording_with_requeues_and_shrinks_replays_identically(
     again then never saw its tasks stop: a false "DIFFERENT")."""
     from xce_resize_plugin.cli.main import main
     from xce_resize_plugin.recording.format import read_recording
-    from xce_resize_plugin.recording.replay import replay
+    from xce_resize_plugin.recording.replay import PolicyChoice, replay
     from xce_resize_plugin.simulation.simulate import load_workload, run_mode
 
     rec = tmp_path / "run.jsonl"
@@ -282,10 +282,11 @@ def test_a_recording_with_requeues_and_shrinks_replays_identically(
         if line["kind"] == "task" and line.get("phase") == "sync" and line["event"] == "exited"
     ]
     assert len(stops) > len(set(stops))  # a task id stopped in two runs of its job
-    result = replay(rec)
+    # The run loaded a policy file: the replay loads it only when told to.
+    result = replay(rec, policies=PolicyChoice(trust_recorded=True))
     assert result.ok, result.problems
     assert result.starts == sum(1 for line in lines if line["kind"] == "started")
     # The command line says so, with the plugin's warnings counted, not one per job.
-    assert main(["simulate", "--replay", str(rec), "-q"]) == 0
+    assert main(["simulate", "--replay", str(rec), "-q", "--policy", str(REQUEUE_POLICY)]) == 0
     out = capsys.readouterr()
     assert out.out.splitlines()[0].endswith("identical") and out.err == ""

@@ -323,3 +323,65 @@ def test_a_bad_numeric_host_failures_names_the_file_and_the_key(
     config.write_text(f"[simulate]\n{line}\n", encoding="utf-8")
     got = refused(capsys, *_sim("--config", config))
     assert got.startswith(f"xce-resize: Configuration error: {config}: {message}"), got
+
+
+# -- --replay: the policy files a recording names ------------------------------------------
+
+
+def _recording_naming(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> tuple[Path, Path]:
+    """A real recording whose header names ``evil.py`` beside it (as one received in a
+    tarball would), and the marker file that policy file makes when it runs."""
+    rec = tmp_path / "run.jsonl"
+    assert main([str(a) for a in _sim("--record", rec)]) == 0
+    capsys.readouterr()
+    marker = tmp_path / "PWNED"
+    (tmp_path / "evil.py").write_text(
+        f"import pathlib\npathlib.Path({str(marker)!r}).write_text('ran')\n"
+    )
+    lines = rec.read_text(encoding="utf-8").splitlines()
+    header = json.loads(lines[0])
+    header["config"]["policy_files"] = ["evil.py"]  # relative: beside the recording
+    rec.write_text("\n".join([json.dumps(header), *lines[1:]]) + "\n", encoding="utf-8")
+    return rec, marker
+
+
+def test_a_replay_loads_no_policy_file_the_recording_names(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A recording is data: replaying one ran the Python files its header names."""
+    rec, marker = _recording_naming(tmp_path, capsys)
+    line = refused(capsys, "simulate", "--replay", rec, "-q")
+    assert line.startswith(f"xce-resize: Recording error: {rec}: its controller ran the policy"), (
+        line
+    )
+    assert "evil.py" in line and "--policy FILE" in line and "--trust-policy-files" in line
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("opt_in", [["--trust-policy-files"], ["--policy", "{d}/evil.py"]])
+def test_a_replay_loads_the_policy_files_the_user_names(
+    tmp_path: Path, opt_in: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    rec, marker = _recording_naming(tmp_path, capsys)
+    extra = [a.replace("{d}", str(tmp_path)) for a in opt_in]
+    assert main(["simulate", "--replay", str(rec), "-q", *extra]) == 0
+    assert capsys.readouterr().out.splitlines()[0].endswith("identical")
+    assert marker.read_text() == "ran"
+
+
+@pytest.mark.usefixtures("no_runs")
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (
+            ["simulate", "--replay", "r.jsonl", "--policy", "p.py", "--trust-policy-files"],
+            "Usage error: give either --policy FILE or --trust-policy-files, not both",
+        ),
+        ([*_sim("--policy", "p.py")], "Usage error: --policy is for --replay"),
+        ([*_sim("--trust-policy-files")], "Usage error: --trust-policy-files is for --replay"),
+    ],
+)
+def test_policy_options_are_refused_where_they_mean_nothing(
+    argv: list[str | Path], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert refused(capsys, *argv).startswith(f"xce-resize: {message}")

@@ -351,6 +351,20 @@ def _simulate_outputs(sim: Any) -> None:
         "--replay", type=Path, metavar="RECORDING", help="replay a recording; check its facts"
     )
     sim.add_argument(
+        "--policy",
+        type=Path,
+        action="append",
+        metavar="FILE",
+        help="with --replay: load this site policy file (repeat for more) instead of those "
+        "the recording names, which a replay never loads by itself",
+    )
+    sim.add_argument(
+        "--trust-policy-files",
+        action="store_true",
+        help="with --replay: load the policy files the recording names (Python code: "
+        "only for a recording you trust)",
+    )
+    sim.add_argument(
         "--sequential",
         action="store_true",
         help="one run after the other (default: in parallel when there are two cores)",

@@ -36,6 +36,15 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
     """Run ``simulate`` for parsed arguments; ``out`` is stdout."""
     if args.replay is not None:
         return _replay(args, out)
+    for given, option in (
+        (args.policy, "--policy"),
+        (args.trust_policy_files, "--trust-policy-files"),
+    ):
+        if given:
+            raise UsageError(
+                f"{option} is for --replay: a run loads the policy files of its --config "
+                "([resize] policy_files)"
+            )
     options = _checked_options(args)
     began = time.monotonic()
     workload = _workload(args, options)
@@ -242,7 +251,7 @@ _NOT_WITH_REPLAY = (
 
 
 def _replay(args: argparse.Namespace, out: TextIO) -> int:
-    from xce_resize_plugin.recording.replay import replay
+    from xce_resize_plugin.recording.replay import PolicyChoice, replay
 
     if args.trace is not None:
         raise UsageError("--replay takes no TRACE: the recording holds the jobs")
@@ -254,12 +263,18 @@ def _replay(args: argparse.Namespace, out: TextIO) -> int:
             )
     if args.sequential:
         raise UsageError("--replay takes no --sequential: a replay is one run")
+    if args.policy and args.trust_policy_files:
+        raise UsageError(
+            "give either --policy FILE or --trust-policy-files, not both: --policy loads "
+            "the files given instead of the recorded ones"
+        )
+    policies = PolicyChoice(tuple(args.policy or ()), args.trust_policy_files)
     from xce_resize_plugin.simulation.run_log import format_kinds, tally_warnings
 
     # The plugin's warnings again, one per job (as the run made them): counted, as
     # simulate counts them, and shown once per kind under the comparison.
     with tally_warnings() as tally:
-        result = replay(args.replay)
+        result = replay(args.replay, policies=policies)
     state = "identical" if result.ok else "DIFFERENT"
     out.write(
         f"replayed {result.inputs:,} inputs of {args.replay}: {result.starts:,} job starts and "

@@ -6,6 +6,10 @@ simulated time, answering the controller's task and notification runners from th
 recording, and compares the job starts and the journal facts that come out with the
 recorded ones: exactly for a simulated recording, per job and without times for a live
 one (:func:`compare_live`). ``xce-resize simulate --replay OUT`` runs it.
+
+A recording is data that may come from someone else: the replay loads no policy file
+because the recording names one (:class:`PolicyChoice`; docs/simulation.md, "Policy
+files").
 """
 
 from __future__ import annotations
@@ -44,7 +48,7 @@ from xce_resize_plugin.recording.format import (
     request_from_json,
 )
 
-__all__ = ["ReplayResult", "replay"]
+__all__ = ["PolicyChoice", "ReplayResult", "policy_config", "replay"]
 
 _K = TypeVar("_K", bound=Hashable)
 
@@ -420,16 +424,38 @@ class _LiveReplayer(_Inputs):
                 return
 
 
-def replay(path: str | os.PathLike[str], state_dir: Path | None = None) -> ReplayResult:
+@frozen
+class PolicyChoice:
+    """Which site policy files a replay loads (docs/simulation.md, "Policy files").
+
+    A recording is data that may come from someone else, and a policy file is Python
+    that runs with the replaying user's rights (root's, for an administrator): a
+    replay loads none of the files the recording's ``[resize] policy_files`` names
+    unless the user says so. ``files``: the ones given on the command line
+    (``--policy``), loaded instead of the recorded ones; ``trust_recorded``: load the
+    recorded names (``--trust-policy-files``), relative ones from the recording's
+    directory. Entry-point policies (``xce_resize.policies``) are never loaded.
+    """
+
+    files: tuple[Path, ...] = ()
+    trust_recorded: bool = False
+
+
+def replay(
+    path: str | os.PathLike[str],
+    state_dir: Path | None = None,
+    policies: PolicyChoice | None = None,
+) -> ReplayResult:
     """Replay a recording in simulated time; compare its starts and facts."""
     header, lines = read_recording(path)
+    policy_config(path, header, policies or PolicyChoice())  # refused before any run
     if state_dir is None:
         with tempfile.TemporaryDirectory(prefix="xce-replay-") as tmp:
-            return replay(path, Path(tmp))
+            return replay(path, Path(tmp), policies)
     if header["controller"] == "live":
-        return _replay_live(path, header, lines, state_dir)
+        return _replay_live(path, header, lines, state_dir, policies)
     rep = _Replayer(header, lines)
-    ctl = _controller(path, header, state_dir, rep)
+    ctl = _controller(path, header, state_dir, rep, policies=policies)
     try:
         rep.start(ctl)
         ctl.run()
@@ -442,17 +468,44 @@ def replay(path: str | os.PathLike[str], state_dir: Path | None = None) -> Repla
     return ReplayResult(rep.inputs, len(rep.started), len(got_facts), tuple(problems))
 
 
+def policy_config(
+    path: str | os.PathLike[str], header: Mapping[str, Any], policies: PolicyChoice
+) -> tuple[dict[str, Any], Path | None]:
+    """The ``[resize]`` section the replay's controller gets, with the policy files
+    ``policies`` chooses, and the directory relative ones are taken from; a
+    :class:`RecordingError` for a recording whose controller ran policy files that
+    the user did not choose how to replay."""
+    name = os.fspath(path)
+    config = dict(header.get("config") or {})
+    recorded = config.get("policy_files", [])
+    if not isinstance(recorded, list) or not all(isinstance(f, str) for f in recorded):
+        raise RecordingError(f"{name}: header: config.policy_files must be a list of paths")
+    if policies.files:
+        config["policy_files"] = [os.fspath(f) for f in policies.files]
+        return config, None  # as given on the command line: from the current directory
+    if policies.trust_recorded:
+        return config, Path(path).parent
+    if recorded:
+        raise RecordingError(
+            f"{name}: its controller ran the policy files {', '.join(recorded)}; a replay "
+            "runs no code a recording names: give them with --policy FILE (one per file), "
+            "or --trust-policy-files to load the recorded names"
+        )
+    return config, None
+
+
 def _controller(
     path: str | os.PathLike[str],
     header: Mapping[str, Any],
     state_dir: Path,
     rep: _Inputs,
     clock: SimClock | None = None,
+    policies: PolicyChoice | None = None,
 ) -> EmbeddedController:
     """The replay's controller, as the header describes the recorded one."""
-    config = dict(header.get("config") or {})
+    config, base_dir = policy_config(path, header, policies or PolicyChoice())
     try:
-        pm = get_plugin_manager(config, base_dir=Path(path).parent, entry_points=False)
+        pm = get_plugin_manager(config, base_dir=base_dir, entry_points=False)
         return EmbeddedController(
             pm,
             state_dir,
@@ -486,11 +539,12 @@ def _replay_live(
     header: Mapping[str, Any],
     lines: Sequence[dict[str, Any]],
     state_dir: Path,
+    policies: PolicyChoice | None = None,
 ) -> ReplayResult:
     rep = _LiveReplayer(header, lines)
     first = next((float(rec["t"]) for rec in rep.sequence), 0.0)
     clock = SimClock(float(header.get("t", first)))
-    ctl = _controller(path, header, state_dir, rep, clock)
+    ctl = _controller(path, header, state_dir, rep, clock, policies)
     try:
         rep.run(ctl, clock)
     finally:

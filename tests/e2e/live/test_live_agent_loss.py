@@ -210,7 +210,7 @@ def test_a_recorded_host_failure_with_a_requeue_replays_identically(tmp_path: Pa
     requeue as an end line with state PEND) replays to the same facts."""
     from tests.e2e.live.test_live_recording import RESIZE, stop
     from xce_resize_plugin.recording.format import read_recording
-    from xce_resize_plugin.recording.replay import replay
+    from xce_resize_plugin.recording.replay import PolicyChoice, replay
 
     policy = Path(__file__).parents[3] / "hooks" / "requeue_on_host_failure.py"
     live = LiveCluster(
@@ -259,7 +259,8 @@ def test_a_recorded_host_failure_with_a_requeue_replays_identically(tmp_path: Pa
         ("end", rigid, "PEND"),
         ("host", "h2", "up"),
     ]
-    result = replay(tmp_path / "run.jsonl")
+    # The run loaded the site's requeue policy: the replay is given it.
+    result = replay(tmp_path / "run.jsonl", policies=PolicyChoice((policy,)))
     assert result.ok, result.problems
 
 
