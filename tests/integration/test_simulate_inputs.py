@@ -385,3 +385,26 @@ def test_policy_options_are_refused_where_they_mean_nothing(
     argv: list[str | Path], message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert refused(capsys, *argv).startswith(f"xce-resize: {message}")
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("estimate", -1, "submit: estimate must be seconds (a number >= 0) or null, got -1"),
+        ("start_tasks", 10**9, "submit: start_tasks must be within the job's tasks"),
+        ("t", -5, "submit: t must be the controller's clock (a number from 0 to 1e+10 s)"),
+    ],
+)
+def test_a_replay_refuses_a_value_out_of_range_naming_file_line_and_field(
+    tmp_path: Path, field: str, value: int, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It was applied, and the replay said DIFFERENT (exit 1): a bad input is exit 2."""
+    rec = tmp_path / "run.jsonl"
+    assert main([str(a) for a in _sim("--record", rec)]) == 0
+    capsys.readouterr()
+    lines = rec.read_text(encoding="utf-8").splitlines()
+    n = next(i for i, line in enumerate(lines) if json.loads(line)["kind"] == "submit")
+    lines[n] = json.dumps({**json.loads(lines[n]), field: value})
+    rec.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    line = refused(capsys, "simulate", "--replay", rec, "-q")
+    assert line.startswith(f"xce-resize: Recording error: {rec}:{n + 1}: {message}"), line

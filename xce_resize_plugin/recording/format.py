@@ -103,7 +103,11 @@ fact of several tasks is compared as the per-task facts it stands for
 (:func:`.replay.one_per_task`).
 
 Lines of an unknown ``kind`` are an error (a newer format), not skipped; so are lines
-missing a field replay needs, and kinds of the other controller's variant.
+missing a field replay needs, and kinds of the other controller's variant. So are
+values no recorder writes (:func:`check_line`): a ``t`` outside the simulated clock's
+range (0 to ``MAX_SECONDS``), task counts outside 1 to ``MAX_TASKS`` or a job's range,
+negative estimates and drain times, header hosts of more than ``MAX_HOST_SLOTS`` slots
+or more than :data:`MAX_HOSTS` of them.
 """
 
 from __future__ import annotations
@@ -118,7 +122,9 @@ from typing import IO, Any
 import attrs
 
 from xce_resize_plugin.controllers.jobs import JobRecord
+from xce_resize_plugin.controllers.sim.events import MAX_SECONDS
 from xce_resize_plugin.controllers.sim.speedup import parse_speedup
+from xce_resize_plugin.controllers.tomlfile import MAX_HOST_SLOTS
 from xce_resize_plugin.core.models import (
     AutoresizeRequest,
     CancelRequest,
@@ -133,6 +139,7 @@ from xce_resize_plugin.core.models import (
 from xce_resize_plugin.errors import ConfigError
 from xce_resize_plugin.host import Principal
 from xce_resize_plugin.journal import Journal
+from xce_resize_plugin.lsf.bresize_args import MAX_TASKS
 
 __all__ = [
     "FORMAT",
@@ -156,6 +163,10 @@ KINDS = {
 PHASES = ("timeline", "settled", "sync")
 TASK_EVENTS = ("started", "start_failed", "exited")
 END_STATES = ("DONE", "EXIT", "PEND")
+#: The most hosts a recording's cluster may have: the simulator's cap
+#: (``simulation.simulate.MAX_HOSTS``, 2**20; a test checks they agree). This layer is
+#: below the simulation (.importlinter), so it cannot import it.
+MAX_HOSTS = 1 << 20
 
 
 class RecordingError(ConfigError):
@@ -348,12 +359,36 @@ def _int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and -(2**63) <= value < 2**63
 
 
+def _seconds(value: Any) -> bool:
+    """A time or duration in the simulated clock's range (what traces and scenario
+    files are held to: :data:`~xce_resize_plugin.controllers.sim.events.MAX_SECONDS`)."""
+    return _number(value) and 0 <= value <= MAX_SECONDS
+
+
+def _duration(value: Any) -> bool:
+    """A job's estimate or drain time: a number >= 0. Not bounded by the clock's range:
+    the live API takes any (the replay only plans with it, and never runs the clock to
+    it)."""
+    return _number(value) and value >= 0
+
+
+def _count(value: Any) -> bool:
+    """A task count: 1 to :data:`~xce_resize_plugin.lsf.bresize_args.MAX_TASKS`, the
+    largest a submission or a request takes."""
+    return _int(value) and 1 <= value <= MAX_TASKS
+
+
 def _str(value: Any) -> bool:
     return isinstance(value, str)
 
 
 def _task_range(value: Any) -> bool:
-    return isinstance(value, list) and len(value) == 2 and all(_int(v) for v in value)
+    return (
+        isinstance(value, list)
+        and len(value) == 2
+        and all(_count(v) for v in value)
+        and value[0] <= value[1]
+    )
 
 
 def _principal(value: Any) -> bool:
@@ -394,15 +429,17 @@ def _bool(value: Any) -> bool:
 
 def _alloc(value: Any) -> bool:
     return isinstance(value, list) and all(
-        isinstance(pair, list) and len(pair) == 2 and _str(pair[0]) and _int(pair[1])
+        isinstance(pair, list) and len(pair) == 2 and _str(pair[0]) and _count(pair[1])
         for pair in value
     )
 
 
 def _work(value: Any) -> bool:
-    if not (isinstance(value, dict) and _int(value.get("ref_procs")) and _str(value.get("model"))):
+    if not (
+        isinstance(value, dict) and _count(value.get("ref_procs")) and _str(value.get("model"))
+    ):
         return False
-    if not _number(value.get("estimate")):
+    if not (_seconds(value.get("estimate")) and value["estimate"] > 0):
         return False
     try:
         parse_speedup(value["model"])
@@ -424,7 +461,7 @@ _FIELDS: dict[str, dict[str, tuple[Callable[[Any], bool], str]]] = {
     "submit": {
         "job": (_str, "a job id (string)"),
         "user": (_str, "a user name (string)"),
-        "tasks": (_task_range, "[min, max] (integers)"),
+        "tasks": (_task_range, f"[min, max] (integers, 1 <= min <= max <= {MAX_TASKS})"),
     },
     "request": {
         "job": (_str, "a job id (string)"),
@@ -444,7 +481,7 @@ _FIELDS: dict[str, dict[str, tuple[Callable[[Any], bool], str]]] = {
     "ending": {
         "job": (_str, "a job id (string)"),
         "tasks": (_ids, "a list of task ids (integers)"),
-        "grace": (_number, "seconds (a number)"),
+        "grace": (_duration, "seconds (a number >= 0)"),
     },
     "tick": {},
     "cycle": {},
@@ -466,18 +503,21 @@ _FIELDS: dict[str, dict[str, tuple[Callable[[Any], bool], str]]] = {
 _OPTIONAL: dict[str, dict[str, tuple[Callable[[Any], bool], str]]] = {
     "submit": {
         "notify_cmd": (_or_null(_str), "a string or null"),
-        "ptile": (_or_null(_int), "an integer or null"),
+        "ptile": (_or_null(_count), f"an integer from 1 to {MAX_TASKS} or null"),
         "start_tasks": (_or_null(_int), "an integer or null"),
         "initial_tasks": (_or_null(_int), "an integer or null"),
-        "estimate": (_or_null(_number), "a number or null"),
-        "grace": (_number, "a number"),
+        "estimate": (_or_null(_duration), "seconds (a number >= 0) or null"),
+        "grace": (_duration, "seconds (a number >= 0)"),
         "env": (_env, "an object of strings"),
         "resizable": (_bool, "true or false"),
         "autoresize": (_bool, "true or false"),
         "release_exited": (_bool, "true or false"),
         "grow_hosts": (_one_of(*GROW_HOSTS), " | ".join(GROW_HOSTS)),
-        "alloc": (_or_null(_alloc), "null or a list of [host, tasks] pairs"),
-        "work": (_or_null(_work), "null or {model: a speedup model, ref_procs, estimate}"),
+        "alloc": (_or_null(_alloc), "null or a list of [host, tasks] pairs (tasks >= 1)"),
+        "work": (
+            _or_null(_work),
+            "null or {model: a speedup model, ref_procs (>= 1), estimate (seconds > 0)}",
+        ),
     },
     # The status the replay hands to the plugin, which records it in its journal.
     "task": {"status": (_or_null(_int), "a 64-bit integer or null")},
@@ -493,8 +533,11 @@ def check_line(rec: Mapping[str, Any], controller: str) -> str | None:
         return f"unknown kind {kind!r}"
     if kind not in KINDS[controller]:
         return f"kind {kind!r} is not part of a {controller} recording"
-    if kind not in ("fact",) and not _number(rec.get("t")):
-        return f"{kind}: t must be the controller's clock (a number), got {rec.get('t')!r}"
+    if kind not in ("fact",) and not _seconds(rec.get("t")):
+        return (
+            f"{kind}: t must be the controller's clock (a number from 0 to "
+            f"{MAX_SECONDS:.0e} s), got {_shown(rec.get('t'))}"
+        )
     phase = rec.get("phase")
     if phase is not None and phase not in PHASES:
         return f"{kind}: phase must be one of {', '.join(PHASES)}, got {phase!r}"
@@ -504,11 +547,35 @@ def check_line(rec: Mapping[str, Any], controller: str) -> str | None:
         if name not in rec:
             return f"{kind}: missing field {name!r}"
         if not ok(rec[name]):
-            return f"{kind}: {name} must be {what}, got {rec[name]!r}"
+            return f"{kind}: {name} must be {what}, got {_shown(rec[name])}"
     for name, (ok, what) in _OPTIONAL.get(kind, {}).items():
         if name in rec and not ok(rec[name]):
-            return f"{kind}: {name} must be {what}, got {rec[name]!r}"
+            return f"{kind}: {name} must be {what}, got {_shown(rec[name])}"
+    return _submit_sizes(rec) if kind == "submit" else None
+
+
+def _submit_sizes(rec: Mapping[str, Any]) -> str | None:
+    """What a submission's sizes must satisfy together, as the controller's own
+    checks of a submission (``start_tasks``, ``initial``, ``alloc`` within the job's
+    range): a recorder writes only submissions the controller accepted."""
+    lo, hi = rec["tasks"]
+    for name in ("start_tasks", "initial_tasks"):
+        size = rec.get(name)
+        if size is not None and not lo <= size <= hi:
+            return f"submit: {name} must be within the job's tasks {lo},{hi}, got {size}"
+    alloc = rec.get("alloc")
+    if alloc is not None and not lo <= sum(n for _, n in alloc) <= hi:
+        return f"submit: alloc must hold {lo} to {hi} tasks, got {sum(n for _, n in alloc)}"
     return None
+
+
+#: How much of a bad value a message shows: one line, whatever the value's size.
+SHOWN_CHARS = 80
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= SHOWN_CHARS else f"{text[: SHOWN_CHARS - 3]}..."
 
 
 def read_recording(path: str | os.PathLike[str]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -590,14 +657,40 @@ def _check_header(rec: dict[str, Any], name: str, n: int) -> dict[str, Any]:
             f"{name}:{n}: header: controller must be simulated or live, got {controller!r}"
         )
     rec["controller"] = controller
-    hosts = rec.get("hosts")
+    _check_hosts(rec.get("hosts"), f"{name}:{n}: header")
+    if "t" in rec and not _seconds(rec["t"]):
+        raise RecordingError(
+            f"{name}:{n}: header: t must be a number from 0 to {MAX_SECONDS:.0e}, "
+            f"got {_shown(rec['t'])}"
+        )
+    for key in ("config", "user_slots"):
+        if rec.get(key) is not None and not isinstance(rec[key], dict):
+            raise RecordingError(
+                f"{name}:{n}: header: {key} must be an object, got {_shown(rec[key])}"
+            )
+    slots = rec.get("user_slots") or {}
+    for user, limit in slots.items():
+        if not (_int(limit) and limit >= 0):
+            raise RecordingError(
+                f"{name}:{n}: header: user_slots.{user} must be an integer >= 0, "
+                f"got {_shown(limit)}"
+            )
+    return rec
+
+
+def _check_hosts(hosts: Any, where: str) -> None:
+    """The header's cluster: the limits a cluster file and the simulator hold it to."""
     if not isinstance(hosts, list) or not all(
         isinstance(h, list) and len(h) == 2 and _str(h[0]) and _int(h[1]) for h in hosts
     ):
-        raise RecordingError(f"{name}:{n}: header: hosts must be [[name, slots], ...]")
-    if "t" in rec and not _number(rec["t"]):
-        raise RecordingError(f"{name}:{n}: header: t must be a number, got {rec['t']!r}")
-    for key in ("config", "user_slots"):
-        if rec.get(key) is not None and not isinstance(rec[key], dict):
-            raise RecordingError(f"{name}:{n}: header: {key} must be an object, got {rec[key]!r}")
-    return rec
+        raise RecordingError(f"{where}: hosts must be [[name, slots], ...]")
+    if len(hosts) > MAX_HOSTS:
+        raise RecordingError(
+            f"{where}: hosts: {len(hosts):,} hosts, more than the simulator takes ({MAX_HOSTS:,})"
+        )
+    for i, (host, slots) in enumerate(hosts):
+        if not 1 <= slots <= MAX_HOST_SLOTS:
+            raise RecordingError(
+                f"{where}: hosts[{i}] ({_shown(host)}): slots must be 1 to {MAX_HOST_SLOTS}, "
+                f"got {slots}"
+            )

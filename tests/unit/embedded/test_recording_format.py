@@ -99,9 +99,12 @@ def write(path: Path, *lines: dict[str, Any], header: dict[str, Any] | None = No
         ({"kind": "cycle", "t": float("nan")}, "cycle: t must be the controller's clock"),
         ({"kind": "cycle", "t": float("-inf")}, "cycle: t must be the controller's clock"),
         ({**SUBMIT, "notify_cmd": 5}, "submit: notify_cmd must be a string or null, got 5"),
-        ({**SUBMIT, "ptile": "2"}, "submit: ptile must be an integer or null, got '2'"),
+        (
+            {**SUBMIT, "ptile": "2"},
+            "submit: ptile must be an integer from 1 to 2147483647 or null, got '2'",
+        ),
         ({**SUBMIT, "env": ["A=1"]}, "submit: env must be an object of strings"),
-        ({**SUBMIT, "estimate": "1"}, "submit: estimate must be a number or null"),
+        ({**SUBMIT, "estimate": "1"}, "submit: estimate must be seconds (a number >= 0) or null"),
         (
             {**SUBMIT, "grow_hosts": "bogus"},
             "submit: grow_hosts must be prefer-existing | new-only | any, got 'bogus'",
@@ -116,7 +119,7 @@ def write(path: Path, *lines: dict[str, Any], header: dict[str, Any] | None = No
         ({**SUBMIT, "work": {"model": "amdahl"}}, "submit: work must be null or {model"),
         (
             {**SUBMIT, "work": {"model": "quadratic", "ref_procs": 2, "estimate": 60}},
-            "submit: work must be null or {model: a speedup model, ref_procs, estimate}",
+            "submit: work must be null or {model: a speedup model, ref_procs (>= 1), estimate",
         ),
         (
             {**SUBMIT, "work": {"model": "linear", "ref_procs": 2, "estimate": float("nan")}},
@@ -137,6 +140,49 @@ def write(path: Path, *lines: dict[str, Any], header: dict[str, Any] | None = No
 def test_check_line_names_what_is_wrong(line: dict[str, Any], message: str) -> None:
     problem = check_line(line, "live")
     assert problem is not None and message in problem, problem
+
+
+_WORK = {"model": "linear", "ref_procs": 2, "estimate": 60}
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        # Values no recorder writes were applied, and reported as a replay difference
+        # (exit 1) or a raw Python error text, instead of a bad input (exit 2).
+        ({**SUBMIT, "estimate": -1}, "submit: estimate must be seconds (a number >= 0) or null"),
+        (
+            {**SUBMIT, "tasks": [10**18, 10**18]},
+            "submit: tasks must be [min, max] (integers, 1 <= min <= max <= 2147483647), "
+            "got [1000000000000000000, 1000000000000000000]",
+        ),
+        ({**SUBMIT, "tasks": [3, 1]}, "submit: tasks must be [min, max]"),
+        ({**SUBMIT, "tasks": [0, 1]}, "submit: tasks must be [min, max]"),
+        (
+            {**SUBMIT, "start_tasks": 10**9},
+            "submit: start_tasks must be within the job's tasks 1,3, got 1000000000",
+        ),
+        ({**SUBMIT, "initial_tasks": 0}, "submit: initial_tasks must be within the job's tasks"),
+        ({**SUBMIT, "alloc": [["h1", 4]]}, "submit: alloc must hold 1 to 3 tasks, got 4"),
+        ({**SUBMIT, "alloc": [["h1", 0]]}, "submit: alloc must be null or a list of [host, tasks]"),
+        ({**SUBMIT, "work": {**_WORK, "ref_procs": 0}}, "submit: work must be null or {model"),
+        ({**SUBMIT, "work": {**_WORK, "estimate": 0}}, "submit: work must be null or {model"),
+        ({**SUBMIT, "work": {**_WORK, "estimate": 1e11}}, "submit: work must be null or {model"),
+        ({**SUBMIT, "grace": -1}, "submit: grace must be seconds (a number >= 0), got -1"),
+        (
+            {"kind": "cycle", "t": -5},
+            "cycle: t must be the controller's clock (a number from 0 to 1e+10 s), got -5",
+        ),
+        ({"kind": "cycle", "t": 1e308}, "cycle: t must be the controller's clock (a number from"),
+        ({"kind": "ending", "t": 1, "job": "1", "tasks": [1], "grace": -1}, "ending: grace must"),
+        # A huge value is shown cut, so that the message stays one short line.
+        ({**SUBMIT, "env": {"A": "x" * 10**6, "B": 1}}, "submit: env must be an object of strings"),
+    ],
+)
+def test_check_line_refuses_values_out_of_range(line: dict[str, Any], message: str) -> None:
+    problem = check_line(line, "live")
+    assert problem is not None and problem.startswith(message), problem
+    assert len(problem) < 300
 
 
 def test_check_line_accepts_what_the_recorders_write() -> None:
@@ -249,10 +295,10 @@ def test_a_recording_that_numbers_its_instants_numbers_every_line(
 
 def test_replay_reports_a_submit_line_the_plugin_refuses(tmp_path: Path) -> None:
     closed = {"kind": "closed", "t": 1002.0, "clean": True}
-    bad = {**SUBMIT, "tasks": [-1, 3]}
+    bad = {**SUBMIT, "tasks": [5, 5], "alloc": None}  # more than the 4 slots of the cluster
     result = replay(write(tmp_path / "r.jsonl", bad, closed))
     assert result.problems[0].startswith("line 2: cannot apply: "), result.problems
-    assert "min_tasks -1" in result.problems[0]
+    assert "can never start" in result.problems[0]
 
 
 @pytest.mark.parametrize(
@@ -272,6 +318,47 @@ def test_read_recording_checks_the_header(
 ) -> None:
     path = write(tmp_path / "h.jsonl", SUBMIT, header={**HEADER, **change})
     with pytest.raises(RecordingError, match=message):
+        read_recording(path)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (
+            {"hosts": [["h1", 10**18]]},
+            "h.jsonl:1: header: hosts[0] ('h1'): slots must be 1 to 1048576, got 10",
+        ),
+        ({"hosts": [["h1", 0]]}, "h.jsonl:1: header: hosts[0] ('h1'): slots must be 1 to"),
+        ({"t": -1.0}, "h.jsonl:1: header: t must be a number from 0 to 1e+10, got -1.0"),
+        ({"t": 1e300}, "h.jsonl:1: header: t must be a number from 0 to 1e+10"),
+        ({"user_slots": {"ann": -1}}, "h.jsonl:1: header: user_slots.ann must be an integer >= 0"),
+    ],
+)
+def test_read_recording_refuses_a_header_out_of_range(
+    tmp_path: Path, change: dict[str, Any], message: str
+) -> None:
+    path = write(tmp_path / "h.jsonl", SUBMIT, header={**HEADER, **change})
+    with pytest.raises(RecordingError) as caught:
+        read_recording(path)
+    assert caught.value.detail.startswith(f"{tmp_path}/{message}"), caught.value.detail
+
+
+def test_read_recording_refuses_more_hosts_than_the_simulator_takes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """2,000,000 hosts took 8 s and 1.3 GB before the first line was replayed; the cap
+    is the simulator's, lowered here to keep the test small."""
+    from xce_resize_plugin.recording import format as recording_format
+    from xce_resize_plugin.simulation.simulate import MAX_HOSTS
+
+    assert recording_format.MAX_HOSTS == MAX_HOSTS  # one cap, held in two layers
+    monkeypatch.setattr(recording_format, "MAX_HOSTS", 2)
+    hosts = [["h1", 1], ["h2", 1], ["h3", 1]]
+    path = write(tmp_path / "h.jsonl", SUBMIT, header={**HEADER, "hosts": hosts})
+    with pytest.raises(
+        RecordingError,
+        match=r"h.jsonl:1: header: hosts: 3 hosts, more than the simulator takes \(2\)",
+    ):
         read_recording(path)
 
 
