@@ -408,3 +408,81 @@ def test_a_replay_refuses_a_value_out_of_range_naming_file_line_and_field(
     rec.write_text("\n".join(lines) + "\n", encoding="utf-8")
     line = refused(capsys, "simulate", "--replay", rec, "-q")
     assert line.startswith(f"xce-resize: Recording error: {rec}:{n + 1}: {message}"), line
+
+
+# -- what is read: no endless line, no device, no FIFO --------------------------------------
+
+
+def _huge(tmp_path: Path, command: str) -> list[str | Path]:
+    """A ``--replay`` recording or a ``scenario run`` file over the (lowered) limit."""
+    if command == "replay":
+        path = tmp_path / "r.jsonl"
+        header = {"kind": "header", "format": "xce-resize-recording", "version": 1, "hosts": []}
+        path.write_text(json.dumps(header) + "\n" + "x" * 300 + "\n", encoding="utf-8")
+        return ["simulate", "--replay", path, "-q"]
+    path = tmp_path / "s.toml"
+    path.write_text("[cluster]\nhosts = { a = 2 }\n" + "# x\n" * 100, encoding="utf-8")
+    return ["scenario", "run", path]
+
+
+@pytest.mark.parametrize(
+    ("command", "message"),
+    [
+        ("replay", "r.jsonl:2: a line longer than 200 characters (no recorder writes one)"),
+        ("scenario", "s.toml: larger than a scenario file may be (200 bytes)"),
+    ],
+)
+def test_a_line_or_file_beyond_the_limit_is_refused(
+    tmp_path: Path,
+    command: str,
+    message: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """An endless line (a file without line breaks) was read into memory whole: a
+    MemoryError traceback. The limits are lowered here to keep the test small."""
+    from xce_resize_plugin.recording import format as recording_format
+    from xce_resize_plugin.scenarios import files as scenario_files
+
+    monkeypatch.setattr(recording_format, "MAX_LINE_CHARS", 200)
+    monkeypatch.setattr(scenario_files, "MAX_SCENARIO_BYTES", 200)
+    line = refused(capsys, *_huge(tmp_path, command))
+    assert line.endswith(f"{tmp_path}/{message}"), line
+
+
+@linux_proc
+@pytest.mark.parametrize("kind", ["device", "fifo"])
+@pytest.mark.parametrize("command", ["replay", "scenario"])
+def test_a_device_or_fifo_behind_the_name_is_refused_at_once(
+    tmp_path: Path, kind: str, command: str
+) -> None:
+    """``/dev/zero`` behind a ``.jsonl`` or ``.toml`` name was read until memory ran
+    out; a FIFO without a writer blocked for ever (a subprocess: a hang fails the test
+    by its timeout, not the whole session)."""
+    name = tmp_path / ("r.jsonl" if command == "replay" else "s.toml")
+    if kind == "device":
+        name.symlink_to("/dev/zero")
+    else:
+        os.mkfifo(name)
+    argv = (
+        ["simulate", "--replay", name, "-q"] if command == "replay" else ["scenario", "run", name]
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "xce_resize_plugin", *map(str, argv)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert proc.returncode == 2 and proc.stdout == "", proc.stderr
+    assert proc.stderr.count("\n") == 1, proc.stderr
+    assert f"{name}: not a regular file (a pipe, device or socket)" in proc.stderr
+
+
+def test_a_recording_line_nested_too_deeply_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "r.jsonl"
+    path.write_text("[" * 100_000 + "]" * 100_000 + "\n", encoding="utf-8")
+    line = refused(capsys, "simulate", "--replay", path)
+    assert line == f"xce-resize: Recording error: {path}:1: not JSON (nested too deeply)"

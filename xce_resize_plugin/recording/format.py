@@ -115,6 +115,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import stat
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
@@ -167,6 +168,11 @@ END_STATES = ("DONE", "EXIT", "PEND")
 #: (``simulation.simulate.MAX_HOSTS``, 2**20; a test checks they agree). This layer is
 #: below the simulation (.importlinter), so it cannot import it.
 MAX_HOSTS = 1 << 20
+#: The longest line a recording may have, in characters (32 Mi). The longest a recorder
+#: writes is the header of the simulator's largest cluster, 2**20 hosts at about 16
+#: characters each (``["n1048576",64],``): 16 Mi. A longer line (a file without line
+#: breaks, ``/dev/zero`` behind a name) is refused instead of read into memory whole.
+MAX_LINE_CHARS = 32 << 20
 
 
 class RecordingError(ConfigError):
@@ -581,50 +587,80 @@ def _shown(value: Any) -> str:
 def read_recording(path: str | os.PathLike[str]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The header and the other lines of a recording, each checked (:func:`check_line`)
     for what replay reads; :class:`RecordingError` names the file, line and field."""
-    lines: list[dict[str, Any]] = []
-    header: dict[str, Any] | None = None
-    closed_at: int | None = None
     name = os.fspath(path)
     try:
-        with open(path, encoding="utf-8") as fh:
-            for n, raw in enumerate(fh, 1):
-                if not raw.strip():
-                    continue
-                try:
-                    rec = json.loads(raw)
-                except RecursionError:
-                    raise RecordingError(f"{name}:{n}: not JSON (nested too deeply)") from None
-                except ValueError as exc:
-                    if not raw.endswith("\n"):
-                        raise RecordingError(
-                            f"{name}:{n}: the last line is cut short (the writer stopped in "
-                            "the middle of it); remove it to replay the lines before"
-                        ) from None
-                    raise RecordingError(f"{name}:{n}: not JSON ({exc})") from None
-                if not isinstance(rec, dict) or "kind" not in rec:
-                    raise RecordingError(f"{name}:{n}: a line must be an object with a kind")
-                if header is None:
-                    header = _check_header(rec, name, n)
-                    continue
-                if closed_at is not None:
-                    raise RecordingError(
-                        f"{name}:{n}: a line after the closing line (line {closed_at})"
-                    )
-                problem = check_line(rec, header["controller"])
-                if problem is not None:
-                    raise RecordingError(f"{name}:{n}: {problem}")
-                if rec["kind"] == "closed":
-                    closed_at = n
-                rec["_line"] = n
-                lines.append(rec)
+        with _open_regular(name) as fh:
+            return _read_lines(fh, name)
     except OSError as exc:
         raise RecordingError(f"{name}: cannot read ({exc})") from exc
     except UnicodeDecodeError as exc:
         raise RecordingError(f"{name}: not UTF-8 text ({exc})") from None
+
+
+def _open_regular(name: str) -> IO[str]:
+    """The file ``name`` for reading, if it is a regular file: a FIFO (opened without
+    waiting for a writer) or a device such as ``/dev/zero`` is refused, not read."""
+    fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            what = "a directory" if stat.S_ISDIR(mode) else "a pipe, device or socket"
+            raise RecordingError(f"{name}: not a regular file ({what}): a recording is a file")
+        os.set_blocking(fd, True)
+        return open(fd, encoding="utf-8")  # the caller closes it (with)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _read_lines(fh: IO[str], name: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    lines: list[dict[str, Any]] = []
+    header: dict[str, Any] | None = None
+    closed_at: int | None = None
+    n = 0
+    while raw := fh.readline(MAX_LINE_CHARS + 1):
+        n += 1
+        if len(raw) > MAX_LINE_CHARS:
+            raise RecordingError(
+                f"{name}:{n}: a line longer than {MAX_LINE_CHARS:,} characters "
+                "(no recorder writes one)"
+            )
+        if not raw.strip():
+            continue
+        rec = _parse_line(raw, name, n)
+        if header is None:
+            header = _check_header(rec, name, n)
+            continue
+        if closed_at is not None:
+            raise RecordingError(f"{name}:{n}: a line after the closing line (line {closed_at})")
+        problem = check_line(rec, header["controller"])
+        if problem is not None:
+            raise RecordingError(f"{name}:{n}: {problem}")
+        if rec["kind"] == "closed":
+            closed_at = n
+        rec["_line"] = n
+        lines.append(rec)
     if header is None:
         raise RecordingError(f"{name}: empty recording")
     _check_instants(lines, name)
     return header, lines
+
+
+def _parse_line(raw: str, name: str, n: int) -> dict[str, Any]:
+    try:
+        rec = json.loads(raw)
+    except RecursionError:
+        raise RecordingError(f"{name}:{n}: not JSON (nested too deeply)") from None
+    except ValueError as exc:
+        if not raw.endswith("\n"):
+            raise RecordingError(
+                f"{name}:{n}: the last line is cut short (the writer stopped in "
+                "the middle of it); remove it to replay the lines before"
+            ) from None
+        raise RecordingError(f"{name}:{n}: not JSON ({exc})") from None
+    if not isinstance(rec, dict) or "kind" not in rec:
+        raise RecordingError(f"{name}:{n}: a line must be an object with a kind")
+    return rec
 
 
 def _check_instants(lines: list[dict[str, Any]], name: str) -> None:

@@ -8,7 +8,10 @@ raises :class:`~xce_resize_plugin.errors.ConfigError` naming the file and the ke
 from __future__ import annotations
 
 import math
+import os
 import shlex
+import stat
+import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -17,10 +20,11 @@ from attrs import field, frozen
 
 from xce_resize_plugin.controllers.jobs import SUBMIT_OPTIONS, JobOptions
 from xce_resize_plugin.controllers.sim.events import MAX_SECONDS
-from xce_resize_plugin.controllers.tomlfile import IntCheck, Where, read_toml
+from xce_resize_plugin.controllers.tomlfile import IntCheck, Where
 from xce_resize_plugin.core import config
 from xce_resize_plugin.core.decimal_text import read_decimal
 from xce_resize_plugin.core.models import GrowHosts
+from xce_resize_plugin.errors import ConfigError
 
 SECTIONS = {"cluster", "limits", "users", "resize", "scenario", "jobs", "commands"}
 #: A ``[[jobs]]`` table: the submission options every controller takes, and the
@@ -36,6 +40,11 @@ HOST_STATES = {"down", "up", "closed", "open"}
 HOST_KEYS = {"name", "state", "evacuate"}
 #: A ``target`` command's keys (``xce-resize target``; docs/scenarios.md).
 TARGET_KEYS = {"job", "tasks", "release_prefer", "clear"}
+#: The largest scenario file read, in bytes (16 MiB): some 100,000 jobs and commands,
+#: far more than a run that prints its timeline is for (docs/scenarios.md). A larger
+#: one (``/dev/zero`` behind the name, a generated file gone wrong) is refused before
+#: it is read into memory.
+MAX_SCENARIO_BYTES = 16 << 20
 
 
 @frozen
@@ -90,7 +99,42 @@ class Scenario:
 def load(path: Path | str) -> Scenario:
     """Read and check a scenario file."""
     path = Path(path)
-    return parse(read_toml(path), path)
+    return parse(read_scenario_toml(path), path)
+
+
+def read_scenario_toml(path: Path) -> dict[str, Any]:
+    """The TOML of a scenario file: a regular file of at most :data:`MAX_SCENARIO_BYTES`
+    (a FIFO is opened without waiting for a writer, and refused), or ConfigError
+    naming the file, with the messages of the other TOML readers
+    (:func:`~xce_resize_plugin.controllers.tomlfile.read_toml`)."""
+    try:
+        data = _read_bounded(path)
+        return tomllib.loads(data.decode("utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not UTF-8 text") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from exc
+    except RecursionError:
+        raise ConfigError(f"{path}: not valid TOML: nested too deeply") from None
+
+
+def _read_bounded(path: Path) -> bytes:
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    with open(fd, "rb") as fh:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise IsADirectoryError(21, "Is a directory")
+        if not stat.S_ISREG(mode):
+            raise ConfigError(f"{path}: not a regular file (a pipe, device or socket)")
+        os.set_blocking(fd, True)
+        data = fh.read(MAX_SCENARIO_BYTES + 1)  # it may have grown since it was opened
+    if len(data) > MAX_SCENARIO_BYTES:
+        raise ConfigError(
+            f"{path}: larger than a scenario file may be ({MAX_SCENARIO_BYTES:,} bytes)"
+        )
+    return data
 
 
 def parse(data: Mapping[str, Any], path: Path) -> Scenario:
