@@ -450,6 +450,12 @@ def _run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         _complain("interrupted")
         return 130
+    except MemoryError:
+        # A workload, a grid or an input larger than this machine's memory (or the
+        # process's `ulimit -v`): one line, as for every input the command cannot take,
+        # not a traceback. Nothing was written: outputs are written at the end.
+        _complain("out of memory (the input or the run is too large for this machine)")
+        return EXIT_PROBLEMS
 
 
 def _complain(text: str) -> None:
