@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeAlias
 
+from xce_resize_plugin.controllers.input_files import read_capped
 from xce_resize_plugin.errors import ConfigError
 
 #: The most slots a host of a cluster file may have (2**20): more is no machine's node,
@@ -21,6 +22,11 @@ MAX_HOST_SLOTS = 1 << 20
 #: Checks one integer at a key path (``cluster.hosts.a``): returns it, or the error.
 #: Each kind of file words its own messages, so the check is the caller's.
 IntCheck: TypeAlias = Callable[[str, Any], int]
+
+#: The largest TOML file read (16 MiB): a scenario of 100,000 jobs is about 10 MiB, and
+#: a larger name (``/dev/zero`` behind a ``.toml`` link, a runaway generated file)
+#: would take the memory before the parser says anything (docs/simulation.md).
+MAX_TOML_BYTES = 16 << 20
 
 
 class Where:
@@ -71,10 +77,14 @@ class Where:
         return hosts
 
 
-def read_toml(path: Path) -> dict[str, Any]:
-    """A TOML file's contents, or ConfigError naming the file (scenarios, live config)."""
+def read_toml(path: Path, limit: int | None = None) -> dict[str, Any]:
+    """A TOML file's contents, or ConfigError naming the file (scenarios, the live
+    configuration, ``simulate --config``, sweep files): a regular file of at most
+    ``limit`` bytes (default :data:`MAX_TOML_BYTES`), UTF-8, valid TOML, nested no
+    deeper than the parser's recursion takes."""
     try:
-        return tomllib.loads(path.read_text(encoding="utf-8"))
+        data = read_capped(path, MAX_TOML_BYTES if limit is None else limit)
+        return tomllib.loads(data.decode("utf-8"))
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from exc
     except UnicodeDecodeError:

@@ -39,7 +39,6 @@ import multiprocessing
 import os
 import tempfile
 import time
-import tomllib
 import traceback
 from collections.abc import Callable, Mapping, Sequence
 from multiprocessing.connection import Connection, wait
@@ -57,6 +56,7 @@ from xce_resize_plugin.controllers.runners import (
 )
 from xce_resize_plugin.controllers.sim.sim_controller import EmbeddedController
 from xce_resize_plugin.controllers.sim.work import SpeedupWork
+from xce_resize_plugin.controllers.tomlfile import read_toml
 from xce_resize_plugin.core import config as config_mod
 from xce_resize_plugin.errors import ConfigError
 from xce_resize_plugin.manager import get_plugin_manager
@@ -261,18 +261,6 @@ def load_options(config: str | os.PathLike[str] | None = None, **overrides: Any)
     if unknown:
         raise ConfigError(f"{path}: unknown table [{unknown[0]}] (known: simulate, resize)")
     return options_from_tables(path, data, **overrides)
-
-
-def read_toml(path: Path) -> dict[str, Any]:
-    """A TOML file's tables; a :class:`ConfigError` naming the file when it cannot be."""
-    try:
-        return tomllib.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read ({exc})") from exc
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{path}: not UTF-8 text, as TOML must be ({exc})") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: not valid TOML ({exc})") from exc
 
 
 def options_from_tables(path: Path | None, data: Mapping[str, Any], **overrides: Any) -> SimOptions:
