@@ -41,10 +41,18 @@ an earlier kept job has (the simulator runs jobs by id) raise :class:`TraceError
 naming the file and line number: a trace that does not parse is not silently
 shortened. So does a header ``MaxProcs`` that is not a positive integer
 (``; MaxProcs: 338 (batch partition)`` is one), since it sizes the machine.
+
+What is read is bounded, so that a small hostile file (a gzip bomb) is refused in a
+fraction of a second rather than taking the memory or minutes: a name that is not a
+regular file (a FIFO, ``/dev/zero`` behind a ``.swf`` link), a line longer than
+:data:`MAX_LINE_CHARS`, a header of more than :data:`MAX_HEADER_LINES` lines or
+:data:`MAX_HEADER_CHARS` characters, more than :data:`MAX_EMPTY_LINES` blank or
+comment lines raise :class:`TraceError` too.
 """
 
 from __future__ import annotations
 
+import functools
 import gzip
 import io
 import itertools
@@ -52,12 +60,13 @@ import math
 import os
 import re
 import zlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import ExitStack
 from typing import IO
 
 import attrs
 
+from xce_resize_plugin.controllers.input_files import open_regular
 from xce_resize_plugin.controllers.sim.events import MAX_SECONDS
 from xce_resize_plugin.core.decimal_text import is_decimal_number
 from xce_resize_plugin.simulation.gc_pause import gc_paused
@@ -72,6 +81,21 @@ from xce_resize_plugin.simulation.trace_types import (
 
 # SWF 2.2 data lines have exactly this many fields.
 _SWF_FIELDS = 18
+#: The longest line read, in characters (64 KiB): a data line of 18 numbers is under
+#: 200, a header comment a few hundred. A longer line (an endless ``/dev/zero``-like
+#: stream, gigabytes without a line end in a ``.gz``) is refused once this much of it
+#: is read, not held whole in memory (docs/simulation.md, "Limits on inputs").
+MAX_LINE_CHARS = 64 << 10
+#: The most header lines (``;`` lines before the first job) and their characters in
+#: all: the archive's headers have some tens of lines and a few KiB. A gzip of a
+#: million ``;`` lines is a few KB and would otherwise take gigabytes as header fields.
+MAX_HEADER_LINES = 10_000
+MAX_HEADER_CHARS = 1 << 20
+#: The most lines without a job (blank, or ``;`` after the header) a trace may have:
+#: the archive's logs have none to a few. Each costs a turn of the reading loop, so a
+#: gzip of gigabytes of blank lines (a few MB) read for minutes before saying "no job";
+#: a million of them take a fraction of a second.
+MAX_EMPTY_LINES = 1_000_000
 _GZIP_MAGIC = b"\x1f\x8b"
 # A header key line is ";" + at most two blanks + an identifier + ":". Continuation
 # lines are indented further (";              http://..."), which keeps "http:" in a
@@ -96,6 +120,8 @@ _TIME_FIELDS = frozenset({1, 3, 8})
 #: form int() reads them in (the job number is one too: _check_kept).
 _WHOLE_FIELDS = (7, 4, 10)
 _WHOLE = re.compile(r"[-+]?[0-9]+")
+#: What the reader counts (``trace.stats``).
+Stats = dict[str, int]
 #: The SWF fields by number (1-based), as a refused line's message names them.
 _FIELD_NAMES = (
     "job number",
@@ -131,8 +157,13 @@ def _open_text(source: Source, name: str, stack: ExitStack) -> IO[str]:
     if isinstance(source, io.TextIOBase):
         return source  # type: ignore[return-value]  # TextIOBase is IO[str] in practice
     if isinstance(source, str | os.PathLike):
-        binary: IO[bytes] = stack.enter_context(open(source, "rb"))  # noqa: SIM115
+        # A regular file only: a FIFO would block, a device (/dev/zero) never end.
+        binary: IO[bytes] = stack.enter_context(open_regular(source))
         gz = name.lower().endswith(".gz")
+        if gz and binary.peek(2)[:2] != _GZIP_MAGIC:  # type: ignore[attr-defined]
+            # Said here, so that a "Not a gzipped file" while reading is data after
+            # the last gzip member (read_swf says so).
+            raise gzip.BadGzipFile("not gzip data, though the name ends in .gz")
     else:
         binary = source  # type: ignore[assignment]  # not text: a binary stream
         gz = False
@@ -250,9 +281,14 @@ def read_swf(source: Source, *, limit: int | None = None) -> Trace:
     with ExitStack() as stack:
         try:
             f = _open_text(source, name, stack)
-            header, first_line, lineno = _read_swf_header(f)
+            header, first_line, lineno = _read_swf_header(f, name)
             _check_max_procs(header, name)
             base = _read_swf_jobs(f, first_line, lineno, header, name, limit, stats, jobs)
+        except gzip.BadGzipFile as exc:
+            if str(exc).startswith("Not a gzipped file"):  # the first member was gzip
+                why = f"trailing data after the gzip stream is not gzip ({exc})"
+                raise TraceError(f"cannot read: {why}", source=name) from exc
+            raise TraceError(f"cannot read: {exc}", source=name) from exc
         except (OSError, EOFError, zlib.error) as exc:  # BadGzipFile is an OSError
             raise TraceError(f"cannot read: {exc}", source=name) from exc
     if stats["resorted"]:
@@ -270,17 +306,60 @@ def _submit_key(job: TraceJob) -> float:
     return job.submit
 
 
-def _read_swf_header(f: IO[str]) -> tuple[TraceHeader, str | None, int]:
-    """Consume the leading ``;`` and blank lines; return the header and the first data line."""
+def _lines(f: IO[str]) -> Iterator[str]:
+    """``f``'s lines, each read with a bound (:data:`MAX_LINE_CHARS`): a longer one
+    comes as pieces, the first of which :func:`_too_long` refuses. (``iter`` over a
+    ``partial``: the loop stays in C, as ``for line in f`` does.)"""
+    return iter(functools.partial(f.readline, MAX_LINE_CHARS + 1), "")
+
+
+def _check_length(name: str, lineno: int, line: str) -> None:
+    """Refuse a piece :func:`_lines` cut from a line longer than the limit."""
+    if len(line) > MAX_LINE_CHARS and not line.endswith("\n"):
+        why = f"a line longer than {MAX_LINE_CHARS:,} characters"
+        raise TraceError(why, source=name, line=lineno)
+
+
+def _too_many_empty(name: str, lineno: int) -> TraceError:
+    why = f"more than {MAX_EMPTY_LINES:,} blank or comment lines: not an SWF trace"
+    return TraceError(why, source=name, line=lineno)
+
+
+def _no_job(name: str, lineno: int, parts: Sequence[str], empty: int, stats: Stats) -> int:
+    """Count a blank or comment line of the data (``empty`` so far, this one not yet);
+    refuse one beyond :data:`MAX_EMPTY_LINES`."""
+    if empty >= MAX_EMPTY_LINES:
+        raise _too_many_empty(name, lineno)
+    if parts:
+        stats["comment_lines"] += 1
+    return empty + 1
+
+
+def _read_swf_header(f: IO[str], name: str) -> tuple[TraceHeader, str | None, int]:
+    """Consume the leading ``;`` and blank lines; return the header and the first data
+    line. At most :data:`MAX_HEADER_LINES` header lines of :data:`MAX_HEADER_CHARS`."""
     header_lines: list[str] = []
+    chars = 0
+    blank = 0
     lineno = 0
-    for raw in f:
-        lineno += 1
+    for lineno, raw in enumerate(_lines(f), 1):  # lineno is returned
+        _check_length(name, lineno, raw)
         line = raw.rstrip("\r\n")
         if line.startswith(";"):
             header_lines.append(line)
+            chars += len(line)
+            if len(header_lines) > MAX_HEADER_LINES or chars > MAX_HEADER_CHARS:
+                why = (
+                    f"the header (the ';' lines before the first job) is longer than "
+                    f"{MAX_HEADER_LINES:,} lines or {MAX_HEADER_CHARS:,} characters"
+                )
+                raise TraceError(why, source=name, line=lineno)
         elif line.strip():
             return _parse_header(header_lines), line, lineno
+        else:
+            blank += 1
+            if blank > MAX_EMPTY_LINES:
+                raise _too_many_empty(name, lineno)
     return _parse_header(header_lines), None, lineno
 
 
@@ -307,7 +386,9 @@ def _beyond(name: str, lineno: int, line: str, parts: Sequence[str]) -> TraceErr
         for what, index in (("submit time", 1), ("run time", 3), ("requested time", 8))
         if abs(float(parts[index])) > MAX_SECONDS
     )
-    why = f"{what} {parts[index]!r} is beyond {MAX_SECONDS:.0e} s"
+    value = parts[index]
+    shown = repr(value) if len(value) <= 24 else f"of {len(value):,} digits"
+    why = f"{what} {shown} is beyond {MAX_SECONDS:.0e} s"
     return _bad_line(name, lineno, line, why)
 
 
@@ -354,6 +435,8 @@ def _check_kept(
     line, this one's added)."""
     submit, runtime, req_time = times
     if not math.isfinite(submit):
+        if _NOT_FINITE.fullmatch(parts[1]) is None:  # digits float() overflows on
+            raise _beyond(name, lineno, line, parts)
         raise _bad_line(name, lineno, line, "submit time is not finite")
     if runtime > MAX_SECONDS or req_time > MAX_SECONDS or abs(submit) > MAX_SECONDS:
         raise _beyond(name, lineno, line, parts)
@@ -382,15 +465,13 @@ def _read_swf_jobs(
     header: TraceHeader,
     name: str,
     limit: int | None,
-    stats: dict[str, int],
+    stats: Stats,
     jobs: list[TraceJob],
 ) -> float:
     """The hot loop: one ``split`` and a few conversions a line, appending to ``jobs``.
-
     Returns the raw submit time of the first kept job (0.0 when none is kept). What
     the cleaning skips or adjusts is counted in ``stats`` as it happens (the rare
-    paths); ``lines`` is then the kept jobs plus the skipped lines.
-    """
+    paths); ``lines`` is then the kept jobs plus the skipped lines."""
     if first_line is None or limit == 0:
         return 0.0
     max_procs = header.max_procs if header.max_procs and header.max_procs > 0 else None
@@ -402,12 +483,13 @@ def _read_swf_jobs(
     seen: dict[str, int] = {}  # each kept job id's line (_check_kept)
     append = jobs.append
     # chain + enumerate stay in C: a generator here costs a frame switch a line.
-    for lineno, line in enumerate(itertools.chain((first_line,), f), first_lineno):
+    cap, empty = MAX_LINE_CHARS, 0  # empty: blank and comment lines (_no_job)
+    for lineno, line in enumerate(itertools.chain((first_line,), _lines(f)), first_lineno):
+        if len(line) > cap:
+            _check_length(name, lineno, line)
         parts = line.split()
-        if not parts:
-            continue
-        if parts[0].startswith(";"):
-            stats["comment_lines"] += 1
+        if not parts or parts[0].startswith(";"):
+            empty = _no_job(name, lineno, parts, empty, stats)
             continue
         if _DATA_LINE.fullmatch(line) is None:
             _odd_fields(name, lineno, line, parts)
