@@ -4,6 +4,7 @@ nothing written."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import pytest
 
 from xce_resize_plugin.cli.main import main
 from xce_resize_plugin.controllers import tomlfile
+from xce_resize_plugin.simulation import sweep_cache
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 KTH = DATA / "KTH-SP2-1996-2.1-cln-first200.swf.gz"
@@ -73,3 +75,110 @@ def test_a_toml_file_above_the_limit_is_refused_before_parsing(
     config.write_text("[simulate]\n#" + "x" * 1000 + "\n")
     assert main(["simulate", str(KTH), "--config", str(config)]) == 2
     _one_line(capsys, f"{config}: cannot read: the file is larger than 1,000 bytes")
+
+
+# --- the sweep cache: a file that is not a run's result is made again --------------------
+
+SMALL = "seeds = [0, 1]\n[simulate]\nlimit = 40\n"
+
+
+def _cached(tmp_path: Path) -> tuple[Path, Path, list[Path], str]:
+    """A sweep of one trace at 0.5 with two seeds, run once: its config, cache, the
+    cache's files and the table it prints."""
+    config, cache = _sweep_file(tmp_path, SMALL), tmp_path / "cache"
+    args = ["sweep", str(config), "--cache", str(cache), "--workers", "1", "-q"]
+    assert main(args) == 0
+    return config, cache, sorted(cache.glob("*.json")), json.dumps(_table(config, cache))
+
+
+def _table(config: Path, cache: Path) -> object:
+    from xce_resize_plugin.simulation.sweep import CellCache, run_sweep
+    from xce_resize_plugin.simulation.sweep_config import load_sweep
+    from xce_resize_plugin.simulation.sweep_report import sweep_json
+
+    return sweep_json(run_sweep(load_sweep(config), workers=1, cache=CellCache(cache)))
+
+
+def _elastic(files: list[Path]) -> Path:
+    """A cached elastic run (one with malleable jobs: its seed changes its numbers)."""
+    return next(f for f in files if json.loads(f.read_text())["malleable_jobs"] > 0)
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        "nested",
+        "utilization 1e308",
+        "mean_wait Infinity",
+        "mean_wait NaN",
+        "makespan -1",
+        "resizes 1e400",
+        "grows huge",
+        "problems",
+        "warning of the other run",
+        "too large",
+    ],
+)
+def test_a_cache_file_that_is_no_run_result_is_made_again_and_replaced(
+    tmp_path: Path,
+    damage: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    config, cache, files, table = _cached(tmp_path)
+    capsys.readouterr()  # the first sweep's table
+    target = _elastic(files)
+    good = target.read_text()
+    doc = json.loads(good)
+    run = doc["run"]
+    if damage == "nested":
+        target.write_text("[" * 100_000 + "]" * 100_000)
+    elif damage == "too large":
+        monkeypatch.setattr(sweep_cache, "MAX_ENTRY_BYTES", len(good) - 1)
+    else:
+        if damage == "problems":
+            doc["problems"] = ["elastic: job 3 did 0.1 of its work (forged)"]
+        elif damage == "warning of the other run":
+            doc["warnings"] = [{"run": "rigid", "count": 1, "first": "forged"}]
+        elif damage == "grows huge":
+            run["grows"] = 10**30
+        else:
+            key, value = damage.split()
+            run[key] = float(value)
+        # json.dumps writes inf and nan as Infinity and NaN, which json.loads reads.
+        target.write_text(json.dumps(doc))
+    args = ["sweep", str(config), "--cache", str(cache), "--workers", "1", "--json", "-"]
+    assert main(args) == 0
+    out, err = capsys.readouterr()
+    assert "Traceback" not in err and "check failed" not in err, err
+    assert "1 runs made, 2 from the cache" in err, err
+    assert json.dumps(json.loads(out)) == table
+    if damage != "too large":
+        assert target.read_text() == good  # the bad file replaced by the run's result
+
+
+def test_a_fifo_in_the_cache_neither_blocks_nor_is_trusted(tmp_path: Path) -> None:
+    config, cache, files, table = _cached(tmp_path)
+    target = _elastic(files)
+    good = target.read_text()
+    target.unlink()
+    os.mkfifo(target)  # no writer: a plain open would wait for one forever
+    assert json.dumps(_table(config, cache)) == table
+    assert target.is_file() and target.read_text() == good
+
+
+def test_no_default_cache_under_a_home_that_does_not_exist(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    home = tmp_path / "nonexistent"
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    config = _sweep_file(tmp_path, SMALL)
+    assert main(["sweep", str(config), "--workers", "1"]) == 2
+    _one_line(capsys, f"the home directory {home} does not exist", "--cache DIR or --no-cache")
+    assert not home.exists()
+    xdg = tmp_path / "xdg"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(xdg))  # the user's own choice: made
+    out = str(tmp_path / "o.json")
+    assert main(["sweep", str(config), "--workers", "1", "-q", "--json", out]) == 0
+    assert len(list((xdg / "xce-resize" / "sweep").glob("*.json"))) == 3

@@ -12,6 +12,7 @@ import signal
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import TextIO
 
 from xce_resize_plugin.cli.simulate import check_output, write_results
@@ -32,6 +33,17 @@ def _terminated(signum: int, frame: object) -> None:
     raise SystemExit(128 + signum)
 
 
+def _default_cache() -> Path:
+    """The default cache directory, or a :class:`UsageError` when there is none (a
+    HOME that does not exist: the cache is not made where nobody asked)."""
+    try:
+        return default_cache_dir()
+    except OSError as exc:
+        raise UsageError(
+            f"no default cache directory ({exc}): give --cache DIR or --no-cache"
+        ) from None
+
+
 def run(args: argparse.Namespace, out: TextIO) -> int:
     """Run ``sweep`` for parsed arguments; ``out`` is stdout."""
     if args.workers is not None and args.workers < 1:
@@ -49,7 +61,7 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
         # Fail now, not after the runs, when matplotlib is missing or the format unknown.
         check_plot_path(args.plot)
     config = load_sweep(args.config)
-    cache = None if args.no_cache else CellCache(args.cache or default_cache_dir())
+    cache = None if args.no_cache else CellCache(args.cache or _default_cache())
     if cache is not None:
         try:
             cache.prepare()

@@ -410,8 +410,8 @@ def run_sweep(
             keys.append(key)
         pairs.append((keys[0], keys[1]))
     results: dict[str, RunResultDoc] = {}
-    for key in runs:
-        hit = cache.get(key) if cache is not None else None
+    for key, run in runs.items():
+        hit = cache.get(key, run.mode) if cache is not None else None
         if hit is not None:
             results[key] = hit
     todo = [run for key, run in runs.items() if key not in results]
