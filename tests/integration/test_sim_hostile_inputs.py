@@ -12,7 +12,7 @@ import pytest
 
 from xce_resize_plugin.cli.main import main
 from xce_resize_plugin.controllers import tomlfile
-from xce_resize_plugin.simulation import sweep_cache
+from xce_resize_plugin.simulation import sweep_cache, sweep_config
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 KTH = DATA / "KTH-SP2-1996-2.1-cln-first200.swf.gz"
@@ -182,3 +182,88 @@ def test_no_default_cache_under_a_home_that_does_not_exist(
     out = str(tmp_path / "o.json")
     assert main(["sweep", str(config), "--workers", "1", "-q", "--json", out]) == 0
     assert len(list((xdg / "xce-resize" / "sweep").glob("*.json"))) == 3
+
+
+# --- bounds on what is generated or planned -------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("spec", "says"),
+    [
+        ("lublin:jobs=1000000000000,procs=8", "jobs must be at most 1,000,000"),
+        ("lublin:jobs=10,procs=100000000000000000000", "procs must be at most 1,099,511,627,776"),
+    ],
+)
+def test_a_synthetic_spec_beyond_the_bounds_is_refused_at_once(
+    tmp_path: Path, spec: str, says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["simulate", "-q", "--synthetic", spec]) == 2
+    _one_line(capsys, f"--synthetic {spec}: {says}")
+    config = _sweep_file(tmp_path).read_text().replace(f'"{KTH}"', f'"{KTH}", "{spec}"')
+    path = tmp_path / "s.toml"
+    path.write_text(config)
+    assert main(["sweep", str(path), "--no-cache"]) == 2
+    _one_line(capsys, f"{path}: [sweep] workloads[1]: {spec}: {says}")
+
+
+def test_a_grid_of_too_many_cells_is_refused_before_any_trace_is_read(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sweep_config, "MAX_CELLS", 1000)
+    # The trace does not exist: the count is refused before workloads are looked at.
+    body = '[sweep]\nworkloads = ["nowhere.swf", "lublin:jobs=10,procs=8"]\nseeds = 501\n'
+    path = tmp_path / "g.toml"
+    path.write_text(body + "malleable_fractions = [0.5]\n")
+    assert main(["sweep", str(path), "--no-cache"]) == 2
+    _one_line(capsys, f"{path}: [sweep] the grid has 1,002 cells", "more than 1,000")
+
+
+def test_preparing_a_grid_is_reported_as_it_goes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from xce_resize_plugin.simulation import sweep as sweep_mod
+    from xce_resize_plugin.simulation.sweep import CellCache, run_sweep
+    from xce_resize_plugin.simulation.sweep_config import load_sweep
+
+    monkeypatch.setattr(sweep_mod, "_PREPARE_STEP", 1)
+    config = load_sweep(_sweep_file(tmp_path, "seeds = 3\n[simulate]\nlimit = 20\n"))
+    calls: list[tuple[int, int]] = []
+    started: list[int] = []
+    run_sweep(
+        config,
+        workers=1,
+        cache=CellCache(tmp_path / "cache"),
+        on_prepare=lambda done, total: calls.append((done, total)) and None,
+        on_start=lambda total, cached: started.append(len(calls)) and None,
+    )
+    # 3 cells (one rigid run shared, three elastic): each cell, then each run's lookup.
+    assert calls == [(1, 9), (2, 9), (3, 9), (4, 7), (5, 7), (6, 7), (7, 7)]
+    assert started == [7]  # the runs' bar starts after the preparation
+
+
+def test_a_seed_of_twenty_digits_names_the_file_and_key(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = _sweep_file(tmp_path, "seeds = [1, 99999999999999999999]\n")
+    assert main(["sweep", str(path), "--no-cache"]) == 2
+    _one_line(capsys, f"{path}: [sweep] seeds[1]: seed must have at most 19 digits")
+
+
+def test_a_reconfiguration_cost_beyond_the_bound_is_refused_at_parse_time(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["simulate", "-q", "--sequential", str(KTH), "--speedup", "amdahl:0.05:cost=1e300"]
+    assert main(args) == 2
+    _one_line(capsys, "--speedup: reconfiguration cost must be at most 1e+06 s, not 1e+300")
+    path = _sweep_file(tmp_path, '[simulate]\nspeedup = "linear:cost=2e6"\n')
+    assert main(["sweep", str(path), "--no-cache"]) == 2
+    _one_line(capsys, f"{path}: [simulate] speedup: reconfiguration cost must be at most 1e+06")
+
+
+def test_a_malleable_fraction_of_minus_zero_is_shown_as_zero(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    args = ["simulate", "--sequential", "--limit", "20", str(KTH), "--malleable-fraction", "-0.0"]
+    assert main(args) == 0
+    err_out = "".join(capsys.readouterr())
+    assert "(0% chosen" in err_out and "-0%" not in err_out, err_out

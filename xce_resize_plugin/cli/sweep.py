@@ -17,7 +17,7 @@ from typing import TextIO
 
 from xce_resize_plugin.cli.simulate import check_output, write_results
 from xce_resize_plugin.errors import UsageError
-from xce_resize_plugin.simulation.progress import CellBar
+from xce_resize_plugin.simulation.progress import CellBar, PrepareBar
 from xce_resize_plugin.simulation.sweep import CellCache, default_cache_dir, run_sweep
 from xce_resize_plugin.simulation.sweep_config import load_sweep
 from xce_resize_plugin.simulation.sweep_report import format_sweep, sweep_json
@@ -73,8 +73,12 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
             ) from None
     began = time.monotonic()
     bars: list[CellBar] = []
+    # A large grid takes seconds to prepare (each cell's run keys, the cache): a bar
+    # says so, instead of a terminal that shows nothing.
+    preparing = PrepareBar(quiet=args.quiet)
 
     def start(total: int, cached: int) -> None:
+        preparing.close()
         bars.append(CellBar(total, cached, quiet=args.quiet))
 
     # (Only the main thread may set a handler: a program that runs this command in
@@ -89,10 +93,12 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
             cache=cache,
             on_start=start,
             on_cell=lambda: bars[0].done(),
+            on_prepare=preparing.update,
         )
     finally:
         if main_thread:
             signal.signal(signal.SIGTERM, previous)
+        preparing.close()
         for bar in bars:
             bar.close()
     write_results(out, args.json, sweep_json(result), lambda: format_sweep(result))

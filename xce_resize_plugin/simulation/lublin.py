@@ -57,7 +57,7 @@ from xce_resize_plugin.simulation.gc_pause import gc_paused
 from xce_resize_plugin.simulation.special import gamma_cdf
 from xce_resize_plugin.simulation.traces import Trace, TraceHeader, TraceJob
 
-__all__ = ["PARAMETERS", "LublinSpec", "generate", "parse_spec"]
+__all__ = ["MAX_JOBS", "MAX_PROCS", "PARAMETERS", "LublinSpec", "generate", "parse_spec"]
 
 # The whole-sample parameters of the paper (Table 5 and the authors' reference code).
 SERIAL_PROB = 0.244
@@ -97,6 +97,13 @@ PARAMETERS: dict[str, float] = {
 }
 
 _LOAD_TOLERANCE = 0.005
+#: The most jobs a spec may ask for (10**6): generating them takes about 6 s and
+#: holds them all in memory, and simulating them takes hours. ``jobs=10**12`` grew
+#: until the memory ran out, silently (docs/simulation.md, "Limits on inputs").
+MAX_JOBS = 1_000_000
+#: The most processors (2**40): the largest machine the simulator builds, 2**20 hosts
+#: (``simulate.MAX_HOSTS``) of 2**20 slots; ``--slots-per-host`` checks the rest.
+MAX_PROCS = 1 << 40
 #: A ``load`` that would spread the arrivals over more than this many seconds (about 32
 #: years) is refused: no machine's log is that long, and generating it would take hours.
 MAX_LOAD_SPAN = 1e9
@@ -180,8 +187,12 @@ def parse_spec(text: str) -> LublinSpec:
     jobs, procs = _int("jobs", values["jobs"]), _int("procs", values["procs"])
     if jobs < 1:
         raise ConfigError(f"jobs must be at least 1, not {jobs}")
+    if jobs > MAX_JOBS:
+        raise ConfigError(f"jobs must be at most {MAX_JOBS:,}, not {jobs:,}")
     if procs < 1:
         raise ConfigError(f"procs must be at least 1, not {procs}")
+    if procs > MAX_PROCS:
+        raise ConfigError(f"procs must be at most {MAX_PROCS:,} (2**40), not {procs:,}")
     seed = _int("seed", values["seed"]) if "seed" in values else None
     load = None
     if "load" in values:

@@ -13,7 +13,7 @@ from typing import TextIO
 
 from tqdm import tqdm
 
-__all__ = ["CellBar", "RunBars", "wanted"]
+__all__ = ["CellBar", "PrepareBar", "RunBars", "wanted"]
 
 
 def wanted(stream: TextIO, quiet: bool) -> bool:
@@ -68,6 +68,26 @@ class CellBar:
 
     def done(self) -> None:
         self.bar.update(1)
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+class PrepareBar:
+    """A sweep's cells as their run keys are made and looked up in the cache, before
+    the first run: ``update`` is :func:`~.sweep.run_sweep`'s ``on_prepare``."""
+
+    def __init__(self, *, quiet: bool = False, stream: TextIO | None = None):
+        out = stream if stream is not None else sys.stderr
+        self.bar = tqdm(desc="preparing", unit="cell", file=out, disable=not wanted(out, quiet))
+
+    def update(self, done: int, total: int) -> None:
+        if self.bar.disable:
+            return
+        if self.bar.total != total:
+            self.bar.total = total
+        if done > self.bar.n:
+            self.bar.update(done - self.bar.n)
 
     def close(self) -> None:
         self.bar.close()

@@ -316,7 +316,7 @@ def _checked(where: str, key: str, value: Any) -> Any:
             text = value if isinstance(value, str) else repr(value)
             value = failures_mod.parse(text)
         elif key == "malleable_fraction" and not isinstance(value, bool):
-            value = float(value)
+            value = float(value) + 0.0  # -0.0 is 0.0 (a "-0%" in the report)
         SimOptions(**{key: value})
     except ConfigError as exc:
         raise ConfigError(f"{where}: {exc.detail or exc.message}") from None

@@ -379,6 +379,32 @@ def _dask(address: str) -> Runner:
     return make
 
 
+#: How many cells (or runs) between two calls of ``on_prepare``.
+_PREPARE_STEP = 500
+
+
+def _plan(
+    config: SweepConfig, cells: Sequence[Cell], on_prepare: Callable[[int, int], None] | None
+) -> tuple[dict[str, Run], list[tuple[str, str]]]:
+    """Every run the cells need, by key (cells that make the same run share it), and
+    each cell's (rigid, elastic) run keys."""
+    pairs: list[tuple[str, str]] = []
+    runs: dict[str, Run] = {}
+    for i, cell in enumerate(cells, 1):
+        options = config.options_for(cell)
+        keys = []
+        for mode in MODES:
+            run_opts = run_options(cell.workload.source, options, mode)
+            key = run_key(cell, run_opts, mode)
+            runs.setdefault(key, Run(key, mode, cell, run_opts))
+            keys.append(key)
+        pairs.append((keys[0], keys[1]))
+        if on_prepare is not None and i % _PREPARE_STEP == 0:
+            # The runs are not counted yet: at most two a cell, so 3 x cells in all.
+            on_prepare(i, 3 * len(cells))
+    return runs, pairs
+
+
 def run_sweep(
     config: SweepConfig,
     *,
@@ -387,6 +413,7 @@ def run_sweep(
     cache: CellCache | None = None,
     on_cell: Callable[[], None] | None = None,
     on_start: Callable[[int, int], None] | None = None,
+    on_prepare: Callable[[int, int], None] | None = None,
 ) -> SweepResult:
     """Make the runs of ``config``'s cells that ``cache`` does not hold; return every
     cell with its results.
@@ -396,24 +423,19 @@ def run_sweep(
     :param dask: the address of a Dask scheduler to make the runs on instead.
     :param on_start: called once with (runs, runs in the cache) before any run starts.
     :param on_cell: called as each run to make finishes (a progress bar).
+    :param on_prepare: called with (done, total) as the cells' run keys are made and
+        then the runs looked up in the cache (seconds for a large grid), before
+        ``on_start``.
     """
     cells = config.cells()
-    pairs: list[tuple[str, str]] = []  # each cell's (rigid, elastic) run keys
-    runs: dict[str, Run] = {}
-    for cell in cells:
-        options = config.options_for(cell)
-        keys = []
-        for mode in MODES:
-            run_opts = run_options(cell.workload.source, options, mode)
-            key = run_key(cell, run_opts, mode)
-            runs.setdefault(key, Run(key, mode, cell, run_opts))
-            keys.append(key)
-        pairs.append((keys[0], keys[1]))
+    runs, pairs = _plan(config, cells, on_prepare)
     results: dict[str, RunResultDoc] = {}
-    for key, run in runs.items():
+    for i, (key, run) in enumerate(runs.items(), 1):
         hit = cache.get(key, run.mode) if cache is not None else None
         if hit is not None:
             results[key] = hit
+        if on_prepare is not None and (i % _PREPARE_STEP == 0 or i == len(runs)):
+            on_prepare(len(cells) + i, len(cells) + len(runs))
     todo = [run for key, run in runs.items() if key not in results]
     if on_start is not None:
         on_start(len(runs), len(results))

@@ -18,7 +18,8 @@ only the malleable choice varies. ``[simulate]`` may not set what the grid sets
 
 Every mistake is a :class:`~xce_resize_plugin.errors.ConfigError` naming the file and
 the key (and, for a list, the entry): unknown tables and keys, wrong types, empty or
-repeated lists, fractions outside 0..1, a seed count above :data:`MAX_SEEDS`, unknown
+repeated lists, fractions outside 0..1, a seed count above :data:`MAX_SEEDS`, a grid of
+more than :data:`MAX_CELLS` cells, a seed of more than 19 digits, unknown
 drivers, missing trace files, traces that do not parse (every trace is read once here,
 before any cell runs, so that a bad one stops the sweep at once rather than hours
 later), bad synthetic specs.
@@ -47,11 +48,17 @@ from xce_resize_plugin.simulation.simulate import (
 from xce_resize_plugin.simulation.sweep_inputs import trace_identity
 from xce_resize_plugin.simulation.traces import read_trace
 
-__all__ = ["Cell", "SweepConfig", "WorkloadRef", "load_sweep"]
+__all__ = ["MAX_CELLS", "Cell", "SweepConfig", "WorkloadRef", "load_sweep"]
 
 _TABLES = ("sweep", "simulate", "resize")
 #: The largest ``seeds = N`` count (a grid of that many seeds is already days of runs).
 MAX_SEEDS = 10_000
+#: The most cells a grid may have (workloads x fractions x seeds x drivers): each is
+#: two runs of seconds to minutes, and preparing a cell (its run keys, its cache
+#: files) takes about 0.1 ms, so 100,000 cells are ten seconds before the first run
+#: and days of runs. A million-cell grid worked silently for minutes, a larger one
+#: ran out of memory listing its cells (docs/simulation.md, "Limits on inputs").
+MAX_CELLS = 100_000
 _SWEEP_KEYS = ("workloads", "malleable_fractions", "seeds", "drivers")
 _GRID_KEYS = {
     "malleable_fraction": "malleable_fractions",
@@ -137,7 +144,13 @@ def _seeds(path: Path, section: Mapping[str, Any]) -> tuple[int, ...]:
                 "a list names any seeds)"
             )
         return tuple(range(value))
-    return tuple(_list(path, {"seeds": value}, "seeds", (int,)))
+    seeds = tuple(_list(path, {"seeds": value}, "seeds", (int,)))
+    for i, seed in enumerate(seeds):
+        try:
+            SimOptions(seed=seed)
+        except ConfigError as exc:
+            raise ConfigError(f"{path}: [sweep] seeds[{i}]: {exc.detail}") from None
+    return seeds
 
 
 def _workload(path: Path, i: int, text: str, options: SimOptions) -> WorkloadRef:
@@ -248,13 +261,23 @@ def load_sweep(config: str | os.PathLike[str]) -> SweepConfig:
                 f"{path}: [sweep] drivers[{i}]: unknown driver {d!r} (known: {', '.join(DRIVERS)})"
             )
     texts: Sequence[str] = _list(path, section, "workloads", (str,))
+    seeds = _seeds(path, section)
+    # Before any trace is read or any key hashed: the count needs only the lists.
+    cells = len(texts) * len(fractions) * len(seeds) * len(drivers)
+    if cells > MAX_CELLS:
+        raise ConfigError(
+            f"{path}: [sweep] the grid has {cells:,} cells ({len(texts)} workloads x "
+            f"{len(fractions)} fractions x {len(seeds)} seeds x {len(drivers)} drivers), "
+            f"more than {MAX_CELLS:,}: split it into several sweeps"
+        )
     workloads = tuple(_workload(path, i, t, options) for i, t in enumerate(texts))
     _refuse_repeats(path, workloads)
     return SweepConfig(
         path=path,
         workloads=workloads,
-        fractions=tuple(float(f) for f in fractions),
-        seeds=_seeds(path, section),
+        # + 0.0: -0.0 is the fraction 0.0, and is shown as 0.
+        fractions=tuple(float(f) + 0.0 for f in fractions),
+        seeds=seeds,
         drivers=tuple(drivers),
         options=options,
     )

@@ -28,9 +28,15 @@ import attrs
 
 from xce_resize_plugin.errors import ConfigError
 
-__all__ = ["SpeedupKind", "SpeedupModel", "parse_speedup"]
+__all__ = ["MAX_RECONFIG_COST", "SpeedupKind", "SpeedupModel", "parse_speedup"]
 
 SpeedupKind: TypeAlias = Literal["amdahl", "linear"]
+
+#: The largest reconfiguration cost (10**6 s, about 11.6 days): a pause longer than any
+#: batch job's run is a restart, which the model does not describe, and each resize
+#: adds it to the simulated clock, whose range is 10**10 s (``events.MAX_SECONDS``):
+#: ``cost=1e300`` made every elastic job end at 1e300, where its work no longer adds up.
+MAX_RECONFIG_COST = 1e6
 
 
 def _default_serial_fraction(model: SpeedupModel) -> float:
@@ -63,6 +69,10 @@ class SpeedupModel:
         c = self.reconfig_cost
         if isinstance(c, bool) or not isinstance(c, int | float) or not 0.0 <= c < math.inf:
             raise ConfigError(f"reconfiguration cost must be a finite number >= 0, not {c!r}")
+        if c > MAX_RECONFIG_COST:
+            raise ConfigError(
+                f"reconfiguration cost must be at most {MAX_RECONFIG_COST:.0e} s, not {c!r}"
+            )
 
     def speedup(self, procs: int) -> float:
         """Amdahl's ``S(p) = 1 / (s + (1 - s) / p)`` (``p`` for the linear model)."""
