@@ -122,3 +122,12 @@ def test_the_testing_example_runs_as_a_site_would(pytester: pytest.Pytester) -> 
         (pytester.path / name).write_text(text)
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-W", "error")
     result.assert_outcomes(passed=3)
+
+
+def test_the_sweep_example_in_the_docs_is_the_shipped_file() -> None:
+    """docs/simulation.md shows docs/examples/sweep.toml from ``[sweep]`` on."""
+    doc = (DOCS / "simulation.md").read_text()
+    block = doc.split("# docs/examples/sweep.toml", 1)[1].split("```", 1)[0]
+    shown = block[block.index("[sweep]") :]
+    shipped = (DOCS / "examples" / "sweep.toml").read_text()
+    assert shipped[shipped.index("[sweep]") :] == shown
