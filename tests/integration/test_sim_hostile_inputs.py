@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import json
 import os
+import socket
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -134,7 +137,11 @@ def test_a_cache_file_that_is_no_run_result_is_made_again_and_replaced(
     if damage == "nested":
         target.write_text("[" * 100_000 + "]" * 100_000)
     elif damage == "too large":
-        monkeypatch.setattr(sweep_cache, "MAX_ENTRY_BYTES", len(good) - 1)
+        # Every run's file fits the limit; this one is padded beyond it (JSON takes
+        # trailing blanks, so the content alone would be read).
+        limit = max(f.stat().st_size for f in files)
+        monkeypatch.setattr(sweep_cache, "MAX_ENTRY_BYTES", limit, raising=False)
+        target.write_text(good + " " * limit)
     else:
         if damage == "problems":
             doc["problems"] = ["elastic: job 3 did 0.1 of its work (forged)"]
@@ -153,8 +160,7 @@ def test_a_cache_file_that_is_no_run_result_is_made_again_and_replaced(
     assert "Traceback" not in err and "check failed" not in err, err
     assert "1 runs made, 2 from the cache" in err, err
     assert json.dumps(json.loads(out)) == table
-    if damage != "too large":
-        assert target.read_text() == good  # the bad file replaced by the run's result
+    assert target.read_text() == good  # the bad file replaced by the run's result
 
 
 def test_a_fifo_in_the_cache_neither_blocks_nor_is_trusted(tmp_path: Path) -> None:
@@ -267,3 +273,61 @@ def test_a_malleable_fraction_of_minus_zero_is_shown_as_zero(
     assert main(args) == 0
     err_out = "".join(capsys.readouterr())
     assert "(0% chosen" in err_out and "-0%" not in err_out, err_out
+
+
+# --- --dask ADDRESS where no scheduler answers ----------------------------------------
+
+
+class _Listener:
+    """A local TCP server that accepts connections and never answers, or answers
+    each with an HTTP error; closed by the test."""
+
+    def __init__(self, reply: bytes) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.reply = reply
+        self.conns: list[socket.socket] = []
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    @property
+    def address(self) -> str:
+        return f"tcp://127.0.0.1:{self.sock.getsockname()[1]}"
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:  # closed
+                return
+            self.conns.append(conn)
+            if self.reply:
+                conn.sendall(self.reply)
+
+    def close(self) -> None:
+        self.sock.close()
+        for conn in self.conns:
+            conn.close()
+        self.thread.join(5)
+
+
+@pytest.mark.parametrize("reply", [b"", b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n"])
+def test_a_dask_address_where_no_scheduler_answers_fails_fast_in_one_line(
+    tmp_path: Path,
+    reply: bytes,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    pytest.importorskip("distributed")
+    from xce_resize_plugin.simulation import sweep as sweep_mod
+
+    monkeypatch.setattr(sweep_mod, "DASK_PROBE_SECONDS", 1.0, raising=False)
+    config = _sweep_file(tmp_path, "[simulate]\nlimit = 20\n")
+    server = _Listener(reply)
+    address = server.address
+    try:
+        began = time.monotonic()
+        assert main(["sweep", str(config), "--no-cache", "-q", "--dask", address]) == 2
+        assert time.monotonic() - began < 15
+    finally:
+        server.close()
+    _one_line(capsys, f"--dask {address}: no Dask scheduler answer")

@@ -38,6 +38,7 @@ and the problems their checks found.
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures as cf
 import contextlib
 import functools
@@ -47,6 +48,7 @@ import json
 import multiprocessing
 import os
 import threading
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -337,6 +339,36 @@ def _result_of(run: Run, get: Callable[[], RunResultDoc]) -> RunResultDoc:
         raise run.failed(exc) from exc
 
 
+#: How long the scheduler at ``--dask ADDRESS`` has to answer distributed's handshake
+#: (10 s): a port that accepts and never answers kept the sweep silent for minutes, one
+#: that speaks HTTP ended in a 3 EiB allocation's traceback.
+DASK_PROBE_SECONDS = 10.0
+
+
+def _probe(distributed: Any, address: str) -> None:
+    """Connect to ``address`` and make distributed's handshake, within
+    :data:`DASK_PROBE_SECONDS`; a :class:`UsageError` naming the option and the
+    address when no Dask scheduler answers there (before a ``Client``, whose
+    failures hang at exit and print tracebacks)."""
+
+    async def handshake() -> None:
+        comm = await asyncio.wait_for(
+            distributed.comm.connect(address, timeout=DASK_PROBE_SECONDS),
+            DASK_PROBE_SECONDS + 1.0,
+        )
+        await comm.close()
+
+    try:
+        asyncio.run(handshake())
+    except TimeoutError:
+        raise UsageError(
+            f"--dask {address}: no Dask scheduler answered within {DASK_PROBE_SECONDS:g} s"
+        ) from None
+    except Exception as exc:  # whatever the other end says: it is no scheduler
+        why = f"{type(exc).__name__}: {exc}"[:200]
+        raise UsageError(f"--dask {address}: no Dask scheduler answers there ({why})") from None
+
+
 def _dask(address: str) -> Runner:
     try:
         # Imported by name: an optional extra, untyped; Any either way for mypy.
@@ -351,10 +383,15 @@ def _dask(address: str) -> Runner:
         try:
             # A malformed address fails here, not in Client(), whose half-made object
             # then hangs for 20 s at exit and prints a traceback.
-            distributed.comm.resolve_address(address)
+            with warnings.catch_warnings():
+                # A removed protocol (ucx://) warns, then raises: one line says it.
+                warnings.simplefilter("ignore")
+                distributed.comm.resolve_address(address)
+            _probe(distributed, address)
             client = distributed.Client(address, timeout=10, set_as_default=False)
-        except ValueError as exc:
-            raise UsageError(f"--dask {address}: not a scheduler address ({exc})") from None
+        except (ValueError, Warning) as exc:
+            why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise UsageError(f"--dask {address}: not a scheduler address ({why})") from None
         except (OSError, TimeoutError) as exc:
             raise UsageError(f"--dask {address}: cannot connect ({exc})") from None
         with client:
