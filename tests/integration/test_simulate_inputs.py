@@ -429,7 +429,7 @@ def _huge(tmp_path: Path, command: str) -> list[str | Path]:
     ("command", "message"),
     [
         ("replay", "r.jsonl:2: a line longer than 200 characters (no recorder writes one)"),
-        ("scenario", "s.toml: larger than a scenario file may be (200 bytes)"),
+        ("scenario", "s.toml: cannot read: the file is larger than 200 bytes, the most it may be"),
     ],
 )
 def test_a_line_or_file_beyond_the_limit_is_refused(
@@ -476,7 +476,8 @@ def test_a_device_or_fifo_behind_the_name_is_refused_at_once(
     )
     assert proc.returncode == 2 and proc.stdout == "", proc.stderr
     assert proc.stderr.count("\n") == 1, proc.stderr
-    assert f"{name}: not a regular file (a pipe, device or socket)" in proc.stderr
+    what = "a device" if kind == "device" else "a FIFO"
+    assert f"{name}: cannot read" in proc.stderr and f"{what}, not a regular file" in proc.stderr
 
 
 def test_a_recording_line_nested_too_deeply_is_one_line(
@@ -486,3 +487,28 @@ def test_a_recording_line_nested_too_deeply_is_one_line(
     path.write_text("[" * 100_000 + "]" * 100_000 + "\n", encoding="utf-8")
     line = refused(capsys, "simulate", "--replay", path)
     assert line == f"xce-resize: Recording error: {path}:1: not JSON (nested too deeply)"
+
+
+def test_a_recording_names_the_configs_policy_files_absolute(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``simulate --config`` takes a relative policy file from the configuration's
+    directory; its recording names it absolute, so that ``--trust-policy-files``
+    loads the same file wherever the recording is replayed from."""
+    conf, elsewhere = tmp_path / "conf", tmp_path / "elsewhere"
+    conf.mkdir()
+    elsewhere.mkdir()
+    marker = tmp_path / "ran"
+    (conf / "site.py").write_text(
+        f"import pathlib\npathlib.Path({str(marker)!r}).write_text('ran')\n"
+    )
+    (conf / "c.toml").write_text('[resize]\npolicy_files = ["site.py"]\n')
+    rec = elsewhere / "run.jsonl"
+    assert main([str(a) for a in _sim("--config", conf / "c.toml", "--record", rec)]) == 0
+    header = json.loads(rec.read_text(encoding="utf-8").splitlines()[0])
+    assert header["config"]["policy_files"] == [str(conf / "site.py")]
+    marker.unlink()
+    capsys.readouterr()
+    assert main(["simulate", "--replay", str(rec), "-q", "--trust-policy-files"]) == 0
+    assert capsys.readouterr().out.splitlines()[0].endswith("identical")
+    assert marker.read_text() == "ran"

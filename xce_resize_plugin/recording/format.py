@@ -112,16 +112,17 @@ or more than :data:`MAX_HOSTS` of them.
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
-import stat
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
 import attrs
 
+from xce_resize_plugin.controllers.input_files import open_regular
 from xce_resize_plugin.controllers.jobs import JobRecord
 from xce_resize_plugin.controllers.sim.events import MAX_SECONDS
 from xce_resize_plugin.controllers.sim.speedup import parse_speedup
@@ -598,19 +599,10 @@ def read_recording(path: str | os.PathLike[str]) -> tuple[dict[str, Any], list[d
 
 
 def _open_regular(name: str) -> IO[str]:
-    """The file ``name`` for reading, if it is a regular file: a FIFO (opened without
-    waiting for a writer) or a device such as ``/dev/zero`` is refused, not read."""
-    fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK)
-    try:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            what = "a directory" if stat.S_ISDIR(mode) else "a pipe, device or socket"
-            raise RecordingError(f"{name}: not a regular file ({what}): a recording is a file")
-        os.set_blocking(fd, True)
-        return open(fd, encoding="utf-8")  # the caller closes it (with)
-    except BaseException:
-        os.close(fd)
-        raise
+    """The file ``name`` for reading as text, if it is a regular file: a FIFO (opened
+    without waiting for a writer) or a device such as ``/dev/zero`` is refused
+    (:class:`~xce_resize_plugin.controllers.input_files.NotRegularFile`), not read."""
+    return io.TextIOWrapper(open_regular(name), encoding="utf-8")  # the caller closes it
 
 
 def _read_lines(fh: IO[str], name: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:

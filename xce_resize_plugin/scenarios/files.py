@@ -8,10 +8,7 @@ raises :class:`~xce_resize_plugin.errors.ConfigError` naming the file and the ke
 from __future__ import annotations
 
 import math
-import os
 import shlex
-import stat
-import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -20,11 +17,10 @@ from attrs import field, frozen
 
 from xce_resize_plugin.controllers.jobs import SUBMIT_OPTIONS, JobOptions
 from xce_resize_plugin.controllers.sim.events import MAX_SECONDS
-from xce_resize_plugin.controllers.tomlfile import IntCheck, Where
+from xce_resize_plugin.controllers.tomlfile import IntCheck, Where, read_toml
 from xce_resize_plugin.core import config
 from xce_resize_plugin.core.decimal_text import read_decimal
 from xce_resize_plugin.core.models import GrowHosts
-from xce_resize_plugin.errors import ConfigError
 
 SECTIONS = {"cluster", "limits", "users", "resize", "scenario", "jobs", "commands"}
 #: A ``[[jobs]]`` table: the submission options every controller takes, and the
@@ -105,36 +101,9 @@ def load(path: Path | str) -> Scenario:
 def read_scenario_toml(path: Path) -> dict[str, Any]:
     """The TOML of a scenario file: a regular file of at most :data:`MAX_SCENARIO_BYTES`
     (a FIFO is opened without waiting for a writer, and refused), or ConfigError
-    naming the file, with the messages of the other TOML readers
+    naming the file, as every TOML file is read
     (:func:`~xce_resize_plugin.controllers.tomlfile.read_toml`)."""
-    try:
-        data = _read_bounded(path)
-        return tomllib.loads(data.decode("utf-8"))
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from exc
-    except UnicodeDecodeError:
-        raise ConfigError(f"{path}: not UTF-8 text") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: not valid TOML: {exc}") from exc
-    except RecursionError:
-        raise ConfigError(f"{path}: not valid TOML: nested too deeply") from None
-
-
-def _read_bounded(path: Path) -> bytes:
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    with open(fd, "rb") as fh:
-        mode = os.fstat(fd).st_mode
-        if stat.S_ISDIR(mode):
-            raise IsADirectoryError(21, "Is a directory")
-        if not stat.S_ISREG(mode):
-            raise ConfigError(f"{path}: not a regular file (a pipe, device or socket)")
-        os.set_blocking(fd, True)
-        data = fh.read(MAX_SCENARIO_BYTES + 1)  # it may have grown since it was opened
-    if len(data) > MAX_SCENARIO_BYTES:
-        raise ConfigError(
-            f"{path}: larger than a scenario file may be ({MAX_SCENARIO_BYTES:,} bytes)"
-        )
-    return data
+    return read_toml(path, MAX_SCENARIO_BYTES)
 
 
 def parse(data: Mapping[str, Any], path: Path) -> Scenario:

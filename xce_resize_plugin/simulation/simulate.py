@@ -563,7 +563,9 @@ def _run_mode(
     began = time.perf_counter()
     driver = options.make_driver(mode)
     # A shrinking driver is the plugin's reclaim policy turned on (.drivers).
-    config = {**options.resize_config(), **driver.resize_settings()}
+    config = _absolute_policies(
+        {**options.resize_config(), **driver.resize_settings()}, options.base_dir
+    )
     pm = get_plugin_manager(config, base_dir=options.base_dir, entry_points=False)
     recorder = SimRecorder(RecordingWriter(record)) if record is not None else None
     tasks: TaskRunner = SimTaskRunner()
@@ -596,6 +598,17 @@ def _run_mode(
     if recorder is not None:
         recorder.finish(state_dir / "resize")
     return result
+
+
+def _absolute_policies(config: dict[str, Any], base_dir: Path | None) -> dict[str, Any]:
+    """``config`` with its ``policy_files`` made absolute from ``base_dir`` (the
+    configuration file's directory): the same files are loaded, and a recording of the
+    run names them wherever it is replayed from (``--trust-policy-files``)."""
+    files = config.get("policy_files")
+    if base_dir is None or not isinstance(files, list):
+        return config
+    absolute = [str(base_dir / f) if not Path(str(f)).is_absolute() else f for f in files]
+    return {**config, "policy_files": absolute}
 
 
 def _run(
