@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
@@ -312,19 +311,13 @@ def test_inputs_are_what_the_reader_reads(tmp_path: Path, monkeypatch: pytest.Mo
         shutil.copy(SAMPLE / name, decoys / name)
     monkeypatch.chdir(tmp_path / "cwd")
     read: list[Path] = []
-    read_text = Path.read_text
-    parse = ET.parse
+    read_capped = elastisim.read_capped
 
-    def recording_read_text(self: Path, encoding: str | None = None) -> str:
-        read.append(self)
-        return read_text(self, encoding=encoding)
+    def recording_read(path: Path, limit: int, what: str = "the file") -> bytes:
+        read.append(Path(path))
+        return read_capped(path, limit, what)
 
-    def recording_parse(source: Path) -> object:
-        read.append(Path(source))
-        return parse(source)
-
-    monkeypatch.setattr(Path, "read_text", recording_read_text)
-    monkeypatch.setattr(ET, "parse", recording_parse)
+    monkeypatch.setattr(elastisim, "read_capped", recording_read)
     read_elastisim(root / "jobs.json")
     monkeypatch.undo()
     monkeypatch.chdir(tmp_path / "cwd")
@@ -344,3 +337,31 @@ def test_inputs_refuse_a_broken_configuration(tmp_path: Path) -> None:
     with pytest.raises(TraceError, match=r"'nowhere\.xml' not found") as info:
         elastisim.elastisim_inputs(path)
     assert info.value.source == str(tmp_path / "configuration.json")
+
+
+# --------------------------------------------------------------------------- bounded reads
+
+
+@pytest.mark.parametrize("which", ["jobs.json", "model.json", "configuration.json", "platform.xml"])
+def test_every_file_of_a_project_is_read_with_a_bound(
+    tmp_path: Path, which: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each file an ElastiSim project names was read whole (``/dev/zero`` behind the
+    name never ended, a FIFO blocked): a regular file of bounded size, or an error
+    naming it (docs/simulation.md, "Limits on inputs"; the limits lowered here)."""
+    path = project(tmp_path, platform=cluster())
+    target = tmp_path / which
+    # Every file fits but the one made longer than the limit.
+    limit = max(p.stat().st_size for p in tmp_path.iterdir()) + 50
+    monkeypatch.setattr(elastisim, "MAX_JSON_BYTES", limit)
+    monkeypatch.setattr(elastisim, "MAX_JOBS_FILE_BYTES", limit)
+    target.write_text(target.read_text() + " " * limit)
+    with pytest.raises(TraceError, match=f"larger than {limit:,} bytes") as info:
+        read_elastisim(path)
+    assert info.value.source == str(target)
+    # The job file is read whatever it is (the others are looked up as files first).
+    path.unlink()
+    path.symlink_to("/dev/zero")
+    with pytest.raises(TraceError, match="a device, not a regular file") as info:
+        read_elastisim(path)
+    assert info.value.source == str(path)

@@ -75,6 +75,7 @@ from typing import Any
 
 import attrs
 
+from xce_resize_plugin.controllers.input_files import read_capped
 from xce_resize_plugin.controllers.sim.events import MAX_SECONDS
 from xce_resize_plugin.simulation.app_model import ExprError, ModelEvaluator
 from xce_resize_plugin.simulation.gc_pause import gc_paused
@@ -90,6 +91,12 @@ from xce_resize_plugin.simulation.trace_types import (
 #: Node speed (flop/s) assumed for ElastiSim traces without a platform: the example
 #: project's 100 Gf nodes.
 DEFAULT_NODE_FLOPS = 1e11
+#: The most an ElastiSim configuration, platform or application model file may hold
+#: (read with that bound, as every input: docs/simulation.md, "Limits on inputs"): the
+#: examples' are a few KiB.
+MAX_JSON_BYTES = 16 << 20
+#: The most a job file may hold: a million jobs of a few hundred bytes each fit.
+MAX_JOBS_FILE_BYTES = 512 << 20
 
 _ELASTISIM_KINDS: dict[str, TraceKind] = {
     "rigid": "rigid",
@@ -230,7 +237,7 @@ def _platform_files(directory: Path) -> tuple[Path, Path] | None:
         return None
     name = str(conf)
     try:
-        data = json.loads(conf.read_text(encoding="utf-8"))
+        data = json.loads(read_capped(conf, MAX_JSON_BYTES).decode("utf-8"))
     except OSError as exc:
         raise TraceError(f"cannot read configuration: {exc}", source=name) from exc
     except UnicodeDecodeError as exc:
@@ -266,7 +273,7 @@ def _platform(directory: Path) -> tuple[float | None, int | None, str | None]:
         return None, None, None
     name = str(files[1])
     try:
-        root = ET.parse(files[1]).getroot()
+        root = ET.fromstring(read_capped(files[1], MAX_JSON_BYTES))
     except (OSError, ET.ParseError) as exc:
         raise TraceError(f"cannot read platform: {exc}", source=name) from exc
     cluster = next(root.iter("cluster"), None)
@@ -380,7 +387,7 @@ def read_elastisim(
 def _load_elastisim_jobs(path: Path, name: str) -> list[Any]:
     """The ``jobs`` list of an ElastiSim job file, entries unchecked."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(read_capped(path, MAX_JOBS_FILE_BYTES).decode("utf-8"))
     except OSError as exc:
         raise TraceError(f"cannot read: {exc}", source=name) from exc
     except ValueError as exc:
@@ -534,7 +541,7 @@ class _ElastisimJobs:
         cached = self.models.get(model_path)
         if cached is None:
             try:
-                cached = json.loads(model_path.read_text(encoding="utf-8"))
+                cached = json.loads(read_capped(model_path, MAX_JSON_BYTES).decode("utf-8"))
             except (OSError, ValueError) as exc:
                 raise TraceError(
                     f"cannot read application model: {exc}", source=str(model_path)
