@@ -180,3 +180,76 @@ def test_a_leftover_of_a_notification_command_is_killed_with_its_cgroup(
         assert [p for p in found.root.iterdir() if p.is_dir()] == []
     finally:
         found.close()
+
+
+def test_a_cgroup_removed_while_its_files_are_read_is_gone_not_an_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """CI, session 30: one supervisor thread's tracker pass read the ``cgroup.procs`` of
+    another task's cgroup that its own supervisor was removing. The kernel answers a
+    read of a file opened before the ``rmdir`` with ENODEV, not ENOENT; that escaped,
+    killed the supervisor thread, and its task's exit was never reported (the job never
+    ended). Here each read of a cgroup file opens it, removes the cgroup, then reads:
+    the same race, every time, with the kernel's own answer."""
+    try:
+        found = cgroups.open_containment(tmp_path / "state", "h1", None)
+    except cgroups.Unavailable as exc:
+        pytest.skip(f"no writable cgroup v2 hierarchy: {exc}")
+    real_read_text = Path.read_text
+
+    def read_after_rmdir(self: Path, *args: Any, **kwargs: Any) -> str:
+        if self.parent.parent != found.root:
+            return real_read_text(self, *args, **kwargs)
+        with open(self) as fh:
+            os.rmdir(self.parent)
+            return fh.read()  # ENODEV
+
+    try:
+        for check in (
+            lambda group: group.pids_in() == [],
+            lambda group: group.populated() is False,
+            lambda group: group.signal(15) is False,
+        ):
+            group = found.create("job1.task0")
+            monkeypatch.setattr(Path, "read_text", read_after_rmdir)
+            try:
+                assert check(group)
+            finally:
+                monkeypatch.undo()
+            assert not group.path.exists()
+        # Opened before the rmdir, read after: wait_empty and kill see a removed cgroup.
+        group = found.create("job1.task1")
+        with open(group.path / "cgroup.events", "rb") as fh:
+            os.rmdir(group.path)
+            with pytest.raises(OSError) as info:
+                fh.read()
+        assert cgroups._gone(info.value)
+        assert cgroups.wait_empty(group.path, 1.0) is True
+        cgroups.kill(group.path)  # nothing to kill: no error
+    finally:
+        found.close()
+
+
+def test_a_task_ends_reported_whatever_the_tracker_raises(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The pass of the tracker a supervisor makes after its task ended: an error there
+    (the one above, or any other) killed the supervisor thread, and the task was never
+    reported exited. Now it is logged and the end reported."""
+    state = tmp_path / "state"
+    worker_dir(state, "h1").mkdir(parents=True)
+    agent = WorkerAgent("h1", state)
+    agent.subreaper = True
+
+    def broken_track() -> None:
+        raise OSError(19, "No such device")
+
+    monkeypatch.setattr(agent, "track", broken_track)
+    launch = {"op": "launch", "job": "7", "task": 0, "argv": ["true"]}
+    launch |= {"env": {"PATH": os.defpath}, "cwd": str(tmp_path)}
+    launch |= {"stdout": str(tmp_path / "o"), "stderr": str(tmp_path / "e")}
+    launch["user"] = account_json(Account.of_uid(os.geteuid()))
+    agent.execute(0, agent.instance, [launch])
+    wait_until(lambda: any(e["kind"] == "exited" for e in agent.events), 10, "the exit")
+    [exited] = [e for e in agent.events if e["kind"] == "exited"]
+    assert exited["status"] == 0, exited

@@ -22,6 +22,7 @@ owner cannot write any ``cgroup.procs`` of it, so cannot move a process out.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -170,6 +171,13 @@ def _write(path: Path, text: str) -> None:
         os.close(fd)
 
 
+def _gone(exc: OSError) -> bool:
+    """Whether an error on a cgroup's file means the cgroup is gone: removed before
+    the open (``ENOENT``), or while the file was open (``ENODEV``: another thread of
+    the agent removed it meanwhile, which the kernel reports on the next read)."""
+    return isinstance(exc, FileNotFoundError) or exc.errno == errno.ENODEV
+
+
 def _mkdir(path: Path) -> None:
     with contextlib.suppress(FileExistsError):
         path.mkdir()
@@ -179,8 +187,10 @@ def populated(path: Path) -> bool:
     """Whether the cgroup at ``path`` has a live process (a removed one has none)."""
     try:
         text = (path / "cgroup.events").read_text()
-    except FileNotFoundError:
-        return False
+    except OSError as exc:
+        if _gone(exc):
+            return False
+        raise
     return "populated 1" in text
 
 
@@ -191,13 +201,21 @@ def wait_empty(path: Path, timeout: float) -> bool:
     deadline = time.monotonic() + timeout
     try:
         fd = os.open(path / "cgroup.events", os.O_RDONLY | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return True
+    except OSError as exc:
+        if _gone(exc):
+            return True
+        raise
     try:
         poller = select.poll()
         poller.register(fd, select.POLLPRI | select.POLLERR)
         while True:
-            if b"populated 1" not in os.pread(fd, 256, 0):
+            try:
+                events = os.pread(fd, 256, 0)
+            except OSError as exc:
+                if _gone(exc):
+                    return True
+                raise
+            if b"populated 1" not in events:
                 return True
             left = deadline - time.monotonic()
             if left <= 0:
@@ -210,8 +228,11 @@ def wait_empty(path: Path, timeout: float) -> bool:
 def kill(path: Path) -> None:
     """SIGKILL every process in the cgroup and its children at once (``cgroup.kill``:
     a process forking at that instant is killed too, its child with it)."""
-    with contextlib.suppress(FileNotFoundError):
+    try:
         _write(path / "cgroup.kill", "1")
+    except OSError as exc:
+        if not _gone(exc):
+            raise
 
 
 def remove_tree(path: Path, timeout: float = KILL_WAIT) -> list[Path]:
@@ -259,8 +280,12 @@ class TaskCgroup:
         it is used: :meth:`signal` checks)."""
         try:
             return [int(p) for p in (self.path / "cgroup.procs").read_text().split()]
-        except (FileNotFoundError, ValueError):
+        except ValueError:
             return []
+        except OSError as exc:
+            if _gone(exc):
+                return []
+            raise
 
     def holds(self, pid: int) -> bool:
         """Whether process ``pid`` is in this cgroup now."""

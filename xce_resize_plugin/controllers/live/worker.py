@@ -873,7 +873,12 @@ class WorkerAgent:
         else:
             self._wait_members(t)
         if self.subreaper:
-            self.track()  # orphans that belong to no live task go now, not at the next pass
+            # Orphans that belong to no live task go now, not at the next pass; whatever
+            # that raises, the task's end is still reported (its job would never end).
+            try:
+                self.track()
+            except Exception:
+                log.exception("process tracker, after task %s.%s ended", t.job, t.task)
         returncode = t.popen.wait()
         if t.cgroup is not None:
             self._remove_cgroup(t.cgroup)
