@@ -253,3 +253,28 @@ def test_a_task_ends_reported_whatever_the_tracker_raises(
     wait_until(lambda: any(e["kind"] == "exited" for e in agent.events), 10, "the exit")
     [exited] = [e for e in agent.events if e["kind"] == "exited"]
     assert exited["status"] == 0, exited
+
+
+def test_a_call_cut_before_its_body_is_answered_without_a_traceback(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A controller killed while it sent a call (the failover tests do it at every
+    step): reading the body raised ClientDisconnect, which uvicorn logged as a
+    traceback in worker.log. Now nothing runs and one line says so."""
+    import asyncio
+
+    from starlette.requests import Request
+
+    from xce_resize_plugin.controllers.live import worker_server
+
+    async def gone() -> dict[str, Any]:
+        return {"type": "http.disconnect"}
+
+    scope = {"type": "http", "method": "POST", "path": "/v1/commands", "headers": []}
+    called: list[Any] = []
+    with caplog.at_level("INFO", logger=worker_server.log.name):
+        answer = asyncio.run(
+            worker_server._answer(Request(scope, gone), "", lambda *a: called.append(a))
+        )
+    assert answer.status_code == 400 and called == []
+    assert "cut before its body" in caplog.text

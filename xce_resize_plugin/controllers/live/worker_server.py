@@ -108,9 +108,16 @@ async def _answer(request: Request, digest: str, fn: Any) -> JSONResponse:
     """Run a signed call's handler ``fn`` (in the thread pool) on its checked body; its
     answer, or the refusal its error means."""
     from starlette.concurrency import run_in_threadpool
+    from starlette.requests import ClientDisconnect
     from starlette.responses import JSONResponse
 
-    body = await request.body()
+    try:
+        body = await request.body()
+    except ClientDisconnect:
+        # The controller went away mid-call (a crash, a failover): nothing was done and
+        # nobody reads the answer. Raised on, it wrote a traceback in worker.log.
+        log.info("the controller's %s call was cut before its body", request.url.path)
+        return _refuse("disconnected", "the call's body did not arrive", 400)
     try:
         RequestCheck.check_body(body, digest)
         data = json.loads(body) if body else {}
