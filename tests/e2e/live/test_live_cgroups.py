@@ -27,6 +27,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.e2e.live.reachable import reachable_dir
 from xce_resize_plugin.controllers.live import cgroups
 from xce_resize_plugin.testing.live import (
     LiveCluster,
@@ -72,13 +73,11 @@ COMET_GENERATIONS = 300000
 @pytest.fixture
 def base() -> Iterator[Path]:
     """A directory other users can reach (the state directory must be searchable)."""
-    path = Path(tempfile.mkdtemp(prefix="xce-cgroups-", dir="/tmp"))
-    os.chmod(path, 0o711)
-    try:
-        yield path
-    finally:
-        remove_cgroups(path / "state")
-        subprocess.run(["rm", "-rf", "--", str(path)], check=False)
+    with reachable_dir("xce-cgroups-") as path:
+        try:
+            yield path
+        finally:
+            remove_cgroups(path / "state")
 
 
 def _cluster(base: Path, hosts: dict[str, int], worker: str = "") -> tuple[LiveCluster, str]:

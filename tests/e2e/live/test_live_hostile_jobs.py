@@ -10,12 +10,12 @@ import os
 import pwd
 import signal
 import subprocess
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.e2e.live.reachable import reachable_dir
 from xce_resize_plugin.controllers.live.proc import Account
 from xce_resize_plugin.testing.live import ROOT, LiveCluster, alive, wait_until
 
@@ -38,13 +38,8 @@ def _accounts() -> tuple[Account, Account]:
 @pytest.fixture
 def base() -> Iterator[Path]:
     """A directory other users can reach (the state directory must be searchable)."""
-    path = Path(tempfile.mkdtemp(prefix="xce-hostile-", dir="/tmp"))
-    os.chmod(path, 0o711)
-    try:
+    with reachable_dir("xce-hostile-") as path:
         yield path
-    finally:
-        # rm, not shutil.rmtree: what a failed test leaves may be too deep to recurse.
-        subprocess.run(["rm", "-rf", "--", str(path)], check=False)
 
 
 def _cluster(base: Path) -> tuple[LiveCluster, dict[str, str]]:
