@@ -263,7 +263,6 @@ def _worker_parser(sub: Any) -> None:
     wk.add_argument(
         "--task-pids-max",
         type=_pids_max,
-        default="15%",
         metavar="N|N%|max",
         help="pids.max of each task's cgroup, where a pids controller is there "
         "([worker] task_pids_max; default 15%%)",
@@ -507,14 +506,15 @@ def _dispatch(args: argparse.Namespace, out: TextIO) -> int:
             access_log=args.access_log,
         )
     if args.command == "worker":
-        from xce_resize_plugin.controllers.live import worker_server
+        from xce_resize_plugin.controllers.live import cgroups, worker_server
 
+        pids_max = args.task_pids_max
         return worker_server.serve(
             args.state_dir.resolve(),
             args.host,
             args.header_timeout,
             args.containment,
-            args.task_pids_max,
+            cgroups.DEFAULT_PIDS_MAX if pids_max is None else pids_max,
         )
     if args.command in CLIENT_COMMANDS:
         return _client(args, out)
