@@ -248,5 +248,10 @@ class RunStats(Observer):
         if self._progress is not None and self.ended % self._every == 0:
             self._progress(self.ended, self.total)
 
+    def detach_progress(self) -> None:
+        """Stop reporting progress (a finished run's stats travel between processes,
+        and the callback is the run's)."""
+        self._progress = None
+
     def metrics(self) -> RunMetrics:
         return summarize(self.waits, self.runs, self.usage, self.makespan, self.grows, self.shrinks)

@@ -459,12 +459,12 @@ class _Feeder:
     mode: Mode
     model: SpeedupModel
     on_submit: Callable[[SimJob, bool, SpeedupWork | None], None]
-    #: The next job to submit.
-    i: int = attrs.field(default=0, init=False)
+    #: The next job to submit (a later segment of a time-parallel run starts past 0).
+    i: int = 0
 
     def start(self) -> None:
-        if self.jobs:
-            self.ctl.at(self.jobs[0].submit, self.feed)
+        if self.i < len(self.jobs):
+            self.ctl.at(self.jobs[self.i].submit, self.feed)
 
     def feed(self) -> None:
         jobs, ctl, n = self.jobs, self.ctl, len(self.jobs)
@@ -560,6 +560,34 @@ def _run_mode(
     observers: Sequence[Any],
     record: IO[str] | None,
 ) -> RunResult:
+    gathered = gather_run(workload, options, mode, state_dir, progress, observers, record)
+    return result_of(gathered)
+
+
+#: Drives a prepared run instead of running it whole (.segments): called with the
+#: controller and the run's parts; returns the job index where it stopped the run for
+#: good, or ``None`` if it ran it to the end.
+Stepper = Callable[[EmbeddedController, "RunParts"], int | None]
+
+
+def gather_run(
+    workload: Workload,
+    options: SimOptions,
+    mode: Mode,
+    state_dir: Path,
+    progress: ProgressFn | None = None,
+    observers: Sequence[Any] = (),
+    record: IO[str] | None = None,
+    *,
+    first: int = 0,
+    stepper: Stepper | None = None,
+) -> Gathered:
+    """One run with the plugin, and what its observers gathered.
+
+    :param first: the index of the first job submitted (a later segment of a
+        time-parallel run, .segments, starts past 0 on an empty machine).
+    :param stepper: drives the run in pauses instead of :meth:`EmbeddedController.run`.
+    """
     began = time.perf_counter()
     driver = options.make_driver(mode)
     # A shrinking driver is the plugin's reclaim policy turned on (.drivers).
@@ -589,15 +617,31 @@ def _run_mode(
     # The plugin's per-job warnings are counted for the report, not printed (.run_log).
     with tally_warnings() as tally:
         try:
-            result = _run(
-                ctl, workload, options, mode, driver, progress, observers, began, recorder
+            parts = _attach(ctl, workload, options, mode, driver, progress, observers, recorder)
+            parts.feeder.i = first
+            parts.feeder.start()
+            if parts.injector is not None:
+                parts.injector.start()
+            stopped = None
+            if stepper is None:
+                ctl.run()
+            else:
+                stopped = stepper(ctl, parts)
+            if progress is not None and stopped is None:
+                progress(mode, parts.stats.ended, len(workload.jobs))
+            # A segment stopped for good hands over before the end: nothing to say yet.
+            end = (
+                (tuple(ctl.rejections), tuple(ctl.check_invariants()))
+                if stopped is None
+                else ((), ())
             )
+            seconds = time.perf_counter() - began
         finally:
             ctl.stop()
-    result = attrs.evolve(result, warnings=tally.summaries())
+        gathered = parts.gathered(end, seconds, stopped, tally.summaries())
     if recorder is not None:
         recorder.finish(state_dir / "resize")
-    return result
+    return gathered
 
 
 def _absolute_policies(config: dict[str, Any], base_dir: Path | None) -> dict[str, Any]:
@@ -611,7 +655,47 @@ def _absolute_policies(config: dict[str, Any], base_dir: Path | None) -> dict[st
     return {**config, "policy_files": absolute}
 
 
-def _run(
+@attrs.define(eq=False)
+class RunParts:
+    """What a run is made of besides its controller: the observers that gather its
+    results, the driver that acts on it, and what feeds it jobs and host failures."""
+
+    mode: Mode
+    total: int
+    stats: RunStats
+    checks: _RunChecks | None
+    driver: Driver
+    feeder: _Feeder
+    injector: FailureInjector | None
+    extra: Sequence[Any]
+
+    def gathered(
+        self,
+        end: tuple[tuple[tuple[float, str, str], ...], tuple[str, ...]],
+        seconds: float,
+        stopped: int | None,
+        warnings: tuple[LogSummary, ...],
+    ) -> Gathered:
+        """What the run gathered (picklable: a segment's travels to the parent);
+        ``end`` is the controller's rejected arrivals and broken invariants."""
+        self.stats.detach_progress()
+        return Gathered(
+            mode=self.mode,
+            total=self.total,
+            stats=self.stats,
+            checks=self.checks,
+            requests=self.driver.requests,
+            refused=self.driver.refused,
+            warnings=warnings,
+            rejections=end[0],
+            invariants=end[1],
+            seconds=seconds,
+            failures=self.injector.stats if self.injector is not None else None,
+            stopped=stopped,
+        )
+
+
+def _attach(
     ctl: EmbeddedController,
     workload: Workload,
     options: SimOptions,
@@ -619,9 +703,8 @@ def _run(
     driver: Driver,
     progress: ProgressFn | None,
     observers: Sequence[Any],
-    began: float,
     recorder: SimRecorder | None,
-) -> RunResult:
+) -> RunParts:
     jobs = workload.jobs
     total = len(jobs)
     stats = RunStats(
@@ -657,35 +740,60 @@ def _run(
         driver.on_request = recorder.request
     ctl.add_observer(driver)  # last: it acts on what the others have seen
     feeder = _Feeder(ctl, jobs, mode, options.speedup, on_submit)
-    feeder.start()
     injector = None
     if options.host_failures is not None:
-
+        # Nothing is left to fail for once every job is in and none waits or runs.
         def active() -> bool:
             return feeder.i < total or ctl.pending_count > 0 or stats.running > 0
 
         names = [h for h, _ in workload.hosts]
         injector = FailureInjector(ctl, names, options.host_failures, options.seed, active)
-        injector.start()
-    ctl.run()
-    if progress is not None:
-        progress(mode, stats.ended, total)
+    return RunParts(
+        mode, total, stats, checks if checks_on else None, driver, feeder, injector, observers
+    )
 
-    metrics = stats.metrics()
-    problems = checks.problems(ctl, metrics, stats.usage.peak) if checks_on else []
-    events = total + stats.started + stats.ended + metrics.resizes + driver.requests
+
+@attrs.define(eq=False)
+class Gathered:
+    """What one run (or one segment of it, .segments) gathered: its observers' data and
+    what the controller said at the end. :func:`result_of` makes the run's result."""
+
+    mode: Mode
+    total: int
+    stats: RunStats
+    checks: _RunChecks | None
+    requests: int
+    refused: Mapping[str, int]
+    warnings: tuple[LogSummary, ...]
+    rejections: tuple[tuple[float, str, str], ...]
+    invariants: tuple[str, ...]
+    seconds: float
+    failures: FailureStats | None
+    #: Where a segment stopped for good (the job index of the pause), else ``None``.
+    stopped: int | None = None
+
+
+def result_of(g: Gathered) -> RunResult:
+    """A run's result from what it gathered."""
+    metrics = g.stats.metrics()
+    problems: list[str] = []
+    if g.checks is not None:
+        problems = g.checks.problems(g.rejections, g.invariants, metrics, g.stats.usage.peak)
+    events = g.total + g.stats.started + g.stats.ended + metrics.resizes + g.requests
+    easy = g.checks.easy if g.checks is not None else None
     return RunResult(
-        mode=mode,
+        mode=g.mode,
         metrics=metrics,
         problems=tuple(problems),
         events=events,
-        requests=driver.requests,
-        refused=dict(sorted(driver.refused.items())),
-        backfilled=checks.easy.backfilled if checks.easy is not None else None,
-        usage=tuple(stats.usage.bins(USAGE_BINS, metrics.makespan)),
-        waits=tuple(stats.waits),
-        seconds=time.perf_counter() - began,
-        failures=injector.stats if injector is not None else None,
+        requests=g.requests,
+        refused=dict(sorted(g.refused.items())),
+        backfilled=easy.backfilled if easy is not None else None,
+        usage=tuple(g.stats.usage.bins(USAGE_BINS, metrics.makespan)),
+        waits=tuple(g.stats.waits),
+        seconds=g.seconds,
+        failures=g.failures,
+        warnings=g.warnings,
     )
 
 
@@ -716,14 +824,21 @@ class _RunChecks:
         if self.easy is not None:
             self.easy.add_job(job.id, job.submit, job.procs, job.estimate)
 
-    def problems(self, ctl: EmbeddedController, metrics: RunMetrics, peak: int) -> list[str]:
-        """What the checks found once the run is over."""
-        self.completion.rejected(ctl.rejections)
+    def problems(
+        self,
+        rejections: Sequence[tuple[float, str, str]],
+        invariants: Sequence[str],
+        metrics: RunMetrics,
+        peak: int,
+    ) -> list[str]:
+        """What the checks found once the run is over (with the controller's rejected
+        arrivals and the invariants it found broken at the end)."""
+        self.completion.rejected(rejections)
         problems: list[str] = []
         for check in self.all:
             problems.extend(check.finish())
         problems.extend(check_utilization(metrics.utilization, peak, self.capacity))
-        problems.extend(ctl.check_invariants())
+        problems.extend(invariants)
         return problems
 
 

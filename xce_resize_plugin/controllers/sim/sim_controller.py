@@ -739,21 +739,39 @@ class EmbeddedController(Views):
             if until is not None and until < self.now():
                 raise ValueError(f"run(until={until}): the clock is already at {self.now()}")
             self._settle_observed()
-            timeline = self._timeline
-            while True:
-                t = timeline.next_time()
-                if t is None or (until is not None and t > until):
-                    break
-                self._advance_clock(t)
-                self._instant += 1
-                for fn in timeline.pop_at(t):
-                    fn()
-                self._flush()
-                self._settle_observed()
+            self._loop(until, None)
             if until is not None and until > self.now():
                 self._advance_clock(until)
                 self._instant += 1
                 self._settle_observed()
+
+    def run_before(self, time: float, *, first: bool) -> None:
+        """:meth:`run` paused before ``time``: every instant earlier than ``time`` is
+        processed and settled, and the clock stays at the last of them. ``first`` says
+        whether this is the run's first call (it settles the starting instant, as
+        :meth:`run` does); a later call goes on where the previous one stopped, without
+        a settle :meth:`run` would not have made, so a run made of pauses is the same
+        run (the time-parallel simulation compares states there, .segments)."""
+        with self._lock:
+            self._top_level("run_before")
+            if first:
+                self._settle_observed()
+            self._loop(None, time)
+
+    def _loop(self, until: float | None, before: float | None) -> None:
+        timeline = self._timeline
+        while True:
+            t = timeline.next_time()
+            if t is None or (until is not None and t > until):
+                break
+            if before is not None and t >= before:
+                break
+            self._advance_clock(t)
+            self._instant += 1
+            for fn in timeline.pop_at(t):
+                fn()
+            self._flush()
+            self._settle_observed()
 
     def _settle_observed(self) -> None:
         """Settle, then let observers act on the settled instant; settle again after
