@@ -26,7 +26,8 @@ import pytest
 
 from tests.benchmarks.machine import reference_seconds
 from tests.benchmarks.test_bench_simulate import PeakMemory
-from xce_resize_plugin.simulation.simulate import SimOptions, load_workload, simulate
+from xce_resize_plugin.simulation.comparison import simulate
+from xce_resize_plugin.simulation.simulate import SimOptions, load_workload
 
 SHARED = Path(__file__).resolve().parents[3] / "shared" / "traces"
 

@@ -28,11 +28,11 @@ import pytest
 
 from tests.benchmarks.machine import reference_seconds
 from tests.benchmarks.test_bench_scale import scaled
+from xce_resize_plugin.simulation.comparison import simulate
 from xce_resize_plugin.simulation.simulate import (
     SimOptions,
     load_workload,
     run_mode,
-    simulate,
 )
 
 TRACE = Path(__file__).resolve().parents[3] / "shared" / "traces" / "HPC2N-2002-2.2-cln.swf.gz"

@@ -15,7 +15,8 @@ import time
 
 from tests.benchmarks.machine import reference_seconds
 from tests.benchmarks.test_bench_simulate import PeakMemory
-from xce_resize_plugin.simulation.simulate import SimOptions, simulate, workload_of
+from xce_resize_plugin.simulation.comparison import simulate
+from xce_resize_plugin.simulation.simulate import SimOptions, workload_of
 from xce_resize_plugin.simulation.workloads import synthetic_trace
 
 JOBS = int(os.environ.get("XCE_BENCH_SYNTHETIC_JOBS", "200000"))

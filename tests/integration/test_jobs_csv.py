@@ -75,7 +75,8 @@ def test_a_requeued_jobs_resizes_count_its_earlier_runs_too() -> None:
     commits of the runs a requeue ended as well as its last run's, so the column
     still adds up to the run's resizes (here 66, of which 16 in ended runs)."""
     from xce_resize_plugin.simulation import failures
-    from xce_resize_plugin.simulation.simulate import SimOptions, simulate
+    from xce_resize_plugin.simulation.comparison import simulate
+    from xce_resize_plugin.simulation.simulate import SimOptions
 
     policy = Path(__file__).resolve().parents[2] / "hooks" / "requeue_on_host_failure.py"
     options = SimOptions(

@@ -36,6 +36,7 @@ from xce_resize_plugin.simulation.checks import (
     check_utilization,
     work_done,
 )
+from xce_resize_plugin.simulation.comparison import simulate
 from xce_resize_plugin.simulation.malleable import SpeedupModel
 from xce_resize_plugin.simulation.metrics import (
     UsageTrack,
@@ -50,7 +51,6 @@ from xce_resize_plugin.simulation.simulate import (
     load_options,
     load_workload,
     run_mode,
-    simulate,
 )
 
 ROOT = Path(__file__).resolve().parents[2]

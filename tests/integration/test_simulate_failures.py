@@ -15,8 +15,9 @@ from xce_resize_plugin.controllers.sim import EmbeddedController
 from xce_resize_plugin.errors import ConfigError
 from xce_resize_plugin.manager import get_plugin_manager
 from xce_resize_plugin.simulation import failures
+from xce_resize_plugin.simulation.comparison import simulate
 from xce_resize_plugin.simulation.jobs_csv import COLUMNS
-from xce_resize_plugin.simulation.simulate import SimOptions, load_options, simulate
+from xce_resize_plugin.simulation.simulate import SimOptions, load_options
 
 KTH200 = (
     Path(__file__).resolve().parents[2] / "tests" / "data" / "KTH-SP2-1996-2.1-cln-first200.swf.gz"

@@ -14,8 +14,9 @@ from xce_resize_plugin.cli.main import main
 from xce_resize_plugin.controllers.sim.speedup import parse_speedup
 from xce_resize_plugin.errors import ConfigError
 from xce_resize_plugin.simulation import sweep as sweep_mod
+from xce_resize_plugin.simulation.comparison import simulate
 from xce_resize_plugin.simulation.failures import parse as parse_host_failures
-from xce_resize_plugin.simulation.simulate import Mode, SimOptions, SimulationError, simulate
+from xce_resize_plugin.simulation.simulate import Mode, SimOptions, SimulationError
 from xce_resize_plugin.simulation.sweep import CellCache, run_sweep
 from xce_resize_plugin.simulation.sweep_config import load_sweep
 from xce_resize_plugin.simulation.sweep_report import format_sweep, groups, mean_ci, sweep_json

@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 from xce_resize_plugin.simulation import swf
+from xce_resize_plugin.simulation.comparison import simulate
 from xce_resize_plugin.simulation.gc_pause import gc_paused
-from xce_resize_plugin.simulation.simulate import SimOptions, load_workload, simulate
+from xce_resize_plugin.simulation.simulate import SimOptions, load_workload
 from xce_resize_plugin.simulation.trace_types import TraceError
 
 

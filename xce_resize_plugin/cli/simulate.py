@@ -17,16 +17,15 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from xce_resize_plugin.errors import ConfigError, UsageError
+from xce_resize_plugin.simulation.comparison import Comparison, simulate
 from xce_resize_plugin.simulation.progress import RunBars
 from xce_resize_plugin.simulation.report import format_table
 from xce_resize_plugin.simulation.simulate import (
     MODES,
-    Comparison,
     SimOptions,
     Workload,
     load_options,
     load_workload,
-    simulate,
 )
 
 EXIT_OK, EXIT_PROBLEMS = 0, 1

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from xce_resize_plugin.errors import ConfigError, UsageError
 
 if TYPE_CHECKING:
-    from xce_resize_plugin.simulation.simulate import Comparison
+    from xce_resize_plugin.simulation.comparison import Comparison
 
 __all__ = ["PlotUnavailable", "check_plot_path", "plot_comparison", "plot_format", "save_figure"]
 

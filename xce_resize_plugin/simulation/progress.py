@@ -26,7 +26,7 @@ def wanted(stream: TextIO, quiet: bool) -> bool:
 
 class RunBars:
     """One bar per run of a simulation (jobs ended); :meth:`update` is the
-    ``progress`` callback of :func:`~.simulate.simulate`."""
+    ``progress`` callback of :func:`~.comparison.simulate`."""
 
     def __init__(self, runs: Sequence[str], *, quiet: bool = False, stream: TextIO | None = None):
         out = stream if stream is not None else sys.stderr

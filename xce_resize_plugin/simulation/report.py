@@ -1,7 +1,7 @@
 """What ``xce-resize simulate`` shows: the side-by-side table.
 
 The table is for people (stdout); ``--json`` is for scripts
-(:meth:`~.simulate.Comparison.to_json`). The progress bars are :mod:`.progress`.
+(:meth:`~.comparison.Comparison.to_json`). The progress bars are :mod:`.progress`.
 """
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING
 from xce_resize_plugin.simulation.run_log import format_kinds
 
 if TYPE_CHECKING:
-    from xce_resize_plugin.simulation.simulate import Comparison, RunResult
+    from xce_resize_plugin.simulation.comparison import Comparison
+    from xce_resize_plugin.simulation.simulate import RunResult
 
 __all__ = ["format_table"]
 

@@ -66,6 +66,11 @@ class LogTally(logging.Handler):
             first = f"{record.msg!s} {record.args!r}"
         self._kinds[key] = [1, first]
 
+    def restart(self) -> None:
+        """Count afresh (a segment of a time-parallel run marks a probe: what it logs
+        after it is joined to the run it relieves, .segments)."""
+        self._kinds = {}
+
     def summaries(self) -> tuple[LogSummary, ...]:
         """One :class:`LogSummary` per kind, in the order the kinds first appeared."""
         return tuple(

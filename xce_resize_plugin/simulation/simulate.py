@@ -33,15 +33,11 @@ by fsyncs and transaction counts.
 
 from __future__ import annotations
 
-import gc
 import math
-import multiprocessing
 import os
 import tempfile
 import time
-import traceback
 from collections.abc import Callable, Mapping, Sequence
-from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import IO, Any, Literal
 
@@ -82,24 +78,26 @@ from xce_resize_plugin.simulation.malleable import (
     parse_speedup,
 )
 from xce_resize_plugin.simulation.metrics import RunMetrics, RunStats
-from xce_resize_plugin.simulation.run_log import LogSummary, tally_warnings
+from xce_resize_plugin.simulation.run_log import LogSummary, LogTally, tally_warnings
 from xce_resize_plugin.simulation.traces import Trace, read_trace
 
 __all__ = [
-    "Comparison",
+    "Gathered",
     "Mode",
+    "RunParts",
     "RunResult",
     "SimOptions",
     "SimulationError",
     "Workload",
     "cluster_for",
+    "gather_run",
     "host_count",
     "load_workload",
     "machine_procs",
     "options_from_tables",
     "read_toml",
+    "result_of",
     "run_mode",
-    "simulate",
     "workload_of",
 ]
 
@@ -618,6 +616,7 @@ def gather_run(
     with tally_warnings() as tally:
         try:
             parts = _attach(ctl, workload, options, mode, driver, progress, observers, recorder)
+            parts.tally = tally
             parts.feeder.i = first
             parts.feeder.start()
             if parts.injector is not None:
@@ -668,6 +667,8 @@ class RunParts:
     feeder: _Feeder
     injector: FailureInjector | None
     extra: Sequence[Any]
+    #: The run's warnings tally (.run_log), once the run is under way.
+    tally: LogTally | None = None
 
     def gathered(
         self,
@@ -840,159 +841,3 @@ class _RunChecks:
         problems.extend(check_utilization(metrics.utilization, peak, self.capacity))
         problems.extend(invariants)
         return problems
-
-
-@frozen
-class Comparison:
-    """Both runs of one simulation, side by side."""
-
-    workload: Workload
-    options: SimOptions
-    rigid: RunResult
-    elastic: RunResult
-
-    @property
-    def problems(self) -> list[str]:
-        return [f"{r.mode}: {p}" for r in (self.rigid, self.elastic) for p in r.problems]
-
-    def to_json(self) -> dict[str, Any]:
-        """The deterministic document ``--json`` writes."""
-        w = self.workload
-        header = w.trace.header
-        return {
-            "format": FORMAT,
-            "version": FORMAT_VERSION,
-            "trace": {
-                "source": w.source,
-                "format": header.format,
-                "computer": header.computer,
-                "jobs": len(w.jobs),
-                "malleable_jobs": w.malleable,
-                "slots": w.capacity,
-                "hosts": len(w.hosts),
-                "stats": dict(w.trace.stats),
-            },
-            "options": self.options.to_json(),
-            "runs": {"rigid": self.rigid.to_json(), "elastic": self.elastic.to_json()},
-            "change": _changes(self.rigid.metrics, self.elastic.metrics),
-        }
-
-
-def _changes(rigid: RunMetrics, elastic: RunMetrics) -> dict[str, float | None]:
-    """Relative change of the elastic run against the rigid one, per metric."""
-    out: dict[str, float | None] = {}
-    for key in (
-        "mean_wait",
-        "median_wait",
-        "mean_turnaround",
-        "mean_bounded_slowdown",
-        "utilization",
-        "makespan",
-    ):
-        a, b = getattr(rigid, key), getattr(elastic, key)
-        out[key] = (b - a) / a if a and math.isfinite(a) and math.isfinite(b) else None
-    return out
-
-
-def simulate(
-    path: str | os.PathLike[str],
-    options: SimOptions,
-    *,
-    progress: ProgressFn | None = None,
-    parallel: bool | None = None,
-    workload: Workload | None = None,
-    job_rows: bool = False,
-) -> Comparison:
-    """Run the trace rigid and elastic and compare them.
-
-    :param parallel: run the two runs in two processes (default: when the machine has
-        at least two cores and ``fork`` is available). The results are the same.
-    :param job_rows: keep one row per job and run (``RunResult.jobs``).
-    """
-    if workload is None:
-        workload = load_workload(path, options)
-    if parallel is None:
-        parallel = (os.cpu_count() or 1) >= 2 and _can_fork()
-    if parallel:
-        results = _run_parallel(workload, options, progress, job_rows)
-    else:
-        results = {
-            mode: run_mode(workload, options, mode, progress=progress, job_rows=job_rows)
-            for mode in MODES
-        }
-    return Comparison(workload, options, results["rigid"], results["elastic"])
-
-
-def _can_fork() -> bool:
-    return "fork" in multiprocessing.get_all_start_methods()
-
-
-def _child(
-    conn: Connection, workload: Workload, options: SimOptions, mode: Mode, job_rows: bool
-) -> None:
-    def report(m: str, done: int, total: int) -> None:
-        conn.send(("progress", m, done, total))
-
-    try:
-        result = run_mode(workload, options, mode, progress=report, job_rows=job_rows)
-    except BaseException as exc:
-        conn.send(("error", mode, f"{type(exc).__name__}: {exc}", traceback.format_exc()))
-    else:
-        conn.send(("result", mode, result))
-    finally:
-        conn.close()
-
-
-def _run_parallel(
-    workload: Workload, options: SimOptions, progress: ProgressFn | None, job_rows: bool
-) -> dict[str, RunResult]:
-    """Both runs in forked children (they inherit the read workload; nothing is
-    pickled on the way in), results and progress back through pipes."""
-    ctx = multiprocessing.get_context("fork")
-    procs: dict[Connection, Any] = {}
-    # What exists now (the workload above all) is frozen for the forks, as the gc
-    # module's documentation advises: a child's collections never walk it again, nor
-    # write to its pages (which the child would then copy). The parent's objects are
-    # collectable again as soon as the children are started.
-    gc.freeze()
-    try:
-        for mode in MODES:
-            parent, child = ctx.Pipe(duplex=False)
-            proc = ctx.Process(
-                target=_child,
-                args=(child, workload, options, mode, job_rows),
-                name=f"simulate-{mode}",
-            )
-            proc.start()
-            child.close()
-            procs[parent] = proc
-    finally:
-        gc.unfreeze()
-    results: dict[str, RunResult] = {}
-    errors: list[str] = []
-    pending = list(procs)
-    try:
-        while pending:
-            for conn in wait(pending):
-                assert isinstance(conn, Connection)
-                try:
-                    msg = conn.recv()
-                except EOFError:
-                    pending.remove(conn)
-                    continue
-                if msg[0] == "progress":
-                    if progress is not None:
-                        progress(msg[1], msg[2], msg[3])
-                elif msg[0] == "result":
-                    results[msg[1]] = msg[2]
-                else:
-                    errors.append(f"{msg[1]} run: {msg[2]}\n{msg[3]}")
-    finally:
-        for conn, proc in procs.items():
-            proc.join()
-            conn.close()
-    if errors or len(results) != len(MODES):
-        missing = [m for m in MODES if m not in results]
-        detail = "; ".join(errors) or f"the {', '.join(missing)} run ended without a result"
-        raise SimulationError(detail)
-    return results

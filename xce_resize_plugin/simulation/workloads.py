@@ -2,7 +2,7 @@
 
 ``simulate --synthetic SPEC`` and the sweeps (:mod:`.sweep`) name workloads this way;
 :func:`open_workload` turns the name into the :class:`~.simulate.Workload` that
-:func:`~.simulate.simulate` runs. A synthetic spec without ``seed=`` takes the seed of
+:func:`~.comparison.simulate` runs. A synthetic spec without ``seed=`` takes the seed of
 the options (``simulate --seed``, a sweep cell's seed), so that seeds vary both the
 workload and the malleable choice; ``--limit`` keeps the first N jobs of either.
 """

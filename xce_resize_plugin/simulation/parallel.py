@@ -1,0 +1,503 @@
+"""Both runs of a simulation on the local cores, each split in time when a core is free.
+
+``simulate`` starts one worker process per core (forked: they inherit the read
+workload). The rigid run goes to one, the elastic run to another. A worker that has
+nothing left to do is given the end of the busiest run: the coordinator (this process)
+asks that run's segment to take a successor at a job half way through what it has left,
+and the successor runs from there on an empty machine until the two meet
+(:mod:`.segments`). On two cores this puts the second core to work once the shorter
+run is done, instead of leaving it idle while the longer one finishes.
+
+Messages (tuples, through one pipe per worker; every one names its run and segment, so
+a late one for a segment gone is recognised and dropped):
+
+- coordinator to worker: ``run``, ``split`` (take a successor at a job), ``digest`` (the
+  successor's, at a probe), ``met`` (the predecessor stopped: no more digests),
+  ``stop`` (the segment is dropped), ``gone`` (the successor is), ``quit``;
+- worker to coordinator: ``progress``, ``split-ok``/``split-no``, ``digest``, ``met``
+  (stopped at a probe), ``no-meet`` (went on alone), ``done`` (with what it gathered),
+  ``dropped``, ``error``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import math
+import multiprocessing
+import os
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from multiprocessing.connection import Connection, wait
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from xce_resize_plugin.controllers.sim import EmbeddedController
+from xce_resize_plugin.simulation.jobs_csv import JobRows
+from xce_resize_plugin.simulation.pause_state import digest
+from xce_resize_plugin.simulation.segments import (
+    PROBE_OFFSETS,
+    Mark,
+    instant_start,
+    joined,
+    probes_after,
+    take_mark,
+)
+from xce_resize_plugin.simulation.simulate import (
+    MODES,
+    Gathered,
+    Mode,
+    ProgressFn,
+    RunParts,
+    RunResult,
+    SimOptions,
+    SimulationError,
+    Workload,
+    gather_run,
+    result_of,
+)
+
+__all__ = ["can_split", "run_both"]
+
+#: Jobs between a segment's looks at its messages (and its progress reports).
+CHUNK = 2048
+#: Jobs a segment must have left to be split: the two meet some thousands of jobs
+#: after the cut (.segments), and that much is done twice.
+MIN_SPLIT = 24_000
+
+
+class _Dropped(Exception):
+    """The coordinator dropped this segment (the one it was to relieve went on alone)."""
+
+
+class _Quit(Exception):
+    """The coordinator is done: the worker ends, whatever it was running."""
+
+
+def can_split(workload: Workload, options: SimOptions, job_rows: bool) -> bool:
+    """Whether runs of this workload may be split in time: not with injected host
+    failures (a requeued job's history is read back from the plugin's journal, which a
+    state digest leaves out), and only if job ids are unique (a digest leaves out the
+    ids of forgotten jobs)."""
+    del job_rows  # per-job rows are joined like the rest
+    if options.host_failures is not None:
+        return False
+    ids = [j.id for j in workload.jobs]
+    return len(set(ids)) == len(ids)
+
+
+# -- the worker side ----------------------------------------------------------------
+
+
+@attrs.define(eq=False)
+class _Stepper:
+    """Drives one segment: pauses at its chunk ends and probes, answers the
+    coordinator, publishes its digests and marks, compares with its successor's."""
+
+    conn: Connection
+    workload: Workload
+    mode: Mode
+    seg: int
+    first: int
+    #: Probes where this segment sends its digest to the one it relieves.
+    publish: list[int]
+    chunk: int = CHUNK
+    offsets: tuple[int, ...] = PROBE_OFFSETS
+    marks: dict[int, Mark] = attrs.Factory(dict)
+    #: Probes where it compares with its successor's digests, and theirs so far.
+    meet: list[int] = attrs.Factory(list)
+    theirs: dict[int, bytes] = attrs.Factory(dict)
+
+    def __call__(self, ctl: EmbeddedController, parts: RunParts) -> int | None:
+        jobs = self.workload.jobs
+        n = len(jobs)
+        pos, first_call = self.first, True
+        next_chunk = instant_start(self.workload, pos + self.chunk)
+        while True:
+            self._poll(pos, block=False)
+            target = min([next_chunk, *self.publish[:1], *self.meet[:1]])
+            if target >= n:
+                ctl.run_before(math.inf, first=first_call)
+                self.conn.send(("progress", self.mode, self.seg, n))
+                return None
+            ctl.run_before(jobs[target].submit, first=first_call)
+            first_call, pos = False, target
+            if self.publish and self.publish[0] == pos:
+                self.publish.pop(0)
+                found = digest(ctl, parts.driver)
+                self.marks[pos] = take_mark(parts)
+                self.conn.send(("digest", self.mode, self.seg, pos, found))
+            if self.meet and self.meet[0] == pos:
+                self.meet.pop(0)
+                if self._met(ctl, parts, pos):
+                    return pos
+                if not self.meet:
+                    self.conn.send(("no-meet", self.mode, self.seg))
+            if pos >= next_chunk:
+                self.conn.send(("progress", self.mode, self.seg, pos))
+                next_chunk = instant_start(self.workload, pos + self.chunk)
+
+    def _met(self, ctl: EmbeddedController, parts: RunParts, p: int) -> bool:
+        # The successor publishes every probe in order, and it is ahead: wait for it.
+        while p not in self.theirs:
+            self._poll(p, block=True)
+        mine = digest(ctl, parts.driver)
+        if mine != self.theirs.get(p):
+            return False
+        self.conn.send(("met", self.mode, self.seg, p))
+        return True
+
+    def _poll(self, pos: int, block: bool) -> None:
+        """Handle what the coordinator sent (waiting for one message if ``block``)."""
+        while block or self.conn.poll():
+            block = False
+            msg = self.conn.recv()
+            if msg[0] == "quit":
+                raise _Quit
+            if msg[1:3] != (self.mode, self.seg):
+                continue  # for a segment this worker ran before
+            kind = msg[0]
+            if kind == "split":
+                self._split(pos, msg[3])
+            elif kind == "digest":
+                self.theirs[msg[3]] = msg[4]
+            elif kind == "met":
+                self.publish.clear()
+            elif kind == "stop":
+                raise _Dropped
+
+    def _split(self, pos: int, cut: int) -> None:
+        probes = probes_after(self.workload, cut, self.offsets)
+        if self.meet or not probes or cut <= pos:
+            self.conn.send(("split-no", self.mode, self.seg, cut))
+            return
+        self.meet = list(probes)
+        self.theirs = {}
+        self.conn.send(("split-ok", self.mode, self.seg, cut))
+
+
+def _worker(
+    conn: Connection,
+    workload: Workload,
+    options: SimOptions,
+    job_rows: bool,
+    tuning: tuple[int, tuple[int, ...]],
+) -> None:
+    while True:
+        try:
+            msg = conn.recv()
+        except EOFError:
+            return
+        if msg[0] == "quit":
+            return
+        if msg[0] != "run":
+            continue  # late news for a segment that is over
+        _, mode, seg, first, publish = msg
+        try:
+            stepper = _Stepper(conn, workload, mode, seg, first, list(publish), *tuning)
+            done = _run_segment(workload, options, job_rows, stepper)
+        except _Dropped:
+            conn.send(("dropped", mode, seg))
+        except _Quit:
+            return
+        except Exception as exc:
+            text = f"{type(exc).__name__}: {exc}"
+            conn.send(("error", mode, seg, text, traceback.format_exc()))
+        else:
+            conn.send(("done", mode, seg, *done))
+
+
+def _run_segment(
+    workload: Workload, options: SimOptions, job_rows: bool, stepper: _Stepper
+) -> tuple[Gathered, dict[int, Mark], JobRows | None]:
+    mode, seg, first = stepper.mode, stepper.seg, stepper.first
+    rows = None
+    if job_rows:
+        rows = JobRows(mode, {j.id for j in workload.jobs if j.malleable and mode == "elastic"})
+    with tempfile.TemporaryDirectory(prefix=f"xce-simulate-{mode}-{seg}-") as tmp:
+        gathered = gather_run(
+            workload,
+            options,
+            mode,
+            Path(tmp),
+            observers=[rows] if rows is not None else (),
+            first=first,
+            stepper=stepper,
+        )
+    return gathered, stepper.marks, rows
+
+
+# -- the coordinator ----------------------------------------------------------------
+
+
+@attrs.define(eq=False)
+class _Segment:
+    mode: Mode
+    seg: int
+    first: int
+    worker: int
+    pos: int
+    successor: int | None = None
+    state: str = "running"  # running, done, dropped
+    gathered: Gathered | None = None
+    marks: dict[int, Mark] = attrs.Factory(dict)
+    rows: JobRows | None = None
+
+
+@attrs.define(eq=False)
+class _Coordinator:
+    workload: Workload
+    conns: list[Connection]
+    splitting: bool
+    progress: ProgressFn | None
+    min_split: int = MIN_SPLIT
+    offsets: tuple[int, ...] = PROBE_OFFSETS
+    segments: dict[tuple[Mode, int], _Segment] = attrs.Factory(dict)
+    idle: list[int] = attrs.Factory(list)
+    #: A split asked for and not yet answered: (run, segment, cut, worker reserved).
+    asked: tuple[Mode, int, int, int] | None = None
+    errors: list[str] = attrs.Factory(list)
+    #: What happened, in order: ("split-ok", run, segment, cut), ("met", run, segment,
+    #: probe), ("no-meet", run, segment).
+    history: list[tuple[Any, ...]] = attrs.Factory(list)
+
+    def start(self) -> None:
+        for i, _conn in enumerate(self.conns):
+            if i < len(MODES):
+                self._assign(MODES[i], 0, 0, (), i)
+            else:
+                self.idle.append(i)
+
+    def _assign(self, mode: Mode, seg: int, first: int, publish: tuple[int, ...], w: int) -> None:
+        self.segments[mode, seg] = _Segment(mode, seg, first, w, first)
+        self.conns[w].send(("run", mode, seg, first, publish))
+
+    def complete(self) -> bool:
+        return not self.errors and all(self._chain(mode) is not None for mode in MODES)
+
+    def _chain(self, mode: Mode) -> list[_Segment] | None:
+        """The run's segments from the first, if all of them are done."""
+        chain: list[_Segment] = []
+        s: _Segment | None = self.segments.get((mode, 0))
+        while s is not None and s.state == "done" and s.gathered is not None:
+            chain.append(s)
+            if s.gathered.stopped is None:
+                return chain
+            s = self.segments.get((mode, s.successor)) if s.successor is not None else None
+        return None
+
+    def handle(self, w: int, msg: tuple[Any, ...]) -> None:
+        kind, mode, seg = msg[0], msg[1], msg[2]
+        s = self.segments.get((mode, seg))
+        if s is None:
+            return
+        handler: Callable[[_Segment, int, tuple[Any, ...]], None] = getattr(
+            self, "_on_" + kind.replace("-", "_")
+        )
+        if kind in ("met", "no-meet", "split-ok"):
+            self.history.append(msg[:4])
+        handler(s, w, msg)
+
+    def _on_progress(self, s: _Segment, w: int, msg: tuple[Any, ...]) -> None:
+        s.pos = msg[3]
+        if self.progress is not None:
+            self.progress(s.mode, self._covered(s.mode), len(self.workload.jobs))
+
+    def _covered(self, mode: Mode) -> int:
+        """Jobs submitted in the run so far, counted once (an estimate while split)."""
+        n = len(self.workload.jobs)
+        done = 0
+        for s in self.segments.values():
+            if s.mode == mode and s.state != "dropped":
+                done += s.pos - s.first
+        return min(n - 1, done)
+
+    def _on_digest(self, s: _Segment, w: int, msg: tuple[Any, ...]) -> None:
+        before = self._predecessor(s)
+        if before is not None and before.state == "running":
+            self.conns[before.worker].send(("digest", s.mode, before.seg, msg[3], msg[4]))
+
+    def _predecessor(self, s: _Segment) -> _Segment | None:
+        return next(
+            (p for p in self.segments.values() if p.mode == s.mode and p.successor == s.seg),
+            None,
+        )
+
+    def _on_met(self, s: _Segment, w: int, msg: tuple[Any, ...]) -> None:
+        after = self.segments[s.mode, s.successor] if s.successor is not None else None
+        if after is not None and after.state == "running":
+            self.conns[after.worker].send(("met", s.mode, after.seg, msg[3]))
+
+    def _on_no_meet(self, s: _Segment, w: int, msg: tuple[Any, ...]) -> None:
+        self._drop_after(s)
+
+    def _drop_after(self, s: _Segment) -> None:
+        """Drop ``s``'s successor and theirs: ``s`` goes on alone."""
+        nxt = s.successor
+        s.successor = None
+        while nxt is not None:
+            after = self.segments[s.mode, nxt]
+            if after.state == "running":
+                self.conns[after.worker].send(("stop", s.mode, after.seg))
+            after.state = "dropped"
+            nxt, after.successor = after.successor, None
+
+    def _on_split_ok(self, s: _Segment, w: int, msg: tuple[Any, ...]) -> None:
+        assert self.asked is not None
+        _, _, cut, worker = self.asked
+        self.asked = None
+        new = 1 + max(k[1] for k in self.segments if k[0] == s.mode)
+        s.successor = new
+        self._assign(s.mode, new, cut, probes_after(self.workload, cut, self.offsets), worker)
+
+    def _on_split_no(self, s: _Segment, w: int, msg: tuple[Any, ...]) -> None:
+        assert self.asked is not None
+        self.idle.append(self.asked[3])
+        self.asked = None
+
+    def _on_done(self, s: _Segment, w: int, msg: tuple[Any, ...]) -> None:
+        if s.state == "running":
+            s.state = "done"
+            s.gathered, s.marks, s.rows = msg[3], msg[4], msg[5]
+            s.pos = len(self.workload.jobs) if msg[3].stopped is None else msg[3].stopped
+            if s.gathered is not None and s.gathered.stopped is None:
+                self._drop_after(s)  # ran to the end: any successor is not needed
+        self._release(s, w)
+
+    def _on_dropped(self, s: _Segment, w: int, msg: tuple[Any, ...]) -> None:
+        self._release(s, w)
+
+    def _on_error(self, s: _Segment, w: int, msg: tuple[Any, ...]) -> None:
+        self.errors.append(f"{s.mode} run: {msg[3]}\n{msg[4]}")
+        self._release(s, w)
+
+    def _release(self, s: _Segment, w: int) -> None:
+        if self.asked is not None and self.asked[:2] == (s.mode, s.seg):
+            self.idle.append(self.asked[3])
+            self.asked = None
+        self.idle.append(w)
+
+    def split_if_idle(self) -> None:
+        """Give an idle worker the end of the run with the most jobs left."""
+        if not self.splitting or not self.idle or self.asked is not None:
+            return
+        n = len(self.workload.jobs)
+        running = [
+            s for s in self.segments.values() if s.state == "running" and s.successor is None
+        ]
+        if not running:
+            return
+        s = max(running, key=lambda r: n - r.pos)
+        left = n - s.pos
+        if left < self.min_split:
+            return
+        cut = instant_start(self.workload, s.pos + left // 2)
+        if cut >= n:
+            return
+        worker = self.idle.pop()
+        self.asked = (s.mode, s.seg, cut, worker)
+        self.conns[s.worker].send(("split", s.mode, s.seg, cut))
+
+    def results(self, seconds: float) -> dict[str, tuple[RunResult, JobRows | None]]:
+        out: dict[str, tuple[RunResult, JobRows | None]] = {}
+        for mode in MODES:
+            chain = self._chain(mode)
+            assert chain is not None
+            head = chain[0]
+            assert head.gathered is not None
+            g, rows = head.gathered, head.rows
+            for s in chain[1:]:
+                assert s.gathered is not None and g.stopped is not None
+                g = joined(g, s.gathered, s.marks, g.stopped, (rows, s.rows))
+            if len(chain) > 1:
+                g = attrs.evolve(g, seconds=seconds)
+            out[mode] = (result_of(g), rows)
+        return out
+
+
+def run_both(
+    workload: Workload,
+    options: SimOptions,
+    progress: ProgressFn | None,
+    job_rows: bool,
+    workers: int | None = None,
+    *,
+    min_split: int = MIN_SPLIT,
+    chunk: int = CHUNK,
+    offsets: tuple[int, ...] = PROBE_OFFSETS,
+    history: list[tuple[Any, ...]] | None = None,
+) -> dict[str, RunResult]:
+    """Both runs on ``workers`` processes (default: the cores this process may use, at
+    least two), split in time where :func:`can_split` allows (``min_split``, ``chunk``
+    and ``offsets``: :data:`MIN_SPLIT`, :data:`CHUNK`, :data:`.PROBE_OFFSETS`; tests
+    make them small). ``history``, if given, receives what the coordinator did."""
+    if workers is None:
+        workers = max(2, len(os.sched_getaffinity(0)))
+    began = time.perf_counter()
+    ctx = multiprocessing.get_context("fork")
+    conns: list[Connection] = []
+    procs = []
+    # What exists now (the workload above all) is frozen for the forks, as the gc
+    # module's documentation advises: a child's collections never walk it again, nor
+    # write to its pages (which the child would then copy).
+    gc.freeze()
+    try:
+        for i in range(workers):
+            mine, theirs = ctx.Pipe(duplex=True)
+            proc = ctx.Process(
+                target=_worker,
+                args=(theirs, workload, options, job_rows, (chunk, offsets)),
+                name=f"simulate-{i}",
+            )
+            proc.start()
+            theirs.close()
+            conns.append(mine)
+            procs.append(proc)
+    finally:
+        gc.unfreeze()
+    splitting = can_split(workload, options, job_rows)
+    coordinator = _Coordinator(workload, conns, splitting, progress, min_split, offsets)
+    try:
+        coordinator.start()
+        _coordinate(coordinator)
+    finally:
+        for conn in conns:
+            with contextlib.suppress(OSError):
+                conn.send(("quit",))
+        for proc in procs:
+            proc.join()
+        for conn in conns:
+            conn.close()
+    if coordinator.errors:
+        raise SimulationError("; ".join(coordinator.errors))
+    if history is not None:
+        history.extend(coordinator.history)
+    done = coordinator.results(time.perf_counter() - began)
+    results: dict[str, RunResult] = {}
+    for mode, (result, rows) in done.items():
+        if progress is not None:
+            progress(mode, len(workload.jobs), len(workload.jobs))
+        results[mode] = attrs.evolve(result, jobs=rows.sorted_rows()) if rows else result
+    return results
+
+
+def _coordinate(c: _Coordinator) -> None:
+    index = {id(conn): i for i, conn in enumerate(c.conns)}
+    live = list(c.conns)
+    while live and not c.complete() and not c.errors:
+        c.split_if_idle()
+        for conn in wait(live):
+            assert isinstance(conn, Connection)
+            try:
+                msg = conn.recv()
+            except EOFError:
+                live.remove(conn)
+                c.errors.append(f"worker {index[id(conn)]} ended without a result")
+                continue
+            c.handle(index[id(conn)], msg)
+    if not c.complete() and not c.errors:
+        c.errors.append("the workers ended before both runs did")
