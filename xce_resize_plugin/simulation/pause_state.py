@@ -23,6 +23,8 @@ never a wrong result. What it leaves out or rewrites, and why each is safe:
 - **What is dead at a pause**: the scheduler's last-pass signature (it holds the
   instant's time, and every later instant has a later one), the clock itself (the next
   instant sets it), the settle bookkeeping (``_changes``, ``_instant``, ``_round``).
+- **The workload**: its jobs are the same objects in every run of it (read once, then
+  forked), so a job stands for itself by its id and the feeder by where it is.
 - **What the rest of a simulated run never reads**: the plugin's journal and its
   pending writes (read back only for a job requeued after a host failure, and a
   time-parallel run has none), the ids of forgotten jobs (a workload's ids are unique,
@@ -45,6 +47,7 @@ from collections.abc import Callable
 from pathlib import PurePath
 from typing import Any
 
+import attrs
 import pluggy
 
 from xce_resize_plugin.controllers.cluster import Cluster
@@ -57,6 +60,7 @@ from xce_resize_plugin.plugin import runtime_of
 from xce_resize_plugin.runtime import Runtime
 from xce_resize_plugin.simulation.drivers import RequestCounts
 from xce_resize_plugin.simulation.malleable import SimJob
+from xce_resize_plugin.simulation.simulate import Feeder
 
 __all__ = ["digest"]
 
@@ -226,6 +230,14 @@ def _runtime(runtime: Runtime) -> dict[str, Any]:
     return state
 
 
+def _feeder(feeder: Feeder) -> dict[str, Any]:
+    # Its jobs are the workload's (the same tuple in every run of it): where it is in
+    # them is its state.
+    state = {f.name: getattr(feeder, f.name) for f in attrs.fields(Feeder) if f.name != "jobs"}
+    state["jobs"] = len(feeder.jobs)
+    return state
+
+
 def _timeline(timeline: Timeline) -> list[tuple[float, Any]]:
     # Ties run in insertion order: the entries in order, without their numbers.
     return [(t, fn) for t, _, fn in sorted(timeline._heap, key=lambda e: (e[0], e[1]))]
@@ -236,4 +248,5 @@ _CANONICAL: dict[type, Callable[[Any], Any]] = {
     Cluster: _cluster,
     Runtime: _runtime,
     Timeline: _timeline,
+    Feeder: _feeder,
 }

@@ -448,7 +448,7 @@ class RunResult:
 
 
 @attrs.define
-class _Feeder:
+class Feeder:
     """Submits the trace's jobs as they arrive (one timeline entry at a time, so the
     controller never holds more than the jobs that arrived and have not ended)."""
 
@@ -664,7 +664,7 @@ class RunParts:
     stats: RunStats
     checks: _RunChecks | None
     driver: Driver
-    feeder: _Feeder
+    feeder: Feeder
     injector: FailureInjector | None
     extra: Sequence[Any]
     #: The run's warnings tally (.run_log), once the run is under way.
@@ -740,7 +740,7 @@ def _attach(
     if recorder is not None:
         driver.on_request = recorder.request
     ctl.add_observer(driver)  # last: it acts on what the others have seen
-    feeder = _Feeder(ctl, jobs, mode, options.speedup, on_submit)
+    feeder = Feeder(ctl, jobs, mode, options.speedup, on_submit)
     injector = None
     if options.host_failures is not None:
         # Nothing is left to fail for once every job is in and none waits or runs.
