@@ -261,8 +261,9 @@ class _Coordinator:
     #: A split asked for and not yet answered: (run, segment, cut, worker reserved).
     asked: tuple[Mode, int, int, int] | None = None
     errors: list[str] = attrs.Factory(list)
-    #: What happened, in order: ("split-ok", run, segment, cut), ("met", run, segment,
-    #: probe), ("no-meet", run, segment).
+    #: What happened, in order, each with the ``time.monotonic()`` it was heard:
+    #: ("split-ok", run, segment, cut), ("met", run, segment, probe), ("no-meet", run,
+    #: segment), ("done", run, segment, what it gathered).
     history: list[tuple[Any, ...]] = attrs.Factory(list)
 
     def start(self) -> None:
@@ -298,8 +299,8 @@ class _Coordinator:
         handler: Callable[[_Segment, int, tuple[Any, ...]], None] = getattr(
             self, "_on_" + kind.replace("-", "_")
         )
-        if kind in ("met", "no-meet", "split-ok"):
-            self.history.append(msg[:4])
+        if kind in ("met", "no-meet", "split-ok", "done"):
+            self.history.append((*msg[:4], time.monotonic()))
         handler(s, w, msg)
 
     def _on_progress(self, s: _Segment, w: int, msg: tuple[Any, ...]) -> None:
