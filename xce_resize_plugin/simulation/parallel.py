@@ -38,7 +38,7 @@ import attrs
 
 from xce_resize_plugin.controllers.sim import EmbeddedController
 from xce_resize_plugin.simulation.jobs_csv import JobRows
-from xce_resize_plugin.simulation.pause_state import digest
+from xce_resize_plugin.simulation.pause_state import digest, signature
 from xce_resize_plugin.simulation.segments import (
     PROBE_OFFSETS,
     Mark,
@@ -64,10 +64,13 @@ from xce_resize_plugin.simulation.simulate import (
 __all__ = ["can_split", "run_both"]
 
 #: Jobs between a segment's looks at its messages (and its progress reports).
-CHUNK = 2048
+CHUNK = 512
 #: Jobs a segment must have left to be split: the two meet some thousands of jobs
 #: after the cut (.segments), and that much is done twice.
 MIN_SPLIT = 24_000
+#: The most of its time a new segment spends on digests (what it skips, it still
+#: sends the signature of, and the segment it relieves can meet it at a later probe).
+DIGEST_SHARE = 0.2
 
 
 class _Dropped(Exception):
@@ -108,9 +111,13 @@ class _Stepper:
     chunk: int = CHUNK
     offsets: tuple[int, ...] = PROBE_OFFSETS
     marks: dict[int, Mark] = attrs.Factory(dict)
-    #: Probes where it compares with its successor's digests, and theirs so far.
+    #: Probes where it compares with its successor's digests, and theirs so far
+    #: (signature, digest or None where the successor saved the cost of one).
     meet: list[int] = attrs.Factory(list)
-    theirs: dict[int, bytes] = attrs.Factory(dict)
+    theirs: dict[int, tuple[Any, bytes | None]] = attrs.Factory(dict)
+    #: Seconds spent on digests and on running, since this segment started.
+    digesting: float = 0.0
+    began: float = attrs.Factory(time.perf_counter)
 
     def __call__(self, ctl: EmbeddedController, parts: RunParts) -> int | None:
         jobs = self.workload.jobs
@@ -128,9 +135,7 @@ class _Stepper:
             first_call, pos = False, target
             if self.publish and self.publish[0] == pos:
                 self.publish.pop(0)
-                found = digest(ctl, parts.driver)
-                self.marks[pos] = take_mark(parts)
-                self.conn.send(("digest", self.mode, self.seg, pos, found))
+                self._publish(ctl, parts, pos)
             if self.meet and self.meet[0] == pos:
                 self.meet.pop(0)
                 if self._met(ctl, parts, pos):
@@ -141,12 +146,26 @@ class _Stepper:
                 self.conn.send(("progress", self.mode, self.seg, pos))
                 next_chunk = instant_start(self.workload, pos + self.chunk)
 
+    def _publish(self, ctl: EmbeddedController, parts: RunParts, p: int) -> None:
+        """Send the state at probe ``p``: its signature always, its digest unless
+        digests have cost more than :data:`DIGEST_SHARE` of this segment's time (a
+        machine of 65,536 hosts with jobs of thousands of tasks has a state of
+        megabytes; the one relieved cannot meet at this probe then, but at a later)."""
+        t = time.perf_counter()
+        spent = t - self.began
+        found = None
+        if self.digesting <= DIGEST_SHARE * spent:
+            found = digest(ctl, parts.driver)
+        self.marks[p] = take_mark(parts)
+        self.conn.send(("digest", self.mode, self.seg, p, (signature(ctl), found)))
+        self.digesting += time.perf_counter() - t
+
     def _met(self, ctl: EmbeddedController, parts: RunParts, p: int) -> bool:
         # The successor publishes every probe in order, and it is ahead: wait for it.
         while p not in self.theirs:
             self._poll(p, block=True)
-        mine = digest(ctl, parts.driver)
-        if mine != self.theirs.get(p):
+        theirs, found = self.theirs[p]
+        if found is None or signature(ctl) != theirs or digest(ctl, parts.driver) != found:
             return False
         self.conn.send(("met", self.mode, self.seg, p))
         return True
@@ -213,7 +232,10 @@ def _worker(
 
 def _run_segment(
     workload: Workload, options: SimOptions, job_rows: bool, stepper: _Stepper
-) -> tuple[Gathered, dict[int, Mark], JobRows | None]:
+) -> tuple[int | None, Gathered | None, dict[int, Mark], JobRows | None, RunResult | None]:
+    """Run one segment: where it stopped, and either what it gathered (to be joined)
+    or, for a run made whole by this segment alone, its result (made here, in parallel
+    with the other runs, rather than by the coordinator once all are over)."""
     mode, seg, first = stepper.mode, stepper.seg, stepper.first
     rows = None
     if job_rows:
@@ -228,7 +250,9 @@ def _run_segment(
             first=first,
             stepper=stepper,
         )
-    return gathered, stepper.marks, rows
+    if first == 0 and gathered.stopped is None:
+        return None, None, {}, rows, result_of(gathered)
+    return gathered.stopped, gathered, stepper.marks, rows, None
 
 
 # -- the coordinator ----------------------------------------------------------------
@@ -243,9 +267,12 @@ class _Segment:
     pos: int
     successor: int | None = None
     state: str = "running"  # running, done, dropped
+    #: Once done: where it stopped (None: at the end), and what it gathered or made.
+    stopped: int | None = None
     gathered: Gathered | None = None
     marks: dict[int, Mark] = attrs.Factory(dict)
     rows: JobRows | None = None
+    result: RunResult | None = None
 
 
 @attrs.define(eq=False)
@@ -263,7 +290,7 @@ class _Coordinator:
     errors: list[str] = attrs.Factory(list)
     #: What happened, in order, each with the ``time.monotonic()`` it was heard:
     #: ("split-ok", run, segment, cut), ("met", run, segment, probe), ("no-meet", run,
-    #: segment), ("done", run, segment, what it gathered).
+    #: segment), ("done", run, segment, the job where it stopped or None).
     history: list[tuple[Any, ...]] = attrs.Factory(list)
 
     def start(self) -> None:
@@ -284,9 +311,9 @@ class _Coordinator:
         """The run's segments from the first, if all of them are done."""
         chain: list[_Segment] = []
         s: _Segment | None = self.segments.get((mode, 0))
-        while s is not None and s.state == "done" and s.gathered is not None:
+        while s is not None and s.state == "done":
             chain.append(s)
-            if s.gathered.stopped is None:
+            if s.stopped is None:
                 return chain
             s = self.segments.get((mode, s.successor)) if s.successor is not None else None
         return None
@@ -363,9 +390,9 @@ class _Coordinator:
     def _on_done(self, s: _Segment, w: int, msg: tuple[Any, ...]) -> None:
         if s.state == "running":
             s.state = "done"
-            s.gathered, s.marks, s.rows = msg[3], msg[4], msg[5]
-            s.pos = len(self.workload.jobs) if msg[3].stopped is None else msg[3].stopped
-            if s.gathered is not None and s.gathered.stopped is None:
+            s.stopped, s.gathered, s.marks, s.rows, s.result = msg[3:8]
+            s.pos = len(self.workload.jobs) if s.stopped is None else s.stopped
+            if s.stopped is None:
                 self._drop_after(s)  # ran to the end: any successor is not needed
         self._release(s, w)
 
@@ -409,6 +436,9 @@ class _Coordinator:
             chain = self._chain(mode)
             assert chain is not None
             head = chain[0]
+            if head.result is not None:
+                out[mode] = (head.result, head.rows)
+                continue
             assert head.gathered is not None
             g, rows = head.gathered, head.rows
             for s in chain[1:]:

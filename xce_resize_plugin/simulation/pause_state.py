@@ -62,7 +62,7 @@ from xce_resize_plugin.simulation.drivers import RequestCounts
 from xce_resize_plugin.simulation.malleable import SimJob
 from xce_resize_plugin.simulation.simulate import Feeder
 
-__all__ = ["digest"]
+__all__ = ["digest", "signature"]
 
 #: Left out of the controller's state (see the module docstring for each kind).
 _CONTROLLER_LEFT_OUT = frozenset(
@@ -153,6 +153,18 @@ def digest(ctl: EmbeddedController, driver: Observer) -> bytes:
     buf = io.BytesIO()
     _StatePickler(buf, driver).dump((ctl, runtime_of(ctl), driver))
     return hashlib.blake2b(buf.getbuffer(), digest_size=32).digest()
+
+
+def signature(ctl: EmbeddedController) -> tuple[tuple[str, ...], tuple[str, ...], int]:
+    """A cheap necessary condition for equal digests: the jobs running, the jobs
+    waiting, the free slots (all part of what :func:`digest` hashes). Two runs whose
+    signatures differ are not in the same state; equal ones may be, and only then is
+    the digest, which costs in proportion to the whole state, worth making."""
+    return (
+        tuple(sorted(ctl._running)),
+        tuple(sorted(ctl._pending_views)),
+        ctl._cluster.free_total,
+    )
 
 
 def _absent(*_args: object) -> None:

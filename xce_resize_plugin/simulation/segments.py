@@ -42,9 +42,12 @@ from xce_resize_plugin.simulation.simulate import Gathered, RunParts, Workload
 __all__ = ["PROBE_OFFSETS", "Mark", "joined", "probes_after", "take_mark"]
 
 #: Where a new segment is compared with the one it relieves: these many jobs after its
-#: first (then the next job that opens an instant). Denser first: most runs meet within
-#: 3,000 jobs; a run that has not met after 16,384 is left to the old segment.
-PROBE_OFFSETS = (256, 512, 768, 1024, 1536, 2048, 2560, 3072, 4096, 6144, 8192, 12288, 16384)
+#: first (then the next job that opens an instant). Every 512 jobs up to 16,384 (most
+#: runs meet within 2,000 to 7,000 jobs on HPC2N, and a probe costs the two a cheap
+#: signature, and a digest only where the signatures agree or the budget allows,
+#: see .parallel), then every 2,048 up to 65,536, for machines whose state takes
+#: longer to forget (a synthetic machine of 65,536 hosts: 5,000 to 20,000 jobs).
+PROBE_OFFSETS = (256, *range(512, 16_385, 512), *range(18_432, 65_537, 2048))
 
 
 def instant_start(workload: Workload, i: int) -> int:
