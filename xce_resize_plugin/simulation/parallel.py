@@ -71,6 +71,8 @@ MIN_SPLIT = 24_000
 #: The most of its time a new segment spends on digests (what it skips, it still
 #: sends the signature of, and the segment it relieves can meet it at a later probe).
 DIGEST_SHARE = 0.2
+#: Seconds of digests a segment makes before it counts them against its time.
+DIGEST_FREE = 0.25
 
 
 class _Dropped(Exception):
@@ -154,7 +156,7 @@ class _Stepper:
         t = time.perf_counter()
         spent = t - self.began
         found = None
-        if self.digesting <= DIGEST_SHARE * spent:
+        if self.digesting <= max(DIGEST_SHARE * spent, DIGEST_FREE):
             found = digest(ctl, parts.driver)
         self.marks[p] = take_mark(parts)
         self.conn.send(("digest", self.mode, self.seg, p, (signature(ctl), found)))
@@ -191,7 +193,10 @@ class _Stepper:
 
     def _split(self, pos: int, cut: int) -> None:
         probes = probes_after(self.workload, cut, self.offsets)
-        if self.meet or not probes or cut <= pos:
+        # Not while this segment still owes its digests to the one it relieves: met
+        # by a successor first, it would stop before its last probe, and the other
+        # would wait for that probe's digest for ever.
+        if self.meet or self.publish or not probes or cut <= pos:
             self.conn.send(("split-no", self.mode, self.seg, cut))
             return
         self.meet = list(probes)
@@ -349,6 +354,12 @@ class _Coordinator:
         if before is not None and before.state == "running":
             self.conns[before.worker].send(("digest", s.mode, before.seg, msg[3], msg[4]))
 
+    def _publishing(self, s: _Segment) -> bool:
+        """Whether ``s`` may still owe digests to a predecessor still running (it takes
+        no successor then; see _Stepper._split)."""
+        before = self._predecessor(s)
+        return before is not None and before.state == "running" and before.successor == s.seg
+
     def _predecessor(self, s: _Segment) -> _Segment | None:
         return next(
             (p for p in self.segments.values() if p.mode == s.mode and p.successor == s.seg),
@@ -415,7 +426,9 @@ class _Coordinator:
             return
         n = len(self.workload.jobs)
         running = [
-            s for s in self.segments.values() if s.state == "running" and s.successor is None
+            s
+            for s in self.segments.values()
+            if s.state == "running" and s.successor is None and not self._publishing(s)
         ]
         if not running:
             return
