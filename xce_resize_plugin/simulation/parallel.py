@@ -83,6 +83,18 @@ class _Quit(Exception):
     """The coordinator is done: the worker ends, whatever it was running."""
 
 
+#: The most worker processes :func:`run_both` starts by default: each split runs some
+#: thousands of jobs twice, and halves of halves soon leave too little to split.
+MAX_WORKERS = 8
+
+
+def default_workers() -> int:
+    """The cores this process may use (at least two, at most :data:`MAX_WORKERS`)."""
+    affinity = getattr(os, "sched_getaffinity", None)
+    cores = len(affinity(0)) if affinity is not None else (os.cpu_count() or 1)
+    return max(2, min(MAX_WORKERS, cores))
+
+
 def can_split(workload: Workload, options: SimOptions, job_rows: bool) -> bool:
     """Whether runs of this workload may be split in time: not with injected host
     failures (a requeued job's history is read back from the plugin's journal, which a
@@ -475,12 +487,12 @@ def run_both(
     offsets: tuple[int, ...] = PROBE_OFFSETS,
     history: list[tuple[Any, ...]] | None = None,
 ) -> dict[str, RunResult]:
-    """Both runs on ``workers`` processes (default: the cores this process may use, at
-    least two), split in time where :func:`can_split` allows (``min_split``, ``chunk``
-    and ``offsets``: :data:`MIN_SPLIT`, :data:`CHUNK`, :data:`.PROBE_OFFSETS`; tests
-    make them small). ``history``, if given, receives what the coordinator did."""
+    """Both runs on ``workers`` processes (default: :func:`default_workers`), split
+    in time where :func:`can_split` allows (``min_split``, ``chunk`` and ``offsets``:
+    :data:`MIN_SPLIT`, :data:`CHUNK`, :data:`.PROBE_OFFSETS`; tests make them small).
+    ``history``, if given, receives what the coordinator did."""
     if workers is None:
-        workers = max(2, len(os.sched_getaffinity(0)))
+        workers = default_workers()
     began = time.perf_counter()
     ctx = multiprocessing.get_context("fork")
     conns: list[Connection] = []
