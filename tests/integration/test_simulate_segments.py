@@ -28,7 +28,12 @@ from xce_resize_plugin.simulation.simulate import (
     workload_of,
 )
 
-SMALL = {"min_split": 200, "chunk": 40, "offsets": (16, 32, 48, 64, 96, 128, 192, 256)}
+SMALL = {
+    "min_split": 200,
+    "chunk": 40,
+    "offsets": (16, 32, 48, 64, 96, 128, 192, 256),
+    "meeting": 0,  # cut half way through what is left
+}
 
 
 def _same_as_one_process(

@@ -68,6 +68,8 @@ CHUNK = 512
 #: Jobs a segment must have left to be split: the two meet some thousands of jobs
 #: after the cut (.segments), and that much is done twice.
 MIN_SPLIT = 24_000
+#: Jobs after a cut at which segments typically meet (HPC2N: 1,500 to 13,000).
+MEETING = 3000
 #: The most of its time a new segment spends on digests (what it skips, it still
 #: sends the signature of, and the segment it relieves can meet it at a later probe).
 DIGEST_SHARE = 0.2
@@ -300,6 +302,7 @@ class _Coordinator:
     progress: ProgressFn | None
     min_split: int = MIN_SPLIT
     offsets: tuple[int, ...] = PROBE_OFFSETS
+    meeting: int = MEETING
     segments: dict[tuple[Mode, int], _Segment] = attrs.Factory(dict)
     idle: list[int] = attrs.Factory(list)
     #: A split asked for and not yet answered: (run, segment, cut, worker reserved).
@@ -448,8 +451,10 @@ class _Coordinator:
         left = n - s.pos
         if left < self.min_split:
             return
-        cut = instant_start(self.workload, s.pos + left // 2)
-        if cut >= n:
+        # The old segment also runs on past the cut until the two meet: the cut is
+        # that much earlier than half way, so that both end together.
+        cut = instant_start(self.workload, s.pos + max(left - self.meeting, 0) // 2)
+        if not s.pos < cut < n:
             return
         worker = self.idle.pop()
         self.asked = (s.mode, s.seg, cut, worker)
@@ -485,11 +490,13 @@ def run_both(
     min_split: int = MIN_SPLIT,
     chunk: int = CHUNK,
     offsets: tuple[int, ...] = PROBE_OFFSETS,
+    meeting: int = MEETING,
     history: list[tuple[Any, ...]] | None = None,
 ) -> dict[str, RunResult]:
     """Both runs on ``workers`` processes (default: :func:`default_workers`), split
-    in time where :func:`can_split` allows (``min_split``, ``chunk`` and ``offsets``:
-    :data:`MIN_SPLIT`, :data:`CHUNK`, :data:`.PROBE_OFFSETS`; tests make them small).
+    in time where :func:`can_split` allows (``min_split``, ``chunk``, ``offsets`` and
+    ``meeting``: :data:`MIN_SPLIT`, :data:`CHUNK`, :data:`.PROBE_OFFSETS`,
+    :data:`MEETING`; tests make them small).
     ``history``, if given, receives what the coordinator did."""
     if workers is None:
         workers = default_workers()
@@ -516,7 +523,7 @@ def run_both(
     finally:
         gc.unfreeze()
     splitting = can_split(workload, options, job_rows)
-    coordinator = _Coordinator(workload, conns, splitting, progress, min_split, offsets)
+    coordinator = _Coordinator(workload, conns, splitting, progress, min_split, offsets, meeting)
     try:
         coordinator.start()
         _coordinate(coordinator)
