@@ -3,7 +3,7 @@
 ``simulate`` starts one worker process per core (forked: they inherit the read
 workload). The rigid run goes to one, the elastic run to another. A worker that has
 nothing left to do is given the end of the busiest run: the coordinator (this process)
-asks that run's segment to take a successor at a job half way through what it has left,
+asks that run's segment to take a successor at a job about half way through what it has left,
 and the successor runs from there on an empty machine until the two meet
 (:mod:`.segments`). On two cores this puts the second core to work once the shorter
 run is done, instead of leaving it idle while the longer one finishes.

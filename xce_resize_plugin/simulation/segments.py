@@ -11,7 +11,7 @@ the same, event for event. This is the "state matching" of time-parallel simulat
 
 So a *segment* runs the workload from job ``first`` on an empty machine. When a
 process has nothing to do, the coordinator (.parallel) splits the busiest segment: a
-new segment starts at a job ``cut`` half way through what the old one has left. The new
+new segment starts at a job ``cut`` about half way through what the old one has left. The new
 segment pauses at a few *probes* after ``cut`` (the first job of an instant), and sends
 the digest of its state there (.pause_state); the old segment pauses at the same probes
 and compares. At the first probe where the digests are equal it stops: its result up
