@@ -10,18 +10,22 @@ each to have happened somewhere.
 
 from __future__ import annotations
 
+import multiprocessing
+from pathlib import Path
 from typing import Any
 
 import attrs
 import pytest
 
 from tests.integration.test_pause_state import CTC
+from xce_resize_plugin.simulation import parallel
 from xce_resize_plugin.simulation.failures import HostFailures
 from xce_resize_plugin.simulation.lublin import LublinSpec, generate
 from xce_resize_plugin.simulation.parallel import can_split, run_both
 from xce_resize_plugin.simulation.simulate import (
     MODES,
     SimOptions,
+    SimulationError,
     Workload,
     load_workload,
     run_mode,
@@ -75,18 +79,26 @@ def test_splits_meetings_and_misses_all_happen() -> None:
     history = _same_as_one_process(load_workload(CTC, options), options, 3)
     rigid = [e[0] for e in history if e[1] == "rigid" and e[0] != "done"]
     # CTC's queue is not forgotten within 256 jobs of job 500.
-    assert rigid == ["split-ok", "no-meet"], history
+    # (Later splits, if a worker is free again, depend on timing: only this one's is
+    # checked.)
+    assert rigid[:2] == ["split-ok", "no-meet"], history
     options = SimOptions(malleable_fraction=0.3, slots_per_host=4)
     trace = generate(LublinSpec(jobs=1500, procs=128, load=0.7), seed=2)
     history = _same_as_one_process(workload_of(trace, "lublin", options), options, 3)
     rigid = [e[0] for e in history if e[1] == "rigid" and e[0] != "done"]
-    assert rigid == ["split-ok", "met"], history
+    assert rigid[:2] == ["split-ok", "met"], history
 
 
-def test_runs_with_host_failures_or_repeated_ids_are_not_split() -> None:
+HOOKS = Path(__file__).resolve().parents[2] / "hooks"
+
+
+def test_runs_with_policy_files_host_failures_or_repeated_ids_are_not_split() -> None:
     options = SimOptions(malleable_fraction=0.2)
     workload = load_workload(CTC, options)
     assert can_split(workload, options, False)
+    # A site policy may keep state in its module, which no digest sees.
+    policed = attrs.evolve(options, resize={"policy_files": [str(HOOKS / "power_of_two.py")]})
+    assert not can_split(workload, policed, False)
     failing = attrs.evolve(options, host_failures=HostFailures(mtbf_hours=200.0, repair_hours=2.0))
     assert not can_split(workload, failing, False)
     twice = attrs.evolve(workload, jobs=(*workload.jobs, workload.jobs[-1]))
@@ -96,3 +108,26 @@ def test_runs_with_host_failures_or_repeated_ids_are_not_split() -> None:
     assert [e[0] for e in history] == ["done", "done"]  # one segment per run
     for mode in MODES:
         assert split[mode].to_json() == run_mode(workload, failing, mode).to_json()
+
+
+def test_a_failed_run_ends_every_worker_even_one_blocked_on_a_large_result(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The rigid run fails at once; the elastic one then sends its result (per-job
+    rows: more than a pipe holds) to a coordinator that has stopped reading. The
+    coordinator reads and drops it while the workers quit: the call returns with the
+    failure, and no worker is left."""
+    real = parallel.gather_run
+
+    def failing(workload: Workload, options: SimOptions, mode: str, *a: Any, **k: Any) -> Any:
+        if mode == "rigid":
+            raise RuntimeError("the rigid run failed")
+        return real(workload, options, mode, *a, **k)
+
+    monkeypatch.setattr(parallel, "gather_run", failing)  # the forked workers inherit it
+    options = SimOptions(malleable_fraction=0.3, slots_per_host=4)
+    trace = generate(LublinSpec(jobs=6000, procs=128, load=0.7), seed=2)
+    workload = workload_of(trace, "lublin", options)
+    with pytest.raises(SimulationError, match="the rigid run failed"):
+        run_both(workload, options, None, True, 2, chunk=10**9)
+    assert multiprocessing.active_children() == []

@@ -98,12 +98,17 @@ def default_workers() -> int:
 
 
 def can_split(workload: Workload, options: SimOptions, job_rows: bool) -> bool:
-    """Whether runs of this workload may be split in time: not with injected host
-    failures (a requeued job's history is read back from the plugin's journal, which a
-    state digest leaves out), and only if job ids are unique (a digest leaves out the
-    ids of forgotten jobs)."""
+    """Whether runs of this workload may be split in time. Not:
+
+    - with a site's policy files (``[resize] policy_files``): a policy is Python code
+      whose module may keep state of its own (a count, a quota), which no digest can
+      see, so two runs could seem to meet and not;
+    - with injected host failures: a requeued job's history is read back from the
+      plugin's journal, which a digest leaves out;
+    - when job ids repeat: a digest leaves out the ids of forgotten jobs.
+    """
     del job_rows  # per-job rows are joined like the rest
-    if options.host_failures is not None:
+    if options.host_failures is not None or options.resize_config().get("policy_files"):
         return False
     ids = [j.id for j in workload.jobs]
     return len(set(ids)) == len(ids)
@@ -528,13 +533,7 @@ def run_both(
         coordinator.start()
         _coordinate(coordinator)
     finally:
-        for conn in conns:
-            with contextlib.suppress(OSError):
-                conn.send(("quit",))
-        for proc in procs:
-            proc.join()
-        for conn in conns:
-            conn.close()
+        _shut_down(conns, procs)
     if coordinator.errors:
         raise SimulationError("; ".join(coordinator.errors))
     if history is not None:
@@ -546,6 +545,35 @@ def run_both(
             progress(mode, len(workload.jobs), len(workload.jobs))
         results[mode] = attrs.evolve(result, jobs=rows.sorted_rows()) if rows else result
     return results
+
+
+#: Seconds the workers have to end once told to, before they are terminated.
+QUIT_GRACE = 10.0
+
+
+def _shut_down(conns: list[Connection], procs: list[Any]) -> None:
+    """Tell every worker to quit and wait for it, reading (and dropping) what it still
+    sends meanwhile: a worker blocked writing a large result into a full pipe would
+    otherwise never read ``quit``. One still alive after :data:`QUIT_GRACE` seconds is
+    terminated (by its process, which this function started)."""
+    for conn in conns:
+        with contextlib.suppress(OSError):
+            conn.send(("quit",))
+    deadline = time.monotonic() + QUIT_GRACE
+    open_conns = list(conns)
+    while any(p.is_alive() for p in procs) and time.monotonic() < deadline:
+        for ready in wait(open_conns, timeout=0.1):
+            assert isinstance(ready, Connection)
+            try:
+                ready.recv()
+            except (EOFError, OSError):
+                open_conns.remove(ready)
+    for proc in procs:
+        if proc.is_alive():
+            proc.terminate()
+        proc.join()
+    for conn in conns:
+        conn.close()
 
 
 def _coordinate(c: _Coordinator) -> None:
