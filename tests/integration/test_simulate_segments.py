@@ -131,3 +131,10 @@ def test_a_failed_run_ends_every_worker_even_one_blocked_on_a_large_result(
     with pytest.raises(SimulationError, match="the rigid run failed"):
         run_both(workload, options, None, True, 2, chunk=10**9)
     assert multiprocessing.active_children() == []
+
+
+def test_both_runs_need_a_worker_each() -> None:
+    options = SimOptions(malleable_fraction=0.2)
+    with pytest.raises(ValueError, match="a worker per run at least, not 1"):
+        run_both(load_workload(CTC, options), options, None, False, 1)
+    assert multiprocessing.active_children() == []

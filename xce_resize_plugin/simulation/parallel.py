@@ -26,6 +26,7 @@ import gc
 import math
 import multiprocessing
 import os
+import signal
 import tempfile
 import time
 import traceback
@@ -224,6 +225,27 @@ class _Stepper:
 
 
 def _worker(
+    conn: Connection,
+    workload: Workload,
+    options: SimOptions,
+    job_rows: bool,
+    tuning: tuple[int, tuple[int, ...]],
+) -> None:
+    # Terminated by the coordinator (it waited long enough) or interrupted with the
+    # command: end quietly, through the segment's clean-up (its temporary directory).
+    signal.signal(signal.SIGTERM, _end_quietly)
+    signal.signal(signal.SIGINT, _end_quietly)
+    try:
+        _serve(conn, workload, options, job_rows, tuning)
+    except _Quit:
+        return
+
+
+def _end_quietly(signum: int, frame: object) -> None:
+    raise _Quit
+
+
+def _serve(
     conn: Connection,
     workload: Workload,
     options: SimOptions,
@@ -503,8 +525,12 @@ def run_both(
     ``meeting``: :data:`MIN_SPLIT`, :data:`CHUNK`, :data:`.PROBE_OFFSETS`,
     :data:`MEETING`; tests make them small).
     ``history``, if given, receives what the coordinator did."""
+    splitting = can_split(workload, options, job_rows)
     if workers is None:
-        workers = default_workers()
+        # Without splits, a worker per run is all there is to do.
+        workers = default_workers() if splitting else len(MODES)
+    if workers < len(MODES):
+        raise ValueError(f"run_both needs a worker per run at least, not {workers}")
     began = time.perf_counter()
     ctx = multiprocessing.get_context("fork")
     conns: list[Connection] = []
@@ -527,7 +553,6 @@ def run_both(
             procs.append(proc)
     finally:
         gc.unfreeze()
-    splitting = can_split(workload, options, job_rows)
     coordinator = _Coordinator(workload, conns, splitting, progress, min_split, offsets, meeting)
     try:
         coordinator.start()
@@ -566,7 +591,7 @@ def _shut_down(conns: list[Connection], procs: list[Any]) -> None:
             assert isinstance(ready, Connection)
             try:
                 ready.recv()
-            except (EOFError, OSError):
+            except Exception:  # ended, or sent something unreadable: done with it
                 open_conns.remove(ready)
     for proc in procs:
         if proc.is_alive():
