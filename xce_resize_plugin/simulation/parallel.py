@@ -231,10 +231,11 @@ def _worker(
     job_rows: bool,
     tuning: tuple[int, tuple[int, ...]],
 ) -> None:
-    # Terminated by the coordinator (it waited long enough) or interrupted with the
-    # command: end quietly, through the segment's clean-up (its temporary directory).
+    # Ctrl-C is the coordinator's to handle (it tells the workers to quit); terminated
+    # by it (it waited long enough), a worker ends quietly, through the segment's
+    # clean-up (its temporary directory).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _end_quietly)
-    signal.signal(signal.SIGINT, _end_quietly)
     try:
         _serve(conn, workload, options, job_rows, tuning)
     except _Quit:
