@@ -183,9 +183,12 @@ class _Stepper:
         self.digesting += time.perf_counter() - t
 
     def _met(self, ctl: EmbeddedController, parts: RunParts, p: int) -> bool:
-        # The successor publishes every probe in order, and it is ahead: wait for it.
+        # The successor publishes every probe in order, and it is ahead: wait for it
+        # (with the probe back in the list meanwhile, so that no split is taken).
+        self.meet.insert(0, p)
         while p not in self.theirs:
             self._poll(p, block=True)
+        self.meet.pop(0)
         theirs, found = self.theirs[p]
         if found is None or signature(ctl) != theirs or digest(ctl, parts.driver) != found:
             return False

@@ -88,7 +88,9 @@ class Mark:
     #: The maxima since the mark before (then restarted): usage peak, last end, ledger.
     peaks: tuple[int, float, int]
     counters: tuple[int, ...]
-    problems: tuple[int, ...]
+    #: Each check's problems listed since the mark before (the lists then restart, so
+    #: that what comes after has the room one process would have given it).
+    problems: tuple[tuple[str, ...], ...]
     counts: tuple[int, ...]
     requests: int
     refused: Mapping[str, int]
@@ -128,7 +130,7 @@ def take_mark(parts: RunParts) -> Mark:
         usage_u=usage._u,
         peaks=(usage.peak, stats.makespan, ledger.peak if ledger is not None else 0),
         counters=_counters(stats, parts),
-        problems=tuple(len(c.problems) for c in checks),
+        problems=tuple(tuple(c.problems) for c in checks),
         counts=tuple(c.count for c in checks),
         requests=parts.driver.requests,
         refused=parts.driver.refused,
@@ -143,6 +145,8 @@ def take_mark(parts: RunParts) -> Mark:
         ledger.peak = ledger.total
     if parts.tally is not None:
         parts.tally.restart()
+    for check in checks:
+        check.problems = []
     return mark
 
 
@@ -161,7 +165,7 @@ def joined(
     m = marks[at]
     _join_stats(head.stats, tail.stats, m, [marks[p] for p in later])
     if head.checks is not None and tail.checks is not None:
-        _join_checks(head.checks.all, tail.checks.all, m)
+        _join_checks(head.checks.all, tail.checks.all, m, [marks[p] for p in later])
         _join_counters(head, tail, m)
         ledger_after = max([marks[p].peaks[2] for p in later] + [tail.checks.ledger.peak])
         head.checks.ledger.peak = max(head.checks.ledger.peak, ledger_after)
@@ -223,11 +227,15 @@ def _join_usage(head: UsageTrack, tail: UsageTrack, m: Mark, later: Sequence[Mar
     head.peak = max([head.peak, tail.peak, *(k.peaks[0] for k in later)])
 
 
-def _join_checks(head: Sequence[Check], tail: Sequence[Check], m: Mark) -> None:
-    for mine, theirs, kept, counted in zip(head, tail, m.problems, m.counts, strict=True):
-        room = MAX_PROBLEMS - len(mine.problems)
-        mine.problems.extend(theirs.problems[kept:][:room])
-        mine.count += theirs.count - counted
+def _join_checks(
+    head: Sequence[Check], tail: Sequence[Check], m: Mark, later: Sequence[Mark]
+) -> None:
+    """The problems listed after the mark appended while there is room (as one process
+    lists them), and the counts summed."""
+    for i, (mine, theirs) in enumerate(zip(head, tail, strict=True)):
+        after = [p for k in later for p in k.problems[i]] + theirs.problems
+        mine.problems.extend(after[: MAX_PROBLEMS - len(mine.problems)])
+        mine.count += theirs.count - m.counts[i]
 
 
 def _join_counters(head: Gathered, tail: Gathered, m: Mark) -> None:
