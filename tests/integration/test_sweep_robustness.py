@@ -64,6 +64,9 @@ def _group(pgid: int) -> dict[int, tuple[int, str]]:
 
 def _start_sweep(config: Path, cache: Path, stderr: Path | None = None) -> subprocess.Popen[bytes]:
     argv = [sys.executable, "-m", "xce_resize_plugin.cli.main", "sweep", str(config)]
+    # Its runs' temporary directories under the test's own (a killed run leaves its).
+    scratch = cache.parent / "tmp"
+    scratch.mkdir(exist_ok=True)
     with contextlib.ExitStack() as files:
         err = subprocess.DEVNULL if stderr is None else files.enter_context(stderr.open("wb"))
         return subprocess.Popen(
@@ -73,6 +76,7 @@ def _start_sweep(config: Path, cache: Path, stderr: Path | None = None) -> subpr
             start_new_session=True,  # its own group: the test finds and ends all of it
             # A terminal's Ctrl-C, not the SIG_IGN a background job may inherit.
             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+            env={**os.environ, "TMPDIR": str(scratch)},
         )
 
 
@@ -112,6 +116,9 @@ def test_the_workers_end_with_a_sweep_killed_mid_run(tmp_path: Path, how: int) -
         proc.wait()
     assert not list((tmp_path / "cache").glob("*.json"))  # no run had finished
     if how != signal.SIGKILL:
+        # The killed runs' temporary directories (their journals) went with the sweep's
+        # scratch directory; a SIGKILL leaves it, as it leaves anything.
+        assert list((tmp_path / "tmp").iterdir()) == []
         # One line, and nothing from the pool's thread or the resource tracker (a
         # traceback of a cancelled run failed, semaphores leaked by a SIGTERM).
         said = errors.read_text(encoding="utf-8", errors="replace")

@@ -47,6 +47,8 @@ import importlib
 import json
 import multiprocessing
 import os
+import shutil
+import tempfile
 import threading
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -281,8 +283,11 @@ def _serial(runs: Sequence[Run]) -> Iterator[tuple[str, RunResultDoc]]:
         yield run.key, result
 
 
-def _exit_with_parent(lifeline: Connection) -> None:
-    """A worker's initializer: end the worker when ``lifeline``'s other end closes."""
+def _exit_with_parent(lifeline: Connection, scratch: str) -> None:
+    """A worker's initializer: end the worker when ``lifeline``'s other end closes, and
+    make its runs' temporary directories under ``scratch``, which the sweep removes
+    (a worker so ended runs no clean-up of its own)."""
+    tempfile.tempdir = scratch
 
     def watch() -> None:
         with contextlib.suppress(EOFError, OSError):
@@ -301,13 +306,14 @@ def _local(workers: int) -> Runner:
         # cleanup runs), or gives up (Ctrl-C, a failed run). Else each worker finishes
         # a run nobody reads, and then waits for work forever.
         lifeline, keep_alive = ctx.Pipe(duplex=False)
+        scratch = tempfile.mkdtemp(prefix="xce-sweep-")
         done = False
         try:
             with cf.ProcessPoolExecutor(
                 max_workers=min(workers, len(runs)),
                 mp_context=ctx,
                 initializer=_exit_with_parent,
-                initargs=(lifeline,),
+                initargs=(lifeline, scratch),
             ) as pool:
                 futures = {
                     pool.submit(run_one, run.cell.workload.source, run.options, run.mode): run
@@ -328,6 +334,8 @@ def _local(workers: int) -> Runner:
         finally:
             keep_alive.close()
             lifeline.close()
+            # The pool has waited for its workers: nothing writes there any more.
+            shutil.rmtree(scratch, ignore_errors=True)
 
     return make
 
