@@ -189,7 +189,8 @@ class _StatePickler(pickle.Pickler):
             # a module, this module's _absent among them, are pickled by name.)
             code = obj.__code__
             cells = tuple(c.cell_contents for c in obj.__closure__ or ())
-            return (_absent, (code.co_filename, obj.__qualname__, code.co_code), cells)
+            name = (code.co_filename, obj.__qualname__, code.co_code, code.co_consts)
+            return (_absent, name, (cells, obj.__defaults__, obj.__kwdefaults__))
         if kind is SimJob:
             # The workload's jobs are the same objects in both runs (read once, forked).
             return (_absent, ("job", obj.id))
