@@ -138,3 +138,22 @@ def test_both_runs_need_a_worker_each() -> None:
     with pytest.raises(ValueError, match="a worker per run at least, not 1"):
         run_both(load_workload(CTC, options), options, None, False, 1)
     assert multiprocessing.active_children() == []
+
+
+def test_progress_goes_forward_to_the_end_of_each_run() -> None:
+    options = SimOptions(malleable_fraction=0.3, slots_per_host=4)
+    trace = generate(LublinSpec(jobs=1500, procs=128, load=0.7), seed=2)
+    workload = workload_of(trace, "lublin", options)
+    seen: dict[str, list[int]] = {mode: [] for mode in MODES}
+
+    def progress(mode: str, done: int, total: int) -> None:
+        assert total == len(workload.jobs)
+        seen[mode].append(done)
+
+    history: list[tuple[Any, ...]] = []
+    run_both(workload, options, progress, False, 3, history=history, **SMALL)
+    assert any(e[0] == "split-ok" for e in history)
+    for mode, values in seen.items():
+        assert values == sorted(values), mode
+        assert values[-1] == len(workload.jobs) and values[:-1], mode
+        assert all(v < len(workload.jobs) for v in values[:-1]), mode

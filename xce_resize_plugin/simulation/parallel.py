@@ -339,6 +339,8 @@ class _Coordinator:
     #: A split asked for and not yet answered: (run, segment, cut, worker reserved).
     asked: tuple[Mode, int, int, int] | None = None
     errors: list[str] = attrs.Factory(list)
+    #: The progress last shown, per run.
+    shown: dict[str, int] = attrs.Factory(dict)
     #: What happened, in order, each with the ``time.monotonic()`` it was heard:
     #: ("split-ok", run, segment, cut), ("met", run, segment, probe), ("no-meet", run,
     #: segment), ("done", run, segment, the job where it stopped or None).
@@ -384,15 +386,22 @@ class _Coordinator:
     def _on_progress(self, s: _Segment, w: int, msg: tuple[Any, ...]) -> None:
         s.pos = msg[3]
         if self.progress is not None:
-            self.progress(s.mode, self._covered(s.mode), len(self.workload.jobs))
+            # Never backwards (a dropped successor's jobs are the old segment's to do).
+            done = max(self.shown.get(s.mode, 0), self._covered(s.mode))
+            self.shown[s.mode] = done
+            self.progress(s.mode, done, len(self.workload.jobs))
 
     def _covered(self, mode: Mode) -> int:
-        """Jobs submitted in the run so far, counted once (an estimate while split)."""
+        """Jobs submitted in the run so far along its chain of segments, each counted
+        once: a segment's up to where its successor started, the last one's all."""
         n = len(self.workload.jobs)
         done = 0
-        for s in self.segments.values():
-            if s.mode == mode and s.state != "dropped":
-                done += s.pos - s.first
+        s = self.segments.get((mode, 0))
+        while s is not None:
+            after = self.segments.get((mode, s.successor)) if s.successor is not None else None
+            upto = s.pos if after is None else min(s.pos, after.first)
+            done += max(0, upto - s.first)
+            s = after
         return min(n - 1, done)
 
     def _on_digest(self, s: _Segment, w: int, msg: tuple[Any, ...]) -> None:
