@@ -11,9 +11,6 @@ def _mark(problems: list[str], count: int) -> Mark:
     return Mark(
         waits=0,
         usage_steps=0,
-        usage_area=0.0,
-        usage_t=0.0,
-        usage_u=0,
         peaks=(0, 0.0, 0),
         counters=(),
         problems=(tuple(problems),),

@@ -515,6 +515,7 @@ class _Coordinator:
                 assert s.gathered is not None and g.stopped is not None
                 g = joined(g, s.gathered, s.marks, g.stopped, (rows, s.rows))
             if len(chain) > 1:
+                # A split run took, in wall time, as long as the simulation.
                 g = attrs.evolve(g, seconds=seconds)
             out[mode] = (result_of(g), rows)
         return out

@@ -82,9 +82,6 @@ class Mark:
 
     waits: int
     usage_steps: int
-    usage_area: float
-    usage_t: float
-    usage_u: int
     #: The maxima since the mark before (then restarted): usage peak, last end, ledger.
     peaks: tuple[int, float, int]
     counters: tuple[int, ...]
@@ -125,9 +122,6 @@ def take_mark(parts: RunParts) -> Mark:
     mark = Mark(
         waits=len(stats.waits),
         usage_steps=len(usage.times),
-        usage_area=usage.area,
-        usage_t=usage._t,
-        usage_u=usage._u,
         peaks=(usage.peak, stats.makespan, ledger.peak if ledger is not None else 0),
         counters=_counters(stats, parts),
         problems=tuple(tuple(c.problems) for c in checks),
@@ -186,7 +180,6 @@ def joined(
         warnings=warnings,
         rejections=tail.rejections,
         invariants=tail.invariants,
-        seconds=head.seconds + tail.seconds,
         stopped=tail.stopped,
     )
 
