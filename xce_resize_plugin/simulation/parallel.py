@@ -82,8 +82,9 @@ class _Dropped(Exception):
     """The coordinator dropped this segment (the one it was to relieve went on alone)."""
 
 
-class _Quit(Exception):
-    """The coordinator is done: the worker ends, whatever it was running."""
+class _Quit(BaseException):
+    """The coordinator is done: the worker ends, whatever it was running (not an
+    ``Exception``: a run's failure is reported, this is not)."""
 
 
 #: The most worker processes :func:`run_both` starts by default: each split runs some
@@ -239,45 +240,31 @@ def _worker(
     # clean-up (its temporary directory).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _end_quietly)
-    try:
-        _serve(conn, workload, options, job_rows, tuning)
-    except _Quit:
-        return
+    with contextlib.suppress(_Quit):
+        while True:
+            try:
+                msg = conn.recv()
+            except EOFError:
+                return
+            if msg[0] == "quit":
+                return
+            if msg[0] != "run":
+                continue  # late news for a segment that is over
+            _, mode, seg, first, publish = msg
+            try:
+                stepper = _Stepper(conn, workload, mode, seg, first, list(publish), *tuning)
+                done = _run_segment(workload, options, job_rows, stepper)
+            except _Dropped:
+                conn.send(("dropped", mode, seg))
+            except Exception as exc:
+                text = f"{type(exc).__name__}: {exc}"
+                conn.send(("error", mode, seg, text, traceback.format_exc()))
+            else:
+                conn.send(("done", mode, seg, *done))
 
 
 def _end_quietly(signum: int, frame: object) -> None:
     raise _Quit
-
-
-def _serve(
-    conn: Connection,
-    workload: Workload,
-    options: SimOptions,
-    job_rows: bool,
-    tuning: tuple[int, tuple[int, ...]],
-) -> None:
-    while True:
-        try:
-            msg = conn.recv()
-        except EOFError:
-            return
-        if msg[0] == "quit":
-            return
-        if msg[0] != "run":
-            continue  # late news for a segment that is over
-        _, mode, seg, first, publish = msg
-        try:
-            stepper = _Stepper(conn, workload, mode, seg, first, list(publish), *tuning)
-            done = _run_segment(workload, options, job_rows, stepper)
-        except _Dropped:
-            conn.send(("dropped", mode, seg))
-        except _Quit:
-            return
-        except Exception as exc:
-            text = f"{type(exc).__name__}: {exc}"
-            conn.send(("error", mode, seg, text, traceback.format_exc()))
-        else:
-            conn.send(("done", mode, seg, *done))
 
 
 def _run_segment(
