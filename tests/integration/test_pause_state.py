@@ -23,6 +23,7 @@ from xce_resize_plugin.controllers.sim import EmbeddedController
 from xce_resize_plugin.simulation.jobs_csv import JobRows
 from xce_resize_plugin.simulation.lublin import LublinSpec, generate
 from xce_resize_plugin.simulation.pause_state import digest
+from xce_resize_plugin.simulation.segments import instant_start
 from xce_resize_plugin.simulation.simulate import (
     Mode,
     RunParts,
@@ -36,14 +37,6 @@ from xce_resize_plugin.simulation.simulate import (
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 CTC = DATA / "CTC-SP2-1996-3.1-cln-first1000.swf.gz"
-
-
-def _instant_start(workload: Workload, i: int) -> int:
-    """The first job index at or after ``i`` that opens an instant of its own."""
-    jobs = workload.jobs
-    while 0 < i < len(jobs) and jobs[i].submit == jobs[i - 1].submit:
-        i += 1
-    return i
 
 
 def _probes(workload: Workload, cut: int, step: int) -> list[int]:
@@ -107,7 +100,7 @@ def test_a_paused_run_is_the_run_made_whole(tmp_path: Path) -> None:
 def test_the_run_of_the_end_reaches_the_run_from_the_start(tmp_path: Path) -> None:
     options = SimOptions(malleable_fraction=0.2)
     workload = load_workload(CTC, options)
-    cut = _instant_start(workload, 300)
+    cut = instant_start(workload, 300)
     probes, whole, tail, rows_whole, rows_tail = _both(
         workload, options, "elastic", cut, 10, tmp_path
     )
@@ -136,7 +129,7 @@ def _cases(draw: st.DrawFn) -> tuple[Workload, SimOptions, Mode, int]:
     )
     trace = generate(LublinSpec(jobs=jobs, procs=procs, load=load), seed=seed)
     workload = workload_of(trace, "lublin", options)
-    cut = _instant_start(workload, draw(st.integers(1, len(workload.jobs) // 2)))
+    cut = instant_start(workload, draw(st.integers(1, len(workload.jobs) // 2)))
     mode: Mode = draw(st.sampled_from(["rigid", "elastic"]))
     return workload, options, mode, cut
 
