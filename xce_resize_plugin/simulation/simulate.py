@@ -545,21 +545,10 @@ def run_mode(
             )
     if record is not None:
         with open(record, "w", encoding="utf-8") as out:
-            return _run_mode(workload, options, mode, progress, state_dir, observers, out)
-    return _run_mode(workload, options, mode, progress, state_dir, observers, None)
-
-
-def _run_mode(
-    workload: Workload,
-    options: SimOptions,
-    mode: Mode,
-    progress: ProgressFn | None,
-    state_dir: Path,
-    observers: Sequence[Any],
-    record: IO[str] | None,
-) -> RunResult:
-    gathered = gather_run(workload, options, mode, state_dir, progress, observers, record)
-    return result_of(gathered)
+            return result_of(
+                gather_run(workload, options, mode, state_dir, progress, observers, out)
+            )
+    return result_of(gather_run(workload, options, mode, state_dir, progress, observers))
 
 
 #: Drives a prepared run instead of running it whole (.segments): called with the
