@@ -20,6 +20,10 @@ never a wrong result. What it leaves out or rewrites, and why each is safe:
   values differ between the runs by how much each has done; only their comparisons
   with copies kept in caches matter, so the copies are written relative to the
   counter, and the timeline as its entries in order.
+- **How the pending queue is laid out**: its holes and per-block bounds depend on what
+  it held before and only let a pass skip steps (the starts are the same whatever
+  they are, :mod:`~xce_resize_plugin.controllers.pending_queue`): the queued jobs in
+  order, with their keys, are its state.
 - **What is dead at a pause**: the scheduler's last-pass signature (it holds the
   instant's time, and every later instant has a later one), the clock itself (the next
   instant sets it), the settle bookkeeping (``_changes``, ``_instant``, ``_round``).
@@ -52,6 +56,7 @@ import pluggy
 
 from xce_resize_plugin.controllers.cluster import Cluster
 from xce_resize_plugin.controllers.observer import Observer
+from xce_resize_plugin.controllers.pending_queue import PendingQueue
 from xce_resize_plugin.controllers.sim import EmbeddedController
 from xce_resize_plugin.controllers.sim.events import Timeline
 from xce_resize_plugin.host import HostHooks
@@ -251,6 +256,12 @@ def _feeder(feeder: Feeder) -> dict[str, Any]:
     return state
 
 
+def _pending_queue(queue: PendingQueue[Any]) -> list[tuple[Any, Any]]:
+    # Its holes and block bounds only save a pass steps (the starts are the same
+    # whatever they are, see its module): the queued jobs in order, with their keys.
+    return [(k, j) for k, j in zip(queue._keys, queue._jobs, strict=True) if j is not None]
+
+
 def _timeline(timeline: Timeline) -> list[tuple[float, Any]]:
     # Ties run in insertion order: the entries in order, without their numbers.
     return [(t, fn) for t, _, fn in sorted(timeline._heap, key=lambda e: (e[0], e[1]))]
@@ -262,4 +273,5 @@ _CANONICAL: dict[type, Callable[[Any], Any]] = {
     Runtime: _runtime,
     Timeline: _timeline,
     Feeder: _feeder,
+    PendingQueue: _pending_queue,
 }
