@@ -458,9 +458,8 @@ def _fits_past_shadow(
     placed = state.avail.place(job.min_tasks, job.max_tasks, job.ptile, r)
     if placed is None:
         return None
-    trial = at_shadow.draft()
-    trial.take(placed)  # never short: a host has at least as many free then as now
-    if trial.capacity(ptile) < need:
+    # Never short: a host has at least as many free slots at the shadow time as now.
+    if at_shadow.capacity_after(placed, ptile) < need:
         return None
     at_shadow.take(placed)
     return placed

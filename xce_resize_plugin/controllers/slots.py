@@ -185,6 +185,21 @@ class FreeSlots:
             return self.total
         return sum(hosts * (c if c < ptile else ptile) for c, hosts in self._hist.items())
 
+    def capacity_after(self, placement: Iterable[tuple[str, int]], ptile: int | None) -> int:
+        """:meth:`capacity` once ``placement`` (each host once, as :meth:`place` makes
+        it; it must fit) is taken, without taking it: each host's part of the sum is
+        its free slots up to ``ptile``, so only the placement's hosts change it. A
+        backfill tried against a reservation with ``ptile`` costs the job's hosts, not
+        a copy of every host's free slots."""
+        if ptile is None:
+            return self.total - sum(n for _, n in placement)
+        pos, free = self._pos, self._free
+        lost = 0
+        for host, n in placement:
+            f = free[pos[host]]
+            lost += (f if f < ptile else ptile) - (f - n if f - n < ptile else ptile)
+        return self.capacity(ptile) - lost
+
     def open_hosts(self) -> Iterator[tuple[str, int]]:
         """``(host, free)`` of the hosts with free slots, in host order; lazy."""
         names, free = self._names, self._free

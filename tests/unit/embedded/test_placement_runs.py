@@ -612,3 +612,28 @@ def test_names_whose_kinds_ran_out_are_read_one_by_one() -> None:
     hosts = plain["hosts"] if isinstance(plain, dict) else None
     assert hosts is not None and hosts[:2] == [["k0-", 0, 200, 3], ["k1-", 0, 200, 3]]
     assert hosts[2:] == list(names[400:])
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    _blocks(0),
+    st.lists(st.tuples(st.integers(1, 600), st.one_of(st.none(), st.integers(1, 3))), max_size=6),
+    st.one_of(st.none(), st.integers(1, 4)),
+)
+def test_capacity_after_a_placement_is_that_of_the_slots_with_it_taken(
+    initial: list[int], wants: list[tuple[int, int | None]], ptile: int | None
+) -> None:
+    """What a backfill against a head with ``ptile`` asks (the scheduler's
+    ``_fits_past_shadow``): the capacity once a placement is taken, read from the
+    placement's hosts alone, is the capacity of a draft that took it."""
+    names = [f"h{i:03d}" for i in range(len(initial))]
+    free = FreeSlots(names, initial)
+    for want, job_ptile in wants:
+        placed = free.place(1, want, job_ptile)
+        if placed is None:
+            continue
+        trial = free.draft()
+        trial.take(placed)
+        assert free.capacity_after(placed, ptile) == trial.capacity(ptile)
+        assert free.capacity_after(placed.pairs(), ptile) == trial.capacity(ptile)
+        free.take(placed)
