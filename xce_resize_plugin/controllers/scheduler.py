@@ -469,6 +469,8 @@ def _excess(state: _Pass, at_shadow: FreeSlots, ptile: int | None) -> dict[str, 
     """Per host, the slots at the shadow time beyond the head's ``ptile`` and the
     host's free slots after the pass (hosts without such slots left out)."""
     p = ptile or 0
+    if at_shadow.most_free() <= p:
+        return {}  # read from the classes: on hosts of ptile slots or fewer, none has
     avail = state.avail
     return {h: (n - p, avail.free(h)) for h, n in at_shadow.open_hosts() if n > p}
 

@@ -185,6 +185,10 @@ class FreeSlots:
             return self.total
         return sum(hosts * (c if c < ptile else ptile) for c, hosts in self._hist.items())
 
+    def most_free(self) -> int:
+        """The most free slots any host has (0 when none has any), from the classes."""
+        return max(self._hist, default=0)
+
     def capacity_after(self, placement: Iterable[tuple[str, int]], ptile: int | None) -> int:
         """:meth:`capacity` once ``placement`` (each host once, as :meth:`place` makes
         it; it must fit) is taken, without taking it: each host's part of the sum is

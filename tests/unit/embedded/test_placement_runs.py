@@ -625,7 +625,8 @@ def test_capacity_after_a_placement_is_that_of_the_slots_with_it_taken(
 ) -> None:
     """What a backfill against a head with ``ptile`` asks (the scheduler's
     ``_fits_past_shadow``): the capacity once a placement is taken, read from the
-    placement's hosts alone, is the capacity of a draft that took it."""
+    placement's hosts alone, is the capacity of a draft that took it; and the most
+    free slots of any host (``_excess``), read from the classes, is that of the hosts."""
     names = [f"h{i:03d}" for i in range(len(initial))]
     free = FreeSlots(names, initial)
     for want, job_ptile in wants:
@@ -637,3 +638,4 @@ def test_capacity_after_a_placement_is_that_of_the_slots_with_it_taken(
         assert free.capacity_after(placed, ptile) == trial.capacity(ptile)
         assert free.capacity_after(placed.pairs(), ptile) == trial.capacity(ptile)
         free.take(placed)
+        assert free.most_free() == max(free.as_dict().values(), default=0)
