@@ -29,7 +29,12 @@ the hosts' free slots, each counted up to p, add up to its ``min_tasks`` (a sum 
 the classes). For a head with ``ptile`` the reservation keeps the free slots per host
 at the shadow time: a job running past the shadow time is backfilled only if, placed
 as it would be now, the head still fits then; extra slots are the slots beyond what the
-head can use, so hosts matter there and only there.
+head can use, so hosts matter there and only there. What that costs: the shadow time is
+still found on the classes; the pass copies the per-host counts once (a block copy),
+a backfill tried against the head reads only the job's hosts
+(:meth:`~.slots.FreeSlots.capacity_after`), and the slots beyond the head's ``ptile``
+per host (``Reservation.excess``, for grows) are listed host by host only when some
+host has more than ``ptile`` free slots then (the classes tell).
 
 Simplifications, stated here because comparisons depend on them:
 
