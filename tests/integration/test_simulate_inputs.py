@@ -136,6 +136,20 @@ def test_a_bad_option_value_names_the_option(
     assert line.startswith(f"xce-resize: Configuration error: {option}: {message}"), line
 
 
+@pytest.mark.usefixtures("no_runs")
+@pytest.mark.parametrize("workload", [[KTH], ["--synthetic", "lublin:jobs=3,procs=8"]])
+@pytest.mark.parametrize("limit", ["0", "000"])
+def test_a_limit_below_1_names_the_option(
+    workload: list[str | Path], limit: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--limit 0`` said "the trace has no job to simulate", naming neither the option
+    nor its value (-1 is argparse's: tests/unit/test_decimal_text.py)."""
+    out = tmp_path / "out.json"
+    line = refused(capsys, "simulate", *workload, "--limit", limit, "--json", out, "-q")
+    assert line == "xce-resize: Usage error: --limit must be at least 1, not 0"
+    assert list(tmp_path.iterdir()) == []  # nothing written, not even tried
+
+
 @linux_proc
 @pytest.mark.usefixtures("no_runs")
 @pytest.mark.parametrize(
@@ -252,7 +266,8 @@ def test_replay_refuses_the_options_it_would_ignore(
         ("grow_cooldown = -1", "[simulate] grow_cooldown: grow_cooldown must be"),
         ("max_factor = inf", "[simulate] max_factor: max factor must be"),
         # Checked although --limit 20 overrides it.
-        ("limit = -1", "[simulate] limit: limit must be a non-negative integer"),
+        ("limit = -1", "[simulate] limit: limit must be a positive integer"),
+        ("limit = 0", "[simulate] limit: limit must be a positive integer, not 0"),
         # As --seed reads it: a seed of the file can be given on the command line.
         ("seed = 99999999999999999999", "[simulate] seed: seed must have at most 19 digits"),
         ("[resize]\nbogus = 1", "[resize]: unknown key 'bogus'"),

@@ -3,9 +3,14 @@ Dask, and the configuration errors."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import time
 import tomllib
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from attrs import evolve
@@ -14,6 +19,7 @@ from xce_resize_plugin.cli.main import main
 from xce_resize_plugin.controllers.sim.speedup import parse_speedup
 from xce_resize_plugin.errors import ConfigError
 from xce_resize_plugin.simulation import sweep as sweep_mod
+from xce_resize_plugin.simulation import sweep_config as sweep_config_mod
 from xce_resize_plugin.simulation.comparison import simulate
 from xce_resize_plugin.simulation.failures import parse as parse_host_failures
 from xce_resize_plugin.simulation.simulate import Mode, SimOptions, SimulationError
@@ -189,6 +195,83 @@ def test_dask_cluster_gives_the_numbers_of_local_workers(tmp_path: Path) -> None
     assert [r for _, r in on_dask.cells] == [r for _, r in local.cells]
 
 
+def _new_children(psutil: Any, before: set[int]) -> set[int]:
+    """This process's live descendants not in ``before``, but multiprocessing's
+    resource tracker: spawned worker processes start it, and it serves this whole
+    process (it ends with it)."""
+    found = set()
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if child.status() == psutil.STATUS_ZOMBIE:
+                continue
+            if "multiprocessing.resource_tracker" in " ".join(child.cmdline()):
+                continue
+        except psutil.NoSuchProcess:
+            continue
+        found.add(child.pid)
+    return found - before
+
+
+@pytest.fixture
+def process_cluster() -> Iterator[str]:
+    """The address of a Dask cluster of two worker processes, which import the package
+    and unpickle the runs as workers on other machines do; closed after the test, and
+    then none of the processes it started is left (checked, and killed, by PID)."""
+    distributed = pytest.importorskip("distributed")
+    import psutil  # a requirement of distributed
+
+    before = {c.pid for c in psutil.Process().children(recursive=True)}
+    cluster = distributed.LocalCluster(
+        n_workers=2, processes=True, threads_per_worker=1, dashboard_address=None
+    )
+    started: set[int] = set()
+    try:
+        started = _new_children(psutil, before)
+        with distributed.Client(cluster, set_as_default=False) as client:
+            workers = set(client.run(os.getpid).values())
+        # The runs are made in two processes of their own, ones this cluster started.
+        assert len(workers) == 2 and workers <= started, (workers, started)
+        yield cluster.scheduler_address
+    finally:
+        cluster.close()
+        deadline = time.monotonic() + 10.0
+        while (left := _new_children(psutil, before)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        for pid in left:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                psutil.Process(pid).kill()
+        assert not left, f"processes left by the Dask cluster: {sorted(left)}"
+
+
+def test_a_dask_cluster_of_worker_processes_gives_the_numbers_of_a_local_run(
+    tmp_path: Path, process_cluster: str
+) -> None:
+    """The other Dask test runs its workers as threads of this process: here each run
+    is pickled to a worker process that imports the package itself."""
+    config = load_sweep(
+        _config(
+            tmp_path,
+            f"""
+[sweep]
+workloads = ["{KTH}", "lublin:jobs=60,procs=32,load=0.8"]
+malleable_fractions = [0.0, 0.5]
+seeds = [0, 1]
+
+[simulate]
+limit = 60
+""",
+        )
+    )
+    on_dask = run_sweep(config, dask=process_cluster)
+    local = run_sweep(config, workers=1)
+    # Per trace one rigid run, one elastic at 0, one per seed at 0.5; the synthetic
+    # workload's seed changes its jobs: its rigid and elastic runs are per seed.
+    assert on_dask.ran == local.ran == 10
+    assert on_dask.cells == local.cells
+    assert json.dumps(sweep_json(on_dask)) == json.dumps(sweep_json(local))
+    assert sum(r["elastic"]["resizes"] for _, r in on_dask.cells) > 0
+
+
 def test_cli_table_json_plot_and_cache(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     config = _config(
         tmp_path,
@@ -234,6 +317,10 @@ GRID = "[sweep]\nworkloads = ['{kth}']\nmalleable_fractions = [0.2]\n"
         (GRID + "[simulate]\nseed = 3\n", "[simulate] seed is set by the grid"),
         (GRID + "[simulate]\nlimt = 3\n", "[simulate] unknown key 'limt'"),
         (GRID + "[simulate]\nslots_per_host = 0\n", "slots per host must be a positive integer"),
+        (
+            GRID.replace("{kth}", "lublin:jobs=3,procs=8") + "[simulate]\nlimit = 0\n",
+            "[simulate] limit: limit must be a positive integer, not 0",
+        ),
         ("[sweep\n", "not valid TOML"),
     ],
 )
@@ -261,16 +348,69 @@ def test_a_sweep_file_that_is_not_utf8_is_one_line_exit_2(
     assert err.count("\n") == 1 and f"{config}: not UTF-8 text" in err, err
 
 
-def test_a_load_a_cell_cannot_have_stops_the_sweep_in_one_line(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+def test_a_load_error_only_a_cell_meets_stops_the_sweep_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Found only when the cell generates its workload: the line names the cell and
-    says what is wrong once (not the error's class, then its kind, then the text)."""
+    """Should a cell's generation still refuse its load (the check of the file is
+    skipped here), the line names the cell and says what is wrong once (not the
+    error's class, then its kind, then the text)."""
+    monkeypatch.setattr(sweep_config_mod, "check_load", lambda spec, seed: None)
     config = _config(tmp_path, GRID.replace("{kth}", "lublin:jobs=50,procs=64,load=1e300"))
     assert main(["sweep", str(config), "--no-cache", "--workers", "1", "-q"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "load=1e+300 cannot be reached" in err, err
+    assert err.startswith("xce-resize: Simulation failed: cell lublin:jobs=50"), err
     assert "ConfigError" not in err and err.count("Configuration error") == 1, err
+
+
+@pytest.mark.parametrize(
+    ("spec", "seeds", "says"),
+    [
+        ("lublin:jobs=3,procs=8,load=1e300", "[0]", " (seed 0): load=1e+300 cannot be reached"),
+        ("lublin:jobs=3,procs=8,load=1e-300", "[0]", " (seed 0): load=1e-300 is too low"),
+        # The jobs of seeds 0 and 1 meet it, those of seed 2 cannot: each seed is checked.
+        ("lublin:jobs=5,procs=8,load=500", "[0, 1, 2]", " (seed 2): load=500 cannot be reached"),
+        # A spec's own seed= is its only workload, whatever the grid's seeds.
+        ("lublin:jobs=5,procs=8,seed=2,load=500", "[0, 1]", ": load=500 cannot be reached"),
+    ],
+)
+def test_a_load_the_workload_cannot_have_is_refused_when_the_file_is_read(
+    tmp_path: Path,
+    spec: str,
+    seeds: str,
+    says: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """It stopped the sweep when its cell ran (after the cells before it), in a line
+    that named the cell, not the sweep file's key."""
+    body = f"[sweep]\nworkloads = ['{KTH}', '{spec}']\nmalleable_fractions = [0.2]\n"
+    config = _config(tmp_path, f"{body}seeds = {seeds}\n[simulate]\nlimit = 20\n")
+    where = f"{config}: [sweep] workloads[1]: {spec}{says}"
+    with pytest.raises(ConfigError) as raised:
+        load_sweep(config)
+    assert str(raised.value).startswith(f"Configuration error: {where}"), raised.value
+
+    def no_run(*args: object) -> object:
+        raise AssertionError("a run was made")
+
+    monkeypatch.setattr(sweep_mod, "run_one", no_run)
+    cache = tmp_path / "cache"
+    assert main(["sweep", str(config), "--cache", str(cache), "--workers", "1", "-q"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"xce-resize: Configuration error: {where}"), err
+    assert not cache.exists()
+
+
+def test_a_load_every_seeds_workload_meets_is_taken(tmp_path: Path) -> None:
+    """The load refused above at seed 2 is met at seeds 0 and 1, and by a spec whose
+    own seed= is 1 whatever the grid's seeds: the check refuses no more than that."""
+    for spec, seeds in (
+        ("lublin:jobs=5,procs=8,load=500", [0, 1]),
+        ("lublin:jobs=5,procs=8,seed=1,load=500", [0, 1, 2]),
+    ):
+        body = f"[sweep]\nworkloads = ['{spec}']\nmalleable_fractions = [0.2]\nseeds = {seeds}\n"
+        assert load_sweep(_config(tmp_path, body)).seeds == tuple(seeds)
 
 
 @pytest.mark.parametrize("option", ["--json", "--plot"])

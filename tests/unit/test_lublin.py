@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from xce_resize_plugin.cli.main import main
 from xce_resize_plugin.errors import ConfigError
 from xce_resize_plugin.simulation import lublin
-from xce_resize_plugin.simulation.lublin import LublinSpec, generate, parse_spec
+from xce_resize_plugin.simulation.lublin import LublinSpec, check_load, generate, parse_spec
 from xce_resize_plugin.simulation.swf_write import write_swf
 from xce_resize_plugin.simulation.traces import read_swf, read_trace
 
@@ -204,6 +204,90 @@ def test_a_load_out_of_reach_is_one_line_exit_2(
     assert main(["simulate", "--synthetic", spec, "-q"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"--synthetic {spec}: " in err and says in err
+
+
+def _refusals(spec: LublinSpec, seed: int) -> tuple[str | None, str | None]:
+    """What :func:`generate` and :func:`check_load` refuse the spec at ``seed`` with."""
+    made = checked = None
+    try:
+        generate(spec, seed=seed)
+    except ConfigError as exc:
+        made = str(exc)
+    try:
+        check_load(spec, seed)
+    except ConfigError as exc:
+        checked = str(exc)
+    return made, checked
+
+
+@given(
+    jobs=st.integers(2, 40),
+    procs=st.sampled_from([1, 3, 16, 1024]),
+    exponent=st.floats(-10, 8),
+    seed=st.integers(-20, 20),
+)
+@settings(max_examples=300, deadline=None)
+def test_check_load_refuses_what_generate_refuses(
+    jobs: int, procs: int, exponent: float, seed: int
+) -> None:
+    """A sweep refuses a load when it reads its file by this check, without generating:
+    it must say what generating would (loads too low, too high, met), word for word."""
+    made, checked = _refusals(LublinSpec(jobs=jobs, procs=procs, load=10.0**exponent), seed)
+    assert checked == made
+
+
+def _work(jobs: int, procs: int, seed: int) -> float:
+    return sum(j.runtime * j.procs for j in generate(LublinSpec(jobs, procs), seed=seed).jobs)
+
+
+@pytest.mark.parametrize(("jobs", "procs", "seed"), [(3000, 64, 5), (200, 1024, 1), (9, 8, 2)])
+def test_check_load_agrees_with_generate_at_either_bound(jobs: int, procs: int, seed: int) -> None:
+    """Loads at a hair from each bound, where the check cannot stop early: the ideal
+    span at 10**9 s (too low above it) and spans of 0.4 to 150 s (whole seconds)."""
+    work = _work(jobs, procs, seed)
+    spans = [1e9 * (1 + d) for d in (-1e-3, -1e-6, 1e-6, 1e-3)]
+    spans += [0.4, 0.99, 1.0, 1.5, 2.5, 7.3, 50.2, 99.7, 100.4, 150.0]
+    refused = 0
+    for span in spans:
+        made, checked = _refusals(LublinSpec(jobs, procs, load=work / (procs * span)), seed)
+        assert checked == made, span
+        refused += made is not None
+    assert 0 < refused < len(spans)  # both sides of both bounds are tried
+
+
+def test_check_load_takes_a_load_the_models_own_arrivals_meet(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """As generate does, even when those arrivals span more than MAX_LOAD_SPAN (a
+    million jobs may: here the bound is lowered, for 200 jobs)."""
+    monkeypatch.setattr(lublin, "MAX_LOAD_SPAN", 1e4)
+    natural = generate(LublinSpec(jobs=200, procs=64), seed=3)
+    assert natural.jobs[-1].submit > 1e4
+    for factor, refused in ((1.0, False), (0.9, True)):
+        made, checked = _refusals(LublinSpec(200, 64, load=_offered(natural) * factor), 3)
+        assert checked == made and (made is not None) == refused, made
+
+
+def test_check_load_stops_drawing_once_the_load_is_sure(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sweep checks every seed's workload when it reads its file: for a usual spec
+    the first few jobs decide, not all of them."""
+    drawn = []
+    real = lublin._size
+
+    def counting(rng: lublin.random.Random, procs: int) -> int:
+        drawn.append(procs)
+        return real(rng, procs)
+
+    monkeypatch.setattr(lublin, "_size", counting)
+    check_load(parse_spec("lublin:jobs=1000,procs=256,load=0.85"), 3)
+    assert 0 < len(drawn) < 50
+    drawn.clear()
+    with pytest.raises(ConfigError, match="cannot be reached"):
+        check_load(parse_spec("lublin:jobs=1000,procs=256,load=1e9"), 3)
+    assert len(drawn) == 1000  # near a bound: every job
+    drawn.clear()
+    check_load(parse_spec("lublin:jobs=1000,procs=256"), 3)  # no load: nothing to check
+    assert drawn == []
 
 
 @settings(max_examples=200, deadline=None)

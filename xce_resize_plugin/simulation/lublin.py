@@ -30,7 +30,9 @@ cycle keeps its 24 hours. Without it the model's own arrival rate is used (fitte
 machines of 128 processors: on a larger one its jobs are larger and the offered load
 can exceed 1). A load that needs the arrivals spread over more than
 :data:`MAX_LOAD_SPAN` seconds, or that the iteration cannot meet within 0.5 % (submit
-times are whole seconds, so a tiny span cannot be tuned), is a :class:`ConfigError`.
+times are whole seconds, so a tiny span cannot be tuned), is a :class:`ConfigError`;
+:func:`check_load` raises the same one without the search (a sweep checks each seed's
+workload when it reads its file).
 
 The model has no users and no run-time estimates: ``user`` is ``"unknown"`` and
 ``requested_time`` ``None`` (the scheduler plans with the run time). Jobs are the
@@ -47,7 +49,7 @@ from __future__ import annotations
 import math
 import random
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from attrs import frozen
 
@@ -57,7 +59,15 @@ from xce_resize_plugin.simulation.gc_pause import gc_paused
 from xce_resize_plugin.simulation.special import gamma_cdf
 from xce_resize_plugin.simulation.traces import Trace, TraceHeader, TraceJob
 
-__all__ = ["MAX_JOBS", "MAX_PROCS", "PARAMETERS", "LublinSpec", "generate", "parse_spec"]
+__all__ = [
+    "MAX_JOBS",
+    "MAX_PROCS",
+    "PARAMETERS",
+    "LublinSpec",
+    "check_load",
+    "generate",
+    "parse_spec",
+]
 
 # The whole-sample parameters of the paper (Table 5 and the authors' reference code).
 SERIAL_PROB = 0.244
@@ -109,6 +119,13 @@ MAX_PROCS = 1 << 40
 MAX_LOAD_SPAN = 1e9
 _YEAR = 365.25 * 86400
 _LOAD_ITERATIONS = 60
+#: The longest run time a job draws (its log is at most ``MAX_LOG_RUNTIME``): with the
+#: machine's size, a bound on the work the jobs not drawn yet can add (:func:`check_load`).
+_MAX_RUNTIME = int(math.exp(MAX_LOG_RUNTIME))
+#: From this span (s) on, whole seconds always hold one that meets the load: the spans
+#: that do, [x / (1 + tol), x / (1 - tol)] around the ideal span x, are 0.01 x wide,
+#: over 1 s from x = 100 (101: a margin for the rounding of the floats).
+_ALWAYS_MET_SPAN = 101.0
 _KEYS = ("jobs", "procs", "seed", "load")
 
 
@@ -275,6 +292,45 @@ def _offered_load(work: float, procs: int, times: Sequence[float]) -> float:
     return work / (procs * span) if span > 0 else math.inf
 
 
+def _met(rho: float, target: float) -> bool:
+    return abs(rho / target - 1.0) <= _LOAD_TOLERANCE
+
+
+def _check_span(work: float, spec: LublinSpec) -> None:
+    """Refuse a load whose arrivals would span more than :data:`MAX_LOAD_SPAN`."""
+    target = spec.load
+    assert target is not None
+    span = work / (spec.procs * target)  # what the offered load's definition asks for
+    if span > MAX_LOAD_SPAN:
+        raise ConfigError(
+            f"load={target:g} is too low: its arrivals would span {span / _YEAR:.3g} years "
+            f"(at most {MAX_LOAD_SPAN / _YEAR:.0f})"
+        )
+
+
+def _whole_spans(work: float, spec: LublinSpec) -> list[int]:
+    """The whole-second spans next to the ideal one, the last below and the first
+    above it among them: the offered load falls as the span grows, so if any span
+    meets the load, one of these does."""
+    assert spec.load is not None
+    ideal = math.floor(work / (spec.procs * spec.load))
+    return [s for s in range(ideal - 1, ideal + 3) if s >= 1]
+
+
+def _unreachable(work: float, spec: LublinSpec) -> ConfigError:
+    """The error for a load no whole-second span meets, with the nearest load there is."""
+    target = spec.load
+    assert target is not None
+    rho = min(
+        (work / (spec.procs * s) for s in _whole_spans(work, spec)),
+        key=lambda r: abs(r / target - 1.0),
+    )
+    return ConfigError(
+        f"load={target:g} cannot be reached: the closest offered load is {rho:.4g} "
+        f"({spec.jobs} jobs on {spec.procs} processors, submit times in whole seconds)"
+    )
+
+
 def _times_for_load(
     intervals: Sequence[float],
     weights: Sequence[float],
@@ -288,14 +344,9 @@ def _times_for_load(
     target = spec.load
     assert target is not None
     rho = _offered_load(work, spec.procs, times)
-    if abs(rho / target - 1.0) <= _LOAD_TOLERANCE:
+    if _met(rho, target):
         return times
-    span = work / (spec.procs * target)  # what the offered load's definition asks for
-    if span > MAX_LOAD_SPAN:
-        raise ConfigError(
-            f"load={target:g} is too low: its arrivals would span {span / _YEAR:.3g} years "
-            f"(at most {MAX_LOAD_SPAN / _YEAR:.0f})"
-        )
+    _check_span(work, spec)
     lo = hi = rho / target  # the factor if the span grew in proportion
     while _offered_load(work, spec.procs, arrival_times(intervals, weights, lo)) < target:
         lo /= 2.0
@@ -305,18 +356,69 @@ def _times_for_load(
         mid = math.sqrt(lo * hi)
         times = arrival_times(intervals, weights, mid)
         rho = _offered_load(work, spec.procs, times)
-        if abs(rho / target - 1.0) <= _LOAD_TOLERANCE:
+        if _met(rho, target):
             break
         if rho > target:
             lo = mid
         else:
             hi = mid
     else:
-        raise ConfigError(
-            f"load={target:g} cannot be reached: the closest offered load is {rho:.4g} "
-            f"({spec.jobs} jobs on {spec.procs} processors, submit times in whole seconds)"
-        )
+        raise _unreachable(work, spec)
     return times
+
+
+def _draws(spec: LublinSpec, seed: int) -> Iterator[tuple[int, int, float | None]]:
+    """Each job's size, run time and interval since the previous job (``None`` for
+    the first), in the stream's fixed order: :func:`generate` and :func:`check_load`
+    draw the same jobs."""
+    # random.Random(-S) draws what Random(S) draws (it seeds from the absolute value):
+    # a negative seed is given its own stream, so that a sweep's seeds 1 and -1 are
+    # two samples, not one counted twice. Seeds >= 0 draw as they always have.
+    rng = random.Random(seed if seed >= 0 else f"lublin:{seed}")
+    for i in range(spec.jobs):
+        size = _size(rng, spec.procs)
+        runtime = _runtime(rng, size)
+        yield size, runtime, _interval(rng) if i else None
+
+
+def check_load(spec: LublinSpec, seed: int = 0) -> None:
+    """Raise the :class:`ConfigError` that :func:`generate` raises for ``spec.load`` at
+    ``seed`` (too low, or out of reach), without searching the arrivals (the costly
+    part of generating): for a sweep, which checks every seed's workload when it reads
+    its file, not when the cell runs.
+
+    What decides is the work the jobs draw: the load is met unless the ideal span
+    (work / (P x load)) is above :data:`MAX_LOAD_SPAN` or so short that no whole
+    second meets the tolerance (the bisection ends between the two whole spans around
+    it, which this computes directly). The draws stop as soon as the jobs left cannot
+    change that: after a few jobs when even jobs that all drew the longest run on the
+    whole machine could not make the span too long (up to about 6,000 x load jobs);
+    for more jobs most of them, and all for a span near a bound (about a third of
+    generating)."""
+    if spec.load is None:
+        return
+    scale = spec.procs * spec.load
+    enough = _ALWAYS_MET_SPAN * scale  # the work from which a whole span meets the load
+    room = 0.999 * MAX_LOAD_SPAN * scale  # the most work the longest span takes
+    most = spec.procs * _MAX_RUNTIME  # the most work one job adds
+    work, left = 0, spec.jobs
+    intervals: list[float] = []
+    for size, runtime, interval in _draws(spec, spec.seed if spec.seed is not None else seed):
+        work += size * runtime
+        left -= 1
+        if interval is not None:
+            intervals.append(interval)
+        # Met whatever the jobs left draw: long enough already, and short enough even
+        # if each drew the most (0.999: the floats' rounding; the full check decides).
+        if work >= enough and work + left * most <= room:
+            return
+    total = float(work)
+    natural = _offered_load(total, spec.procs, arrival_times(intervals, cycle_weights(), 1.0))
+    if _met(natural, spec.load):  # as _times_for_load: the model's own arrivals meet it
+        return
+    _check_span(total, spec)
+    if not any(_met(total / (spec.procs * s), spec.load) for s in _whole_spans(total, spec)):
+        raise _unreachable(total, spec)
 
 
 @gc_paused
@@ -327,19 +429,14 @@ def generate(spec: LublinSpec, seed: int = 0, limit: int | None = None) -> Trace
     starts with), and the header describes those: a file ``--save-swf`` writes from
     ``--limit`` says how many jobs it holds and their offered load."""
     s = spec.seed if spec.seed is not None else seed
-    # random.Random(-S) draws what Random(S) draws (it seeds from the absolute value):
-    # a negative seed is given its own stream, so that a sweep's seeds 1 and -1 are
-    # two samples, not one counted twice. Seeds >= 0 draw as they always have.
-    rng = random.Random(s if s >= 0 else f"lublin:{s}")
     sizes: list[int] = []
     runtimes: list[int] = []
     intervals: list[float] = []
-    for i in range(spec.jobs):
-        size = _size(rng, spec.procs)
+    for size, runtime, interval in _draws(spec, s):
         sizes.append(size)
-        runtimes.append(_runtime(rng, size))
-        if i:
-            intervals.append(_interval(rng))
+        runtimes.append(runtime)
+        if interval is not None:
+            intervals.append(interval)
     weights = cycle_weights()
     work = float(sum(r * n for r, n in zip(runtimes, sizes, strict=True)))
     times = arrival_times(intervals, weights, 1.0)

@@ -165,8 +165,9 @@ class SimOptions:
         sph = self.slots_per_host
         if isinstance(sph, bool) or not isinstance(sph, int) or sph < 1:
             raise ConfigError(f"slots per host must be a positive integer, not {sph!r}")
-        if self.limit is not None and (isinstance(self.limit, bool) or self.limit < 0):
-            raise ConfigError(f"limit must be a non-negative integer, not {self.limit!r}")
+        if self.limit is not None and (isinstance(self.limit, bool) or self.limit < 1):
+            # 0 jobs would surface later as "the trace has no job to simulate".
+            raise ConfigError(f"limit must be a positive integer, not {self.limit!r}")
         for key in ("grow_cooldown", "grow_margin", "shrink_min_delay"):
             value = getattr(self, key)
             if (

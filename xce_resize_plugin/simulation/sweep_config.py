@@ -22,7 +22,9 @@ repeated lists, fractions outside 0..1, a seed count above :data:`MAX_SEEDS`, a 
 more than :data:`MAX_CELLS` cells, a seed of more than 19 digits, unknown
 drivers, missing trace files, traces that do not parse (every trace is read once here,
 before any cell runs, so that a bad one stops the sweep at once rather than hours
-later), bad synthetic specs.
+later), bad synthetic specs, and a synthetic ``load`` that the workload of one of the
+grid's seeds cannot have (:func:`~.lublin.check_load`: the same check, without
+generating the workload).
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from attrs import frozen
 
 from xce_resize_plugin.errors import ConfigError
 from xce_resize_plugin.simulation.drivers import DRIVERS
-from xce_resize_plugin.simulation.lublin import is_spec, parse_spec
+from xce_resize_plugin.simulation.lublin import LublinSpec, check_load, is_spec, parse_spec
 from xce_resize_plugin.simulation.simulate import (
     SimOptions,
     host_count,
@@ -153,7 +155,9 @@ def _seeds(path: Path, section: Mapping[str, Any]) -> tuple[int, ...]:
     return seeds
 
 
-def _workload(path: Path, i: int, text: str, options: SimOptions) -> WorkloadRef:
+def _workload(
+    path: Path, i: int, text: str, options: SimOptions, seeds: Sequence[int]
+) -> WorkloadRef:
     where = f"{path}: [sweep] workloads[{i}]"
     if is_spec(text):
         try:
@@ -162,6 +166,7 @@ def _workload(path: Path, i: int, text: str, options: SimOptions) -> WorkloadRef
             raise ConfigError(f"{where}: {text}: {exc.detail}") from None
         jobs = spec.jobs if options.limit is None else min(spec.jobs, options.limit)
         _check_machine(where, spec.procs, options)
+        _check_load(where, text, spec, seeds)
         return WorkloadRef(text, text, f"synthetic {spec.text()}", jobs)
     trace_path = Path(text)
     if not trace_path.is_absolute():
@@ -182,6 +187,18 @@ def _workload(path: Path, i: int, text: str, options: SimOptions) -> WorkloadRef
     except ConfigError as exc:
         raise ConfigError(f"{where}: {exc.detail}") from None
     return WorkloadRef(text, os.fspath(trace_path), identity, len(trace))
+
+
+def _check_load(where: str, text: str, spec: LublinSpec, seeds: Sequence[int]) -> None:
+    """The spec's ``load`` can be met by the workload of every seed the cells generate
+    (a spec's own ``seed=`` is the only one): a load out of reach stopped the sweep
+    only when its cell ran, after the cells before it."""
+    for seed in (spec.seed,) if spec.seed is not None else seeds:
+        try:
+            check_load(spec, seed)
+        except ConfigError as exc:
+            at = "" if spec.seed is not None else f" (seed {seed})"
+            raise ConfigError(f"{where}: {text}{at}: {exc.detail}") from None
 
 
 def _check_machine(where: str, procs: int, options: SimOptions) -> None:
@@ -270,7 +287,7 @@ def load_sweep(config: str | os.PathLike[str]) -> SweepConfig:
             f"{len(fractions)} fractions x {len(seeds)} seeds x {len(drivers)} drivers), "
             f"more than {MAX_CELLS:,}: split it into several sweeps"
         )
-    workloads = tuple(_workload(path, i, t, options) for i, t in enumerate(texts))
+    workloads = tuple(_workload(path, i, t, options, seeds) for i, t in enumerate(texts))
     _refuse_repeats(path, workloads)
     return SweepConfig(
         path=path,
