@@ -53,7 +53,7 @@ def test_trace_samples_are_textbook_easy(sample: str, slots_per_host: int | None
         ("HPC2N-2002-2.2-cln.swf.gz", 3000),
     ],
 )
-@pytest.mark.parametrize("slots_per_host", [1, None])
+@pytest.mark.parametrize("slots_per_host", [1, 8, None])
 def test_shared_traces_are_textbook_easy(name: str, limit: int, slots_per_host: int | None) -> None:
     trace = SHARED / name
     if not trace.exists():
@@ -63,12 +63,13 @@ def test_shared_traces_are_textbook_easy(name: str, limit: int, slots_per_host: 
 
 def test_elastic_run_does_not_depend_on_how_slots_are_grouped() -> None:
     """Grows are offered and placed on counts too: the elastic run of a trace measures
-    the same on one-slot hosts as on hosts of 8 slots."""
+    the same on one-slot hosts, on hosts of 8 slots and on one host holding every slot."""
     runs = []
-    for slots_per_host in (1, 8):
+    capacity = load_workload(DATA / SAMPLES[1], SimOptions()).capacity
+    for slots_per_host in (1, 8, capacity):
         options = SimOptions(malleable_fraction=0.5, slots_per_host=slots_per_host)
         run = run_mode(load_workload(DATA / SAMPLES[1], options), options, "elastic")
         assert run.problems == ()
         runs.append((run.metrics, run.events, run.requests, dict(run.refused)))
     assert runs[0][0].resizes > 0
-    assert runs[0] == runs[1]
+    assert runs[0] == runs[1] == runs[2]
