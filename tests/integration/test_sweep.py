@@ -221,11 +221,11 @@ def process_cluster() -> Iterator[str]:
     import psutil  # a requirement of distributed
 
     before = {c.pid for c in psutil.Process().children(recursive=True)}
-    cluster = distributed.LocalCluster(
-        n_workers=2, processes=True, threads_per_worker=1, dashboard_address=None
-    )
-    started: set[int] = set()
+    cluster = None
     try:
+        cluster = distributed.LocalCluster(
+            n_workers=2, processes=True, threads_per_worker=1, dashboard_address=None
+        )
         started = _new_children(psutil, before)
         with distributed.Client(cluster, set_as_default=False) as client:
             workers = set(client.run(os.getpid).values())
@@ -233,7 +233,14 @@ def process_cluster() -> Iterator[str]:
         assert len(workers) == 2 and workers <= started, (workers, started)
         yield cluster.scheduler_address
     finally:
-        cluster.close()
+        # Whatever failed (the start, the test, the close), the processes are looked
+        # for and killed; a failed close is raised after that.
+        closing: Exception | None = None
+        if cluster is not None:
+            try:
+                cluster.close()
+            except Exception as exc:
+                closing = exc
         deadline = time.monotonic() + 10.0
         while (left := _new_children(psutil, before)) and time.monotonic() < deadline:
             time.sleep(0.1)
@@ -241,6 +248,8 @@ def process_cluster() -> Iterator[str]:
             with contextlib.suppress(psutil.NoSuchProcess):
                 psutil.Process(pid).kill()
         assert not left, f"processes left by the Dask cluster: {sorted(left)}"
+        if closing is not None:
+            raise closing
 
 
 def test_a_dask_cluster_of_worker_processes_gives_the_numbers_of_a_local_run(

@@ -30,7 +30,8 @@ the classes). For a head with ``ptile`` the reservation keeps the free slots per
 at the shadow time: a job running past the shadow time is backfilled only if, placed
 as it would be now, the head still fits then; extra slots are the slots beyond what the
 head can use, so hosts matter there and only there. What that costs: the shadow time is
-still found on the classes; the pass copies the per-host counts once (a block copy),
+still found on the classes; the pass copies the per-host counts once (a block copy,
+when the first running job's slots are given back to the head's draft),
 a backfill tried against the head reads only the job's hosts
 (:meth:`~.slots.FreeSlots.capacity_after`), and the slots beyond the head's ``ptile``
 per host (``Reservation.excess``, for grows) are listed host by host only when some
@@ -200,7 +201,8 @@ def reservation_for(
 
     ``running`` comes ordered by ``end`` (unbounded jobs may be left out); it is read
     only as far as needed. ``free`` is not changed; for a head with ``ptile`` the
-    returned slots are a draft of it, valid while ``free`` does not change.
+    returned slots are a draft of it with counts of its own (later changes to ``free``
+    do not reach them).
     """
     need = job.min_tasks
     if job.ptile is None:
@@ -214,6 +216,8 @@ def reservation_for(
     at_shadow = free.draft()
     for end, group in _groups(now, running):
         for r in group:
+            # The first give makes the draft's counts its own (FreeSlots._apply), so
+            # what is returned no longer depends on ``free``.
             at_shadow.give(r.hosts.items())
         fit = at_shadow.capacity(job.ptile)
         if fit >= need:
@@ -272,9 +276,11 @@ def _easy_pass(
         if head.ptile is None:
             reservation, _ = reservation_for(now, head, state.avail, both)
         else:
-            # A copy: it must not depend on state.avail, which backfills change (and
-            # the cluster's counts with these starts taken are avail's now).
-            reservation, at_shadow = reservation_for(now, head, state.avail.copy(), both)
+            # Its slots at the shadow time are a draft of state.avail (the cluster's
+            # counts with this pass's starts taken), whose counts become its own at the
+            # first running job's slots given back, before it is returned: the
+            # backfills, which change state.avail, do not reach it.
+            reservation, at_shadow = reservation_for(now, head, state.avail, both)
     behind: Iterator[PendingJob] | tuple[PendingQueue[PendingJob], int] = jobs
     if isinstance(pending, PendingQueue) and len(pending) - read > BLOCK:
         # Deep: read by blocks, skipping those where no job can start.

@@ -95,6 +95,20 @@ def test_reservation_with_ptile_is_per_host() -> None:
     assert (counted.shadow, counted.extra) == (50.0, 0)
 
 
+def test_a_ptile_heads_slots_at_the_shadow_time_are_its_own() -> None:
+    """The pass gives the reservation its slots, not a copy (a scratch, which its
+    backfills then change): the slots at the shadow time must not follow them."""
+    head = PendingJob("h", "u", 2, 2, 1, 10.0)
+    running = [RunningJob("x", 50.0, {"a": 1}), RunningJob("y", 80.0, {"b": 1})]
+    free = FreeSlots.of({"a": 0, "b": 0, "c": 1}).scratch()
+    _, at_shadow = reservation_for(0.0, head, free, running)
+    assert at_shadow is not None and at_shadow.as_dict() == {"a": 1, "b": 0, "c": 1}
+    free.take([("c", 1)])  # a backfill on the host free now
+    assert at_shadow.as_dict() == {"a": 1, "b": 0, "c": 1}
+    assert at_shadow.capacity(1) == 2
+    free.restore()
+
+
 def test_a_backfill_past_the_shadow_time_leaves_a_ptile_head_its_hosts() -> None:
     # a (2 slots) and b (1 slot) are busy until 80, c (1 slot) is free. The head (3
     # tasks, ptile 1) needs all three hosts at 80, so a long 1-task job may not take c,

@@ -619,9 +619,15 @@ def test_names_whose_kinds_ran_out_are_read_one_by_one() -> None:
     _blocks(0),
     st.lists(st.tuples(st.integers(1, 600), st.one_of(st.none(), st.integers(1, 3))), max_size=6),
     st.one_of(st.none(), st.integers(1, 4)),
+    st.lists(st.integers(0, 10**6), max_size=5),
+    st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 3)), max_size=10),
 )
 def test_capacity_after_a_placement_is_that_of_the_slots_with_it_taken(
-    initial: list[int], wants: list[tuple[int, int | None]], ptile: int | None
+    initial: list[int],
+    wants: list[tuple[int, int | None]],
+    ptile: int | None,
+    off: list[int],
+    more: list[tuple[int, int]],
 ) -> None:
     """What a backfill against a head with ``ptile`` asks (the scheduler's
     ``_fits_past_shadow``): the capacity once a placement is taken, read from the
@@ -629,10 +635,16 @@ def test_capacity_after_a_placement_is_that_of_the_slots_with_it_taken(
     free slots of any host (``_excess``), read from the classes, is that of the hosts."""
     names = [f"h{i:03d}" for i in range(len(initial))]
     free = FreeSlots(names, initial)
+    for i in off:  # hosts taken out count no free slot
+        free.disable(names[i % len(names)])
     for want, job_ptile in wants:
         placed = free.place(1, want, job_ptile)
         if placed is None:
             continue
+        # The slots it is asked about may hold more than those it was placed on (the
+        # head's slots at the shadow time: running jobs' slots given back).
+        free = free.draft()
+        free.give([(names[i % len(names)], n) for i, n in more])
         trial = free.draft()
         trial.take(placed)
         assert free.capacity_after(placed, ptile) == trial.capacity(ptile)
