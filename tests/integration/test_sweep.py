@@ -24,7 +24,7 @@ from xce_resize_plugin.simulation.comparison import simulate
 from xce_resize_plugin.simulation.failures import parse as parse_host_failures
 from xce_resize_plugin.simulation.simulate import Mode, SimOptions, SimulationError
 from xce_resize_plugin.simulation.sweep import CellCache, run_sweep
-from xce_resize_plugin.simulation.sweep_config import load_sweep
+from xce_resize_plugin.simulation.sweep_config import check_loads, load_sweep
 from xce_resize_plugin.simulation.sweep_report import format_sweep, groups, mean_ci, sweep_json
 
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -383,7 +383,7 @@ def test_a_load_error_only_a_cell_meets_stops_the_sweep_in_one_line(
         ("lublin:jobs=5,procs=8,seed=2,load=500", "[0, 1]", ": load=500 cannot be reached"),
     ],
 )
-def test_a_load_the_workload_cannot_have_is_refused_when_the_file_is_read(
+def test_a_load_the_workload_cannot_have_is_refused_before_any_run(
     tmp_path: Path,
     spec: str,
     seeds: str,
@@ -392,12 +392,13 @@ def test_a_load_the_workload_cannot_have_is_refused_when_the_file_is_read(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """It stopped the sweep when its cell ran (after the cells before it), in a line
-    that named the cell, not the sweep file's key."""
+    that named the cell, not the sweep file's entry."""
     body = f"[sweep]\nworkloads = ['{KTH}', '{spec}']\nmalleable_fractions = [0.2]\n"
     config = _config(tmp_path, f"{body}seeds = {seeds}\n[simulate]\nlimit = 20\n")
     where = f"{config}: [sweep] workloads[1]: {spec}{says}"
+    read = load_sweep(config)
     with pytest.raises(ConfigError) as raised:
-        load_sweep(config)
+        check_loads(read, read.cells())
     assert str(raised.value).startswith(f"Configuration error: {where}"), raised.value
 
     def no_run(*args: object) -> object:
@@ -408,7 +409,7 @@ def test_a_load_the_workload_cannot_have_is_refused_when_the_file_is_read(
     assert main(["sweep", str(config), "--cache", str(cache), "--workers", "1", "-q"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith(f"xce-resize: Configuration error: {where}"), err
-    assert not cache.exists()
+    assert not any(p.is_file() for p in cache.rglob("*"))  # nothing was kept
 
 
 def test_a_load_every_seeds_workload_meets_is_taken(tmp_path: Path) -> None:
@@ -419,7 +420,33 @@ def test_a_load_every_seeds_workload_meets_is_taken(tmp_path: Path) -> None:
         ("lublin:jobs=5,procs=8,seed=1,load=500", [0, 1, 2]),
     ):
         body = f"[sweep]\nworkloads = ['{spec}']\nmalleable_fractions = [0.2]\nseeds = {seeds}\n"
-        assert load_sweep(_config(tmp_path, body)).seeds == tuple(seeds)
+        read = load_sweep(_config(tmp_path, body))
+        assert read.seeds == tuple(seeds)
+        check_loads(read, read.cells())
+
+
+def test_the_loads_of_cached_cells_are_not_checked_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sweep whose runs are all in its cache makes none and checks no load: those
+    workloads were generated once already, and checking a large spec's load costs a
+    good part of generating it."""
+    spec = "lublin:jobs=40,procs=16,load=0.8"
+    body = f"[sweep]\nworkloads = ['{spec}']\nmalleable_fractions = [0.2]\nseeds = [0, 1]\n"
+    config = load_sweep(_config(tmp_path, body))
+    cache = CellCache(tmp_path / "cache")
+    checked: list[int] = []
+
+    def counted(spec: object, seed: int) -> None:
+        checked.append(seed)
+
+    monkeypatch.setattr(sweep_config_mod, "check_load", counted)
+    first = run_sweep(config, workers=1, cache=cache)
+    assert first.ran == 4 and sorted(checked) == [0, 1]
+    checked.clear()
+    again = run_sweep(config, workers=1, cache=cache)
+    assert again.ran == 0 and again.cells == first.cells
+    assert checked == []
 
 
 @pytest.mark.parametrize("option", ["--json", "--plot"])

@@ -72,7 +72,7 @@ from xce_resize_plugin.simulation.simulate import (
     run_mode,
 )
 from xce_resize_plugin.simulation.sweep_cache import CellCache, RunResultDoc, default_cache_dir
-from xce_resize_plugin.simulation.sweep_config import Cell, SweepConfig
+from xce_resize_plugin.simulation.sweep_config import Cell, SweepConfig, check_loads
 from xce_resize_plugin.simulation.sweep_inputs import check_identity, is_swf, open_identified
 from xce_resize_plugin.simulation.workloads import open_workload
 
@@ -482,6 +482,7 @@ def run_sweep(
         if on_prepare is not None and (i % _PREPARE_STEP == 0 or i == len(runs)):
             on_prepare(len(cells) + i, len(cells) + len(runs))
     todo = [run for key, run in runs.items() if key not in results]
+    check_loads(config, (run.cell for run in todo))
     if on_start is not None:
         on_start(len(runs), len(results))
     # The costliest runs first, so that the runs left at the end, when some workers

@@ -22,15 +22,15 @@ repeated lists, fractions outside 0..1, a seed count above :data:`MAX_SEEDS`, a 
 more than :data:`MAX_CELLS` cells, a seed of more than 19 digits, unknown
 drivers, missing trace files, traces that do not parse (every trace is read once here,
 before any cell runs, so that a bad one stops the sweep at once rather than hours
-later), bad synthetic specs, and a synthetic ``load`` that the workload of one of the
-grid's seeds cannot have (:func:`~.lublin.check_load`: the same check, without
-generating the workload).
+later), bad synthetic specs. A synthetic ``load`` that the workload of one of the
+grid's seeds cannot have is refused in the same words by :func:`check_loads`, which
+the sweep calls for the cells it is about to run, before it runs any.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +39,7 @@ from attrs import frozen
 
 from xce_resize_plugin.errors import ConfigError
 from xce_resize_plugin.simulation.drivers import DRIVERS
-from xce_resize_plugin.simulation.lublin import LublinSpec, check_load, is_spec, parse_spec
+from xce_resize_plugin.simulation.lublin import check_load, is_spec, parse_spec
 from xce_resize_plugin.simulation.simulate import (
     SimOptions,
     host_count,
@@ -50,7 +50,7 @@ from xce_resize_plugin.simulation.simulate import (
 from xce_resize_plugin.simulation.sweep_inputs import trace_identity
 from xce_resize_plugin.simulation.traces import read_trace
 
-__all__ = ["MAX_CELLS", "Cell", "SweepConfig", "WorkloadRef", "load_sweep"]
+__all__ = ["MAX_CELLS", "Cell", "SweepConfig", "WorkloadRef", "check_loads", "load_sweep"]
 
 _TABLES = ("sweep", "simulate", "resize")
 #: The largest ``seeds = N`` count (a grid of that many seeds is already days of runs).
@@ -155,9 +155,7 @@ def _seeds(path: Path, section: Mapping[str, Any]) -> tuple[int, ...]:
     return seeds
 
 
-def _workload(
-    path: Path, i: int, text: str, options: SimOptions, seeds: Sequence[int]
-) -> WorkloadRef:
+def _workload(path: Path, i: int, text: str, options: SimOptions) -> WorkloadRef:
     where = f"{path}: [sweep] workloads[{i}]"
     if is_spec(text):
         try:
@@ -166,7 +164,6 @@ def _workload(
             raise ConfigError(f"{where}: {text}: {exc.detail}") from None
         jobs = spec.jobs if options.limit is None else min(spec.jobs, options.limit)
         _check_machine(where, spec.procs, options)
-        _check_load(where, text, spec, seeds)
         return WorkloadRef(text, text, f"synthetic {spec.text()}", jobs)
     trace_path = Path(text)
     if not trace_path.is_absolute():
@@ -189,16 +186,29 @@ def _workload(
     return WorkloadRef(text, os.fspath(trace_path), identity, len(trace))
 
 
-def _check_load(where: str, text: str, spec: LublinSpec, seeds: Sequence[int]) -> None:
-    """The spec's ``load`` can be met by the workload of every seed the cells generate
-    (a spec's own ``seed=`` is the only one): a load out of reach stopped the sweep
-    only when its cell ran, after the cells before it."""
-    for seed in (spec.seed,) if spec.seed is not None else seeds:
-        try:
-            check_load(spec, seed)
-        except ConfigError as exc:
-            at = "" if spec.seed is not None else f" (seed {seed})"
-            raise ConfigError(f"{where}: {text}{at}: {exc.detail}") from None
+def check_loads(config: SweepConfig, cells: Iterable[Cell]) -> None:
+    """The ``load`` of each synthetic workload among ``cells`` can be met by the
+    workload each of their seeds generates (a spec's own ``seed=`` is its only one):
+    a load out of reach would stop the sweep only when its cell ran, after the cells
+    before it, in a line naming the cell rather than the file's entry. The sweep asks
+    this for the cells it is about to run, before any runs: those in its cache were
+    generated once already, and a large spec costs a good part of generating it
+    (:func:`~.lublin.check_load`)."""
+    wanted = {(c.workload, c.seed) for c in cells}
+    for i, workload in enumerate(config.workloads):
+        if not is_spec(workload.source):
+            continue
+        spec = parse_spec(workload.source)
+        own = spec.seed is not None
+        for seed in sorted({seed for w, seed in wanted if w == workload}):
+            try:
+                check_load(spec, seed)
+            except ConfigError as exc:
+                where = f"{config.path}: [sweep] workloads[{i}]: {workload.name}"
+                at = "" if own else f" (seed {seed})"
+                raise ConfigError(f"{where}{at}: {exc.detail}") from None
+            if own:
+                break  # every seed of the grid generates the spec's own
 
 
 def _check_machine(where: str, procs: int, options: SimOptions) -> None:
@@ -287,7 +297,7 @@ def load_sweep(config: str | os.PathLike[str]) -> SweepConfig:
             f"{len(fractions)} fractions x {len(seeds)} seeds x {len(drivers)} drivers), "
             f"more than {MAX_CELLS:,}: split it into several sweeps"
         )
-    workloads = tuple(_workload(path, i, t, options, seeds) for i, t in enumerate(texts))
+    workloads = tuple(_workload(path, i, t, options) for i, t in enumerate(texts))
     _refuse_repeats(path, workloads)
     return SweepConfig(
         path=path,
