@@ -146,7 +146,8 @@ def test_a_limit_below_1_names_the_option(
     nor its value (-1 is argparse's: tests/unit/test_decimal_text.py)."""
     out = tmp_path / "out.json"
     line = refused(capsys, "simulate", *workload, "--limit", limit, "--json", out, "-q")
-    assert line == "xce-resize: Usage error: --limit must be at least 1, not 0"
+    said = "--limit: limit must be a positive integer, not 0"
+    assert line == f"xce-resize: Configuration error: {said}"
     assert list(tmp_path.iterdir()) == []  # nothing written, not even tried
 
 

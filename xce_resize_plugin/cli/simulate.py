@@ -88,10 +88,6 @@ def _checked_options(args: argparse.Namespace) -> SimOptions:
     options."""
     if args.trace is None and args.synthetic is None:
         raise UsageError("simulate needs a TRACE, --synthetic SPEC or --replay RECORDING")
-    if args.limit is not None and args.limit < 1:
-        # argparse's count takes 0, which then surfaced as "the trace has no job to
-        # simulate", naming neither the option nor the value (as sweep's --workers).
-        raise UsageError(f"--limit must be at least 1, not {args.limit}")
     if args.trace is not None and args.synthetic is not None:
         raise UsageError("give either a TRACE or --synthetic SPEC, not both")
     if args.save_swf is not None and args.synthetic is None:
