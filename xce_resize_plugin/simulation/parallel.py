@@ -138,7 +138,8 @@ class _Stepper:
     #: (signature, digest or None where the successor saved the cost of one).
     meet: list[int] = attrs.Factory(list)
     theirs: dict[int, tuple[Any, bytes | None]] = attrs.Factory(dict)
-    #: Seconds spent on digests and on running, since this segment started.
+    #: Seconds spent on digests (and, for the ones it publishes, on sending them),
+    #: and when this segment started.
     digesting: float = 0.0
     began: float = attrs.Factory(time.perf_counter)
 
@@ -175,10 +176,7 @@ class _Stepper:
         machine of 65,536 hosts with jobs of thousands of tasks has a state of
         megabytes; the one relieved cannot meet at this probe then, but at a later)."""
         t = time.perf_counter()
-        spent = t - self.began
-        found = None
-        if self.digesting <= max(DIGEST_SHARE * spent, DIGEST_FREE):
-            found = digest(ctl, parts.driver)
+        found = digest(ctl, parts.driver) if self._may_digest(t) else None
         self.marks[p] = take_mark(parts)
         self.conn.send(("digest", self.mode, self.seg, p, (signature(ctl), found)))
         self.digesting += time.perf_counter() - t
@@ -198,7 +196,7 @@ class _Stepper:
         # digests never do would otherwise spend seconds a probe. Over it, this probe
         # is passed over; a later one may still meet.
         t = time.perf_counter()
-        if self.digesting > max(DIGEST_SHARE * (t - self.began), DIGEST_FREE):
+        if not self._may_digest(t):
             return False
         mine = digest(ctl, parts.driver)
         self.digesting += time.perf_counter() - t
@@ -206,6 +204,11 @@ class _Stepper:
             return False
         self.conn.send(("met", self.mode, self.seg, p))
         return True
+
+    def _may_digest(self, now: float) -> bool:
+        """Whether digests have cost at most :data:`DIGEST_SHARE` of this segment's
+        time so far (the first :data:`DIGEST_FREE` seconds of them are free)."""
+        return self.digesting <= max(DIGEST_SHARE * (now - self.began), DIGEST_FREE)
 
     def _poll(self, pos: int, block: bool) -> None:
         """Handle what the coordinator sent (waiting for one message if ``block``)."""
