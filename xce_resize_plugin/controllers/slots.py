@@ -143,12 +143,6 @@ class FreeSlots:
                 deque(map(free.__setitem__, where, olds), maxlen=0)
         self._undo = None
 
-    def copy(self) -> FreeSlots:
-        """An independent copy of the counts as they are now."""
-        child = self.draft()
-        child._mine()
-        return child
-
     def _mine(self) -> list[int]:
         """The per-host list, made this object's own first (a draft's first change; a
         scratch keeps writing its parent's, logging, and copies only the bitmap)."""
