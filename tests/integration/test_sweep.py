@@ -360,7 +360,7 @@ def test_a_sweep_file_that_is_not_utf8_is_one_line_exit_2(
 def test_a_load_error_only_a_cell_meets_stops_the_sweep_in_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Should a cell's generation still refuse its load (the check of the file is
+    """Should a cell's generation still refuse its load (the check before the runs is
     skipped here), the line names the cell and says what is wrong once (not the
     error's class, then its kind, then the text)."""
     monkeypatch.setattr(sweep_config_mod, "check_load", lambda spec, seed: None)

@@ -31,8 +31,8 @@ machines of 128 processors: on a larger one its jobs are larger and the offered 
 can exceed 1). A load that needs the arrivals spread over more than
 :data:`MAX_LOAD_SPAN` seconds, or that the iteration cannot meet within 0.5 % (submit
 times are whole seconds, so a tiny span cannot be tuned), is a :class:`ConfigError`;
-:func:`check_load` raises the same one without the search (a sweep checks each seed's
-workload when it reads its file).
+:func:`check_load` raises the same one without the search (a sweep checks each
+seed's workload before it makes the runs not in its cache).
 
 The model has no users and no run-time estimates: ``user`` is ``"unknown"`` and
 ``requested_time`` ``None`` (the scheduler plans with the run time). Jobs are the
@@ -384,8 +384,8 @@ def _draws(spec: LublinSpec, seed: int) -> Iterator[tuple[int, int, float | None
 def check_load(spec: LublinSpec, seed: int = 0) -> None:
     """Raise the :class:`ConfigError` that :func:`generate` raises for ``spec.load`` at
     ``seed`` (too low, or out of reach), without searching the arrivals (the costly
-    part of generating): for a sweep, which checks every seed's workload when it reads
-    its file, not when the cell runs.
+    part of generating): for a sweep, which checks every seed's workload before it
+    makes any run (:func:`~.sweep_config.check_loads`), not when the cell runs.
 
     What decides is the work the jobs draw: the load is met unless the ideal span
     (work / (P x load)) is above :data:`MAX_LOAD_SPAN` or so short that no whole
