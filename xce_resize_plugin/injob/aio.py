@@ -168,12 +168,13 @@ class AsyncResizeClient:
         try:
             # The whole exchange within the request's limit: httpx bounds each read,
             # and a server sending a byte every few seconds held a call for ever.
-            response = await asyncio.wait_for(
-                self._http.request(
+            # asyncio.timeout, not wait_for: Python 3.11's wait_for loses a cancel that
+            # comes as the request ends (CPython gh-86296), and a cancelled long poll
+            # (a Dask cluster's job events, at its close) then went on for ever.
+            async with asyncio.timeout(limit):
+                response = await self._http.request(
                     request.method, self.url + request.path, json=request.body, timeout=limit
-                ),
-                limit,
-            )
+                )
         except TimeoutError:
             raise Unreachable(f"{self.url}: no whole answer within {limit:g} s") from None
         except (httpx.TransportError, httpx.InvalidURL) as exc:
